@@ -1,0 +1,1 @@
+//! Image builder (in progress).

@@ -1,0 +1,1 @@
+//! Image reader (in progress).
