@@ -325,7 +325,11 @@ pub struct Dirent {
 
 impl Dirent {
     pub fn decode(b: &[u8; DIRENT_SIZE]) -> Dirent {
-        Dirent { nid: le64(b, 0), nameoff: le16(b, 8), file_type: b[10] }
+        Dirent {
+            nid: le64(b, 0),
+            nameoff: le16(b, 8),
+            file_type: b[10],
+        }
     }
 
     pub fn encode(&self, out: &mut [u8]) {
@@ -365,7 +369,10 @@ pub const XATTR_PREFIXES: [(u8, &str); 5] = [
 pub fn split_xattr_name(name: &[u8]) -> Option<(u8, &[u8])> {
     for (index, prefix) in XATTR_PREFIXES {
         if let Some(suffix) = name.strip_prefix(prefix.as_bytes()) {
-            let is_acl = matches!(index, XATTR_INDEX_POSIX_ACL_ACCESS | XATTR_INDEX_POSIX_ACL_DEFAULT);
+            let is_acl = matches!(
+                index,
+                XATTR_INDEX_POSIX_ACL_ACCESS | XATTR_INDEX_POSIX_ACL_DEFAULT
+            );
             if is_acl != suffix.is_empty() {
                 return None;
             }
@@ -377,7 +384,10 @@ pub fn split_xattr_name(name: &[u8]) -> Option<(u8, &[u8])> {
 
 /// Prefix string of a short index, or `None` for indexes without a kernel handler.
 pub fn xattr_prefix(index: u8) -> Option<&'static str> {
-    XATTR_PREFIXES.iter().find(|(i, _)| *i == index).map(|(_, p)| *p)
+    XATTR_PREFIXES
+        .iter()
+        .find(|(i, _)| *i == index)
+        .map(|(_, p)| *p)
 }
 
 /// Header of an xattr entry; name and value follow, padded to 4 bytes.
@@ -390,7 +400,11 @@ pub struct XattrEntry {
 
 impl XattrEntry {
     pub fn decode(b: &[u8; XATTR_ENTRY_HEADER_SIZE]) -> XattrEntry {
-        XattrEntry { name_len: b[0], name_index: b[1], value_size: le16(b, 2) }
+        XattrEntry {
+            name_len: b[0],
+            name_index: b[1],
+            value_size: le16(b, 2),
+        }
     }
 
     /// Bytes the whole entry occupies, 4-aligned.
@@ -507,7 +521,10 @@ mod tests {
     #[test]
     fn split_names() {
         assert_eq!(split_xattr_name(b"user.a"), Some((1, &b"a"[..])));
-        assert_eq!(split_xattr_name(b"system.posix_acl_access"), Some((2, &b""[..])));
+        assert_eq!(
+            split_xattr_name(b"system.posix_acl_access"),
+            Some((2, &b""[..]))
+        );
         assert_eq!(split_xattr_name(b"system.posix_acl_accessX"), None);
         assert_eq!(split_xattr_name(b"system.foo"), None);
         assert_eq!(split_xattr_name(b"lustre.x"), None);

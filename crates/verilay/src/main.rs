@@ -1,1 +1,49 @@
-fn main(){}
+//! `verilay`: one thin binary over single-purpose crates. Each subcommand lives in
+//! `cmd/` and only parses options, calls a library, and reports.
+
+mod cmd;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "verilay",
+    version,
+    about = "Verified, measured, layered filesystem images"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build an EROFS image of a directory.
+    Build(cmd::build::Args),
+    /// Show an image's superblock, or one inode's metadata, layout and xattrs.
+    Inspect(cmd::inspect::Args),
+    /// Check an image's structure; exit 1 with one line per problem.
+    Fsck(cmd::fsck::Args),
+    /// Write an image's tree back out to a directory.
+    Extract(cmd::extract::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Build(a) => cmd::build::run(a),
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Fsck(a) => cmd::fsck::run(a),
+        Command::Extract(a) => cmd::extract::run(a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One line: the chain of causes joined, never a backtrace.
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("verilay: error: {msg}");
+            std::process::exit(1);
+        }
+    }
+}

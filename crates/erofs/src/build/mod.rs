@@ -1,1 +1,283 @@
-//! Image builder (in progress).
+//! The image builder: source tree → [`tree::Tree`] → xattr plan → layout → image bytes.
+//!
+//! `scan` reads a host directory, `xattr` decides shared entries, long prefixes and name
+//! filters, `layout` places every inode and data block, and `write` emits the bytes.
+
+pub mod layout;
+pub mod scan;
+pub mod tree;
+pub mod write;
+pub mod xattr;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+pub use scan::ExcludeFn;
+pub use tree::{Content, Kind, Node, NodeId, Tree};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O error on a named file (source or output).
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
+    /// The input cannot be represented, or an option is invalid.
+    #[error("{0}")]
+    Input(String),
+}
+
+impl Error {
+    pub(crate) fn source(path: &Path, err: std::io::Error) -> Error {
+        Error::Io {
+            path: path.to_path_buf(),
+            err,
+        }
+    }
+}
+
+/// Progress callbacks, called from worker threads.
+pub trait Progress: Sync {
+    fn scanned(&self, _entries: u64) {}
+    fn writing(&self, _total_bytes: u64) {}
+    fn wrote(&self, _bytes: u64) {}
+}
+
+/// A `Progress` that reports nothing.
+pub struct Silent;
+impl Progress for Silent {}
+
+/// Metadata rewrites applied to every node before layout (mkfs.erofs's `--all-root`,
+/// `--force-uid`, `--uid-offset`, `-T`-style fixed timestamps).
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub uid_offset: i64,
+    pub gid_offset: i64,
+    pub mtime: Option<(i64, u32)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    /// A power of two from 512 to 65536 (the kernel mounts up to the page size).
+    pub block_size: u32,
+    /// Store per-inode xattr name filters (kernel 6.6+ uses them; older ones ignore them).
+    pub xattr_filter: bool,
+    /// Store common xattr name prefixes once (needs kernel 6.4+ when used).
+    pub long_prefixes: bool,
+    /// Pack file and directory tails next to their inode.
+    pub inline_data: bool,
+    /// Recorded as the image's build time (seconds since 1970).
+    pub build_time: u64,
+    /// `None` derives the UUID from the image contents (reproducible builds).
+    pub uuid: Option<[u8; 16]>,
+    /// Volume label, at most 15 bytes.
+    pub label: Vec<u8>,
+    pub overrides: Overrides,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            block_size: 4096,
+            xattr_filter: true,
+            long_prefixes: true,
+            inline_data: true,
+            build_time: 0,
+            uuid: None,
+            label: Vec::new(),
+            overrides: Overrides::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub inodes: u64,
+    pub regular_files: u64,
+    pub directories: u64,
+    /// Bytes of regular-file content read.
+    pub bytes_in: u64,
+    pub image_bytes: u64,
+    pub block_size: u32,
+    pub shared_xattrs: u64,
+    pub long_prefixes: u64,
+    /// Xattrs left out because EROFS has no handler for their namespace.
+    pub skipped_xattrs: Vec<String>,
+}
+
+/// Builds an image of the directory `src` into `out_path`.
+pub fn build_dir(
+    src: &Path,
+    exclude: &ExcludeFn<'_>,
+    opts: &BuildOptions,
+    out_path: &Path,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    validate(opts)?;
+    let count = std::sync::atomic::AtomicU64::new(0);
+    let (mut tree, stats) = scan::scan_dir(src, exclude, &|| {
+        let n = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n % 1024 == 0 {
+            progress.scanned(n);
+        }
+    })?;
+    apply_overrides(&mut tree, &opts.overrides);
+    let mut summary = build_tree(&tree, opts, out_path, progress)?;
+    summary.skipped_xattrs = stats.skipped_xattrs;
+    Ok(summary)
+}
+
+/// Builds an image of an in-memory tree into `out_path` (written via a temporary file
+/// and renamed, so a failed build never leaves a partial image under the final name).
+pub fn build_tree(
+    tree: &Tree,
+    opts: &BuildOptions,
+    out_path: &Path,
+    progress: &dyn Progress,
+) -> Result<Summary, Error> {
+    validate(opts)?;
+    validate_tree(tree)?;
+    let xplan = xattr::plan(tree, opts.xattr_filter, opts.long_prefixes);
+    let lopts = layout::LayoutOptions {
+        block_size: opts.block_size as u64,
+        inline_data: opts.inline_data,
+    };
+    let layout = layout::plan(tree, &xplan, &lopts)?;
+
+    let mut label = [0u8; 16];
+    label[..opts.label.len()].copy_from_slice(&opts.label);
+    let params = write::SuperParams {
+        xattr_filter: opts.xattr_filter,
+        build_time: opts.build_time,
+        uuid: opts.uuid,
+        volume_name: label,
+    };
+    let tmp = temp_path(out_path);
+    let file = File::create(&tmp).map_err(|e| Error::source(&tmp, e))?;
+    let result = write::write_image(tree, &xplan, &layout, &params, &file, &tmp, progress)
+        .and_then(|len| {
+            file.sync_all()
+                .map(|_| len)
+                .map_err(|e| Error::source(&tmp, e))
+        })
+        .and_then(|len| {
+            std::fs::rename(&tmp, out_path)
+                .map(|_| len)
+                .map_err(|e| Error::source(out_path, e))
+        });
+    let image_bytes = match result {
+        Ok(len) => len,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+
+    let mut s = Summary {
+        image_bytes,
+        block_size: opts.block_size,
+        inodes: layout.order.len() as u64,
+        shared_xattrs: xplan.shared_offsets.len() as u64,
+        long_prefixes: xplan.prefixes.len() as u64,
+        ..Default::default()
+    };
+    for &id in &layout.order {
+        match &tree.nodes[id].kind {
+            Kind::Regular { .. } => {
+                s.regular_files += 1;
+                s.bytes_in += tree.nodes[id].size;
+            }
+            Kind::Directory { .. } => s.directories += 1,
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+fn temp_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    out.with_file_name(name)
+}
+
+fn validate(opts: &BuildOptions) -> Result<(), Error> {
+    let bs = opts.block_size;
+    if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+        return Err(Error::Input(format!(
+            "block size {bs} is not a power of two from 512 to 65536"
+        )));
+    }
+    if opts.label.len() > 15 {
+        return Err(Error::Input(format!(
+            "volume label is {} bytes; EROFS kernels reliably accept at most 15",
+            opts.label.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks what the format cannot represent, so writing never has to fail on it.
+fn validate_tree(tree: &Tree) -> Result<(), Error> {
+    if !tree.nodes.first().is_some_and(|n| n.is_dir()) {
+        return Err(Error::Input(
+            "the root of an image must be a directory".into(),
+        ));
+    }
+    for node in &tree.nodes {
+        for (name, value) in &node.xattrs {
+            if crate::format::split_xattr_name(name).is_none() {
+                return Err(Error::Input(format!(
+                    "xattr {} has no EROFS namespace",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+            if value.len() > u16::MAX as usize || name.len() > 255 {
+                return Err(Error::Input(format!(
+                    "xattr {} is too large",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        if let Kind::Directory { children } = &node.kind {
+            for (name, _) in children {
+                if name.is_empty()
+                    || name.len() > crate::format::NAME_LEN
+                    || name.contains(&b'/')
+                    || name.contains(&0)
+                    || name == b"."
+                    || name == b".."
+                {
+                    return Err(Error::Input(format!(
+                        "invalid file name {:?}",
+                        String::from_utf8_lossy(name)
+                    )));
+                }
+            }
+        }
+        if let Kind::Symlink { target } = &node.kind {
+            if target.is_empty() || target.len() > 4095 {
+                return Err(Error::Input(
+                    "symlink target must be 1 to 4095 bytes".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn apply_overrides(tree: &mut Tree, o: &Overrides) {
+    for node in &mut tree.nodes {
+        if let Some(uid) = o.uid {
+            node.uid = uid;
+        }
+        if let Some(gid) = o.gid {
+            node.gid = gid;
+        }
+        node.uid = (node.uid as i64 + o.uid_offset).clamp(0, u32::MAX as i64) as u32;
+        node.gid = (node.gid as i64 + o.gid_offset).clamp(0, u32::MAX as i64) as u32;
+        if let Some((s, ns)) = o.mtime {
+            node.mtime = s;
+            node.mtime_nsec = ns;
+        }
+    }
+}

@@ -1,0 +1,4 @@
+pub mod build;
+pub mod extract;
+pub mod fsck;
+pub mod inspect;
