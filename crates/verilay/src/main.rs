@@ -20,7 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Build an EROFS image of a directory.
-    Build(cmd::build::Args),
+    Build(Box<cmd::build::Args>),
     /// Show an image's superblock, or one inode's metadata, layout and xattrs.
     Inspect(cmd::inspect::Args),
     /// Check an image's structure; exit 1 with one line per problem.
@@ -32,7 +32,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Build(a) => cmd::build::run(a),
+        Command::Build(a) => cmd::build::run(*a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Extract(a) => cmd::extract::run(a),

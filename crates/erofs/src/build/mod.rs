@@ -9,7 +9,6 @@ pub mod tree;
 pub mod write;
 pub mod xattr;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub use scan::ExcludeFn;
@@ -114,14 +113,16 @@ pub fn build_dir(
     progress: &dyn Progress,
 ) -> Result<Summary, Error> {
     validate(opts)?;
+    trace("start");
     let count = std::sync::atomic::AtomicU64::new(0);
     let (mut tree, stats) = scan::scan_dir(src, exclude, &|| {
         let n = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if n % 1024 == 0 {
+        if n.is_multiple_of(1024) {
             progress.scanned(n);
         }
     })?;
     apply_overrides(&mut tree, &opts.overrides);
+    trace("scan");
     let mut summary = build_tree(&tree, opts, out_path, progress)?;
     summary.skipped_xattrs = stats.skipped_xattrs;
     Ok(summary)
@@ -143,6 +144,7 @@ pub fn build_tree(
         inline_data: opts.inline_data,
     };
     let layout = layout::plan(tree, &xplan, &lopts)?;
+    trace("plan");
 
     let mut label = [0u8; 16];
     label[..opts.label.len()].copy_from_slice(&opts.label);
@@ -153,20 +155,27 @@ pub fn build_tree(
         volume_name: label,
     };
     let tmp = temp_path(out_path);
-    let file = File::create(&tmp).map_err(|e| Error::source(&tmp, e))?;
+    let _ = std::fs::remove_file(&tmp); // a leftover of a killed build
+    let file = std::fs::OpenOptions::new()
+        .read(true) // a shared writable mapping needs the file open for reading too
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| Error::source(&tmp, e))?;
+    // No fsync: like mkfs tools, the image is durable once the caller syncs. Forcing
+    // writeback here would double the build time for no integrity gain: the image
+    // carries its own checksums, and the rename below is what makes it visible.
     let result = write::write_image(tree, &xplan, &layout, &params, &file, &tmp, progress)
-        .and_then(|len| {
-            file.sync_all()
-                .map(|_| len)
-                .map_err(|e| Error::source(&tmp, e))
-        })
         .and_then(|len| {
             std::fs::rename(&tmp, out_path)
                 .map(|_| len)
                 .map_err(|e| Error::source(out_path, e))
         });
     let image_bytes = match result {
-        Ok(len) => len,
+        Ok(len) => {
+            trace("written");
+            len
+        }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
@@ -192,6 +201,20 @@ pub fn build_tree(
         }
     }
     Ok(s)
+}
+
+/// Phase timings on stderr when `VERILAY_TRACE` is set (for profiling builds).
+pub(crate) fn trace(phase: &str) {
+    use std::sync::OnceLock;
+    static START: OnceLock<Option<std::time::Instant>> = OnceLock::new();
+    if let Some(start) =
+        START.get_or_init(|| std::env::var_os("VERILAY_TRACE").map(|_| std::time::Instant::now()))
+    {
+        eprintln!(
+            "verilay: trace: {phase} done at {:.3} s",
+            start.elapsed().as_secs_f64()
+        );
+    }
 }
 
 fn temp_path(out: &Path) -> PathBuf {

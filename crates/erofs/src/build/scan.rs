@@ -5,7 +5,7 @@ use super::tree::{Content, Kind, Node, NodeId, Tree};
 use super::Error;
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, Metadata};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 
 /// Decides whether a path (relative to the source root, `/`-separated, no leading `/`)
 /// is left out of the image, with everything below it.
+/// (full name, value) pairs.
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 pub type ExcludeFn<'a> = dyn Fn(&[u8]) -> bool + Sync + 'a;
 
 pub struct ScanStats {
@@ -57,91 +60,112 @@ pub fn scan_dir(
     on_node();
 
     let mut hardlinks: HashMap<(u64, u64), NodeId> = HashMap::new();
-    // Breadth-first with an explicit queue: deep trees cannot overflow the stack.
-    let mut queue =
-        std::collections::VecDeque::from([(root.to_path_buf(), Vec::new(), Tree::ROOT)]);
-    while let Some((dir, rel, id)) = queue.pop_front() {
-        let mut names = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(|e| Error::source(&dir, e))? {
-            let entry = entry.map_err(|e| Error::source(&dir, e))?;
-            names.push(entry.file_name());
-        }
-        // Sorted before anything is numbered: the image must not depend on readdir order.
-        names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        // Stat and read xattrs of a directory's entries in parallel: on a cold cache
-        // this is where the build waits for the disk.
-        let scanned: Vec<Scanned> = names
+    // Level by level, breadth-first: the directories of one level are read in parallel
+    // (on a cold cache this is where the build waits for the disk), then numbered in
+    // sorted order on one thread, so the tree never depends on timing or readdir order.
+    let mut level = vec![(root.to_path_buf(), Vec::new(), Tree::ROOT)];
+    while !level.is_empty() {
+        let listed: Vec<Vec<Scanned>> = level
             .par_iter()
-            .filter_map(|name| {
-                let rel = join_rel(&rel, name);
-                if exclude(&rel) {
-                    return None;
-                }
-                Some(scan_entry(dir.join(name), name, rel))
+            .map(|(dir, rel, _)| {
+                let entries = list_dir(dir, rel, exclude)?;
+                entries
+                    .into_iter()
+                    .map(|(path, name, rel)| scan_entry(path, &name, rel))
+                    .collect()
             })
-            .collect::<Result<_, _>>()?;
-        let mut children = Vec::with_capacity(scanned.len());
-        for s in scanned {
-            on_node();
-            stats.skipped_xattrs.extend(s.skipped);
-            let meta = &s.meta;
-            let ft = meta.file_type();
-            if !ft.is_dir() && meta.nlink() > 1 {
-                if let Some(&existing) = hardlinks.get(&(meta.dev(), meta.ino())) {
-                    children.push((s.name, existing));
-                    continue;
+            .collect::<Result<_, Error>>()?;
+        let mut next = Vec::new();
+        for ((_, _, id), scanned) in level.iter().zip(listed) {
+            let mut children = Vec::with_capacity(scanned.len());
+            for s in scanned {
+                on_node();
+                stats.skipped_xattrs.extend(s.skipped.iter().cloned());
+                let meta = &s.meta;
+                let ft = meta.file_type();
+                if !ft.is_dir() && meta.nlink() > 1 {
+                    if let Some(&existing) = hardlinks.get(&(meta.dev(), meta.ino())) {
+                        children.push((s.name, existing));
+                        continue;
+                    }
                 }
+                let kind = node_kind(&s)?;
+                let child = tree.add(node_from(meta, kind, s.xattrs));
+                if ft.is_dir() {
+                    next.push((s.path, s.rel, child));
+                } else if meta.nlink() > 1 {
+                    hardlinks.insert((meta.dev(), meta.ino()), child);
+                }
+                children.push((s.name, child));
             }
-            let kind = if ft.is_dir() {
-                Kind::Directory {
-                    children: Vec::new(),
-                }
-            } else if ft.is_file() {
-                Kind::Regular {
-                    content: Content::File(s.path.clone()),
-                    extents: s.extents,
-                }
-            } else if ft.is_symlink() {
-                Kind::Symlink { target: s.target }
-            } else if ft.is_char_device() || ft.is_block_device() {
-                let (major, minor) = split_dev(meta.rdev());
-                if major > 0xFFF || minor > 0xFFFFF {
-                    return Err(Error::Input(format!(
-                        "{}: device number {major}:{minor} does not fit EROFS's 12:20 bits",
-                        s.path.display()
-                    )));
-                }
-                if ft.is_char_device() {
-                    Kind::CharDevice { major, minor }
-                } else {
-                    Kind::BlockDevice { major, minor }
-                }
-            } else if ft.is_fifo() {
-                Kind::Fifo
-            } else if ft.is_socket() {
-                Kind::Socket
-            } else {
-                return Err(Error::Input(format!(
-                    "{}: unknown file type",
-                    s.path.display()
-                )));
-            };
-            let is_dir = ft.is_dir();
-            let nlink = meta.nlink();
-            let key = (meta.dev(), meta.ino());
-            let child = tree.add(node_from(meta, kind, s.xattrs));
-            if is_dir {
-                queue.push_back((s.path, s.rel, child));
-            } else if nlink > 1 {
-                hardlinks.insert(key, child);
+            if let Kind::Directory { children: c } = &mut tree.nodes[*id].kind {
+                *c = children;
             }
-            children.push((s.name, child));
         }
-        if let Kind::Directory { children: c } = &mut tree.nodes[id].kind {
-            *c = children;
-        }
+        level = next;
     }
     Ok((tree, stats))
+}
+
+/// A directory's entries, sorted by name, without the excluded ones.
+fn list_dir(
+    dir: &Path,
+    rel: &[u8],
+    exclude: &ExcludeFn<'_>,
+) -> Result<Vec<(PathBuf, OsString, Vec<u8>)>, Error> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| Error::source(dir, e))? {
+        let entry = entry.map_err(|e| Error::source(dir, e))?;
+        names.push(entry.file_name());
+    }
+    names.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Ok(names
+        .into_iter()
+        .filter_map(|name| {
+            let r = join_rel(rel, &name);
+            (!exclude(&r)).then(|| (dir.join(&name), name, r))
+        })
+        .collect())
+}
+
+fn node_kind(s: &Scanned) -> Result<Kind, Error> {
+    let ft = s.meta.file_type();
+    Ok(if ft.is_dir() {
+        Kind::Directory {
+            children: Vec::new(),
+        }
+    } else if ft.is_file() {
+        Kind::Regular {
+            content: Content::File(s.path.clone()),
+            extents: s.extents.clone(),
+        }
+    } else if ft.is_symlink() {
+        Kind::Symlink {
+            target: s.target.clone(),
+        }
+    } else if ft.is_char_device() || ft.is_block_device() {
+        let (major, minor) = split_dev(s.meta.rdev());
+        if major > 0xFFF || minor > 0xFFFFF {
+            return Err(Error::Input(format!(
+                "{}: device number {major}:{minor} does not fit EROFS's 12:20 bits",
+                s.path.display()
+            )));
+        }
+        if ft.is_char_device() {
+            Kind::CharDevice { major, minor }
+        } else {
+            Kind::BlockDevice { major, minor }
+        }
+    } else if ft.is_fifo() {
+        Kind::Fifo
+    } else if ft.is_socket() {
+        Kind::Socket
+    } else {
+        return Err(Error::Input(format!(
+            "{}: unknown file type",
+            s.path.display()
+        )));
+    })
 }
 
 fn join_rel(parent: &[u8], name: &OsStr) -> Vec<u8> {
@@ -216,7 +240,7 @@ fn split_dev(dev: u64) -> (u32, u32) {
 
 /// All xattrs of a path (not following symlinks), sorted by name. Names in namespaces the
 /// kernel's EROFS cannot serve are returned separately so the caller can warn.
-pub fn read_xattrs(path: &Path) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Vec<String>), Error> {
+pub fn read_xattrs(path: &Path) -> Result<(Xattrs, Vec<String>), Error> {
     use rustix::io::Errno;
     let mut list = vec![0u8; 1024];
     let len = loop {

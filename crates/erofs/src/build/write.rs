@@ -8,7 +8,6 @@ use super::{Error, Progress};
 use crate::format::*;
 use rayon::prelude::*;
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -32,8 +31,25 @@ pub fn write_image(
     let bs = layout.block_size;
     let image_len = layout.total_blocks * bs;
     let werr = |e: std::io::Error| Error::source(out_path, e);
-    out.set_len(0).map_err(werr)?;
+    // `out` is new and empty. Never truncate it: ext4 treats truncate-then-write as the
+    // "replace a file" pattern and flushes all of it on close (auto_da_alloc).
     out.set_len(image_len).map_err(werr)?;
+    // Reserve the space now, so running out of it is an error here rather than a
+    // fault while writing through the mapping. Filesystems without fallocate just skip it.
+    match rustix::fs::fallocate(out, rustix::fs::FallocateFlags::empty(), 0, image_len) {
+        Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => {}
+        Err(e) => return Err(werr(e.into())),
+    }
+    if image_len == 0 {
+        return Ok(0);
+    }
+    // The image is written through a shared mapping: file data is read straight into its
+    // final place (one copy), and workers on different cores never contend on the
+    // output file's inode lock as they would with write(2).
+    // SAFETY: `out` is the builder's own freshly created temporary file; nothing else
+    // truncates or maps it while `map` lives, so the mapping stays valid.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(out) }.map_err(werr)?;
+    let img: &mut [u8] = &mut map;
 
     let shared_ids: Vec<u32> = xattrs
         .shared_offsets
@@ -41,11 +57,9 @@ pub fn write_image(
         .map(|&o| ((layout.shared_pool_offset + o as u64 - layout.xattr_blkaddr * bs) / 4) as u32)
         .collect();
 
-    // Metadata area: inodes, xattr bodies, inline tails and chunk maps.
-    let mut meta = vec![0u8; (layout.meta_blocks * bs) as usize];
-    let mut file_jobs = Vec::new();
-    let mut ino_serial = 0u32;
-    for &id in &layout.order {
+    // Pass 1, one thread: inodes, xattr bodies, directories, symlinks and chunk maps.
+    let mut file_jobs: Vec<FileJob> = Vec::new();
+    for (serial, &id) in layout.order.iter().enumerate() {
         let node = &tree.nodes[id];
         let plan = layout.inodes[id]
             .as_ref()
@@ -62,7 +76,6 @@ pub fn write_image(
                 (LAYOUT_CHUNK_BASED, chunk_bits - bs.trailing_zeros())
             }
         };
-        ino_serial += 1;
         let disk = DiskInode {
             extended: plan.extended,
             format: inode_format(plan.extended, layout_kind),
@@ -71,7 +84,7 @@ pub fn write_image(
             nlink: plan.nlink,
             size: plan.size,
             i_u,
-            ino: ino_serial,
+            ino: serial as u32 + 1, // the 32-bit stat-compat inode number
             uid: node.uid,
             gid: node.gid,
             mtime: node.mtime as u64,
@@ -81,58 +94,65 @@ pub fn write_image(
         let mut head = vec![0u8; disk.disk_size()];
         disk.encode(&mut head);
         x.encode(&shared_ids, &mut head);
-        let pos = (plan.nid << ISLOT_BITS) as usize;
-        meta[pos..pos + head.len()].copy_from_slice(&head);
-        let inline_at = pos + head.len();
+        let pos = plan.nid << ISLOT_BITS;
+        img[pos as usize..pos as usize + head.len()].copy_from_slice(&head);
+        let inline_at = pos + head.len() as u64;
 
         match &node.kind {
             Kind::Directory { .. } => {
                 let dir = layout.dirs[id].as_ref().expect("directories are planned");
                 let bytes = encode_dir(tree, dir, layout, bs);
-                place(&plan.data, &bytes, &mut meta, inline_at, out, bs).map_err(werr)?;
+                for (from, len, to) in copies(&plan.data, plan.size, inline_at, bs) {
+                    img[to as usize..(to + len) as usize]
+                        .copy_from_slice(&bytes[from as usize..(from + len) as usize]);
+                }
             }
             Kind::Symlink { target } => {
-                place(&plan.data, target, &mut meta, inline_at, out, bs).map_err(werr)?;
+                for (from, len, to) in copies(&plan.data, plan.size, inline_at, bs) {
+                    img[to as usize..(to + len) as usize]
+                        .copy_from_slice(&target[from as usize..(from + len) as usize]);
+                }
             }
             Kind::Regular { content, .. } if plan.size > 0 => {
                 if let DataPlan::Chunked { map, .. } = &plan.data {
                     for (k, e) in map.iter().enumerate() {
-                        meta[inline_at + 4 * k..inline_at + 4 * k + 4]
-                            .copy_from_slice(&e.to_le_bytes());
+                        let at = inline_at as usize + 4 * k;
+                        img[at..at + 4].copy_from_slice(&e.to_le_bytes());
                     }
                 }
-                file_jobs.push((id, content, inline_at));
+                file_jobs.push(FileJob {
+                    content,
+                    size: plan.size,
+                    copies: copies(&plan.data, plan.size, inline_at, bs),
+                });
             }
             _ => {}
         }
     }
 
-    // File data: the slow part, in parallel; each job returns its inline tail.
-    let total: u64 = file_jobs.iter().map(|&(id, ..)| tree.nodes[id].size).sum();
-    progress.writing(total);
-    let tails: Vec<(usize, Vec<u8>)> = file_jobs
-        .par_iter()
-        .map_init(
-            || vec![0u8; 1 << 20],
-            |buf, &(id, content, inline_at)| {
-                let plan = layout.inodes[id].as_ref().expect("planned");
-                let tail = copy_file(content, plan.size, &plan.data, bs, out, buf)?;
-                progress.wrote(plan.size);
-                Ok((inline_at, tail))
-            },
-        )
-        .collect::<Result<_, Error>>()?;
-    for (at, tail) in tails {
-        meta[at..at + tail.len()].copy_from_slice(&tail);
-    }
-
     // Long-prefix table and shared xattrs sit between metadata and data.
     let mut xattr_area = xattrs.encode_prefix_table();
     xattr_area.extend_from_slice(&xattrs.shared_pool);
-    out.write_all_at(&xattr_area, layout.prefix_table_offset)
-        .map_err(werr)?;
+    let at = layout.prefix_table_offset as usize;
+    img[at..at + xattr_area.len()].copy_from_slice(&xattr_area);
 
-    // The superblock goes in last: its checksum covers the inodes in block 0.
+    super::trace("metadata");
+    // Pass 2, all cores: file contents, each into its own disjoint slices of the image.
+    let total: u64 = file_jobs.iter().map(|j| j.size).sum();
+    progress.writing(total);
+    let mut targets = carve(img, &file_jobs);
+    targets
+        .par_iter_mut()
+        .zip(file_jobs.par_iter())
+        .try_for_each(|(dsts, job)| {
+            copy_file(job, dsts)?;
+            progress.wrote(job.size);
+            Ok::<_, Error>(())
+        })?;
+    drop(targets);
+    super::trace("data");
+
+    // Pass 3: the superblock goes in last; its checksum covers the inodes in block 0.
     let mut feature_compat = FEATURE_COMPAT_SB_CHKSUM | FEATURE_COMPAT_MTIME;
     if params.xattr_filter {
         feature_compat |= FEATURE_COMPAT_XATTR_FILTER;
@@ -150,9 +170,10 @@ pub fn write_image(
         feature_incompat |= FEATURE_INCOMPAT_CHUNKED_FILE;
     }
     let epoch = layout.epoch;
+    let meta_len = (layout.meta_blocks * bs) as usize;
     let uuid = params
         .uuid
-        .unwrap_or_else(|| derived_uuid(&meta, &xattr_area, params.build_time));
+        .unwrap_or_else(|| derived_uuid(&img[..meta_len], &xattr_area, params.build_time));
     let sb = Superblock {
         feature_compat,
         blkszbits: bs.trailing_zeros() as u8,
@@ -172,11 +193,107 @@ pub fn write_image(
         ..Default::default()
     };
     let sb_at = SUPER_OFFSET as usize;
-    meta[sb_at..sb_at + SUPER_SIZE].copy_from_slice(&sb.encode());
-    let csum = superblock_checksum(&meta, bs as usize).expect("metadata spans the first block");
-    meta[sb_at + 4..sb_at + 8].copy_from_slice(&csum.to_le_bytes());
-    out.write_all_at(&meta, 0).map_err(werr)?;
+    img[sb_at..sb_at + SUPER_SIZE].copy_from_slice(&sb.encode());
+    let csum = superblock_checksum(img, bs as usize).expect("the image spans the first block");
+    img[sb_at + 4..sb_at + 8].copy_from_slice(&csum.to_le_bytes());
     Ok(image_len)
+}
+
+/// One regular file's content and where its byte ranges go.
+struct FileJob<'a> {
+    content: &'a Content,
+    size: u64,
+    /// `(file offset, length, image offset)`, ascending in both.
+    copies: Vec<(u64, u64, u64)>,
+}
+
+/// Where the bytes of an inode's content go: `(content offset, length, image offset)`.
+fn copies(plan: &DataPlan, size: u64, inline_at: u64, bs: u64) -> Vec<(u64, u64, u64)> {
+    match plan {
+        DataPlan::None => Vec::new(),
+        DataPlan::Plain { start, .. } => vec![(0, size, start * bs)],
+        DataPlan::Inline {
+            start,
+            blocks,
+            tail,
+        } => {
+            let body = blocks * bs;
+            let mut v = Vec::with_capacity(2);
+            if body > 0 {
+                v.push((0, body, start * bs));
+            }
+            v.push((body, *tail as u64, inline_at));
+            v
+        }
+        DataPlan::Chunked {
+            chunk_bits, map, ..
+        } => map
+            .iter()
+            .enumerate()
+            .filter(|(_, &addr)| addr != NULL_ADDR)
+            .map(|(k, &addr)| {
+                let from = (k as u64) << chunk_bits;
+                (
+                    from,
+                    (1u64 << chunk_bits).min(size - from),
+                    addr as u64 * bs,
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Splits the image into the disjoint destination slices of every job, in job order.
+fn carve<'m>(img: &'m mut [u8], jobs: &[FileJob]) -> Vec<Vec<(u64, &'m mut [u8])>> {
+    let mut regions: Vec<(u64, u64, usize, u64)> = Vec::new();
+    for (j, job) in jobs.iter().enumerate() {
+        for &(from, len, to) in &job.copies {
+            regions.push((to, len, j, from));
+        }
+    }
+    regions.sort_unstable_by_key(|r| r.0);
+    let mut out: Vec<Vec<(u64, &mut [u8])>> = jobs
+        .iter()
+        .map(|j| Vec::with_capacity(j.copies.len()))
+        .collect();
+    let mut rest = img;
+    let mut base = 0u64;
+    for (to, len, j, from) in regions {
+        let (_, tail) = rest.split_at_mut((to - base) as usize);
+        let (dst, tail) = tail.split_at_mut(len as usize);
+        out[j].push((from, dst));
+        rest = tail;
+        base = to + len;
+    }
+    out
+}
+
+/// Copies one regular file into its destination slices.
+fn copy_file(job: &FileJob, dsts: &mut [(u64, &mut [u8])]) -> Result<(), Error> {
+    let path = match job.content {
+        Content::Bytes(bytes) => {
+            for (from, dst) in dsts.iter_mut() {
+                let from = *from as usize;
+                dst.copy_from_slice(&bytes[from..from + dst.len()]);
+            }
+            return Ok(());
+        }
+        Content::File(p) => p,
+    };
+    let err = |e: std::io::Error| Error::source(path, e);
+    let file = File::open(path).map_err(err)?;
+    for (from, dst) in dsts.iter_mut() {
+        file.read_exact_at(dst, *from)
+            .map_err(|e| changed(path, e))?;
+    }
+    // A file that grew since the scan would be silently cut short.
+    if file.metadata().map_err(err)?.len() != job.size {
+        return Err(Error::Input(format!(
+            "{}: file changed size during the build",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Dirents with names, block by block; the last block is only as long as it is used.
@@ -206,150 +323,12 @@ fn encode_dir(tree: &Tree, dir: &super::layout::DirPlan, layout: &Layout, bs: u6
     out
 }
 
-/// Stores in-memory content (a directory or symlink) according to its data plan.
-fn place(
-    plan: &DataPlan,
-    bytes: &[u8],
-    meta: &mut [u8],
-    inline_at: usize,
-    out: &File,
-    bs: u64,
-) -> std::io::Result<()> {
-    match plan {
-        DataPlan::None => Ok(()),
-        DataPlan::Plain { start, .. } => out.write_all_at(bytes, start * bs),
-        DataPlan::Inline {
-            start,
-            blocks,
-            tail,
-        } => {
-            let full = (*blocks * bs) as usize;
-            if *blocks > 0 {
-                out.write_all_at(&bytes[..full], start * bs)?;
-            }
-            meta[inline_at..inline_at + tail].copy_from_slice(&bytes[full..]);
-            Ok(())
-        }
-        DataPlan::Chunked { .. } => unreachable!("only regular files are chunked"),
-    }
-}
-
-/// Copies one regular file to its blocks; returns the bytes that go inline.
-fn copy_file(
-    content: &Content,
-    size: u64,
-    plan: &DataPlan,
-    bs: u64,
-    out: &File,
-    buf: &mut [u8],
-) -> Result<Vec<u8>, Error> {
-    let path = match content {
-        Content::Bytes(bytes) => return copy_bytes(bytes, plan, bs, out),
-        Content::File(p) => p,
-    };
-    let err = |e: std::io::Error| Error::source(path, e);
-    let mut file = File::open(path).map_err(err)?;
-    match plan {
-        DataPlan::Chunked {
-            chunk_bits, map, ..
-        } => {
-            for (k, &addr) in map.iter().enumerate() {
-                if addr == NULL_ADDR {
-                    continue;
-                }
-                let from = (k as u64) << chunk_bits;
-                let len = (1u64 << chunk_bits).min(size - from);
-                let mut done = 0;
-                while done < len {
-                    let n = (len - done).min(buf.len() as u64) as usize;
-                    file.read_exact_at(&mut buf[..n], from + done)
-                        .map_err(|e| changed(path, e))?;
-                    out.write_all_at(&buf[..n], addr as u64 * bs + done)
-                        .map_err(err)?;
-                    done += n as u64;
-                }
-            }
-            Ok(Vec::new())
-        }
-        DataPlan::Plain { start, .. } | DataPlan::Inline { start, .. } => {
-            let tail_len = match plan {
-                DataPlan::Inline { tail, .. } => *tail as u64,
-                _ => 0,
-            };
-            let body = size - tail_len;
-            let mut tail = Vec::with_capacity(tail_len as usize);
-            let mut pos = 0u64;
-            // Ask for one byte more than remains, so a file that grew is noticed
-            // without an extra read at EOF.
-            loop {
-                let want = (size - pos + 1).min(buf.len() as u64) as usize;
-                let n = match file.read(&mut buf[..want]) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(err(e)),
-                };
-                if n == 0 && pos < size {
-                    return Err(Error::Input(format!(
-                        "{}: file shrank during the build",
-                        path.display()
-                    )));
-                }
-                if pos + n as u64 > size {
-                    return Err(Error::Input(format!(
-                        "{}: file grew during the build",
-                        path.display()
-                    )));
-                }
-                let chunk = &buf[..n];
-                let body_part = (body.saturating_sub(pos) as usize).min(n);
-                if body_part > 0 {
-                    out.write_all_at(&chunk[..body_part], start * bs + pos)
-                        .map_err(err)?;
-                }
-                tail.extend_from_slice(&chunk[body_part..]);
-                pos += n as u64;
-                if pos == size {
-                    break;
-                }
-            }
-            Ok(tail)
-        }
-        DataPlan::None => Ok(Vec::new()),
-    }
-}
-
 fn changed(path: &Path, e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
         Error::Input(format!("{}: file shrank during the build", path.display()))
     } else {
         Error::source(path, e)
     }
-}
-
-fn copy_bytes(bytes: &[u8], plan: &DataPlan, bs: u64, out: &File) -> Result<Vec<u8>, Error> {
-    let io = |e| Error::Input(format!("writing image: {e}"));
-    match plan {
-        DataPlan::Plain { start, .. } => out.write_all_at(bytes, start * bs).map_err(io)?,
-        DataPlan::Inline { start, blocks, .. } => {
-            let full = (*blocks * bs) as usize;
-            out.write_all_at(&bytes[..full], start * bs).map_err(io)?;
-            return Ok(bytes[full..].to_vec());
-        }
-        DataPlan::Chunked {
-            chunk_bits, map, ..
-        } => {
-            for (k, &addr) in map.iter().enumerate() {
-                if addr != NULL_ADDR {
-                    let from = k << chunk_bits;
-                    let to = (from + (1 << chunk_bits)).min(bytes.len());
-                    out.write_all_at(&bytes[from..to], addr as u64 * bs)
-                        .map_err(io)?;
-                }
-            }
-        }
-        DataPlan::None => {}
-    }
-    Ok(Vec::new())
 }
 
 /// A reproducible UUID: a hash of the metadata and the build time, shaped like a v4 UUID.
