@@ -1,0 +1,366 @@
+//! Shared helpers for tests that drive the `verilay` binary and real kernel mounts.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn verilay() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_verilay"))
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Tests that need root (mount) or a peer tool skip elsewhere, but CI runs as root with
+/// every tool installed: there, `VERILAY_REQUIRE_ALL=1` turns a skip into a failure.
+pub fn skip_unless(cond: bool, why: &str) -> bool {
+    if cond {
+        return false;
+    }
+    if std::env::var_os("VERILAY_REQUIRE_ALL").is_some() {
+        panic!("required test prerequisite missing: {why}");
+    }
+    eprintln!("SKIP: {why}");
+    true
+}
+
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+pub fn sh(script: &str) -> Output {
+    run(Command::new("sh").arg("-c").arg(script))
+}
+
+/// Builds an image with `verilay build` and the given extra arguments.
+pub fn build(src: &Path, image: &Path, extra: &[&str]) -> Output {
+    run(verilay()
+        .arg("build")
+        .arg(src)
+        .arg("-o")
+        .arg(image)
+        .args(extra)
+        .env("SOURCE_DATE_EPOCH", "1700000000"))
+}
+
+/// A kernel mount that is unmounted when dropped.
+pub struct Mount {
+    pub dir: PathBuf,
+}
+
+impl Mount {
+    pub fn erofs(image: &Path, dir: &Path) -> Mount {
+        std::fs::create_dir_all(dir).unwrap();
+        run(Command::new("mount")
+            .args(["-t", "erofs", "-o", "ro"])
+            .arg(image)
+            .arg(dir));
+        Mount {
+            dir: dir.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// Every stat field the image must preserve, per relative path.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StatRec {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
+    pub nlink: u64,
+    pub rdev: u64,
+    /// Index of the first path with the same inode (hardlink groups must match).
+    pub link_group: String,
+}
+
+pub fn stat_tree(root: &Path) -> BTreeMap<String, StatRec> {
+    let mut out = BTreeMap::new();
+    let mut first_path: BTreeMap<u64, String> = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut all = Vec::new();
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            all.push((p, m));
+        }
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let root_meta = std::fs::symlink_metadata(root).unwrap();
+    all.insert(0, (root.to_path_buf(), root_meta));
+    for (p, m) in all {
+        let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let group = if m.is_dir() {
+            rel.clone()
+        } else {
+            first_path
+                .entry(m.ino())
+                .or_insert_with(|| rel.clone())
+                .clone()
+        };
+        out.insert(
+            rel,
+            StatRec {
+                mode: m.mode(),
+                uid: m.uid(),
+                gid: m.gid(),
+                size: if m.is_dir() { 0 } else { m.size() },
+                mtime: m.mtime(),
+                mtime_nsec: m.mtime_nsec(),
+                nlink: m.nlink(),
+                rdev: m.rdev(),
+                link_group: group,
+            },
+        );
+    }
+    out
+}
+
+pub fn assert_same_stats(src: &Path, other: &Path) {
+    let a = stat_tree(src);
+    let b = stat_tree(other);
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "entry counts differ between {} and {}",
+        src.display(),
+        other.display()
+    );
+    let mut bad = Vec::new();
+    for (k, va) in &a {
+        match b.get(k) {
+            Some(vb) if vb == va => {}
+            Some(vb) => bad.push(format!("{k}: {va:?} != {vb:?}")),
+            None => bad.push(format!("{k}: missing")),
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} stat mismatches, first: {:#?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+}
+
+/// `diff -r` without following symlinks; special files of the same type are fine.
+pub fn assert_diff_clean(a: &Path, b: &Path) {
+    let out = Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(a)
+        .arg(b)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let real: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            // "File X is a fifo while file Y is a fifo": diff cannot compare these.
+            !(l.starts_with("File ") && {
+                let parts: Vec<&str> = l.split(" while file ").collect();
+                parts.len() == 2
+                    && parts[0].split(" is a ").nth(1) == parts[1].split(" is a ").nth(1)
+            })
+        })
+        .collect();
+    assert!(
+        real.is_empty(),
+        "diff -r {} {}:\n{}",
+        a.display(),
+        b.display(),
+        real.join("\n")
+    );
+}
+
+/// `getfattr -R -d -m - -h` output as path -> sorted "name=value" lines.
+pub fn xattr_dump(root: &Path) -> BTreeMap<String, Vec<String>> {
+    let out = run(Command::new("getfattr")
+        .args(["-R", "-d", "-m", "-", "-h", "-e", "hex", "."])
+        .current_dir(root));
+    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut cur = String::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(p) = line.strip_prefix("# file: ") {
+            cur = p.to_string();
+        } else if !line.is_empty() {
+            map.entry(cur.clone()).or_default().push(line.to_string());
+        }
+    }
+    for v in map.values_mut() {
+        v.sort();
+    }
+    map
+}
+
+/// `getfacl -R -s` output, one block per file with an ACL, sorted by path (getfacl
+/// walks in readdir order, which differs between filesystems).
+pub fn acl_dump(root: &Path) -> Vec<String> {
+    let out = run(Command::new("getfacl")
+        .args(["-R", "-p", "-s", "."])
+        .current_dir(root));
+    let mut blocks: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split("\n\n")
+        .map(|b| b.trim().to_string())
+        .filter(|b| !b.is_empty())
+        .collect();
+    blocks.sort();
+    blocks
+}
+
+/// A tree with every file type, hardlinks, xattrs in every namespace, ACLs, long names,
+/// a deep path, sparse and empty files, and sizes from 0 bytes to several MiB.
+pub fn generate_tree(root: &Path) {
+    use std::fs;
+    fs::create_dir_all(root).unwrap();
+    let w = |p: &str, data: &[u8]| fs::write(root.join(p), data).unwrap();
+    let mut seed = 0x1234_5678_u64;
+    let mut bytes = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    };
+    fs::create_dir_all(root.join("sizes")).unwrap();
+    for size in [
+        0usize,
+        1,
+        31,
+        511,
+        512,
+        1000,
+        4095,
+        4096,
+        4097,
+        8191,
+        8192,
+        12345,
+        65536,
+        100_000,
+        1 << 20,
+        3 << 20,
+        (5 << 20) + 7,
+    ] {
+        w(&format!("sizes/f{size}"), &bytes(size));
+    }
+    w("empty", b"");
+    w("hello.txt", b"hello, world\n");
+    fs::hard_link(root.join("hello.txt"), root.join("hardlink1")).unwrap();
+    fs::create_dir_all(root.join("links")).unwrap();
+    fs::hard_link(root.join("hello.txt"), root.join("links/hardlink2")).unwrap();
+    std::os::unix::fs::symlink("hello.txt", root.join("symlink")).unwrap();
+    std::os::unix::fs::symlink("x".repeat(3000), root.join("long_symlink")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/dangling", root.join("dangling")).unwrap();
+    let long = "L".repeat(255);
+    w(&long, b"long name");
+    fs::create_dir_all(root.join(format!("dir_{}", "d".repeat(250)))).unwrap();
+    // Names that sort before "." and "..", and non-UTF-8 bytes.
+    w("!bang", b"!");
+    w("-dash", b"-");
+    w(".hidden", b".");
+    {
+        use std::os::unix::ffi::OsStrExt;
+        fs::write(
+            root.join(std::ffi::OsStr::from_bytes(b"latin1_\xe9t\xe9")),
+            b"bytes",
+        )
+        .unwrap();
+    }
+    // A deep path and a directory with enough entries to span several blocks.
+    let mut deep = root.to_path_buf();
+    for i in 0..40 {
+        deep.push(format!("level{i:02}"));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(deep.join("bottom"), b"deep").unwrap();
+    fs::create_dir_all(root.join("many")).unwrap();
+    for i in 0..700 {
+        w(
+            &format!("many/entry_with_a_longish_name_{i:04}"),
+            format!("{i}").as_bytes(),
+        );
+    }
+    // Sparse files: holes at the start, middle and end, and one with no data at all.
+    sh(&format!(
+        "cd '{}' && truncate -s 64M sparse_all && \
+         printf tail | dd of=sparse_mid bs=1 seek=5000000 conv=notrunc status=none && truncate -s 20M sparse_mid && \
+         head -c 1048576 /dev/urandom > sparse_end && truncate -s 9M sparse_end && \
+         truncate -s 2M sparse_start && printf end >> sparse_start",
+        root.display()
+    ));
+    // Special files.
+    sh(&format!(
+        "cd '{}' && mkfifo fifo && mknod chardev c 1 3 && mknod blockdev b 8 1 && mknod bigdev c 259 300000 && \
+         mknod whiteout c 0 0 && python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('sock')\"",
+        root.display()
+    ));
+    // Ownership and modes.
+    sh(&format!(
+        "cd '{}' && chown 1000:1000 hello.txt && chown 70000:70001 sizes/f1 && chmod 4755 sizes/f31 && \
+         chmod 2711 many && chmod 1777 links && chmod 0 sizes/f0",
+        root.display()
+    ));
+    // Xattrs in every namespace, shared values, long common prefixes, and ACLs.
+    let mut script = format!("cd '{}' && ", root.display());
+    for i in 0..50 {
+        script += &format!(
+            "setfattr -n user.shared -v same_value_everywhere many/entry_with_a_longish_name_{i:04} && \
+             setfattr -n trusted.overlay.origin -v 0x{i:02x}{i:02x} many/entry_with_a_longish_name_{i:04} && \
+             setfattr -n security.test -v s{i} many/entry_with_a_longish_name_{i:04} && "
+        );
+    }
+    script += "setfattr -n user.empty hello.txt && setfattr -n user.big -v 0x$(head -c 3000 /dev/zero | od -An -tx1 -v | tr -d ' \\n') sizes/f4096 && \
+               setfattr -n trusted.overlay.opaque -v y links && setfattr -n user.dir -v d links && \
+               setfacl -m u:1234:rwx,g:2345:r-x sizes/f1000 && setfacl -d -m u:1234:rx,o::- links && \
+               setfacl -m u:42:r many && true";
+    sh(&script);
+    // Distinct nanosecond timestamps, and one before 1970.
+    sh(&format!(
+        "cd '{}' && touch -h -d '2001-02-03 04:05:06.123456789' symlink && touch -d '1969-07-20 20:17:40.5' sizes/f511 && \
+         touch -d '2038-01-19 03:14:08' sizes/f512",
+        root.display()
+    ));
+    fs::set_permissions(root.join("fifo"), fs::Permissions::from_mode(0o640)).unwrap();
+}

@@ -1,0 +1,184 @@
+//! Images built by `verilay build`, mounted by the Linux kernel (`mount -t erofs`) and
+//! compared with their source using independent tools: diff, getfattr, getfacl, fsck.erofs.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+fn prerequisites() -> bool {
+    !skip_unless(is_root(), "kernel mounts need root")
+        && !skip_unless(
+            have("getfattr") && have("getfacl") && have("setfacl"),
+            "attr/acl tools missing",
+        )
+        && !skip_unless(have("fsck.erofs"), "fsck.erofs (erofs-utils) missing")
+}
+
+/// Builds `src`, mounts the image with the kernel and checks everything against `src`.
+fn roundtrip(src: &Path, work: &Path, extra: &[&str]) {
+    let image = work.join("image.erofs");
+    build(src, &image, extra);
+    fsck_erofs(src, &image, work, extra);
+    let mnt = Mount::erofs(&image, &work.join("mnt"));
+    assert_diff_clean(src, &mnt.dir);
+    assert_same_stats(src, &mnt.dir);
+    assert_eq!(
+        xattr_dump(src),
+        xattr_dump(&mnt.dir),
+        "getfattr -R -d -m - differs"
+    );
+    assert_eq!(acl_dump(src), acl_dump(&mnt.dir), "getfacl -R differs");
+}
+
+/// `fsck.erofs` must find the image clean. Debian's erofs-utils 1.5 predates long xattr
+/// prefixes (kernel 6.4) and sub-page block sizes, so with it, check the same tree built
+/// without those features as well.
+fn fsck_erofs(src: &Path, image: &Path, work: &Path, extra: &[&str]) {
+    let out = std::process::Command::new("fsck.erofs")
+        .arg("-V")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&[out.stdout, out.stderr].concat())
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("0")
+        .to_string();
+    let modern = version
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0))
+        .collect::<Vec<_>>()
+        >= vec![1, 7];
+    let small_blocks = extra
+        .windows(2)
+        .any(|w| w[0] == "--block-size" && w[1] != "4096");
+    if modern {
+        run(std::process::Command::new("fsck.erofs").arg(image));
+    } else if !small_blocks {
+        let compat = work.join("compat.erofs");
+        let mut args = extra.to_vec();
+        if !args.contains(&"--no-long-prefixes") {
+            args.push("--no-long-prefixes");
+        }
+        build(src, &compat, &args);
+        run(std::process::Command::new("fsck.erofs").arg(&compat));
+    }
+}
+
+#[test]
+fn generated_tree_roundtrips_through_the_kernel() {
+    if !prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    roundtrip(&src, t.path(), &[]);
+}
+
+#[test]
+fn small_block_sizes_and_options_mount() {
+    if !prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    for (i, extra) in [
+        &["--block-size", "1024"][..],
+        &["--block-size", "512", "--no-inline-data"],
+        &["--no-xattr-filter", "--no-long-prefixes"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let work = t.path().join(format!("w{i}"));
+        std::fs::create_dir_all(&work).unwrap();
+        roundtrip(&src, &work, extra);
+    }
+}
+
+#[test]
+fn real_tree_from_usr_roundtrips() {
+    if !prerequisites() {
+        return;
+    }
+    // /usr/include: tens of thousands of real files, symlinks and directories.
+    let src = Path::new("/usr/include");
+    let files = walk_count(src);
+    assert!(files > 3000, "/usr/include has only {files} entries");
+    let t = tempfile::tempdir().unwrap();
+    roundtrip(src, t.path(), &[]);
+}
+
+fn walk_count(p: &Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![p.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            n += 1;
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn ownership_time_uuid_and_label_options() {
+    if !prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    let image = t.path().join("img");
+    build(
+        &src,
+        &image,
+        &[
+            "--all-root",
+            "--mtime",
+            "1234567890.5",
+            "--uuid",
+            "01234567-89ab-cdef-0123-456789abcdef",
+            "--label",
+            "rootfs",
+        ],
+    );
+    let mnt = Mount::erofs(&image, &t.path().join("mnt"));
+    for (path, rec) in stat_tree(&mnt.dir) {
+        assert_eq!((rec.uid, rec.gid), (0, 0), "{path}");
+        assert_eq!(
+            (rec.mtime, rec.mtime_nsec),
+            (1234567890, 500_000_000),
+            "{path}"
+        );
+    }
+    let blkid = sh(&format!("blkid -p -o export '{}' || true", image.display()));
+    let info = String::from_utf8_lossy(&blkid.stdout);
+    if info.contains("UUID=") {
+        assert!(
+            info.contains("UUID=01234567-89ab-cdef-0123-456789abcdef"),
+            "{info}"
+        );
+        assert!(info.contains("LABEL=rootfs"), "{info}");
+    }
+    // Exclusions: a path and a regex.
+    let image2 = t.path().join("img2");
+    build(
+        &src,
+        &image2,
+        &[
+            "--exclude-path",
+            "many",
+            "--exclude-regex",
+            "^sizes/f1[0-9]*$",
+        ],
+    );
+    let mnt2 = Mount::erofs(&image2, &t.path().join("mnt2"));
+    assert!(!mnt2.dir.join("many").exists());
+    assert!(!mnt2.dir.join("sizes/f1000").exists());
+    assert!(mnt2.dir.join("sizes/f4096").exists());
+}
