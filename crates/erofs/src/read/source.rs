@@ -40,7 +40,8 @@ impl ByteSource for [u8] {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let start = usize::try_from(offset).map_err(|_| out_of_range(offset, buf.len(), self.len() as u64))?;
+        let start = usize::try_from(offset)
+            .map_err(|_| out_of_range(offset, buf.len(), self.len() as u64))?;
         let src = start
             .checked_add(buf.len())
             .and_then(|end| self.get(start..end))
@@ -120,7 +121,10 @@ impl ByteSource for FileSource {
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         // A file that shrank under us must not turn into a short read the caller trusts.
-        if offset.checked_add(buf.len() as u64).map_or(true, |end| end > self.len) {
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > self.len)
+        {
             return Err(out_of_range(offset, buf.len(), self.len));
         }
         FileExt::read_exact_at(&self.file, buf, offset)

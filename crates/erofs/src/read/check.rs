@@ -1,0 +1,540 @@
+//! Whole-image consistency checks (`fsck`) and a bounded walk for fuzzing (`exercise`).
+//!
+//! Both walk the tree with an explicit stack and a visited set: directory graphs in hostile
+//! images can contain cycles and directory hardlinks, and recursion would follow them forever
+//! or overflow the stack.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{ByteSource, Image, Inode};
+use crate::format;
+
+/// Deepest directory nesting `fsck` descends into.
+const MAX_DEPTH: usize = 4096;
+
+/// Result of [`fsck`]: one line per problem, naming the path, nid and byte offset.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FsckReport {
+    pub problems: Vec<String>,
+    /// Distinct inodes reached from the root.
+    pub inodes: u64,
+    pub dirs: u64,
+    /// Non-directory inodes (regular files, symlinks, devices, FIFOs, sockets).
+    pub files: u64,
+    /// Data bytes read (regular files and symlinks; holes excluded).
+    pub bytes: u64,
+}
+
+impl FsckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+struct NonDir {
+    path: String,
+    nlink: u32,
+    file_type: u8,
+    refs: u64,
+}
+
+struct Fsck<'a, S: ByteSource> {
+    img: &'a Image<S>,
+    max: usize,
+    report: FsckReport,
+    /// Work units left (entries, extents, MiB of data). Honest images cost about their size;
+    /// hostile ones (chunks all pointing at one block, looping directory blocks) are cut off.
+    work: u64,
+    data_left: u64,
+    stopped: bool,
+}
+
+/// Walks the whole tree from the root and checks everything the kernel relies on (and what
+/// our own builder promises). Stops after `max_problems` problems.
+pub fn fsck<S: ByteSource>(img: &Image<S>, max_problems: usize) -> FsckReport {
+    let len = img.image_len();
+    let mut f = Fsck {
+        img,
+        max: max_problems.max(1),
+        report: FsckReport::default(),
+        work: len / 2 + 100_000,
+        data_left: len.saturating_mul(4).saturating_add(1 << 20),
+        stopped: false,
+    };
+    f.run();
+    f.report
+}
+
+fn path_str(p: &[u8]) -> String {
+    String::from_utf8_lossy(p).into_owned()
+}
+
+impl<S: ByteSource> Fsck<'_, S> {
+    fn problem(&mut self, what: String) {
+        if self.stopped {
+            return;
+        }
+        self.report.problems.push(what);
+        if self.report.problems.len() >= self.max {
+            self.report
+                .problems
+                .push(format!("stopping after {} problems", self.max));
+            self.stopped = true;
+        }
+    }
+
+    fn spend(&mut self, units: u64) -> bool {
+        if self.work < units {
+            self.work = 0;
+            if !self.stopped {
+                self.problem("work limit exceeded (looping or absurdly shared structures?); check incomplete".into());
+                self.stopped = true;
+            }
+            return false;
+        }
+        self.work -= units;
+        true
+    }
+
+    fn charge_bytes(&mut self, n: u64) -> bool {
+        if self.data_left < n {
+            self.data_left = 0;
+            self.spend(u64::MAX);
+            return false;
+        }
+        self.data_left -= n;
+        true
+    }
+
+    fn run(&mut self) {
+        let img = self.img;
+        let root = img.root_nid();
+        let bs = u64::from(img.block_size());
+        let mut visited: HashSet<u64> = HashSet::from([root]);
+        let mut nondirs: HashMap<u64, NonDir> = HashMap::new();
+        // (nid, parent nid, path, depth)
+        let mut stack: Vec<(u64, u64, Vec<u8>, usize)> = vec![(root, root, b"/".to_vec(), 0)];
+        while let Some((nid, parent, path, depth)) = stack.pop() {
+            if self.stopped {
+                break;
+            }
+            let dir = match img.inode(nid) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.problem(format!("{}: {e}", path_str(&path)));
+                    continue;
+                }
+            };
+            self.report.dirs += 1;
+            self.check_xattrs(&dir, &path);
+            let mut seen_dot = false;
+            let mut seen_dotdot = false;
+            let mut subdirs: u64 = 0;
+            let mut prev: Option<Vec<u8>> = None;
+            let mut unsorted: u64 = 0;
+            let mut names: HashSet<Vec<u8>> = HashSet::new();
+            let iter = match img.readdir(&dir, 0) {
+                Ok(it) => it,
+                Err(e) => {
+                    self.problem(format!("{}: {e}", path_str(&path)));
+                    continue;
+                }
+            };
+            for ent in iter {
+                if self.stopped || !self.spend(1) {
+                    break;
+                }
+                let ent = match ent {
+                    Ok(e) => e,
+                    Err(e) => {
+                        self.problem(format!("{}: {e}", path_str(&path)));
+                        break;
+                    }
+                };
+                // Each new block was read and parsed whole.
+                if ent.offset % bs == 0 && !self.charge_bytes(bs) {
+                    break;
+                }
+                let shown = String::from_utf8_lossy(&ent.name).into_owned();
+                // A repeated name means a corrupt (or looping) directory: the rest is noise.
+                if !names.insert(ent.name.clone()) {
+                    self.problem(format!(
+                        "{}: duplicate entry {shown:?} at position {} (nid {nid})",
+                        path_str(&path),
+                        ent.offset
+                    ));
+                    break;
+                }
+                // Kernel lookups binary-search by memcmp order across all blocks.
+                if let Some(p) = &prev {
+                    if p.as_slice() >= ent.name.as_slice() {
+                        if unsorted == 0 {
+                            self.problem(format!(
+                                "{}: entry {shown:?} at position {} sorts before its predecessor {:?}; kernel lookups will fail (nid {nid})",
+                                path_str(&path),
+                                ent.offset,
+                                String::from_utf8_lossy(p)
+                            ));
+                        }
+                        unsorted += 1;
+                    }
+                }
+                prev = Some(ent.name.clone());
+                let want_dir = ent.file_type == format::FT_DIR;
+                if ent.name == b"." || ent.name == b".." {
+                    let dot = ent.name == b".";
+                    let target = if dot { nid } else { parent };
+                    if dot {
+                        seen_dot = true;
+                    } else {
+                        seen_dotdot = true;
+                    }
+                    if ent.nid != target {
+                        self.problem(format!(
+                            "{}: {shown:?} points to nid {} instead of {target} (nid {nid})",
+                            path_str(&path),
+                            ent.nid
+                        ));
+                    }
+                    if !want_dir {
+                        self.problem(format!(
+                            "{}: {shown:?} has dirent type {} instead of directory (nid {nid})",
+                            path_str(&path),
+                            ent.file_type
+                        ));
+                    }
+                    continue;
+                }
+                let mut child_path = path.clone();
+                if child_path.len() > 1 {
+                    child_path.push(b'/');
+                }
+                child_path.extend_from_slice(&ent.name);
+                if let Some(nd) = nondirs.get_mut(&ent.nid) {
+                    nd.refs += 1;
+                    if nd.file_type != ent.file_type {
+                        let t = nd.file_type;
+                        self.problem(format!(
+                            "{}: dirent type {} but inode {} has type {t}",
+                            path_str(&child_path),
+                            ent.file_type,
+                            ent.nid
+                        ));
+                    }
+                    continue;
+                }
+                let child = match img.inode(ent.nid) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.problem(format!("{}: {e}", path_str(&child_path)));
+                        continue;
+                    }
+                };
+                if child.file_type() != ent.file_type {
+                    self.problem(format!(
+                        "{}: dirent type {} but inode {} has type {} (mode {:#o})",
+                        path_str(&child_path),
+                        ent.file_type,
+                        child.nid,
+                        child.file_type(),
+                        child.mode
+                    ));
+                }
+                if child.is_dir() {
+                    subdirs += 1;
+                    if !visited.insert(child.nid) {
+                        self.problem(format!(
+                            "{}: directory nid {} is reachable twice (cycle or directory hardlink)",
+                            path_str(&child_path),
+                            child.nid
+                        ));
+                    } else if depth + 1 > MAX_DEPTH {
+                        self.problem(format!(
+                            "{}: deeper than {MAX_DEPTH} levels",
+                            path_str(&child_path)
+                        ));
+                    } else {
+                        stack.push((child.nid, nid, child_path, depth + 1));
+                    }
+                } else {
+                    self.report.files += 1;
+                    self.check_file(&child, &child_path);
+                    nondirs.insert(
+                        child.nid,
+                        NonDir {
+                            path: path_str(&child_path),
+                            nlink: child.nlink,
+                            file_type: child.file_type(),
+                            refs: 1,
+                        },
+                    );
+                }
+            }
+            if unsorted > 1 {
+                self.problem(format!(
+                    "{}: {unsorted} entries out of order in total (nid {nid})",
+                    path_str(&path)
+                ));
+            }
+            if !seen_dot {
+                self.problem(format!("{}: no \".\" entry (nid {nid})", path_str(&path)));
+            }
+            if !seen_dotdot {
+                self.problem(format!("{}: no \"..\" entry (nid {nid})", path_str(&path)));
+            }
+            // nlink = 2 + subdirectories is what find(1)'s leaf optimisation relies on.
+            if u64::from(dir.nlink) != 2 + subdirs {
+                self.problem(format!(
+                    "{}: directory nlink {} but it has {subdirs} subdirectories (expected {}) (nid {nid})",
+                    path_str(&path),
+                    dir.nlink,
+                    2 + subdirs
+                ));
+            }
+        }
+        if self.stopped {
+            self.report.inodes = (visited.len() + nondirs.len()) as u64;
+            return;
+        }
+        let mut links: Vec<(&u64, &NonDir)> = nondirs.iter().collect();
+        links.sort_by_key(|(nid, _)| **nid);
+        for (nid, nd) in links {
+            if u64::from(nd.nlink) != nd.refs {
+                let msg = format!(
+                    "{}: nlink {} but {} entries point at nid {nid}",
+                    nd.path, nd.nlink, nd.refs
+                );
+                self.problem(msg);
+            }
+        }
+        self.report.inodes = (visited.len() + nondirs.len()) as u64;
+        let inos = img.superblock().inos;
+        if inos != self.report.inodes {
+            self.problem(format!(
+                "warning: superblock inos {inos} but {} inodes are reachable from the root",
+                self.report.inodes
+            ));
+        }
+    }
+
+    fn check_file(&mut self, inode: &Inode, path: &[u8]) {
+        let img = self.img;
+        let p = path_str(path);
+        self.check_xattrs(inode, path);
+        if inode.is_symlink() {
+            match img.readlink(inode) {
+                Ok(t) if t.is_empty() => {
+                    self.problem(format!("{p}: empty symlink target (nid {})", inode.nid))
+                }
+                // The VFS stops at the first NUL: the target would silently change.
+                Ok(t) if t.contains(&0) => self.problem(format!(
+                    "{p}: symlink target contains NUL (nid {})",
+                    inode.nid
+                )),
+                Ok(t) => self.report.bytes += t.len() as u64,
+                Err(e) => self.problem(format!("{p}: {e}")),
+            }
+            return;
+        }
+        if !inode.is_reg() {
+            if inode.size != 0 {
+                self.problem(format!(
+                    "{p}: special file with size {} (nid {})",
+                    inode.size, inode.nid
+                ));
+            }
+            return;
+        }
+        let mut buf = vec![0u8; 1 << 16];
+        let mut pos = 0u64;
+        while pos < inode.size {
+            if self.stopped || !self.spend(1) {
+                return;
+            }
+            let ext = match img.map(inode, pos) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.problem(format!("{p}: {e}"));
+                    return;
+                }
+            };
+            let end = ext.logical.saturating_add(ext.len).min(inode.size);
+            if end <= pos {
+                self.problem(format!(
+                    "{p}: empty mapping at offset {pos} (nid {})",
+                    inode.nid
+                ));
+                return;
+            }
+            if ext.physical.is_some() {
+                // map() already checked the extent lies in the image; reading proves the
+                // source (later: the verifier) can deliver it.
+                let mut at = pos;
+                while at < end {
+                    let n = (end - at).min(buf.len() as u64);
+                    if !self.charge_bytes(n) {
+                        return;
+                    }
+                    if let Err(e) = img.read(inode, at, &mut buf[..n as usize]) {
+                        self.problem(format!("{p}: {e}"));
+                        return;
+                    }
+                    self.report.bytes += n;
+                    at += n;
+                }
+            }
+            pos = end;
+        }
+    }
+
+    fn check_xattrs(&mut self, inode: &Inode, path: &[u8]) {
+        let img = self.img;
+        // Bodies are read whole: charge them like data so a hostile image cannot make us
+        // re-read a 256 KiB body through thousands of inodes.
+        let cost = inode.xattr_size + 260 * inode.xattr_header.map_or(0, |(_, n)| u64::from(n));
+        if !self.charge_bytes(cost) {
+            return;
+        }
+        let list = match img.xattr_list(inode, false) {
+            Ok(l) => l,
+            Err(e) => {
+                self.problem(format!("{}: {e}", path_str(path)));
+                return;
+            }
+        };
+        let Some((filter, _)) = inode.xattr_header else {
+            return;
+        };
+        if !img.xattr_filter_enabled() {
+            return;
+        }
+        // The kernel trusts the filter: a set bit for a present name hides that xattr.
+        for x in &list {
+            let bit = format::xattr_filter_bit(x.index, &x.suffix);
+            if filter & (1 << bit) != 0 {
+                self.problem(format!(
+                    "{}: xattr {:?} (entry at byte {}) is hidden by the name filter {filter:#010x} (bit {bit}) (nid {})",
+                    path_str(path),
+                    String::from_utf8_lossy(&x.full_name()),
+                    x.offset,
+                    inode.nid
+                ));
+            }
+        }
+    }
+}
+
+/// Exercises every reader entry point over the tree, bounded by `budget` work units (about
+/// one per entry, lookup, xattr or KiB read), so any input finishes quickly. Errors are
+/// expected on hostile input and ignored; only panics and hangs are bugs. Returns the units
+/// spent. Used by the fuzz target and the mutation test.
+pub fn exercise<S: ByteSource>(img: &Image<S>, budget: u64) -> u64 {
+    let mut spent = 0u64;
+    let mut visited: HashSet<u64> = HashSet::new();
+    let mut stack = vec![img.root_nid()];
+    let mut buf = vec![0u8; 8192];
+    while let Some(nid) = stack.pop() {
+        if spent >= budget {
+            break;
+        }
+        if !visited.insert(nid) {
+            continue;
+        }
+        spent += 1;
+        let Ok(inode) = img.inode(nid) else { continue };
+        let _ = img.layout_info(&inode).to_string();
+        spent += exercise_xattrs(img, &inode);
+        if inode.is_dir() {
+            let mut resume = None;
+            if let Ok(rd) = img.readdir(&inode, 0) {
+                let bs = u64::from(img.block_size());
+                for (i, ent) in rd.enumerate() {
+                    spent += 1;
+                    if spent >= budget {
+                        break;
+                    }
+                    let Ok(ent) = ent else { break };
+                    if ent.offset % bs == 0 {
+                        spent += bs / 4096;
+                    }
+                    if i == 2 {
+                        resume = Some(ent.next_offset);
+                    }
+                    // Lookups cost a few block parses each: sample them.
+                    if i % 16 == 0 {
+                        spent += 4;
+                        let _ = img.lookup(&inode, &ent.name);
+                    }
+                    if !visited.contains(&ent.nid) && stack.len() < 1 << 16 {
+                        stack.push(ent.nid);
+                    }
+                }
+            }
+            if let Some(off) = resume {
+                if let Ok(rd) = img.readdir(&inode, off) {
+                    spent += rd.take(4).count() as u64;
+                }
+            }
+            for probe in [&b"~~~~"[..], b"", b"!", b"a/b", &[0xFF; 256]] {
+                spent += 4;
+                let _ = img.lookup(&inode, probe);
+            }
+            let _ = img
+                .readdir(&inode, inode.size.saturating_sub(1))
+                .map(|rd| rd.take(2).count());
+            let _ = img.readdir(&inode, 5).map(|rd| rd.take(2).count());
+            let _ = img.read(&inode, 0, &mut buf[..64]);
+        } else {
+            let _ = img.readlink(&inode);
+            let _ = img.lookup(&inode, b"x");
+            let _ = img.readdir(&inode, 0).map(|rd| rd.count());
+            let mut pos = 0u64;
+            while pos < inode.size && spent < budget {
+                match img.read(&inode, pos, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        spent += 1 + n as u64 / 1024;
+                        pos += n as u64;
+                    }
+                }
+            }
+            for off in [
+                inode.size.saturating_sub(1),
+                inode.size,
+                inode.size / 2 + 1,
+                u64::MAX - 1,
+            ] {
+                spent += 1;
+                let _ = img.read(&inode, off, &mut buf[..100]);
+                let _ = img.map(&inode, off);
+            }
+        }
+    }
+    spent
+}
+
+fn exercise_xattrs<S: ByteSource>(img: &Image<S>, inode: &Inode) -> u64 {
+    let mut spent = 1;
+    if let Ok(names) = img.listxattr(inode) {
+        for n in names.iter().take(64) {
+            spent += 1;
+            let _ = img.getxattr(inode, n);
+        }
+    }
+    if let Ok(all) = img.xattrs(inode) {
+        spent += all.len() as u64 + all.iter().map(|(_, v)| v.len() as u64 / 1024).sum::<u64>();
+    }
+    for probe in [
+        &b"system.posix_acl_access"[..],
+        b"system.posix_acl_default",
+        b"security.selinux",
+        b"trusted.overlay.redirect",
+        b"user.foo",
+        b"system.foo",
+    ] {
+        spent += 1;
+        let _ = img.xattr_filter_says_absent(inode, probe);
+        let _ = img.getxattr(inode, probe);
+    }
+    spent
+}

@@ -1,0 +1,280 @@
+//! Superblock validation and the long xattr name prefix table (kernel `super.c`).
+
+use super::{corrupt, unsupported, ByteSource, Error, Result};
+use crate::format::{self, Superblock};
+
+/// Largest superblock (base + extension slots) the kernel accepts: it must fit in the page
+/// that holds offset 1024 (`PAGE_SIZE - EROFS_SUPER_OFFSET` on 4 KiB pages).
+const MAX_SB_SIZE: u64 = 4096 - format::SUPER_OFFSET;
+/// Block sizes we accept: 512 B .. 64 KiB (the kernel's upper limit is PAGE_SHIFT).
+const MIN_BLKSZBITS: u8 = 9;
+const MAX_BLKSZBITS: u8 = 16;
+
+/// One record of the long prefix table: a short prefix index plus an infix, e.g.
+/// (`trusted.`, `overlay.`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LongPrefix {
+    pub base_index: u8,
+    pub infix: Vec<u8>,
+}
+
+/// An opened image: the validated superblock and prefix table over a byte source.
+///
+/// Immutable after `open`; every method takes `&self`, so one `Image` serves many threads.
+#[derive(Debug)]
+pub struct Image<S: ByteSource> {
+    pub(crate) src: S,
+    /// Source length captured at open; every read is checked against it.
+    pub(crate) len: u64,
+    pub(crate) sb: Superblock,
+    pub(crate) blkbits: u32,
+    /// Byte offset of nid 0.
+    pub(crate) meta_base: u64,
+    /// Byte offset of shared xattr id 0.
+    pub(crate) xattr_base: u64,
+    pub(crate) prefixes: Vec<LongPrefix>,
+}
+
+impl<S: ByteSource> Image<S> {
+    /// Validates the superblock like the kernel does at mount (§1.5 of the reference), parses
+    /// the long prefix table and checks that the root is a directory.
+    pub fn open(src: S) -> Result<Self> {
+        let len = src.len();
+        let sb_off = format::SUPER_OFFSET;
+        let mut raw = [0u8; format::SUPER_SIZE];
+        if len < sb_off + format::SUPER_SIZE as u64 {
+            return corrupt(
+                sb_off,
+                format!("image is {len} bytes, too short for a superblock"),
+            );
+        }
+        src.read_exact_at(&mut raw, sb_off)
+            .map_err(|source| Error::Io {
+                offset: sb_off,
+                source,
+            })?;
+        let (magic, sb) = Superblock::decode(&raw);
+        if magic != format::MAGIC {
+            return corrupt(
+                sb_off,
+                format!("bad magic {magic:#010x} (expected {:#010x})", format::MAGIC),
+            );
+        }
+        if !(MIN_BLKSZBITS..=MAX_BLKSZBITS).contains(&sb.blkszbits) {
+            return unsupported(
+                sb_off + 0x0C,
+                format!(
+                    "block size bits {} outside {MIN_BLKSZBITS}..={MAX_BLKSZBITS}",
+                    sb.blkszbits
+                ),
+            );
+        }
+        // The kernel reads the whole superblock from the first page; a larger one is refused.
+        let sb_size = format::SUPER_SIZE as u64 + 16 * u64::from(sb.sb_extslots);
+        if sb_size > MAX_SB_SIZE {
+            return corrupt(
+                sb_off + 0x0D,
+                format!(
+                    "superblock size {sb_size} (extslots {}) too large",
+                    sb.sb_extslots
+                ),
+            );
+        }
+        // Refusing unknown incompat bits is the whole point of having them.
+        let unknown = sb.feature_incompat & !format::FEATURE_INCOMPAT_SUPPORTED;
+        if unknown != 0 {
+            return unsupported(sb_off + 0x50, format!("incompatible features {unknown:#x}"));
+        }
+        // dirblkbits != 0 would change the directory block size; no kernel implements it.
+        if sb.dirblkbits != 0 {
+            return unsupported(
+                sb_off + 0x5A,
+                format!("dirblkbits {} (must be 0)", sb.dirblkbits),
+            );
+        }
+        // Non-zero means compression algorithms (or lz4 distance) are configured.
+        if sb.available_compr_algs != 0 {
+            return unsupported(
+                sb_off + 0x54,
+                format!(
+                    "compression configured (available_compr_algs {:#x})",
+                    sb.available_compr_algs
+                ),
+            );
+        }
+        let blkbits = u32::from(sb.blkszbits);
+        let bs = 1u64 << blkbits;
+        if sb.feature_compat & format::FEATURE_COMPAT_SB_CHKSUM != 0 {
+            check_sb_checksum(&src, len, &sb, bs)?;
+        }
+        // u32 << 16 cannot overflow u64.
+        let meta_base = u64::from(sb.meta_blkaddr) << blkbits;
+        let xattr_base = u64::from(sb.xattr_blkaddr) << blkbits;
+        let mut img = Image {
+            src,
+            len,
+            sb,
+            blkbits,
+            meta_base,
+            xattr_base,
+            prefixes: Vec::new(),
+        };
+        img.prefixes = img.read_prefixes()?;
+        let root = img.inode(img.root_nid())?;
+        if !root.is_dir() {
+            return corrupt(
+                root.offset,
+                format!(
+                    "root inode {} is not a directory (mode {:#o})",
+                    root.nid, root.mode
+                ),
+            );
+        }
+        Ok(img)
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn block_size(&self) -> u32 {
+        1 << self.blkbits
+    }
+
+    pub fn root_nid(&self) -> u64 {
+        u64::from(self.sb.root_nid)
+    }
+
+    /// Length of the image in bytes (as captured at open).
+    pub fn image_len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn source(&self) -> &S {
+        &self.src
+    }
+
+    /// The kernel trusts the per-inode filter only with the compat bit and a zero reserved byte
+    /// (a non-zero one announces a future change of the hash).
+    pub fn xattr_filter_enabled(&self) -> bool {
+        self.sb.feature_compat & format::FEATURE_COMPAT_XATTR_FILTER != 0
+            && self.sb.xattr_filter_reserved == 0
+    }
+
+    /// Reads exactly `buf.len()` bytes at `offset`, after checking the range against the image.
+    /// `what` names the structure for the error message and is only built on failure.
+    pub(crate) fn read_at(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let inside = offset
+            .checked_add(buf.len() as u64)
+            .is_some_and(|end| end <= self.len);
+        if !inside {
+            return corrupt(
+                offset,
+                format!(
+                    "{} ({} bytes) extends past the end of the image ({} bytes)",
+                    what(),
+                    buf.len(),
+                    self.len
+                ),
+            );
+        }
+        self.src
+            .read_exact_at(buf, offset)
+            .map_err(|source| Error::Io { offset, source })
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the image.
+    pub(crate) fn check_range(
+        &self,
+        offset: u64,
+        len: u64,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if offset.checked_add(len).is_some_and(|end| end <= self.len) {
+            Ok(())
+        } else {
+            corrupt(
+                offset,
+                format!(
+                    "{} ({len} bytes) extends past the end of the image ({} bytes)",
+                    what(),
+                    self.len
+                ),
+            )
+        }
+    }
+
+    /// Long prefix records: 4-aligned `le16 len, u8 base_index, infix[len - 1]`, starting at
+    /// byte `xattr_prefix_start * 4`. Without a packed inode or metabox (both rejected as
+    /// incompat features here) the start is an absolute image offset.
+    fn read_prefixes(&self) -> Result<Vec<LongPrefix>> {
+        let count = usize::from(self.sb.xattr_prefix_count);
+        let mut out = Vec::with_capacity(count);
+        let mut pos = u64::from(self.sb.xattr_prefix_start) * 4;
+        for i in 0..count {
+            pos = align_up(pos, 4).ok_or_else(|| Error::Corrupt {
+                offset: pos,
+                what: "prefix table offset overflows".into(),
+            })?;
+            let mut lenb = [0u8; 2];
+            self.read_at(&mut lenb, pos, || format!("long xattr prefix {i} length"))?;
+            let rec_len = u16::from_le_bytes(lenb);
+            // Kernel: 1..=256 (base index byte + up to 255 infix bytes); 0 would have no index.
+            if !(1..=256).contains(&rec_len) {
+                return corrupt(
+                    pos,
+                    format!("long xattr prefix {i} record length {rec_len} outside 1..=256"),
+                );
+            }
+            let body_off = pos + 2;
+            let mut rec = vec![0u8; usize::from(rec_len)];
+            self.read_at(&mut rec, body_off, || format!("long xattr prefix {i}"))?;
+            let base_index = rec.first().copied().unwrap_or(0);
+            out.push(LongPrefix {
+                base_index,
+                infix: rec.get(1..).unwrap_or(&[]).to_vec(),
+            });
+            pos = body_off + u64::from(rec_len);
+        }
+        Ok(out)
+    }
+}
+
+/// crc32c over the rest of the block that holds the superblock (§1.2). A stale checksum is
+/// exactly what makes the kernel refuse the mount, so refuse too.
+fn check_sb_checksum<S: ByteSource>(src: &S, len: u64, sb: &Superblock, bs: u64) -> Result<()> {
+    let sb_off = format::SUPER_OFFSET;
+    let covered = if bs > sb_off { bs - sb_off } else { bs };
+    let end = sb_off + covered; // ≤ 1024 + 65536
+    if end > len {
+        return corrupt(
+            sb_off + 4,
+            format!(
+                "checksummed superblock block ends at byte {end}, past the image ({len} bytes)"
+            ),
+        );
+    }
+    let mut first = vec![0u8; end as usize];
+    src.read_exact_at(&mut first, 0)
+        .map_err(|source| Error::Io { offset: 0, source })?;
+    match format::superblock_checksum(&first, bs as usize) {
+        Some(crc) if crc == sb.checksum => Ok(()),
+        Some(crc) => corrupt(
+            sb_off + 4,
+            format!(
+                "superblock checksum {:#010x} does not match computed {crc:#010x}",
+                sb.checksum
+            ),
+        ),
+        None => corrupt(sb_off + 4, "superblock checksum range invalid"),
+    }
+}
+
+pub(crate) fn align_up(v: u64, a: u64) -> Option<u64> {
+    Some(v.checked_add(a - 1)? & !(a - 1))
+}
