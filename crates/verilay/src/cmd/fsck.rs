@@ -1,10 +1,61 @@
+//! `verilay fsck IMAGE`: exit 0 when clean, 1 with one line per problem.
+
+use super::image::open;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     image: PathBuf,
+    /// Stop after this many problems.
+    #[arg(long, default_value_t = 100)]
+    max_problems: usize,
+    /// No summary line when clean.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(_a: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let img = match open(&a.image) {
+        Ok(img) => img,
+        Err(e) => {
+            // An image that does not even open is a problem to report, not a usage error.
+            println!(
+                "{}: {}",
+                a.image.display(),
+                format!("{e:#}").replace('\n', " ")
+            );
+            return Ok(1);
+        }
+    };
+    let report = erofs::read::fsck(&img, a.max_problems);
+    if a.json {
+        let j = serde_json::json!({
+            "image": a.image,
+            "clean": report.is_clean(),
+            "problems": report.problems,
+            "inodes": report.inodes,
+            "directories": report.dirs,
+            "files": report.files,
+            "data_bytes": report.bytes,
+        });
+        println!("{j}");
+    } else {
+        for p in &report.problems {
+            println!("{}: {p}", a.image.display());
+        }
+        if report.is_clean() && !a.quiet {
+            eprintln!(
+                "{}: clean, {} inodes ({} directories, {} other), {} data bytes read",
+                a.image.display(),
+                report.inodes,
+                report.dirs,
+                report.files,
+                report.bytes
+            );
+        }
+    }
+    Ok(if report.is_clean() { 0 } else { 1 })
 }

@@ -1,10 +1,167 @@
+//! `verilay inspect IMAGE [PATH]`: the superblock, or one inode in detail.
+
+use super::image::{mode_string, open, resolve, show_bytes};
+use erofs::format::*;
+use serde_json::json;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     image: PathBuf,
+    /// Path inside the image (absolute or relative to its root).
+    path: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(_a: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let img = open(&a.image)?;
+    let v = match &a.path {
+        None => superblock(&img),
+        Some(p) => inode(&img, p)?,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_text(&v, 0);
+    }
+    Ok(0)
+}
+
+fn superblock(img: &erofs::read::Image<erofs::read::FileSource>) -> serde_json::Value {
+    let sb = img.superblock();
+    let uuid: String = sb
+        .uuid
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let dash = if matches!(i, 4 | 6 | 8 | 10) { "-" } else { "" };
+            format!("{dash}{b:02x}")
+        })
+        .collect();
+    let label_len = sb.volume_name.iter().position(|&b| b == 0).unwrap_or(16);
+    let mut compat = Vec::new();
+    for (bit, name) in [
+        (FEATURE_COMPAT_SB_CHKSUM, "sb_chksum"),
+        (FEATURE_COMPAT_MTIME, "mtime"),
+        (FEATURE_COMPAT_XATTR_FILTER, "xattr_filter"),
+    ] {
+        if sb.feature_compat & bit != 0 {
+            compat.push(name);
+        }
+    }
+    let mut incompat = Vec::new();
+    for (bit, name) in [
+        (FEATURE_INCOMPAT_CHUNKED_FILE, "chunked_file"),
+        (FEATURE_INCOMPAT_XATTR_PREFIXES, "xattr_prefixes"),
+    ] {
+        if sb.feature_incompat & bit != 0 {
+            incompat.push(name);
+        }
+    }
+    json!({
+        "image_bytes": img.image_len(),
+        "block_size": img.block_size(),
+        "blocks": sb.blocks,
+        "inodes": sb.inos,
+        "root_nid": img.root_nid(),
+        "uuid": uuid,
+        "label": String::from_utf8_lossy(&sb.volume_name[..label_len]),
+        "epoch": sb.epoch as i64,
+        "fixed_nsec": sb.fixed_nsec,
+        "build_time": sb.epoch as i64 + sb.build_time as i64,
+        "meta_blkaddr": sb.meta_blkaddr,
+        "xattr_blkaddr": sb.xattr_blkaddr,
+        "xattr_prefixes": sb.xattr_prefix_count,
+        "features_compat": compat,
+        "features_incompat": incompat,
+        "checksum": format!("0x{:08x}", sb.checksum),
+    })
+}
+
+fn inode(
+    img: &erofs::read::Image<erofs::read::FileSource>,
+    path: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let ino = resolve(img, path)?;
+    let info = img.layout_info(&ino);
+    let layout = match ino.layout {
+        LAYOUT_FLAT_PLAIN => "flat_plain",
+        LAYOUT_FLAT_INLINE => "flat_inline",
+        LAYOUT_CHUNK_BASED => "chunk_based",
+        _ => "unknown",
+    };
+    let xattrs: Vec<serde_json::Value> = img
+        .xattrs(&ino)?
+        .into_iter()
+        .map(|(n, v)| json!({ "name": String::from_utf8_lossy(&n), "value": show_bytes(&v), "size": v.len() }))
+        .collect();
+    let mut v = json!({
+        "path": path,
+        "nid": ino.nid,
+        "mode": format!("{:o}", ino.mode),
+        "type": mode_string(ino.mode),
+        "uid": ino.uid,
+        "gid": ino.gid,
+        "nlink": ino.nlink,
+        "size": ino.size,
+        "mtime": ino.mtime,
+        "mtime_nsec": ino.mtime_nsec,
+        "inode": { "version": if ino.extended { "extended" } else { "compact" }, "offset": info.inode_offset, "size": info.inode_size },
+        "layout": {
+            "kind": layout,
+            "start_block": info.start_block,
+            "blocks": info.blocks,
+            "inline_tail": info.tail.map(|(off, len)| json!({ "offset": off, "len": len })),
+            "chunk_size": info.chunk_size,
+            "chunks": info.chunk_count,
+        },
+        "xattr_body": { "offset": info.xattr_offset, "size": info.xattr_size },
+        "xattrs": xattrs,
+    });
+    if ino.mode & S_IFMT == S_IFCHR || ino.mode & S_IFMT == S_IFBLK {
+        v["rdev"] = json!(format!("{}:{}", ino.rdev.0, ino.rdev.1));
+    }
+    if ino.is_symlink() {
+        v["target"] = json!(String::from_utf8_lossy(&img.readlink(&ino)?));
+    }
+    Ok(v)
+}
+
+fn print_text(v: &serde_json::Value, indent: usize) {
+    if let Some(map) = v.as_object() {
+        for (k, val) in map {
+            match val {
+                serde_json::Value::Object(_) => {
+                    println!("{:indent$}{k}:", "");
+                    print_text(val, indent + 2);
+                }
+                serde_json::Value::Array(items)
+                    if items.iter().all(|i| i.is_object()) && !items.is_empty() =>
+                {
+                    println!("{:indent$}{k}:", "");
+                    for i in items {
+                        let line: Vec<String> = i
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .map(|(k, v)| format!("{k}={}", plain(v)))
+                            .collect();
+                        println!("{:indent$}  - {}", "", line.join(" "));
+                    }
+                }
+                _ => println!("{:indent$}{k}: {}", "", plain(val)),
+            }
+        }
+    }
+}
+
+fn plain(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        serde_json::Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
 }
