@@ -59,6 +59,8 @@ pub struct Layout {
     pub prefix_table_offset: u64,
     pub shared_pool_offset: u64,
     pub xattr_blkaddr: u64,
+    /// First data block: everything before it is metadata.
+    pub data_start: u64,
     pub total_blocks: u64,
     pub epoch: (i64, u32),
 }
@@ -160,7 +162,8 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
     let prefix_len = xattrs.encode_prefix_table().len() as u64;
     let shared_pool_offset = prefix_table_offset + prefix_len;
     let xattr_end = shared_pool_offset + xattrs.shared_pool.len() as u64;
-    let mut next_block = xattr_end.div_ceil(bs);
+    let data_start = xattr_end.div_ceil(bs);
+    let mut next_block = data_start;
 
     // Data blocks follow in inode order, so reading a directory's files is sequential.
     for &id in &order {
@@ -204,6 +207,7 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
         prefix_table_offset,
         shared_pool_offset,
         xattr_blkaddr: shared_pool_offset / bs,
+        data_start,
         total_blocks: next_block,
         epoch,
     })

@@ -157,7 +157,7 @@ pub fn build_tree(
     let tmp = temp_path(out_path);
     let _ = std::fs::remove_file(&tmp); // a leftover of a killed build
     let file = std::fs::OpenOptions::new()
-        .read(true) // a shared writable mapping needs the file open for reading too
+        .read(true)
         .write(true)
         .create_new(true)
         .open(&tmp)
