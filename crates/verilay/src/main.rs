@@ -1,6 +1,22 @@
 //! `verilay`: one thin binary over single-purpose crates. Each subcommand lives in
 //! `cmd/` and only parses options, calls a library, and reports.
 
+/// `println!` for command output: a closed pipe (`verilay inspect … | head`) ends the
+/// program quietly instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("verilay: error: writing output: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
 mod cmd;
 mod progress;
 

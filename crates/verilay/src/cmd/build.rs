@@ -182,7 +182,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             "skipped_xattrs": summary.skipped_xattrs.len(),
             "seconds": secs,
         });
-        println!("{j}");
+        outln!("{j}");
     } else if !a.quiet {
         eprintln!(
             "{}: {} inodes ({} files, {} directories), {} in, image {}, {:.2} s",

@@ -22,7 +22,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Ok(img) => img,
         Err(e) => {
             // An image that does not even open is a problem to report, not a usage error.
-            println!(
+            outln!(
                 "{}: {}",
                 a.image.display(),
                 format!("{e:#}").replace('\n', " ")
@@ -41,10 +41,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             "files": report.files,
             "data_bytes": report.bytes,
         });
-        println!("{j}");
+        outln!("{j}");
     } else {
         for p in &report.problems {
-            println!("{}: {p}", a.image.display());
+            outln!("{}: {p}", a.image.display());
         }
         if report.is_clean() && !a.quiet {
             eprintln!(

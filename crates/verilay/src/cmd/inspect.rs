@@ -22,7 +22,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         Some(p) => inode(&img, p)?,
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_text(&v, 0);
     }
@@ -134,13 +134,13 @@ fn print_text(v: &serde_json::Value, indent: usize) {
         for (k, val) in map {
             match val {
                 serde_json::Value::Object(_) => {
-                    println!("{:indent$}{k}:", "");
+                    outln!("{:indent$}{k}:", "");
                     print_text(val, indent + 2);
                 }
                 serde_json::Value::Array(items)
                     if items.iter().all(|i| i.is_object()) && !items.is_empty() =>
                 {
-                    println!("{:indent$}{k}:", "");
+                    outln!("{:indent$}{k}:", "");
                     for i in items {
                         let line: Vec<String> = i
                             .as_object()
@@ -148,10 +148,10 @@ fn print_text(v: &serde_json::Value, indent: usize) {
                             .flatten()
                             .map(|(k, v)| format!("{k}={}", plain(v)))
                             .collect();
-                        println!("{:indent$}  - {}", "", line.join(" "));
+                        outln!("{:indent$}  - {}", "", line.join(" "));
                     }
                 }
-                _ => println!("{:indent$}{k}: {}", "", plain(val)),
+                _ => outln!("{:indent$}{k}: {}", "", plain(val)),
             }
         }
     }
