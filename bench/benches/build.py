@@ -1,0 +1,214 @@
+"""build: image build time and size, `verilay build` against mkfs.erofs and mkcomposefs.
+
+Per dataset: one pass reading the whole tree (page cache warm), then RUNS timed
+runs of every tool, interleaved (run 1 of each tool, run 2 of each tool, ...)
+so drift hits all tools alike; then, as root, one cold run per tool right after
+dropping caches. Every tool gets the same SOURCE_DATE_EPOCH.
+"""
+
+import os
+import shutil
+
+from harness import datasets, report, timing, tools
+
+DESCRIPTION = "image build time and size: verilay build vs mkfs.erofs / mkcomposefs"
+
+SOURCE_DATE_EPOCH = "1700000000"
+SPEEDUP_TARGET = 2.0  # verilay at least this many times faster than each mkfs.erofs
+SIZE_TARGET = 1.02  # verilay's image at most this times mkfs.erofs's
+
+
+# name, env var, names to look for on PATH, arguments, how to provide a missing peer
+PEERS = [
+    ("mkfs.erofs-1.5", "MKFS_EROFS", ["/usr/bin/mkfs.erofs"],
+     ["--quiet", "{image}", "{src}"], "install Debian's erofs-utils or set MKFS_EROFS"),
+    # Uncompressed, with the xattr name filters verilay also writes: the like-for-like image.
+    ("mkfs.erofs-1.9", "MKFS_EROFS_19", ["mkfs.erofs-1.9"],
+     ["--quiet", "-Exattr-name-filter", "{image}", "{src}"],
+     "set MKFS_EROFS_19 or put mkfs.erofs-1.9 on PATH"),
+    ("mkcomposefs", "MKCOMPOSEFS", ["mkcomposefs"], ["{src}", "{image}"],
+     "set MKCOMPOSEFS or put mkcomposefs on PATH"),
+]
+VERILAY_ARGS = ["build", "{src}", "-o", "{image}", "--quiet"]
+
+
+def find_tools(scratch):
+    """{name: {"path", "version", "args"}} of the available tools, verilay first,
+    and {name: reason} of the missing ones."""
+    found, missing = {}, {}
+    path, why = tools.verilay(scratch)
+    if path:
+        found["verilay"] = {"path": path, "version": tools.version(path),
+                            "args": VERILAY_ARGS}
+    else:
+        missing["verilay"] = why
+    for name, env_var, names, args, hint in PEERS:
+        path = tools.find(env_var, *names)
+        if path:
+            found[name] = {"path": path, "version": tools.version(path), "args": args}
+        else:
+            missing[name] = hint
+    return found, missing
+
+
+def argv(tool, src, image):
+    return [tool["path"]] + [a.format(src=src, image=image) for a in tool["args"]]
+
+
+def erofs_bytes(image):
+    """Size of the EROFS part of an image (superblock blocks << blkszbits), or None
+    when the file does not start with an EROFS superblock. For verilay this
+    leaves out the verity section that follows the EROFS bytes."""
+    with open(image, "rb") as f:
+        f.seek(1024)
+        sb = f.read(40)
+    if len(sb) < 40 or int.from_bytes(sb[0:4], "little") != 0xE0F5E1E2:
+        return None
+    return int.from_bytes(sb[36:40], "little") << sb[12]
+
+
+def measure_dataset(ds, found, runs, cold, scratch, env):
+    """Warm and cold samples of every tool on one dataset: [{dataset, tool, ...}]."""
+    results = {name: {"dataset": ds.name, "tool": name, "warm": [], "cold": None}
+               for name in found}
+
+    def sample(name):
+        image = os.path.join(scratch, f"{name}.img")
+        if os.path.exists(image):
+            os.unlink(image)
+        r = results[name]
+        r["cmd"] = " ".join(argv(found[name], ds.path, image))
+        s = timing.run_once(argv(found[name], ds.path, image), env=env)
+        r["size_bytes"] = os.path.getsize(image)
+        r["erofs_bytes"] = erofs_bytes(image)
+        return s
+
+    def each_tool(fn):
+        for name, r in results.items():
+            if "error" not in r:
+                try:
+                    fn(name, r)
+                except timing.CommandFailed as e:
+                    print(f"  {name} failed on {ds.name}: {e}")
+                    r["error"] = str(e)
+
+    for i in range(runs):
+        print(f"  {ds.name}: warm run {i + 1}/{runs}", flush=True)
+        each_tool(lambda name, r: r["warm"].append(sample(name)))
+    if cold:
+        print(f"  {ds.name}: cold runs (caches dropped before each)", flush=True)
+
+        def cold_run(name, r):
+            timing.drop_caches()
+            r["cold"] = sample(name)
+        each_tool(cold_run)
+    for r in results.values():
+        if r["warm"] and "error" not in r:
+            r["wall_s"] = timing.summarize(r["warm"])
+    return list(results.values())
+
+
+def ok(r):
+    return r is not None and "wall_s" in r
+
+
+def add_ratios(results):
+    """Give each peer's row verilay/peer ratios of median time and image size."""
+    verilay = {r["dataset"]: r for r in results if r["tool"] == "verilay"}
+    for r in results:
+        vl = verilay.get(r["dataset"])
+        if r["tool"] != "verilay" and ok(r) and ok(vl):
+            r["time_ratio"] = vl["wall_s"]["median"] / r["wall_s"]["median"]
+            r["size_ratio"] = vl["size_bytes"] / r["size_bytes"]
+
+
+def check_targets(results):
+    """PASS/FAIL lines against each mkfs.erofs version, per dataset."""
+    targets = []
+    for r in results:
+        if not r["tool"].startswith("mkfs.erofs") or not ok(r):
+            continue
+        where = f"{r['dataset']} vs {r['tool']}"
+        if "time_ratio" not in r:
+            targets.append(report.target(where, None, "verilay not measured"))
+            continue
+        speedup = 1 / r["time_ratio"]
+        targets.append(report.target(
+            f"{where} time", speedup >= SPEEDUP_TARGET,
+            f"verilay is {speedup:.2f}x as fast (target >= {SPEEDUP_TARGET}x)"))
+        targets.append(report.target(
+            f"{where} size", r["size_ratio"] <= SIZE_TARGET,
+            f"verilay image is {r['size_ratio']:.4f}x the size (target <= {SIZE_TARGET}x)"))
+    return targets
+
+
+def print_results(results):
+    def secs(x):
+        return f"{x:.3f}" if x is not None else "-"
+
+    rows = []
+    for r in results:
+        if not ok(r):
+            rows.append([r["dataset"], r["tool"], "failed"] + [""] * 7)
+            continue
+        t = r["wall_s"]
+        rows.append([r["dataset"], r["tool"], secs(t["median"]), secs(t["min"]),
+                     secs(t["max"]), secs(r["cold"] and r["cold"]["wall_s"]),
+                     f"{r['size_bytes']:,}",
+                     f"{r['erofs_bytes']:,}" if r["erofs_bytes"] else "-",
+                     f"{r['time_ratio']:.3f}" if "time_ratio" in r else "-",
+                     f"{r['size_ratio']:.4f}" if "size_ratio" in r else "-"])
+    report.print_table(["dataset", "tool", "median s", "min s", "max s", "cold s",
+                        "image bytes", "erofs bytes", "vl/peer time",
+                        "vl/peer size"], rows, left=2)
+    if any(r["tool"] == "mkcomposefs" for r in results):
+        print("(mkcomposefs images hold metadata only, file data stays outside: "
+              "its size is not comparable)")
+
+
+def run(ctx):
+    scratch = datasets.scratch_dir("build")
+    found, missing = find_tools(scratch)
+    for name, reason in missing.items():
+        print(f"{name}: peer not available ({reason})" if name != "verilay"
+              else f"verilay: not available ({reason}); measuring peers only")
+    for name, t in found.items():
+        print(f"{name}: {t['path']} (version {t['version']})")
+    cold = os.geteuid() == 0
+    if not cold:
+        print("not root: no cold-cache runs")
+    env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+
+    data = {"bench": "build", "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, "cold": cold,
+                         "source_date_epoch": SOURCE_DATE_EPOCH},
+            "tools": found, "missing": missing, "datasets": {}, "results": []}
+    for ds in datasets.for_run(ctx.quick):
+        datasets.warm(ds)
+        print(ds.describe(), flush=True)
+        data["datasets"][ds.name] = {"path": ds.path, "origin": ds.origin, **ds.stats}
+        data["results"] += measure_dataset(ds, found, ctx.runs, cold, scratch, env)
+    shutil.rmtree(scratch)
+
+    add_ratios(data["results"])
+    print()
+    print_results(data["results"])
+    print()
+    data["targets"] = check_targets(data["results"])
+    return data
+
+
+def plot(data, png):
+    rows = []
+    for ds in data["datasets"]:
+        rs = [r for r in data["results"] if r["dataset"] == ds and ok(r)]
+        time_bars = [{"label": r["tool"], "value": r["wall_s"]["median"],
+                      "lo": r["wall_s"]["min"], "hi": r["wall_s"]["max"],
+                      "marker": r["cold"] and r["cold"]["wall_s"]} for r in rs]
+        size_bars = [{"label": r["tool"], "value": r["size_bytes"] / 2**20} for r in rs]
+        rows.append((f"{ds} ({data['datasets'][ds]['files']:,} files)",
+                     {"time": time_bars, "size": size_bars}))
+    report.bar_grid(png, f"build: image build (median of {data['settings']['runs']}, "
+                         f"min..max; x = cold cache)", rows,
+                    [("time", "wall time, s"), ("size", "image size, MiB")])

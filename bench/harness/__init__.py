@@ -1,0 +1,1 @@
+"""Helpers shared by every benchmark: datasets, timing, tools, report."""

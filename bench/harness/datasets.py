@@ -1,0 +1,108 @@
+"""Real input trees, prepared once and cached outside the repository.
+
+Cache directory: $VERILAY_BENCH_DATA, default /var/tmp/verilay-bench.
+  linux-source-6.1/  Debian's linux-source-6.1 tarball, extracted (~78k files)
+  usr-share/         a copy of a few /usr/share directories (~35k files), for --quick
+A tree is built under a temporary name and renamed into place when complete,
+so an interrupted preparation is redone rather than half-used.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+
+DATA_DIR = os.environ.get("VERILAY_BENCH_DATA", "/var/tmp/verilay-bench")
+
+LINUX_PACKAGE = "linux-source-6.1"
+LINUX_TARBALL = f"/usr/src/{LINUX_PACKAGE}.tar.xz"
+USR_SHARE_PARTS = ["/usr/share/doc", "/usr/share/locale", "/usr/share/man",
+                   "/usr/share/perl"]
+
+
+@dataclass
+class Dataset:
+    name: str
+    path: str
+    origin: str
+    stats: dict = field(default_factory=dict)  # filled in by warm()
+
+    def describe(self):
+        s = self.stats
+        return (f"{self.name}: {s['files']:,} files, {s['dirs']:,} dirs, "
+                f"{s['symlinks']:,} symlinks, {s['bytes'] / 2**20:,.0f} MiB")
+
+
+def _prepare(name, fill):
+    """Return DATA_DIR/name, creating it with fill(tmpdir) the first time."""
+    path = os.path.join(DATA_DIR, name)
+    if not os.path.isdir(path):
+        tmp = os.path.join(DATA_DIR, f".{name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        print(f"preparing dataset {name} in {path} (once)", flush=True)
+        fill(tmp)
+        os.rename(tmp, path)
+    return path
+
+
+def linux():
+    def fill(tmp):
+        if not os.path.exists(LINUX_TARBALL):
+            print(f"{LINUX_TARBALL} missing: apt-get install {LINUX_PACKAGE}", flush=True)
+            subprocess.run(["apt-get", "install", "-y", "-q", LINUX_PACKAGE], check=True,
+                           env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        subprocess.run(["tar", "-xf", LINUX_TARBALL, "-C", tmp], check=True)
+        # The tarball holds one top directory; make it the dataset root.
+        (top,) = os.listdir(tmp)
+        for entry in os.listdir(os.path.join(tmp, top)):
+            os.rename(os.path.join(tmp, top, entry), os.path.join(tmp, entry))
+        os.rmdir(os.path.join(tmp, top))
+
+    return Dataset(LINUX_PACKAGE, _prepare(LINUX_PACKAGE, fill), LINUX_TARBALL)
+
+
+def usr_share():
+    def fill(tmp):
+        for src in USR_SHARE_PARTS:
+            if os.path.isdir(src):
+                shutil.copytree(src, os.path.join(tmp, os.path.basename(src)),
+                                symlinks=True)
+
+    return Dataset("usr-share", _prepare("usr-share", fill), " ".join(USR_SHARE_PARTS))
+
+
+def for_run(quick):
+    """The datasets a run uses: the small tree only with --quick."""
+    return [usr_share()] if quick else [linux(), usr_share()]
+
+
+def warm(ds):
+    """Read every file of the tree once (page cache warm) and count what is there."""
+    stats = {"files": 0, "dirs": 0, "symlinks": 0, "other": 0, "bytes": 0}
+    buf = bytearray(1 << 20)
+    for root, dirs, files in os.walk(ds.path):
+        stats["dirs"] += 1
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                stats["symlinks"] += 1
+            elif stat.S_ISREG(mode):
+                stats["files"] += 1
+                with open(path, "rb", buffering=0) as f:
+                    while n := f.readinto(buf):
+                        stats["bytes"] += n
+            else:
+                stats["other"] += 1
+    ds.stats = stats
+    return stats
+
+
+def scratch_dir(name):
+    """An empty directory for outputs, on the same filesystem as the datasets."""
+    path = os.path.join(DATA_DIR, "scratch", name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path

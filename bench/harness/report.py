@@ -1,0 +1,87 @@
+"""Output shared by all benchmarks: host facts, JSON results, tables, targets, plots."""
+
+import json
+import os
+import platform
+import time
+
+
+def host_info():
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    return {"kernel": platform.release(), "cpu": cpu, "nproc": os.cpu_count(),
+            "mem_gib": round(mem_kib / 2**20, 1), "root": os.geteuid() == 0,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def write_json(path, data):
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.rename(path + ".tmp", path)
+
+
+def print_table(headers, rows, left=1):
+    """Print rows of strings as aligned columns; the first `left` columns are
+    left-aligned, the rest (numbers) right-aligned."""
+    table = [headers] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    for row in table:
+        print("  ".join(c.ljust(w) if i < left else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+
+
+def target(name, ok, detail):
+    """One PASS/FAIL/SKIP line (ok is True, False or None) and its JSON record."""
+    verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]
+    print(f"{verdict}  {name}: {detail}")
+    return {"target": name, "verdict": verdict, "detail": detail}
+
+
+def bar_grid(path, title, rows, columns):
+    """Save a PNG with one bar chart per (row, column) cell.
+
+    rows: [(row_label, {column: [bar, ...]})] where each bar is a dict with
+    "label", "value" and optionally "lo"/"hi" (drawn as a min..max range) and
+    "marker" (an extra point, e.g. the cold-cache run).
+    columns: [(column_key, axis_label)]."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False,
+                             figsize=(5.5 * len(columns), 3.2 * len(rows)))
+    for (row_label, cells), ax_row in zip(rows, axes):
+        for (key, axis_label), ax in zip(columns, ax_row):
+            bars = cells.get(key, [])
+            xs = range(len(bars))
+            values = [b["value"] for b in bars]
+            ranged = any("lo" in b for b in bars)
+            err = [[b["value"] - b.get("lo", b["value"]) for b in bars],
+                   [b.get("hi", b["value"]) - b["value"] for b in bars]]
+            ax.bar(xs, values, yerr=err if ranged else None, capsize=4,
+                   color=["tab:red" if b["label"] == "verilay" else "tab:blue"
+                          for b in bars])
+            marks = [(x, b["marker"]) for x, b in zip(xs, bars) if b.get("marker")]
+            if marks:
+                ax.plot(*zip(*marks), "kx", label="cold cache")
+                ax.legend(fontsize="small")
+            for x, b in zip(xs, bars):
+                ax.annotate(f"{b['value']:.3g}", (x, b.get("hi", b["value"])),
+                            xytext=(0, 2), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=8)
+            ax.margins(y=0.12)
+            ax.set_xticks(list(xs), [b["label"] for b in bars], rotation=15,
+                          fontsize=8)
+            ax.set_ylabel(axis_label)
+            ax.set_title(row_label, fontsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,54 @@
+"""Running commands under a stopwatch, and dropping caches between cold runs."""
+
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+
+class CommandFailed(Exception):
+    pass
+
+
+def drop_caches():
+    """Write back dirty pages, then drop the page cache, dentries and inodes.
+
+    Returns None on success, or the reason it could not (it needs root)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        return f"cannot drop caches: {e.strerror}"
+    return None
+
+
+def run_once(argv, env=None):
+    """Run argv once and return one sample: wall, user and system seconds, peak RSS.
+
+    os.sync() first, so writeback left over from the previous run is not charged
+    to this one. stdout is discarded; stderr is kept for the error message."""
+    os.sync()
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        # wait4 instead of proc.wait(): it also gives this child's own rusage.
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise CommandFailed(f"{' '.join(argv)}: exit status {proc.returncode}"
+                                + "".join(f"\n    {line}" for line in tail))
+    return {"wall_s": wall, "user_s": ru.ru_utime, "sys_s": ru.ru_stime,
+            "maxrss_kib": ru.ru_maxrss}
+
+
+def summarize(samples, key="wall_s"):
+    """Median, min and max of one field over a list of samples."""
+    values = [s[key] for s in samples]
+    return {"median": statistics.median(values), "min": min(values),
+            "max": max(values), "n": len(values)}
