@@ -79,14 +79,15 @@ pub struct Args {
     json: bool,
 }
 
-struct Bar(ProgressBar);
+struct Bar(ProgressBar, std::sync::Once);
 
 impl build::Progress for Bar {
-    fn scanned(&self, entries: u64) {
-        self.0.set_position(entries);
-    }
+    fn scanned(&self, _entries: u64) {}
     fn writing(&self, total: u64) {
-        progress::bytes(&self.0, "writing", total);
+        // Called as the scan finds more data: style once, then only the length grows.
+        self.1
+            .call_once(|| progress::bytes(&self.0, "copying", total));
+        self.0.set_length(total);
     }
     fn wrote(&self, bytes: u64) {
         self.0.inc(bytes);
@@ -152,8 +153,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
 
     let pb = progress::bar(a.quiet || a.json);
-    progress::counting(&pb, "scanning");
-    let bar = Bar(pb);
+    let bar = Bar(pb, std::sync::Once::new());
     let summary = build::build_dir(&a.src, &exclude, &opts, &a.output, &bar)
         .with_context(|| format!("building {}", a.output.display()))?;
     bar.0.finish_and_clear();
