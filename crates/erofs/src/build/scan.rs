@@ -200,6 +200,14 @@ fn scan_entry(path: PathBuf, name: &OsStr, rel: Vec<u8>) -> Result<Scanned, Erro
             .as_os_str()
             .as_bytes()
             .to_vec();
+        // The kernel reads symlinks through one page and stops at 4095 bytes.
+        if target.len() > 4095 {
+            return Err(Error::Input(format!(
+                "{}: symlink target of {} bytes exceeds 4095",
+                path.display(),
+                target.len()
+            )));
+        }
     }
     Ok(Scanned {
         name,
