@@ -1,5 +1,6 @@
-//! Serialises a planned image: metadata in memory, file data streamed from the source
-//! straight to its final offset by parallel workers (the layout is fixed in advance).
+//! Serialises a planned image through a shared mapping of the output: metadata first on
+//! one thread, then file data read by all cores straight to its final offset (the layout
+//! is fixed in advance, so every byte's place is known).
 
 use super::layout::{DataPlan, Layout};
 use super::tree::{Content, Kind, Tree};
