@@ -37,6 +37,8 @@ struct Cli {
 enum Command {
     /// Build an EROFS image of a directory.
     Build(Box<cmd::build::Args>),
+    /// Print fs-verity file digests, as `fsverity digest` does.
+    Digest(cmd::digest::Args),
     /// Show an image's superblock, or one inode's metadata, layout and xattrs.
     Inspect(cmd::inspect::Args),
     /// Check an image's structure; exit 1 with one line per problem.
@@ -49,6 +51,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Build(a) => cmd::build::run(*a),
+        Command::Digest(a) => cmd::digest::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Extract(a) => cmd::extract::run(a),

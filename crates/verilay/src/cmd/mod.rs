@@ -1,4 +1,5 @@
 pub mod build;
+pub mod digest;
 pub mod extract;
 pub mod fsck;
 mod image;

@@ -1,0 +1,67 @@
+//! The hash algorithms fs-verity supports, with the numbers the descriptor stores.
+
+use sha2::Digest;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashAlg {
+    Sha256,
+    Sha512,
+}
+
+impl HashAlg {
+    pub fn from_name(name: &str) -> Option<HashAlg> {
+        match name {
+            "sha256" => Some(HashAlg::Sha256),
+            "sha512" => Some(HashAlg::Sha512),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HashAlg::Sha256 => "sha256",
+            HashAlg::Sha512 => "sha512",
+        }
+    }
+
+    /// `FS_VERITY_HASH_ALG_*`.
+    pub fn id(self) -> u8 {
+        match self {
+            HashAlg::Sha256 => 1,
+            HashAlg::Sha512 => 2,
+        }
+    }
+
+    pub fn digest_size(self) -> usize {
+        match self {
+            HashAlg::Sha256 => 32,
+            HashAlg::Sha512 => 64,
+        }
+    }
+
+    /// The compression function's block size: salts are zero-padded to a multiple of it.
+    pub fn block_size(self) -> usize {
+        match self {
+            HashAlg::Sha256 => 64,
+            HashAlg::Sha512 => 128,
+        }
+    }
+
+    /// `H(prefix || data)`, written into `out` (`digest_size()` bytes).
+    pub fn hash_into(self, prefix: &[u8], data: &[u8], out: &mut [u8]) {
+        match self {
+            HashAlg::Sha256 => {
+                let mut h = sha2::Sha256::new();
+                h.update(prefix);
+                h.update(data);
+                out.copy_from_slice(&h.finalize());
+            }
+            HashAlg::Sha512 => {
+                let mut h = sha2::Sha512::new();
+                h.update(prefix);
+                h.update(data);
+                out.copy_from_slice(&h.finalize());
+            }
+        }
+    }
+}

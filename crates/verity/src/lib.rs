@@ -1,0 +1,24 @@
+//! fs-verity in userspace: the Merkle tree, the descriptor and the file digest, computed
+//! exactly as `fs/verity/` and fsverity-utils do (see `docs/FORMAT.md` for the layout).
+//!
+//! One concern per module, as in the kernel: `alg` (hash algorithms), `tree` (building the
+//! Merkle tree), `descriptor` (the 256-byte descriptor whose hash is the file digest).
+
+pub mod alg;
+pub mod descriptor;
+pub mod tree;
+
+pub use alg::HashAlg;
+pub use descriptor::Descriptor;
+pub use tree::{Params, Tree};
+
+/// Computes a file's fs-verity digest and tree from a reader of exactly `size` bytes.
+pub fn digest_reader<R: std::io::Read>(
+    params: &Params,
+    reader: R,
+    size: u64,
+) -> std::io::Result<(Vec<u8>, Tree)> {
+    let tree = Tree::build(params, reader, size)?;
+    let desc = Descriptor::new(params, size, &tree.root);
+    Ok((desc.digest(params.alg), tree))
+}
