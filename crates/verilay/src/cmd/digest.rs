@@ -66,7 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 fn parse_hex(s: &str) -> anyhow::Result<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         bail!("odd number of digits");
     }
     (0..s.len())
