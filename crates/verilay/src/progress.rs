@@ -11,6 +11,11 @@ pub fn bar(quiet: bool) -> ProgressBar {
     pb
 }
 
+pub fn counting(pb: &ProgressBar, what: &str) {
+    pb.set_style(ProgressStyle::with_template("{spinner} {msg} {pos}").expect("valid template"));
+    pb.set_message(what.to_string());
+}
+
 pub fn bytes(pb: &ProgressBar, what: &str, total: u64) {
     pb.set_style(
         ProgressStyle::with_template(

@@ -59,8 +59,6 @@ pub struct Layout {
     pub prefix_table_offset: u64,
     pub shared_pool_offset: u64,
     pub xattr_blkaddr: u64,
-    /// First data block: everything before it is metadata.
-    pub data_start: u64,
     pub total_blocks: u64,
     pub epoch: (i64, u32),
 }
@@ -207,7 +205,6 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
         prefix_table_offset,
         shared_pool_offset,
         xattr_blkaddr: shared_pool_offset / bs,
-        data_start,
         total_blocks: next_block,
         epoch,
     })

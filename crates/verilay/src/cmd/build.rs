@@ -79,15 +79,14 @@ pub struct Args {
     json: bool,
 }
 
-struct Bar(ProgressBar, std::sync::Once);
+struct Bar(ProgressBar);
 
 impl build::Progress for Bar {
-    fn scanned(&self, _entries: u64) {}
+    fn scanned(&self, entries: u64) {
+        self.0.set_position(entries);
+    }
     fn writing(&self, total: u64) {
-        // Called as the scan finds more data: style once, then only the length grows.
-        self.1
-            .call_once(|| progress::bytes(&self.0, "copying", total));
-        self.0.set_length(total);
+        progress::bytes(&self.0, "copying", total);
     }
     fn wrote(&self, bytes: u64) {
         self.0.inc(bytes);
@@ -153,7 +152,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
 
     let pb = progress::bar(a.quiet || a.json);
-    let bar = Bar(pb, std::sync::Once::new());
+    progress::counting(&pb, "scanning");
+    let bar = Bar(pb);
     let summary = build::build_dir(&a.src, &exclude, &opts, &a.output, &bar)
         .with_context(|| format!("building {}", a.output.display()))?;
     bar.0.finish_and_clear();
