@@ -10,7 +10,7 @@ pub mod tree;
 
 pub use alg::HashAlg;
 pub use descriptor::Descriptor;
-pub use tree::{Params, Tree};
+pub use tree::{hash_blocks, level_blocks, Params, Tree};
 
 /// Computes a file's fs-verity digest and tree from a reader of exactly `size` bytes.
 pub fn digest_reader<R: std::io::Read>(

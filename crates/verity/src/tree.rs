@@ -31,13 +31,46 @@ impl Params {
     }
 
     /// The salt zero-padded to the hash's block size, prepended to every hashed block.
-    fn padded_salt(&self) -> Vec<u8> {
+    pub fn padded_salt(&self) -> Vec<u8> {
         let mut s = self.salt.clone();
         if !s.is_empty() {
             s.resize(s.len().next_multiple_of(self.alg.block_size()), 0);
         }
         s
     }
+}
+
+/// Hashes `data` block by block into `out` (one digest per block); a short last block is
+/// hashed as if zero-padded to the block size, as fs-verity does.
+pub fn hash_blocks(params: &Params, padded_salt: &[u8], data: &[u8], out: &mut [u8]) {
+    let bs = params.block_size as usize;
+    let ds = params.alg.digest_size();
+    let mut pad = Vec::new();
+    for (block, digest) in data.chunks(bs).zip(out.chunks_mut(ds)) {
+        if block.len() == bs {
+            params.alg.hash_into(padded_salt, block, digest);
+        } else {
+            pad.clear();
+            pad.extend_from_slice(block);
+            pad.resize(bs, 0);
+            params.alg.hash_into(padded_salt, &pad, digest);
+        }
+    }
+}
+
+/// Blocks in each level of the tree over `data_size` bytes, level 0 (just above the data)
+/// first; empty when the data fits in one block (the root is then that block's hash).
+pub fn level_blocks(params: &Params, data_size: u64) -> Vec<u64> {
+    let bs = params.block_size as u64;
+    let per_block = bs / params.alg.digest_size() as u64;
+    let mut hashes = data_size.div_ceil(bs);
+    let mut out = Vec::new();
+    while hashes > 1 {
+        let blocks = hashes.div_ceil(per_block);
+        out.push(blocks);
+        hashes = blocks;
+    }
+    out
 }
 
 pub struct Tree {
@@ -52,45 +85,51 @@ impl Tree {
         let bs = params.block_size as usize;
         let ds = params.alg.digest_size();
         let salt = params.padded_salt();
-        if size == 0 {
-            return Ok(Tree {
-                root: vec![0u8; ds],
-                levels: Vec::new(),
-            });
-        }
         // Level 0: one hash per data block, the last block zero-padded.
         let blocks = size.div_ceil(bs as u64);
         let mut level = vec![0u8; blocks as usize * ds];
         let mut block = vec![0u8; bs];
         for i in 0..blocks as usize {
             let n = (size - i as u64 * bs as u64).min(bs as u64) as usize;
-            block[n..].fill(0);
             reader.read_exact(&mut block[..n])?;
-            params
-                .alg
-                .hash_into(&salt, &block, &mut level[i * ds..(i + 1) * ds]);
+            hash_blocks(params, &salt, &block[..n], &mut level[i * ds..(i + 1) * ds]);
         }
-        if blocks == 1 {
-            return Ok(Tree {
-                root: level,
-                levels: Vec::new(),
-            });
+        Ok(Tree::from_level0(params, level))
+    }
+
+    /// Completes a tree whose level 0 (one digest per data block, in order) was computed
+    /// elsewhere, e.g. by the image builder while it copied the data.
+    pub fn from_level0(params: &Params, level0: Vec<u8>) -> Tree {
+        let bs = params.block_size as usize;
+        let ds = params.alg.digest_size();
+        let salt = params.padded_salt();
+        match level0.len() / ds {
+            0 => {
+                return Tree {
+                    root: vec![0u8; ds],
+                    levels: Vec::new(),
+                }
+            }
+            1 => {
+                return Tree {
+                    root: level0,
+                    levels: Vec::new(),
+                }
+            }
+            _ => {}
         }
         // Upper levels: the digests of a level, cut into zero-padded blocks, hashed.
+        let mut level = level0;
         let mut levels = Vec::new();
         loop {
             let mut padded = level;
             padded.resize(padded.len().next_multiple_of(bs), 0);
             let n = padded.len() / bs;
             let mut next = vec![0u8; n * ds];
-            for (i, b) in padded.chunks(bs).enumerate() {
-                params
-                    .alg
-                    .hash_into(&salt, b, &mut next[i * ds..(i + 1) * ds]);
-            }
+            hash_blocks(params, &salt, &padded, &mut next);
             levels.push(padded);
             if n == 1 {
-                return Ok(Tree { root: next, levels });
+                return Tree { root: next, levels };
             }
             level = next;
         }
