@@ -459,6 +459,58 @@ pub(crate) fn put64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+/// verilay's file-digest table: the last blocks of the EROFS area hold one entry per
+/// regular file, `(nid: u64, fs-verity digest: 32 bytes)` sorted by nid, and end in a
+/// 64-byte footer. The kernel never looks there; the image's Merkle tree covers it.
+pub const DIGEST_FOOTER_MAGIC: [u8; 8] = *b"VLFDIGST";
+pub const DIGEST_FOOTER_SIZE: u64 = 64;
+pub const DIGEST_ENTRY_SIZE: u64 = 40;
+/// The per-file digests are fs-verity digests with SHA-256, 4 KiB blocks and no salt.
+pub const DIGEST_ALG_SHA256: u8 = 1;
+pub const DIGEST_LOG_BLOCK_SIZE: u8 = 12;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DigestFooter {
+    /// Byte offset of the first entry.
+    pub table_offset: u64,
+    pub entries: u64,
+}
+
+impl DigestFooter {
+    pub fn encode(&self) -> [u8; DIGEST_FOOTER_SIZE as usize] {
+        let mut b = [0u8; DIGEST_FOOTER_SIZE as usize];
+        b[0..8].copy_from_slice(&DIGEST_FOOTER_MAGIC);
+        b[8] = 1; // version
+        b[9] = DIGEST_ALG_SHA256;
+        b[10] = DIGEST_LOG_BLOCK_SIZE;
+        b[12..16].copy_from_slice(&(DIGEST_ENTRY_SIZE as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.table_offset.to_le_bytes());
+        b[24..32].copy_from_slice(&self.entries.to_le_bytes());
+        b
+    }
+
+    /// `None` without the magic; `Err` names what is wrong with a footer that has it.
+    pub fn decode(b: &[u8; DIGEST_FOOTER_SIZE as usize]) -> Result<Option<DigestFooter>, String> {
+        if b[0..8] != DIGEST_FOOTER_MAGIC {
+            return Ok(None);
+        }
+        if b[8] != 1
+            || b[9] != DIGEST_ALG_SHA256
+            || b[10] != DIGEST_LOG_BLOCK_SIZE
+            || b[11] != 0
+            || u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"))
+                != DIGEST_ENTRY_SIZE as u32
+            || b[32..].iter().any(|&x| x != 0)
+        {
+            return Err("file digest table footer has an unknown version or layout".into());
+        }
+        Ok(Some(DigestFooter {
+            table_offset: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            entries: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

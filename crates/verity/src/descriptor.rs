@@ -29,3 +29,55 @@ impl Descriptor {
         out
     }
 }
+
+/// Why a stored descriptor was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("fs-verity descriptor: {0}")]
+pub struct BadDescriptor(pub String);
+
+/// A descriptor read back from storage, checked the way `fs/verity/open.c` checks one.
+pub struct Parsed {
+    pub params: Params,
+    pub data_size: u64,
+    pub root: Vec<u8>,
+}
+
+impl Descriptor {
+    pub fn parse(bytes: &[u8; DESCRIPTOR_SIZE]) -> Result<Parsed, BadDescriptor> {
+        let bad = |s: &str| Err(BadDescriptor(s.to_string()));
+        if bytes[0] != 1 {
+            return bad(&format!("version {} is not 1", bytes[0]));
+        }
+        let alg = match bytes[1] {
+            1 => HashAlg::Sha256,
+            2 => HashAlg::Sha512,
+            n => return bad(&format!("unknown hash algorithm {n}")),
+        };
+        let log_bs = bytes[2];
+        if !(10..=16).contains(&log_bs) {
+            return bad(&format!("block size 2^{log_bs} is out of range"));
+        }
+        let salt_len = bytes[3] as usize;
+        if salt_len > 32 {
+            return bad(&format!("salt of {salt_len} bytes is longer than 32"));
+        }
+        if bytes[4..8] != [0; 4] {
+            return bad("carries a signature, which images never do");
+        }
+        let ds = alg.digest_size();
+        // Unused root-hash bytes, unused salt bytes and the reserved tail must be zero,
+        // so one image has exactly one descriptor (and one digest).
+        if bytes[16 + ds..80].iter().any(|&b| b != 0)
+            || bytes[80 + salt_len..].iter().any(|&b| b != 0)
+        {
+            return bad("reserved bytes are not zero");
+        }
+        let params = Params::new(alg, 1 << log_bs, bytes[80..80 + salt_len].to_vec())
+            .map_err(BadDescriptor)?;
+        Ok(Parsed {
+            params,
+            data_size: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
+            root: bytes[16..16 + ds].to_vec(),
+        })
+    }
+}

@@ -61,11 +61,14 @@ pub struct Layout {
     pub xattr_blkaddr: u64,
     pub total_blocks: u64,
     pub epoch: (i64, u32),
+    /// The file-digest table at the end of the image, when asked for.
+    pub digest_table: Option<crate::format::DigestFooter>,
 }
 
 pub struct LayoutOptions {
     pub block_size: u64,
     pub inline_data: bool,
+    pub file_digests: bool,
 }
 
 pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Layout, Error> {
@@ -193,6 +196,19 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
             }
         }
     }
+    // The digest table takes the last blocks, its footer ending the image.
+    let digest_table = opts.file_digests.then(|| {
+        let entries = order
+            .iter()
+            .filter(|&&id| matches!(tree.nodes[id].kind, Kind::Regular { .. }))
+            .count() as u64;
+        let table_offset = next_block * bs;
+        next_block += (entries * DIGEST_ENTRY_SIZE + DIGEST_FOOTER_SIZE).div_ceil(bs);
+        DigestFooter {
+            table_offset,
+            entries,
+        }
+    });
     if next_block > u32::MAX as u64 {
         return Err(too_large());
     }
@@ -207,6 +223,7 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
         xattr_blkaddr: shared_pool_offset / bs,
         total_blocks: next_block,
         epoch,
+        digest_table,
     })
 }
 

@@ -65,6 +65,9 @@ pub struct BuildOptions {
     pub long_prefixes: bool,
     /// Pack file and directory tails next to their inode.
     pub inline_data: bool,
+    /// Seal the image: store every regular file's fs-verity digest and append the verity
+    /// section (the image's Merkle tree). Off gives a plain EROFS image.
+    pub verity: bool,
     /// Recorded as the image's build time (seconds since 1970).
     pub build_time: u64,
     /// `None` derives the UUID from the image contents (reproducible builds).
@@ -81,6 +84,7 @@ impl Default for BuildOptions {
             xattr_filter: true,
             long_prefixes: true,
             inline_data: true,
+            verity: true,
             build_time: 0,
             uuid: None,
             label: Vec::new(),
@@ -96,7 +100,12 @@ pub struct Summary {
     pub directories: u64,
     /// Bytes of regular-file content read.
     pub bytes_in: u64,
+    /// The whole image file, verity section included.
     pub image_bytes: u64,
+    /// The EROFS part (what the kernel mounts and the digest covers).
+    pub erofs_bytes: u64,
+    /// The image digest: fs-verity (SHA-256, 4 KiB, no salt) of the EROFS bytes.
+    pub digest: Option<Vec<u8>>,
     pub block_size: u32,
     pub shared_xattrs: u64,
     pub long_prefixes: u64,
@@ -142,6 +151,7 @@ pub fn build_tree(
     let lopts = layout::LayoutOptions {
         block_size: opts.block_size as u64,
         inline_data: opts.inline_data,
+        file_digests: opts.verity,
     };
     let layout = layout::plan(tree, &xplan, &lopts)?;
     trace("plan");
@@ -166,15 +176,22 @@ pub fn build_tree(
     // writeback here would double the build time for no integrity gain: the image
     // carries its own checksums, and the rename below is what makes it visible.
     let result = write::write_image(tree, &xplan, &layout, &params, &file, &tmp, progress)
-        .and_then(|len| {
-            std::fs::rename(&tmp, out_path)
-                .map(|_| len)
-                .map_err(|e| Error::source(out_path, e))
+        .and_then(|w| {
+            let digest = match w.level0 {
+                Some(level0) => Some(
+                    verity::appended::append(&file, &write::verity_params(), w.len, level0)
+                        .map_err(|e| Error::source(&tmp, e))?,
+                ),
+                None => None,
+            };
+            let total = file.metadata().map_err(|e| Error::source(&tmp, e))?.len();
+            std::fs::rename(&tmp, out_path).map_err(|e| Error::source(out_path, e))?;
+            Ok((w.len, total, digest))
         });
-    let image_bytes = match result {
-        Ok(len) => {
+    let (erofs_bytes, image_bytes, digest) = match result {
+        Ok(r) => {
             trace("written");
-            len
+            r
         }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -184,6 +201,8 @@ pub fn build_tree(
 
     let mut s = Summary {
         image_bytes,
+        erofs_bytes,
+        digest,
         block_size: opts.block_size,
         inodes: layout.order.len() as u64,
         shared_xattrs: xplan.shared_offsets.len() as u64,

@@ -28,7 +28,7 @@ pub fn write_image(
     out: &File,
     out_path: &Path,
     progress: &dyn Progress,
-) -> Result<u64, Error> {
+) -> Result<Written, Error> {
     let bs = layout.block_size;
     let image_len = layout.total_blocks * bs;
     let werr = |e: std::io::Error| Error::source(out_path, e);
@@ -42,7 +42,10 @@ pub fn write_image(
         Err(e) => return Err(werr(e.into())),
     }
     if image_len == 0 {
-        return Ok(0);
+        return Ok(Written {
+            len: 0,
+            level0: None,
+        });
     }
     // The image is written through a shared mapping: file data is read straight into its
     // final place (one copy), and workers on different cores never contend on the
@@ -69,6 +72,7 @@ pub fn write_image(
 
     // Pass 1, one thread: inodes, xattr bodies, directories, symlinks and chunk maps.
     let mut file_jobs: Vec<FileJob> = Vec::new();
+    let mut empty_files: Vec<u64> = Vec::new();
     for (serial, &id) in layout.order.iter().enumerate() {
         let node = &tree.nodes[id];
         let plan = layout.inodes[id]
@@ -131,11 +135,13 @@ pub fn write_image(
                     }
                 }
                 file_jobs.push(FileJob {
+                    nid: plan.nid,
                     content,
                     size: plan.size,
                     copies: copies(&plan.data, plan.size, inline_at, bs),
                 });
             }
+            Kind::Regular { .. } => empty_files.push(plan.nid),
             _ => {}
         }
     }
@@ -162,7 +168,7 @@ pub fn write_image(
     drop(targets);
     super::trace("data");
 
-    // Pass 3: the superblock goes in last; its checksum covers the inodes in block 0.
+    // Pass 3: the superblock; its checksum covers the inodes in block 0.
     let mut feature_compat = FEATURE_COMPAT_SB_CHKSUM | FEATURE_COMPAT_MTIME;
     if params.xattr_filter {
         feature_compat |= FEATURE_COMPAT_XATTR_FILTER;
@@ -206,11 +212,153 @@ pub fn write_image(
     img[sb_at..sb_at + SUPER_SIZE].copy_from_slice(&sb.encode());
     let csum = superblock_checksum(img, bs as usize).expect("the image spans the first block");
     img[sb_at + 4..sb_at + 8].copy_from_slice(&csum.to_le_bytes());
-    Ok(image_len)
+
+    // Pass 4, all cores: hash the image for its Merkle tree, deriving every file's own
+    // digest from the same block hashes, and store those digests in the table.
+    let level0 = layout
+        .digest_table
+        .map(|footer| seal(img, &file_jobs, &empty_files, footer));
+    super::trace("hashed");
+    Ok(Written {
+        len: image_len,
+        level0,
+    })
+}
+
+/// What `write_image` produced.
+pub struct Written {
+    /// Bytes of EROFS image.
+    pub len: u64,
+    /// Level-0 Merkle hashes of the image (SHA-256, 4 KiB blocks), when it was sealed.
+    pub level0: Option<Vec<u8>>,
+}
+
+/// The fs-verity parameters of both the image tree and the per-file digests.
+pub fn verity_params() -> verity::Params {
+    verity::Params::new(verity::HashAlg::Sha256, VERITY_BLOCK as u32, Vec::new())
+        .expect("valid parameters")
+}
+
+const VERITY_BLOCK: usize = 1 << DIGEST_LOG_BLOCK_SIZE;
+const HASH: usize = 32;
+
+/// Hashes every 4 KiB block of the image (level 0 of its Merkle tree), computes each
+/// regular file's fs-verity digest mostly from those same hashes, and writes the digest
+/// table; data is hashed once.
+fn seal(img: &mut [u8], jobs: &[FileJob], empty: &[u64], footer: DigestFooter) -> Vec<u8> {
+    let params = verity_params();
+    let len = img.len();
+    let mut level0 = vec![0u8; len.div_ceil(VERITY_BLOCK) * HASH];
+    // Blocks wholly before the table can be hashed now; the rest once it is written.
+    let before = footer.table_offset as usize / VERITY_BLOCK;
+    let (head, tail) = level0.split_at_mut(before * HASH);
+    hash_into(&params, &img[..before * VERITY_BLOCK], head);
+
+    let zero = {
+        let mut h = [0u8; HASH];
+        params.alg.hash_into(&[], &[0u8; VERITY_BLOCK], &mut h);
+        h
+    };
+    let ctx = FileHashCtx {
+        img,
+        level0: head,
+        zero,
+        params: &params,
+    };
+    let mut entries: Vec<(u64, Vec<u8>)> = jobs
+        .par_iter()
+        .map(|j| (j.nid, ctx.file_digest(j)))
+        .collect();
+    let empty_digest = verity::Descriptor::new(&params, 0, &[0u8; HASH]).digest(params.alg);
+    entries.extend(empty.iter().map(|&nid| (nid, empty_digest.clone())));
+    entries.sort_unstable_by_key(|e| e.0);
+    debug_assert_eq!(entries.len() as u64, footer.entries);
+
+    let mut at = footer.table_offset as usize;
+    for (nid, digest) in &entries {
+        img[at..at + 8].copy_from_slice(&nid.to_le_bytes());
+        img[at + 8..at + 8 + HASH].copy_from_slice(digest);
+        at += DIGEST_ENTRY_SIZE as usize;
+    }
+    img[len - DIGEST_FOOTER_SIZE as usize..].copy_from_slice(&footer.encode());
+    hash_into(&params, &img[before * VERITY_BLOCK..], tail);
+    level0
+}
+
+fn hash_into(params: &verity::Params, data: &[u8], out: &mut [u8]) {
+    const PER_TASK: usize = 64;
+    data.par_chunks(VERITY_BLOCK * PER_TASK)
+        .zip(out.par_chunks_mut(HASH * PER_TASK))
+        .for_each(|(d, o)| verity::hash_blocks(params, &[], d, o));
+}
+
+struct FileHashCtx<'a> {
+    img: &'a [u8],
+    /// Level-0 hashes of the first `level0.len() / HASH` image blocks.
+    level0: &'a [u8],
+    /// The hash of an all-zero block (holes).
+    zero: [u8; HASH],
+    params: &'a verity::Params,
+}
+
+impl FileHashCtx<'_> {
+    /// A file's fs-verity digest. A file block stored whole at a 4 KiB-aligned image offset
+    /// (zero-padded there if it is the short last one) has the image block's hash; only
+    /// inline tails, holes and unaligned data (block sizes under 4 KiB) are hashed here.
+    fn file_digest(&self, job: &FileJob) -> Vec<u8> {
+        let vb = VERITY_BLOCK as u64;
+        let blocks = job.size.div_ceil(vb);
+        let mut l0 = vec![0u8; blocks as usize * HASH];
+        let mut buf = vec![0u8; VERITY_BLOCK];
+        let mut k = 0; // first copy that may overlap the current block
+        for (i, out) in l0.chunks_mut(HASH).enumerate() {
+            let s = i as u64 * vb;
+            let e = job.size.min(s + vb);
+            while k < job.copies.len() && job.copies[k].0 + job.copies[k].1 <= s {
+                k += 1;
+            }
+            let mut j = k;
+            while j < job.copies.len() && job.copies[j].0 < e {
+                j += 1;
+            }
+            match &job.copies[k..j] {
+                [] => out.copy_from_slice(&self.zero),
+                &[(from, len, to)] if from <= s && from + len >= e => {
+                    let at = (to + s - from) as usize;
+                    let n = (e - s) as usize;
+                    let whole = at % VERITY_BLOCK == 0
+                        && (at / VERITY_BLOCK + 1) * HASH <= self.level0.len()
+                        && self.img[at + n..at + VERITY_BLOCK].iter().all(|&b| b == 0);
+                    if whole {
+                        let h = at / VERITY_BLOCK * HASH;
+                        out.copy_from_slice(&self.level0[h..h + HASH]);
+                    } else {
+                        buf.fill(0);
+                        buf[..n].copy_from_slice(&self.img[at..at + n]);
+                        self.params.alg.hash_into(&[], &buf, out);
+                    }
+                }
+                copies => {
+                    buf.fill(0);
+                    for &(from, len, to) in copies {
+                        let a = from.max(s);
+                        let b = (from + len).min(e);
+                        let src = (to + a - from) as usize;
+                        buf[(a - s) as usize..(b - s) as usize]
+                            .copy_from_slice(&self.img[src..src + (b - a) as usize]);
+                    }
+                    self.params.alg.hash_into(&[], &buf, out);
+                }
+            }
+        }
+        let tree = verity::Tree::from_level0(self.params, l0);
+        verity::Descriptor::new(self.params, job.size, &tree.root).digest(self.params.alg)
+    }
 }
 
 /// One regular file's content and where its byte ranges go.
 struct FileJob<'a> {
+    nid: u64,
     content: &'a Content,
     size: u64,
     /// `(file offset, length, image offset)`, ascending in both.

@@ -17,8 +17,10 @@
 
 mod check;
 mod data;
+mod digest;
 mod dir;
 mod inode;
+mod locate;
 mod sb;
 mod source;
 mod xattr;

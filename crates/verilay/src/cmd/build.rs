@@ -27,6 +27,10 @@ pub struct Args {
     /// Do not pack file tails next to inodes (like mkfs.erofs -E noinline_data).
     #[arg(long)]
     no_inline_data: bool,
+    /// Write a plain EROFS image: no per-file digests and no verity section (such an
+    /// image cannot be verified or pinned).
+    #[arg(long)]
+    no_verity: bool,
     /// Make every file owned by root (uid 0, gid 0).
     #[arg(long)]
     all_root: bool,
@@ -131,6 +135,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         xattr_filter: !a.no_xattr_filter,
         long_prefixes: !a.no_long_prefixes,
         inline_data: !a.no_inline_data,
+        verity: !a.no_verity,
         build_time,
         uuid,
         label: a.label.clone().unwrap_or_default().into_bytes(),
@@ -168,9 +173,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             summary.skipped_xattrs.len() - 5
         );
     }
+    let digest = summary
+        .digest
+        .as_ref()
+        .map(|d| format!("sha256:{}", verity::verified::hex(d)));
     if a.json {
         let j = serde_json::json!({
             "image": a.output,
+            "digest": digest,
+            "erofs_bytes": summary.erofs_bytes,
             "inodes": summary.inodes,
             "regular_files": summary.regular_files,
             "directories": summary.directories,
@@ -194,6 +205,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             progress::human(summary.image_bytes),
             secs
         );
+    }
+    // The digest is the build's result: on stdout, for `DIGEST=$(verilay build -q …)`.
+    if let (Some(d), false) = (&digest, a.json) {
+        outln!("{d}");
     }
     Ok(0)
 }

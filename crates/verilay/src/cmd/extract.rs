@@ -1,11 +1,12 @@
 //! `verilay extract IMAGE DIR`: writes the image's tree out through the reader, with
 //! ownership (as root), modes, timestamps, xattrs, ACLs, hardlinks and holes.
 
+use super::image::Img;
 use super::image::{open, resolve};
 use crate::progress;
 use anyhow::{bail, Context};
 use erofs::format::*;
-use erofs::read::{FileSource, Image, Inode};
+use erofs::read::Inode;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -15,6 +16,8 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args)]
 pub struct Args {
     image: PathBuf,
+    #[command(flatten)]
+    pin: super::image::Pin,
     /// Directory to create (or an empty existing one).
     dir: PathBuf,
     /// Extract only this path of the image (a directory or a single file).
@@ -26,7 +29,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = open(&a.image)?;
+    let img = open(&a.image, &a.pin, false)?.img;
     if a.dir.exists() && fs::read_dir(&a.dir)?.next().is_some() {
         bail!("{}: exists and is not empty", a.dir.display());
     }
@@ -64,7 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 struct Extractor<'a> {
-    img: &'a Image<FileSource>,
+    img: &'a Img,
     pb: indicatif::ProgressBar,
     root: bool,
     /// First path of each non-directory nid, to recreate hardlinks.

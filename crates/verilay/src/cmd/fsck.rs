@@ -6,6 +6,8 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     image: PathBuf,
+    #[command(flatten)]
+    pin: super::image::Pin,
     /// Stop after this many problems.
     #[arg(long, default_value_t = 100)]
     max_problems: usize,
@@ -18,8 +20,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = match open(&a.image) {
-        Ok(img) => img,
+    let img = match open(&a.image, &a.pin, true) {
+        Ok(o) => o.img,
         Err(e) => {
             // An image that does not even open is a problem to report, not a usage error.
             outln!(

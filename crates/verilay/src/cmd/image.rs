@@ -1,17 +1,101 @@
 //! Opening images and resolving paths inside them, shared by the read-side commands.
 
 use anyhow::{bail, Context};
-use erofs::read::{FileSource, Image, Inode};
+use erofs::read::{ByteSource, FileSource, Image, Inode};
 use std::path::Path;
+use std::sync::Arc;
+use verity::{OpenError, VerifiedSource};
 
-pub fn open(path: &Path) -> anyhow::Result<Image<FileSource>> {
-    let src = FileSource::open(path).with_context(|| format!("opening {}", path.display()))?;
-    Image::open(src).with_context(|| format!("{}", path.display()))
+/// An image as the read-side commands see it: through the verified block source when the
+/// image has a verity section, else (where the command allows it) the raw file.
+pub type Img = Image<Arc<dyn ByteSource>>;
+
+/// `--digest`, shared by every command that reads an image.
+#[derive(clap::Args, Clone, Default)]
+pub struct Pin {
+    /// Refuse the image unless its digest is this (`sha256:HEX`, as `verilay build` and
+    /// `fsverity digest` print it).
+    #[arg(long, value_name = "ALG:HEX")]
+    pub digest: Option<String>,
+}
+
+pub struct Opened {
+    pub img: Img,
+    /// The verified source under `img`, `None` for a plain EROFS image.
+    pub verified: Option<Arc<VerifiedSource<FileSource>>>,
+}
+
+impl Opened {
+    /// "sha256:… (pinned)", "sha256:… (not pinned)" or "none (plain EROFS image)".
+    pub fn trust(&self) -> String {
+        match &self.verified {
+            Some(v) if v.is_pinned() => format!("{} (pinned)", v.digest_string()),
+            Some(v) => format!("{} (not pinned)", v.digest_string()),
+            None => "none (plain EROFS image, not verified)".into(),
+        }
+    }
+}
+
+/// Parses `sha256:HEX` (or bare HEX) into digest bytes.
+pub fn parse_digest(s: &str) -> anyhow::Result<Vec<u8>> {
+    let (alg, hex) = s.split_once(':').unwrap_or(("sha256", s));
+    let size = match alg {
+        "sha256" => 32,
+        "sha512" => 64,
+        _ => bail!("--digest {s:?}: unknown algorithm {alg:?} (expected sha256:HEX)"),
+    };
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>();
+    match bytes {
+        Some(b) if b.len() == size && hex.len() == 2 * size => Ok(b),
+        _ => bail!(
+            "--digest {s:?}: expected {alg}: and {} hex digits",
+            2 * size
+        ),
+    }
+}
+
+/// Opens an image for reading. Images with a verity section are always read through the
+/// verified source; a plain EROFS image is accepted only when `allow_plain` (inspection
+/// commands) and never with `--digest`.
+pub fn open(path: &Path, pin: &Pin, allow_plain: bool) -> anyhow::Result<Opened> {
+    let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
+    let name = path.display();
+    let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
+    match VerifiedSource::open(src, pin_bytes.as_deref()) {
+        Ok(v) => {
+            let v = Arc::new(v);
+            let img = Image::open(v.clone() as Arc<dyn ByteSource>)
+                .with_context(|| format!("{name}"))?;
+            Ok(Opened {
+                img,
+                verified: Some(v),
+            })
+        }
+        Err(OpenError::NoSection) if allow_plain && pin_bytes.is_none() => {
+            let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
+            let img = Image::open(Arc::new(src) as Arc<dyn ByteSource>)
+                .with_context(|| format!("{name}"))?;
+            Ok(Opened {
+                img,
+                verified: None,
+            })
+        }
+        Err(OpenError::NoSection) => bail!(
+            "{name}: no verity section, so nothing can be verified (was it built by `verilay build`?)"
+        ),
+        Err(e) => bail!("{name}: {e}"),
+    }
 }
 
 /// Resolves an absolute or relative path from the root, one lookup per component
 /// (symlinks are not followed: the image's own tree is what is inspected).
-pub fn resolve(img: &Image<FileSource>, path: &str) -> anyhow::Result<Inode> {
+pub fn resolve(img: &Img, path: &str) -> anyhow::Result<Inode> {
     let mut inode = img.inode(img.root_nid())?;
     for comp in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
         if !inode.is_dir() {

@@ -10,16 +10,25 @@ pub struct Args {
     image: PathBuf,
     /// Path inside the image (absolute or relative to its root).
     path: Option<String>,
+    #[command(flatten)]
+    pin: super::image::Pin,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = open(&a.image)?;
+    let opened = open(&a.image, &a.pin, true)?;
+    let img = &opened.img;
     let v = match &a.path {
-        None => superblock(&img),
-        Some(p) => inode(&img, p)?,
+        None => {
+            let mut v = superblock(img);
+            v["digest"] = json!(opened.trust());
+            v["erofs_bytes"] = json!(img.erofs_len());
+            v["file_digests"] = json!(img.digest_table()?.map(|t| t.entries));
+            v
+        }
+        Some(p) => inode(img, p)?,
     };
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -29,7 +38,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn superblock(img: &erofs::read::Image<erofs::read::FileSource>) -> serde_json::Value {
+fn superblock(img: &super::image::Img) -> serde_json::Value {
     let sb = img.superblock();
     let uuid: String = sb
         .uuid
@@ -80,10 +89,7 @@ fn superblock(img: &erofs::read::Image<erofs::read::FileSource>) -> serde_json::
     })
 }
 
-fn inode(
-    img: &erofs::read::Image<erofs::read::FileSource>,
-    path: &str,
-) -> anyhow::Result<serde_json::Value> {
+fn inode(img: &super::image::Img, path: &str) -> anyhow::Result<serde_json::Value> {
     let ino = resolve(img, path)?;
     let info = img.layout_info(&ino);
     let layout = match ino.layout {
@@ -122,6 +128,11 @@ fn inode(
     });
     if ino.mode & S_IFMT == S_IFCHR || ino.mode & S_IFMT == S_IFBLK {
         v["rdev"] = json!(format!("{}:{}", ino.rdev.0, ino.rdev.1));
+    }
+    if ino.is_reg() {
+        v["fsverity_digest"] = json!(img
+            .file_digest(ino.nid)?
+            .map(|d| format!("sha256:{}", verity::verified::hex(&d))));
     }
     if ino.is_symlink() {
         v["target"] = json!(String::from_utf8_lossy(&img.readlink(&ino)?));

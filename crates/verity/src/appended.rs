@@ -1,0 +1,113 @@
+//! The verity section appended to a file (verilay images): the data's Merkle tree, its
+//! descriptor and a trailer that finds both, so one file carries data and proof together.
+//!
+//! ```text
+//! [0, data_size)                 the data (an EROFS image), untouched
+//! zero padding                   up to the next tree-block boundary
+//! [tree_offset, +tree_size)      the Merkle tree, top level first (`fsverity digest
+//!                                --out-merkle-tree` bytes)
+//! [descriptor_offset, +256)      the fs-verity descriptor (`--out-descriptor` bytes)
+//! [.., +64)                      the trailer; the file ends here
+//! ```
+//!
+//! The digest of the data is the hash of the descriptor, exactly `fsverity digest` of the
+//! data bytes. The trailer is not trusted: every field is cross-checked against the
+//! descriptor, whose own hash is what callers pin.
+
+use crate::{level_blocks, Descriptor, Params, Tree};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+pub const TRAILER_MAGIC: [u8; 8] = *b"VLVERITY";
+pub const TRAILER_SIZE: u64 = 64;
+pub const TRAILER_VERSION: u32 = 1;
+pub const DESCRIPTOR_SIZE: u64 = crate::descriptor::DESCRIPTOR_SIZE as u64;
+
+/// Where the parts of a section lie (all offsets absolute in the file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Section {
+    pub data_size: u64,
+    pub tree_offset: u64,
+    pub tree_size: u64,
+    pub descriptor_offset: u64,
+}
+
+impl Section {
+    /// The only layout a section for `data_size` bytes under `params` may have.
+    pub fn plan(params: &Params, data_size: u64) -> Section {
+        let bs = params.block_size as u64;
+        let tree_offset = data_size.next_multiple_of(bs);
+        let tree_size = level_blocks(params, data_size).iter().sum::<u64>() * bs;
+        Section {
+            data_size,
+            tree_offset,
+            tree_size,
+            descriptor_offset: tree_offset + tree_size,
+        }
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.descriptor_offset + DESCRIPTOR_SIZE + TRAILER_SIZE
+    }
+
+    pub fn encode_trailer(&self) -> [u8; TRAILER_SIZE as usize] {
+        let mut t = [0u8; TRAILER_SIZE as usize];
+        t[0..8].copy_from_slice(&TRAILER_MAGIC);
+        t[8..12].copy_from_slice(&TRAILER_VERSION.to_le_bytes());
+        t[16..24].copy_from_slice(&self.data_size.to_le_bytes());
+        t[24..32].copy_from_slice(&self.tree_offset.to_le_bytes());
+        t[32..40].copy_from_slice(&self.tree_size.to_le_bytes());
+        t[40..48].copy_from_slice(&self.descriptor_offset.to_le_bytes());
+        t
+    }
+
+    /// Reads the trailer at the end of a file of `file_len` bytes; `None` when there is no
+    /// trailer magic (a plain file), an error when there is one but it is inconsistent.
+    pub fn decode_trailer(t: &[u8; TRAILER_SIZE as usize]) -> Result<Option<Section>, String> {
+        if t[0..8] != TRAILER_MAGIC {
+            return Ok(None);
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(t[i..i + 8].try_into().expect("8 bytes"));
+        let version = u32::from_le_bytes(t[8..12].try_into().expect("4 bytes"));
+        if version != TRAILER_VERSION {
+            return Err(format!("verity section version {version} is not supported"));
+        }
+        if t[12..16] != [0; 4] || t[48..] != [0; 16] {
+            return Err("verity trailer has non-zero reserved bytes".into());
+        }
+        Ok(Some(Section {
+            data_size: u64_at(16),
+            tree_offset: u64_at(24),
+            tree_size: u64_at(32),
+            descriptor_offset: u64_at(40),
+        }))
+    }
+}
+
+/// Appends the section for the first `data_size` bytes of `file`, given their level-0
+/// hashes (one per tree block, as the builder computed them while writing), and returns
+/// the data's fs-verity digest.
+pub fn append(
+    file: &File,
+    params: &Params,
+    data_size: u64,
+    level0: Vec<u8>,
+) -> io::Result<Vec<u8>> {
+    let section = Section::plan(params, data_size);
+    let tree = Tree::from_level0(params, level0);
+    let tree_bytes = tree.bytes();
+    assert_eq!(
+        tree_bytes.len() as u64,
+        section.tree_size,
+        "tree size matches its plan"
+    );
+    let desc = Descriptor::new(params, data_size, &tree.root);
+    let mut tail = Vec::with_capacity((section.file_len() - section.tree_offset) as usize);
+    tail.extend_from_slice(&tree_bytes);
+    tail.extend_from_slice(&desc.bytes);
+    tail.extend_from_slice(&section.encode_trailer());
+    file.set_len(section.tree_offset)?;
+    file.write_all_at(&tail, section.tree_offset)?;
+    Ok(desc.digest(params.alg))
+}

@@ -1,0 +1,132 @@
+//! Where bytes come from.
+//!
+//! The reader never touches a file directly: it asks a [`ByteSource`] for exact ranges. Today
+//! that is a local file or a byte buffer; later it is the verified block source (Merkle tree
+//! checked) and, under that, remote object stores. Every range the reader asks for has already
+//! been bounds-checked against [`ByteSource::len`], so an implementation may treat an
+//! out-of-range request as a bug and fail it.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Random-access, read-only bytes. Shared by many reader threads, hence `Send + Sync` and
+/// `&self` everywhere.
+pub trait ByteSource: Send + Sync {
+    /// Total length in bytes.
+    fn len(&self) -> u64;
+
+    /// Fills `buf` from `offset`; fails if the range is not fully inside the source or the
+    /// underlying I/O (or verification) fails.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn out_of_range(offset: u64, len: usize, total: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("range {offset}+{len} outside source of {total} bytes"),
+    )
+}
+
+impl ByteSource for [u8] {
+    fn len(&self) -> u64 {
+        <[u8]>::len(self) as u64
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let start = usize::try_from(offset)
+            .map_err(|_| out_of_range(offset, buf.len(), self.len() as u64))?;
+        let src = start
+            .checked_add(buf.len())
+            .and_then(|end| self.get(start..end))
+            .ok_or_else(|| out_of_range(offset, buf.len(), self.len() as u64))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+impl ByteSource for Vec<u8> {
+    fn len(&self) -> u64 {
+        self.as_slice().len() as u64
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.as_slice().read_exact_at(buf, offset)
+    }
+}
+
+impl<T: ByteSource + ?Sized> ByteSource for &T {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_exact_at(buf, offset)
+    }
+}
+
+impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_exact_at(buf, offset)
+    }
+}
+
+impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_exact_at(buf, offset)
+    }
+}
+
+/// A local image file. The length is captured at open: images are immutable, and asking the
+/// kernel on every bounds check would cost a syscall per read.
+#[derive(Debug)]
+pub struct FileSource {
+    file: File,
+    len: u64,
+}
+
+impl FileSource {
+    pub fn open(path: impl AsRef<Path>) -> io::Result<FileSource> {
+        FileSource::new(File::open(path)?)
+    }
+
+    pub fn new(file: File) -> io::Result<FileSource> {
+        let len = file.metadata()?.len();
+        Ok(FileSource { file, len })
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl ByteSource for FileSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // A file that shrank under us must not turn into a short read the caller trusts.
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(out_of_range(offset, buf.len(), self.len));
+        }
+        FileExt::read_exact_at(&self.file, buf, offset)
+    }
+}

@@ -1,0 +1,377 @@
+//! The verified block source: every byte it returns has been hashed and checked against a
+//! Merkle tree whose root is pinned (or read from the section and reported unpinned).
+//!
+//! - Data blocks are hashed on every read from the underlying source. A userspace reader
+//!   cannot stop another process rewriting the file between two reads, so "verified once"
+//!   is not a property of bytes read later; caching verified data is the job of the layers
+//!   above (the page cache of a FUSE mount keeps what it was given).
+//! - Tree blocks are verified once and kept: the set of filled `OnceLock`s is the
+//!   verified-block bitmap, and each miss verifies only the path up to the first verified
+//!   ancestor (or the root).
+//! - Readahead: a large read fetches every level-0 tree block covering it, plus the same
+//!   span again beyond it (the next read of a sequential stream), in one I/O; large reads
+//!   are hashed on all cores.
+//!
+//! A block that fails its hash is never returned: the read fails with an
+//! [`IntegrityError`] (as `io::ErrorKind::InvalidData`) naming the byte offset.
+
+use crate::appended::{Section, TRAILER_SIZE};
+use crate::descriptor::{Descriptor, DESCRIPTOR_SIZE};
+use crate::source::ByteSource;
+use crate::{level_blocks, Params};
+use rayon::prelude::*;
+use std::io;
+use std::sync::OnceLock;
+
+/// Reads of at least this many bytes are hashed on several threads.
+const PARALLEL_BYTES: usize = 256 << 10;
+/// Reads of at least this many blocks trigger tree readahead.
+const READAHEAD_MIN_BLOCKS: u64 = 8;
+
+/// A block whose hash does not match the tree.
+#[derive(Debug, thiserror::Error)]
+#[error("integrity error: {what} at byte {offset} fails its hash")]
+pub struct IntegrityError {
+    /// Offset of the failing block in the underlying file.
+    pub offset: u64,
+    /// Which kind of block: "data block", "Merkle tree block (level N)".
+    pub what: String,
+    /// True for a data block (then `offset` is also the offset in the verified data).
+    pub data: bool,
+}
+
+impl IntegrityError {
+    /// The integrity error inside an `io::Error`, if that is what it carries.
+    pub fn find(e: &io::Error) -> Option<&IntegrityError> {
+        e.get_ref()?.downcast_ref::<IntegrityError>()
+    }
+}
+
+/// Why a verified source could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("no verity section (the file does not end in a verilay trailer)")]
+    NoSection,
+    #[error("{0}")]
+    Bad(String),
+    #[error("image digest is {found}, not the pinned {pinned}")]
+    PinMismatch { found: String, pinned: String },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+struct Level {
+    /// Absolute offset of the level's first block in the underlying source.
+    offset: u64,
+    blocks: Vec<OnceLock<Box<[u8]>>>,
+}
+
+pub struct VerifiedSource<S> {
+    inner: S,
+    params: Params,
+    salt: Vec<u8>,
+    section: Section,
+    root: Vec<u8>,
+    digest: Vec<u8>,
+    pinned: bool,
+    /// Level 0 (hashes of data blocks) first; empty when the data is one block or none.
+    levels: Vec<Level>,
+    readahead: bool,
+}
+
+impl<S: ByteSource> VerifiedSource<S> {
+    /// Opens the section at the end of `inner`. With `pin`, the descriptor's hash must equal
+    /// it before anything is read; without, the stored descriptor is believed (and
+    /// [`Self::is_pinned`] says so).
+    pub fn open(inner: S, pin: Option<&[u8]>) -> Result<Self, OpenError> {
+        let len = inner.len();
+        if len < TRAILER_SIZE + DESCRIPTOR_SIZE as u64 {
+            return Err(OpenError::NoSection);
+        }
+        let mut t = [0u8; TRAILER_SIZE as usize];
+        inner.read_exact_at(&mut t, len - TRAILER_SIZE)?;
+        let section = Section::decode_trailer(&t)
+            .map_err(OpenError::Bad)?
+            .ok_or(OpenError::NoSection)?;
+        let mut d = [0u8; DESCRIPTOR_SIZE];
+        if section
+            .descriptor_offset
+            .checked_add(DESCRIPTOR_SIZE as u64 + TRAILER_SIZE)
+            != Some(len)
+        {
+            return Err(OpenError::Bad(format!(
+                "verity trailer puts the descriptor at byte {} in a file of {len} bytes",
+                section.descriptor_offset
+            )));
+        }
+        inner.read_exact_at(&mut d, section.descriptor_offset)?;
+        let parsed = Descriptor::parse(&d).map_err(|e| OpenError::Bad(e.to_string()))?;
+        let digest = Descriptor { bytes: d }.digest(parsed.params.alg);
+        if let Some(pin) = pin {
+            if pin != digest.as_slice() {
+                return Err(OpenError::PinMismatch {
+                    found: format!("{}:{}", parsed.params.alg.name(), hex(&digest)),
+                    pinned: format!("{}:{}", parsed.params.alg.name(), hex(pin)),
+                });
+            }
+        }
+        let expect = Section::plan(&parsed.params, parsed.data_size);
+        if expect != section {
+            return Err(OpenError::Bad(format!(
+                "verity trailer {section:?} does not match the descriptor's layout {expect:?}"
+            )));
+        }
+        let bs = parsed.params.block_size as u64;
+        let mut levels = Vec::new();
+        let sizes = level_blocks(&parsed.params, parsed.data_size);
+        // Stored top level first: level i starts after every level above it.
+        let mut offset = section.tree_offset + sizes.iter().sum::<u64>() * bs;
+        for &n in &sizes {
+            offset -= n * bs;
+            levels.push(Level {
+                offset,
+                blocks: (0..n).map(|_| OnceLock::new()).collect(),
+            });
+        }
+        Ok(VerifiedSource {
+            inner,
+            salt: parsed.params.padded_salt(),
+            params: parsed.params,
+            section,
+            root: parsed.root,
+            digest,
+            pinned: pin.is_some(),
+            levels,
+            readahead: true,
+        })
+    }
+
+    /// Turns tree readahead off (each tree block is then read when first needed), for
+    /// measuring what readahead buys.
+    pub fn set_readahead(&mut self, on: bool) {
+        self.readahead = on;
+    }
+
+    /// The fs-verity digest of the data, as `fsverity digest` prints it after `alg:`.
+    pub fn digest(&self) -> &[u8] {
+        &self.digest
+    }
+
+    pub fn digest_string(&self) -> String {
+        format!("{}:{}", self.params.alg.name(), hex(&self.digest))
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
+    pub fn section(&self) -> &Section {
+        &self.section
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn bs(&self) -> u64 {
+        self.params.block_size as u64
+    }
+
+    fn per_block(&self) -> u64 {
+        self.bs() / self.params.alg.digest_size() as u64
+    }
+
+    fn integrity(&self, offset: u64, what: String, data: bool) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            IntegrityError { offset, what, data },
+        )
+    }
+
+    /// The verified tree block `index` of `level`, reading (and verifying) it on a miss.
+    fn tree_block(&self, level: usize, index: u64) -> io::Result<&[u8]> {
+        let slot = &self.levels[level].blocks[index as usize];
+        if let Some(b) = slot.get() {
+            return Ok(b);
+        }
+        let mut b = vec![0u8; self.bs() as usize];
+        self.inner
+            .read_exact_at(&mut b, self.levels[level].offset + index * self.bs())?;
+        self.install(level, index, b)
+    }
+
+    /// Verifies a tree block against its parent's hash (or the root) and keeps it.
+    fn install(&self, level: usize, index: u64, block: Vec<u8>) -> io::Result<&[u8]> {
+        let slot = &self.levels[level].blocks[index as usize];
+        if let Some(b) = slot.get() {
+            return Ok(b); // another thread got there first
+        }
+        let ds = self.params.alg.digest_size();
+        let expected: &[u8] = if level + 1 == self.levels.len() {
+            &self.root
+        } else {
+            let parent = self.tree_block(level + 1, index / self.per_block())?;
+            let at = (index % self.per_block()) as usize * ds;
+            &parent[at..at + ds]
+        };
+        let mut got = [0u8; 64];
+        self.params
+            .alg
+            .hash_into(&self.salt, &block, &mut got[..ds]);
+        if got[..ds] != *expected {
+            return Err(self.integrity(
+                self.levels[level].offset + index * self.bs(),
+                format!("Merkle tree block (level {level})"),
+                false,
+            ));
+        }
+        Ok(slot.get_or_init(|| block.into_boxed_slice()))
+    }
+
+    /// Makes sure the level-0 tree blocks covering data blocks `first..=last` are verified,
+    /// fetching the missing ones in one read when readahead is on.
+    fn fetch_level0(&self, first: u64, last: u64) -> io::Result<()> {
+        if self.levels.is_empty() {
+            return Ok(());
+        }
+        let per = self.per_block();
+        let level0 = &self.levels[0];
+        let a = first / per;
+        let mut b = last / per;
+        if !self.readahead {
+            for i in a..=b {
+                self.tree_block(0, i)?;
+            }
+            return Ok(());
+        }
+        if last - first + 1 >= READAHEAD_MIN_BLOCKS {
+            // The span again, ahead: a sequential reader's next request.
+            let ahead = (last + (last - first + 1)) / per;
+            b = ahead.min(level0.blocks.len() as u64 - 1);
+        }
+        let missing = |i: &u64| level0.blocks[*i as usize].get().is_none();
+        let Some(m0) = (a..=b).find(missing) else {
+            return Ok(());
+        };
+        let m1 = (a..=b).rev().find(missing).expect("m0 is missing");
+        let bs = self.bs() as usize;
+        let mut buf = vec![0u8; (m1 - m0 + 1) as usize * bs];
+        self.inner
+            .read_exact_at(&mut buf, level0.offset + m0 * bs as u64)?;
+        for (k, chunk) in buf.chunks(bs).enumerate() {
+            let i = m0 + k as u64;
+            if missing(&i) {
+                // A bad block beyond the requested span must not fail this read.
+                match self.install(0, i, chunk.to_vec()) {
+                    Ok(_) => {}
+                    Err(e) if i > last / per => drop(e),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The expected hash of data block `index`.
+    fn expected(&self, index: u64) -> io::Result<&[u8]> {
+        let ds = self.params.alg.digest_size();
+        if self.levels.is_empty() {
+            return Ok(&self.root);
+        }
+        let b = self.tree_block(0, index / self.per_block())?;
+        let at = (index % self.per_block()) as usize * ds;
+        Ok(&b[at..at + ds])
+    }
+
+    fn check_block(&self, index: u64, data: &[u8]) -> io::Result<()> {
+        let ds = self.params.alg.digest_size();
+        let mut got = [0u8; 64];
+        crate::hash_blocks(&self.params, &self.salt, data, &mut got[..ds]);
+        if got[..ds] != *self.expected(index)? {
+            return Err(self.integrity(index * self.bs(), "data block".into(), true));
+        }
+        Ok(())
+    }
+
+    /// Reads and verifies whole blocks `first..=last` into `span` (which holds exactly
+    /// those bytes, the last block possibly short).
+    fn read_blocks(&self, span: &mut [u8], first: u64, last: u64) -> io::Result<()> {
+        self.inner.read_exact_at(span, first * self.bs())?;
+        self.fetch_level0(first, last)?;
+        let bs = self.bs() as usize;
+        if span.len() >= PARALLEL_BYTES {
+            span.par_chunks(bs)
+                .enumerate()
+                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))
+        } else {
+            span.chunks(bs)
+                .enumerate()
+                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))
+        }
+    }
+
+    /// Verifies every data and tree block, in order, calling `progress` with the bytes done.
+    pub fn verify_all(&self, progress: &dyn Fn(u64)) -> io::Result<()> {
+        const CHUNK: u64 = 8 << 20;
+        let mut buf = vec![0u8; CHUNK as usize];
+        let mut at = 0;
+        while at < self.section.data_size {
+            let n = CHUNK.min(self.section.data_size - at);
+            self.read_exact_at(&mut buf[..n as usize], at)?;
+            at += n;
+            progress(n);
+        }
+        Ok(())
+    }
+}
+
+impl<S: ByteSource> ByteSource for VerifiedSource<S> {
+    fn len(&self) -> u64 {
+        self.section.data_size
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.section.data_size)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "range {offset}+{} outside verified data of {} bytes",
+                        buf.len(),
+                        self.section.data_size
+                    ),
+                )
+            })?;
+        let bs = self.bs();
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        let span_start = first * bs;
+        let span_end = ((last + 1) * bs).min(self.section.data_size);
+        if offset == span_start && end == span_end {
+            // Block-aligned: verify in place, and never leave unverified bytes behind.
+            let r = self.read_blocks(buf, first, last);
+            if r.is_err() {
+                buf.fill(0);
+            }
+            return r;
+        }
+        let mut span = vec![0u8; (span_end - span_start) as usize];
+        self.read_blocks(&mut span, first, last)?;
+        let from = (offset - span_start) as usize;
+        buf.copy_from_slice(&span[from..from + buf.len()]);
+        Ok(())
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
