@@ -5,12 +5,16 @@
 //! Merkle tree), `descriptor` (the 256-byte descriptor whose hash is the file digest).
 
 pub mod alg;
+pub mod appended;
 pub mod descriptor;
+pub mod source;
 pub mod tree;
+pub mod verified;
 
 pub use alg::HashAlg;
 pub use descriptor::Descriptor;
 pub use tree::{hash_blocks, level_blocks, Params, Tree};
+pub use verified::{IntegrityError, OpenError, VerifiedSource};
 
 /// Computes a file's fs-verity digest and tree from a reader of exactly `size` bytes.
 pub fn digest_reader<R: std::io::Read>(
