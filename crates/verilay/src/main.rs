@@ -35,7 +35,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build an EROFS image of a directory.
+    /// Build a sealed EROFS image of a directory and print its digest.
     Build(Box<cmd::build::Args>),
     /// Print fs-verity file digests, as `fsverity digest` does.
     Digest(cmd::digest::Args),
@@ -45,6 +45,10 @@ enum Command {
     Fsck(cmd::fsck::Args),
     /// Write an image's tree back out to a directory.
     Extract(cmd::extract::Args),
+    /// Check every block of an image against its Merkle tree (and a pinned digest).
+    Verify(cmd::verify::Args),
+    /// Print files from an image, verified.
+    Cat(cmd::cat::Args),
 }
 
 fn main() {
@@ -55,6 +59,8 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Extract(a) => cmd::extract::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Cat(a) => cmd::cat::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -292,7 +292,7 @@ impl<S: ByteSource> VerifiedSource<S> {
         let mut got = [0u8; 64];
         crate::hash_blocks(&self.params, &self.salt, data, &mut got[..ds]);
         if got[..ds] != *self.expected(index)? {
-            return Err(self.integrity(index * self.bs(), "data block".into(), true));
+            return Err(self.integrity(index * self.bs(), "block".into(), true));
         }
         Ok(())
     }

@@ -8,31 +8,30 @@ use crate::format;
 use std::collections::{HashSet, VecDeque};
 
 impl<S: ByteSource> Image<S> {
-    /// What the byte at `offset` belongs to, as a phrase ("the superblock", "data of /a/b").
-    pub fn owner_of(&self, offset: u64) -> String {
+    /// Everything stored in `[offset, offset + len)`, as phrases ("the superblock",
+    /// "the data of /a/b"), in image order of discovery; at most `max` of them.
+    pub fn owners(&self, offset: u64, len: u64, max: usize) -> Vec<String> {
+        let end = offset.saturating_add(len);
+        let overlaps = |at: u64, n: u64| at < end && offset < at.saturating_add(n);
+        let mut out = Vec::new();
         let sb = format::SUPER_OFFSET;
-        if (sb..sb + format::SUPER_SIZE as u64).contains(&offset) {
-            return "the superblock".into();
-        }
-        if offset >= self.erofs_len() {
-            return "bytes past the EROFS image".into();
+        if overlaps(sb, format::SUPER_SIZE as u64) {
+            out.push("the superblock".to_string());
         }
         if let Ok(Some(t)) = self.digest_table() {
-            if offset >= t.table_offset {
-                return "the file digest table".into();
+            if end > t.table_offset {
+                out.push("the file digest table".into());
             }
         }
-        self.walk_for(offset).unwrap_or_else(|| {
-            if offset < sb {
-                "the unused head of block 0".into()
-            } else {
-                "no file (shared xattrs, long xattr prefixes or padding)".into()
-            }
-        })
+        self.walk(&overlaps, max, &mut out);
+        if out.is_empty() {
+            out.push("no file (shared xattrs, long xattr prefixes or padding)".into());
+        }
+        out
     }
 
     /// Breadth-first over the tree, skipping what cannot be read, bounded by the inode count.
-    fn walk_for(&self, offset: u64) -> Option<String> {
+    fn walk(&self, overlaps: &dyn Fn(u64, u64) -> bool, max: usize, out: &mut Vec<String>) {
         let bs = u64::from(self.block_size());
         let mut queue = VecDeque::from([(self.root_nid(), b"/".to_vec())]);
         let mut seen = HashSet::new();
@@ -41,26 +40,28 @@ impl<S: ByteSource> Image<S> {
             if !seen.insert(nid) || seen.len() as u64 > budget {
                 continue;
             }
+            if out.len() >= max {
+                return;
+            }
             let name = String::from_utf8_lossy(&path).into_owned();
             let Ok(inode) = self.inode(nid) else {
                 continue;
             };
             let li = self.layout_info(&inode);
-            let within = |at: u64, len: u64| at <= offset && offset - at < len;
-            if within(li.inode_offset, li.inode_size) {
-                return Some(format!("the inode of {name}"));
+            if overlaps(li.inode_offset, li.inode_size) {
+                out.push(format!("the inode of {name}"));
             }
-            if within(li.xattr_offset, li.xattr_size) {
-                return Some(format!("the xattrs of {name}"));
+            if li.xattr_size > 0 && overlaps(li.xattr_offset, li.xattr_size) {
+                out.push(format!("the xattrs of {name}"));
             }
             if let Some((at, len)) = li.tail {
-                if within(at, len) {
-                    return Some(format!("the inline tail of {name}"));
+                if overlaps(at, len) {
+                    out.push(format!("the inline tail of {name}"));
                 }
             }
             if let Some((at, entry)) = li.chunk_index {
-                if within(at, li.chunk_count.saturating_mul(entry)) {
-                    return Some(format!("the chunk index of {name}"));
+                if overlaps(at, li.chunk_count.saturating_mul(entry)) {
+                    out.push(format!("the chunk index of {name}"));
                 }
             }
             let what = if inode.is_dir() {
@@ -77,14 +78,10 @@ impl<S: ByteSource> Image<S> {
                     break;
                 }
                 if let Some(p) = e.physical {
-                    // Whole blocks own their zero padding; an inline tail owns only itself.
-                    let span = if p % bs == 0 {
-                        e.len.next_multiple_of(bs)
-                    } else {
-                        e.len
-                    };
-                    if within(p, span) {
-                        return Some(format!("{what} {name}"));
+                    // Whole blocks own their zero padding; an inline tail was named above.
+                    if p % bs == 0 && overlaps(p, e.len.next_multiple_of(bs)) {
+                        out.push(format!("{what} {name}"));
+                        break;
                     }
                 }
                 pos = e.logical + e.len;
@@ -106,6 +103,5 @@ impl<S: ByteSource> Image<S> {
                 }
             }
         }
-        None
     }
 }

@@ -45,8 +45,8 @@ pub enum Error {
     #[error("unsupported at byte {offset}: {what}")]
     Unsupported { offset: u64, what: String },
     /// The byte source failed (including, later, a block that fails verification).
-    #[error("I/O error reading image byte {offset}: {source}")]
-    Io { offset: u64, source: io::Error },
+    #[error("I/O error reading image byte {offset}: {err}")]
+    Io { offset: u64, err: io::Error },
     #[error("inode {nid} at byte {offset} is not a directory")]
     NotADirectory { nid: u64, offset: u64 },
     #[error("inode {nid} at byte {offset} is not a symlink")]
@@ -63,7 +63,7 @@ impl Error {
             // EFSCORRUPTED is EUCLEAN on Linux.
             Error::Corrupt { .. } => Errno::UCLEAN.raw_os_error(),
             Error::Unsupported { .. } => Errno::OPNOTSUPP.raw_os_error(),
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(Errno::IO.raw_os_error()),
+            Error::Io { err, .. } => err.raw_os_error().unwrap_or(Errno::IO.raw_os_error()),
             Error::NotADirectory { .. } => Errno::NOTDIR.raw_os_error(),
             Error::NotASymlink { .. } => Errno::INVAL.raw_os_error(),
         }

@@ -39,6 +39,16 @@ impl<S: ByteSource> Image<S> {
     /// Validates the superblock like the kernel does at mount (§1.5 of the reference), parses
     /// the long prefix table and checks that the root is a directory.
     pub fn open(src: S) -> Result<Self> {
+        Self::open_inner(src, true)
+    }
+
+    /// Like [`Image::open`] but without the superblock checksum, which covers all of block
+    /// 0: for diagnosing an image known to be damaged (naming what a bad block held).
+    pub fn open_for_diagnosis(src: S) -> Result<Self> {
+        Self::open_inner(src, false)
+    }
+
+    fn open_inner(src: S, checksum: bool) -> Result<Self> {
         let len = src.len();
         let sb_off = format::SUPER_OFFSET;
         let mut raw = [0u8; format::SUPER_SIZE];
@@ -49,9 +59,9 @@ impl<S: ByteSource> Image<S> {
             );
         }
         src.read_exact_at(&mut raw, sb_off)
-            .map_err(|source| Error::Io {
+            .map_err(|err| Error::Io {
                 offset: sb_off,
-                source,
+                err,
             })?;
         let (magic, sb) = Superblock::decode(&raw);
         if magic != format::MAGIC {
@@ -104,7 +114,7 @@ impl<S: ByteSource> Image<S> {
         }
         let blkbits = u32::from(sb.blkszbits);
         let bs = 1u64 << blkbits;
-        if sb.feature_compat & format::FEATURE_COMPAT_SB_CHKSUM != 0 {
+        if checksum && sb.feature_compat & format::FEATURE_COMPAT_SB_CHKSUM != 0 {
             check_sb_checksum(&src, len, &sb, bs)?;
         }
         // u32 << 16 cannot overflow u64.
@@ -185,7 +195,7 @@ impl<S: ByteSource> Image<S> {
         }
         self.src
             .read_exact_at(buf, offset)
-            .map_err(|source| Error::Io { offset, source })
+            .map_err(|err| Error::Io { offset, err })
     }
 
     /// Checks that `[offset, offset + len)` lies inside the image.
@@ -261,7 +271,7 @@ fn check_sb_checksum<S: ByteSource>(src: &S, len: u64, sb: &Superblock, bs: u64)
     }
     let mut first = vec![0u8; end as usize];
     src.read_exact_at(&mut first, 0)
-        .map_err(|source| Error::Io { offset: 0, source })?;
+        .map_err(|err| Error::Io { offset: 0, err })?;
     match format::superblock_checksum(&first, bs as usize) {
         Some(crc) if crc == sb.checksum => Ok(()),
         Some(crc) => corrupt(

@@ -64,11 +64,22 @@ pub fn parse_digest(s: &str) -> anyhow::Result<Vec<u8>> {
 /// verified source; a plain EROFS image is accepted only when `allow_plain` (inspection
 /// commands) and never with `--digest`.
 pub fn open(path: &Path, pin: &Pin, allow_plain: bool) -> anyhow::Result<Opened> {
+    open_with(path, pin, allow_plain, true)
+}
+
+/// [`open`], choosing whether the verified source reads the Merkle tree ahead.
+pub fn open_with(
+    path: &Path,
+    pin: &Pin,
+    allow_plain: bool,
+    readahead: bool,
+) -> anyhow::Result<Opened> {
     let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
     let name = path.display();
     let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
     match VerifiedSource::open(src, pin_bytes.as_deref()) {
-        Ok(v) => {
+        Ok(mut v) => {
+            v.set_readahead(readahead);
             let v = Arc::new(v);
             let img = Image::open(v.clone() as Arc<dyn ByteSource>)
                 .with_context(|| format!("{name}"))?;
@@ -86,6 +97,21 @@ pub fn open(path: &Path, pin: &Pin, allow_plain: bool) -> anyhow::Result<Opened>
                 verified: None,
             })
         }
+        Err(OpenError::NoSection) => bail!(
+            "{name}: no verity section, so nothing can be verified (was it built by `verilay build`?)"
+        ),
+        Err(e) => bail!("{name}: {e}"),
+    }
+}
+
+/// The verified source alone, without parsing the EROFS image on top (for `verify`, which
+/// must be able to name a bad superblock rather than fail to open it).
+pub fn open_verified(path: &Path, pin: &Pin) -> anyhow::Result<VerifiedSource<FileSource>> {
+    let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
+    let name = path.display();
+    let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
+    match VerifiedSource::open(src, pin_bytes.as_deref()) {
+        Ok(v) => Ok(v),
         Err(OpenError::NoSection) => bail!(
             "{name}: no verity section, so nothing can be verified (was it built by `verilay build`?)"
         ),

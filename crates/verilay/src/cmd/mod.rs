@@ -1,6 +1,8 @@
 pub mod build;
+pub mod cat;
 pub mod digest;
 pub mod extract;
 pub mod fsck;
 mod image;
 pub mod inspect;
+pub mod verify;
