@@ -115,6 +115,13 @@ impl<S: ByteSource> VerifiedSource<S> {
                 });
             }
         }
+        // Bounded by the file before any arithmetic or allocation depends on it.
+        if parsed.data_size >= len {
+            return Err(OpenError::Bad(format!(
+                "fs-verity descriptor: data size {} does not fit a file of {len} bytes",
+                parsed.data_size
+            )));
+        }
         let expect = Section::plan(&parsed.params, parsed.data_size);
         if expect != section {
             return Err(OpenError::Bad(format!(

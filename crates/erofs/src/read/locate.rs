@@ -45,6 +45,11 @@ impl<S: ByteSource> Image<S> {
             }
             let name = String::from_utf8_lossy(&path).into_owned();
             let Ok(inode) = self.inode(nid) else {
+                // The damage may be in this very inode: its first slot is still its own.
+                let at = self.meta_base.saturating_add(nid.saturating_mul(32));
+                if overlaps(at, 32) {
+                    out.push(format!("the inode of {name}"));
+                }
                 continue;
             };
             let li = self.layout_info(&inode);

@@ -62,11 +62,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             let Some(bad) = IntegrityError::find(&e) else {
                 anyhow::bail!("{name}: {e}");
             };
-            let owner = if bad.data {
+            let held = if bad.data {
                 owners(&a.image, bad.offset, v.params().block_size as u64)
             } else {
-                "the verity section's Merkle tree".into()
+                vec!["the verity section's Merkle tree".to_string()]
             };
+            const SHOW: usize = 4;
+            let mut owner = held[..held.len().min(SHOW)].join(", ");
+            if held.len() > SHOW {
+                owner.push_str(&format!(" and {} more", held.len() - SHOW));
+            }
             if a.json {
                 outln!(
                     "{}",
@@ -75,7 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                         "ok": false,
                         "offset": bad.offset,
                         "what": bad.what,
-                        "owner": owner,
+                        "holds": held,
                         "digest": v.digest_string(),
                         "pinned": v.is_pinned(),
                     })
@@ -88,17 +93,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Names what a bad block held by walking the raw image (the only way left to read it):
-/// "the data of /a", or "the superblock, the inode of /, ... and 3 more".
-fn owners(path: &std::path::Path, offset: u64, len: u64) -> String {
-    const SHOW: usize = 4;
-    let found = match FileSource::open(path).map(Image::open_for_diagnosis) {
-        Ok(Ok(img)) => img.owners(offset, len, SHOW + 1),
+/// "the data of /a", or "the superblock", "the inode of /", ...
+fn owners(path: &std::path::Path, offset: u64, len: u64) -> Vec<String> {
+    match FileSource::open(path).map(Image::open_for_diagnosis) {
+        Ok(Ok(img)) => img.owners(offset, len, 4096),
         _ if offset < 1024 + 128 => vec!["the superblock".to_string()],
         _ => vec!["metadata (the image cannot be walked)".to_string()],
-    };
-    let mut s = found[..found.len().min(SHOW)].join(", ");
-    if found.len() > SHOW {
-        s.push_str(" and more");
     }
-    s
 }
