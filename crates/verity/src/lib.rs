@@ -26,3 +26,15 @@ pub fn digest_reader<R: std::io::Read>(
     let desc = Descriptor::new(params, size, &tree.root);
     Ok((desc.digest(params.alg), tree))
 }
+
+/// Computes a file's fs-verity digest and tree from its first `size` bytes (its length),
+/// read with `pread` by several threads at once: faster than [`digest_reader`].
+pub fn digest_file(
+    params: &Params,
+    file: &std::fs::File,
+    size: u64,
+) -> std::io::Result<(Vec<u8>, Tree)> {
+    let tree = Tree::build_file(params, file, size)?;
+    let desc = Descriptor::new(params, size, &tree.root);
+    Ok((desc.digest(params.alg), tree))
+}

@@ -1,8 +1,29 @@
 //! Building the Merkle tree: data blocks hashed with the padded salt, level after level,
 //! until one block remains; its hash is the root.
+//!
+//! Level 0 (one hash per data block) is nearly all the work. Inputs of [`PAR_MIN`] bytes
+//! or more are hashed on rayon's threads, streaming: the data passes through buffers of
+//! [`CHUNK`] bytes per thread and is never held whole. From a [`File`], every thread
+//! `pread`s its own chunk and hashes it; from a [`Read`]er, the calling thread reads
+//! chunk after chunk while rayon's threads hash the ones before. Smaller inputs are
+//! hashed on the calling thread. The levels themselves are kept in memory.
 
 use crate::HashAlg;
+use rayon::prelude::*;
+use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
+
+/// Inputs (and upper levels) smaller than this are hashed on the calling thread, without
+/// handing anything to rayon.
+pub const PAR_MIN: u64 = 1 << 20;
+/// Data read at a time per thread, rounded up to whole blocks: small enough that what
+/// was just read is still in the core's cache when it is hashed.
+pub const CHUNK: usize = 1 << 20;
+/// Bytes per rayon task when a buffer already in memory is hashed in parallel.
+const TASK: usize = 256 << 10;
 
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -73,6 +94,184 @@ pub fn level_blocks(params: &Params, data_size: u64) -> Vec<u64> {
     out
 }
 
+/// How level 0 and the upper levels are cut up for threads. The constants in production;
+/// the tests shrink them to put chunk and batch boundaries at small sizes.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Bytes read at a time by one thread (a multiple of the block size).
+    chunk: usize,
+    /// Inputs and levels below this many bytes stay on the calling thread.
+    par_min: u64,
+    /// Threads to plan for; `None`: rayon's (asked only when going parallel, so small
+    /// inputs never start rayon's thread pool).
+    threads: Option<usize>,
+    /// Bytes per task when hashing a buffer in parallel (a multiple of the block size).
+    task: usize,
+}
+
+impl Plan {
+    fn new(params: &Params) -> Plan {
+        Plan {
+            chunk: CHUNK,
+            par_min: PAR_MIN,
+            threads: None,
+            task: TASK,
+        }
+        .fit(params)
+    }
+
+    /// Rounds the chunk and task sizes up to whole blocks.
+    fn fit(mut self, params: &Params) -> Plan {
+        let bs = params.block_size as usize;
+        self.chunk = self.chunk.max(1).next_multiple_of(bs);
+        self.task = self.task.max(1).next_multiple_of(bs);
+        self
+    }
+
+    /// Threads to use for `bytes` of input: 1 below `par_min`.
+    fn threads_for(&self, bytes: u64) -> usize {
+        if bytes < self.par_min {
+            return 1;
+        }
+        self.threads
+            .unwrap_or_else(rayon::current_num_threads)
+            .max(1)
+    }
+}
+
+/// Like [`hash_blocks`], with the blocks spread over rayon's threads.
+fn hash_blocks_par(params: &Params, salt: &[u8], data: &[u8], out: &mut [u8], task: usize) {
+    let per_task = task / params.block_size as usize * params.alg.digest_size();
+    data.par_chunks(task)
+        .zip(out.par_chunks_mut(per_task))
+        .for_each(|(d, o)| hash_blocks(params, salt, d, o));
+}
+
+/// Level 0 on the calling thread: `read(offset, buf)` fills `buf` with the data at
+/// `offset`; offsets come in order, one chunk at a time.
+fn level0_sequential(
+    params: &Params,
+    salt: &[u8],
+    size: u64,
+    chunk: usize,
+    mut read: impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<Vec<u8>> {
+    let bs = params.block_size as usize;
+    let ds = params.alg.digest_size();
+    let mut level = vec![0u8; size.div_ceil(bs as u64) as usize * ds];
+    let mut buf = vec![0u8; size.min(chunk as u64) as usize];
+    let mut offset = 0u64;
+    for out in level.chunks_mut(chunk / bs * ds) {
+        let n = (size - offset).min(chunk as u64) as usize;
+        read(offset, &mut buf[..n])?;
+        hash_blocks(params, salt, &buf[..n], out);
+        offset += n as u64;
+    }
+    Ok(level)
+}
+
+/// Level 0 from a reader on `threads` threads: this thread reads chunk after chunk and
+/// hands each to rayon to hash, so reading overlaps hashing; at most `threads + 1`
+/// chunks are in memory (one being read, the others being hashed).
+fn level0_reader_parallel<R: Read>(
+    params: &Params,
+    salt: &[u8],
+    reader: &mut R,
+    size: u64,
+    plan: &Plan,
+    threads: usize,
+) -> io::Result<Vec<u8>> {
+    let bs = params.block_size as usize;
+    let ds = params.alg.digest_size();
+    let chunk = plan.chunk;
+    let mut level = vec![0u8; size.div_ceil(bs as u64) as usize * ds];
+    let (hashed, free) = mpsc::channel();
+    let mut unallocated = threads + 1;
+    let mut offset = 0u64;
+    rayon::in_place_scope(|s| {
+        for out in level.chunks_mut(chunk / bs * ds) {
+            let mut buf = if unallocated > 0 {
+                unallocated -= 1;
+                Vec::new()
+            } else {
+                next_free(&free)
+            };
+            buf.resize((size - offset).min(chunk as u64) as usize, 0);
+            reader.read_exact(&mut buf)?;
+            offset += buf.len() as u64;
+            let back = GiveBack(Some(buf), hashed.clone());
+            s.spawn(move |_| hash_blocks(params, salt, back.0.as_deref().unwrap(), out));
+        }
+        Ok::<(), io::Error>(())
+    })?;
+    Ok(level)
+}
+
+/// A chunk buffer on its way through hashing: sent back to the reader when dropped,
+/// even if the hashing panicked (the panic then surfaces at the end of the scope).
+struct GiveBack(Option<Vec<u8>>, mpsc::Sender<Vec<u8>>);
+
+impl Drop for GiveBack {
+    fn drop(&mut self) {
+        if let Some(buf) = self.0.take() {
+            // The receiver is gone only if the reader already returned with an error.
+            let _ = self.1.send(buf);
+        }
+    }
+}
+
+/// The next buffer back from hashing. On a rayon thread, run other jobs (likely the
+/// hashing itself) while waiting: blocking there could leave the pool with no thread.
+fn next_free(free: &mpsc::Receiver<Vec<u8>>) -> Vec<u8> {
+    if rayon::current_thread_index().is_none() {
+        return free.recv().expect("the reader holds a sender");
+    }
+    loop {
+        if let Ok(buf) = free.try_recv() {
+            return buf;
+        }
+        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            // Nothing to run here: the chunks are being hashed on other threads.
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Level 0 from a file on `threads` threads: each takes the next chunk, `pread`s it into
+/// its own buffer and hashes it.
+fn level0_file_parallel(
+    params: &Params,
+    salt: &[u8],
+    file: &File,
+    size: u64,
+    plan: &Plan,
+    threads: usize,
+) -> io::Result<Vec<u8>> {
+    let bs = params.block_size as usize;
+    let ds = params.alg.digest_size();
+    let chunk = plan.chunk;
+    let mut level = vec![0u8; size.div_ceil(bs as u64) as usize * ds];
+    let jobs = Mutex::new(level.chunks_mut(chunk / bs * ds).enumerate());
+    let failed = AtomicBool::new(false);
+    (0..threads).into_par_iter().try_for_each(|_| {
+        let mut buf = Vec::new();
+        while !failed.load(Ordering::Relaxed) {
+            let Some((i, out)) = jobs.lock().unwrap().next() else {
+                break;
+            };
+            let offset = i as u64 * chunk as u64;
+            buf.resize((size - offset).min(chunk as u64) as usize, 0);
+            if let Err(e) = file.read_exact_at(&mut buf, offset) {
+                failed.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+            hash_blocks(params, salt, &buf, out);
+        }
+        Ok(())
+    })?;
+    Ok(level)
+}
+
 pub struct Tree {
     pub root: Vec<u8>,
     /// Levels from level 0 (just above the data) up to the single top block.
@@ -80,26 +279,55 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Reads exactly `size` bytes (never holding more than one block of data).
-    pub fn build<R: Read>(params: &Params, mut reader: R, size: u64) -> io::Result<Tree> {
-        let bs = params.block_size as usize;
-        let ds = params.alg.digest_size();
+    /// Reads exactly `size` bytes, streaming: at most one [`CHUNK`] per thread, plus
+    /// one, is held at a time. Large inputs are hashed on rayon's threads while this
+    /// thread reads on.
+    pub fn build<R: Read>(params: &Params, reader: R, size: u64) -> io::Result<Tree> {
+        Tree::build_with(params, reader, size, &Plan::new(params))
+    }
+
+    fn build_with<R: Read>(
+        params: &Params,
+        mut reader: R,
+        size: u64,
+        plan: &Plan,
+    ) -> io::Result<Tree> {
         let salt = params.padded_salt();
-        // Level 0: one hash per data block, the last block zero-padded.
-        let blocks = size.div_ceil(bs as u64);
-        let mut level = vec![0u8; blocks as usize * ds];
-        let mut block = vec![0u8; bs];
-        for i in 0..blocks as usize {
-            let n = (size - i as u64 * bs as u64).min(bs as u64) as usize;
-            reader.read_exact(&mut block[..n])?;
-            hash_blocks(params, &salt, &block[..n], &mut level[i * ds..(i + 1) * ds]);
-        }
-        Ok(Tree::from_level0(params, level))
+        let level0 = match plan.threads_for(size) {
+            1 => level0_sequential(params, &salt, size, plan.chunk, |_, buf| {
+                reader.read_exact(buf)
+            })?,
+            threads => level0_reader_parallel(params, &salt, &mut reader, size, plan, threads)?,
+        };
+        Ok(Tree::from_level0_with(params, level0, plan))
+    }
+
+    /// The tree over the first `size` bytes of `file`, read with `pread` (the file
+    /// offset is left alone), each thread reading and hashing its own [`CHUNK`] at a
+    /// time. The fastest way from a file.
+    pub fn build_file(params: &Params, file: &File, size: u64) -> io::Result<Tree> {
+        Tree::build_file_with(params, file, size, &Plan::new(params))
+    }
+
+    fn build_file_with(params: &Params, file: &File, size: u64, plan: &Plan) -> io::Result<Tree> {
+        let salt = params.padded_salt();
+        let level0 = match plan.threads_for(size) {
+            1 => level0_sequential(params, &salt, size, plan.chunk, |offset, buf| {
+                file.read_exact_at(buf, offset)
+            })?,
+            threads => level0_file_parallel(params, &salt, file, size, plan, threads)?,
+        };
+        Ok(Tree::from_level0_with(params, level0, plan))
     }
 
     /// Completes a tree whose level 0 (one digest per data block, in order) was computed
-    /// elsewhere, e.g. by the image builder while it copied the data.
+    /// elsewhere, e.g. by the image builder while it copied the data. Large levels are
+    /// hashed on rayon's threads.
     pub fn from_level0(params: &Params, level0: Vec<u8>) -> Tree {
+        Tree::from_level0_with(params, level0, &Plan::new(params))
+    }
+
+    fn from_level0_with(params: &Params, level0: Vec<u8>, plan: &Plan) -> Tree {
         let bs = params.block_size as usize;
         let ds = params.alg.digest_size();
         let salt = params.padded_salt();
@@ -126,7 +354,11 @@ impl Tree {
             padded.resize(padded.len().next_multiple_of(bs), 0);
             let n = padded.len() / bs;
             let mut next = vec![0u8; n * ds];
-            hash_blocks(params, &salt, &padded, &mut next);
+            if plan.threads_for(padded.len() as u64) > 1 {
+                hash_blocks_par(params, &salt, &padded, &mut next, plan.task);
+            } else {
+                hash_blocks(params, &salt, &padded, &mut next);
+            }
             levels.push(padded);
             if n == 1 {
                 return Tree { root: next, levels };
@@ -147,7 +379,9 @@ impl Tree {
 
 #[cfg(test)]
 mod tests {
+    use super::{Plan, CHUNK, PAR_MIN};
     use crate::*;
+    use std::io::{Seek, Write};
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i % 251) as u8).collect()
@@ -203,5 +437,189 @@ mod tests {
                 33792
             )
         );
+    }
+
+    fn random(n: usize, mut seed: u64) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    }
+
+    /// The tree the plain way: every block hashed in order on this thread, no chunks.
+    fn reference(p: &Params, data: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>) {
+        let bs = p.block_size as usize;
+        let ds = p.alg.digest_size();
+        let salt = p.padded_salt();
+        let hash = |block: &[u8]| {
+            let mut b = block.to_vec();
+            b.resize(bs, 0);
+            let mut d = vec![0u8; ds];
+            p.alg.hash_into(&salt, &b, &mut d);
+            d
+        };
+        let mut level: Vec<u8> = data.chunks(bs).flat_map(hash).collect();
+        let mut levels = Vec::new();
+        if level.is_empty() {
+            return (vec![0u8; ds], levels);
+        }
+        while level.len() > ds {
+            level.resize(level.len().next_multiple_of(bs), 0);
+            let next = level.chunks(bs).flat_map(hash).collect();
+            levels.push(std::mem::replace(&mut level, next));
+        }
+        (level, levels)
+    }
+
+    /// Builds the tree over `data` from a reader and from a file with `plan`, and checks
+    /// both against the reference.
+    fn check(p: &Params, data: &[u8], plan: &Plan, file: &mut std::fs::File) {
+        let what = format!(
+            "{} bytes, {:?} {} salt {:?}, {plan:?}",
+            data.len(),
+            p.alg,
+            p.block_size,
+            p.salt
+        );
+        let (root, levels) = reference(p, data);
+        let size = data.len() as u64;
+        let t = Tree::build_with(p, data, size, plan).unwrap();
+        assert_eq!(hex(&t.root), hex(&root), "reader, {what}");
+        assert!(t.levels == levels, "reader levels, {what}");
+        file.set_len(0).unwrap();
+        file.rewind().unwrap();
+        file.write_all(data).unwrap();
+        let t = Tree::build_file_with(p, file, size, plan).unwrap();
+        assert_eq!(hex(&t.root), hex(&root), "file, {what}");
+        assert!(t.levels == levels, "file levels, {what}");
+    }
+
+    /// Small chunks and tasks and no threshold, so every chunk, batch and task boundary
+    /// (and the parallel upper levels) is crossed at sizes a test can afford.
+    #[test]
+    fn parallel_matches_sequential_at_chunk_boundaries() {
+        let mut file = tempfile::tempfile().unwrap();
+        let data = random(1 << 20 | 1, 1);
+        for alg in [HashAlg::Sha256, HashAlg::Sha512] {
+            for bs in [1024u32, 4096, 65536] {
+                for salt in [&b""[..], &[0xde, 0xad, 0xbe, 0xef]] {
+                    let p = Params::new(alg, bs, salt.to_vec()).unwrap();
+                    let bs = bs as usize;
+                    let per_block = bs / alg.digest_size();
+                    for threads in [1, 3] {
+                        let plan = Plan {
+                            chunk: 2 * bs,
+                            par_min: 0,
+                            threads: Some(threads),
+                            task: bs,
+                        }
+                        .fit(&p);
+                        let chunk = plan.chunk;
+                        let batch = chunk * threads;
+                        let mut sizes = vec![
+                            0,
+                            1,
+                            bs,
+                            chunk - 1,
+                            chunk,
+                            chunk + 1,
+                            batch - 1,
+                            batch,
+                            batch + 1,
+                            2 * batch + bs + bs / 2,
+                        ];
+                        if bs == 1024 && threads > 1 {
+                            // Three levels above the data.
+                            sizes.push(per_block * per_block * bs + 1);
+                        }
+                        for size in sizes {
+                            check(&p, &data[..size], &plan, &mut file);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The real plan (rayon's threads, `CHUNK`, `PAR_MIN`) on both sides of the threshold
+    /// and around the chunk boundaries.
+    #[test]
+    fn default_plan_matches_sequential() {
+        let mut file = tempfile::tempfile().unwrap();
+        let threads = rayon::current_num_threads();
+        let data = random(2 * threads * CHUNK + 3 * 4096 + 5, 2);
+        for salt in [&b""[..], &[7; 32]] {
+            let p = Params::new(HashAlg::Sha256, 4096, salt.to_vec()).unwrap();
+            let plan = Plan::new(&p);
+            let min = PAR_MIN as usize;
+            for size in [
+                min - 1,
+                min,
+                min + 1,
+                CHUNK - 1,
+                CHUNK,
+                CHUNK + 1,
+                2 * threads * CHUNK + 3 * 4096 + 5,
+            ] {
+                check(&p, &data[..size], &plan, &mut file);
+            }
+        }
+    }
+
+    /// Trees built on rayon's threads themselves (as a parallel image builder would),
+    /// more of them than threads: no deadlock, same trees.
+    #[test]
+    fn parallel_inside_rayon() {
+        use rayon::prelude::*;
+        let p = Params::new(HashAlg::Sha256, 1024, Vec::new()).unwrap();
+        let data = random(100 * 1024 + 5, 3);
+        let (root, _) = reference(&p, &data);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&data).unwrap();
+        let plan = Plan {
+            chunk: 4096,
+            par_min: 0,
+            threads: Some(2),
+            task: 2048,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            (0..8).into_par_iter().for_each(|i| {
+                let t = if i % 2 == 0 {
+                    Tree::build_with(&p, &data[..], data.len() as u64, &plan).unwrap()
+                } else {
+                    Tree::build_file_with(&p, &file, data.len() as u64, &plan).unwrap()
+                };
+                assert_eq!(t.root, root);
+            })
+        });
+    }
+
+    #[test]
+    fn short_input_is_an_error() {
+        let p = Params::new(HashAlg::Sha256, 4096, Vec::new()).unwrap();
+        let data = random(3 << 20, 1);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&data).unwrap();
+        for threads in [1, 2] {
+            let plan = Plan {
+                chunk: 1 << 20,
+                par_min: 0,
+                threads: Some(threads),
+                task: 1 << 16,
+            };
+            let size = data.len() as u64 + 1;
+            let e = Tree::build_with(&p, &data[..], size, &plan).err().unwrap();
+            assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+            let e = Tree::build_file_with(&p, &file, size, &plan).err().unwrap();
+            assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        }
     }
 }
