@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use std::path::PathBuf;
-use verity::{digest_reader, Descriptor, HashAlg, Params};
+use verity::{digest_file, Descriptor, HashAlg, Params};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,9 +45,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .metadata()
             .with_context(|| path.display().to_string())?
             .len();
-        let reader = std::io::BufReader::with_capacity(1 << 20, file);
         let (digest, tree) =
-            digest_reader(&params, reader, size).with_context(|| path.display().to_string())?;
+            digest_file(&params, &file, size).with_context(|| path.display().to_string())?;
         if let Some(out) = &a.out_merkle_tree {
             std::fs::write(out, tree.bytes()).with_context(|| out.display().to_string())?;
         }
