@@ -97,20 +97,72 @@ impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
 pub struct FileSource {
     file: File,
     len: u64,
+    /// Opened with `O_DIRECT`: reads bypass the page cache (and its readahead).
+    direct: bool,
 }
+
+/// `O_DIRECT` alignment of offsets, lengths and memory; 4 KiB satisfies every common device.
+const DIRECT_ALIGN: usize = 4096;
 
 impl FileSource {
     pub fn open(path: impl AsRef<Path>) -> io::Result<FileSource> {
         FileSource::new(File::open(path)?)
     }
 
+    /// Opens with `O_DIRECT`, so image bytes are not cached a second time under a mount
+    /// whose own page cache keeps what it serves. Fails (`EINVAL`) where the filesystem
+    /// cannot do direct I/O, e.g. tmpfs.
+    pub fn open_direct(path: impl AsRef<Path>) -> io::Result<FileSource> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(path)?;
+        let mut s = FileSource::new(file)?;
+        s.direct = true;
+        Ok(s)
+    }
+
     pub fn new(file: File) -> io::Result<FileSource> {
         let len = file.metadata()?.len();
-        Ok(FileSource { file, len })
+        Ok(FileSource {
+            file,
+            len,
+            direct: false,
+        })
     }
 
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Direct I/O needs aligned offsets, lengths and memory: read the aligned span that
+    /// covers the request into an aligned bounce buffer, then copy out.
+    fn read_direct(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let a = DIRECT_ALIGN as u64;
+        let start = offset / a * a;
+        let end = (offset + buf.len() as u64).next_multiple_of(a);
+        let span = (end - start) as usize;
+        let mut raw = vec![0u8; span + DIRECT_ALIGN];
+        let pad = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        let bounce = &mut raw[pad..pad + span];
+        let need = (offset - start) as usize + buf.len();
+        let mut got = 0;
+        while got < need {
+            // Whole aligned blocks only; the file's unaligned end comes back as a short read.
+            match FileExt::read_at(&self.file, &mut bounce[got..], start + got as u64) {
+                Ok(0) => return Err(out_of_range(offset, buf.len(), self.len)),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            if got % DIRECT_ALIGN != 0 && got < need {
+                return Err(out_of_range(offset, buf.len(), self.len));
+            }
+        }
+        let from = (offset - start) as usize;
+        buf.copy_from_slice(&bounce[from..from + buf.len()]);
+        Ok(())
     }
 }
 
@@ -126,6 +178,9 @@ impl ByteSource for FileSource {
             .is_none_or(|end| end > self.len)
         {
             return Err(out_of_range(offset, buf.len(), self.len));
+        }
+        if self.direct {
+            return self.read_direct(buf, offset);
         }
         FileExt::read_exact_at(&self.file, buf, offset)
     }

@@ -177,6 +177,7 @@ pub fn build_tree(
     // carries its own checksums, and the rename below is what makes it visible.
     let result = write::write_image(tree, &xplan, &layout, &params, &file, &tmp, progress)
         .and_then(|w| {
+            trace("unmapped");
             let digest = match w.level0 {
                 Some(level0) => Some(
                     verity::appended::append(&file, &write::verity_params(), w.len, level0)
@@ -184,6 +185,7 @@ pub fn build_tree(
                 ),
                 None => None,
             };
+            trace("sealed");
             let total = file.metadata().map_err(|e| Error::source(&tmp, e))?.len();
             std::fs::rename(&tmp, out_path).map_err(|e| Error::source(out_path, e))?;
             Ok((w.len, total, digest))

@@ -326,7 +326,7 @@ impl FileHashCtx<'_> {
                 &[(from, len, to)] if from <= s && from + len >= e => {
                     let at = (to + s - from) as usize;
                     let n = (e - s) as usize;
-                    let whole = at % VERITY_BLOCK == 0
+                    let whole = at.is_multiple_of(VERITY_BLOCK)
                         && (at / VERITY_BLOCK + 1) * HASH <= self.level0.len()
                         && self.img[at + n..at + VERITY_BLOCK].iter().all(|&b| b == 0);
                     if whole {

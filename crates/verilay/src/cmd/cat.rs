@@ -1,6 +1,6 @@
 //! `verilay cat IMAGE PATH...`: file contents, verified, on stdout.
 
-use super::image::{open_with, resolve, Pin};
+use super::image::{open_with, resolve, Pin, ReadOpts};
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,6 +13,9 @@ pub struct Args {
     paths: Vec<String>,
     #[command(flatten)]
     pin: Pin,
+    /// Read the image with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    direct_io: bool,
     /// Read Merkle tree blocks one at a time, when first needed (for benchmarks).
     #[arg(long, hide = true)]
     no_readahead: bool,
@@ -22,7 +25,11 @@ pub struct Args {
 const CHUNK: usize = 1 << 20;
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = open_with(&a.image, &a.pin, false, !a.no_readahead)?.img;
+    let opts = ReadOpts {
+        readahead: !a.no_readahead,
+        direct: a.direct_io,
+    };
+    let img = open_with(&a.image, &a.pin, false, &opts)?.img;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut buf = vec![0u8; CHUNK];

@@ -64,22 +64,43 @@ pub fn parse_digest(s: &str) -> anyhow::Result<Vec<u8>> {
 /// verified source; a plain EROFS image is accepted only when `allow_plain` (inspection
 /// commands) and never with `--digest`.
 pub fn open(path: &Path, pin: &Pin, allow_plain: bool) -> anyhow::Result<Opened> {
-    open_with(path, pin, allow_plain, true)
+    open_with(path, pin, allow_plain, &ReadOpts::default())
 }
 
-/// [`open`], choosing whether the verified source reads the Merkle tree ahead.
+/// How the image file is read.
+pub struct ReadOpts {
+    /// The verified source fetches level-0 tree blocks ahead of large reads.
+    pub readahead: bool,
+    /// `O_DIRECT`: bypass the page cache for the image file.
+    pub direct: bool,
+}
+
+impl Default for ReadOpts {
+    fn default() -> Self {
+        ReadOpts {
+            readahead: true,
+            direct: false,
+        }
+    }
+}
+
+/// [`open`] with explicit read options.
 pub fn open_with(
     path: &Path,
     pin: &Pin,
     allow_plain: bool,
-    readahead: bool,
+    opts: &ReadOpts,
 ) -> anyhow::Result<Opened> {
     let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
     let name = path.display();
-    let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
+    let src = if opts.direct {
+        FileSource::open_direct(path).with_context(|| format!("opening {name} for direct I/O"))?
+    } else {
+        FileSource::open(path).with_context(|| format!("opening {name}"))?
+    };
     match VerifiedSource::open(src, pin_bytes.as_deref()) {
         Ok(mut v) => {
-            v.set_readahead(readahead);
+            v.set_readahead(opts.readahead);
             let v = Arc::new(v);
             let img = Image::open(v.clone() as Arc<dyn ByteSource>)
                 .with_context(|| format!("{name}"))?;
