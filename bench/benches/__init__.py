@@ -10,8 +10,9 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build
+from . import build, digest
 
 BENCHES = {
     "build": build,
+    "digest": digest,
 }
