@@ -10,9 +10,10 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest
+from . import build, digest, read
 
 BENCHES = {
     "build": build,
     "digest": digest,
+    "read": read,
 }
