@@ -4,6 +4,7 @@ A 256 MiB random file (64 MiB with --quick) is put in a sealed image. Each timed
 run drops the page cache first, then reads the file once:
 
   sha256sum        plain hashing of the source file (the peer: same bytes, hashed)
+  openssl-sha256   the same with OpenSSL's SHA-256 (SHA-NI where the CPU has it)
   cat              plain `cat` of the source file (what the disk gives)
   verified         `verilay cat IMAGE FILE`: every block hashed and checked against
                    the image's Merkle tree, tree readahead on
@@ -100,6 +101,8 @@ def modes(verilay, big, image, procs):
     m = {
         "sha256sum": ["sha256sum", big],
         "cat": ["cat", big],
+        # OpenSSL's SHA-256 uses the CPU's SHA extensions: a stricter single-thread peer.
+        "openssl-sha256": ["openssl", "dgst", "-sha256", big],
         "verified": cat,
         "verified-no-ra": cat + ["--no-readahead"],
         "direct": cat + ["--direct-io"],
@@ -177,6 +180,8 @@ def run(ctx):
         t.append(report.target(
             f"{m} vs sha256sum", ratio >= VERIFIED_TARGET,
             f"{ratio:.2f}x sha256sum's throughput (target >= {VERIFIED_TARGET}x)"))
+    ratio = res["verified"]["mib_s"] / res["openssl-sha256"]["mib_s"]
+    print(f"INFO  verified vs openssl dgst -sha256: {ratio:.2f}x its throughput")
     for m in ("verified", "direct", "iops-direct"):
         if m not in res:
             t.append(report.target(f"{m} readahead on vs off", None, why))
