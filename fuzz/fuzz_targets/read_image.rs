@@ -13,6 +13,11 @@ fn walk(data: &[u8]) {
     if let Ok(img) = Image::open(data) {
         exercise(&img, BUDGET);
         let _ = fsck(&img, 20);
+        // verilay's per-file digest table and the integrity-report walker.
+        for nid in [img.root_nid(), 0, 36, 1 << 20] {
+            let _ = img.file_digest(nid);
+        }
+        let _ = img.owners(0, data.len() as u64, 64);
     }
 }
 

@@ -38,6 +38,9 @@ pub trait Progress: Sync {
     fn scanned(&self, _entries: u64) {}
     fn writing(&self, _total_bytes: u64) {}
     fn wrote(&self, _bytes: u64) {}
+    /// Sealing: the image's blocks are being hashed.
+    fn hashing(&self, _total_bytes: u64) {}
+    fn hashed(&self, _bytes: u64) {}
 }
 
 /// A `Progress` that reports nothing.

@@ -217,7 +217,7 @@ pub fn write_image(
     // digest from the same block hashes, and store those digests in the table.
     let level0 = layout
         .digest_table
-        .map(|footer| seal(img, &file_jobs, &empty_files, footer));
+        .map(|footer| seal(img, &file_jobs, &empty_files, footer, progress));
     super::trace("hashed");
     Ok(Written {
         len: image_len,
@@ -245,14 +245,21 @@ const HASH: usize = 32;
 /// Hashes every 4 KiB block of the image (level 0 of its Merkle tree), computes each
 /// regular file's fs-verity digest mostly from those same hashes, and writes the digest
 /// table; data is hashed once.
-fn seal(img: &mut [u8], jobs: &[FileJob], empty: &[u64], footer: DigestFooter) -> Vec<u8> {
+fn seal(
+    img: &mut [u8],
+    jobs: &[FileJob],
+    empty: &[u64],
+    footer: DigestFooter,
+    progress: &dyn Progress,
+) -> Vec<u8> {
     let params = verity_params();
     let len = img.len();
+    progress.hashing(len as u64);
     let mut level0 = vec![0u8; len.div_ceil(VERITY_BLOCK) * HASH];
     // Blocks wholly before the table can be hashed now; the rest once it is written.
     let before = footer.table_offset as usize / VERITY_BLOCK;
     let (head, tail) = level0.split_at_mut(before * HASH);
-    hash_into(&params, &img[..before * VERITY_BLOCK], head);
+    hash_into(&params, &img[..before * VERITY_BLOCK], head, progress);
 
     let zero = {
         let mut h = [0u8; HASH];
@@ -281,15 +288,18 @@ fn seal(img: &mut [u8], jobs: &[FileJob], empty: &[u64], footer: DigestFooter) -
         at += DIGEST_ENTRY_SIZE as usize;
     }
     img[len - DIGEST_FOOTER_SIZE as usize..].copy_from_slice(&footer.encode());
-    hash_into(&params, &img[before * VERITY_BLOCK..], tail);
+    hash_into(&params, &img[before * VERITY_BLOCK..], tail, progress);
     level0
 }
 
-fn hash_into(params: &verity::Params, data: &[u8], out: &mut [u8]) {
+fn hash_into(params: &verity::Params, data: &[u8], out: &mut [u8], progress: &dyn Progress) {
     const PER_TASK: usize = 64;
     data.par_chunks(VERITY_BLOCK * PER_TASK)
         .zip(out.par_chunks_mut(HASH * PER_TASK))
-        .for_each(|(d, o)| verity::hash_blocks(params, &[], d, o));
+        .for_each(|(d, o)| {
+            verity::hash_blocks(params, &[], d, o);
+            progress.hashed(d.len() as u64);
+        });
 }
 
 struct FileHashCtx<'a> {

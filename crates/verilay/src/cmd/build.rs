@@ -95,6 +95,12 @@ impl build::Progress for Bar {
     fn wrote(&self, bytes: u64) {
         self.0.inc(bytes);
     }
+    fn hashing(&self, total: u64) {
+        progress::bytes(&self.0, "hashing", total);
+    }
+    fn hashed(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {

@@ -23,6 +23,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let v = match &a.path {
         None => {
             let mut v = superblock(img);
+            v["image_bytes"] = json!(std::fs::metadata(&a.image)?.len());
             v["digest"] = json!(opened.trust());
             v["erofs_bytes"] = json!(img.erofs_len());
             v["file_digests"] = json!(img.digest_table()?.map(|t| t.entries));
