@@ -370,6 +370,43 @@ fn a_wrong_digest_is_refused_before_anything_is_served() {
         .arg("a"));
     assert_eq!(out.stdout, b"contents");
 
+    // The JSON forms carry the same digest.
+    let v: Value = serde_json::from_slice(
+        &run(verilay()
+            .args(["verify", "--json", "--digest", digest])
+            .arg(&image))
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["pinned"], true);
+    assert_eq!(v["digest"], digest);
+    let again = t.path().join("again");
+    let j: Value = serde_json::from_slice(
+        &run(verilay()
+            .arg("build")
+            .arg(&src)
+            .arg("-o")
+            .arg(&again)
+            .arg("--json")
+            .env("SOURCE_DATE_EPOCH", "1700000000"))
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(j["digest"], digest, "same tree, same epoch, same digest");
+    assert!(j["erofs_bytes"].as_u64().unwrap() < j["image_bytes"].as_u64().unwrap());
+
+    // Reading what is not a file is a one-line error.
+    let out = verilay().arg("cat").arg(&image).arg("/").output().unwrap();
+    fails_with(&out, "not a regular file");
+    let out = verilay()
+        .arg("cat")
+        .arg(&image)
+        .arg("nope")
+        .output()
+        .unwrap();
+    fails_with(&out, "no such file");
+
     for bad in ["sha256:xyz", "md5:00", "sha256:00"] {
         let out = verilay()
             .args(["cat", "--digest", bad])
