@@ -102,8 +102,8 @@ pub fn open_with(
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
             let v = Arc::new(v);
-            let img = Image::open(v.clone() as Arc<dyn ByteSource>)
-                .with_context(|| format!("{name}"))?;
+            let img =
+                Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;
             Ok(Opened {
                 img,
                 verified: Some(v),
@@ -118,10 +118,7 @@ pub fn open_with(
                 verified: None,
             })
         }
-        Err(OpenError::NoSection) => bail!(
-            "{name}: no verity section, so nothing can be verified (was it built by `verilay build`?)"
-        ),
-        Err(e) => bail!("{name}: {e}"),
+        Err(e) => Err(open_error(path, e)),
     }
 }
 
@@ -133,10 +130,17 @@ pub fn open_verified(path: &Path, pin: &Pin) -> anyhow::Result<VerifiedSource<Fi
     let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
     match VerifiedSource::open(src, pin_bytes.as_deref()) {
         Ok(v) => Ok(v),
-        Err(OpenError::NoSection) => bail!(
+        Err(e) => Err(open_error(path, e)),
+    }
+}
+
+fn open_error(path: &Path, e: OpenError) -> anyhow::Error {
+    let name = path.display();
+    match e {
+        OpenError::NoSection => anyhow::anyhow!(
             "{name}: no verity section, so nothing can be verified (was it built by `verilay build`?)"
         ),
-        Err(e) => bail!("{name}: {e}"),
+        e => anyhow::anyhow!("{name}: {e}"),
     }
 }
 
