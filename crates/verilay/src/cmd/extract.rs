@@ -29,7 +29,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = open(&a.image, &a.pin, false)?.img;
+    let opened = open(&a.image, &a.pin, false)?;
+    let trust = opened.trust();
+    let img = opened.img;
     if a.dir.exists() && fs::read_dir(&a.dir)?.next().is_some() {
         bail!("{}: exists and is not empty", a.dir.display());
     }
@@ -57,7 +59,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     if !a.quiet {
         eprintln!(
-            "{}: {} entries extracted to {}",
+            "{}: {} entries extracted to {}, every byte verified, digest {trust}",
             a.image.display(),
             x.files,
             a.dir.display()
