@@ -4,8 +4,8 @@
 //! - Data blocks are hashed on every read from the underlying source. A userspace reader
 //!   cannot stop another process rewriting the file between two reads, so "verified once"
 //!   is not a property of bytes read later. What is cached is our own verified copy: the
-//!   blocks that small reads (inodes, directories, xattrs) touch, up to 16 MiB; caching
-//!   file data is the job of the layers above (a mount's page cache).
+//!   blocks that small reads (inodes, directories, xattrs) touch, 4 MiB per thread;
+//!   caching file data is the job of the layers above (a mount's page cache).
 //! - Tree blocks are verified once and kept: the set of filled `OnceLock`s is the
 //!   verified-block bitmap, and each miss verifies only the path up to the first verified
 //!   ancestor (or the root).
@@ -21,9 +21,12 @@ use crate::descriptor::{Descriptor, DESCRIPTOR_SIZE};
 use crate::source::ByteSource;
 use crate::{level_blocks, Params};
 use rayon::prelude::*;
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// Reads of at least this many bytes are hashed on several threads.
 const PARALLEL_BYTES: usize = 256 << 10;
@@ -79,58 +82,51 @@ pub struct VerifiedSource<S> {
     /// Level 0 (hashes of data blocks) first; empty when the data is one block or none.
     levels: Vec<Level>,
     readahead: bool,
-    /// Recently verified single blocks, for the small reads metadata lookups make.
-    cache: BlockCache,
+    /// Identifies this source in the per-thread block caches.
+    id: u64,
 }
 
 /// Verified copies of single blocks, so a reader walking inodes and directories does not
-/// re-read and re-hash the same block for every small structure in it. Sound because
-/// the bytes are our own verified copy, not a re-read of the file. Sharded by block
-/// number so threads rarely meet on a lock; FIFO eviction per shard.
+/// re-read and re-hash the same block for every small structure in it. Sound because the
+/// bytes are our own verified copy, not a re-read of the file. One cache per thread,
+/// keyed by (source, block): serving a request touches no lock or counter shared with
+/// other threads. FIFO eviction.
 struct BlockCache {
-    shards: Vec<Mutex<Shard>>,
-    per_shard: usize,
+    map: HashMap<(u64, u64), Rc<[u8]>>,
+    order: VecDeque<(u64, u64)>,
 }
 
-#[derive(Default)]
-struct Shard {
-    map: HashMap<u64, Arc<[u8]>>,
-    order: VecDeque<u64>,
+/// Bytes of verified blocks each thread keeps.
+const CACHE_BYTES: usize = 4 << 20;
+
+thread_local! {
+    static CACHE: RefCell<BlockCache> = RefCell::new(BlockCache {
+        map: HashMap::new(),
+        order: VecDeque::new(),
+    });
 }
 
-const CACHE_SHARDS: usize = 16;
-/// Cache budget in bytes.
-const CACHE_BYTES: usize = 16 << 20;
+/// Source ids: taken once per open, never on the request path.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 impl BlockCache {
-    fn new(block_size: usize) -> BlockCache {
-        BlockCache {
-            shards: (0..CACHE_SHARDS).map(|_| Mutex::default()).collect(),
-            per_shard: (CACHE_BYTES / block_size / CACHE_SHARDS).max(1),
-        }
+    fn get(key: (u64, u64)) -> Option<Rc<[u8]>> {
+        CACHE.with(|c| c.borrow().map.get(&key).cloned())
     }
 
-    fn shard(&self, block: u64) -> std::sync::MutexGuard<'_, Shard> {
-        // A poisoned shard only means a panic elsewhere mid-insert; the map is still sound.
-        self.shards[block as usize % CACHE_SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn get(&self, block: u64) -> Option<Arc<[u8]>> {
-        self.shard(block).map.get(&block).cloned()
-    }
-
-    fn put(&self, block: u64, data: Arc<[u8]>) {
-        let mut s = self.shard(block);
-        if s.map.insert(block, data).is_none() {
-            s.order.push_back(block);
-            if s.order.len() > self.per_shard {
-                if let Some(old) = s.order.pop_front() {
-                    s.map.remove(&old);
+    fn put(key: (u64, u64), data: Rc<[u8]>) {
+        let cap = (CACHE_BYTES / data.len().max(1)).max(1);
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.map.insert(key, data).is_none() {
+                c.order.push_back(key);
+                while c.order.len() > cap {
+                    if let Some(old) = c.order.pop_front() {
+                        c.map.remove(&old);
+                    }
                 }
             }
-        }
+        })
     }
 }
 
@@ -205,7 +201,7 @@ impl<S: ByteSource> VerifiedSource<S> {
             pinned: pin.is_some(),
             levels,
             readahead: true,
-            cache: BlockCache::new(bs as usize),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -429,13 +425,14 @@ impl<S: ByteSource> ByteSource for VerifiedSource<S> {
         }
         if first == last {
             // A small read inside one block: serve it from (or into) the block cache.
-            let block = match self.cache.get(first) {
+            let key = (self.id, first);
+            let block = match BlockCache::get(key) {
                 Some(b) => b,
                 None => {
                     let mut b = vec![0u8; (span_end - span_start) as usize];
                     self.read_blocks(&mut b, first, last)?;
-                    let b: Arc<[u8]> = b.into();
-                    self.cache.put(first, b.clone());
+                    let b: Rc<[u8]> = b.into();
+                    BlockCache::put(key, b.clone());
                     b
                 }
             };
