@@ -49,9 +49,21 @@ enum Command {
     Verify(cmd::verify::Args),
     /// Print files from an image, verified.
     Cat(cmd::cat::Args),
+    /// Mount an image (read-only, every byte verified) with FUSE; returns once it is usable.
+    Mount(Box<cmd::mount::Args>),
+    /// Unmount a verilay mount (the daemon then exits).
+    Umount(cmd::mount::UmountArgs),
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    if invoked_as.as_deref() == Some("mount.fuse.verilay") {
+        finish(cmd::mount::mount_helper(&argv[1..]));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Build(a) => cmd::build::run(*a),
@@ -61,7 +73,13 @@ fn main() {
         Command::Extract(a) => cmd::extract::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Cat(a) => cmd::cat::run(a),
+        Command::Mount(a) => cmd::mount::run(*a),
+        Command::Umount(a) => cmd::mount::run_umount(a),
     };
+    finish(result)
+}
+
+fn finish(result: anyhow::Result<i32>) -> ! {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -5,4 +5,5 @@ pub mod extract;
 pub mod fsck;
 mod image;
 pub mod inspect;
+pub mod mount;
 pub mod verify;

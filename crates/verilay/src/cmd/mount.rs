@@ -1,0 +1,414 @@
+//! `verilay mount IMAGE MOUNTPOINT` and `verilay umount MOUNTPOINT`.
+//!
+//! Without `--foreground`, `mount` checks the image (and its pinned digest) itself, then
+//! starts the daemon (this binary again, in the foreground, in its own session) and waits
+//! on a pipe until the daemon says the mount answers requests, or why it could not mount.
+//! The daemon serves until the filesystem is unmounted, or unmounts it on SIGTERM,
+//! SIGINT or SIGHUP. As root it mounts with mount(2); otherwise through `fusermount3`.
+
+use super::image::{open, Pin};
+use anyhow::{bail, Context};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    image: PathBuf,
+    mountpoint: PathBuf,
+    #[command(flatten)]
+    pin: Pin,
+    /// Worker threads, each on its own /dev/fuse descriptor (default: one per CPU).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Serve in the foreground, logging to stderr, until unmounted.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Append log lines (integrity failures, with the file and offset) to this file.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// Let other users access a rootless mount (needs user_allow_other in /etc/fuse.conf);
+    /// root mounts always allow them.
+    #[arg(long)]
+    allow_other: bool,
+    /// Internal: the pipe to report readiness on.
+    #[arg(long, hide = true)]
+    ready_fd: Option<i32>,
+}
+
+#[derive(clap::Args)]
+pub struct UmountArgs {
+    mountpoint: PathBuf,
+    /// Detach now and finish when the mount is no longer busy.
+    #[arg(short = 'l', long)]
+    lazy: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    preflight(&a)?;
+    if a.foreground || a.ready_fd.is_some() {
+        return serve(a);
+    }
+    spawn_daemon(&a)
+}
+
+/// Everything that can be checked before a daemon exists, so its errors come out here.
+fn preflight(a: &Args) -> anyhow::Result<()> {
+    let mp = a.mountpoint.display();
+    let meta = std::fs::metadata(&a.mountpoint).with_context(|| format!("mountpoint {mp}"))?;
+    if !meta.is_dir() {
+        bail!("mountpoint {mp}: not a directory");
+    }
+    if is_mount_point(&a.mountpoint)? {
+        bail!("mountpoint {mp}: something is already mounted there");
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device");
+    }
+    if a.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    // Opening checks the verity section, the pinned digest and the superblock.
+    open(&a.image, &a.pin, false)?;
+    Ok(())
+}
+
+/// Whether `path` is the mount point of some mount (per /proc/self/mountinfo).
+fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
+    let canon = std::fs::canonicalize(path)?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    Ok(info.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|m| Path::new(&unescape(m)) == canon)
+    }))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if let (b'\\', Some(d)) = (b[i], octal) {
+            out.push(((d[0] - b'0') << 6) | ((d[1] - b'0') << 3) | (d[2] - b'0'));
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn spawn_daemon(a: &Args) -> anyhow::Result<i32> {
+    let (read_end, write_end) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).context("pipe")?;
+    // The daemon inherits the write end only.
+    rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty()).context("pipe")?;
+    let exe = std::env::current_exe().context("finding the verilay binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg(&a.image)
+        .arg(&a.mountpoint)
+        .arg("--ready-fd")
+        .arg(write_end.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(d) = &a.pin.digest {
+        cmd.arg("--digest").arg(d);
+    }
+    if let Some(t) = a.threads {
+        cmd.arg("--threads").arg(t.to_string());
+    }
+    if let Some(l) = &a.log {
+        cmd.arg("--log").arg(l);
+    }
+    if a.allow_other {
+        cmd.arg("--allow-other");
+    }
+    let mut child = cmd.spawn().context("starting the mount daemon")?;
+    drop(write_end);
+    let mut msg = String::new();
+    std::fs::File::from(read_end)
+        .read_to_string(&mut msg)
+        .context("waiting for the mount daemon")?;
+    match msg.trim() {
+        "ok" => Ok(0),
+        "" => {
+            let status = child.wait().ok();
+            bail!("the mount daemon exited before the mount was ready ({status:?})")
+        }
+        err => bail!("{err}"),
+    }
+}
+
+/// Log lines go to --log FILE, else stderr (foreground) or nowhere but syslog.
+fn logger(a: &Args) -> anyhow::Result<imagefs::Logger> {
+    let file = match &a.log {
+        Some(p) => Some(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("log file {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let to_stderr = a.ready_fd.is_none();
+    Ok(Box::new(move |line: &str| {
+        let line = format!("verilay[{}]: {line}\n", std::process::id());
+        if let Some(f) = &file {
+            if let Ok(mut f) = f.lock() {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+        if to_stderr {
+            eprint!("{line}");
+        }
+        syslog(&line);
+    }))
+}
+
+/// One datagram to the system log socket, if there is one (priority: daemon.err).
+fn syslog(line: &str) {
+    if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
+        let _ = s.send_to(format!("<27>{}", line.trim_end()).as_bytes(), "/dev/log");
+    }
+}
+
+fn serve(a: Args) -> anyhow::Result<i32> {
+    let ready = a.ready_fd.map(|fd| {
+        // SAFETY: the parent passed this descriptor (its pipe's write end) on the command
+        // line for us alone; nothing else in this process owns or closes it.
+        std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) })
+    });
+    let result = mount_and_wait(&a, ready);
+    match result {
+        Ok(()) => Ok(0),
+        Err((e, Some(mut ready))) => {
+            let _ = writeln!(ready, "{}", format!("{e:#}").replace('\n', " "));
+            Ok(1)
+        }
+        Err((e, None)) => Err(e),
+    }
+}
+
+type Ready = Option<std::fs::File>;
+
+fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> {
+    macro_rules! try_ready {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Err((anyhow::Error::from(e), ready)),
+            }
+        };
+    }
+    if ready.is_some() {
+        // Our own session: the caller's terminal closing must not hang us up.
+        let _ = rustix::process::setsid();
+    }
+    let opened = try_ready!(open(&a.image, &a.pin, false));
+    let name = std::fs::canonicalize(&a.image)
+        .unwrap_or_else(|_| a.image.clone())
+        .display()
+        .to_string();
+    let name_for_mount = name.clone();
+    let fs = imagefs::ImageFs::new(opened.img, name.clone(), try_ready!(logger(a)));
+    let root = rustix::process::geteuid().is_root();
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![
+        fuser::MountOption::RO,
+        fuser::MountOption::FSName(name),
+        fuser::MountOption::Subtype("verilay".into()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    if root {
+        // Like the kernel's own mount of the image: set-id bits and devices work.
+        cfg.mount_options
+            .extend([fuser::MountOption::Suid, fuser::MountOption::Dev]);
+    }
+    if root || a.allow_other {
+        cfg.acl = fuser::SessionACL::All;
+    }
+    cfg.n_threads = Some(
+        a.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+    );
+    cfg.clone_fd = true;
+    let session = if root {
+        // mount(2) ourselves, so the type is "fuse.verilay" as `mount -t fuse.verilay`
+        // and fstab expect.
+        let fd = try_ready!(mount_root(&a.mountpoint, &name_for_mount)
+            .with_context(|| format!("mounting on {}", a.mountpoint.display())));
+        try_ready!(
+            fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone()).context("talking to the kernel")
+        )
+    } else {
+        try_ready!(fuser::Session::new(fs, &a.mountpoint, &cfg)
+            .with_context(|| format!("mounting on {}", a.mountpoint.display())))
+    };
+    let bg = try_ready!(session.spawn().context("starting the workers"));
+
+    let mountpoint = a.mountpoint.clone();
+    let mut signals = try_ready!(signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("installing signal handlers"));
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            // Detach: the session ends as soon as the kernel lets go of it.
+            let _ = unmount(&mountpoint, true);
+        }
+    });
+    if let Some(mut r) = ready {
+        let _ = r.write_all(b"ok\n");
+    }
+    // Returns when the filesystem is unmounted (by us or anyone).
+    let _ = bg.join();
+    Ok(())
+}
+
+/// Opens /dev/fuse and mounts it read-only on `mountpoint` as "fuse.verilay".
+fn mount_root(mountpoint: &Path, source: &str) -> anyhow::Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .context("opening /dev/fuse")?;
+    let data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other,max_read={}",
+        dev.as_raw_fd(),
+        1 << 20
+    );
+    rustix::mount::mount(
+        source,
+        mountpoint,
+        "fuse.verilay",
+        rustix::mount::MountFlags::RDONLY,
+        data.as_str(),
+    )?;
+    Ok(OwnedFd::from(dev))
+}
+
+fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+    if rustix::process::geteuid().is_root() {
+        let flags = if lazy {
+            rustix::mount::UnmountFlags::DETACH
+        } else {
+            rustix::mount::UnmountFlags::empty()
+        };
+        return rustix::mount::unmount(mountpoint, flags).map_err(|e| match e {
+            rustix::io::Errno::BUSY => {
+                anyhow::anyhow!("{}: busy (try --lazy)", mountpoint.display())
+            }
+            rustix::io::Errno::INVAL => {
+                anyhow::anyhow!("{}: not a mount point", mountpoint.display())
+            }
+            e => anyhow::anyhow!("unmounting {}: {e}", mountpoint.display()),
+        });
+    }
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u").arg("-q");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd
+        .arg(mountpoint)
+        .output()
+        .context("running fusermount3 -u")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        bail!(
+            "unmounting {}: {}",
+            mountpoint.display(),
+            err.trim().lines().last().unwrap_or("fusermount3 failed")
+        );
+    }
+    Ok(())
+}
+
+pub fn run_umount(a: UmountArgs) -> anyhow::Result<i32> {
+    unmount(&a.mountpoint, a.lazy)?;
+    Ok(0)
+}
+
+/// `mount -t fuse.verilay IMAGE DIR -o OPTS` runs `/sbin/mount.fuse.verilay IMAGE DIR -o
+/// OPTS` (a link to this binary). Options: `digest=sha256:…`, `threads=N`, `log=FILE`,
+/// `allow_other`; the generic ones mount(8) adds (`ro`, `rw`, `defaults`, `nosuid`, …)
+/// are accepted and the mount stays read-only.
+pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
+    let mut pos = Vec::new();
+    let mut opts = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => opts.extend(
+                it.next()
+                    .context("-o needs options")?
+                    .split(',')
+                    .map(str::to_string),
+            ),
+            // mount(8)'s own flags: fake, no mtab, sloppy, verbose.
+            "-f" | "-n" | "-s" | "-v" => {}
+            s if s.starts_with("-o") => opts.extend(s[2..].split(',').map(str::to_string)),
+            s if s.starts_with('-') => bail!("mount.fuse.verilay: unknown flag {s}"),
+            s => pos.push(s.to_string()),
+        }
+    }
+    let [image, mountpoint] = pos.as_slice() else {
+        bail!("usage: mount.fuse.verilay IMAGE MOUNTPOINT [-o digest=sha256:…,threads=N,log=FILE]");
+    };
+    let mut a = Args {
+        image: image.into(),
+        mountpoint: mountpoint.into(),
+        pin: Pin::default(),
+        threads: None,
+        foreground: false,
+        log: None,
+        allow_other: false,
+        ready_fd: None,
+    };
+    for o in opts.iter().filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("digest", v)) => a.pin.digest = Some(v.to_string()),
+            Some(("threads", v)) => {
+                a.threads = Some(v.parse().with_context(|| format!("threads={v}"))?)
+            }
+            Some(("log", v)) => a.log = Some(v.into()),
+            None if o == "allow_other" => a.allow_other = true,
+            None if matches!(
+                o.as_str(),
+                "ro" | "rw"
+                    | "defaults"
+                    | "auto"
+                    | "noauto"
+                    | "user"
+                    | "nouser"
+                    | "users"
+                    | "nosuid"
+                    | "suid"
+                    | "nodev"
+                    | "dev"
+                    | "exec"
+                    | "noexec"
+                    | "atime"
+                    | "noatime"
+                    | "relatime"
+                    | "nofail"
+                    | "_netdev"
+            ) => {}
+            _ if o.starts_with("x-") || o.starts_with("comment=") => {}
+            _ => bail!("mount.fuse.verilay: unknown option {o:?}"),
+        }
+    }
+    run(a)
+}
