@@ -242,18 +242,29 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
     );
     cfg.clone_fd = true;
-    let session = if root {
-        // mount(2) ourselves, so the type is "fuse.verilay" as `mount -t fuse.verilay`
-        // and fstab expect.
-        let fd = try_ready!(mount_root(&a.mountpoint, &name_for_mount)
-            .with_context(|| format!("mounting on {}", a.mountpoint.display())));
-        try_ready!(
-            fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone()).context("talking to the kernel")
-        )
-    } else {
-        try_ready!(fuser::Session::new(fs, &a.mountpoint, &cfg)
-            .with_context(|| format!("mounting on {}", a.mountpoint.display())))
-    };
+    let session =
+        if root {
+            // mount(2) ourselves, so the type is "fuse.verilay" as `mount -t fuse.verilay`
+            // and fstab expect.
+            let fd = try_ready!(mount_root(&a.mountpoint, &name_for_mount)
+                .with_context(|| format!("mounting on {}", a.mountpoint.display())));
+            try_ready!(fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone())
+                .context("talking to the kernel"))
+        } else {
+            let fd = try_ready!(
+                mount_fusermount(&a.mountpoint, &name_for_mount, a.allow_other)
+                    .with_context(|| format!("mounting on {}", a.mountpoint.display()))
+            );
+            // Cloning the descriptor means opening /dev/fuse, which is often root-only;
+            // then the workers share the one descriptor fusermount3 gave us.
+            cfg.clone_fd = rustix::fs::access(
+                "/dev/fuse",
+                rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+            )
+            .is_ok();
+            try_ready!(fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone())
+                .context("talking to the kernel"))
+        };
     let bg = try_ready!(session.spawn().context("starting the workers"));
 
     let mountpoint = a.mountpoint.clone();
@@ -297,6 +308,75 @@ fn mount_root(mountpoint: &Path, source: &str) -> anyhow::Result<OwnedFd> {
         data.as_str(),
     )?;
     Ok(OwnedFd::from(dev))
+}
+
+/// Rootless: the setuid `fusermount3` opens /dev/fuse, mounts it, and hands the
+/// descriptor back over a socket (libfuse's `_FUSE_COMMFD` protocol).
+fn mount_fusermount(mountpoint: &Path, source: &str, allow_other: bool) -> anyhow::Result<OwnedFd> {
+    use rustix::net::{
+        recvmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+        SocketFlags, SocketType,
+    };
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("socketpair")?;
+    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).context("socketpair")?;
+    let mut opts = format!(
+        "ro,nosuid,nodev,default_permissions,fsname={},subtype=verilay,max_read={}",
+        source.replace(',', "\\,"),
+        1 << 20
+    );
+    if allow_other {
+        opts.push_str(",allow_other");
+    }
+    let child = Command::new("fusermount3")
+        .arg("-o")
+        .arg(&opts)
+        .arg("--")
+        .arg(mountpoint)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running fusermount3 (is the fuse3 package installed?)")?;
+    drop(theirs);
+    let mut space = [0u8; rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let got = recvmsg(
+        &ours,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    );
+    let fd = match got {
+        Ok(_) => control.drain().find_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        }),
+        Err(_) => None,
+    };
+    let out = child
+        .wait_with_output()
+        .context("waiting for fusermount3")?;
+    match fd {
+        Some(fd) if out.status.success() => Ok(fd),
+        _ => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            bail!(
+                "fusermount3: {}",
+                err.trim()
+                    .lines()
+                    .last()
+                    .unwrap_or("failed without a message")
+            )
+        }
+    }
 }
 
 fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
