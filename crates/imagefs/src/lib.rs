@@ -394,7 +394,17 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let sb = self.img.superblock();
         let bs = self.img.block_size();
-        reply.statfs(u64::from(sb.blocks), 0, 0, sb.inos, 0, bs, 255, bs);
+        // As the kernel's erofs: no free space, and "unlimited" inodes minus those used.
+        reply.statfs(
+            u64::from(sb.blocks),
+            0,
+            0,
+            u64::MAX,
+            u64::MAX - sb.inos,
+            bs,
+            255,
+            bs,
+        );
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

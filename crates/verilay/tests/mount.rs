@@ -1,0 +1,394 @@
+//! `verilay mount`: the FUSE mount against the source tree and against the kernel's own
+//! erofs mount of the same image, tampering under a live mount, concurrent readers,
+//! rootless mounts, `mount -t fuse.verilay`, and the errors a user meets.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn prerequisites() -> bool {
+    skip_unless(is_root(), "needs root (kernel mounts, mknod, chown)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+}
+
+/// A verilay FUSE mount, unmounted (and its daemon gone) when dropped.
+struct FuseMount {
+    dir: PathBuf,
+}
+
+impl FuseMount {
+    fn new(image: &Path, dir: &Path, extra: &[&str]) -> FuseMount {
+        std::fs::create_dir_all(dir).unwrap();
+        run(verilay().arg("mount").arg(image).arg(dir).args(extra));
+        FuseMount {
+            dir: dir.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        let _ = verilay()
+            .arg("umount")
+            .arg("--lazy")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+fn mount_type(dir: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(dir).ok()?;
+    std::fs::read_to_string("/proc/self/mounts")
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (Path::new(f[1]) == canon).then(|| f[2].to_string())
+        })
+}
+
+/// `ls -lR` of a tree, run from inside it (so the paths match between two mounts).
+fn ls_lr(root: &Path) -> String {
+    let out = run(Command::new("ls")
+        .args(["-lRan", "--time-style=full-iso", "."])
+        .current_dir(root));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn compare_with_kernel(src: &Path, work: &Path) {
+    let image = work.join("img");
+    let digest = String::from_utf8(build(src, &image, &["--quiet"]).stdout).unwrap();
+    let kernel = Mount::erofs(&image, &work.join("kernel"));
+    let fuse = FuseMount::new(&image, &work.join("fuse"), &["--digest", digest.trim()]);
+    assert_eq!(mount_type(&fuse.dir).as_deref(), Some("fuse.verilay"));
+
+    assert_diff_clean(src, &fuse.dir);
+    assert_diff_clean(&kernel.dir, &fuse.dir);
+    assert_same_stats(src, &fuse.dir);
+    assert_same_stats(&kernel.dir, &fuse.dir);
+    assert_eq!(
+        ls_lr(&kernel.dir),
+        ls_lr(&fuse.dir),
+        "ls -lR differs from the kernel's"
+    );
+    assert_eq!(xattr_dump(&kernel.dir), xattr_dump(&fuse.dir), "getfattr");
+    assert_eq!(xattr_dump(src), xattr_dump(&fuse.dir), "getfattr vs source");
+    assert_eq!(acl_dump(&kernel.dir), acl_dump(&fuse.dir), "getfacl");
+    // statfs: the same block and inode counts as the kernel reports.
+    let df = |d: &Path| {
+        let out = run(Command::new("stat")
+            .args(["-f", "-c", "%S %b %f %c %l"])
+            .arg(d));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(df(&kernel.dir), df(&fuse.dir), "statfs");
+}
+
+#[test]
+fn generated_tree_matches_source_and_kernel_mount() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    compare_with_kernel(&src, t.path());
+}
+
+#[test]
+fn real_tree_matches_source_and_kernel_mount() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    compare_with_kernel(Path::new("/usr/include"), t.path());
+}
+
+#[test]
+fn acls_and_trusted_xattrs_are_enforced_like_the_kernel() {
+    if prerequisites() || skip_unless(have("runuser"), "runuser missing") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("open"), b"anyone").unwrap();
+    std::fs::write(src.join("acl_denied"), b"secret").unwrap();
+    std::fs::write(src.join("acl_allowed"), b"shared").unwrap();
+    sh(&format!(
+        "cd '{}' && chmod 644 open && chmod 644 acl_denied && setfacl -m u:nobody:--- acl_denied && \
+         chmod 600 acl_allowed && setfacl -m u:nobody:r-- acl_allowed && \
+         setfattr -n trusted.secret -v 1 open && setfattr -n user.visible -v 1 open && chmod 755 d",
+        src.display()
+    ));
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let kernel = Mount::erofs(&image, &t.path().join("kernel"));
+    let fuse = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    for m in [&kernel.dir, &fuse.dir] {
+        let as_nobody = |script: &str| {
+            Command::new("runuser")
+                .args(["-u", "nobody", "--", "sh", "-c", script])
+                .current_dir(m)
+                .output()
+                .unwrap()
+        };
+        assert_eq!(as_nobody("cat open").stdout, b"anyone");
+        assert!(!as_nobody("cat acl_denied").status.success(), "ACL denies");
+        assert_eq!(as_nobody("cat acl_allowed").stdout, b"shared", "ACL allows");
+        // trusted.* is listed for root only.
+        let list = String::from_utf8(as_nobody("getfattr -d -m - open").stdout).unwrap();
+        assert!(
+            list.contains("user.visible") && !list.contains("trusted.secret"),
+            "{list}"
+        );
+        let root_list = run(Command::new("getfattr")
+            .args(["-d", "-m", "-", "open"])
+            .current_dir(m));
+        assert!(String::from_utf8_lossy(&root_list.stdout).contains("trusted.secret"));
+    }
+}
+
+#[test]
+fn a_tampered_image_gives_eio_for_that_file_only() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let victim: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(src.join("victim"), &victim).unwrap();
+    std::fs::write(src.join("bystander"), b"still fine").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let info: serde_json::Value = serde_json::from_slice(
+        &run(verilay()
+            .args(["inspect", "--json"])
+            .arg(&image)
+            .arg("victim"))
+        .stdout,
+    )
+    .unwrap();
+    let start = info["layout"]["start_block"].as_u64().unwrap() * 4096;
+    let log = t.path().join("log");
+    let fuse = FuseMount::new(
+        &image,
+        &t.path().join("fuse"),
+        &["--log", log.to_str().unwrap()],
+    );
+    // Flip one byte of the victim's data in the image file under the live mount (the
+    // file has not been read, so nothing of it is cached yet).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .open(&image)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, start + 100_000).unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], start + 100_000).unwrap();
+    }
+    let err = std::fs::read(fuse.dir.join("victim")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(5), "EIO, got {err}");
+    assert_eq!(
+        std::fs::read(fuse.dir.join("bystander")).unwrap(),
+        b"still fine"
+    );
+    // Blocks before the bad one read fine; none of the bad block's bytes come out.
+    use std::io::Read;
+    let mut f = std::fs::File::open(fuse.dir.join("victim")).unwrap();
+    let mut head = vec![0u8; 64 * 1024];
+    f.read_exact(&mut head).unwrap();
+    assert_eq!(head, victim[..head.len()]);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("integrity error")
+            && logged.contains(&format!("{}", (start + 100_000) / 4096 * 4096)),
+        "log names the bad block: {logged}"
+    );
+}
+
+#[test]
+fn many_concurrent_readers_all_get_the_right_bytes() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let fuse = FuseMount::new(&image, &t.path().join("fuse"), &["--threads", "4"]);
+    // One digest of every file's path and contents, in a fixed order.
+    let script = "find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum";
+    let want = run(Command::new("sh").args(["-c", script]).current_dir(&src)).stdout;
+    let readers: Vec<_> = (0..10)
+        .map(|_| {
+            Command::new("sh")
+                .args(["-c", script])
+                .current_dir(&fuse.dir)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for r in readers {
+        let out = r.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, want, "a concurrent reader saw different bytes");
+    }
+}
+
+#[test]
+fn rootless_mount_by_an_ordinary_user() {
+    if prerequisites()
+        || skip_unless(have("runuser"), "runuser missing")
+        || skip_unless(
+            Command::new("id")
+                .arg("verilaytest")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "user verilaytest missing (scripts/setup creates it)",
+        )
+    {
+        return;
+    }
+    // A directory the user owns, holding a copy of the binary it can run.
+    let base = PathBuf::from(format!("/tmp/verilay-rootless-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(base.join("mnt")).unwrap();
+    let src = base.join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/file"), b"rootless bytes").unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_verilay"), base.join("verilay")).unwrap();
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    sh(&format!("chown -R verilaytest '{}'", base.display()));
+    let as_user = |args: &str| {
+        Command::new("runuser")
+            .args(["-u", "verilaytest", "--", "sh", "-c", args])
+            .current_dir(&base)
+            .output()
+            .unwrap()
+    };
+    let out = as_user("./verilay mount img mnt");
+    assert!(
+        out.status.success(),
+        "rootless mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        mount_type(&base.join("mnt")).as_deref(),
+        Some("fuse.verilay")
+    );
+    let out = as_user("cat mnt/sub/file && stat -c '%U %a' mnt/sub/file");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("rootless bytes"), "{text}");
+    let out = as_user("./verilay umount mnt");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mount_type(&base.join("mnt")), None, "unmounted");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn mount_helper_fstab_style_and_sigterm() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"via mount(8)").unwrap();
+    let image = t.path().join("img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    // mount(8) runs /sbin/mount.fuse.<subtype>; point one at this build.
+    let helper = Path::new("/sbin/mount.fuse.verilay");
+    let _ = std::fs::remove_file(helper);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
+    let out = Command::new("mount")
+        .args(["-t", "fuse.verilay", "-o"])
+        .arg(format!("ro,digest={}", digest.trim()))
+        .arg(&image)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(helper);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"via mount(8)");
+    run(Command::new("umount").arg(&mnt));
+    assert_eq!(mount_type(&mnt), None);
+
+    // SIGTERM to the daemon unmounts cleanly.
+    run(verilay().arg("mount").arg(&image).arg(&mnt));
+    let pid = String::from_utf8(
+        run(Command::new("pgrep").args([
+            "-f",
+            &format!("verilay mount {} {}", image.display(), mnt.display()),
+        ]))
+        .stdout,
+    )
+    .unwrap();
+    run(Command::new("kill").args(["-TERM", pid.trim()]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while mount_type(&mnt).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still mounted after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn mount_errors_are_one_clear_line() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let fails = |args: &[&str], needle: &str| {
+        let out = verilay().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    };
+    let img = image.to_str().unwrap();
+    let m = mnt.to_str().unwrap();
+    let zero = format!("sha256:{}", "0".repeat(64));
+    fails(&["mount", "--digest", &zero, img, m], "not the pinned");
+    fails(&["mount", "/nonexistent.img", m], "/nonexistent.img");
+    fails(
+        &["mount", img, "/nonexistent-dir"],
+        "mountpoint /nonexistent-dir",
+    );
+    let plain = t.path().join("plain");
+    build(&src, &plain, &["--quiet", "--no-verity"]);
+    fails(&["mount", plain.to_str().unwrap(), m], "no verity section");
+    let _busy = FuseMount::new(&image, &mnt, &[]);
+    fails(&["mount", img, m], "already mounted");
+    assert_eq!(mount_type(&mnt).as_deref(), Some("fuse.verilay"));
+    fails(&["umount", "/tmp"], "/tmp");
+}
