@@ -3,9 +3,10 @@
 //!
 //! - Data blocks are hashed on every read from the underlying source. A userspace reader
 //!   cannot stop another process rewriting the file between two reads, so "verified once"
-//!   is not a property of bytes read later. What is cached is our own verified copy: the
-//!   blocks that small reads (inodes, directories, xattrs) touch, 4 MiB per thread;
-//!   caching file data is the job of the layers above (a mount's page cache).
+//!   is not a property of bytes read later. What is cached is our own verified copy of
+//!   the blocks small reads (inodes, directories, xattrs) touch, in write-once slots read
+//!   without locks, up to 64 MiB added per thread; caching file data is the job of the
+//!   layers above (a mount's page cache).
 //! - Tree blocks are verified once and kept: the set of filled `OnceLock`s is the
 //!   verified-block bitmap, and each miss verifies only the path up to the first verified
 //!   ancestor (or the root).
@@ -21,11 +22,8 @@ use crate::descriptor::{Descriptor, DESCRIPTOR_SIZE};
 use crate::source::ByteSource;
 use crate::{level_blocks, Params};
 use rayon::prelude::*;
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::cell::Cell;
 use std::io;
-use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Reads of at least this many bytes are hashed on several threads.
@@ -82,51 +80,65 @@ pub struct VerifiedSource<S> {
     /// Level 0 (hashes of data blocks) first; empty when the data is one block or none.
     levels: Vec<Level>,
     readahead: bool,
-    /// Identifies this source in the per-thread block caches.
-    id: u64,
+    /// Verified copies of blocks that small reads touched.
+    small: SmallReadCache,
 }
 
-/// Verified copies of single blocks, so a reader walking inodes and directories does not
-/// re-read and re-hash the same block for every small structure in it. Sound because the
-/// bytes are our own verified copy, not a re-read of the file. One cache per thread,
-/// keyed by (source, block): serving a request touches no lock or counter shared with
-/// other threads. FIFO eviction.
-struct BlockCache {
-    map: HashMap<(u64, u64), Rc<[u8]>>,
-    order: VecDeque<(u64, u64)>,
+/// Verified copies of the blocks small reads touch (inodes, directories, xattrs), so a
+/// walk does not re-read and re-hash a block for every structure in it. Sound because
+/// the bytes are our own verified copy, never a re-read of the file.
+///
+/// Write-once slots, never evicted, in chunks allocated on first use: a hit is one atomic
+/// load and hands out a plain borrow, so serving a request writes no lock, counter or
+/// refcount shared with other threads. Memory is bounded per thread (each thread may fill
+/// [`SMALL_CACHE_PER_THREAD`] bytes of slots, counted in a thread-local), after which its
+/// misses are verified without being kept.
+struct SmallReadCache {
+    chunks: Box<[OnceLock<Box<[OnceLock<Box<[u8]>>]>>]>,
 }
 
-/// Bytes of verified blocks each thread keeps.
-const CACHE_BYTES: usize = 4 << 20;
+const CACHE_CHUNK: u64 = 1024;
+/// Bytes of blocks each thread may add to the cache.
+pub const SMALL_CACHE_PER_THREAD: u64 = 64 << 20;
 
 thread_local! {
-    static CACHE: RefCell<BlockCache> = RefCell::new(BlockCache {
-        map: HashMap::new(),
-        order: VecDeque::new(),
-    });
+    static CACHED_BY_THIS_THREAD: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Source ids: taken once per open, never on the request path.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
-impl BlockCache {
-    fn get(key: (u64, u64)) -> Option<Rc<[u8]>> {
-        CACHE.with(|c| c.borrow().map.get(&key).cloned())
+impl SmallReadCache {
+    fn new(blocks: u64) -> SmallReadCache {
+        SmallReadCache {
+            chunks: (0..blocks.div_ceil(CACHE_CHUNK))
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
     }
 
-    fn put(key: (u64, u64), data: Rc<[u8]>) {
-        let cap = (CACHE_BYTES / data.len().max(1)).max(1);
-        CACHE.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.map.insert(key, data).is_none() {
-                c.order.push_back(key);
-                while c.order.len() > cap {
-                    if let Some(old) = c.order.pop_front() {
-                        c.map.remove(&old);
-                    }
-                }
-            }
-        })
+    fn get(&self, block: u64) -> Option<&[u8]> {
+        let chunk = self.chunks.get((block / CACHE_CHUNK) as usize)?.get()?;
+        chunk[(block % CACHE_CHUNK) as usize].get().map(|b| &b[..])
+    }
+
+    /// Keeps `data` for `block` if this thread still has budget; returns the kept copy.
+    fn put(&self, block: u64, data: Vec<u8>) -> Option<&[u8]> {
+        let used = CACHED_BY_THIS_THREAD.with(Cell::get);
+        if used + data.len() as u64 > SMALL_CACHE_PER_THREAD {
+            return None;
+        }
+        let chunk = self
+            .chunks
+            .get((block / CACHE_CHUNK) as usize)?
+            .get_or_init(|| (0..CACHE_CHUNK).map(|_| OnceLock::new()).collect());
+        let slot = &chunk[(block % CACHE_CHUNK) as usize];
+        let mut stored = false;
+        let b = slot.get_or_init(|| {
+            stored = true;
+            data.into_boxed_slice()
+        });
+        if stored {
+            CACHED_BY_THIS_THREAD.with(|c| c.set(used + b.len() as u64));
+        }
+        Some(b)
     }
 }
 
@@ -201,7 +213,7 @@ impl<S: ByteSource> VerifiedSource<S> {
             pinned: pin.is_some(),
             levels,
             readahead: true,
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            small: SmallReadCache::new(parsed.data_size.div_ceil(bs)),
         })
     }
 
@@ -424,20 +436,16 @@ impl<S: ByteSource> ByteSource for VerifiedSource<S> {
             return r;
         }
         if first == last {
-            // A small read inside one block: serve it from (or into) the block cache.
-            let key = (self.id, first);
-            let block = match BlockCache::get(key) {
-                Some(b) => b,
-                None => {
-                    let mut b = vec![0u8; (span_end - span_start) as usize];
-                    self.read_blocks(&mut b, first, last)?;
-                    let b: Rc<[u8]> = b.into();
-                    BlockCache::put(key, b.clone());
-                    b
-                }
-            };
+            // A small read inside one block: serve it from (or into) the cache.
             let from = (offset - span_start) as usize;
-            buf.copy_from_slice(&block[from..from + buf.len()]);
+            if let Some(b) = self.small.get(first) {
+                buf.copy_from_slice(&b[from..from + buf.len()]);
+                return Ok(());
+            }
+            let mut b = vec![0u8; (span_end - span_start) as usize];
+            self.read_blocks(&mut b, first, last)?;
+            buf.copy_from_slice(&b[from..from + buf.len()]);
+            self.small.put(first, b);
             return Ok(());
         }
         let mut span = vec![0u8; (span_end - span_start) as usize];

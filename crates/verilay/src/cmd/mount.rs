@@ -266,6 +266,7 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
                 .context("talking to the kernel"))
         };
     let bg = try_ready!(session.spawn().context("starting the workers"));
+    raise_readahead(&a.mountpoint);
 
     let mountpoint = a.mountpoint.clone();
     let mut signals = try_ready!(signal_hook::iterator::Signals::new([
@@ -286,6 +287,21 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
     // Returns when the filesystem is unmounted (by us or anyone).
     let _ = bg.join();
     Ok(())
+}
+
+/// The kernel caps FUSE readahead at the mount's bdi setting (128 KiB by default) whatever
+/// INIT negotiated; let sequential reads arrive as 1 MiB requests. Root only; best effort.
+fn raise_readahead(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = m.dev();
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let _ = std::fs::write(
+        format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"),
+        b"1024",
+    );
 }
 
 /// Opens /dev/fuse and mounts it read-only on `mountpoint` as "fuse.verilay".
