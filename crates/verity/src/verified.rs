@@ -94,8 +94,11 @@ pub struct VerifiedSource<S> {
 /// [`SMALL_CACHE_PER_THREAD`] bytes of slots, counted in a thread-local), after which its
 /// misses are verified without being kept.
 struct SmallReadCache {
-    chunks: Box<[OnceLock<Box<[OnceLock<Box<[u8]>>]>>]>,
+    chunks: Box<[OnceLock<Chunk>]>,
 }
+
+/// `CACHE_CHUNK` consecutive blocks' slots.
+type Chunk = Box<[OnceLock<Box<[u8]>>]>;
 
 const CACHE_CHUNK: u64 = 1024;
 /// Bytes of blocks each thread may add to the cache.
