@@ -125,7 +125,8 @@ impl SmallReadCache {
     /// Keeps `data` for `block` if this thread still has budget; returns the kept copy.
     fn put(&self, block: u64, data: Vec<u8>) -> Option<&[u8]> {
         let used = CACHED_BY_THIS_THREAD.with(Cell::get);
-        if used + data.len() as u64 > SMALL_CACHE_PER_THREAD {
+        let n = data.len() as u64;
+        if used + n > SMALL_CACHE_PER_THREAD {
             return None;
         }
         let chunk = self
@@ -139,7 +140,7 @@ impl SmallReadCache {
             data.into_boxed_slice()
         });
         if stored {
-            CACHED_BY_THIS_THREAD.with(|c| c.set(used + b.len() as u64));
+            CACHED_BY_THIS_THREAD.with(|c| c.set(used + n));
         }
         Some(b)
     }
