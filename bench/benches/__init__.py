@@ -10,10 +10,11 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, read
+from . import build, digest, mount, read
 
 BENCHES = {
     "build": build,
     "digest": digest,
     "read": read,
+    "mount": mount,
 }

@@ -1,0 +1,278 @@
+"""mount: walking and reading a mounted image, verilay's FUSE mount against the peers.
+
+One tree (the Linux source; usr-share with --quick) as an image per tool, mounted side by
+side: kernel erofs (mounting the verilay image file, as is), erofsfuse 1.9 (same image),
+squashfuse (the tree as an uncompressed squashfs), composefs-fuse if present, and
+verilay (verification on, as always). Workloads, each cold (caches dropped before the
+run) and warm (the same run repeated):
+
+  ls-lR       `ls -lR`                      (stat + security/ACL xattr lookups per entry)
+  stat-walk   `find -printf '%s %m %u %T@'` (lstat only)
+  read-all    cat of every regular file
+  large-file  cat of one 256 MiB file (its own image per tool)
+
+and, on an image whose files all carry xattrs, `getfattr -n user.absent` over every file
+with the xattr name filter on and off (verilay and kernel erofs; seed 4).
+
+Targets (verification on): every walk within 1.5x of kernel erofs, warm and cold;
+read-all cold within 2x; at least 3x faster than erofsfuse and composefs-fuse
+everywhere; the filter makes the absent-name walk at least 15% faster.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+from harness import datasets, report, timing, tools
+
+DESCRIPTION = "mounted-image walks and reads: verilay vs kernel erofs, erofsfuse, squashfuse"
+
+KERNEL_RATIO = 1.5
+READ_COLD_RATIO = 2.0
+FUSE_PEER_SPEEDUP = 3.0
+FILTER_GAIN = 0.15
+LARGE = 256 << 20
+
+WORKLOADS = {
+    "ls-lR": "ls -lR . > /dev/null",
+    "stat-walk": "find . -printf '%s %m %u %T@\\n' > /dev/null",
+    "read-all": "find . -type f -print0 | xargs -0 -r cat > /dev/null",
+}
+
+
+class Mounted:
+    """One tool's mount of one image: mount(), umount(), and its directory."""
+
+    def __init__(self, tool, image, mnt, mount_argv, umount_argv):
+        self.tool, self.image, self.dir = tool, image, mnt
+        self.mount_argv, self.umount_argv = mount_argv, umount_argv
+
+    def mount(self):
+        os.makedirs(self.dir, exist_ok=True)
+        subprocess.run(self.mount_argv, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+        deadline = time.time() + 20
+        while not os.path.ismount(self.dir):
+            if time.time() > deadline:
+                raise RuntimeError(f"{self.tool}: {self.dir} never got mounted")
+            time.sleep(0.05)
+
+    def umount(self):
+        subprocess.run(self.umount_argv, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while os.path.ismount(self.dir) and time.time() < deadline:
+            time.sleep(0.05)
+
+
+def fuse_umount(d):
+    return ["umount", "-l", d]
+
+
+def build_images(verilay, src, scratch, tag, with_squash=True):
+    """{kind: path} of the images one tree needs."""
+    out = {"erofs": os.path.join(scratch, f"{tag}.img")}
+    subprocess.run([verilay, "build", src, "-o", out["erofs"], "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL,
+                   env=dict(os.environ, SOURCE_DATE_EPOCH="1700000000"))
+    if with_squash and shutil.which("mksquashfs"):
+        out["squashfs"] = os.path.join(scratch, f"{tag}.sqfs")
+        subprocess.run(["mksquashfs", src, out["squashfs"], "-noappend", "-quiet",
+                        "-no-progress", "-noI", "-noD", "-noF", "-noX", "-no-xattrs"],
+                       check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def mounts_for(images, scratch, tag, verilay, peers):
+    m = [Mounted("kernel-erofs", images["erofs"], os.path.join(scratch, f"{tag}-kernel"),
+                 ["mount", "-t", "erofs", "-o", "ro", images["erofs"],
+                  os.path.join(scratch, f"{tag}-kernel")],
+                 ["umount", os.path.join(scratch, f"{tag}-kernel")])]
+    d = os.path.join(scratch, f"{tag}-verilay")
+    m.append(Mounted("verilay", images["erofs"], d,
+                     [verilay, "mount", images["erofs"], d], [verilay, "umount", "-l", d]))
+    if peers.get("erofsfuse"):
+        d = os.path.join(scratch, f"{tag}-erofsfuse")
+        m.append(Mounted("erofsfuse", images["erofs"], d,
+                         [peers["erofsfuse"], images["erofs"], d], fuse_umount(d)))
+    if peers.get("squashfuse") and "squashfs" in images:
+        d = os.path.join(scratch, f"{tag}-squashfuse")
+        m.append(Mounted("squashfuse", images["squashfs"], d,
+                         [peers["squashfuse"], images["squashfs"], d], fuse_umount(d)))
+    return m
+
+
+def timed_shell(script, cwd):
+    start = time.perf_counter()
+    subprocess.run(["sh", "-c", script], cwd=cwd, check=True)
+    return time.perf_counter() - start
+
+
+def measure(mounts, workloads, runs, results, label):
+    """Cold then warm samples of every workload on every mount, interleaved by run."""
+    for m in mounts:
+        m.mount()
+    try:
+        for wl, script in workloads.items():
+            for i in range(runs):
+                print(f"  {label} {wl}: run {i + 1}/{runs}", flush=True)
+                for m in mounts:
+                    r = results.setdefault((wl, m.tool), {"cold": [], "warm": []})
+                    timing.drop_caches()
+                    r["cold"].append(timed_shell(script, m.dir))
+                    r["warm"].append(timed_shell(script, m.dir))
+    finally:
+        for m in mounts:
+            m.umount()
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def xattr_tree(base):
+    """A copy of a small real tree whose every file carries two xattrs (created once)."""
+    path = os.path.join(datasets.DATA_DIR, "xattr-tree")
+    if not os.path.isdir(path):
+        tmp = path + ".partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(os.path.join(base, "man"), tmp, symlinks=True)
+        for root, _, files in os.walk(tmp):
+            for f in files:
+                p = os.path.join(root, f)
+                if not os.path.islink(p):
+                    os.setxattr(p, "user.label", b"system_u:object_r:usr_t")
+                    os.setxattr(p, "user.origin", os.path.basename(p).encode())
+        os.rename(tmp, path)
+    return path
+
+
+def run(ctx):
+    scratch = datasets.scratch_dir("mount")
+    verilay, why = tools.verilay(scratch)
+    data = {"bench": "mount", "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick}, "results": [],
+            "targets": []}
+    if not verilay or timing.drop_caches() is not None:
+        reason = why or "needs root (mounts, dropping caches)"
+        print(f"mount bench skipped: {reason}")
+        data["targets"].append(report.target("mount", None, reason))
+        return data
+    peers = {"erofsfuse": tools.find("EROFSFUSE_19", "erofsfuse-1.9"),
+             "squashfuse": tools.find("SQUASHFUSE", "squashfuse"),
+             "composefs-fuse": tools.find("COMPOSEFS_FUSE", "composefs-fuse")}
+    data["peers"] = {k: v for k, v in peers.items()}
+    for name, path in peers.items():
+        print(f"{name}: {path or 'not available'}")
+    if not peers["composefs-fuse"]:
+        print("composefs-fuse: not found (set COMPOSEFS_FUSE); its rows are skipped")
+
+    ds = datasets.for_run(ctx.quick)[0]
+    datasets.warm(ds)
+    print(ds.describe(), flush=True)
+    data["dataset"] = {"name": ds.name, **ds.stats}
+    results = {}
+    images = build_images(verilay, ds.path, scratch, "tree")
+    measure(mounts_for(images, scratch, "tree", verilay, peers), WORKLOADS, ctx.runs,
+            results, ds.name)
+
+    # One large file, its own image per tool.
+    big_src = os.path.join(scratch, "large-src")
+    os.makedirs(big_src)
+    with open(os.path.join(big_src, "big"), "wb") as f:
+        for _ in range(LARGE >> 24):
+            f.write(os.urandom(1 << 24))
+    big_images = build_images(verilay, big_src, scratch, "large")
+    measure(mounts_for(big_images, scratch, "large", verilay, peers),
+            {"large-file": "cat big > /dev/null"}, ctx.runs, results, "large")
+
+    # Absent xattr names over a tree where every file has xattrs: filter on and off.
+    xt = xattr_tree(datasets.usr_share().path)
+    absent = "find . -type f -print0 | xargs -0 -r getfattr -h -n user.absent 2>/dev/null; true"
+    for filt in ("on", "off"):
+        img = os.path.join(scratch, f"xattr-{filt}.img")
+        args = [verilay, "build", xt, "-o", img, "--quiet"]
+        if filt == "off":
+            args.append("--no-xattr-filter")
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        ms = mounts_for({"erofs": img}, scratch, f"xattr-{filt}", verilay, {})
+        for m in ms:
+            m.tool = f"{m.tool}/filter-{filt}"
+        measure(ms, {"absent-xattr": absent}, ctx.runs, results, f"filter {filt}")
+
+    for (wl, tool), r in results.items():
+        data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
+                                "warm": r["warm"], "cold_median": median(r["cold"]),
+                                "warm_median": median(r["warm"])})
+    shutil.rmtree(scratch, ignore_errors=True)
+    print_results(data)
+    data["targets"] = check_targets(data)
+    return data
+
+
+def print_results(data):
+    by = {(r["workload"], r["tool"]): r for r in data["results"]}
+    rows = []
+    for r in data["results"]:
+        k = by.get((r["workload"], "kernel-erofs")) or by.get(
+            (r["workload"], r["tool"].replace("verilay", "kernel-erofs")))
+        ratio = lambda t: f"{r[t] / k[t]:.2f}" if k else "-"  # noqa: E731
+        rows.append([r["workload"], r["tool"], f"{r['cold_median']:.3f}",
+                     f"{r['warm_median']:.3f}", ratio("cold_median"), ratio("warm_median")])
+    print()
+    report.print_table(["workload", "tool", "cold s", "warm s", "cold/kernel",
+                        "warm/kernel"], rows, left=2)
+    print()
+
+
+def check_targets(data):
+    by = {(r["workload"], r["tool"]): r for r in data["results"]}
+    t = []
+    for wl in ("ls-lR", "stat-walk", "read-all", "large-file"):
+        vl, k = by.get((wl, "verilay")), by.get((wl, "kernel-erofs"))
+        if not vl or not k:
+            continue
+        for temp in ("cold", "warm"):
+            limit = READ_COLD_RATIO if (wl == "read-all" and temp == "cold") else KERNEL_RATIO
+            ratio = vl[f"{temp}_median"] / k[f"{temp}_median"]
+            t.append(report.target(f"{wl} {temp} vs kernel erofs", ratio <= limit,
+                                   f"{ratio:.2f}x kernel's time (target <= {limit}x)"))
+        for peer in ("erofsfuse", "composefs-fuse"):
+            p = by.get((wl, peer))
+            if not p:
+                continue
+            for temp in ("cold", "warm"):
+                speedup = p[f"{temp}_median"] / vl[f"{temp}_median"]
+                t.append(report.target(f"{wl} {temp} vs {peer}", speedup >= FUSE_PEER_SPEEDUP,
+                                       f"verilay {speedup:.2f}x as fast "
+                                       f"(target >= {FUSE_PEER_SPEEDUP}x)"))
+    on, off = by.get(("absent-xattr", "verilay/filter-on")), by.get(
+        ("absent-xattr", "verilay/filter-off"))
+    if on and off:
+        for temp in ("cold", "warm"):
+            gain = 1 - on[f"{temp}_median"] / off[f"{temp}_median"]
+            t.append(report.target(f"absent-xattr walk {temp}, filter on vs off", gain >= FILTER_GAIN,
+                                   f"{gain * 100:.0f}% faster (target >= {FILTER_GAIN * 100:.0f}%)"))
+    return t
+
+
+def plot(data, png):
+    if not data.get("results"):
+        return
+    workloads = []
+    for r in data["results"]:
+        if r["workload"] not in workloads:
+            workloads.append(r["workload"])
+    rows = []
+    for wl in workloads:
+        rs = [r for r in data["results"] if r["workload"] == wl]
+        rows.append((wl, {
+            "cold": [{"label": r["tool"], "value": r["cold_median"],
+                      "lo": min(r["cold"]), "hi": max(r["cold"])} for r in rs],
+            "warm": [{"label": r["tool"], "value": r["warm_median"],
+                      "lo": min(r["warm"]), "hi": max(r["warm"])} for r in rs]}))
+    report.bar_grid(png, f"mount: median of {data['settings']['runs']} (min..max)", rows,
+                    [("cold", "cold cache, s"), ("warm", "warm cache, s")])
