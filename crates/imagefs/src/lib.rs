@@ -198,8 +198,9 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // Always plus (not _AUTO, which uses it for a directory's first chunk only):
+            // attributes cost us one cached inode read, and spare a LOOKUP per entry.
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_POSIX_ACL,
             InitFlags::FUSE_MAX_PAGES,
         ] {
