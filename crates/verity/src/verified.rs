@@ -80,6 +80,8 @@ pub struct VerifiedSource<S> {
     /// Level 0 (hashes of data blocks) first; empty when the data is one block or none.
     levels: Vec<Level>,
     readahead: bool,
+    /// Hash large reads on rayon's threads.
+    parallel: bool,
     /// Verified copies of blocks that small reads touched.
     small: SmallReadCache,
 }
@@ -217,6 +219,7 @@ impl<S: ByteSource> VerifiedSource<S> {
             pinned: pin.is_some(),
             levels,
             readahead: true,
+            parallel: true,
             small: SmallReadCache::new(parsed.data_size.div_ceil(bs)),
         })
     }
@@ -225,6 +228,13 @@ impl<S: ByteSource> VerifiedSource<S> {
     /// measuring what readahead buys.
     pub fn set_readahead(&mut self, on: bool) {
         self.readahead = on;
+    }
+
+    /// Turns hashing large reads on several threads off. A server that already runs many
+    /// requests at once (a FUSE mount) gains nothing from it and keeps its request path
+    /// free of rayon's shared queues.
+    pub fn set_parallel_hashing(&mut self, on: bool) {
+        self.parallel = on;
     }
 
     /// The fs-verity digest of the data, as `fsverity digest` prints it after `alg:`.
@@ -378,7 +388,7 @@ impl<S: ByteSource> VerifiedSource<S> {
         self.inner.read_exact_at(span, first * self.bs())?;
         self.fetch_level0(first, last)?;
         let bs = self.bs() as usize;
-        if span.len() >= PARALLEL_BYTES {
+        if self.parallel && span.len() >= PARALLEL_BYTES {
             span.par_chunks(bs)
                 .enumerate()
                 .try_for_each(|(k, b)| self.check_block(first + k as u64, b))

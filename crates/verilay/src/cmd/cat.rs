@@ -28,6 +28,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let opts = ReadOpts {
         readahead: !a.no_readahead,
         direct: a.direct_io,
+        ..ReadOpts::default()
     };
     let img = open_with(&a.image, &a.pin, false, &opts)?.img;
     let stdout = std::io::stdout();

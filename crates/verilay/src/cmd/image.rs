@@ -73,6 +73,9 @@ pub struct ReadOpts {
     pub readahead: bool,
     /// `O_DIRECT`: bypass the page cache for the image file.
     pub direct: bool,
+    /// Hash large reads on several threads (off for the mount daemon, whose requests
+    /// already run in parallel).
+    pub parallel_hashing: bool,
 }
 
 impl Default for ReadOpts {
@@ -80,6 +83,7 @@ impl Default for ReadOpts {
         ReadOpts {
             readahead: true,
             direct: false,
+            parallel_hashing: true,
         }
     }
 }
@@ -101,6 +105,7 @@ pub fn open_with(
     match VerifiedSource::open(src, pin_bytes.as_deref()) {
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
+            v.set_parallel_hashing(opts.parallel_hashing);
             let v = Arc::new(v);
             let img =
                 Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;

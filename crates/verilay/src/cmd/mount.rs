@@ -6,7 +6,7 @@
 //! The daemon serves until the filesystem is unmounted, or unmounts it on SIGTERM,
 //! SIGINT or SIGHUP. As root it mounts with mount(2); otherwise through `fusermount3`.
 
-use super::image::{open, Pin};
+use super::image::{open, open_with, Pin, ReadOpts};
 use anyhow::{bail, Context};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -214,7 +214,11 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
         // Our own session: the caller's terminal closing must not hang us up.
         let _ = rustix::process::setsid();
     }
-    let opened = try_ready!(open(&a.image, &a.pin, false));
+    let read_opts = ReadOpts {
+        parallel_hashing: false,
+        ..ReadOpts::default()
+    };
+    let opened = try_ready!(open_with(&a.image, &a.pin, false, &read_opts));
     let name = std::fs::canonicalize(&a.image)
         .unwrap_or_else(|_| a.image.clone())
         .display()
