@@ -331,6 +331,34 @@ fn mount_helper_fstab_style_and_sigterm() {
     run(Command::new("umount").arg(&mnt));
     assert_eq!(mount_type(&mnt), None);
 
+    // An fstab line (in a private fstab file: `mount -T FILE DIR`).
+    let fstab = t.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "{} {} fuse.verilay ro,nofail,digest={},threads=2 0 0\n",
+            image.display(),
+            mnt.display(),
+            digest.trim()
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
+    let out = Command::new("mount")
+        .arg("-T")
+        .arg(&fstab)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(helper);
+    assert!(
+        out.status.success(),
+        "fstab: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"via mount(8)");
+    run(Command::new("umount").arg(&mnt));
+
     // SIGTERM to the daemon unmounts cleanly.
     run(verilay().arg("mount").arg(&image).arg(&mnt));
     let pid = String::from_utf8(
@@ -349,6 +377,47 @@ fn mount_helper_fstab_style_and_sigterm() {
             "still mounted after SIGTERM"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn inode_numbers_are_stable_and_unique() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let inos = |dir: &Path| {
+        let out = run(Command::new("find")
+            .args([".", "-printf", "%i %n %y %p\\n"])
+            .current_dir(dir));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = {
+        let m = FuseMount::new(&image, &t.path().join("a"), &[]);
+        inos(&m.dir)
+    };
+    let m = FuseMount::new(&image, &t.path().join("b"), &[]);
+    assert_eq!(first, inos(&m.dir), "inode numbers change across mounts");
+    // One number per inode: distinct paths share a number only as hardlinks.
+    let mut seen = std::collections::HashMap::new();
+    for line in first.lines() {
+        let mut f = line.splitn(4, ' ');
+        let (ino, nlink, kind, path) = (
+            f.next().unwrap(),
+            f.next().unwrap(),
+            f.next().unwrap(),
+            f.next().unwrap(),
+        );
+        if let Some(other) = seen.insert(ino.to_string(), path.to_string()) {
+            assert!(
+                kind != "d" && nlink != "1",
+                "{path} and {other} share inode {ino}"
+            );
+        }
     }
 }
 
