@@ -207,3 +207,32 @@ fn concurrent_readers_agree() {
         }
     });
 }
+
+#[test]
+fn dense_prefix_group_reads_never_spread_a_bad_block() {
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    let n = 64 * 4096 + 100;
+    let bytes = data(n, 11);
+    let (f, digest) = sealed(&bytes, &params);
+    let mut whole = std::fs::read(f.path()).unwrap();
+    // Block 20 is bad; blocks 16..32 form one group of the dense prefix.
+    whole[20 * 4096 + 7] ^= 0x80;
+    let path = f.path().with_extension("dense");
+    std::fs::write(&path, &whole).unwrap();
+    let mut v = VerifiedSource::open(FileSource::open(&path).unwrap(), Some(&digest)).unwrap();
+    v.set_dense_prefix(48 * 4096);
+    for block in [17u64, 19, 21, 31, 40, 60] {
+        let mut buf = [0u8; 64];
+        v.read_exact_at(&mut buf, block * 4096 + 100).unwrap();
+        assert_eq!(
+            buf[..],
+            bytes[(block * 4096 + 100) as usize..][..64],
+            "block {block}"
+        );
+    }
+    for _ in 0..2 {
+        let mut buf = [0u8; 64];
+        let err = v.read_exact_at(&mut buf, 20 * 4096).unwrap_err();
+        assert_eq!(IntegrityError::find(&err).unwrap().offset, 20 * 4096);
+    }
+}

@@ -106,6 +106,11 @@ pub fn open_with(
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
             v.set_parallel_hashing(opts.parallel_hashing);
+            // The inode area (everything before the shared xattrs) is read in groups.
+            if let Ok(raw) = Image::open(&v) {
+                let sb = raw.superblock();
+                v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
+            }
             let v = Arc::new(v);
             let img =
                 Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;
