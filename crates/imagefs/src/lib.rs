@@ -118,6 +118,20 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
     }
 
+    /// A directory's entries from `offset` on, read lazily: a reply holds only a few KiB.
+    fn entries(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+    ) -> Result<impl Iterator<Item = Result<erofs::read::DirEntry, Errno>> + '_, Errno> {
+        let dir = self.inode(ino)?;
+        let it = self
+            .img
+            .readdir(&dir, offset)
+            .map_err(|e| self.fail("readdir", e))?;
+        Ok(it.map(|e| e.map_err(|e| self.fail("readdir", e))))
+    }
+
     /// Names in `trusted.` are listed for privileged callers only, as the kernel's erofs
     /// does (the VFS already refuses to *get* them for others).
     fn visible(req: &Request, name: &[u8]) -> bool {
@@ -318,18 +332,14 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let dir = match self.inode(ino) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
-        let entries = match self.img.readdir(&dir, offset) {
+        let entries = match self.entries(ino, offset) {
             Ok(it) => it,
-            Err(e) => return reply.error(self.fail("readdir", e)),
+            Err(e) => return reply.error(e),
         };
         for e in entries {
             let e = match e {
                 Ok(e) => e,
-                Err(e) => return reply.error(self.fail("readdir", e)),
+                Err(e) => return reply.error(e),
             };
             let name = OsStr::from_bytes(&e.name);
             if reply.add(
@@ -352,18 +362,14 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let dir = match self.inode(ino) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
-        let entries = match self.img.readdir(&dir, offset) {
+        let entries = match self.entries(ino, offset) {
             Ok(it) => it,
-            Err(e) => return reply.error(self.fail("readdir", e)),
+            Err(e) => return reply.error(e),
         };
         for e in entries {
             let e = match e {
                 Ok(e) => e,
-                Err(e) => return reply.error(self.fail("readdir", e)),
+                Err(e) => return reply.error(e),
             };
             let name = OsStr::from_bytes(&e.name);
             // "." and ".." get no dentry from readdirplus; their attributes are not used.

@@ -297,6 +297,21 @@ fn rootless_mount_by_an_ordinary_user() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// Runs mount(8) with /sbin/mount.fuse.verilay (what it execs for this type) pointing at
+/// this build for the duration.
+fn mount8(cmd: &mut Command) {
+    let helper = Path::new("/sbin/mount.fuse.verilay");
+    let _ = std::fs::remove_file(helper);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_file(helper);
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn mount_helper_fstab_style_and_sigterm() {
     if prerequisites() {
@@ -310,23 +325,12 @@ fn mount_helper_fstab_style_and_sigterm() {
     let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
     let mnt = t.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    // mount(8) runs /sbin/mount.fuse.<subtype>; point one at this build.
-    let helper = Path::new("/sbin/mount.fuse.verilay");
-    let _ = std::fs::remove_file(helper);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
-    let out = Command::new("mount")
-        .args(["-t", "fuse.verilay", "-o"])
+    let mut cmd = Command::new("mount");
+    cmd.args(["-t", "fuse.verilay", "-o"])
         .arg(format!("ro,digest={}", digest.trim()))
         .arg(&image)
-        .arg(&mnt)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(helper);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&mnt);
+    mount8(&mut cmd);
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"via mount(8)");
     run(Command::new("umount").arg(&mnt));
     assert_eq!(mount_type(&mnt), None);
@@ -343,19 +347,7 @@ fn mount_helper_fstab_style_and_sigterm() {
         ),
     )
     .unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
-    let out = Command::new("mount")
-        .arg("-T")
-        .arg(&fstab)
-        .arg(&mnt)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(helper);
-    assert!(
-        out.status.success(),
-        "fstab: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mount8(Command::new("mount").arg("-T").arg(&fstab).arg(&mnt));
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"via mount(8)");
     run(Command::new("umount").arg(&mnt));
 
