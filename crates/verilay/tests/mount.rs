@@ -37,6 +37,18 @@ impl Drop for FuseMount {
     }
 }
 
+/// A source tree made by `fill`, built into a sealed image: (tempdir, src, image, digest).
+fn fixture(fill: impl FnOnce(&Path)) -> (tempfile::TempDir, PathBuf, PathBuf, String) {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    fill(&src);
+    let image = t.path().join("img");
+    let out = build(&src, &image, &["--quiet"]);
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    (t, src, image, digest)
+}
+
 fn mount_type(dir: &Path) -> Option<String> {
     let canon = std::fs::canonicalize(dir).ok()?;
     std::fs::read_to_string("/proc/self/mounts")
@@ -155,14 +167,11 @@ fn a_tampered_image_gives_eio_for_that_file_only() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
     let victim: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    std::fs::write(src.join("victim"), &victim).unwrap();
-    std::fs::write(src.join("bystander"), b"still fine").unwrap();
-    let image = t.path().join("img");
-    build(&src, &image, &["--quiet"]);
+    let (t, _src, image, _) = fixture(|src| {
+        std::fs::write(src.join("victim"), &victim).unwrap();
+        std::fs::write(src.join("bystander"), b"still fine").unwrap();
+    });
     let info: serde_json::Value = serde_json::from_slice(
         &run(verilay()
             .args(["inspect", "--json"])
@@ -216,11 +225,7 @@ fn many_concurrent_readers_all_get_the_right_bytes() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
-    let image = t.path().join("img");
-    build(&src, &image, &["--quiet"]);
+    let (t, src, image, _) = fixture(generate_tree);
     let fuse = FuseMount::new(&image, &t.path().join("fuse"), &["--threads", "4"]);
     // One digest of every file's path and contents, in a fixed order.
     let script = "find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum";
@@ -317,12 +322,8 @@ fn mount_helper_fstab_style_and_sigterm() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("f"), b"via mount(8)").unwrap();
-    let image = t.path().join("img");
-    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    let (t, _src, image, digest) =
+        fixture(|src| std::fs::write(src.join("f"), b"via mount(8)").unwrap());
     let mnt = t.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let mut cmd = Command::new("mount");
@@ -377,11 +378,7 @@ fn inode_numbers_are_stable_and_unique() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
-    let image = t.path().join("img");
-    build(&src, &image, &["--quiet"]);
+    let (t, _src, image, _) = fixture(generate_tree);
     let inos = |dir: &Path| {
         let out = run(Command::new("find")
             .args([".", "-printf", "%i %n %y %p\\n"])
@@ -418,12 +415,7 @@ fn mount_errors_are_one_clear_line() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("f"), b"x").unwrap();
-    let image = t.path().join("img");
-    build(&src, &image, &["--quiet"]);
+    let (t, src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"x").unwrap());
     let mnt = t.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let fails = |args: &[&str], needle: &str| {
