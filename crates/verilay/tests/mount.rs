@@ -445,3 +445,60 @@ fn mount_errors_are_one_clear_line() {
     assert_eq!(mount_type(&mnt).as_deref(), Some("fuse.verilay"));
     fails(&["umount", "/tmp"], "/tmp");
 }
+
+/// Re-seals `image` after changing its EROFS bytes: the verity section then vouches for the
+/// damaged bytes, as it would for a hostile image built on purpose.
+fn reseal(image: &Path, change: impl FnOnce(&mut Vec<u8>)) {
+    let bytes = std::fs::read(image).unwrap();
+    let t = &bytes[bytes.len() - 64..];
+    let erofs_len = u64::from_le_bytes(t[16..24].try_into().unwrap()) as usize;
+    let mut erofs = bytes[..erofs_len].to_vec();
+    change(&mut erofs);
+    let params = verity::Params::new(verity::HashAlg::Sha256, 4096, Vec::new()).unwrap();
+    let mut level0 = vec![0u8; erofs.len().div_ceil(4096) * 32];
+    verity::hash_blocks(&params, &[], &erofs, &mut level0);
+    std::fs::write(image, &erofs).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+    verity::appended::append(&f, &params, erofs.len() as u64, level0).unwrap();
+}
+
+#[test]
+fn a_hostile_image_gives_errors_not_a_dead_daemon() {
+    if prerequisites() {
+        return;
+    }
+    let (t, _src, image, _) = fixture(|src| {
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/victim"), vec![7u8; 10_000]).unwrap();
+        std::fs::write(src.join("fine"), b"fine").unwrap();
+    });
+    let info: serde_json::Value = serde_json::from_slice(
+        &run(verilay()
+            .args(["inspect", "--json"])
+            .arg(&image)
+            .arg("d/victim"))
+        .stdout,
+    )
+    .unwrap();
+    let ino = info["inode"]["offset"].as_u64().unwrap() as usize;
+    // A hostile inode: an unknown format and layout, and a size pointing far outside,
+    // with the superblock checksum fixed up as a deliberate attacker would.
+    reseal(&image, |b| {
+        b[ino] = 0xFF;
+        b[ino + 1] = 0xFF;
+        b[ino + 8..ino + 12].copy_from_slice(&u32::MAX.to_le_bytes());
+        let crc = erofs::format::superblock_checksum(b, 4096).unwrap();
+        b[1028..1032].copy_from_slice(&crc.to_le_bytes());
+    });
+    run(verilay().arg("verify").arg(&image).arg("--quiet"));
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    for _ in 0..3 {
+        let err = std::fs::read(m.dir.join("d/victim")).unwrap_err();
+        assert!(err.raw_os_error().is_some(), "{err}");
+    }
+    // The daemon is alive and everything else still serves.
+    assert_eq!(std::fs::read(m.dir.join("fine")).unwrap(), b"fine");
+    let out = Command::new("ls").arg("-lR").arg(&m.dir).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("fine"));
+    assert_eq!(mount_type(&m.dir).as_deref(), Some("fuse.verilay"));
+}
