@@ -15,14 +15,17 @@ fn prerequisites() -> bool {
 /// A verilay FUSE mount, unmounted (and its daemon gone) when dropped.
 struct FuseMount {
     dir: PathBuf,
+    /// What `verilay mount` said on stderr.
+    said: String,
 }
 
 impl FuseMount {
     fn new(image: &Path, dir: &Path, extra: &[&str]) -> FuseMount {
         std::fs::create_dir_all(dir).unwrap();
-        run(verilay().arg("mount").arg(image).arg(dir).args(extra));
+        let out = run(verilay().arg("mount").arg(image).arg(dir).args(extra));
         FuseMount {
             dir: dir.to_path_buf(),
+            said: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
     }
 }
@@ -74,6 +77,12 @@ fn compare_with_kernel(src: &Path, work: &Path) {
     let kernel = Mount::erofs(&image, &work.join("kernel"));
     let fuse = FuseMount::new(&image, &work.join("fuse"), &["--digest", digest.trim()]);
     assert_eq!(mount_type(&fuse.dir).as_deref(), Some("fuse.verilay"));
+    assert!(
+        fuse.said
+            .contains(&format!("digest {} (pinned)", digest.trim())),
+        "{}",
+        fuse.said
+    );
 
     assert_diff_clean(src, &fuse.dir);
     assert_diff_clean(&kernel.dir, &fuse.dir);
@@ -440,7 +449,8 @@ fn mount_errors_are_one_clear_line() {
     let plain = t.path().join("plain");
     build(&src, &plain, &["--quiet", "--no-verity"]);
     fails(&["mount", plain.to_str().unwrap(), m], "no verity section");
-    let _busy = FuseMount::new(&image, &mnt, &[]);
+    let busy = FuseMount::new(&image, &mnt, &[]);
+    assert!(busy.said.contains("(not pinned)"), "{}", busy.said);
     fails(&["mount", img, m], "already mounted");
     assert_eq!(mount_type(&mnt).as_deref(), Some("fuse.verilay"));
     fails(&["umount", "/tmp"], "/tmp");

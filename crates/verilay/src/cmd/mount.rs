@@ -28,6 +28,9 @@ pub struct Args {
     /// Append log lines (integrity failures, with the file and offset) to this file.
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
+    /// No line on stderr once mounted.
+    #[arg(short, long)]
+    quiet: bool,
     /// Let other users access a rootless mount (needs user_allow_other in /etc/fuse.conf);
     /// root mounts always allow them.
     #[arg(long)]
@@ -46,15 +49,32 @@ pub struct UmountArgs {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    preflight(&a)?;
+    let trust = preflight(&a)?;
+    let announce = a.ready_fd.is_none() && !a.quiet;
+    let say = || {
+        eprintln!(
+            "{}: mounted on {}, every read verified, digest {trust}",
+            a.image.display(),
+            a.mountpoint.display()
+        )
+    };
     if a.foreground || a.ready_fd.is_some() {
+        // Said before serving: in the foreground, serving ends only at unmount.
+        if announce {
+            say();
+        }
         return serve(a);
     }
-    spawn_daemon(&a)
+    let code = spawn_daemon(&a)?;
+    if announce {
+        say();
+    }
+    Ok(code)
 }
 
 /// Everything that can be checked before a daemon exists, so its errors come out here.
-fn preflight(a: &Args) -> anyhow::Result<()> {
+/// Returns how far the image is trusted ("sha256:… (pinned)" or "… (not pinned)").
+fn preflight(a: &Args) -> anyhow::Result<String> {
     let mp = a.mountpoint.display();
     let meta = std::fs::metadata(&a.mountpoint).with_context(|| format!("mountpoint {mp}"))?;
     if !meta.is_dir() {
@@ -70,8 +90,7 @@ fn preflight(a: &Args) -> anyhow::Result<()> {
         bail!("--threads must be at least 1");
     }
     // Opening checks the verity section, the pinned digest and the superblock.
-    open(&a.image, &a.pin, false)?;
-    Ok(())
+    Ok(open(&a.image, &a.pin, false)?.trust())
 }
 
 /// Whether `path` is the mount point of some mount (per /proc/self/mountinfo).
@@ -475,6 +494,7 @@ pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
         foreground: false,
         log: None,
         allow_other: false,
+        quiet: true,
         ready_fd: None,
     };
     for o in opts.iter().filter(|o| !o.is_empty()) {
