@@ -299,7 +299,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         };
         READ_BUF.with(|b| {
             let mut buf = b.borrow_mut();
-            let want = (size as usize).min(MAX_READ.max(size as usize));
+            let want = size as usize;
             if buf.len() < want {
                 buf.resize(want, 0);
             }
