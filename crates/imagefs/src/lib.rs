@@ -118,18 +118,25 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
     }
 
-    /// A directory's entries from `offset` on, read lazily: a reply holds only a few KiB.
-    fn entries(
+    /// Hands a directory's entries from `offset` on to `add` (read lazily: a reply holds
+    /// only a few KiB) until it says the reply is full.
+    fn fill_dir(
         &self,
         ino: INodeNo,
         offset: u64,
-    ) -> Result<impl Iterator<Item = Result<erofs::read::DirEntry, Errno>> + '_, Errno> {
+        mut add: impl FnMut(erofs::read::DirEntry) -> Result<bool, Errno>,
+    ) -> Result<(), Errno> {
         let dir = self.inode(ino)?;
-        let it = self
+        let entries = self
             .img
             .readdir(&dir, offset)
             .map_err(|e| self.fail("readdir", e))?;
-        Ok(it.map(|e| e.map_err(|e| self.fail("readdir", e))))
+        for e in entries {
+            if add(e.map_err(|e| self.fail("readdir", e))?)? {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Names in `trusted.` are listed for privileged callers only, as the kernel's erofs
@@ -332,26 +339,19 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.entries(ino, offset) {
-            Ok(it) => it,
-            Err(e) => return reply.error(e),
-        };
-        for e in entries {
-            let e = match e {
-                Ok(e) => e,
-                Err(e) => return reply.error(e),
-            };
+        let filled = self.fill_dir(ino, offset, |e| {
             let name = OsStr::from_bytes(&e.name);
-            if reply.add(
+            Ok(reply.add(
                 self.ino(e.nid),
                 e.next_offset,
                 kind_of_dirent(e.file_type),
                 name,
-            ) {
-                break;
-            }
+            ))
+        });
+        match filled {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -362,16 +362,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.entries(ino, offset) {
-            Ok(it) => it,
-            Err(e) => return reply.error(e),
-        };
-        for e in entries {
-            let e = match e {
-                Ok(e) => e,
-                Err(e) => return reply.error(e),
-            };
-            let name = OsStr::from_bytes(&e.name);
+        let filled = self.fill_dir(ino, offset, |e| {
             // "." and ".." get no dentry from readdirplus; their attributes are not used.
             let attr = if e.name == b"." || e.name == b".." {
                 let mut a = negative();
@@ -379,23 +370,26 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                 a.kind = FileType::Directory;
                 a
             } else {
-                match self.img.inode(e.nid) {
-                    Ok(i) => self.attr(&i),
-                    Err(err) => return reply.error(self.fail("readdirplus", err)),
-                }
+                let i = self
+                    .img
+                    .inode(e.nid)
+                    .map_err(|err| self.fail("readdirplus", err))?;
+                self.attr(&i)
             };
-            if reply.add(
+            let name = OsStr::from_bytes(&e.name);
+            Ok(reply.add(
                 self.ino(e.nid),
                 e.next_offset,
                 name,
                 &FOREVER,
                 &attr,
                 Generation(0),
-            ) {
-                break;
-            }
+            ))
+        });
+        match filled {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -24,6 +24,7 @@ use crate::{level_blocks, Params};
 use rayon::prelude::*;
 use std::cell::Cell;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Reads of at least this many bytes are hashed on several threads.
@@ -83,7 +84,7 @@ pub struct VerifiedSource<S> {
     /// Hash large reads on rayon's threads.
     parallel: bool,
     /// Blocks below this are read in groups on a small-read miss (see `set_dense_prefix`).
-    dense_blocks: u64,
+    dense_blocks: AtomicU64,
     /// Verified copies of blocks that small reads touched.
     small: SmallReadCache,
 }
@@ -224,7 +225,7 @@ impl<S: ByteSource> VerifiedSource<S> {
             levels,
             readahead: true,
             parallel: true,
-            dense_blocks: 0,
+            dense_blocks: AtomicU64::new(0),
             small: SmallReadCache::new(parsed.data_size.div_ceil(bs)),
         })
     }
@@ -245,8 +246,10 @@ impl<S: ByteSource> VerifiedSource<S> {
     /// Declares `[0, bytes)` densely packed with small structures (an EROFS image's inode
     /// area): a small-read miss there reads, verifies and keeps the aligned group of
     /// blocks around it in one I/O, since a walk's next reads land nearby.
-    pub fn set_dense_prefix(&mut self, bytes: u64) {
-        self.dense_blocks = bytes.min(self.section.data_size) / self.bs();
+    /// Takes `&self` so the hint can come from the image read through this very source.
+    pub fn set_dense_prefix(&self, bytes: u64) {
+        let blocks = bytes.min(self.section.data_size) / self.bs();
+        self.dense_blocks.store(blocks, Ordering::Relaxed);
     }
 
     /// The fs-verity digest of the data, as `fsverity digest` prints it after `alg:`.
@@ -468,10 +471,11 @@ impl<S: ByteSource> ByteSource for VerifiedSource<S> {
                 buf.copy_from_slice(&b[from..from + buf.len()]);
                 return Ok(());
             }
-            if first < self.dense_blocks {
+            let dense_blocks = self.dense_blocks.load(Ordering::Relaxed);
+            if first < dense_blocks {
                 let bs = self.bs();
                 let g0 = first / DENSE_GROUP * DENSE_GROUP;
-                let g1 = (g0 + DENSE_GROUP).min(self.dense_blocks) - 1;
+                let g1 = (g0 + DENSE_GROUP).min(dense_blocks) - 1;
                 let mut group = vec![0u8; ((g1 + 1 - g0) * bs) as usize];
                 // Should any block of the group fail, fall back to the one asked for.
                 if g1 > g0 && self.read_blocks(&mut group, g0, g1).is_ok() {

@@ -219,7 +219,7 @@ fn dense_prefix_group_reads_never_spread_a_bad_block() {
     whole[20 * 4096 + 7] ^= 0x80;
     let path = f.path().with_extension("dense");
     std::fs::write(&path, &whole).unwrap();
-    let mut v = VerifiedSource::open(FileSource::open(&path).unwrap(), Some(&digest)).unwrap();
+    let v = VerifiedSource::open(FileSource::open(&path).unwrap(), Some(&digest)).unwrap();
     v.set_dense_prefix(48 * 4096);
     for block in [17u64, 19, 21, 31, 40, 60] {
         let mut buf = [0u8; 64];

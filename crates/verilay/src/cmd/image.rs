@@ -97,31 +97,23 @@ pub fn open_with(
 ) -> anyhow::Result<Opened> {
     let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
     let name = path.display();
-    let src = if opts.direct {
-        FileSource::open_direct(path).with_context(|| format!("opening {name} for direct I/O"))?
-    } else {
-        FileSource::open(path).with_context(|| format!("opening {name}"))?
-    };
-    match VerifiedSource::open(src, pin_bytes.as_deref()) {
+    match VerifiedSource::open(file_source(path, opts.direct)?, pin_bytes.as_deref()) {
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
             v.set_parallel_hashing(opts.parallel_hashing);
-            // The inode area (everything before the shared xattrs) is read in groups.
-            if let Ok(raw) = Image::open(&v) {
-                let sb = raw.superblock();
-                v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
-            }
             let v = Arc::new(v);
             let img =
                 Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;
+            // The inode area (everything before the shared xattrs) is read in groups.
+            let sb = img.superblock();
+            v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
             Ok(Opened {
                 img,
                 verified: Some(v),
             })
         }
         Err(OpenError::NoSection) if allow_plain && pin_bytes.is_none() => {
-            let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
-            let img = Image::open(Arc::new(src) as Arc<dyn ByteSource>)
+            let img = Image::open(Arc::new(file_source(path, false)?) as Arc<dyn ByteSource>)
                 .with_context(|| format!("{name}"))?;
             Ok(Opened {
                 img,
@@ -136,11 +128,17 @@ pub fn open_with(
 /// must be able to name a bad superblock rather than fail to open it).
 pub fn open_verified(path: &Path, pin: &Pin) -> anyhow::Result<VerifiedSource<FileSource>> {
     let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
+    VerifiedSource::open(file_source(path, false)?, pin_bytes.as_deref())
+        .map_err(|e| open_error(path, e))
+}
+
+/// The image file, optionally for direct I/O.
+fn file_source(path: &Path, direct: bool) -> anyhow::Result<FileSource> {
     let name = path.display();
-    let src = FileSource::open(path).with_context(|| format!("opening {name}"))?;
-    match VerifiedSource::open(src, pin_bytes.as_deref()) {
-        Ok(v) => Ok(v),
-        Err(e) => Err(open_error(path, e)),
+    if direct {
+        FileSource::open_direct(path).with_context(|| format!("opening {name} for direct I/O"))
+    } else {
+        FileSource::open(path).with_context(|| format!("opening {name}"))
     }
 }
 
