@@ -474,18 +474,32 @@ pub struct DigestFooter {
     /// Byte offset of the first entry.
     pub table_offset: u64,
     pub entries: u64,
+    /// Which xattr namespaces occur anywhere in the image: bit `i` for short name index `i`
+    /// (long prefixes count as their base index). `None` in version-1 footers, which did
+    /// not record it.
+    pub namespaces: Option<u32>,
 }
+
+/// The namespace bits a footer may set: the short indexes with a kernel handler.
+pub const XATTR_NAMESPACE_BITS: u32 = 1 << XATTR_INDEX_USER
+    | 1 << XATTR_INDEX_POSIX_ACL_ACCESS
+    | 1 << XATTR_INDEX_POSIX_ACL_DEFAULT
+    | 1 << XATTR_INDEX_TRUSTED
+    | 1 << XATTR_INDEX_SECURITY;
 
 impl DigestFooter {
     pub fn encode(&self) -> [u8; DIGEST_FOOTER_SIZE as usize] {
         let mut b = [0u8; DIGEST_FOOTER_SIZE as usize];
         b[0..8].copy_from_slice(&DIGEST_FOOTER_MAGIC);
-        b[8] = 1; // version
+        b[8] = if self.namespaces.is_some() { 2 } else { 1 }; // version
         b[9] = DIGEST_ALG_SHA256;
         b[10] = DIGEST_LOG_BLOCK_SIZE;
         b[12..16].copy_from_slice(&(DIGEST_ENTRY_SIZE as u32).to_le_bytes());
         b[16..24].copy_from_slice(&self.table_offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.entries.to_le_bytes());
+        if let Some(ns) = self.namespaces {
+            b[32..36].copy_from_slice(&ns.to_le_bytes());
+        }
         b
     }
 
@@ -494,19 +508,27 @@ impl DigestFooter {
         if b[0..8] != DIGEST_FOOTER_MAGIC {
             return Ok(None);
         }
-        if b[8] != 1
+        let version = b[8];
+        let namespaces = u32::from_le_bytes(b[32..36].try_into().expect("4 bytes"));
+        let ns_ok = match version {
+            1 => namespaces == 0,
+            2 => namespaces & !XATTR_NAMESPACE_BITS == 0,
+            _ => false,
+        };
+        if !ns_ok
             || b[9] != DIGEST_ALG_SHA256
             || b[10] != DIGEST_LOG_BLOCK_SIZE
             || b[11] != 0
             || u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"))
                 != DIGEST_ENTRY_SIZE as u32
-            || b[32..].iter().any(|&x| x != 0)
+            || b[36..].iter().any(|&x| x != 0)
         {
             return Err("file digest table footer has an unknown version or layout".into());
         }
         Ok(Some(DigestFooter {
             table_offset: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
             entries: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
+            namespaces: (version >= 2).then_some(namespaces),
         }))
     }
 }

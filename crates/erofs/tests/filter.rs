@@ -148,3 +148,51 @@ fn without_filter_nothing_is_flagged() {
     assert!(absent > 500);
     assert_eq!(flagged, 0);
 }
+
+/// The digest footer records which xattr namespaces occur anywhere. The mount trusts it to
+/// answer every `security.*` name of an unlabelled image with "not supported", so `fsck`
+/// holds it against the xattrs actually present.
+#[test]
+fn the_namespace_record_matches_the_tree_and_fsck_checks_it() {
+    use erofs::format::{XATTR_INDEX_POSIX_ACL_DEFAULT, XATTR_INDEX_SECURITY, XATTR_INDEX_USER};
+    use erofs::read::fsck;
+    let dir = tempfile::tempdir().unwrap();
+    let build = |t: &Tree, name: &str| {
+        let path = dir.path().join(name);
+        build_tree(t, &BuildOptions::default(), &path, &Silent).unwrap();
+        path
+    };
+    let labelled = build(&tree(), "labelled");
+    let img = Image::open(FileSource::open(&labelled).unwrap()).unwrap();
+    assert!(!img.namespace_absent(XATTR_INDEX_SECURITY).unwrap());
+    assert!(!img.namespace_absent(XATTR_INDEX_USER).unwrap());
+    assert!(img.namespace_absent(XATTR_INDEX_POSIX_ACL_DEFAULT).unwrap());
+    assert!(fsck(&img, 10).is_clean());
+
+    let mut t = tree();
+    for n in &mut t.nodes {
+        n.xattrs.retain(|(name, _)| !name.starts_with(b"security."));
+    }
+    let unlabelled = build(&t, "unlabelled");
+    let img = Image::open(FileSource::open(&unlabelled).unwrap()).unwrap();
+    assert!(img.namespace_absent(XATTR_INDEX_SECURITY).unwrap());
+    assert!(!img.namespace_absent(XATTR_INDEX_USER).unwrap());
+    assert!(fsck(&img, 10).is_clean());
+
+    // A footer that denies the labels the tree holds.
+    let mut bytes = std::fs::read(&labelled).unwrap();
+    let img = Image::open(FileSource::open(&labelled).unwrap()).unwrap();
+    let at = img.erofs_len() as usize - 64 + 32;
+    bytes[at] &= !(1 << XATTR_INDEX_SECURITY);
+    std::fs::write(&labelled, &bytes).unwrap();
+    let img = Image::open(FileSource::open(&labelled).unwrap()).unwrap();
+    assert!(img.namespace_absent(XATTR_INDEX_SECURITY).unwrap());
+    let r = fsck(&img, 10);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.contains("records xattr namespaces 0x12, but the tree has 0x52")),
+        "{:#?}",
+        r.problems
+    );
+}

@@ -7,6 +7,11 @@
 //! directory listings and file pages (zero-message open and opendir, which default to
 //! kept caches).
 //!
+//! An image without a single `security.*` xattr answers every `security.*` name with
+//! EOPNOTSUPP rather than ENODATA, as filesystems without security labels do. FUSE cannot
+//! cache xattr replies, and `ls -l`, `cp -a` and friends ask for `security.selinux` on
+//! every file unless the filesystem says it has no such namespace: then they stop asking.
+//!
 //! Inode numbers: the root is FUSE's inode 1, every other inode is its nid + 2. Stable
 //! across mounts, collision-free, and recoverable without a table.
 
@@ -38,6 +43,8 @@ pub struct ImageFs<S: ByteSource> {
     /// Negotiated at init: the kernel stops sending OPEN / OPENDIR after one ENOSYS.
     no_open: bool,
     no_opendir: bool,
+    /// The image records that it holds no `security.*` xattr (see the module comment).
+    unlabelled: bool,
 }
 
 thread_local! {
@@ -48,7 +55,12 @@ thread_local! {
 impl<S: ByteSource + 'static> ImageFs<S> {
     /// `name` prefixes log lines (usually the image path).
     pub fn new(img: Image<S>, name: String, log: Logger) -> ImageFs<S> {
+        // Unreadable or unrecorded means "maybe labelled": fall back to per-inode answers.
+        let unlabelled = img
+            .namespace_absent(erofs::format::XATTR_INDEX_SECURITY)
+            .unwrap_or(false);
         ImageFs {
+            unlabelled,
             root_nid: img.root_nid(),
             img,
             name,
@@ -412,6 +424,9 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         let name = name.as_bytes();
         if !Self::visible(req, name) {
             return reply.error(Errno::NO_XATTR);
+        }
+        if self.unlabelled && name.starts_with(b"security.") {
+            return reply.error(Errno::EOPNOTSUPP);
         }
         let inode = match self.inode(ino) {
             Ok(i) => i,

@@ -456,6 +456,79 @@ fn mount_errors_are_one_clear_line() {
     fails(&["umount", "/tmp"], "/tmp");
 }
 
+/// How often `ls -l DIR` asks for `security.selinux`, and what `getfattr` says of one name.
+fn label_questions(dir: &Path) -> usize {
+    let out = run(Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-e",
+            "trace=lgetxattr,getxattr",
+            "-o",
+            "/dev/stdout",
+        ])
+        .args(["ls", "-l"])
+        .arg(dir));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("\"security.selinux\""))
+        .count()
+}
+
+fn setfattr(file: &Path, name: &str, value: &str) {
+    run(Command::new("setfattr")
+        .args(["-n", name, "-v", value])
+        .arg(file));
+}
+
+fn getfattr_says(file: &Path, name: &str) -> String {
+    let out = Command::new("getfattr")
+        .args(["--absolute-names", "--only-values", "-n", name])
+        .arg(file)
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn an_unlabelled_image_says_security_xattrs_are_unsupported() {
+    if prerequisites() || skip_unless(have("strace"), "strace missing") {
+        return;
+    }
+    let files = |src: &Path| {
+        for i in 0..40 {
+            std::fs::write(src.join(format!("f{i:02}")), format!("{i}")).unwrap();
+        }
+        setfattr(&src.join("f00"), "user.note", "kept");
+    };
+    // No security.* anywhere: every such name is "not supported", and ls asks only once.
+    let (t, _src, image, _) = fixture(files);
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    let f = m.dir.join("f00");
+    assert!(
+        getfattr_says(&f, "security.selinux").contains("Operation not supported"),
+        "{}",
+        getfattr_says(&f, "security.selinux")
+    );
+    assert!(getfattr_says(&f, "user.absent").contains("No such attribute"));
+    assert_eq!(getfattr_says(&f, "user.note"), "kept");
+    assert_eq!(label_questions(&m.dir), 1);
+
+    // One label in the image: the others are merely absent, and ls asks for every file.
+    let (t, _src, image, _) = fixture(|src| {
+        files(src);
+        setfattr(&src.join("f01"), "security.test", "label");
+    });
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    assert!(getfattr_says(&m.dir.join("f00"), "security.selinux").contains("No such attribute"));
+    assert_eq!(getfattr_says(&m.dir.join("f01"), "security.test"), "label");
+    assert!(label_questions(&m.dir) >= 40);
+}
+
 /// Re-seals `image` after changing its EROFS bytes: the verity section then vouches for the
 /// damaged bytes, as it would for a hostile image built on purpose.
 fn reseal(image: &Path, change: impl FnOnce(&mut Vec<u8>)) {

@@ -207,6 +207,7 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
         DigestFooter {
             table_offset,
             entries,
+            namespaces: Some(xattrs.namespaces),
         }
     });
     if next_block > u32::MAX as u64 {

@@ -62,6 +62,8 @@ pub struct XattrPlan {
     /// Byte offset of each shared entry inside `shared_pool`.
     pub shared_offsets: Vec<u32>,
     pub per_node: Vec<InodeXattrs>,
+    /// Bit `i` set when some xattr with short name index `i` occurs (see `DigestFooter`).
+    pub namespaces: u32,
 }
 
 impl XattrPlan {
@@ -113,6 +115,10 @@ pub fn plan(tree: &Tree, filter: bool, long_prefixes: bool) -> XattrPlan {
         shared_index.insert((n, v), i as u32);
     }
 
+    let namespaces = counts
+        .keys()
+        .filter_map(|(n, _)| split_xattr_name(n))
+        .fold(0u32, |m, (index, _)| m | 1 << index);
     let per_node = tree
         .nodes
         .iter()
@@ -138,6 +144,7 @@ pub fn plan(tree: &Tree, filter: bool, long_prefixes: bool) -> XattrPlan {
         shared_pool,
         shared_offsets,
         per_node,
+        namespaces,
     }
 }
 

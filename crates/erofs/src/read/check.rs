@@ -47,6 +47,8 @@ struct Fsck<'a, S: ByteSource> {
     work: u64,
     data_left: u64,
     stopped: bool,
+    /// Namespace bits of every xattr met, to compare with the digest footer's record.
+    namespaces: u32,
 }
 
 /// Walks the whole tree from the root and checks everything the kernel relies on (and what
@@ -60,8 +62,10 @@ pub fn fsck<S: ByteSource>(img: &Image<S>, max_problems: usize) -> FsckReport {
         work: len / 2 + 100_000,
         data_left: len.saturating_mul(4).saturating_add(1 << 20),
         stopped: false,
+        namespaces: 0,
     };
     f.run();
+    f.check_namespaces();
     f.report
 }
 
@@ -387,6 +391,26 @@ impl<S: ByteSource> Fsck<'_, S> {
         }
     }
 
+    /// The footer's namespace record is what the mount trusts to answer `security.*` with
+    /// "not supported", so it must match the xattrs actually present.
+    fn check_namespaces(&mut self) {
+        if self.stopped {
+            return;
+        }
+        let footer = match self.img.digest_table() {
+            Ok(f) => f,
+            Err(e) => return self.problem(e.to_string()),
+        };
+        if let Some(recorded) = footer.and_then(|f| f.namespaces) {
+            if recorded != self.namespaces {
+                self.problem(format!(
+                    "file digest table footer records xattr namespaces {recorded:#x}, but the tree has {:#x}",
+                    self.namespaces
+                ));
+            }
+        }
+    }
+
     fn check_xattrs(&mut self, inode: &Inode, path: &[u8]) {
         let img = self.img;
         // Bodies are read whole: charge them like data so a hostile image cannot make us
@@ -402,6 +426,9 @@ impl<S: ByteSource> Fsck<'_, S> {
                 return;
             }
         };
+        for x in &list {
+            self.namespaces |= 1u32.checked_shl(x.index.into()).unwrap_or(0);
+        }
         let Some((filter, _)) = inode.xattr_header else {
             return;
         };

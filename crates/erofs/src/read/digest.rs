@@ -42,6 +42,13 @@ impl<S: ByteSource> Image<S> {
         Ok(Some(f))
     }
 
+    /// True when the image records that no xattr of short name index `index` (e.g.
+    /// `XATTR_INDEX_SECURITY`) occurs anywhere in it; false when unknown.
+    pub fn namespace_absent(&self, index: u8) -> Result<bool> {
+        let ns = self.digest_table()?.and_then(|f| f.namespaces);
+        Ok(ns.is_some_and(|m| m & 1u32.checked_shl(index.into()).unwrap_or(0) == 0))
+    }
+
     /// The stored fs-verity digest (SHA-256, 4 KiB blocks, no salt) of regular file `nid`;
     /// `None` if the image has no table or no entry for it.
     pub fn file_digest(&self, nid: u64) -> Result<Option<[u8; 32]>> {
