@@ -12,8 +12,16 @@
 //! cache xattr replies, and `ls -l`, `cp -a` and friends ask for `security.selinux` on
 //! every file unless the filesystem says it has no such namespace: then they stop asking.
 //!
-//! Inode numbers: the root is FUSE's inode 1, every other inode is its nid + 2. Stable
-//! across mounts, collision-free, and recoverable without a table.
+//! Several images are stacked with overlayfs's rules (see `stack`); one image is served
+//! as the kernel's erofs shows it.
+//!
+//! Inode numbers: the root is FUSE's inode 1, every other object is
+//! `(layer << 48 | nid) + 2` for the topmost layer holding it (so a single image's are
+//! nid + 2). Stable across mounts, collision-free, and decoded without a table. Only
+//! directories of a stack need one: which layers' directories merge at that path, kept in
+//! a lock-free map filled by lookups and never emptied.
+
+pub mod stack;
 
 use erofs::format::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK};
 use erofs::read::{ByteSource, Image, Inode};
@@ -22,9 +30,11 @@ use fuser::{
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
+use stack::{Dir, Obj, Resolved, Stack};
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache anything we say: the image never changes.
@@ -35,9 +45,17 @@ const MAX_READ: usize = 1 << 20;
 /// Where integrity failures and other serving errors are reported (one line each).
 pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
 
+/// Bits of an inode number below the layer index.
+const LAYER_SHIFT: u32 = 48;
+
 pub struct ImageFs<S: ByteSource> {
-    img: Image<S>,
-    root_nid: u64,
+    stack: Stack<S>,
+    /// Two or more layers: overlayfs's rules apply (whiteouts, opaque directories, private
+    /// xattrs hidden, merged directories). One layer is served as it is.
+    overlay: bool,
+    root: Resolved,
+    /// With `overlay`: every directory met so far, by inode number.
+    dirs: papaya::HashMap<u64, DirNode>,
     name: String,
     log: Logger,
     /// Negotiated at init: the kernel stops sending OPEN / OPENDIR after one ENOSYS.
@@ -47,42 +65,87 @@ pub struct ImageFs<S: ByteSource> {
     unlabelled: bool,
 }
 
+/// A directory of a stack: the layers' directories merged at its path, its parent, and its
+/// merged listing once read.
+struct DirNode {
+    chain: Vec<Dir>,
+    parent: INodeNo,
+    listing: OnceLock<Vec<(Vec<u8>, Resolved)>>,
+}
+
 thread_local! {
     /// Per worker thread: the buffer a READ is served from.
     static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl<S: ByteSource + 'static> ImageFs<S> {
-    /// `name` prefixes log lines (usually the image path).
-    pub fn new(img: Image<S>, name: String, log: Logger) -> ImageFs<S> {
+    /// `layers` top first; `name` prefixes log lines (usually the image path).
+    pub fn new(
+        layers: Vec<Image<S>>,
+        name: String,
+        log: Logger,
+    ) -> Result<ImageFs<S>, erofs::read::Error> {
+        assert!(
+            (1..=stack::MAX_LAYERS).contains(&layers.len()),
+            "1 to {} layers",
+            stack::MAX_LAYERS
+        );
         // Unreadable or unrecorded means "maybe labelled": fall back to per-inode answers.
-        let unlabelled = img
-            .namespace_absent(erofs::format::XATTR_INDEX_SECURITY)
-            .unwrap_or(false);
-        ImageFs {
+        let unlabelled = layers.iter().all(|img| {
+            img.namespace_absent(erofs::format::XATTR_INDEX_SECURITY)
+                .unwrap_or(false)
+        });
+        let overlay = layers.len() > 1;
+        let stack = Stack { layers };
+        let root = if overlay {
+            stack.root()?
+        } else {
+            let top = Obj {
+                layer: 0,
+                nid: stack.layers[0].root_nid(),
+            };
+            Resolved {
+                top,
+                inode: stack.inode(top)?,
+                chain: Vec::new(),
+            }
+        };
+        Ok(ImageFs {
             unlabelled,
-            root_nid: img.root_nid(),
-            img,
+            stack,
+            overlay,
+            root,
+            dirs: papaya::HashMap::new(),
             name,
             log,
             no_open: false,
             no_opendir: false,
-        }
+        })
     }
 
-    fn ino(&self, nid: u64) -> INodeNo {
-        if nid == self.root_nid {
+    fn ino(&self, o: Obj) -> INodeNo {
+        if o == self.root.top {
             INodeNo::ROOT
         } else {
-            INodeNo(nid + 2)
+            INodeNo(((u64::from(o.layer) << LAYER_SHIFT) | o.nid) + 2)
         }
     }
 
-    fn nid(&self, ino: INodeNo) -> u64 {
-        match u64::from(ino) {
-            1 => self.root_nid,
+    /// The object an inode number stands for; EIO for numbers we never gave out.
+    fn obj(&self, ino: INodeNo) -> Result<Obj, Errno> {
+        let n = match u64::from(ino) {
+            1 => return Ok(self.root.top),
+            0 => return Err(Errno::EIO),
             n => n - 2,
+        };
+        let layer = n >> LAYER_SHIFT;
+        if layer >= self.stack.layers.len() as u64 {
+            return Err(Errno::EIO);
         }
+        Ok(Obj {
+            layer: layer as u16,
+            nid: n & ((1 << LAYER_SHIFT) - 1),
+        })
     }
 
     /// The errno for a reader error; integrity failures and corruption are logged.
@@ -94,23 +157,104 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         Errno::from_i32(errno)
     }
 
-    fn inode(&self, ino: INodeNo) -> Result<Inode, Errno> {
-        let nid = self.nid(ino);
-        // nids come from the image; one that cannot be an inode never maps back to one.
-        if nid > 1 << 60 {
-            return Err(Errno::EIO);
-        }
-        self.img
-            .inode(nid)
-            .map_err(|e| self.fail(&format!("inode {nid}"), e))
+    fn inode(&self, ino: INodeNo) -> Result<(Obj, Inode), Errno> {
+        let o = self.obj(ino)?;
+        self.obj_inode(o).map(|i| (o, i))
     }
 
-    fn attr(&self, i: &Inode) -> FileAttr {
-        let bs = u64::from(self.img.block_size());
+    fn obj_inode(&self, o: Obj) -> Result<Inode, Errno> {
+        // A nid too large for an inode number cannot be given out unambiguously.
+        if o.nid >= 1 << LAYER_SHIFT {
+            return Err(Errno::EIO);
+        }
+        self.stack
+            .inode(o)
+            .map_err(|e| self.fail(&format!("inode {} of layer {}", o.nid, o.layer), e))
+    }
+
+    fn image(&self, o: Obj) -> &Image<S> {
+        self.stack.image(o.layer)
+    }
+
+    /// Attributes of a resolved object (merged directories have nlink 1, as in overlayfs).
+    fn resolved_attr(&self, r: &Resolved) -> FileAttr {
+        let mut a = self.attr(r.top, &r.inode);
+        if r.is_merged() {
+            a.nlink = 1;
+        }
+        a
+    }
+
+    /// With `overlay`: the directory node of `ino` (registered by the lookup that found
+    /// it; built from the object alone for a number the kernel kept from elsewhere).
+    fn dir_node<'g>(
+        &self,
+        ino: INodeNo,
+        guard: &'g impl papaya::Guard,
+    ) -> Result<&'g DirNode, Errno> {
+        if let Some(d) = self.dirs.get(&u64::from(ino), guard) {
+            return Ok(d);
+        }
+        let (o, inode) = self.inode(ino)?;
+        if !inode.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let chain = if ino == INodeNo::ROOT {
+            self.root.chain.clone()
+        } else {
+            vec![self
+                .stack
+                .dir(o, &inode)
+                .map_err(|e| self.fail("opaque xattr", e))?]
+        };
+        Ok(self.remember(ino, chain, INodeNo::ROOT, guard))
+    }
+
+    fn remember<'g>(
+        &self,
+        ino: INodeNo,
+        chain: Vec<Dir>,
+        parent: INodeNo,
+        guard: &'g impl papaya::Guard,
+    ) -> &'g DirNode {
+        self.dirs.get_or_insert_with(
+            u64::from(ino),
+            || DirNode {
+                chain,
+                parent,
+                listing: OnceLock::new(),
+            },
+            guard,
+        )
+    }
+
+    /// A resolved child of `parent`: its attributes, registering it if it is a directory.
+    fn child_attr(&self, r: &Resolved, parent: INodeNo, guard: &impl papaya::Guard) -> FileAttr {
+        let ino = self.ino(r.top);
+        if !r.chain.is_empty() && ino != INodeNo::ROOT {
+            self.remember(ino, r.chain.clone(), parent, guard);
+        }
+        self.resolved_attr(r)
+    }
+
+    /// The merged listing of a stack's directory, read once.
+    fn listing<'g>(&self, d: &'g DirNode) -> Result<&'g [(Vec<u8>, Resolved)], Errno> {
+        if d.listing.get().is_none() {
+            let l = self
+                .stack
+                .list(&d.chain)
+                .map_err(|e| self.fail("readdir", e))?;
+            let _ = d.listing.set(l);
+        }
+        Ok(d.listing.get().expect("just set"))
+    }
+
+    fn attr(&self, o: Obj, i: &Inode) -> FileAttr {
+        let bs = u64::from(self.image(o).block_size());
         let t = time(i.mtime, i.mtime_nsec);
         let (major, minor) = i.rdev;
         FileAttr {
-            ino: self.ino(i.nid),
+            ino: self.ino(o),
             size: i.size,
             // As the kernel's erofs reports it for uncompressed inodes.
             blocks: i.size.next_multiple_of(bs) >> 9,
@@ -125,26 +269,51 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             gid: i.gid,
             // new_encode_dev(), which the kernel decodes FUSE's rdev with.
             rdev: (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12),
-            blksize: self.img.block_size(),
+            blksize: self.image(o).block_size(),
             flags: 0,
         }
     }
 
-    /// Hands a directory's entries from `offset` on to `add` (read lazily: a reply holds
-    /// only a few KiB) until it says the reply is full.
+    /// Hands a directory's entries from `offset` on to `add`, with the offset after each,
+    /// until it says the reply is full. One image is read lazily (a reply holds only a few
+    /// KiB); a stack's directory is merged once and kept: `.` is offset 0, `..` 1, entry
+    /// `i` of the merged listing `2 + i`.
     fn fill_dir(
         &self,
         ino: INodeNo,
         offset: u64,
-        mut add: impl FnMut(erofs::read::DirEntry) -> Result<bool, Errno>,
+        mut add: impl FnMut(Listed<'_>, u64) -> Result<bool, Errno>,
     ) -> Result<(), Errno> {
-        let dir = self.inode(ino)?;
-        let entries = self
-            .img
-            .readdir(&dir, offset)
-            .map_err(|e| self.fail("readdir", e))?;
-        for e in entries {
-            if add(e.map_err(|e| self.fail("readdir", e))?)? {
+        if !self.overlay {
+            let (o, dir) = self.inode(ino)?;
+            if !dir.is_dir() {
+                return Err(Errno::ENOTDIR);
+            }
+            let entries = self
+                .image(o)
+                .readdir(&dir, offset)
+                .map_err(|e| self.fail("readdir", e))?;
+            for e in entries {
+                let e = e.map_err(|e| self.fail("readdir", e))?;
+                let next = e.next_offset;
+                if add(Listed::Plain(e), next)? {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let guard = self.dirs.guard();
+        let d = self.dir_node(ino, &guard)?;
+        let list = self.listing(d)?;
+        let dots: [(&[u8], INodeNo); 2] = [(b".", ino), (b"..", d.parent)];
+        for (i, (name, dot)) in dots.into_iter().enumerate().skip(offset as usize) {
+            if add(Listed::Dot(name, dot), i as u64 + 1)? {
+                return Ok(());
+            }
+        }
+        let start = offset.saturating_sub(2) as usize;
+        for (i, (name, r)) in list.iter().enumerate().skip(start) {
+            if add(Listed::Merged(name, r, ino, &guard), i as u64 + 3)? {
                 break;
             }
         }
@@ -152,10 +321,23 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     /// Names in `trusted.` are listed for privileged callers only, as the kernel's erofs
-    /// does (the VFS already refuses to *get* them for others).
-    fn visible(req: &Request, name: &[u8]) -> bool {
-        !name.starts_with(b"trusted.") || req.uid() == 0
+    /// does (the VFS already refuses to *get* them for others). A stack also hides
+    /// overlayfs's own `trusted.overlay.*`, as overlayfs does.
+    fn visible(&self, req: &Request, name: &[u8]) -> bool {
+        (!name.starts_with(b"trusted.") || req.uid() == 0)
+            && !(self.overlay && name.starts_with(stack::PRIVATE_XATTR_PREFIX))
     }
+}
+
+/// One directory entry as `fill_dir` hands it out.
+enum Listed<'a> {
+    /// From a single image, as stored.
+    Plain(erofs::read::DirEntry),
+    /// `.` or `..` of a stack's directory.
+    Dot(&'a [u8], INodeNo),
+    /// From a stack's merged listing: name, what it resolves to, the directory's inode
+    /// number and the guard of the directory map (to register subdirectories).
+    Merged(&'a [u8], &'a Resolved, INodeNo, &'a papaya::LocalGuard<'a>),
 }
 
 fn time(secs: i64, nsec: u32) -> SystemTime {
@@ -252,22 +434,41 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let dir = match self.inode(parent) {
+        if self.overlay {
+            let guard = self.dirs.guard();
+            let found = self.dir_node(parent, &guard).and_then(|d| {
+                self.stack
+                    .lookup(&d.chain, name.as_bytes())
+                    .map_err(|e| self.fail("lookup", e))
+            });
+            return match found {
+                Ok(Some(r)) => reply.entry(
+                    &FOREVER,
+                    &self.child_attr(&r, parent, &guard),
+                    Generation(0),
+                ),
+                Ok(None) => reply.entry(&FOREVER, &negative(), Generation(0)),
+                Err(e) => reply.error(e),
+            };
+        }
+        let (o, dir) = match self.inode(parent) {
             Ok(d) => d,
             Err(e) => return reply.error(e),
         };
         if !dir.is_dir() {
             return reply.error(Errno::ENOTDIR);
         }
-        match self.img.lookup(&dir, name.as_bytes()) {
-            Ok(Some(e)) => match self
-                .img
-                .inode(e.nid)
-                .map_err(|err| self.fail(&format!("inode {}", e.nid), err))
-            {
-                Ok(i) => reply.entry(&FOREVER, &self.attr(&i), Generation(0)),
-                Err(err) => reply.error(err),
-            },
+        match self.image(o).lookup(&dir, name.as_bytes()) {
+            Ok(Some(e)) => {
+                let child = Obj {
+                    layer: o.layer,
+                    nid: e.nid,
+                };
+                match self.obj_inode(child) {
+                    Ok(i) => reply.entry(&FOREVER, &self.attr(child, &i), Generation(0)),
+                    Err(err) => reply.error(err),
+                }
+            }
             Ok(None) => reply.entry(&FOREVER, &negative(), Generation(0)),
             Err(e) => reply.error(self.fail("lookup", e)),
         }
@@ -275,16 +476,26 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.inode(ino) {
-            Ok(i) => reply.attr(&FOREVER, &self.attr(&i)),
+            Ok((o, i)) => {
+                let mut a = self.attr(o, &i);
+                if self.overlay && i.is_dir() {
+                    let guard = self.dirs.guard();
+                    if self.dir_node(ino, &guard).is_ok_and(|d| d.chain.len() > 1) {
+                        a.nlink = 1;
+                    }
+                }
+                reply.attr(&FOREVER, &a)
+            }
             Err(e) => reply.error(e),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self
-            .inode(ino)
-            .and_then(|i| self.img.readlink(&i).map_err(|e| self.fail("readlink", e)))
-        {
+        match self.inode(ino).and_then(|(o, i)| {
+            self.image(o)
+                .readlink(&i)
+                .map_err(|e| self.fail("readlink", e))
+        }) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
         }
@@ -312,7 +523,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let inode = match self.inode(ino) {
+        let (o, inode) = match self.inode(ino) {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
@@ -322,7 +533,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             if buf.len() < want {
                 buf.resize(want, 0);
             }
-            match self.img.read(&inode, offset, &mut buf[..want]) {
+            match self.image(o).read(&inode, offset, &mut buf[..want]) {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(self.fail(&format!("read of inode {}", inode.nid), e)),
             }
@@ -334,7 +545,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             return reply.error(Errno::ENOSYS);
         }
         match self.inode(ino) {
-            Ok(i) if i.is_dir() => reply.opened(
+            Ok((_, i)) if i.is_dir() => reply.opened(
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
             ),
@@ -351,14 +562,20 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let filled = self.fill_dir(ino, offset, |e| {
-            let name = OsStr::from_bytes(&e.name);
-            Ok(reply.add(
-                self.ino(e.nid),
-                e.next_offset,
-                kind_of_dirent(e.file_type),
-                name,
-            ))
+        let filled = self.fill_dir(ino, offset, |e, next| {
+            let (name, ino, kind) = match &e {
+                Listed::Plain(e) => (
+                    &e.name[..],
+                    self.ino(Obj {
+                        layer: 0,
+                        nid: e.nid,
+                    }),
+                    kind_of_dirent(e.file_type),
+                ),
+                Listed::Dot(name, ino) => (*name, *ino, FileType::Directory),
+                Listed::Merged(name, r, _, _) => (*name, self.ino(r.top), kind(r.inode.mode)),
+            };
+            Ok(reply.add(ino, next, kind, OsStr::from_bytes(name)))
         });
         match filled {
             Ok(()) => reply.ok(),
@@ -374,29 +591,32 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let filled = self.fill_dir(ino, offset, |e| {
-            // "." and ".." get no dentry from readdirplus; their attributes are not used.
-            let attr = if e.name == b"." || e.name == b".." {
-                let mut a = negative();
-                a.ino = self.ino(e.nid);
-                a.kind = FileType::Directory;
-                a
-            } else {
-                let i = self
-                    .img
-                    .inode(e.nid)
-                    .map_err(|err| self.fail("readdirplus", err))?;
-                self.attr(&i)
+        // "." and ".." get no dentry from readdirplus; their attributes are not used.
+        let dot = |ino| {
+            let mut a = negative();
+            a.ino = ino;
+            a.kind = FileType::Directory;
+            a
+        };
+        let filled = self.fill_dir(ino, offset, |e, next| {
+            let (name, attr) = match &e {
+                Listed::Plain(e) => {
+                    let o = Obj {
+                        layer: 0,
+                        nid: e.nid,
+                    };
+                    let attr = if e.name == b"." || e.name == b".." {
+                        dot(self.ino(o))
+                    } else {
+                        self.attr(o, &self.obj_inode(o)?)
+                    };
+                    (&e.name[..], attr)
+                }
+                Listed::Dot(name, ino) => (*name, dot(*ino)),
+                Listed::Merged(name, r, dir, guard) => (*name, self.child_attr(r, *dir, *guard)),
             };
-            let name = OsStr::from_bytes(&e.name);
-            Ok(reply.add(
-                self.ino(e.nid),
-                e.next_offset,
-                name,
-                &FOREVER,
-                &attr,
-                Generation(0),
-            ))
+            let name = OsStr::from_bytes(name);
+            Ok(reply.add(attr.ino, next, name, &FOREVER, &attr, Generation(0)))
         });
         match filled {
             Ok(()) => reply.ok(),
@@ -405,34 +625,35 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let sb = self.img.superblock();
-        let bs = self.img.block_size();
-        // As the kernel's erofs: no free space, and "unlimited" inodes minus those used.
-        reply.statfs(
-            u64::from(sb.blocks),
-            0,
-            0,
-            u64::MAX,
-            u64::MAX - sb.inos,
-            bs,
-            255,
-            bs,
-        );
+        // As the kernel's erofs: no free space, and "unlimited" inodes minus those used;
+        // a stack counts its layers' blocks (in the top layer's block size) and inodes.
+        let bs = self.stack.layers[0].block_size();
+        let (mut blocks, mut inos) = (0u64, 0u64);
+        for img in &self.stack.layers {
+            let sb = img.superblock();
+            blocks += img.erofs_len().div_ceil(u64::from(bs));
+            inos = inos.saturating_add(sb.inos);
+        }
+        reply.statfs(blocks, 0, 0, u64::MAX, u64::MAX - inos, bs, 255, bs);
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
-        if !Self::visible(req, name) {
+        // overlayfs refuses its own xattrs outright.
+        if self.overlay && name.starts_with(stack::PRIVATE_XATTR_PREFIX) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        if !self.visible(req, name) {
             return reply.error(Errno::NO_XATTR);
         }
         if self.unlabelled && name.starts_with(b"security.") {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        let inode = match self.inode(ino) {
+        let (o, inode) = match self.inode(ino) {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
-        match self.img.getxattr(&inode, name) {
+        match self.image(o).getxattr(&inode, name) {
             Ok(Some(v)) => xattr_reply(reply, size, &v),
             Ok(None) => reply.error(Errno::NO_XATTR),
             Err(e) => reply.error(self.fail("getxattr", e)),
@@ -440,14 +661,14 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let inode = match self.inode(ino) {
+        let (o, inode) = match self.inode(ino) {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
-        match self.img.listxattr(&inode) {
+        match self.image(o).listxattr(&inode) {
             Ok(names) => {
                 let mut out = Vec::new();
-                for n in names.iter().filter(|n| Self::visible(req, n)) {
+                for n in names.iter().filter(|n| self.visible(req, n)) {
                     out.extend_from_slice(n);
                     out.push(0);
                 }

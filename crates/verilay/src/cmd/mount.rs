@@ -1,4 +1,6 @@
-//! `verilay mount IMAGE MOUNTPOINT` and `verilay umount MOUNTPOINT`.
+//! `verilay mount IMAGE... MOUNTPOINT` and `verilay umount MOUNTPOINT`.
+//!
+//! Several images are stacked, first on top, with overlayfs's rules.
 //!
 //! Without `--foreground`, `mount` checks the image (and its pinned digest) itself, then
 //! starts the daemon (this binary again, in the foreground, in its own session) and waits
@@ -8,6 +10,7 @@
 
 use super::image::{open, open_with, Pin, ReadOpts};
 use anyhow::{bail, Context};
+use imagefs::stack::MAX_LAYERS;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -15,10 +18,13 @@ use std::process::{Command, Stdio};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
-    image: PathBuf,
-    mountpoint: PathBuf,
-    #[command(flatten)]
-    pin: Pin,
+    /// Images, top layer first, then the mountpoint.
+    #[arg(required = true, num_args = 2.., value_name = "IMAGE... MOUNTPOINT")]
+    paths: Vec<PathBuf>,
+    /// Refuse the images unless their digests are these (`sha256:HEX`): one per image, in
+    /// the same order.
+    #[arg(long = "digest", value_name = "ALG:HEX")]
+    digests: Vec<String>,
     /// Worker threads, each on its own /dev/fuse descriptor (default: one per CPU).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -48,15 +54,43 @@ pub struct UmountArgs {
     lazy: bool,
 }
 
+impl Args {
+    fn images(&self) -> &[PathBuf] {
+        &self.paths[..self.paths.len() - 1]
+    }
+
+    fn mountpoint(&self) -> &Path {
+        &self.paths[self.paths.len() - 1]
+    }
+
+    /// The `--digest` pin of each image.
+    fn pins(&self) -> anyhow::Result<Vec<Pin>> {
+        let n = self.images().len();
+        match self.digests.len() {
+            0 => Ok(vec![Pin::default(); n]),
+            d if d == n => Ok(self
+                .digests
+                .iter()
+                .map(|d| Pin {
+                    digest: Some(d.clone()),
+                })
+                .collect()),
+            d => bail!("{d} --digest for {n} images: give one per image, in order, or none"),
+        }
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let trust = preflight(&a)?;
     let announce = a.ready_fd.is_none() && !a.quiet;
     let say = || {
-        eprintln!(
-            "{}: mounted on {}, every read verified, digest {trust}",
-            a.image.display(),
-            a.mountpoint.display()
-        )
+        for (image, trust) in a.images().iter().zip(&trust) {
+            eprintln!(
+                "{}: mounted on {}, every read verified, digest {trust}",
+                image.display(),
+                a.mountpoint().display()
+            )
+        }
     };
     if a.foreground || a.ready_fd.is_some() {
         // Said before serving: in the foreground, serving ends only at unmount.
@@ -73,14 +107,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Everything that can be checked before a daemon exists, so its errors come out here.
-/// Returns how far the image is trusted ("sha256:… (pinned)" or "… (not pinned)").
-fn preflight(a: &Args) -> anyhow::Result<String> {
-    let mp = a.mountpoint.display();
-    let meta = std::fs::metadata(&a.mountpoint).with_context(|| format!("mountpoint {mp}"))?;
+/// Returns how far each image is trusted ("sha256:… (pinned)" or "… (not pinned)").
+fn preflight(a: &Args) -> anyhow::Result<Vec<String>> {
+    let mp = a.mountpoint().display();
+    if a.images().len() > MAX_LAYERS {
+        bail!(
+            "{} images: at most {MAX_LAYERS} can be stacked",
+            a.images().len()
+        );
+    }
+    let pins = a.pins()?;
+    let meta = std::fs::metadata(a.mountpoint()).with_context(|| format!("mountpoint {mp}"))?;
     if !meta.is_dir() {
         bail!("mountpoint {mp}: not a directory");
     }
-    if is_mount_point(&a.mountpoint)? {
+    if is_mount_point(a.mountpoint())? {
         bail!("mountpoint {mp}: something is already mounted there");
     }
     if !Path::new("/dev/fuse").exists() {
@@ -90,7 +131,11 @@ fn preflight(a: &Args) -> anyhow::Result<String> {
         bail!("--threads must be at least 1");
     }
     // Opening checks the verity section, the pinned digest and the superblock.
-    Ok(open(&a.image, &a.pin, false)?.trust())
+    a.images()
+        .iter()
+        .zip(&pins)
+        .map(|(image, pin)| Ok(open(image, pin, false)?.trust()))
+        .collect()
 }
 
 /// Whether `path` is the mount point of some mount (per /proc/self/mountinfo).
@@ -132,14 +177,13 @@ fn spawn_daemon(a: &Args) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("finding the verilay binary")?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount")
-        .arg(&a.image)
-        .arg(&a.mountpoint)
+        .args(&a.paths)
         .arg("--ready-fd")
         .arg(write_end.as_raw_fd().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if let Some(d) = &a.pin.digest {
+    for d in &a.digests {
         cmd.arg("--digest").arg(d);
     }
     if let Some(t) = a.threads {
@@ -237,13 +281,28 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
         parallel_hashing: false,
         ..ReadOpts::default()
     };
-    let opened = try_ready!(open_with(&a.image, &a.pin, false, &read_opts));
-    let name = std::fs::canonicalize(&a.image)
-        .unwrap_or_else(|_| a.image.clone())
-        .display()
-        .to_string();
+    let pins = try_ready!(a.pins());
+    let mut layers = Vec::new();
+    for (image, pin) in a.images().iter().zip(&pins) {
+        layers.push(try_ready!(open_with(image, pin, false, &read_opts)).img);
+    }
+    // The source shown in mount tables: the images, top first, as overlayfs lists layers.
+    let name = a
+        .images()
+        .iter()
+        .map(|i| {
+            std::fs::canonicalize(i)
+                .unwrap_or_else(|_| i.clone())
+                .display()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(":");
     let name_for_mount = name.clone();
-    let fs = imagefs::ImageFs::new(opened.img, name.clone(), try_ready!(logger(a)));
+    let fs = try_ready!(
+        imagefs::ImageFs::new(layers, name.clone(), try_ready!(logger(a)))
+            .context("reading the root directories")
+    );
     let root = rustix::process::geteuid().is_root();
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
@@ -269,14 +328,14 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
         if root {
             // mount(2) ourselves, so the type is "fuse.verilay" as `mount -t fuse.verilay`
             // and fstab expect.
-            let fd = try_ready!(mount_root(&a.mountpoint, &name_for_mount)
-                .with_context(|| format!("mounting on {}", a.mountpoint.display())));
+            let fd = try_ready!(mount_root(a.mountpoint(), &name_for_mount)
+                .with_context(|| format!("mounting on {}", a.mountpoint().display())));
             try_ready!(fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone())
                 .context("talking to the kernel"))
         } else {
             let fd = try_ready!(
-                mount_fusermount(&a.mountpoint, &name_for_mount, a.allow_other)
-                    .with_context(|| format!("mounting on {}", a.mountpoint.display()))
+                mount_fusermount(a.mountpoint(), &name_for_mount, a.allow_other)
+                    .with_context(|| format!("mounting on {}", a.mountpoint().display()))
             );
             // Cloning the descriptor means opening /dev/fuse, which is often root-only;
             // then the workers share the one descriptor fusermount3 gave us.
@@ -289,9 +348,9 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
                 .context("talking to the kernel"))
         };
     let bg = try_ready!(session.spawn().context("starting the workers"));
-    raise_readahead(&a.mountpoint);
+    raise_readahead(a.mountpoint());
 
-    let mountpoint = a.mountpoint.clone();
+    let mountpoint = a.mountpoint().to_path_buf();
     let mut signals = try_ready!(signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -487,9 +546,8 @@ pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
         bail!("usage: mount.fuse.verilay IMAGE MOUNTPOINT [-o digest=sha256:…,threads=N,log=FILE]");
     };
     let mut a = Args {
-        image: image.into(),
-        mountpoint: mountpoint.into(),
-        pin: Pin::default(),
+        paths: vec![image.into(), mountpoint.into()],
+        digests: Vec::new(),
         threads: None,
         foreground: false,
         log: None,
@@ -499,7 +557,7 @@ pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
     };
     for o in opts.iter().filter(|o| !o.is_empty()) {
         match o.split_once('=') {
-            Some(("digest", v)) => a.pin.digest = Some(v.to_string()),
+            Some(("digest", v)) => a.digests = vec![v.to_string()],
             Some(("threads", v)) => {
                 a.threads = Some(v.parse().with_context(|| format!("threads={v}"))?)
             }

@@ -107,7 +107,7 @@ pub struct StatRec {
 
 pub fn stat_tree(root: &Path) -> BTreeMap<String, StatRec> {
     let mut out = BTreeMap::new();
-    let mut first_path: BTreeMap<u64, String> = BTreeMap::new();
+    let mut first_path: BTreeMap<(u64, u64), String> = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     let mut all = Vec::new();
     while let Some(dir) = stack.pop() {
@@ -133,7 +133,7 @@ pub fn stat_tree(root: &Path) -> BTreeMap<String, StatRec> {
             rel.clone()
         } else {
             first_path
-                .entry(m.ino())
+                .entry((m.dev(), m.ino()))
                 .or_insert_with(|| rel.clone())
                 .clone()
         };

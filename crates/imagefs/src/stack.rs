@@ -1,0 +1,207 @@
+//! Several images stacked with overlayfs's rules, first = top: a name resolves to the
+//! topmost object carrying it; directories of the same path merge their entries unless one
+//! is opaque; whiteouts hide a name in every layer below.
+//!
+//! As overlayfs reads them in a layer:
+//! - a whiteout is a character device 0/0, or (in a directory whose
+//!   `trusted.overlay.opaque` is `x`) an empty regular file with `trusted.overlay.whiteout`;
+//! - an opaque directory has `trusted.overlay.opaque` = `y`: nothing below it merges;
+//! - a non-directory ends the merge: a directory below a file is ignored, and a file below a
+//!   directory is too.
+//!
+//! Pure functions over the images: no state, so any thread may call them.
+
+use erofs::format::{S_IFCHR, S_IFMT};
+use erofs::read::{ByteSource, Image, Inode, Result};
+
+/// The most layers a stack takes (overlayfs's limit too).
+pub const MAX_LAYERS: usize = 500;
+
+pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+pub const WHITEOUT_XATTR: &[u8] = b"trusted.overlay.whiteout";
+/// overlayfs keeps its private xattrs to itself: hidden from the merged view.
+pub const PRIVATE_XATTR_PREFIX: &[u8] = b"trusted.overlay.";
+
+/// One object in one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Obj {
+    pub layer: u16,
+    pub nid: u64,
+}
+
+/// One layer's directory taking part in a merged directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dir {
+    pub obj: Obj,
+    /// `trusted.overlay.opaque` = `x`: entries may be xattr whiteouts.
+    pub xwhiteouts: bool,
+}
+
+/// What a name resolves to in the merged tree.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub top: Obj,
+    pub inode: Inode,
+    /// For a directory, every layer's directory merged at this path, top first (so
+    /// `chain[0].obj == top`); empty for other objects.
+    pub chain: Vec<Dir>,
+}
+
+impl Resolved {
+    /// A directory made of more than one layer's (overlayfs then reports nlink 1).
+    pub fn is_merged(&self) -> bool {
+        self.chain.len() > 1
+    }
+}
+
+/// How a directory's `trusted.overlay.opaque` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opacity {
+    None,
+    Opaque,
+    XWhiteouts,
+}
+
+pub struct Stack<S: ByteSource> {
+    pub layers: Vec<Image<S>>,
+}
+
+impl<S: ByteSource> Stack<S> {
+    pub fn image(&self, layer: u16) -> &Image<S> {
+        &self.layers[usize::from(layer)]
+    }
+
+    pub fn inode(&self, o: Obj) -> Result<Inode> {
+        self.image(o.layer).inode(o.nid)
+    }
+
+    fn opacity(&self, layer: u16, dir: &Inode) -> Result<Opacity> {
+        Ok(
+            match self.image(layer).getxattr(dir, OPAQUE_XATTR)?.as_deref() {
+                Some(b"y") => Opacity::Opaque,
+                Some(b"x") => Opacity::XWhiteouts,
+                _ => Opacity::None,
+            },
+        )
+    }
+
+    /// `dir` as a merge participant (reads its opacity).
+    pub fn dir(&self, o: Obj, inode: &Inode) -> Result<Dir> {
+        Ok(Dir {
+            obj: o,
+            xwhiteouts: self.opacity(o.layer, inode)? == Opacity::XWhiteouts,
+        })
+    }
+
+    /// Whether `inode`, an entry of a directory in `layer`, is a whiteout.
+    pub fn is_whiteout(&self, layer: u16, parent_xwhiteouts: bool, inode: &Inode) -> Result<bool> {
+        if inode.mode & S_IFMT == S_IFCHR {
+            return Ok(inode.rdev == (0, 0));
+        }
+        Ok(parent_xwhiteouts
+            && inode.is_reg()
+            && inode.size == 0
+            && self.image(layer).getxattr(inode, WHITEOUT_XATTR)?.is_some())
+    }
+
+    /// The root: every layer's root, top first, down to the first opaque one.
+    pub fn root(&self) -> Result<Resolved> {
+        let mut chain = Vec::new();
+        for layer in 0..self.layers.len() as u16 {
+            let o = Obj {
+                layer,
+                nid: self.image(layer).root_nid(),
+            };
+            let inode = self.inode(o)?;
+            let opacity = self.opacity(layer, &inode)?;
+            chain.push(Dir {
+                obj: o,
+                xwhiteouts: opacity == Opacity::XWhiteouts,
+            });
+            if opacity == Opacity::Opaque {
+                break;
+            }
+        }
+        let top = chain[0].obj;
+        Ok(Resolved {
+            top,
+            inode: self.inode(top)?,
+            chain,
+        })
+    }
+
+    /// Resolves `name` in the merged directory made of `chain` (top first); `None` when no
+    /// layer has it or a whiteout hides it.
+    pub fn lookup(&self, chain: &[Dir], name: &[u8]) -> Result<Option<Resolved>> {
+        let mut found: Option<Resolved> = None;
+        for d in chain {
+            let img = self.image(d.obj.layer);
+            let parent = img.inode(d.obj.nid)?;
+            let Some(e) = img.lookup(&parent, name)? else {
+                continue;
+            };
+            let o = Obj {
+                layer: d.obj.layer,
+                nid: e.nid,
+            };
+            let inode = img.inode(e.nid)?;
+            if self.is_whiteout(o.layer, d.xwhiteouts, &inode)? {
+                break;
+            }
+            let is_dir = inode.is_dir();
+            match &mut found {
+                None if !is_dir => {
+                    return Ok(Some(Resolved {
+                        top: o,
+                        inode,
+                        chain: Vec::new(),
+                    }))
+                }
+                // Below a directory, a non-directory ends the merge and is not shown.
+                Some(_) if !is_dir => break,
+                _ => {}
+            }
+            let opacity = self.opacity(o.layer, &inode)?;
+            let dir = Dir {
+                obj: o,
+                xwhiteouts: opacity == Opacity::XWhiteouts,
+            };
+            match &mut found {
+                None => {
+                    found = Some(Resolved {
+                        top: o,
+                        inode,
+                        chain: vec![dir],
+                    })
+                }
+                Some(r) => r.chain.push(dir),
+            }
+            if opacity == Opacity::Opaque {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    /// The merged directory's entries (without `.` and `..`), each resolved: the top layer's
+    /// names in its order, then each lower layer's names not seen above.
+    pub fn list(&self, chain: &[Dir]) -> Result<Vec<(Vec<u8>, Resolved)>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for (i, d) in chain.iter().enumerate() {
+            let img = self.image(d.obj.layer);
+            let dir = img.inode(d.obj.nid)?;
+            for e in img.readdir(&dir, 0)? {
+                let e = e?;
+                if e.name == b"." || e.name == b".." || !seen.insert(e.name.clone()) {
+                    continue;
+                }
+                // First met in this layer: layers above do not have it.
+                if let Some(r) = self.lookup(&chain[i..], &e.name)? {
+                    out.push((e.name, r));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
