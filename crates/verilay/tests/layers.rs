@@ -56,33 +56,6 @@ fn layer_trees(base: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-struct Overlay {
-    dir: PathBuf,
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
-    }
-}
-
-struct FuseMount {
-    dir: PathBuf,
-}
-
-impl Drop for FuseMount {
-    fn drop(&mut self) {
-        let _ = verilay().args(["umount", "--lazy"]).arg(&self.dir).status();
-    }
-}
-
-fn ls_lr(root: &Path) -> String {
-    let out = run(Command::new("ls")
-        .args(["-lRan", "--time-style=full-iso", "."])
-        .current_dir(root));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn stacked_images_match_kernel_overlayfs() {
     if prerequisites() {
@@ -100,8 +73,9 @@ fn stacked_images_match_kernel_overlayfs() {
         kernel.push(Mount::erofs(&image, &t.path().join(format!("k{i}"))));
         images.push(image);
     }
-    let ovl = Overlay {
+    let ovl = Unmount {
         dir: t.path().join("overlay"),
+        fuse: false,
     };
     std::fs::create_dir_all(&ovl.dir).unwrap();
     let lower: Vec<String> = kernel.iter().map(|m| m.dir.display().to_string()).collect();
@@ -110,8 +84,9 @@ fn stacked_images_match_kernel_overlayfs() {
         .arg(format!("ro,lowerdir={}", lower.join(":")))
         .arg(&ovl.dir));
 
-    let fuse = FuseMount {
+    let fuse = Unmount {
         dir: t.path().join("fuse"),
+        fuse: true,
     };
     std::fs::create_dir_all(&fuse.dir).unwrap();
     let mut cmd = verilay();

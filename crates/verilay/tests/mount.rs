@@ -63,14 +63,6 @@ fn mount_type(dir: &Path) -> Option<String> {
         })
 }
 
-/// `ls -lR` of a tree, run from inside it (so the paths match between two mounts).
-fn ls_lr(root: &Path) -> String {
-    let out = run(Command::new("ls")
-        .args(["-lRan", "--time-style=full-iso", "."])
-        .current_dir(root));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn compare_with_kernel(src: &Path, work: &Path) {
     let image = work.join("img");
     let digest = String::from_utf8(build(src, &image, &["--quiet"]).stdout).unwrap();

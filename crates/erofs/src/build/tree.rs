@@ -12,6 +12,12 @@ pub enum Content {
     File(PathBuf),
     /// Held in memory (small generated files, tests).
     Bytes(Vec<u8>),
+    /// The node's `size` bytes at `offset` of a shared file (a tarball's contents, copied
+    /// into one spill file).
+    Span {
+        file: std::sync::Arc<std::fs::File>,
+        offset: u64,
+    },
 }
 
 #[derive(Clone, Debug)]

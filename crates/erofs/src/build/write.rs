@@ -446,6 +446,13 @@ fn copy_file(job: &FileJob, dsts: &mut [(u64, &mut [u8])]) -> Result<(), Error> 
             }
             return Ok(());
         }
+        Content::Span { file, offset } => {
+            for (from, dst) in dsts.iter_mut() {
+                file.read_exact_at(dst, offset + *from)
+                    .map_err(|e| Error::Input(format!("reading spilled contents: {e}")))?;
+            }
+            return Ok(());
+        }
         Content::File(p) => p,
     };
     let err = |e: std::io::Error| Error::source(path, e);

@@ -10,7 +10,9 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Directory to build the image from.
+    /// Directory, or container layer tarball (tar, tar.gz, tar.zst), to build the image
+    /// from. A layer's whiteouts (`.wh.NAME`, `.wh..wh..opq`) are kept as overlayfs reads
+    /// them, so images of layers stack with `verilay mount`.
     src: PathBuf,
     /// Image file to write (replaced atomically).
     #[arg(short, long, value_name = "IMAGE")]
@@ -165,8 +167,26 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let pb = progress::bar(a.quiet || a.json);
     progress::counting(&pb, "scanning");
     let bar = Bar(pb);
-    let summary = build::build_dir(&a.src, &exclude, &opts, &a.output, &bar)
-        .with_context(|| format!("building {}", a.output.display()))?;
+    let building = || format!("building {}", a.output.display());
+    let summary = if tarlayer::is_archive(&a.src) {
+        if !a.exclude_path.is_empty() || !a.exclude_regex.is_empty() {
+            bail!("--exclude-path and --exclude-regex apply to directories, not to tar layers");
+        }
+        // Contents are spilled next to the output, where the image will need room anyway.
+        let spill_dir = match a.output.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        let (mut tree, stats) =
+            tarlayer::read_layer(&a.src, spill_dir, &|n| build::Progress::scanned(&bar, n))
+                .with_context(building)?;
+        build::apply_overrides(&mut tree, &opts.overrides);
+        let mut s = build::build_tree(&tree, &opts, &a.output, &bar).with_context(building)?;
+        s.skipped_xattrs = stats.skipped_xattrs;
+        s
+    } else {
+        build::build_dir(&a.src, &exclude, &opts, &a.output, &bar).with_context(building)?
+    };
     bar.0.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
 

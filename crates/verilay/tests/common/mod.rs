@@ -181,6 +181,31 @@ pub fn assert_same_stats(src: &Path, other: &Path) {
     );
 }
 
+/// `ls -lRan` of a tree, run from inside it (so the paths match between two mounts).
+pub fn ls_lr(root: &Path) -> String {
+    let out = run(Command::new("ls")
+        .args(["-lRan", "--time-style=full-iso", "."])
+        .current_dir(root));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Unmounts a directory when dropped: a verilay FUSE mount (lazily, through `verilay
+/// umount`) or a kernel mount.
+pub struct Unmount {
+    pub dir: PathBuf,
+    pub fuse: bool,
+}
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = if self.fuse {
+            verilay().args(["umount", "--lazy"]).arg(&self.dir).status()
+        } else {
+            Command::new("umount").arg(&self.dir).status()
+        };
+    }
+}
+
 /// `diff -r` without following symlinks; special files of the same type are fine.
 pub fn assert_diff_clean(a: &Path, b: &Path) {
     let out = Command::new("diff")
