@@ -22,6 +22,7 @@
 //! a lock-free map filled by lookups and never emptied.
 
 pub mod stack;
+pub mod union;
 
 use erofs::format::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK};
 use erofs::read::{ByteSource, Image, Inode};
@@ -250,28 +251,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     fn attr(&self, o: Obj, i: &Inode) -> FileAttr {
-        let bs = u64::from(self.image(o).block_size());
-        let t = time(i.mtime, i.mtime_nsec);
-        let (major, minor) = i.rdev;
-        FileAttr {
-            ino: self.ino(o),
-            size: i.size,
-            // As the kernel's erofs reports it for uncompressed inodes.
-            blocks: i.size.next_multiple_of(bs) >> 9,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-            kind: kind(i.mode),
-            perm: i.mode & 0o7777,
-            nlink: i.nlink,
-            uid: i.uid,
-            gid: i.gid,
-            // new_encode_dev(), which the kernel decodes FUSE's rdev with.
-            rdev: (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12),
-            blksize: self.image(o).block_size(),
-            flags: 0,
-        }
+        inode_attr(self.ino(o), i, self.image(o).block_size())
     }
 
     /// Hands a directory's entries from `offset` on to `add`, with the offset after each,
@@ -340,7 +320,36 @@ enum Listed<'a> {
     Merged(&'a [u8], &'a Resolved, INodeNo, &'a papaya::LocalGuard<'a>),
 }
 
-fn time(secs: i64, nsec: u32) -> SystemTime {
+/// Attributes of an image inode, reported as inode number `ino`.
+pub(crate) fn inode_attr(ino: INodeNo, i: &Inode, block_size: u32) -> FileAttr {
+    let t = time(i.mtime, i.mtime_nsec);
+    let (major, minor) = i.rdev;
+    FileAttr {
+        ino,
+        size: i.size,
+        // As the kernel's erofs reports it for uncompressed inodes.
+        blocks: i.size.next_multiple_of(u64::from(block_size)) >> 9,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind: kind(i.mode),
+        perm: i.mode & 0o7777,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: encode_dev(major, minor),
+        blksize: block_size,
+        flags: 0,
+    }
+}
+
+/// new_encode_dev(), which the kernel decodes FUSE's rdev with.
+pub(crate) fn encode_dev(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+pub(crate) fn time(secs: i64, nsec: u32) -> SystemTime {
     let nsec = Duration::from_nanos(u64::from(nsec.min(999_999_999)));
     if secs >= 0 {
         UNIX_EPOCH + Duration::from_secs(secs as u64) + nsec
@@ -349,7 +358,7 @@ fn time(secs: i64, nsec: u32) -> SystemTime {
     }
 }
 
-fn kind(mode: u16) -> FileType {
+pub(crate) fn kind(mode: u16) -> FileType {
     match mode & S_IFMT {
         S_IFDIR => FileType::Directory,
         S_IFLNK => FileType::Symlink,
@@ -375,7 +384,7 @@ fn kind_of_dirent(ft: u8) -> FileType {
 }
 
 /// A negative entry: nodeid 0 with a timeout makes the kernel cache the miss.
-fn negative() -> FileAttr {
+pub(crate) fn negative() -> FileAttr {
     FileAttr {
         ino: INodeNo(0),
         size: 0,
@@ -396,7 +405,7 @@ fn negative() -> FileAttr {
 }
 
 /// Replies to getxattr/listxattr: the size when asked for it, ERANGE when it does not fit.
-fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
+pub(crate) fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
     if size == 0 {
         reply.size(value.len() as u32);
     } else if value.len() > size as usize {

@@ -16,7 +16,7 @@
 use erofs::build::{Content, Kind, Node, NodeId, Tree};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -457,18 +457,31 @@ pub fn read_layer(
     progress: &dyn Fn(u64),
 ) -> Result<(Tree, Stats), Error> {
     let name = path.display().to_string();
+    let file = File::open(path).map_err(|err| Error::Io {
+        path: name.clone(),
+        err,
+    })?;
+    read_from(file, &name, spill_dir, progress)
+}
+
+/// [`read_layer`] from any reader; `name` is what errors call it.
+pub fn read_from<R: Read>(
+    input: R,
+    name: &str,
+    spill_dir: &Path,
+    progress: &dyn Fn(u64),
+) -> Result<(Tree, Stats), Error> {
+    let name = name.to_string();
     let ioerr = |err| Error::Io {
         path: name.clone(),
         err,
     };
-    let mut file = File::open(path).map_err(ioerr)?;
-    let mut magic = [0u8; 4];
-    let n = file.read(&mut magic).map_err(ioerr)?;
-    file.seek(SeekFrom::Start(0)).map_err(ioerr)?;
-    let input: Box<dyn Read> = match detect(&magic[..n]) {
-        Compression::None => Box::new(BufReader::new(file)),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(file))),
-        Compression::Zstd => Box::new(zstd::Decoder::new(file).map_err(ioerr)?),
+    let mut input = BufReader::with_capacity(1 << 16, input);
+    let magic = input.fill_buf().map_err(ioerr)?;
+    let input: Box<dyn Read + '_> = match detect(magic) {
+        Compression::None => Box::new(input),
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
+        Compression::Zstd => Box::new(zstd::Decoder::with_buffer(input).map_err(ioerr)?),
     };
     let spill = tempfile::tempfile_in(spill_dir).map_err(|err| Error::Io {
         path: spill_dir.display().to_string(),

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 #[derive(clap::Args, Clone)]
 pub struct Args {
     /// Images, top layer first, then the mountpoint.
-    #[arg(required = true, num_args = 2.., value_name = "IMAGE... MOUNTPOINT")]
+    #[arg(required = true, value_name = "IMAGE... MOUNTPOINT")]
     paths: Vec<PathBuf>,
     /// Refuse the images unless their digests are these (`sha256:HEX`): one per image, in
     /// the same order.
@@ -41,6 +41,13 @@ pub struct Args {
     /// root mounts always allow them.
     #[arg(long)]
     allow_other: bool,
+    /// A writable upper directory over the images, with overlayfs's semantics (copy-up,
+    /// whiteouts); kernel overlayfs can mount the same directory. Needs --work.
+    #[arg(long, value_name = "DIR", requires = "work")]
+    upper: Option<PathBuf>,
+    /// An empty directory on the same filesystem as --upper, for atomic copy-up.
+    #[arg(long, value_name = "DIR", requires = "upper")]
+    work: Option<PathBuf>,
     /// Internal: the pipe to report readiness on.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -109,6 +116,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 /// Everything that can be checked before a daemon exists, so its errors come out here.
 /// Returns how far each image is trusted ("sha256:… (pinned)" or "… (not pinned)").
 fn preflight(a: &Args) -> anyhow::Result<Vec<String>> {
+    if a.paths.len() < 2 {
+        bail!("give one or more images, then the mountpoint");
+    }
     let mp = a.mountpoint().display();
     if a.images().len() > MAX_LAYERS {
         bail!(
@@ -185,6 +195,9 @@ fn spawn_daemon(a: &Args) -> anyhow::Result<i32> {
         .stderr(Stdio::null());
     for d in &a.digests {
         cmd.arg("--digest").arg(d);
+    }
+    if let (Some(u), Some(w)) = (&a.upper, &a.work) {
+        cmd.arg("--upper").arg(u).arg("--work").arg(w);
     }
     if let Some(t) = a.threads {
         cmd.arg("--threads").arg(t.to_string());
@@ -298,15 +311,53 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
         })
         .collect::<Vec<_>>()
         .join(":");
+    let log = try_ready!(logger(a));
+    match (&a.upper, &a.work) {
+        (Some(u), Some(w)) => {
+            let upper = try_ready!(upper::Upper::open(u, w).with_context(|| format!(
+                "upper directory {} with work directory {}",
+                u.display(),
+                w.display()
+            )));
+            let fs = try_ready!(
+                imagefs::union::UnionFs::new(layers, upper, name.clone(), log)
+                    .context("reading the root directories")
+            );
+            session(a, fs, name, true, ready)
+        }
+        _ => {
+            let fs = try_ready!(imagefs::ImageFs::new(layers, name.clone(), log)
+                .context("reading the root directories"));
+            session(a, fs, name, false, ready)
+        }
+    }
+}
+
+/// Mounts `fs` and serves it until unmounted.
+fn session<F: fuser::Filesystem + Send + Sync + 'static>(
+    a: &Args,
+    fs: F,
+    name: String,
+    writable: bool,
+    ready: Ready,
+) -> Result<(), (anyhow::Error, Ready)> {
+    macro_rules! try_ready {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Err((anyhow::Error::from(e), ready)),
+            }
+        };
+    }
     let name_for_mount = name.clone();
-    let fs = try_ready!(
-        imagefs::ImageFs::new(layers, name.clone(), try_ready!(logger(a)))
-            .context("reading the root directories")
-    );
     let root = rustix::process::geteuid().is_root();
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
-        fuser::MountOption::RO,
+        if writable {
+            fuser::MountOption::RW
+        } else {
+            fuser::MountOption::RO
+        },
         fuser::MountOption::FSName(name),
         fuser::MountOption::Subtype("verilay".into()),
         fuser::MountOption::DefaultPermissions,
@@ -324,29 +375,31 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
     );
     cfg.clone_fd = true;
-    let session =
-        if root {
-            // mount(2) ourselves, so the type is "fuse.verilay" as `mount -t fuse.verilay`
-            // and fstab expect.
-            let fd = try_ready!(mount_root(a.mountpoint(), &name_for_mount)
-                .with_context(|| format!("mounting on {}", a.mountpoint().display())));
-            try_ready!(fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone())
-                .context("talking to the kernel"))
-        } else {
-            let fd = try_ready!(
-                mount_fusermount(a.mountpoint(), &name_for_mount, a.allow_other)
+    let session = if root {
+        // mount(2) ourselves, so the type is "fuse.verilay" as `mount -t fuse.verilay`
+        // and fstab expect.
+        let fd = try_ready!(mount_root(a.mountpoint(), &name_for_mount, writable)
+            .with_context(|| format!("mounting on {}", a.mountpoint().display())));
+        try_ready!(
+            fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone()).context("talking to the kernel")
+        )
+    } else {
+        let fd =
+            try_ready!(
+                mount_fusermount(a.mountpoint(), &name_for_mount, a.allow_other, writable)
                     .with_context(|| format!("mounting on {}", a.mountpoint().display()))
             );
-            // Cloning the descriptor means opening /dev/fuse, which is often root-only;
-            // then the workers share the one descriptor fusermount3 gave us.
-            cfg.clone_fd = rustix::fs::access(
-                "/dev/fuse",
-                rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
-            )
-            .is_ok();
-            try_ready!(fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone())
-                .context("talking to the kernel"))
-        };
+        // Cloning the descriptor means opening /dev/fuse, which is often root-only;
+        // then the workers share the one descriptor fusermount3 gave us.
+        cfg.clone_fd = rustix::fs::access(
+            "/dev/fuse",
+            rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+        )
+        .is_ok();
+        try_ready!(
+            fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone()).context("talking to the kernel")
+        )
+    };
     let bg = try_ready!(session.spawn().context("starting the workers"));
     raise_readahead(a.mountpoint());
 
@@ -387,7 +440,7 @@ fn raise_readahead(mountpoint: &Path) {
 }
 
 /// Opens /dev/fuse and mounts it read-only on `mountpoint` as "fuse.verilay".
-fn mount_root(mountpoint: &Path, source: &str) -> anyhow::Result<OwnedFd> {
+fn mount_root(mountpoint: &Path, source: &str, writable: bool) -> anyhow::Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -402,7 +455,11 @@ fn mount_root(mountpoint: &Path, source: &str) -> anyhow::Result<OwnedFd> {
         source,
         mountpoint,
         "fuse.verilay",
-        rustix::mount::MountFlags::RDONLY,
+        if writable {
+            rustix::mount::MountFlags::empty()
+        } else {
+            rustix::mount::MountFlags::RDONLY
+        },
         data.as_str(),
     )?;
     Ok(OwnedFd::from(dev))
@@ -410,7 +467,12 @@ fn mount_root(mountpoint: &Path, source: &str) -> anyhow::Result<OwnedFd> {
 
 /// Rootless: the setuid `fusermount3` opens /dev/fuse, mounts it, and hands the
 /// descriptor back over a socket (libfuse's `_FUSE_COMMFD` protocol).
-fn mount_fusermount(mountpoint: &Path, source: &str, allow_other: bool) -> anyhow::Result<OwnedFd> {
+fn mount_fusermount(
+    mountpoint: &Path,
+    source: &str,
+    allow_other: bool,
+    writable: bool,
+) -> anyhow::Result<OwnedFd> {
     use rustix::net::{
         recvmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
         SocketFlags, SocketType,
@@ -424,7 +486,8 @@ fn mount_fusermount(mountpoint: &Path, source: &str, allow_other: bool) -> anyho
     .context("socketpair")?;
     rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).context("socketpair")?;
     let mut opts = format!(
-        "ro,nosuid,nodev,default_permissions,fsname={},subtype=verilay,max_read={}",
+        "{},nosuid,nodev,default_permissions,fsname={},subtype=verilay,max_read={}",
+        if writable { "rw" } else { "ro" },
         source.replace(',', "\\,"),
         1 << 20
     );
@@ -548,6 +611,8 @@ pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
     let mut a = Args {
         paths: vec![image.into(), mountpoint.into()],
         digests: Vec::new(),
+        upper: None,
+        work: None,
         threads: None,
         foreground: false,
         log: None,

@@ -1,0 +1,1427 @@
+//! A stack of images under a writable upper directory, with overlayfs's semantics: reads
+//! fall through to the images, the first change to an image's object copies it up
+//! (atomically, through the work directory), deletions of image objects leave whiteouts,
+//! and a directory made where one was deleted is opaque.
+//!
+//! Node ids: an object from the images keeps its image id, `(layer << 48 | nid) + 2`,
+//! also once copied up; objects made in the upper directory get ids from a counter above
+//! 2^62, never reused in a mount (the host may reuse inode numbers; the kernel must not
+//! see one id stand for two objects). Every node the kernel knows is in a lock-free map:
+//! its parent and name (to copy it up later), what the images have at its path, and a
+//! descriptor of its upper object. Changes to the tree (creating, removing, renaming,
+//! copying up) are serialised by one mutex; lookups, attributes, reads and writes take none.
+//!
+//! Not (yet) done, and refused or documented: renaming a directory that has image
+//! contents (EXDEV, overlayfs's default without `redirect_dir`), exchanging objects that
+//! are not both upper-only (EXDEV), keeping image hardlinks together on copy-up, and
+//! default ACL inheritance for new objects.
+
+use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
+use crate::{encode_dev, inode_attr, negative, xattr_reply, Logger};
+use erofs::read::{ByteSource, Inode};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use upper::{Contents, Meta, Stat, Upper};
+
+/// Names change only through this mount, which the kernel sees, and so do the attributes
+/// of files. A directory's change when a child's copy-up copies it up too (size, link
+/// count), which the kernel cannot know: directories are not cached.
+const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+const DIR_TTL: Duration = Duration::ZERO;
+
+fn attr_ttl(a: &FileAttr) -> &'static Duration {
+    if a.kind == FileType::Directory {
+        &DIR_TTL
+    } else {
+        &TTL
+    }
+}
+const FIRST_UPPER_ID: u64 = 1 << 62;
+const LAYER_SHIFT: u32 = 48;
+
+#[derive(Clone)]
+struct Node {
+    parent: u64,
+    name: Vec<u8>,
+    /// What the images have at this path (for a directory: the merged chain), while the
+    /// node still reads from them.
+    lower: Option<Resolved>,
+    /// The upper object: directories open for reading, everything else `O_PATH`.
+    upper: Option<Arc<OwnedFd>>,
+    /// Lower directories merge into this one (false once the upper one is opaque).
+    merge: bool,
+    /// Kernel references (lookups minus forgets), shared by every version of the node.
+    lookups: Arc<AtomicU64>,
+}
+
+impl Node {
+    fn lower_chain(&self) -> &[crate::stack::Dir] {
+        match &self.lower {
+            Some(r) if self.merge => &r.chain,
+            _ => &[],
+        }
+    }
+}
+
+pub struct UnionFs<S: ByteSource> {
+    stack: Stack<S>,
+    upper: Upper,
+    root_top: Obj,
+    nodes: papaya::HashMap<u64, Node>,
+    /// Upper objects by (device, inode): hardlinks share an id, and a copied-up object
+    /// keeps its image id.
+    upper_ids: papaya::HashMap<(u64, u64), u64>,
+    files: papaya::HashMap<u64, OwnedFd>,
+    dirs: papaya::HashMap<u64, Vec<(Vec<u8>, u64, FileType)>>,
+    next_id: AtomicU64,
+    next_fh: AtomicU64,
+    change: Mutex<()>,
+    /// Mounted by root: new objects belong to the caller; otherwise to us.
+    as_root: bool,
+    name: String,
+    log: Logger,
+}
+
+fn errno(e: std::io::Error) -> Errno {
+    Errno::from_i32(
+        e.raw_os_error()
+            .unwrap_or(rustix::io::Errno::IO.raw_os_error()),
+    )
+}
+
+fn rerrno(e: rustix::io::Errno) -> Errno {
+    Errno::from_i32(e.raw_os_error())
+}
+
+fn file_type(mode: u32) -> FileType {
+    match rfs::FileType::from_raw_mode(mode) {
+        rfs::FileType::Directory => FileType::Directory,
+        rfs::FileType::Symlink => FileType::Symlink,
+        rfs::FileType::CharacterDevice => FileType::CharDevice,
+        rfs::FileType::BlockDevice => FileType::BlockDevice,
+        rfs::FileType::Fifo => FileType::NamedPipe,
+        rfs::FileType::Socket => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn stime(secs: i64, nsec: i64) -> SystemTime {
+    let nsec = Duration::from_nanos(nsec.clamp(0, 999_999_999) as u64);
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64) + nsec
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + nsec
+    }
+}
+
+fn stat_attr(id: u64, st: &Stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(id),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: stime(st.st_atime as i64, st.st_atime_nsec as i64),
+        mtime: stime(st.st_mtime as i64, st.st_mtime_nsec as i64),
+        ctime: stime(st.st_ctime as i64, st.st_ctime_nsec as i64),
+        crtime: stime(st.st_mtime as i64, st.st_mtime_nsec as i64),
+        kind: file_type(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: encode_dev(rfs::major(st.st_rdev), rfs::minor(st.st_rdev)),
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+fn is_dir_mode(mode: u32) -> bool {
+    rfs::FileType::from_raw_mode(mode) == rfs::FileType::Directory
+}
+
+fn cname(name: &[u8]) -> Result<CString, Errno> {
+    CString::new(name).map_err(|_| Errno::EINVAL)
+}
+
+fn now() -> (i64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+impl<S: ByteSource + 'static> UnionFs<S> {
+    pub fn new(
+        layers: Vec<erofs::read::Image<S>>,
+        upper: Upper,
+        name: String,
+        log: Logger,
+    ) -> Result<UnionFs<S>, erofs::read::Error> {
+        let stack = Stack { layers };
+        let root = stack.root()?;
+        let root_fd = rfs::openat(
+            upper.root(),
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| erofs::read::Error::Io {
+            offset: 0,
+            err: e.into(),
+        })?;
+        let merge = upper.opacity(root_fd.as_fd()) != upper::Opacity::Opaque;
+        let fs = UnionFs {
+            root_top: root.top,
+            stack,
+            nodes: papaya::HashMap::new(),
+            upper_ids: papaya::HashMap::new(),
+            files: papaya::HashMap::new(),
+            dirs: papaya::HashMap::new(),
+            next_id: AtomicU64::new(FIRST_UPPER_ID),
+            next_fh: AtomicU64::new(1),
+            change: Mutex::new(()),
+            as_root: rustix::process::geteuid().is_root(),
+            upper,
+            name,
+            log,
+        };
+        if let Ok(st) = rfs::fstat(&root_fd) {
+            fs.upper_ids.pin().insert((st.st_dev, st.st_ino), 1);
+        }
+        fs.nodes.pin().insert(
+            1,
+            Node {
+                parent: 1,
+                name: Vec::new(),
+                lower: Some(root),
+                upper: Some(Arc::new(root_fd)),
+                merge,
+                lookups: Arc::new(AtomicU64::new(1)),
+            },
+        );
+        Ok(fs)
+    }
+
+    fn lower_id(&self, o: Obj) -> u64 {
+        if o == self.root_top {
+            1
+        } else {
+            ((u64::from(o.layer) << LAYER_SHIFT) | o.nid) + 2
+        }
+    }
+
+    fn node(&self, id: u64) -> Result<Node, Errno> {
+        self.nodes.pin().get(&id).cloned().ok_or(Errno::ESTALE)
+    }
+
+    fn lower_err(&self, what: &str, e: erofs::read::Error) -> Errno {
+        let errno = e.errno();
+        (self.log)(&format!("{}: {what}: {e}", self.name));
+        Errno::from_i32(errno)
+    }
+
+    /// The id an upper object goes by: the one it already has, else `fallback` (its image
+    /// id) or a new one.
+    fn upper_id(&self, st: &Stat, fallback: Option<u64>) -> u64 {
+        let key = (st.st_dev, st.st_ino);
+        let ids = self.upper_ids.pin();
+        if let Some(&id) = ids.get(&key) {
+            return id;
+        }
+        let id = fallback.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
+        *ids.get_or_insert(key, id)
+    }
+
+    /// `name` in directory `parent` as the merged tree has it: (id, node), or `None`.
+    fn resolve(&self, parent: u64, name: &[u8]) -> Result<Option<(u64, Node)>, Errno> {
+        let p = self.node(parent)?;
+        let mut upper_st = None;
+        if let Some(pfd) = &p.upper {
+            match self.upper.stat(pfd.as_fd(), name) {
+                Ok(Some(st)) if upper::is_whiteout(&st) => return Ok(None),
+                Ok(found) => upper_st = found,
+                Err(e) => return Err(errno(e)),
+            }
+        }
+        let chain = p.lower_chain();
+        let lower = if chain.is_empty() {
+            None
+        } else {
+            self.stack
+                .lookup(chain, name)
+                .map_err(|e| self.lower_err("lookup", e))?
+        };
+        let node = |lower, upper, merge| Node {
+            parent,
+            name: name.to_vec(),
+            lower,
+            upper,
+            merge,
+            lookups: Arc::new(AtomicU64::new(0)),
+        };
+        let Some(st) = upper_st else {
+            return Ok(lower.map(|r: Resolved| (self.lower_id(r.top), node(Some(r), None, true))));
+        };
+        let pfd = p.upper.as_ref().expect("stat came from it");
+        let fd = self
+            .upper
+            .open_entry(pfd.as_fd(), name, &st)
+            .map_err(errno)?;
+        let is_dir = is_dir_mode(st.st_mode);
+        let merge = is_dir && self.upper.opacity(fd.as_fd()) != upper::Opacity::Opaque;
+        // An upper directory merges with image directories only.
+        let lower = lower.filter(|r| merge && !r.chain.is_empty());
+        let id = self.upper_id(&st, lower.as_ref().map(|r| self.lower_id(r.top)));
+        Ok(Some((id, node(lower, Some(Arc::new(fd)), merge))))
+    }
+
+    /// Registers a node the kernel is told about (one more lookup).
+    fn remember(&self, id: u64, mut n: Node) {
+        let nodes = self.nodes.pin();
+        if let Some(old) = nodes.get(&id) {
+            n.lookups = old.lookups.clone();
+        }
+        n.lookups.fetch_add(1, Ordering::Relaxed);
+        nodes.insert(id, n);
+    }
+
+    fn attr(&self, id: u64, n: &Node) -> Result<FileAttr, Errno> {
+        let merged = !n.lower_chain().is_empty() && n.upper.is_some();
+        let mut a = match (&n.upper, &n.lower) {
+            (Some(fd), _) => stat_attr(id, &rfs::fstat(fd.as_fd()).map_err(rerrno)?),
+            (None, Some(r)) => {
+                let mut a = inode_attr(
+                    INodeNo(id),
+                    &r.inode,
+                    self.stack.image(r.top.layer).block_size(),
+                );
+                if r.is_merged() {
+                    a.nlink = 1;
+                }
+                a
+            }
+            (None, None) => return Err(Errno::ESTALE),
+        };
+        if merged {
+            a.nlink = 1;
+        }
+        Ok(a)
+    }
+
+    /// The upper directory of `id`, copying it (and its parents) up first.
+    fn upper_dir(&self, id: u64) -> Result<Arc<OwnedFd>, Errno> {
+        self.copy_up(id)
+    }
+
+    /// Makes `id` an upper object (a no-op when it is one): parents first, then the
+    /// object with its metadata, xattrs and contents, atomically. Callers hold `change`.
+    fn copy_up(&self, id: u64) -> Result<Arc<OwnedFd>, Errno> {
+        let n = self.node(id)?;
+        if let Some(fd) = &n.upper {
+            return Ok(fd.clone());
+        }
+        let pfd = self.copy_up(n.parent)?;
+        let r = n.lower.as_ref().ok_or(Errno::ESTALE)?;
+        let img = self.stack.image(r.top.layer);
+        let inode: &Inode = &r.inode;
+        let xattrs = img
+            .xattrs(inode)
+            .map_err(|e| self.lower_err("copy-up xattrs", e))?
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with(PRIVATE_XATTR_PREFIX))
+            .collect();
+        let meta = Meta {
+            mode: u32::from(inode.mode),
+            uid: inode.uid,
+            gid: inode.gid,
+            mtime: (inode.mtime, inode.mtime_nsec),
+            rdev: inode.rdev,
+            xattrs,
+        };
+        let target;
+        let mut read = |off: u64, buf: &mut [u8]| {
+            img.read(inode, off, buf)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        };
+        let contents = if inode.is_dir() {
+            Contents::Dir
+        } else if inode.is_reg() {
+            Contents::File {
+                size: inode.size,
+                read: &mut read,
+            }
+        } else if inode.is_symlink() {
+            target = img
+                .readlink(inode)
+                .map_err(|e| self.lower_err("copy-up readlink", e))?;
+            Contents::Symlink(&target)
+        } else {
+            Contents::Special
+        };
+        let st = self
+            .upper
+            .create(pfd.as_fd(), &n.name, &meta, contents)
+            .map_err(errno)?;
+        let fd = Arc::new(
+            self.upper
+                .open_entry(pfd.as_fd(), &n.name, &st)
+                .map_err(errno)?,
+        );
+        self.upper_ids.pin().insert((st.st_dev, st.st_ino), id);
+        let mut up = n.clone();
+        up.upper = Some(fd.clone());
+        if !inode.is_dir() {
+            up.lower = None;
+        }
+        self.nodes.pin().insert(id, up);
+        Ok(fd)
+    }
+
+    /// Owner of a new object: the caller's as root (group from a set-group-id parent),
+    /// ours otherwise.
+    fn owner(&self, req: &Request, parent_fd: BorrowedFd<'_>) -> (u32, u32) {
+        if !self.as_root {
+            return (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            );
+        }
+        let gid = match rfs::fstat(parent_fd) {
+            Ok(st) if st.st_mode & 0o2000 != 0 => st.st_gid,
+            _ => req.gid(),
+        };
+        (req.uid(), gid)
+    }
+
+    /// Makes a new object `name` in `parent`: in place of a whiteout (a directory made so
+    /// is opaque, hiding the images' one), else fresh. Returns its id, node and attributes.
+    fn make(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: (u32, u32),
+        contents: Contents<'_>,
+    ) -> Result<(u64, FileAttr), Errno> {
+        let pfd = self.upper_dir(parent)?;
+        let (uid, gid) = self.owner(req, pfd.as_fd());
+        let mut mode = mode;
+        let dir_mode = is_dir_mode(mode);
+        if dir_mode && gid != req.gid() && self.as_root {
+            mode |= 0o2000; // directories inherit set-group-id
+        }
+        let meta = Meta {
+            mode,
+            uid,
+            gid,
+            mtime: now(),
+            rdev,
+            xattrs: Vec::new(),
+        };
+        let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
+        // Was there anything in the images at this name? Then it stays hidden.
+        let shadowed = existing.as_ref().is_some_and(upper::is_whiteout);
+        let st = if shadowed {
+            self.upper.replace(pfd.as_fd(), name, &meta, contents)
+        } else {
+            self.upper.create(pfd.as_fd(), name, &meta, contents)
+        }
+        .map_err(errno)?;
+        let fd = self
+            .upper
+            .open_entry(pfd.as_fd(), name, &st)
+            .map_err(errno)?;
+        if shadowed && dir_mode {
+            self.upper.set_opaque(fd.as_fd()).map_err(errno)?;
+        }
+        let id = self.upper_id(&st, None);
+        let node = Node {
+            parent,
+            name: name.to_vec(),
+            lower: None,
+            upper: Some(Arc::new(fd)),
+            merge: false,
+            lookups: Arc::new(AtomicU64::new(0)),
+        };
+        let attr = stat_attr(id, &st);
+        self.remember(id, node);
+        Ok((id, attr))
+    }
+
+    /// Whether the images have something at `name` under `parent` (a whiteout is then
+    /// needed once the upper object goes).
+    fn lower_has(&self, parent: &Node, name: &[u8]) -> Result<bool, Errno> {
+        let chain = parent.lower_chain();
+        if chain.is_empty() {
+            return Ok(false);
+        }
+        Ok(self
+            .stack
+            .lookup(chain, name)
+            .map_err(|e| self.lower_err("lookup", e))?
+            .is_some())
+    }
+
+    /// The merged directory's entries, without `.` and `..`: upper names first (whiteouts
+    /// hide and are hidden), then the images' names not seen above.
+    fn listing(&self, id: u64) -> Result<Vec<(Vec<u8>, u64, FileType)>, Errno> {
+        let n = self.node(id)?;
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        if let Some(fd) = &n.upper {
+            for (name, _) in self.upper.list(fd.as_fd()).map_err(errno)? {
+                seen.insert(name.clone());
+                let Some(st) = self.upper.stat(fd.as_fd(), &name).map_err(errno)? else {
+                    continue;
+                };
+                if upper::is_whiteout(&st) {
+                    continue;
+                }
+                let lower_id = if is_dir_mode(st.st_mode) {
+                    None
+                } else {
+                    self.upper_ids.pin().get(&(st.st_dev, st.st_ino)).copied()
+                };
+                let id = lower_id.unwrap_or_else(|| match self.resolve(id, &name) {
+                    Ok(Some((cid, _))) => cid,
+                    _ => self.upper_id(&st, None),
+                });
+                out.push((name, id, file_type(st.st_mode)));
+            }
+        }
+        let chain = n.lower_chain();
+        if !chain.is_empty() {
+            for (name, r) in self
+                .stack
+                .list(chain)
+                .map_err(|e| self.lower_err("readdir", e))?
+            {
+                if seen.insert(name.clone()) {
+                    let kind = crate::kind(r.inode.mode);
+                    out.push((name, self.lower_id(r.top), kind));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn real_path(fd: BorrowedFd<'_>) -> CString {
+        upper::fd_path(fd)
+    }
+
+    fn visible(&self, req: &Request, name: &[u8]) -> bool {
+        let hidden = name.starts_with(PRIVATE_XATTR_PREFIX)
+            || (name.starts_with(b"trusted.") && req.uid() != 0)
+            // Rootless, our markers live in user.overlay.* (overlayfs's userxattr).
+            || (self.upper.prefix.starts_with("user.") && name.starts_with(b"user.overlay."));
+        !hidden
+    }
+
+    fn open_real(&self, fd: BorrowedFd<'_>, flags: i32) -> Result<u64, Errno> {
+        let keep = OFlags::from_bits_truncate(flags as u32)
+            & (OFlags::ACCMODE
+                | OFlags::APPEND
+                | OFlags::TRUNC
+                | OFlags::SYNC
+                | OFlags::DSYNC
+                | OFlags::DIRECT);
+        let f = rfs::open(
+            Self::real_path(fd).as_c_str(),
+            keep | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(rerrno)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.pin().insert(fh, f);
+        Ok(fh)
+    }
+
+    fn with_file<T>(
+        &self,
+        fh: FileHandle,
+        f: impl FnOnce(BorrowedFd<'_>) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let files = self.files.pin();
+        let fd = files.get(&u64::from(fh)).ok_or(Errno::EBADF)?;
+        f(fd.as_fd())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.change.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn ts(t: TimeOrNow) -> rfs::Timespec {
+    match t {
+        TimeOrNow::Now => rfs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rfs::UTIME_NOW,
+        },
+        TimeOrNow::SpecificTime(t) => {
+            let (s, n) = match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+                Err(e) => {
+                    let d = e.duration();
+                    let mut s = -(d.as_secs() as i64);
+                    let mut n = -(d.subsec_nanos() as i64);
+                    if n < 0 {
+                        s -= 1;
+                        n += 1_000_000_000;
+                    }
+                    (s, n)
+                }
+            };
+            rfs::Timespec {
+                tv_sec: s,
+                tv_nsec: n as _,
+            }
+        }
+    }
+}
+
+fn omit() -> rfs::Timespec {
+    rfs::Timespec {
+        tv_sec: 0,
+        tv_nsec: rfs::UTIME_OMIT,
+    }
+}
+
+impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for cap in [
+            InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_BIG_WRITES,
+        ] {
+            let _ = config.add_capabilities(cap);
+        }
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.resolve(parent.into(), name.as_bytes()) {
+            Ok(Some((id, n))) => match self.attr(id, &n) {
+                Ok(a) => {
+                    self.remember(id, n);
+                    reply.entry(attr_ttl(&a), &a, Generation(0))
+                }
+                Err(e) => reply.error(e),
+            },
+            Ok(None) => reply.entry(&TTL, &negative(), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let id = u64::from(ino);
+        if id == 1 {
+            return;
+        }
+        let _l = self.lock();
+        let nodes = self.nodes.pin();
+        if let Some(n) = nodes.get(&id) {
+            let left = n.lookups.fetch_sub(nlookup, Ordering::Relaxed);
+            if left <= nlookup {
+                nodes.remove(&id);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let id = u64::from(ino);
+        let nodes = self.nodes.pin();
+        let r = match nodes.get(&id) {
+            Some(n) => self.attr(id, n),
+            None => Err(Errno::ESTALE),
+        };
+        match r {
+            Ok(a) => reply.attr(attr_ttl(&a), &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let id = u64::from(ino);
+        let run = || -> Result<FileAttr, Errno> {
+            let fd = {
+                let _l = self.lock();
+                self.copy_up(id)?
+            };
+            let path = Self::real_path(fd.as_fd());
+            let cwd = rfs::CWD;
+            if uid.is_some() || gid.is_some() {
+                // SAFETY: ids from the kernel's setattr are real ids, never -1 ("unchanged"
+                // is None here).
+                let (u, g) = unsafe {
+                    (
+                        uid.map(|u| rfs::Uid::from_raw(u)),
+                        gid.map(|g| rfs::Gid::from_raw(g)),
+                    )
+                };
+                rfs::chownat(cwd, path.as_c_str(), u, g, AtFlags::empty()).map_err(rerrno)?;
+            }
+            if let Some(m) = mode {
+                rfs::chmodat(
+                    cwd,
+                    path.as_c_str(),
+                    Mode::from_raw_mode(m & 0o7777),
+                    AtFlags::empty(),
+                )
+                .map_err(rerrno)?;
+            }
+            if let Some(len) = size {
+                match fh.filter(|f| u64::from(*f) != 0) {
+                    Some(f) => self.with_file(f, |fd| rfs::ftruncate(fd, len).map_err(rerrno))?,
+                    None => {
+                        let f = rfs::open(
+                            path.as_c_str(),
+                            OFlags::WRONLY | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(rerrno)?;
+                        rfs::ftruncate(&f, len).map_err(rerrno)?;
+                    }
+                }
+            }
+            if atime.is_some() || mtime.is_some() {
+                let t = rfs::Timestamps {
+                    last_access: atime.map_or_else(omit, ts),
+                    last_modification: mtime.map_or_else(omit, ts),
+                };
+                rfs::utimensat(cwd, path.as_c_str(), &t, AtFlags::empty()).map_err(rerrno)?;
+            }
+            let n = self.node(id)?;
+            self.attr(id, &n)
+        };
+        match run() {
+            Ok(a) => reply.attr(attr_ttl(&a), &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let run = || -> Result<Vec<u8>, Errno> {
+            let n = self.node(ino.into())?;
+            match (&n.upper, &n.lower) {
+                (Some(fd), _) => Ok(rfs::readlinkat(fd.as_fd(), "", Vec::new())
+                    .map_err(rerrno)?
+                    .into_bytes()),
+                (None, Some(r)) => self
+                    .stack
+                    .image(r.top.layer)
+                    .readlink(&r.inode)
+                    .map_err(|e| self.lower_err("readlink", e)),
+                _ => Err(Errno::ESTALE),
+            }
+        };
+        match run() {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let _l = self.lock();
+        let mode = mode & !umask | (mode & rfs::FileType::Directory.as_raw_mode() & 0o170000);
+        let dev = (rfs::major(u64::from(rdev)), rfs::minor(u64::from(rdev)));
+        let contents = if rfs::FileType::from_raw_mode(mode) == rfs::FileType::RegularFile {
+            Contents::File {
+                size: 0,
+                read: &mut |_, _| Ok(0),
+            }
+        } else {
+            Contents::Special
+        };
+        match self.make(req, parent.into(), name.as_bytes(), mode, dev, contents) {
+            Ok((_, a)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let _l = self.lock();
+        let mode = rfs::FileType::Directory.as_raw_mode() | (mode & 0o7777 & !umask);
+        match self.make(
+            req,
+            parent.into(),
+            name.as_bytes(),
+            mode,
+            (0, 0),
+            Contents::Dir,
+        ) {
+            Ok((_, a)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let _l = self.lock();
+        let mode = rfs::FileType::Symlink.as_raw_mode() | 0o777;
+        let t = target.as_os_str().as_bytes();
+        match self.make(
+            req,
+            parent.into(),
+            link_name.as_bytes(),
+            mode,
+            (0, 0),
+            Contents::Symlink(t),
+        ) {
+            Ok((_, a)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let run = || -> Result<(FileAttr, u64), Errno> {
+            let _l = self.lock();
+            let mode =
+                rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777 & !umask);
+            let mut empty = |_: u64, _: &mut [u8]| Ok(0);
+            let (id, a) = self.make(
+                req,
+                parent.into(),
+                name.as_bytes(),
+                mode,
+                (0, 0),
+                Contents::File {
+                    size: 0,
+                    read: &mut empty,
+                },
+            )?;
+            let n = self.node(id)?;
+            let fd = n.upper.as_ref().ok_or(Errno::EIO)?;
+            let fh = self.open_real(fd.as_fd(), flags & !libc_trunc())?;
+            Ok((a, fh))
+        };
+        match run() {
+            Ok((a, fh)) => {
+                reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let run = || -> Result<(), Errno> {
+            let _l = self.lock();
+            let name = name.as_bytes();
+            let (_, n) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
+            let p = self.node(parent.into())?;
+            let lower = self.lower_has(&p, name)?;
+            let pfd = self.upper_dir(parent.into())?;
+            if let Some(fd) = &n.upper {
+                if let Ok(st) = rfs::fstat(fd.as_fd()) {
+                    if st.st_nlink <= 1 {
+                        self.upper_ids.pin().remove(&(st.st_dev, st.st_ino));
+                    }
+                }
+            }
+            if lower {
+                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)
+            } else {
+                rfs::unlinkat(pfd.as_fd(), cname(name)?.as_c_str(), AtFlags::empty())
+                    .map_err(rerrno)
+            }
+        };
+        match run() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let run = || -> Result<(), Errno> {
+            let _l = self.lock();
+            let name = name.as_bytes();
+            let (id, n) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
+            self.remember(id, n.clone());
+            let is_dir = match (&n.upper, &n.lower) {
+                (Some(fd), _) => is_dir_mode(rfs::fstat(fd.as_fd()).map_err(rerrno)?.st_mode),
+                (None, Some(r)) => r.inode.is_dir(),
+                _ => false,
+            };
+            if !is_dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if !self.listing(id)?.is_empty() {
+                return Err(Errno::ENOTEMPTY);
+            }
+            let p = self.node(parent.into())?;
+            let lower = self.lower_has(&p, name)?;
+            let pfd = self.upper_dir(parent.into())?;
+            if lower {
+                // Also removes the upper directory and the whiteouts in it.
+                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)
+            } else {
+                self.upper.remove(pfd.as_fd(), name).map_err(errno)
+            }
+        };
+        match run() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let run = || -> Result<(), Errno> {
+            let _l = self.lock();
+            let (name, newname) = (name.as_bytes(), newname.as_bytes());
+            let (sid, snode) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
+            self.remember(sid, snode.clone());
+            let target = self.resolve(newparent.into(), newname)?;
+            let src_lower_dir = snode.upper.is_none()
+                && snode.lower.as_ref().is_some_and(|r| r.inode.is_dir())
+                || !snode.lower_chain().is_empty();
+            if src_lower_dir {
+                return Err(Errno::EXDEV);
+            }
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                let t = target.as_ref().ok_or(Errno::ENOENT)?;
+                let p = self.node(parent.into())?;
+                let np = self.node(newparent.into())?;
+                if snode.upper.is_none()
+                    || t.1.upper.is_none()
+                    || self.lower_has(&p, name)?
+                    || self.lower_has(&np, newname)?
+                {
+                    return Err(Errno::EXDEV);
+                }
+            }
+            if let Some((tid, t)) = &target {
+                if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+                    return Err(Errno::EEXIST);
+                }
+                if !t.lower_chain().is_empty()
+                    || (t.upper.is_none() && t.lower.as_ref().is_some_and(|r| r.inode.is_dir()))
+                {
+                    // A directory with image contents cannot be replaced without
+                    // redirects.
+                    if !self.listing(*tid)?.is_empty() {
+                        return Err(Errno::ENOTEMPTY);
+                    }
+                    return Err(Errno::EXDEV);
+                }
+            }
+            self.copy_up(sid)?;
+            let p = self.node(parent.into())?;
+            let src_lower = self.lower_has(&p, name)?;
+            let pfd = self.upper_dir(parent.into())?;
+            let dpfd = self.upper_dir(newparent.into())?;
+            let mut rflags = rfs::RenameFlags::empty();
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                rflags |= rfs::RenameFlags::EXCHANGE;
+            }
+            // Over a whiteout or a lower-only name: the upper entry simply shadows it.
+            let (from, to) = (cname(name)?, cname(newname)?);
+            rfs::renameat_with(
+                pfd.as_fd(),
+                from.as_c_str(),
+                dpfd.as_fd(),
+                to.as_c_str(),
+                rflags,
+            )
+            .map_err(rerrno)?;
+            if src_lower && !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
+            }
+            let nodes = self.nodes.pin();
+            if let Some(n) = nodes.get(&sid) {
+                let mut moved = n.clone();
+                moved.parent = newparent.into();
+                moved.name = newname.to_vec();
+                nodes.insert(sid, moved);
+            }
+            if let Some((tid, t)) = target.filter(|_| flags.contains(RenameFlags::RENAME_EXCHANGE))
+            {
+                let mut moved = t;
+                moved.parent = parent.into();
+                moved.name = name.to_vec();
+                if let Some(old) = nodes.get(&tid) {
+                    moved.lookups = old.lookups.clone();
+                }
+                nodes.insert(tid, moved);
+            }
+            Ok(())
+        };
+        match run() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let run = || -> Result<FileAttr, Errno> {
+            let _l = self.lock();
+            let newname = newname.as_bytes();
+            let fd = self.copy_up(ino.into())?;
+            let dpfd = self.upper_dir(newparent.into())?;
+            let to = cname(newname)?;
+            if let Some(st) = self.upper.stat(dpfd.as_fd(), newname).map_err(errno)? {
+                if upper::is_whiteout(&st) {
+                    rfs::unlinkat(dpfd.as_fd(), to.as_c_str(), AtFlags::empty()).map_err(rerrno)?;
+                }
+            }
+            rfs::linkat(
+                rfs::CWD,
+                Self::real_path(fd.as_fd()).as_c_str(),
+                dpfd.as_fd(),
+                to.as_c_str(),
+                AtFlags::SYMLINK_FOLLOW,
+            )
+            .map_err(rerrno)?;
+            let id = u64::from(ino);
+            let n = self.node(id)?;
+            self.remember(id, n.clone());
+            self.attr(id, &n)
+        };
+        match run() {
+            Ok(a) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let flags = flags.0;
+        let writes =
+            flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
+        let run = || -> Result<u64, Errno> {
+            let id = u64::from(ino);
+            let fd = if writes {
+                let _l = self.lock();
+                Some(self.copy_up(id)?)
+            } else {
+                self.node(id)?.upper.clone()
+            };
+            match fd {
+                Some(fd) => self.open_real(fd.as_fd(), flags),
+                // Read-only from the images: served from the node, no descriptor.
+                None => Ok(0),
+            }
+        };
+        match run() {
+            Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut buf = vec![0u8; size as usize];
+        let r = if u64::from(fh) != 0 {
+            self.with_file(fh, |fd| {
+                rustix::io::pread(fd, &mut buf, offset).map_err(rerrno)
+            })
+        } else {
+            match self.node(ino.into()) {
+                Ok(Node { lower: Some(r), .. }) => self
+                    .stack
+                    .image(r.top.layer)
+                    .read(&r.inode, offset, &mut buf)
+                    .map_err(|e| self.lower_err("read", e)),
+                Ok(_) => Err(Errno::EBADF),
+                Err(e) => Err(e),
+            }
+        };
+        match r {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.with_file(fh, |fd| {
+            let mut done = 0;
+            while done < data.len() {
+                done +=
+                    rustix::io::pwrite(fd, &data[done..], offset + done as u64).map_err(rerrno)?;
+            }
+            Ok(done)
+        }) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.files.pin().remove(&u64::from(fh));
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        if u64::from(fh) == 0 {
+            return reply.ok();
+        }
+        match self.with_file(fh, |fd| {
+            if datasync {
+                rfs::fdatasync(fd)
+            } else {
+                rfs::fsync(fd)
+            }
+            .map_err(rerrno)
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // Only the modes the host knows, passed as they are: none of them exposes old
+        // data (the host filesystem zeroes or unwritten-marks what it allocates).
+        let Some(flags) = rfs::FallocateFlags::from_bits(mode as u32) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        match self.with_file(fh, |fd| {
+            rfs::fallocate(fd, flags, offset, length).map_err(rerrno)
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let id = u64::from(ino);
+        match self.listing(id) {
+            Ok(list) => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                self.dirs.pin().insert(fh, list);
+                reply.opened(FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dirs = self.dirs.pin();
+        let Some(list) = dirs.get(&u64::from(fh)) else {
+            return reply.error(Errno::EBADF);
+        };
+        let parent = self.node(ino.into()).map(|n| n.parent).unwrap_or(1);
+        let dots = [(b"." as &[u8], u64::from(ino)), (b"..", parent)];
+        for (i, (name, id)) in dots.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                INodeNo(id),
+                i as u64 + 1,
+                FileType::Directory,
+                OsStr::from_bytes(name),
+            ) {
+                return reply.ok();
+            }
+        }
+        for (i, (name, id, kind)) in list
+            .iter()
+            .enumerate()
+            .skip(offset.saturating_sub(2) as usize)
+        {
+            if reply.add(INodeNo(*id), i as u64 + 3, *kind, OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.pin().remove(&u64::from(fh));
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match rfs::fstatvfs(self.upper.root()) {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(rerrno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let name = name.as_bytes();
+        if name.starts_with(PRIVATE_XATTR_PREFIX) {
+            return reply.error(Errno::EPERM);
+        }
+        let run = || -> Result<(), Errno> {
+            let fd = {
+                let _l = self.lock();
+                self.copy_up(ino.into())?
+            };
+            rfs::setxattr(
+                Self::real_path(fd.as_fd()).as_c_str(),
+                cname(name)?.as_c_str(),
+                value,
+                rfs::XattrFlags::from_bits_truncate(flags as u32),
+            )
+            .map_err(rerrno)
+        };
+        match run() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes();
+        if name.starts_with(PRIVATE_XATTR_PREFIX) {
+            return reply.error(Errno::EPERM);
+        }
+        let run = || -> Result<(), Errno> {
+            let fd = {
+                let _l = self.lock();
+                self.copy_up(ino.into())?
+            };
+            rfs::removexattr(
+                Self::real_path(fd.as_fd()).as_c_str(),
+                cname(name)?.as_c_str(),
+            )
+            .map_err(rerrno)
+        };
+        match run() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.as_bytes();
+        if name.starts_with(PRIVATE_XATTR_PREFIX) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        if !self.visible(req, name) {
+            return reply.error(Errno::NO_XATTR);
+        }
+        let run = || -> Result<Option<Vec<u8>>, Errno> {
+            let n = self.node(ino.into())?;
+            match (&n.upper, &n.lower) {
+                (Some(fd), _) => {
+                    let path = Self::real_path(fd.as_fd());
+                    let mut buf = vec![0u8; 65536];
+                    match rfs::getxattr(path.as_c_str(), cname(name)?.as_c_str(), &mut buf) {
+                        Ok(len) => {
+                            buf.truncate(len);
+                            Ok(Some(buf))
+                        }
+                        Err(rustix::io::Errno::NODATA) => Ok(None),
+                        Err(e) => Err(rerrno(e)),
+                    }
+                }
+                (None, Some(r)) => self
+                    .stack
+                    .image(r.top.layer)
+                    .getxattr(&r.inode, name)
+                    .map_err(|e| self.lower_err("getxattr", e)),
+                _ => Err(Errno::ESTALE),
+            }
+        };
+        match run() {
+            Ok(Some(v)) => xattr_reply(reply, size, &v),
+            Ok(None) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let run = || -> Result<Vec<Vec<u8>>, Errno> {
+            let n = self.node(ino.into())?;
+            match (&n.upper, &n.lower) {
+                (Some(fd), _) => {
+                    let path = Self::real_path(fd.as_fd());
+                    let mut buf = vec![0u8; 65536];
+                    let len = rfs::listxattr(path.as_c_str(), &mut buf).map_err(rerrno)?;
+                    Ok(buf[..len]
+                        .split(|&b| b == 0)
+                        .filter(|n| !n.is_empty())
+                        .map(|n| n.to_vec())
+                        .collect())
+                }
+                (None, Some(r)) => self
+                    .stack
+                    .image(r.top.layer)
+                    .listxattr(&r.inode)
+                    .map_err(|e| self.lower_err("listxattr", e)),
+                _ => Err(Errno::ESTALE),
+            }
+        };
+        match run() {
+            Ok(names) => {
+                let mut out = Vec::new();
+                for n in names.iter().filter(|n| self.visible(req, n)) {
+                    out.extend_from_slice(n);
+                    out.push(0);
+                }
+                xattr_reply(reply, size, &out)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+fn libc_trunc() -> i32 {
+    OFlags::TRUNC.bits() as i32
+}

@@ -1,0 +1,462 @@
+//! The writable upper directory of a stack, as overlayfs lays it out, so the kernel's
+//! overlayfs and verilay can take turns on the same directory.
+//!
+//! Everything is done relative to directory descriptors, never by path from the root, so
+//! renames elsewhere cannot redirect an operation, and nothing resolves outside the upper
+//! directory. Objects are created in our own directory inside the work directory and
+//! renamed into place only once complete: a crash leaves at most a stray entry in the
+//! work directory (emptied at the next mount), never a half-made file in the upper one.
+//!
+//! Markers, in overlayfs's own format:
+//! - a whiteout is a character device 0/0 (Linux lets unprivileged users make these);
+//! - an opaque directory has `trusted.overlay.opaque` = `y` as root, or
+//!   `user.overlay.opaque` when mounted by an ordinary user (overlayfs's `userxattr`).
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Our directory inside the work directory (overlayfs uses `work/work`).
+const WORK_SUBDIR: &str = "verilay";
+
+pub type Stat = rfs::Stat;
+
+/// How a directory's opaque marker reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opacity {
+    None,
+    Opaque,
+    /// `x`: may hold xattr whiteouts, not opaque.
+    XWhiteouts,
+}
+
+/// Metadata of an object being copied up or created.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Type and permission bits (`st_mode`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: (i64, u32),
+    pub rdev: (u32, u32),
+    /// Full names and values (ACLs included).
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The contents an object is made with.
+pub enum Contents<'a> {
+    /// A directory.
+    Dir,
+    /// A regular file of `size` bytes, read through `read(offset, buf) -> bytes read`.
+    File {
+        size: u64,
+        read: &'a mut dyn FnMut(u64, &mut [u8]) -> io::Result<usize>,
+    },
+    Symlink(&'a [u8]),
+    /// Devices, FIFOs and sockets (made with mknod).
+    Special,
+}
+
+pub struct Upper {
+    root: OwnedFd,
+    work: OwnedFd,
+    /// `trusted.overlay.` as root, `user.overlay.` otherwise.
+    pub prefix: &'static str,
+    seq: AtomicU64,
+}
+
+fn cstr(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc_einval()))
+}
+
+fn libc_einval() -> i32 {
+    rustix::io::Errno::INVAL.raw_os_error()
+}
+
+fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// `/proc/self/fd/N`: reaches the very inode an `O_PATH` descriptor holds, for the calls
+/// (xattrs, reopening) that take no descriptor of that kind.
+pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
+    use std::os::fd::AsRawFd;
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL")
+}
+
+pub fn is_whiteout(st: &Stat) -> bool {
+    FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice && st.st_rdev == 0
+}
+
+impl Upper {
+    /// Opens the upper and work directories (which must be on one filesystem, as rename
+    /// between them must work) and empties our directory in the work one.
+    pub fn open(upper: &Path, work: &Path) -> io::Result<Upper> {
+        let root = open_dir(upper)?;
+        let work_root = open_dir(work)?;
+        if rfs::fstat(&root)?.st_dev != rfs::fstat(&work_root)?.st_dev {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the work directory must be on the same filesystem as the upper directory",
+            ));
+        }
+        match rfs::mkdirat(&work_root, WORK_SUBDIR, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let work = rfs::openat(
+            &work_root,
+            WORK_SUBDIR,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        remove_contents(work.as_fd())?;
+        let prefix = if rustix::process::geteuid().is_root() {
+            "trusted.overlay."
+        } else {
+            "user.overlay."
+        };
+        Ok(Upper {
+            root,
+            work,
+            prefix,
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    pub fn root(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// `name` in directory `dir`: its lstat, or `None` when absent.
+    pub fn stat(&self, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Stat>> {
+        match rfs::statat(dir, cstr(name)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A descriptor of `name` in `dir`: a readable directory descriptor for directories
+    /// (usable with the `*at` calls), `O_PATH` for everything else (opening a FIFO or a
+    /// device for real would block or touch the device).
+    pub fn open_entry(&self, dir: BorrowedFd<'_>, name: &[u8], st: &Stat) -> io::Result<OwnedFd> {
+        let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+        let flags = if is_dir {
+            OFlags::RDONLY | OFlags::DIRECTORY
+        } else {
+            OFlags::PATH
+        };
+        Ok(rfs::openat(
+            dir,
+            cstr(name)?.as_c_str(),
+            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    /// The directory's marker, in either namespace.
+    pub fn opacity(&self, dir: BorrowedFd<'_>) -> Opacity {
+        let mut buf = [0u8; 8];
+        for prefix in ["trusted.overlay.", "user.overlay."] {
+            let name = format!("{prefix}opaque");
+            if let Ok(n) = rfs::fgetxattr(dir, name.as_str(), &mut buf) {
+                return match &buf[..n] {
+                    b"y" => Opacity::Opaque,
+                    b"x" => Opacity::XWhiteouts,
+                    _ => Opacity::None,
+                };
+            }
+        }
+        Opacity::None
+    }
+
+    /// The directory's entries (without `.` and `..`), with their types.
+    pub fn list(&self, dir: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, FileType)>> {
+        let mut out = Vec::new();
+        for e in rfs::Dir::read_from(dir)? {
+            let e = e?;
+            let name = e.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            out.push((name.to_vec(), e.file_type()));
+        }
+        Ok(out)
+    }
+
+    fn temp_name(&self) -> CString {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        CString::new(format!("t{}.{n}", std::process::id())).expect("no NUL")
+    }
+
+    /// Makes an object in the work directory, complete with metadata, xattrs and
+    /// contents; returns its temporary name there.
+    fn make(&self, meta: &Meta, contents: Contents<'_>) -> io::Result<CString> {
+        let tmp = self.temp_name();
+        let work = self.work.as_fd();
+        let perm = Mode::from_raw_mode(meta.mode & 0o7777);
+        let made = (|| -> io::Result<()> {
+            match contents {
+                Contents::Dir => rfs::mkdirat(work, tmp.as_c_str(), Mode::from_raw_mode(0o700))?,
+                Contents::Symlink(target) => {
+                    rfs::symlinkat(cstr(target)?.as_c_str(), work, tmp.as_c_str())?
+                }
+                Contents::Special => rfs::mknodat(
+                    work,
+                    tmp.as_c_str(),
+                    FileType::from_raw_mode(meta.mode),
+                    Mode::from_raw_mode(0o600),
+                    rfs::makedev(meta.rdev.0, meta.rdev.1),
+                )?,
+                Contents::File { size, read } => {
+                    let f = rfs::openat(
+                        work,
+                        tmp.as_c_str(),
+                        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o600),
+                    )?;
+                    copy_into(&f, size, read)?;
+                    // Durable before it becomes visible under its name.
+                    rfs::fsync(&f)?;
+                }
+            }
+            let c = tmp.as_c_str();
+            let nofollow = AtFlags::SYMLINK_NOFOLLOW;
+            if meta.uid == u32::MAX || meta.gid == u32::MAX {
+                return Err(io::Error::from_raw_os_error(libc_einval()));
+            }
+            // SAFETY: neither id is u32::MAX (-1), the one value chown reads as "leave as is".
+            let (uid, gid) =
+                unsafe { (rfs::Uid::from_raw(meta.uid), rfs::Gid::from_raw(meta.gid)) };
+            rfs::chownat(work, c, Some(uid), Some(gid), nofollow)?;
+            let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
+            if !is_link {
+                // After chown, which clears set-id bits.
+                rfs::chmodat(work, c, perm, AtFlags::empty())?;
+            }
+            for (name, value) in &meta.xattrs {
+                let path = work_path(work, c);
+                rfs::lsetxattr(
+                    path.as_c_str(),
+                    cstr(name)?.as_c_str(),
+                    value,
+                    rfs::XattrFlags::empty(),
+                )?;
+            }
+            let t = rfs::Timestamps {
+                last_access: rfs::Timespec {
+                    tv_sec: meta.mtime.0,
+                    tv_nsec: meta.mtime.1 as _,
+                },
+                last_modification: rfs::Timespec {
+                    tv_sec: meta.mtime.0,
+                    tv_nsec: meta.mtime.1 as _,
+                },
+            };
+            rfs::utimensat(work, c, &t, nofollow)?;
+            Ok(())
+        })();
+        match made {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = remove_named(work, tmp.as_c_str());
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes `name` in `dir` atomically (it must not exist yet); returns its lstat.
+    pub fn create(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &[u8],
+        meta: &Meta,
+        contents: Contents<'_>,
+    ) -> io::Result<Stat> {
+        let tmp = self.make(meta, contents)?;
+        let target = cstr(name)?;
+        if let Err(e) = rfs::renameat_with(
+            self.work.as_fd(),
+            tmp.as_c_str(),
+            dir,
+            target.as_c_str(),
+            RenameFlags::NOREPLACE,
+        ) {
+            let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
+            return Err(e.into());
+        }
+        Ok(rfs::statat(
+            dir,
+            target.as_c_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?)
+    }
+
+    /// Makes `name` in `dir` atomically in place of what is there now (a whiteout, or an
+    /// empty directory of whiteouts); returns its lstat.
+    pub fn replace(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &[u8],
+        meta: &Meta,
+        contents: Contents<'_>,
+    ) -> io::Result<Stat> {
+        let tmp = self.make(meta, contents)?;
+        let target = cstr(name)?;
+        let swapped = rfs::renameat_with(
+            self.work.as_fd(),
+            tmp.as_c_str(),
+            dir,
+            target.as_c_str(),
+            RenameFlags::EXCHANGE,
+        );
+        match swapped {
+            // The old entry is now in the work directory under the temporary name.
+            Ok(()) => {
+                let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
+            }
+            Err(rustix::io::Errno::NOENT) => {
+                if let Err(e) = rfs::renameat_with(
+                    self.work.as_fd(),
+                    tmp.as_c_str(),
+                    dir,
+                    target.as_c_str(),
+                    RenameFlags::NOREPLACE,
+                ) {
+                    let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
+                    return Err(e.into());
+                }
+            }
+            Err(e) => {
+                let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
+                return Err(e.into());
+            }
+        }
+        Ok(rfs::statat(
+            dir,
+            target.as_c_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?)
+    }
+
+    /// Puts a whiteout at `name` in `dir`, atomically replacing whatever is there.
+    pub fn whiteout(&self, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+        let meta = Meta {
+            mode: rfs::FileType::CharacterDevice.as_raw_mode(),
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            mtime: now(),
+            rdev: (0, 0),
+            xattrs: Vec::new(),
+        };
+        self.replace(dir, name, &meta, Contents::Special)
+            .map(|_| ())
+    }
+
+    /// Marks a directory opaque (`opaque = y` in our namespace).
+    pub fn set_opaque(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
+        let name = format!("{}opaque", self.prefix);
+        Ok(rfs::fsetxattr(
+            dir,
+            name.as_str(),
+            b"y",
+            rfs::XattrFlags::empty(),
+        )?)
+    }
+
+    /// Removes `name` from `dir`: a directory with everything in it (whiteouts, in the
+    /// cases the stack allows), anything else as it is.
+    pub fn remove(&self, dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+        remove_named(dir, cstr(name)?.as_c_str())
+    }
+}
+
+fn now() -> (i64, u32) {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+fn work_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
+    let mut p = fd_path(dir).into_bytes();
+    p.push(b'/');
+    p.extend_from_slice(name.to_bytes());
+    CString::new(p).expect("no NUL")
+}
+
+fn copy_into(
+    f: &OwnedFd,
+    size: u64,
+    read: &mut dyn FnMut(u64, &mut [u8]) -> io::Result<usize>,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let want = (size - at).min(buf.len() as u64) as usize;
+        let n = read(at, &mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "source ended early",
+            ));
+        }
+        // Runs of zeros stay holes: a copied-up sparse file stays sparse.
+        if buf[..n].iter().all(|&b| b == 0) {
+            at += n as u64;
+            continue;
+        }
+        let mut done = 0;
+        while done < n {
+            done += rustix::io::pwrite(f, &buf[done..n], at + done as u64)?;
+        }
+        at += n as u64;
+    }
+    rfs::ftruncate(f, size)?;
+    Ok(())
+}
+
+/// Removes `name` in `dir`, recursively for a directory.
+fn remove_named(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    match rfs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) => return Ok(()),
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let sub = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    remove_contents(sub.as_fd())?;
+    Ok(rfs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
+}
+
+/// Empties a directory.
+fn remove_contents(dir: BorrowedFd<'_>) -> io::Result<()> {
+    let names: Vec<CString> = rfs::Dir::read_from(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.to_bytes() != b"." && n.to_bytes() != b"..")
+        .collect();
+    for n in names {
+        remove_named(dir, n.as_c_str())?;
+    }
+    Ok(())
+}
+
+/// A name as an `OsStr`, for error messages.
+pub fn show(name: &[u8]) -> &OsStr {
+    OsStr::from_bytes(name)
+}

@@ -1,0 +1,18 @@
+//! A hostile layer tarball (plain, gzip or zstd) must give an error or a tree, never a
+//! panic, hang or unbounded allocation; a tree it gives must build into an image.
+#![no_main]
+
+use erofs::build::{build_tree, BuildOptions, Silent};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let dir = std::env::temp_dir().join(format!("tar_layer_fuzz.{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok((tree, _)) = tarlayer::read_from(data, "fuzz", &dir, &|_| {}) {
+        let opts = BuildOptions {
+            verity: false,
+            ..Default::default()
+        };
+        let _ = build_tree(&tree, &opts, &dir.join("img"), &Silent);
+    }
+});
