@@ -840,8 +840,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
     ) {
         let run = || -> Result<(FileAttr, u64), Errno> {
             let _l = self.lock();
-            let mode =
-                rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777 & !umask);
+            let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777 & !umask);
             let mut empty = |_: u64, _: &mut [u8]| Ok(0);
             let (id, a) = self.make(
                 req,
@@ -1204,11 +1203,16 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Only the modes the host knows, passed as they are: none of them exposes old
-        // data (the host filesystem zeroes or unwritten-marks what it allocates).
-        let Some(flags) = rfs::FallocateFlags::from_bits(mode as u32) else {
+        // The modes FUSE forwards (fs/fuse/file.c refuses COLLAPSE_RANGE and INSERT_RANGE
+        // itself), passed to the host as they are: none of them exposes old data, as the
+        // host zeroes or marks unwritten what it allocates. Anything else is refused.
+        let known = rfs::FallocateFlags::KEEP_SIZE
+            | rfs::FallocateFlags::PUNCH_HOLE
+            | rfs::FallocateFlags::ZERO_RANGE;
+        let flags = rfs::FallocateFlags::from_bits_retain(mode as u32);
+        if !known.contains(flags) {
             return reply.error(Errno::EOPNOTSUPP);
-        };
+        }
         match self.with_file(fh, |fd| {
             rfs::fallocate(fd, flags, offset, length).map_err(rerrno)
         }) {

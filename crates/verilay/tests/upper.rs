@@ -165,3 +165,198 @@ fn changes_through_verilay_match_kernel_overlayfs_both_ways() {
     let k = overlay_mount(&lower.dir, &ours, &t.path().join("k2"));
     assert_eq!(view(&k.dir), ours_view, "overlayfs over verilay's upper");
 }
+
+/// Preallocation, hole punching and zeroing through the mount, on a host filesystem whose
+/// free space is full of an old pattern: every read gives zeros or what was written, never
+/// the pattern (seed 2). Modes FUSE does not forward, and unknown ones, are refused.
+const FALLOCATE_CHECKS: &str = r#"
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+KEEP, PUNCH, COLLAPSE, ZERO, INSERT = 1, 2, 8, 16, 32
+M = 1 << 20
+m = sys.argv[1]
+def fa(fd, mode, off, ln):
+    if libc.fallocate(fd, mode, off, ln) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+def check(name):
+    with open(os.path.join(m, name), 'rb') as f:
+        d = f.read()
+    assert b'STALE' not in d, name + ': old data exposed'
+    return d
+def new(name):
+    return os.open(os.path.join(m, name), os.O_CREAT | os.O_RDWR, 0o644)
+def verify():
+    assert check('pre') == bytes(32 * M)
+    assert check('keep') == bytes(32 * M)
+    d = check('punch')
+    assert d[:M] == b'D' * M and d[M:2 * M] == bytes(M) and d[2 * M:] == b'D' * 6 * M
+    d = check('zero')
+    assert len(d) == 7 * M and d[:3 * M] == b'D' * 3 * M and d[3 * M:] == bytes(4 * M)
+    d = check('lowerfile')
+    assert d[:M] == bytes(M) and d[M:4 * M] == b'L' * 3 * M and d[4 * M:] == bytes(8 * M), len(d)
+if sys.argv[2] == 'write':
+    fd = new('pre'); fa(fd, 0, 0, 32 * M); os.close(fd)
+    fd = new('keep'); fa(fd, KEEP, 0, 32 * M)
+    assert os.fstat(fd).st_size == 0
+    os.ftruncate(fd, 32 * M); os.close(fd)
+    fd = new('punch'); os.write(fd, b'D' * 8 * M); fa(fd, PUNCH | KEEP, M, M); os.close(fd)
+    fd = new('zero'); os.write(fd, b'D' * 4 * M); fa(fd, ZERO, 3 * M, 4 * M); os.close(fd)
+    fd = os.open(os.path.join(m, 'lowerfile'), os.O_RDWR)
+    fa(fd, PUNCH | KEEP, 0, M); fa(fd, 0, 4 * M, 8 * M); os.close(fd)
+    for mode in (COLLAPSE, INSERT, 0x100):
+        fd = os.open(os.path.join(m, 'pre'), os.O_RDWR)
+        try:
+            fa(fd, mode, 0, M)
+            raise SystemExit('fallocate mode %#x accepted' % mode)
+        except OSError as e:
+            assert e.errno == errno.EOPNOTSUPP, e
+        os.close(fd)
+verify()
+"#;
+
+#[test]
+fn fallocate_never_shows_old_data_on_ext4_or_xfs() {
+    if prerequisites() {
+        return;
+    }
+    for (fs, size) in [("ext4", "160M"), ("xfs", "320M")] {
+        if skip_unless(have(&format!("mkfs.{fs}")), &format!("mkfs.{fs} missing")) {
+            continue;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path();
+        // A host filesystem whose free blocks all hold the pattern (freed without discard).
+        sh(&format!(
+            "set -e; cd {0}; truncate -s {size} host.img; mkfs.{fs} -q host.img; mkdir host
+             mount -o loop,nodiscard host.img host
+             python3 -c \"
+f = open('host/fill', 'wb')
+try:
+    while True:
+        f.write(b'STALE' * 209715)
+except OSError:
+    pass
+\" 2>/dev/null || true
+             sync; rm host/fill; sync; mkdir host/up host/wk src
+             head -c 4194304 /dev/zero | tr '\\0' L > src/lowerfile",
+            base.display()
+        ));
+        let host = Unmount {
+            dir: base.join("host"),
+            fuse: false,
+        };
+        let image = base.join("lower.img");
+        build(&base.join("src"), &image, &["--quiet"]);
+        let d = Dirs {
+            upper: host.dir.join("up"),
+            work: host.dir.join("wk"),
+        };
+        let m = verilay_mount(&image, &d, &base.join("m"));
+        let py = |phase: &str| {
+            run(Command::new("python3")
+                .arg("-c")
+                .arg(FALLOCATE_CHECKS)
+                .arg(&m.dir)
+                .arg(phase));
+        };
+        py("write");
+        // Again from the host's disk, not the page cache.
+        sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+        py("verify");
+        drop(m);
+    }
+}
+
+const CRASH_WRITER: &str = r#"
+import os, sys
+m = sys.argv[1]
+i = 0
+try:
+    while True:
+        p = os.path.join(m, 'lower', 'f%03d' % (i % 200))
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b'appended %d\n' % i)
+        os.fsync(fd)
+        os.close(fd)
+        n = os.path.join(m, 'new', 'n%05d' % i)
+        fd = os.open(n, os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, b'new %d\n' % i * 100)
+        os.fsync(fd)
+        os.close(fd)
+        print(i, flush=True)
+        i += 1
+except OSError:
+    pass
+"#;
+
+#[test]
+fn a_killed_daemon_loses_no_acknowledged_write_and_leaves_no_half_copy() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    sh(&format!(
+        "set -e; mkdir -p {0}/src/lower {0}/src/new; cd {0}/src/lower
+         for i in $(seq -w 0 199); do head -c 65536 /dev/urandom > f$i; done",
+        base.display()
+    ));
+    let image = base.join("lower.img");
+    build(&base.join("src"), &image, &["--quiet"]);
+    let d = dirs(base, "c");
+    let mnt = base.join("m");
+    let m = verilay_mount(&image, &d, &mnt);
+    let writer = Command::new("python3")
+        .arg("-c")
+        .arg(CRASH_WRITER)
+        .arg(&m.dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let pattern = format!("verilay mount .*{}.*--ready-fd", m.dir.display());
+    run(Command::new("pkill").args(["-KILL", "-f", &pattern]));
+    let out = writer.wait_with_output().unwrap();
+    let acked: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert!(
+        acked.len() > 20,
+        "too few writes before the kill: {}",
+        acked.len()
+    );
+    drop(m);
+    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+
+    let m = verilay_mount(&image, &d, &mnt);
+    let original =
+        |i: usize| std::fs::read(base.join(format!("src/lower/f{:03}", i % 200))).unwrap();
+    for &i in &acked {
+        let f = std::fs::read(m.dir.join(format!("lower/f{:03}", i % 200))).unwrap();
+        assert!(
+            f.starts_with(&original(i)),
+            "f{:03}: the copy-up lost data",
+            i % 200
+        );
+        let line = format!("appended {i}\n");
+        assert!(
+            String::from_utf8_lossy(&f[65536..]).contains(&line),
+            "acknowledged append {i} is missing"
+        );
+        let n = std::fs::read(m.dir.join(format!("new/n{i:05}"))).unwrap();
+        assert_eq!(n, format!("new {i}\n").repeat(100).into_bytes(), "n{i:05}");
+    }
+    // No copy-up is ever half done: every lower file reads whole, copied or not.
+    for i in 0..200 {
+        let f = std::fs::read(m.dir.join(format!("lower/f{i:03}"))).unwrap();
+        assert!(f.starts_with(&original(i)), "f{i:03} is a partial copy");
+    }
+    // Nothing is left behind in the work directory after the next mount.
+    assert_eq!(
+        std::fs::read_dir(d.work.join("verilay")).unwrap().count(),
+        0
+    );
+}
