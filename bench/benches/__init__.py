@@ -10,11 +10,12 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, mount, read
+from . import build, digest, fallocate, mount, read
 
 BENCHES = {
     "build": build,
     "digest": digest,
     "read": read,
     "mount": mount,
+    "fallocate": fallocate,
 }
