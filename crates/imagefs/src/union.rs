@@ -31,22 +31,17 @@ use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use upper::{Contents, Meta, Stat, Upper};
 
-/// Names change only through this mount, which the kernel sees, and so do the attributes
-/// of files. A directory's change when a child's copy-up copies it up too (size, link
-/// count), which the kernel cannot know: directories are not cached.
+/// Names and attributes change only through this mount, which the kernel sees, except a
+/// directory's when a child's copy-up copies it up too (size, link count): for those the
+/// kernel is told (`inval_inode`).
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
-const DIR_TTL: Duration = Duration::ZERO;
 
-fn attr_ttl(a: &FileAttr) -> &'static Duration {
-    if a.kind == FileType::Directory {
-        &DIR_TTL
-    } else {
-        &TTL
-    }
+fn attr_ttl(_: &FileAttr) -> &'static Duration {
+    &TTL
 }
 const FIRST_UPPER_ID: u64 = 1 << 62;
 const LAYER_SHIFT: u32 = 48;
@@ -90,6 +85,8 @@ pub struct UnionFs<S: ByteSource> {
     change: Mutex<()>,
     /// Mounted by root: new objects belong to the caller; otherwise to us.
     as_root: bool,
+    /// Set once the session exists: how the kernel is told of changes it cannot see.
+    notifier: Arc<OnceLock<fuser::Notifier>>,
     name: String,
     log: Logger,
 }
@@ -192,6 +189,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             next_fh: AtomicU64::new(1),
             change: Mutex::new(()),
             as_root: rustix::process::geteuid().is_root(),
+            notifier: Arc::new(OnceLock::new()),
             upper,
             name,
             log,
@@ -211,6 +209,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             },
         );
         Ok(fs)
+    }
+
+    /// Where the mount code puts the session's notifier.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     fn lower_id(&self, o: Obj) -> u64 {
@@ -385,6 +388,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             up.lower = None;
         }
         self.nodes.pin().insert(id, up);
+        if inode.is_dir() {
+            // Its size and link count are the upper directory's now (attributes only:
+            // a negative offset leaves cached pages alone).
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(id), -1, 0);
+            }
+        }
         Ok(fd)
     }
 

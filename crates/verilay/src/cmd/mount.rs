@@ -323,24 +323,27 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
                 imagefs::union::UnionFs::new(layers, upper, name.clone(), log)
                     .context("reading the root directories")
             );
-            session(a, fs, name, true, ready)
+            let slot = fs.notifier_slot();
+            session(a, fs, name, Some(slot), ready)
         }
         _ => {
             let fs = try_ready!(imagefs::ImageFs::new(layers, name.clone(), log)
                 .context("reading the root directories"));
-            session(a, fs, name, false, ready)
+            session(a, fs, name, None, ready)
         }
     }
 }
 
-/// Mounts `fs` and serves it until unmounted.
+/// Mounts `fs` and serves it until unmounted; a writable filesystem gets the session's
+/// notifier in `notify`.
 fn session<F: fuser::Filesystem + Send + Sync + 'static>(
     a: &Args,
     fs: F,
     name: String,
-    writable: bool,
+    notify: Option<std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>>,
     ready: Ready,
 ) -> Result<(), (anyhow::Error, Ready)> {
+    let writable = notify.is_some();
     macro_rules! try_ready {
         ($e:expr) => {
             match $e {
@@ -400,6 +403,9 @@ fn session<F: fuser::Filesystem + Send + Sync + 'static>(
             fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone()).context("talking to the kernel")
         )
     };
+    if let Some(slot) = &notify {
+        let _ = slot.set(session.notifier());
+    }
     let bg = try_ready!(session.spawn().context("starting the workers"));
     raise_readahead(a.mountpoint());
 
