@@ -10,7 +10,7 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, fallocate, mount, read
+from . import build, digest, fallocate, mount, read, storm
 
 BENCHES = {
     "build": build,
@@ -18,4 +18,5 @@ BENCHES = {
     "read": read,
     "mount": mount,
     "fallocate": fallocate,
+    "storm": storm,
 }

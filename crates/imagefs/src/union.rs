@@ -224,8 +224,16 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }
     }
 
+    /// A copy of a node, for the paths that change the tree.
     fn node(&self, id: u64) -> Result<Node, Errno> {
         self.nodes.pin().get(&id).cloned().ok_or(Errno::ESTALE)
+    }
+
+    /// Runs `f` on a node in place: the per-request paths (lookup, getattr, open, read,
+    /// xattrs) copy nothing and bump no shared count.
+    fn with_node<T>(&self, id: u64, f: impl FnOnce(&Node) -> Result<T, Errno>) -> Result<T, Errno> {
+        let guard = self.nodes.guard();
+        f(self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?)
     }
 
     fn lower_err(&self, what: &str, e: erofs::read::Error) -> Errno {
@@ -248,7 +256,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// `name` in directory `parent` as the merged tree has it: (id, node), or `None`.
     fn resolve(&self, parent: u64, name: &[u8]) -> Result<Option<(u64, Node)>, Errno> {
-        let p = self.node(parent)?;
+        self.with_node(parent, |p| self.resolve_in(parent, p, name))
+    }
+
+    fn resolve_in(&self, parent: u64, p: &Node, name: &[u8]) -> Result<Option<(u64, Node)>, Errno> {
         let mut upper_st = None;
         if let Some(pfd) = &p.upper {
             match self.upper.stat(pfd.as_fd(), name) {
@@ -742,8 +753,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let run = || -> Result<Vec<u8>, Errno> {
-            let n = self.node(ino.into())?;
-            match (&n.upper, &n.lower) {
+            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
                 (Some(fd), _) => Ok(rfs::readlinkat(fd.as_fd(), "", Vec::new())
                     .map_err(rerrno)?
                     .into_bytes()),
@@ -753,7 +763,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .readlink(&r.inode)
                     .map_err(|e| self.lower_err("readlink", e)),
                 _ => Err(Errno::ESTALE),
-            }
+            })
         };
         match run() {
             Ok(t) => reply.data(&t),
@@ -1075,17 +1085,18 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
         let run = || -> Result<u64, Errno> {
             let id = u64::from(ino);
-            let fd = if writes {
-                let _l = self.lock();
-                Some(self.copy_up(id)?)
-            } else {
-                self.node(id)?.upper.clone()
-            };
-            match fd {
+            if writes {
+                let fd = {
+                    let _l = self.lock();
+                    self.copy_up(id)?
+                };
+                return self.open_real(fd.as_fd(), flags);
+            }
+            self.with_node(id, |n| match &n.upper {
                 Some(fd) => self.open_real(fd.as_fd(), flags),
                 // Read-only from the images: served from the node, no descriptor.
                 None => Ok(0),
-            }
+            })
         };
         match run() {
             Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
@@ -1111,15 +1122,14 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 rustix::io::pread(fd, &mut buf, offset).map_err(rerrno)
             })
         } else {
-            match self.node(ino.into()) {
-                Ok(Node { lower: Some(r), .. }) => self
+            self.with_node(ino.into(), |n| match &n.lower {
+                Some(r) => self
                     .stack
                     .image(r.top.layer)
                     .read(&r.inode, offset, &mut buf)
                     .map_err(|e| self.lower_err("read", e)),
-                Ok(_) => Err(Errno::EBADF),
-                Err(e) => Err(e),
-            }
+                None => Err(Errno::EBADF),
+            })
         };
         match r {
             Ok(n) => reply.data(&buf[..n]),
@@ -1160,7 +1170,9 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Writes go straight to the upper file, so close has nothing to report: one ENOSYS
+        // and the kernel stops sending FLUSH on every close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -1173,7 +1185,9 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.files.pin().remove(&u64::from(fh));
+        if u64::from(fh) != 0 {
+            self.files.pin().remove(&u64::from(fh));
+        }
         reply.ok();
     }
 
@@ -1369,8 +1383,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             return reply.error(Errno::NO_XATTR);
         }
         let run = || -> Result<Option<Vec<u8>>, Errno> {
-            let n = self.node(ino.into())?;
-            match (&n.upper, &n.lower) {
+            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
                 (Some(fd), _) => {
                     let path = Self::real_path(fd.as_fd());
                     let mut buf = vec![0u8; 65536];
@@ -1389,7 +1402,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .getxattr(&r.inode, name)
                     .map_err(|e| self.lower_err("getxattr", e)),
                 _ => Err(Errno::ESTALE),
-            }
+            })
         };
         match run() {
             Ok(Some(v)) => xattr_reply(reply, size, &v),
@@ -1400,8 +1413,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let run = || -> Result<Vec<Vec<u8>>, Errno> {
-            let n = self.node(ino.into())?;
-            match (&n.upper, &n.lower) {
+            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
                 (Some(fd), _) => {
                     let path = Self::real_path(fd.as_fd());
                     let mut buf = vec![0u8; 65536];
@@ -1418,7 +1430,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .listxattr(&r.inode)
                     .map_err(|e| self.lower_err("listxattr", e)),
                 _ => Err(Errno::ESTALE),
-            }
+            })
         };
         match run() {
             Ok(names) => {

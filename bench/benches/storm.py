@@ -1,0 +1,236 @@
+"""storm: a stat/open storm over a merged tree with 1, 2, 4 and 8 threads (seed 3).
+
+One image of a real tree (usr-share) as the lower layer with an empty upper directory,
+mounted three ways side by side:
+
+  overlay          the kernel's overlayfs (lower: the image's kernel erofs mount)
+  fuse-overlayfs   fuse-overlayfs over that same kernel erofs mount
+  verilay          `verilay mount IMAGE --upper --work` (verification on)
+
+Each thread walks the tree's path list from its own starting point: lstat, and for regular
+files open(O_RDONLY) and close. After one warm pass, each thread count runs for a fixed
+time and the total operations per second are reported. A small C program does the storm
+(compiled here with cc: Python threads would measure the interpreter lock).
+
+Targets: verilay ahead of fuse-overlayfs at every thread count, and no drop in total
+throughput as threads are added (each count within 5% of the best of the fewer ones).
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+from harness import datasets, report, tools
+
+DESCRIPTION = "stat/open storm over a merged tree, 1-8 threads: verilay vs overlayfs, fuse-overlayfs"
+
+THREADS = (1, 2, 4, 8)
+SECONDS = 3.0
+DROP_TOLERANCE = 0.95
+
+STORM_C = r"""
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static char **paths;
+static size_t npaths;
+static volatile int stop;
+
+struct arg { size_t start; unsigned long ops; };
+
+static void *worker(void *p) {
+    struct arg *a = p;
+    size_t i = a->start;
+    unsigned long ops = 0;
+    struct stat st;
+    while (!stop) {
+        if (lstat(paths[i], &st) == 0 && S_ISREG(st.st_mode)) {
+            int fd = open(paths[i], O_RDONLY);
+            if (fd >= 0)
+                close(fd);
+        }
+        ops++;
+        if (++i == npaths)
+            i = 0;
+    }
+    a->ops = ops;
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4)
+        return 2;
+    FILE *f = fopen(argv[1], "r");
+    int threads = atoi(argv[2]);
+    double secs = atof(argv[3]);
+    size_t cap = 1024;
+    char line[4096];
+    paths = malloc(cap * sizeof *paths);
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (npaths == cap)
+            paths = realloc(paths, (cap *= 2) * sizeof *paths);
+        paths[npaths++] = strdup(line);
+    }
+    if (!npaths || threads < 1)
+        return 2;
+    pthread_t *t = calloc(threads, sizeof *t);
+    struct arg *a = calloc(threads, sizeof *a);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < threads; i++) {
+        a[i].start = npaths / threads * i;
+        pthread_create(&t[i], NULL, worker, &a[i]);
+    }
+    struct timespec d = { (time_t)secs, (long)((secs - (time_t)secs) * 1e9) };
+    nanosleep(&d, NULL);
+    stop = 1;
+    unsigned long total = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i], NULL);
+        total += a[i].ops;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("%.1f\n", total / ((t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9));
+    return 0;
+}
+"""
+
+
+def storm(binary, listfile, cwd, threads, secs):
+    out = subprocess.run([binary, listfile, str(threads), str(secs)], cwd=cwd,
+                         check=True, capture_output=True, text=True)
+    return float(out.stdout.strip())
+
+
+def run(ctx):
+    scratch = datasets.scratch_dir("storm")
+    verilay, why = tools.verilay(scratch)
+    fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
+    data = {"bench": "storm", "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, "threads": THREADS,
+                         "seconds": SECONDS},
+            "peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []}
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not verilay or os.geteuid() != 0 or not cc:
+        reason = why or ("needs root (kernel mounts)" if cc else "needs a C compiler")
+        print(f"storm bench skipped: {reason}")
+        data["targets"].append(report.target("storm", None, reason))
+        return data
+    if not fov:
+        print("fuse-overlayfs: not found (apt-get install fuse-overlayfs); its rows are skipped")
+    ds = datasets.usr_share()
+    data["dataset"] = {"name": ds.name, **ds.stats}
+    binary = os.path.join(scratch, "storm")
+    src = os.path.join(scratch, "storm.c")
+    with open(src, "w") as f:
+        f.write(STORM_C)
+    subprocess.run([cc, "-O2", "-pthread", "-o", binary, src], check=True)
+    image = os.path.join(scratch, "tree.img")
+    subprocess.run([verilay, "build", ds.path, "-o", image, "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL)
+    listfile = os.path.join(scratch, "paths")
+    with open(listfile, "w") as f:
+        for root, dirs, files in os.walk(ds.path):
+            rel = os.path.relpath(root, ds.path)
+            for name in sorted(dirs + files):
+                f.write(os.path.normpath(os.path.join(rel, name)) + "\n")
+    d = {k: os.path.join(scratch, k) for k in
+         ("lower", "ov-up", "ov-work", "ov", "fo-up", "fo-work", "fo", "vl-up", "vl-work", "vl")}
+    for p in d.values():
+        os.makedirs(p, exist_ok=True)
+    mounted = []
+    secs = 1.0 if ctx.quick else SECONDS
+    try:
+        subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, d["lower"]], check=True)
+        mounted.append(d["lower"])
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={d['lower']},upperdir={d['ov-up']},workdir={d['ov-work']}",
+                        d["ov"]], check=True)
+        mounted.append(d["ov"])
+        where = {"overlay": d["ov"]}
+        if fov:
+            subprocess.run([fov, "-o", f"lowerdir={d['lower']},upperdir={d['fo-up']},"
+                            f"workdir={d['fo-work']}", d["fo"]], check=True)
+            mounted.append(d["fo"])
+            where["fuse-overlayfs"] = d["fo"]
+        subprocess.run([verilay, "mount", image, "--upper", d["vl-up"], "--work",
+                        d["vl-work"], d["vl"], "--quiet"], check=True)
+        mounted.append(d["vl"])
+        where["verilay"] = d["vl"]
+        for path in where.values():
+            storm(binary, listfile, path, 1, 0.5)  # warm: every entry looked up once
+        samples = {(w, n): [] for w in where for n in THREADS}
+        for i in range(ctx.runs):
+            print(f"  run {i + 1}/{ctx.runs}", flush=True)
+            for n in THREADS:
+                for w, path in where.items():
+                    samples[(w, n)].append(storm(binary, listfile, path, n, secs))
+    finally:
+        for p in reversed(mounted):
+            subprocess.run(["umount", "-l", p], stderr=subprocess.DEVNULL)
+            time.sleep(0.2)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    tools_seen = list(dict.fromkeys(w for w, _ in samples))
+    for w in tools_seen:
+        data["results"][w] = {str(n): {"ops_s": samples[(w, n)],
+                                       "median": median(samples[(w, n)])} for n in THREADS}
+    rows = [[w] + [f"{data['results'][w][str(n)]['median']:,.0f}" for n in THREADS]
+            for w in tools_seen]
+    print()
+    report.print_table(["ops/s"] + [f"{n} thr" for n in THREADS], rows)
+    print()
+    r = data["results"]
+    if "fuse-overlayfs" in r:
+        for n in THREADS:
+            ratio = r["verilay"][str(n)]["median"] / r["fuse-overlayfs"][str(n)]["median"]
+            data["targets"].append(report.target(
+                f"{n} threads vs fuse-overlayfs", ratio > 1.0,
+                f"verilay {ratio:.2f}x fuse-overlayfs's ops/s (target > 1x)"))
+    else:
+        data["targets"].append(report.target("vs fuse-overlayfs", None, "not found"))
+    best = 0.0
+    for n in THREADS:
+        v = r["verilay"][str(n)]["median"]
+        data["targets"].append(report.target(
+            f"{n} threads: no drop", v >= best * DROP_TOLERANCE,
+            f"{v:,.0f} ops/s vs best of fewer threads {best:,.0f}"))
+        best = max(best, v)
+    for n in THREADS:
+        print(f"INFO  {n} threads: verilay {r['verilay'][str(n)]['median'] / r['overlay'][str(n)]['median']:.2f}x kernel overlayfs's ops/s")
+    return data
+
+
+def plot(data, png_path):
+    if not data["results"]:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for w, per in data["results"].items():
+        xs = [int(n) for n in per]
+        ax.plot(xs, [per[n]["median"] for n in per], marker="o", label=w,
+                color="tab:red" if w == "verilay" else None)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(THREADS), [str(n) for n in THREADS])
+    ax.set_xlabel("threads")
+    ax.set_ylabel("lstat+open+close per second")
+    ax.set_title("stat/open storm over a merged tree (higher is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
