@@ -10,7 +10,7 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, fallocate, mount, read, storm
+from . import build, digest, fallocate, meta, mount, read, storm
 
 BENCHES = {
     "build": build,
@@ -19,4 +19,5 @@ BENCHES = {
     "mount": mount,
     "fallocate": fallocate,
     "storm": storm,
+    "meta": meta,
 }

@@ -225,8 +225,11 @@ impl Upper {
                         Mode::from_raw_mode(0o600),
                     )?;
                     copy_into(&f, size, read)?;
-                    // Durable before it becomes visible under its name.
-                    rfs::fsync(&f)?;
+                    // Copied data is durable before it becomes visible under its name (as
+                    // overlayfs does); a new empty file has nothing to lose.
+                    if size > 0 {
+                        rfs::fsync(&f)?;
+                    }
                 }
             }
             let c = tmp.as_c_str();

@@ -1,0 +1,252 @@
+"""meta: small-file and metadata storms on a writable merged tree.
+
+One image of a small tree as the lower layer with an empty upper directory, mounted three
+ways side by side, each freshly for every run:
+
+  overlay          the kernel's overlayfs (lower: the image's kernel erofs mount)
+  fuse-overlayfs   fuse-overlayfs over that same kernel erofs mount
+  verilay          `verilay mount IMAGE --upper --work`
+
+Workloads (a small C program for the storms, so the harness is not what is measured):
+
+  create-0, create-1k, create-1m
+                 FS-Mark style: 500 files of 0 B, 1 KiB and 1 MiB spread over 32
+                 subdirectories (no fsync); files per second
+  stat, remove   mdtest style: 8000 files in 32 directories, then each one stat()ed,
+                 then each one unlinked; operations per second
+  rsync          `rsync -a` of a real tree of small files into the mount; seconds
+  untar, rm-rf   `tar -x` of that tree into the mount, then `rm -rf` of it; seconds
+
+Targets (issue 5): verilay at least 2x fuse-overlayfs's rate on every workload, and
+within 1.5x of the kernel's overlayfs.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+from harness import datasets, report, tools
+
+DESCRIPTION = "small-file and metadata storms on a writable merged tree vs overlayfs, fuse-overlayfs"
+
+PEER_SPEEDUP = 2.0
+KERNEL_RATIO = 1.5
+
+META_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* meta DIR NFILES NDIRS SIZE: creates, stats and removes; prints three rates. */
+int main(int argc, char **argv) {
+    if (argc != 5)
+        return 2;
+    const char *dir = argv[1];
+    int n = atoi(argv[2]), nd = atoi(argv[3]);
+    long size = atol(argv[4]);
+    char *buf = calloc(1, size > 0 ? size : 1);
+    memset(buf, 'x', size);
+    char p[4096];
+    for (int d = 0; d < nd; d++) {
+        snprintf(p, sizeof p, "%s/d%02d", dir, d);
+        if (mkdir(p, 0755) && access(p, F_OK))
+            return 3;
+    }
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);
+        int fd = open(p, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd < 0)
+            return 4;
+        if (size > 0 && write(fd, buf, size) != size)
+            return 5;
+        close(fd);
+    }
+    double t1 = now();
+    struct stat st;
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);
+        if (stat(p, &st))
+            return 6;
+    }
+    double t2 = now();
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);
+        if (unlink(p))
+            return 7;
+    }
+    double t3 = now();
+    printf("%.1f %.1f %.1f\n", n / (t1 - t0), n / (t2 - t1), n / (t3 - t2));
+    return 0;
+}
+"""
+
+
+class Mounts:
+    """The three mounts over one image, made fresh (empty upper) by `up()`."""
+
+    def __init__(self, scratch, image, verilay, fov):
+        self.scratch, self.image, self.verilay, self.fov = scratch, image, verilay, fov
+        self.lower = os.path.join(scratch, "lower")
+        os.makedirs(self.lower, exist_ok=True)
+        subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, self.lower], check=True)
+        self.mounted = []
+
+    def up(self):
+        self.down()
+        where = {}
+        for tool in ("overlay", "fuse-overlayfs", "verilay"):
+            if tool == "fuse-overlayfs" and not self.fov:
+                continue
+            base = os.path.join(self.scratch, tool)
+            shutil.rmtree(base, ignore_errors=True)
+            up, work, mnt = (os.path.join(base, x) for x in ("up", "work", "mnt"))
+            for p in (up, work, mnt):
+                os.makedirs(p)
+            opts = f"lowerdir={self.lower},upperdir={up},workdir={work}"
+            if tool == "overlay":
+                subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, mnt],
+                               check=True)
+            elif tool == "fuse-overlayfs":
+                subprocess.run([self.fov, "-o", opts, mnt], check=True)
+            else:
+                subprocess.run([self.verilay, "mount", self.image, "--upper", up, "--work",
+                                work, mnt, "--quiet"], check=True)
+            self.mounted.append(mnt)
+            where[tool] = mnt
+        return where
+
+    def down(self):
+        for m in reversed(self.mounted):
+            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
+        if self.mounted:
+            time.sleep(0.3)
+        self.mounted = []
+
+    def close(self):
+        self.down()
+        subprocess.run(["umount", "-l", self.lower], stderr=subprocess.DEVNULL)
+
+
+def timed(argv, cwd=None):
+    os.sync()
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def run(ctx):
+    scratch = datasets.scratch_dir("meta")
+    verilay, why = tools.verilay(scratch)
+    fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
+    data = {"bench": "meta", "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick},
+            "peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []}
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not verilay or os.geteuid() != 0 or not cc:
+        reason = why or ("needs root (kernel mounts)" if cc else "needs a C compiler")
+        print(f"meta bench skipped: {reason}")
+        data["targets"].append(report.target("meta", None, reason))
+        return data
+    if not fov:
+        print("fuse-overlayfs: not found (apt-get install fuse-overlayfs); its rows are skipped")
+    binary = os.path.join(scratch, "meta")
+    with open(binary + ".c", "w") as f:
+        f.write(META_C)
+    subprocess.run([cc, "-O2", "-o", binary, binary + ".c"], check=True)
+    # The real tree of small files: /usr/share/doc from the usr-share dataset.
+    tree = os.path.join(datasets.usr_share().path, "doc")
+    tarball = os.path.join(scratch, "tree.tar")
+    subprocess.run(["tar", "-C", tree, "-cf", tarball, "."], check=True)
+    nfiles = sum(len(fs) for _, _, fs in os.walk(tree))
+    data["settings"]["tree_files"] = nfiles
+    lower_src = os.path.join(scratch, "lower-src")
+    os.makedirs(os.path.join(lower_src, "etc"))
+    with open(os.path.join(lower_src, "etc", "hostname"), "w") as f:
+        f.write("bench\n")
+    image = os.path.join(scratch, "lower.img")
+    subprocess.run([verilay, "build", lower_src, "-o", image, "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL)
+    storms = {"create-0": (500, 0), "create-1k": (500, 1024), "create-1m": (500, 1 << 20)}
+    n_md = 2000 if ctx.quick else 8000
+    samples = {}
+    mounts = Mounts(scratch, image, verilay, fov)
+    try:
+        for i in range(ctx.runs):
+            print(f"  run {i + 1}/{ctx.runs}", flush=True)
+            where = mounts.up()
+            for tool, mnt in where.items():
+                for wl, (n, size) in storms.items():
+                    d = os.path.join(mnt, wl)
+                    os.makedirs(d)
+                    out = subprocess.run([binary, d, str(n), "32", str(size)], check=True,
+                                         capture_output=True, text=True).stdout.split()
+                    samples.setdefault((wl, tool), []).append(float(out[0]))
+                d = os.path.join(mnt, "md")
+                os.makedirs(d)
+                out = subprocess.run([binary, d, str(n_md), "32", "0"], check=True,
+                                     capture_output=True, text=True).stdout.split()
+                samples.setdefault(("stat", tool), []).append(float(out[1]))
+                samples.setdefault(("remove", tool), []).append(float(out[2]))
+                dst = os.path.join(mnt, "rsync")
+                secs = timed(["rsync", "-a", tree + "/", dst + "/"])
+                samples.setdefault(("rsync", tool), []).append(nfiles / secs)
+                dst = os.path.join(mnt, "untar")
+                os.makedirs(dst)
+                secs = timed(["tar", "-xf", tarball, "-C", dst])
+                samples.setdefault(("untar", tool), []).append(nfiles / secs)
+                secs = timed(["rm", "-rf", dst])
+                samples.setdefault(("rm-rf", tool), []).append(nfiles / secs)
+    finally:
+        mounts.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    workloads = list(dict.fromkeys(wl for wl, _ in samples))
+    tools_seen = list(dict.fromkeys(t for _, t in samples))
+    for wl in workloads:
+        data["results"][wl] = {t: {"per_s": samples[(wl, t)], "median": median(samples[(wl, t)])}
+                               for t in tools_seen}
+    rows = [[wl] + [f"{data['results'][wl][t]['median']:,.0f}" for t in tools_seen]
+            for wl in workloads]
+    print()
+    report.print_table(["per second"] + tools_seen, rows)
+    print()
+    for wl in workloads:
+        r = data["results"][wl]
+        v = r["verilay"]["median"]
+        if "fuse-overlayfs" in r:
+            ratio = v / r["fuse-overlayfs"]["median"]
+            data["targets"].append(report.target(
+                f"{wl} vs fuse-overlayfs", ratio >= PEER_SPEEDUP,
+                f"verilay {ratio:.2f}x its rate (target >= {PEER_SPEEDUP}x)"))
+        ratio = r["overlay"]["median"] / v
+        data["targets"].append(report.target(
+            f"{wl} vs kernel overlayfs", ratio <= KERNEL_RATIO,
+            f"overlayfs {ratio:.2f}x verilay's rate (target <= {KERNEL_RATIO}x)"))
+    return data
+
+
+def plot(data, png_path):
+    if not data["results"]:
+        return
+    rows = [(wl, {"rate": [{"label": t, "value": r["median"], "lo": min(r["per_s"]),
+                            "hi": max(r["per_s"])} for t, r in per.items()]})
+            for wl, per in data["results"].items()]
+    report.bar_grid(png_path, "metadata storms on a writable merged tree (higher is better)",
+                    rows, [("rate", "per second")])
