@@ -109,7 +109,7 @@ class Mounts:
         for tool in ("overlay", "fuse-overlayfs", "verilay"):
             if tool == "fuse-overlayfs" and not self.fov:
                 continue
-            base = os.path.join(self.scratch, tool)
+            base = os.path.join(self.scratch, "mounts", tool)
             shutil.rmtree(base, ignore_errors=True)
             up, work, mnt = (os.path.join(base, x) for x in ("up", "work", "mnt"))
             for p in (up, work, mnt):

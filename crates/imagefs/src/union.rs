@@ -435,7 +435,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         mode: u32,
         rdev: (u32, u32),
         contents: Contents<'_>,
-    ) -> Result<(u64, FileAttr), Errno> {
+    ) -> Result<(u64, FileAttr, Option<OwnedFd>), Errno> {
         let pfd = self.upper_dir(parent)?;
         let (uid, gid) = self.owner(req, pfd.as_fd());
         let mut mode = mode;
@@ -454,12 +454,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
         // Was there anything in the images at this name? Then it stays hidden.
         let shadowed = existing.as_ref().is_some_and(upper::is_whiteout);
-        let st = if shadowed {
-            self.upper.replace(pfd.as_fd(), name, &meta, contents)
+        let (st, file) = if shadowed {
+            (
+                self.upper
+                    .replace(pfd.as_fd(), name, &meta, contents)
+                    .map_err(errno)?,
+                None,
+            )
         } else {
-            self.upper.create(pfd.as_fd(), name, &meta, contents)
-        }
-        .map_err(errno)?;
+            self.upper
+                .create_fresh(pfd.as_fd(), name, &meta, contents)
+                .map_err(errno)?
+        };
         let fd = self
             .upper
             .open_entry(pfd.as_fd(), name, &st)
@@ -478,7 +484,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         };
         let attr = stat_attr(id, &st);
         self.remember(id, node);
-        Ok((id, attr))
+        Ok((id, attr, file))
     }
 
     /// Whether the images have something at `name` under `parent` (a whiteout is then
@@ -510,14 +516,16 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 if upper::is_whiteout(&st) {
                     continue;
                 }
-                let lower_id = if is_dir_mode(st.st_mode) {
-                    None
-                } else {
-                    self.upper_ids.pin().get(&(st.st_dev, st.st_ino)).copied()
-                };
-                let id = lower_id.unwrap_or_else(|| match self.resolve(id, &name) {
-                    Ok(Some((cid, _))) => cid,
-                    _ => self.upper_id(&st, None),
+                // Without opening anything: the id it has, else for a directory that
+                // merges with the images' one their id, else a new one.
+                let known = self.upper_ids.pin().get(&(st.st_dev, st.st_ino)).copied();
+                let id = known.unwrap_or_else(|| {
+                    let merged = is_dir_mode(st.st_mode) && !n.lower_chain().is_empty();
+                    let lower = merged
+                        .then(|| self.stack.lookup(n.lower_chain(), &name).ok().flatten())
+                        .flatten()
+                        .filter(|r| !r.chain.is_empty());
+                    self.upper_id(&st, lower.map(|r| self.lower_id(r.top)))
                 });
                 out.push((name, id, file_type(st.st_mode)));
             }
@@ -630,6 +638,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let _ = config.add_capabilities(cap);
         }
         let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_write(1 << 20);
         Ok(())
     }
 
@@ -793,7 +802,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             Contents::Special
         };
         match self.make(req, parent.into(), name.as_bytes(), mode, dev, contents) {
-            Ok((_, a)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -817,7 +826,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             (0, 0),
             Contents::Dir,
         ) {
-            Ok((_, a)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -841,7 +850,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             (0, 0),
             Contents::Symlink(t),
         ) {
-            Ok((_, a)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -860,7 +869,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let _l = self.lock();
             let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777 & !umask);
             let mut empty = |_: u64, _: &mut [u8]| Ok(0);
-            let (id, a) = self.make(
+            let (id, a, file) = self.make(
                 req,
                 parent.into(),
                 name.as_bytes(),
@@ -871,6 +880,17 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     read: &mut empty,
                 },
             )?;
+            let o = OFlags::from_bits_truncate(flags as u32);
+            // The descriptor creation made serves as the handle, unless the caller wants
+            // synchronous writes (which only open can ask for).
+            if let Some(f) = file.filter(|_| !o.intersects(OFlags::SYNC | OFlags::DSYNC)) {
+                if o.contains(OFlags::APPEND) {
+                    rfs::fcntl_setfl(&f, OFlags::APPEND).map_err(rerrno)?;
+                }
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                self.files.pin().insert(fh, f);
+                return Ok((a, fh));
+            }
             let n = self.node(id)?;
             let fd = n.upper.as_ref().ok_or(Errno::EIO)?;
             let fh = self.open_real(fd.as_fd(), flags & !libc_trunc())?;
@@ -888,16 +908,19 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         let run = || -> Result<(), Errno> {
             let _l = self.lock();
             let name = name.as_bytes();
-            let (_, n) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
-            let p = self.node(parent.into())?;
-            let lower = self.lower_has(&p, name)?;
+            // The parent's upper entry decides; the images only whether a whiteout is due.
             let pfd = self.upper_dir(parent.into())?;
-            if let Some(fd) = &n.upper {
-                if let Ok(st) = rfs::fstat(fd.as_fd()) {
-                    if st.st_nlink <= 1 {
-                        self.upper_ids.pin().remove(&(st.st_dev, st.st_ino));
-                    }
-                }
+            let upper = self
+                .upper
+                .stat(pfd.as_fd(), name)
+                .map_err(errno)?
+                .filter(|st| !upper::is_whiteout(st));
+            let lower = self.with_node(parent.into(), |p| self.lower_has(p, name))?;
+            if upper.is_none() && !lower {
+                return Err(Errno::ENOENT);
+            }
+            if let Some(st) = upper.filter(|st| st.st_nlink <= 1) {
+                self.upper_ids.pin().remove(&(st.st_dev, st.st_ino));
             }
             if lower {
                 self.upper.whiteout(pfd.as_fd(), name).map_err(errno)

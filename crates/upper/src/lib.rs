@@ -304,6 +304,75 @@ impl Upper {
         )?)
     }
 
+    /// Makes a new, empty object `name` in `dir` directly (nothing to hide or to copy, so
+    /// nothing half-made can be seen: like overlayfs, only creation over a whiteout and
+    /// copy-up go through the work directory). Times are the host's "now". Returns its
+    /// lstat and, for a regular file, a descriptor open for reading and writing.
+    pub fn create_fresh(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &[u8],
+        meta: &Meta,
+        contents: Contents<'_>,
+    ) -> io::Result<(Stat, Option<OwnedFd>)> {
+        let c = cstr(name)?;
+        let perm = Mode::from_raw_mode(meta.mode & 0o7777);
+        let mut file = None;
+        match contents {
+            Contents::Dir => rfs::mkdirat(dir, c.as_c_str(), perm)?,
+            Contents::Symlink(target) => {
+                rfs::symlinkat(cstr(target)?.as_c_str(), dir, c.as_c_str())?
+            }
+            Contents::Special => rfs::mknodat(
+                dir,
+                c.as_c_str(),
+                FileType::from_raw_mode(meta.mode),
+                perm,
+                rfs::makedev(meta.rdev.0, meta.rdev.1),
+            )?,
+            Contents::File { .. } => {
+                file = Some(rfs::openat(
+                    dir,
+                    c.as_c_str(),
+                    OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                    perm,
+                )?)
+            }
+        }
+        let done = (|| -> io::Result<Stat> {
+            let st = rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+            let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
+            if st.st_uid != meta.uid || st.st_gid != meta.gid {
+                if meta.uid == u32::MAX || meta.gid == u32::MAX {
+                    return Err(io::Error::from_raw_os_error(libc_einval()));
+                }
+                // SAFETY: neither id is u32::MAX (-1), which chown reads as "leave as is".
+                let (uid, gid) =
+                    unsafe { (rfs::Uid::from_raw(meta.uid), rfs::Gid::from_raw(meta.gid)) };
+                rfs::chownat(
+                    dir,
+                    c.as_c_str(),
+                    Some(uid),
+                    Some(gid),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )?;
+            }
+            // The umask of the daemon, or chown clearing set-id bits, must not change what
+            // was asked for.
+            if !is_link && st.st_mode & 0o7777 != meta.mode & 0o7777 {
+                rfs::chmodat(dir, c.as_c_str(), perm, AtFlags::empty())?;
+            }
+            Ok(rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?)
+        })();
+        match done {
+            Ok(st) => Ok((st, file)),
+            Err(e) => {
+                let _ = remove_named(dir, c.as_c_str());
+                Err(e)
+            }
+        }
+    }
+
     /// Makes `name` in `dir` atomically in place of what is there now (a whiteout, or an
     /// empty directory of whiteouts); returns its lstat.
     pub fn replace(
