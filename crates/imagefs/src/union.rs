@@ -313,7 +313,15 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     fn attr(&self, id: u64, n: &Node) -> Result<FileAttr, Errno> {
         let merged = !n.lower_chain().is_empty() && n.upper.is_some();
         let mut a = match (&n.upper, &n.lower) {
-            (Some(fd), _) => stat_attr(id, &rfs::fstat(fd.as_fd()).map_err(rerrno)?),
+            (Some(fd), _) => {
+                let mut a = stat_attr(id, &rfs::fstat(fd.as_fd()).map_err(rerrno)?);
+                if !self.as_root {
+                    if let Some(o) = read_override(fd.as_fd()) {
+                        o.apply(&mut a);
+                    }
+                }
+                a
+            }
             (None, Some(r)) => {
                 let mut a = inode_attr(
                     INodeNo(id),
@@ -355,7 +363,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .into_iter()
             .filter(|(k, _)| !k.starts_with(PRIVATE_XATTR_PREFIX))
             .collect();
-        let meta = Meta {
+        let mut meta = Meta {
             mode: u32::from(inode.mode),
             uid: inode.uid,
             gid: inode.gid,
@@ -363,6 +371,28 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             rdev: inode.rdev,
             xattrs,
         };
+        if !self.as_root {
+            let me = (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            );
+            let shown = Override {
+                uid: meta.uid,
+                gid: meta.gid,
+                mode: meta.mode,
+            };
+            // Only user.* and ACLs can be set by an ordinary user.
+            meta.xattrs
+                .retain(|(k, _)| k.starts_with(b"user.") || k.starts_with(b"system.posix_acl_"));
+            // Linux allows user.* xattrs on files and directories only.
+            let carries = inode.is_reg() || inode.is_dir();
+            if carries && ((meta.uid, meta.gid) != me || host_perm(meta.mode) != meta.mode & 0o7777)
+            {
+                meta.xattrs.push((OVERRIDE_XATTR.to_vec(), shown.encode()));
+            }
+            (meta.uid, meta.gid) = me;
+            meta.mode = (meta.mode & !0o7777) | host_perm(meta.mode);
+        }
         let target;
         let mut read = |off: u64, buf: &mut [u8]| {
             img.read(inode, off, buf)
@@ -443,7 +473,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         if dir_mode && gid != req.gid() && self.as_root {
             mode |= 0o2000; // directories inherit set-group-id
         }
-        let meta = Meta {
+        let mut meta = Meta {
             mode,
             uid,
             gid,
@@ -451,6 +481,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             rdev,
             xattrs: Vec::new(),
         };
+        let carries = matches!(
+            rfs::FileType::from_raw_mode(mode),
+            rfs::FileType::RegularFile | rfs::FileType::Directory
+        );
+        if !self.as_root && carries && (req.uid(), req.gid()) != (uid, gid) {
+            let shown = Override {
+                uid: req.uid(),
+                gid: req.gid(),
+                mode,
+            };
+            meta.xattrs.push((OVERRIDE_XATTR.to_vec(), shown.encode()));
+        }
         let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
         // Was there anything in the images at this name? Then it stays hidden.
         let shadowed = existing.as_ref().is_some_and(upper::is_whiteout);
@@ -552,6 +594,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     fn visible(&self, req: &Request, name: &[u8]) -> bool {
         let hidden = name.starts_with(PRIVATE_XATTR_PREFIX)
+            || name == OVERRIDE_XATTR
             || (name.starts_with(b"trusted.") && req.uid() != 0)
             // Rootless, our markers live in user.overlay.* (overlayfs's userxattr).
             || (self.upper.prefix.starts_with("user.") && name.starts_with(b"user.overlay."));
@@ -587,6 +630,73 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.change.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where rootless mounts keep the owner and mode the tree shows (containers/storage's
+/// format, `uid:gid:0mode`, as fuse-overlayfs and rootless container tools read it).
+pub const OVERRIDE_XATTR: &[u8] = b"user.containers.override_stat";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Override {
+    uid: u32,
+    gid: u32,
+    /// Permission bits, and the type bits when recorded.
+    mode: u32,
+}
+
+impl Override {
+    fn encode(&self) -> Vec<u8> {
+        format!("{}:{}:0{:o}", self.uid, self.gid, self.mode).into_bytes()
+    }
+
+    fn parse(v: &[u8]) -> Option<Override> {
+        let s = std::str::from_utf8(v).ok()?;
+        let mut f = s.trim_end_matches('\0').split(':');
+        let o = Override {
+            uid: f.next()?.parse().ok()?,
+            gid: f.next()?.parse().ok()?,
+            mode: u32::from_str_radix(f.next()?, 8).ok()?,
+        };
+        // A fourth field (a type name, as some tools write) is allowed and not needed.
+        Some(o)
+    }
+
+    fn apply(&self, a: &mut FileAttr) {
+        a.uid = self.uid;
+        a.gid = self.gid;
+        a.perm = (self.mode & 0o7777) as u16;
+        if self.mode & 0o170000 != 0 {
+            a.kind = file_type(self.mode);
+        }
+    }
+}
+
+fn read_override(fd: BorrowedFd<'_>) -> Option<Override> {
+    let mut buf = [0u8; 128];
+    let path = upper::fd_path(fd);
+    let n = rfs::getxattr(path.as_c_str(), "user.containers.override_stat", &mut buf).ok()?;
+    Override::parse(&buf[..n])
+}
+
+fn write_override(fd: BorrowedFd<'_>, o: &Override) -> rustix::io::Result<()> {
+    let path = upper::fd_path(fd);
+    rfs::setxattr(
+        path.as_c_str(),
+        "user.containers.override_stat",
+        &o.encode(),
+        rfs::XattrFlags::empty(),
+    )
+}
+
+/// The permissions an upper file gets on the host in a rootless mount: what was asked,
+/// plus whatever we need to keep reading and writing it ourselves.
+fn host_perm(mode: u32) -> u32 {
+    let perm = mode & 0o7777;
+    if is_dir_mode(mode) {
+        perm | 0o700
+    } else {
+        perm | 0o600
     }
 }
 
@@ -710,7 +820,30 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             };
             let path = Self::real_path(fd.as_fd());
             let cwd = rfs::CWD;
-            if uid.is_some() || gid.is_some() {
+            if !self.as_root && (uid.is_some() || gid.is_some() || mode.is_some()) {
+                // An ordinary user cannot give files away: the owner and mode the tree shows
+                // live in the override xattr; the host file stays ours and usable by us.
+                let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
+                let mut o = read_override(fd.as_fd()).unwrap_or(Override {
+                    uid: st.st_uid,
+                    gid: st.st_gid,
+                    mode: st.st_mode,
+                });
+                o.uid = uid.unwrap_or(o.uid);
+                o.gid = gid.unwrap_or(o.gid);
+                if let Some(m) = mode {
+                    o.mode = (o.mode & !0o7777) | (m & 0o7777);
+                    rfs::chmodat(
+                        cwd,
+                        path.as_c_str(),
+                        Mode::from_raw_mode(host_perm(o.mode)),
+                        AtFlags::empty(),
+                    )
+                    .map_err(rerrno)?;
+                }
+                write_override(fd.as_fd(), &o).map_err(rerrno)?;
+            }
+            if self.as_root && (uid.is_some() || gid.is_some()) {
                 // SAFETY: ids from the kernel's setattr are real ids, never -1 ("unchanged"
                 // is None here).
                 let (u, g) = unsafe {
@@ -721,7 +854,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 };
                 rfs::chownat(cwd, path.as_c_str(), u, g, AtFlags::empty()).map_err(rerrno)?;
             }
-            if let Some(m) = mode {
+            if let Some(m) = mode.filter(|_| self.as_root) {
                 rfs::chmodat(
                     cwd,
                     path.as_c_str(),

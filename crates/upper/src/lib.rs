@@ -362,6 +362,14 @@ impl Upper {
             if !is_link && st.st_mode & 0o7777 != meta.mode & 0o7777 {
                 rfs::chmodat(dir, c.as_c_str(), perm, AtFlags::empty())?;
             }
+            for (name, value) in &meta.xattrs {
+                rfs::lsetxattr(
+                    work_path(dir, c.as_c_str()).as_c_str(),
+                    cstr(name)?.as_c_str(),
+                    value,
+                    rfs::XattrFlags::empty(),
+                )?;
+            }
             Ok(rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?)
         })();
         match done {

@@ -507,3 +507,82 @@ fn an_fsx_style_run_finds_no_miscompare_on_new_and_copied_up_files() {
     exercise_file(&m.dir.join("new"), 0x9e37_79b9, 100_000, Vec::new());
     exercise_file(&m.dir.join("lower"), 0x1234_5678, 100_000, lower);
 }
+
+#[test]
+fn a_rootless_upper_keeps_ownership_in_the_override_xattr() {
+    if prerequisites()
+        || skip_unless(have("runuser"), "runuser missing")
+        || skip_unless(
+            Command::new("id")
+                .arg("verilaytest")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "user verilaytest missing (scripts/setup creates it)",
+        )
+    {
+        return;
+    }
+    let base = PathBuf::from(format!(
+        "/tmp/verilay-rootless-upper-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&base);
+    // An image whose files belong to someone else (as a container image's belong to root).
+    sh(&format!(
+        "set -e; mkdir -p {0}/src/shared {0}/up {0}/work {0}/mnt; cd {0}/src
+         echo theirs > shared/file; chown -R 1234:1234 shared; chmod 0777 shared; chmod 0666 shared/file",
+        base.display()
+    ));
+    std::fs::copy(env!("CARGO_BIN_EXE_verilay"), base.join("verilay")).unwrap();
+    build(&base.join("src"), &base.join("img"), &["--quiet"]);
+    sh(&format!(
+        "chown verilaytest {0} {0}/up {0}/work {0}/mnt {0}/img {0}/verilay",
+        base.display()
+    ));
+    let as_user = |args: &str| {
+        let out = Command::new("runuser")
+            .args(["-u", "verilaytest", "--", "sh", "-c", args])
+            .current_dir(&base)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mount = "./verilay mount img --upper up --work work mnt --quiet";
+    as_user(mount);
+    // Copy-up of someone else's file: the tree still shows their ownership and mode.
+    as_user("echo mine >> mnt/shared/file && echo new > mnt/shared/new");
+    assert_eq!(
+        as_user("stat -c '%u:%g %a' mnt/shared/file mnt/shared mnt/shared/new"),
+        format!(
+            "1234:1234 666\n1234:1234 777\n{0}:{0} 644\n",
+            as_user("id -u").trim()
+        )
+    );
+    assert_eq!(as_user("cat mnt/shared/file"), "theirs\nmine\n");
+    // On the host the copy is the user's own, carrying the shown owner in the xattr, which
+    // the mount hides.
+    let host = std::fs::metadata(base.join("up/shared/file")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(host.uid(), 1234);
+    let xattr = Command::new("getfattr")
+        .args(["--only-values", "-n", "user.containers.override_stat"])
+        .arg(base.join("up/shared/file"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&xattr.stdout), "1234:1234:0100666");
+    assert!(!as_user("getfattr -d -m - mnt/shared/file").contains("override"));
+    // It survives a remount.
+    as_user("./verilay umount mnt");
+    as_user(mount);
+    assert_eq!(
+        as_user("stat -c '%u:%g %a' mnt/shared/file"),
+        "1234:1234 666\n"
+    );
+    as_user("./verilay umount mnt");
+    let _ = std::fs::remove_dir_all(&base);
+}
