@@ -59,6 +59,9 @@ struct Node {
     merge: bool,
     /// Kernel references (lookups minus forgets), shared by every version of the node.
     lookups: Arc<AtomicU64>,
+    /// The upper file registered with the kernel for passthrough (one per inode, as the
+    /// kernel wants), shared by every version of the node; `None` inside when refused.
+    backing: Arc<OnceLock<Option<fuser::BackingId>>>,
 }
 
 impl Node {
@@ -85,6 +88,9 @@ pub struct UnionFs<S: ByteSource> {
     change: Mutex<()>,
     /// Mounted by root: new objects belong to the caller; otherwise to us.
     as_root: bool,
+    /// The kernel agreed to passthrough (root mounts): upper files' reads and writes then
+    /// go to the host file without us.
+    passthrough: bool,
     /// Set once the session exists: how the kernel is told of changes it cannot see.
     notifier: Arc<OnceLock<fuser::Notifier>>,
     name: String,
@@ -190,6 +196,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             change: Mutex::new(()),
             as_root: rustix::process::geteuid().is_root(),
             notifier: Arc::new(OnceLock::new()),
+            passthrough: false,
             upper,
             name,
             log,
@@ -206,6 +213,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 upper: Some(Arc::new(root_fd)),
                 merge,
                 lookups: Arc::new(AtomicU64::new(1)),
+                backing: Arc::default(),
             },
         );
         Ok(fs)
@@ -283,6 +291,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             upper,
             merge,
             lookups: Arc::new(AtomicU64::new(0)),
+            backing: Arc::default(),
         };
         let Some(st) = upper_st else {
             return Ok(lower.map(|r: Resolved| (self.lower_id(r.top), node(Some(r), None, true))));
@@ -305,6 +314,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let nodes = self.nodes.pin();
         if let Some(old) = nodes.get(&id) {
             n.lookups = old.lookups.clone();
+            n.backing = old.backing.clone();
         }
         n.lookups.fetch_add(1, Ordering::Relaxed);
         nodes.insert(id, n);
@@ -523,6 +533,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             upper: Some(Arc::new(fd)),
             merge: false,
             lookups: Arc::new(AtomicU64::new(0)),
+            backing: Arc::default(),
         };
         let attr = stat_attr(id, &st);
         self.remember(id, node);
@@ -616,6 +627,34 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.pin().insert(fh, f);
         Ok(fh)
+    }
+
+    /// The node's passthrough registration, made on first use from a read-write descriptor
+    /// of its upper file; `None` for image files, or when the kernel refuses.
+    fn backing<'n>(
+        &self,
+        n: &'n Node,
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<fuser::BackingId>,
+    ) -> Option<&'n fuser::BackingId> {
+        if !self.passthrough {
+            return None;
+        }
+        let fd = n.upper.as_ref()?;
+        n.backing
+            .get_or_init(|| {
+                let st = rfs::fstat(fd.as_fd()).ok()?;
+                if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
+                    return None;
+                }
+                let rw = rfs::open(
+                    Self::real_path(fd.as_fd()).as_c_str(),
+                    OFlags::RDWR | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .ok()?;
+                register(rw.as_fd()).ok()
+            })
+            .as_ref()
     }
 
     fn with_file<T>(
@@ -749,6 +788,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         }
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_write(1 << 20);
+        // Upper files hold nothing to verify: as root, the kernel may read and write them
+        // itself. (Registering a backing file needs CAP_SYS_ADMIN.)
+        if self.as_root && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() {
+            self.passthrough = config.set_max_stack_depth(1).is_ok();
+        }
         Ok(())
     }
 
@@ -998,7 +1042,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let run = || -> Result<(FileAttr, u64), Errno> {
+        let run = || -> Result<(u64, FileAttr, u64), Errno> {
             let _l = self.lock();
             let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777 & !umask);
             let mut empty = |_: u64, _: &mut [u8]| Ok(0);
@@ -1022,16 +1066,32 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 }
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
                 self.files.pin().insert(fh, f);
-                return Ok((a, fh));
+                return Ok((id, a, fh));
             }
             let n = self.node(id)?;
             let fd = n.upper.as_ref().ok_or(Errno::EIO)?;
             let fh = self.open_real(fd.as_fd(), flags & !libc_trunc())?;
-            Ok((a, fh))
+            Ok((id, a, fh))
         };
         match run() {
-            Ok((a, fh)) => {
-                reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
+            Ok((id, a, fh)) => {
+                let guard = self.nodes.guard();
+                let fh = FileHandle(fh);
+                match self
+                    .nodes
+                    .get(&id, &guard)
+                    .and_then(|n| self.backing(n, |fd| reply.open_backing(fd)))
+                {
+                    Some(b) => reply.created_passthrough(
+                        &TTL,
+                        &a,
+                        Generation(0),
+                        fh,
+                        FopenFlags::empty(),
+                        b,
+                    ),
+                    None => reply.created(&TTL, &a, Generation(0), fh, FopenFlags::empty()),
+                }
             }
             Err(e) => reply.error(e),
         }
@@ -1186,6 +1246,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 moved.name = name.to_vec();
                 if let Some(old) = nodes.get(&tid) {
                     moved.lookups = old.lookups.clone();
+                    moved.backing = old.backing.clone();
                 }
                 nodes.insert(tid, moved);
             }
@@ -1239,14 +1300,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         let flags = flags.0;
         let writes =
             flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
+        let id = u64::from(ino);
         let run = || -> Result<u64, Errno> {
-            let id = u64::from(ino);
             if writes {
-                let fd = {
-                    let _l = self.lock();
-                    self.copy_up(id)?
-                };
-                return self.open_real(fd.as_fd(), flags);
+                let _l = self.lock();
+                self.copy_up(id)?;
             }
             self.with_node(id, |n| match &n.upper {
                 Some(fd) => self.open_real(fd.as_fd(), flags),
@@ -1256,7 +1314,17 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         };
         match run() {
             Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => {
+                let guard = self.nodes.guard();
+                match self
+                    .nodes
+                    .get(&id, &guard)
+                    .and_then(|n| self.backing(n, |fd| reply.open_backing(fd)))
+                {
+                    Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), b),
+                    None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                }
+            }
             Err(e) => reply.error(e),
         }
     }
