@@ -473,12 +473,24 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         parent: u64,
         name: &[u8],
         mode: u32,
+        umask: u32,
         rdev: (u32, u32),
         contents: Contents<'_>,
     ) -> Result<(u64, FileAttr, Option<OwnedFd>), Errno> {
         let pfd = self.upper_dir(parent)?;
         let (uid, gid) = self.owner(req, pfd.as_fd());
-        let mut mode = mode;
+        // A default ACL on the parent takes the umask's place (POSIX.1e), and the host
+        // applies it when the object is made there; otherwise the umask applies.
+        let mut buf = [0u8; 1];
+        let inherits = matches!(
+            rfs::fgetxattr(pfd.as_fd(), "system.posix_acl_default", &mut buf),
+            Ok(_) | Err(rustix::io::Errno::RANGE)
+        );
+        let mut mode = if inherits {
+            mode
+        } else {
+            mode & !(umask & 0o777)
+        };
         let dir_mode = is_dir_mode(mode);
         if dir_mode && gid != req.gid() && self.as_root {
             mode |= 0o2000; // directories inherit set-group-id
@@ -515,7 +527,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             )
         } else {
             self.upper
-                .create_fresh(pfd.as_fd(), name, &meta, contents)
+                .create_fresh(pfd.as_fd(), name, &meta, contents, inherits)
                 .map_err(errno)?
         };
         let fd = self
@@ -782,6 +794,8 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             InitFlags::FUSE_POSIX_ACL,
             InitFlags::FUSE_MAX_PAGES,
             InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // The umask is ours to apply: a parent's default ACL replaces it.
+            InitFlags::FUSE_DONT_MASK,
             InitFlags::FUSE_BIG_WRITES,
         ] {
             let _ = config.add_capabilities(cap);
@@ -968,7 +982,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         reply: ReplyEntry,
     ) {
         let _l = self.lock();
-        let mode = mode & !umask | (mode & rfs::FileType::Directory.as_raw_mode() & 0o170000);
+
         let dev = (rfs::major(u64::from(rdev)), rfs::minor(u64::from(rdev)));
         let contents = if rfs::FileType::from_raw_mode(mode) == rfs::FileType::RegularFile {
             Contents::File {
@@ -978,7 +992,15 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         } else {
             Contents::Special
         };
-        match self.make(req, parent.into(), name.as_bytes(), mode, dev, contents) {
+        match self.make(
+            req,
+            parent.into(),
+            name.as_bytes(),
+            mode,
+            umask,
+            dev,
+            contents,
+        ) {
             Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -994,12 +1016,13 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         reply: ReplyEntry,
     ) {
         let _l = self.lock();
-        let mode = rfs::FileType::Directory.as_raw_mode() | (mode & 0o7777 & !umask);
+        let mode = rfs::FileType::Directory.as_raw_mode() | (mode & 0o7777);
         match self.make(
             req,
             parent.into(),
             name.as_bytes(),
             mode,
+            umask,
             (0, 0),
             Contents::Dir,
         ) {
@@ -1024,6 +1047,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             parent.into(),
             link_name.as_bytes(),
             mode,
+            0,
             (0, 0),
             Contents::Symlink(t),
         ) {
@@ -1044,13 +1068,14 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
     ) {
         let run = || -> Result<(u64, FileAttr, u64), Errno> {
             let _l = self.lock();
-            let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777 & !umask);
+            let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777);
             let mut empty = |_: u64, _: &mut [u8]| Ok(0);
             let (id, a, file) = self.make(
                 req,
                 parent.into(),
                 name.as_bytes(),
                 mode,
+                umask,
                 (0, 0),
                 Contents::File {
                     size: 0,

@@ -306,14 +306,16 @@ impl Upper {
 
     /// Makes a new, empty object `name` in `dir` directly (nothing to hide or to copy, so
     /// nothing half-made can be seen: like overlayfs, only creation over a whiteout and
-    /// copy-up go through the work directory). Times are the host's "now". Returns its
-    /// lstat and, for a regular file, a descriptor open for reading and writing.
+    /// copy-up go through the work directory). Times are the host's "now". With
+    /// `inherit_acl`, the parent's default ACL (applied by the host) decides the mode.
+    /// Returns its lstat and, for a regular file, a descriptor open for reading and writing.
     pub fn create_fresh(
         &self,
         dir: BorrowedFd<'_>,
         name: &[u8],
         meta: &Meta,
         contents: Contents<'_>,
+        inherit_acl: bool,
     ) -> io::Result<(Stat, Option<OwnedFd>)> {
         let c = cstr(name)?;
         let perm = Mode::from_raw_mode(meta.mode & 0o7777);
@@ -358,8 +360,9 @@ impl Upper {
                 )?;
             }
             // The umask of the daemon, or chown clearing set-id bits, must not change what
-            // was asked for.
-            if !is_link && st.st_mode & 0o7777 != meta.mode & 0o7777 {
+            // was asked for; with a default ACL inherited from the parent, the host already
+            // made the mode what POSIX says it is.
+            if !is_link && !inherit_acl && st.st_mode & 0o7777 != meta.mode & 0o7777 {
                 rfs::chmodat(dir, c.as_c_str(), perm, AtFlags::empty())?;
             }
             for (name, value) in &meta.xattrs {

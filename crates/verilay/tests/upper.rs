@@ -45,6 +45,9 @@ const CHANGES: &str = "set -e
     dd if=/dev/zero of=big.bin bs=4096 seek=10 count=2 conv=notrunc status=none
     setfacl -m u:4321:rw- keep.txt
     ls -lR > /dev/null
+    mkdir acldir && setfacl -d -m u:1234:rwx,g::r-x,o::--- acldir
+    touch acldir/f && mkdir acldir/sub && (umask 077; touch acldir/g)
+    (umask 027; touch umasked; mkdir umaskeddir)
     echo k2 > keepdir/k2
     chmod 0640 sub/deep/file
     touch -d '2020-01-01 00:00:00' keep.txt newdir";
