@@ -472,11 +472,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         req: &Request,
         parent: u64,
         name: &[u8],
-        mode: u32,
-        umask: u32,
-        rdev: (u32, u32),
+        want: Want,
         contents: Contents<'_>,
     ) -> Result<(u64, FileAttr, Option<OwnedFd>), Errno> {
+        let Want { mode, umask, rdev } = want;
         let pfd = self.upper_dir(parent)?;
         let (uid, gid) = self.owner(req, pfd.as_fd());
         // A default ACL on the parent takes the umask's place (POSIX.1e), and the host
@@ -751,6 +750,14 @@ fn host_perm(mode: u32) -> u32 {
     }
 }
 
+/// What the caller asked a new object to be: type and permission bits, the umask to apply
+/// (unless a default ACL replaces it), and a device number.
+struct Want {
+    mode: u32,
+    umask: u32,
+    rdev: (u32, u32),
+}
+
 fn ts(t: TimeOrNow) -> rfs::Timespec {
     match t {
         TimeOrNow::Now => rfs::Timespec {
@@ -996,9 +1003,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             req,
             parent.into(),
             name.as_bytes(),
-            mode,
-            umask,
-            dev,
+            Want {
+                mode,
+                umask,
+                rdev: dev,
+            },
             contents,
         ) {
             Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
@@ -1021,9 +1030,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             req,
             parent.into(),
             name.as_bytes(),
-            mode,
-            umask,
-            (0, 0),
+            Want {
+                mode,
+                umask,
+                rdev: (0, 0),
+            },
             Contents::Dir,
         ) {
             Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
@@ -1046,9 +1057,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             req,
             parent.into(),
             link_name.as_bytes(),
-            mode,
-            0,
-            (0, 0),
+            Want {
+                mode,
+                umask: 0,
+                rdev: (0, 0),
+            },
             Contents::Symlink(t),
         ) {
             Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
@@ -1074,9 +1087,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 req,
                 parent.into(),
                 name.as_bytes(),
-                mode,
-                umask,
-                (0, 0),
+                Want {
+                    mode,
+                    umask,
+                    rdev: (0, 0),
+                },
                 Contents::File {
                     size: 0,
                     read: &mut empty,
