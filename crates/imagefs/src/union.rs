@@ -11,10 +11,12 @@
 //! descriptor of its upper object. Changes to the tree (creating, removing, renaming,
 //! copying up) are serialised by one mutex; lookups, attributes, reads and writes take none.
 //!
-//! Not (yet) done, and refused or documented: renaming a directory that has image
-//! contents (EXDEV, overlayfs's default without `redirect_dir`), exchanging objects that
-//! are not both upper-only (EXDEV), keeping image hardlinks together on copy-up, and
-//! default ACL inheritance for new objects.
+//! An image file with several names is copied up once and every other name the merged
+//! tree shows for it becomes a hardlink to the copy (found by one walk of that layer).
+//!
+//! Not (yet) done, and refused: renaming a directory that has image contents (EXDEV,
+//! overlayfs's default without `redirect_dir`), and exchanging objects that are not both
+//! upper-only (EXDEV).
 
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{encode_dev, inode_attr, negative, xattr_reply, Logger};
@@ -91,6 +93,8 @@ pub struct UnionFs<S: ByteSource> {
     /// The kernel agreed to passthrough (root mounts): upper files' reads and writes then
     /// go to the host file without us.
     passthrough: bool,
+    /// Per layer, the paths of its hardlinked files (walked on first need).
+    hardlinks: Vec<OnceLock<std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>>>,
     /// Set once the session exists: how the kernel is told of changes it cannot see.
     notifier: Arc<OnceLock<fuser::Notifier>>,
     name: String,
@@ -171,6 +175,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         name: String,
         log: Logger,
     ) -> Result<UnionFs<S>, erofs::read::Error> {
+        let hardlinks = layers.iter().map(|_| OnceLock::new()).collect();
         let stack = Stack { layers };
         let root = stack.root()?;
         let root_fd = rfs::openat(
@@ -196,6 +201,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             change: Mutex::new(()),
             as_root: rustix::process::geteuid().is_root(),
             notifier: Arc::new(OnceLock::new()),
+            hardlinks,
             passthrough: false,
             upper,
             name,
@@ -446,7 +452,115 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 let _ = n.inval_inode(INodeNo(id), -1, 0);
             }
         }
+        if inode.is_reg() && inode.nlink > 1 {
+            self.link_other_names(r.top, &fd)?;
+        }
         Ok(fd)
+    }
+
+    /// Keeps an image file's hardlinks together when it is copied up: every other name
+    /// the merged tree shows for the same image inode becomes a link to the new upper file
+    /// (in the layout overlayfs itself would read as plain hardlinks).
+    fn link_other_names(&self, obj: Obj, fd: &OwnedFd) -> Result<(), Errno> {
+        let paths = self.hardlink_paths(obj.layer)?;
+        for path in paths.get(&obj.nid).into_iter().flatten() {
+            // Walk the merged tree to the name; skip it unless it still shows this file.
+            let mut at = 1u64;
+            let mut found = true;
+            for (i, part) in path.iter().enumerate() {
+                match self.resolve(at, part)? {
+                    Some((cid, n)) => {
+                        let last = i + 1 == path.len();
+                        if last
+                            && (n.upper.is_some() || n.lower.as_ref().map(|r| r.top) != Some(obj))
+                        {
+                            found = false;
+                            break;
+                        }
+                        if !last {
+                            // Its node is needed to copy the parents up.
+                            let nodes = self.nodes.pin();
+                            if nodes.get(&cid).is_none() {
+                                nodes.insert(cid, n);
+                            }
+                        }
+                        at = cid;
+                    }
+                    None => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            if !found {
+                continue;
+            }
+            let (name, parents) = path.split_last().expect("paths are not empty");
+            let mut parent = 1u64;
+            for part in parents {
+                parent = self
+                    .resolve(parent, part)?
+                    .map(|(cid, _)| cid)
+                    .ok_or(Errno::ENOENT)?;
+            }
+            let pfd = self.copy_up(parent)?;
+            rfs::linkat(
+                rfs::CWD,
+                Self::real_path(fd.as_fd()).as_c_str(),
+                pfd.as_fd(),
+                cname(name)?.as_c_str(),
+                AtFlags::SYMLINK_FOLLOW,
+            )
+            .map_err(rerrno)?;
+        }
+        Ok(())
+    }
+
+    /// For one layer: every path of each regular file with more than one link, by nid.
+    /// Walked once, on the first copy-up of such a file.
+    fn hardlink_paths(
+        &self,
+        layer: u16,
+    ) -> Result<&std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>, Errno> {
+        let slot = &self.hardlinks[usize::from(layer)];
+        if let Some(m) = slot.get() {
+            return Ok(m);
+        }
+        let img = self.stack.image(layer);
+        let mut map: std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>> = Default::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![(img.root_nid(), Vec::<Vec<u8>>::new())];
+        while let Some((nid, path)) = stack.pop() {
+            if !seen.insert(nid) {
+                continue;
+            }
+            let dir = img
+                .inode(nid)
+                .map_err(|e| self.lower_err("hardlink walk", e))?;
+            for e in img
+                .readdir(&dir, 0)
+                .map_err(|e| self.lower_err("hardlink walk", e))?
+            {
+                let e = e.map_err(|e| self.lower_err("hardlink walk", e))?;
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let mut p = path.clone();
+                p.push(e.name.clone());
+                if e.file_type == erofs::format::FT_DIR {
+                    stack.push((e.nid, p));
+                } else if e.file_type == erofs::format::FT_REG_FILE {
+                    let i = img
+                        .inode(e.nid)
+                        .map_err(|e| self.lower_err("hardlink walk", e))?;
+                    if i.nlink > 1 {
+                        map.entry(e.nid).or_default().push(p);
+                    }
+                }
+            }
+        }
+        let _ = slot.set(map);
+        Ok(slot.get().expect("just set"))
     }
 
     /// Owner of a new object: the caller's as root (group from a set-group-id parent),

@@ -589,3 +589,51 @@ fn a_rootless_upper_keeps_ownership_in_the_override_xattr() {
     as_user("./verilay umount mnt");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn hardlinks_in_an_image_stay_together_when_copied_up() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    sh(&format!(
+        "set -e; mkdir -p {0}/src/sub {0}/src/other; cd {0}/src; echo shared > a; ln a sub/b; ln a other/c; echo lone > d",
+        t.path().display()
+    ));
+    let image = t.path().join("lower.img");
+    build(&t.path().join("src"), &image, &["--quiet"]);
+    let d = dirs(t.path(), "hl");
+    let mnt = t.path().join("m");
+    let check = |m: &Path| {
+        for name in ["a", "sub/b", "other/c"] {
+            assert_eq!(
+                std::fs::read_to_string(m.join(name)).unwrap(),
+                "shared\nmore\n",
+                "{name}"
+            );
+        }
+        let out = run(Command::new("stat")
+            .args(["-c", "%i %h"])
+            .args(["a", "sub/b", "other/c"])
+            .current_dir(m));
+        let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert!(lines.iter().all(|l| l == &lines[0]), "{lines:?}");
+        assert!(lines[0].ends_with(" 3"), "{lines:?}");
+    };
+    {
+        let m = verilay_mount(&image, &d, &mnt);
+        sh(&format!("echo more >> {}/a", m.dir.display()));
+        check(&m.dir);
+        assert_eq!(std::fs::read_to_string(m.dir.join("d")).unwrap(), "lone\n");
+    }
+    // In the upper directory they are plain hardlinks, so they stay together after a remount.
+    use std::os::unix::fs::MetadataExt;
+    let ino = |p: &str| std::fs::metadata(d.upper.join(p)).unwrap().ino();
+    assert_eq!(ino("a"), ino("sub/b"));
+    assert_eq!(ino("a"), ino("other/c"));
+    let m = verilay_mount(&image, &d, &mnt);
+    check(&m.dir);
+}
