@@ -94,7 +94,7 @@ pub struct UnionFs<S: ByteSource> {
     /// go to the host file without us.
     passthrough: bool,
     /// Per layer, the paths of its hardlinked files (walked on first need).
-    hardlinks: Vec<OnceLock<std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>>>,
+    hardlinks: Vec<OnceLock<LinkPaths>>,
     /// Set once the session exists: how the kernel is told of changes it cannot see.
     notifier: Arc<OnceLock<fuser::Notifier>>,
     name: String,
@@ -518,16 +518,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// For one layer: every path of each regular file with more than one link, by nid.
     /// Walked once, on the first copy-up of such a file.
-    fn hardlink_paths(
-        &self,
-        layer: u16,
-    ) -> Result<&std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>, Errno> {
+    fn hardlink_paths(&self, layer: u16) -> Result<&LinkPaths, Errno> {
         let slot = &self.hardlinks[usize::from(layer)];
         if let Some(m) = slot.get() {
             return Ok(m);
         }
         let img = self.stack.image(layer);
-        let mut map: std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>> = Default::default();
+        let mut map = LinkPaths::default();
         let mut seen = std::collections::HashSet::new();
         let mut stack = vec![(img.root_nid(), Vec::<Vec<u8>>::new())];
         while let Some((nid, path)) = stack.pop() {
@@ -796,6 +793,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         self.change.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// Per nid, every path (as name components) of a hardlinked image file.
+type LinkPaths = std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>;
 
 /// Where rootless mounts keep the owner and mode the tree shows (containers/storage's
 /// format, `uid:gid:0mode`, as fuse-overlayfs and rootless container tools read it).
