@@ -125,11 +125,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     fn ino(&self, o: Obj) -> INodeNo {
-        if o == self.root.top {
-            INodeNo::ROOT
-        } else {
-            INodeNo(((u64::from(o.layer) << LAYER_SHIFT) | o.nid) + 2)
-        }
+        INodeNo(obj_ino(o, self.root.top))
     }
 
     /// The object an inode number stands for; EIO for numbers we never gave out.
@@ -320,6 +316,30 @@ enum Listed<'a> {
     Merged(&'a [u8], &'a Resolved, INodeNo, &'a papaya::LocalGuard<'a>),
 }
 
+/// The inode number of an image object: 1 for the root, else `(layer << 48 | nid) + 2`.
+pub(crate) fn obj_ino(o: Obj, root: Obj) -> u64 {
+    if o == root {
+        1
+    } else {
+        ((u64::from(o.layer) << LAYER_SHIFT) | o.nid) + 2
+    }
+}
+
+/// Replies with a list of xattr names (NUL-terminated), keeping those `keep` allows.
+pub(crate) fn names_reply(
+    reply: ReplyXattr,
+    size: u32,
+    names: &[Vec<u8>],
+    keep: impl Fn(&[u8]) -> bool,
+) {
+    let mut out = Vec::new();
+    for n in names.iter().filter(|n| keep(n)) {
+        out.extend_from_slice(n);
+        out.push(0);
+    }
+    xattr_reply(reply, size, &out)
+}
+
 /// Attributes of an image inode, reported as inode number `ino`.
 pub(crate) fn inode_attr(ino: INodeNo, i: &Inode, block_size: u32) -> FileAttr {
     let t = time(i.mtime, i.mtime_nsec);
@@ -333,7 +353,7 @@ pub(crate) fn inode_attr(ino: INodeNo, i: &Inode, block_size: u32) -> FileAttr {
         mtime: t,
         ctime: t,
         crtime: t,
-        kind: kind(i.mode),
+        kind: kind(i.mode.into()),
         perm: i.mode & 0o7777,
         nlink: i.nlink,
         uid: i.uid,
@@ -358,8 +378,8 @@ pub(crate) fn time(secs: i64, nsec: u32) -> SystemTime {
     }
 }
 
-pub(crate) fn kind(mode: u16) -> FileType {
-    match mode & S_IFMT {
+pub(crate) fn kind(mode: u32) -> FileType {
+    match (mode & u32::from(S_IFMT)) as u16 {
         S_IFDIR => FileType::Directory,
         S_IFLNK => FileType::Symlink,
         S_IFCHR => FileType::CharDevice,
@@ -582,7 +602,9 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     kind_of_dirent(e.file_type),
                 ),
                 Listed::Dot(name, ino) => (*name, *ino, FileType::Directory),
-                Listed::Merged(name, r, _, _) => (*name, self.ino(r.top), kind(r.inode.mode)),
+                Listed::Merged(name, r, _, _) => {
+                    (*name, self.ino(r.top), kind(r.inode.mode.into()))
+                }
             };
             Ok(reply.add(ino, next, kind, OsStr::from_bytes(name)))
         });
@@ -675,14 +697,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             Err(e) => return reply.error(e),
         };
         match self.image(o).listxattr(&inode) {
-            Ok(names) => {
-                let mut out = Vec::new();
-                for n in names.iter().filter(|n| self.visible(req, n)) {
-                    out.extend_from_slice(n);
-                    out.push(0);
-                }
-                xattr_reply(reply, size, &out)
-            }
+            Ok(names) => names_reply(reply, size, &names, |n| self.visible(req, n)),
             Err(e) => reply.error(self.fail("listxattr", e)),
         }
     }

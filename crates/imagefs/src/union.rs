@@ -19,7 +19,9 @@
 //! upper-only (EXDEV).
 
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
-use crate::{encode_dev, inode_attr, negative, xattr_reply, Logger};
+use crate::{
+    encode_dev, inode_attr, kind, names_reply, negative, obj_ino, time, xattr_reply, Logger,
+};
 use erofs::read::{ByteSource, Inode};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -42,11 +44,7 @@ use upper::{Contents, Meta, Stat, Upper};
 /// kernel is told (`inval_inode`).
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-fn attr_ttl(_: &FileAttr) -> &'static Duration {
-    &TTL
-}
 const FIRST_UPPER_ID: u64 = 1 << 62;
-const LAYER_SHIFT: u32 = 48;
 
 #[derive(Clone)]
 struct Node {
@@ -112,37 +110,16 @@ fn rerrno(e: rustix::io::Errno) -> Errno {
     Errno::from_i32(e.raw_os_error())
 }
 
-fn file_type(mode: u32) -> FileType {
-    match rfs::FileType::from_raw_mode(mode) {
-        rfs::FileType::Directory => FileType::Directory,
-        rfs::FileType::Symlink => FileType::Symlink,
-        rfs::FileType::CharacterDevice => FileType::CharDevice,
-        rfs::FileType::BlockDevice => FileType::BlockDevice,
-        rfs::FileType::Fifo => FileType::NamedPipe,
-        rfs::FileType::Socket => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn stime(secs: i64, nsec: i64) -> SystemTime {
-    let nsec = Duration::from_nanos(nsec.clamp(0, 999_999_999) as u64);
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs as u64) + nsec
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + nsec
-    }
-}
-
 fn stat_attr(id: u64, st: &Stat) -> FileAttr {
     FileAttr {
         ino: INodeNo(id),
         size: st.st_size as u64,
         blocks: st.st_blocks as u64,
-        atime: stime(st.st_atime as i64, st.st_atime_nsec as i64),
-        mtime: stime(st.st_mtime as i64, st.st_mtime_nsec as i64),
-        ctime: stime(st.st_ctime as i64, st.st_ctime_nsec as i64),
-        crtime: stime(st.st_mtime as i64, st.st_mtime_nsec as i64),
-        kind: file_type(st.st_mode),
+        atime: time(st.st_atime as i64, st.st_atime_nsec.min(999_999_999) as u32),
+        mtime: time(st.st_mtime as i64, st.st_mtime_nsec.min(999_999_999) as u32),
+        ctime: time(st.st_ctime as i64, st.st_ctime_nsec.min(999_999_999) as u32),
+        crtime: time(st.st_mtime as i64, st.st_mtime_nsec.min(999_999_999) as u32),
+        kind: kind(st.st_mode),
         perm: (st.st_mode & 0o7777) as u16,
         nlink: st.st_nlink as u32,
         uid: st.st_uid,
@@ -231,11 +208,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     fn lower_id(&self, o: Obj) -> u64 {
-        if o == self.root_top {
-            1
-        } else {
-            ((u64::from(o.layer) << LAYER_SHIFT) | o.nid) + 2
-        }
+        obj_ino(o, self.root_top)
     }
 
     /// A copy of a node, for the paths that change the tree.
@@ -315,6 +288,26 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         Ok(Some((id, node(lower, Some(Arc::new(fd)), merge))))
     }
 
+    /// Keeps a node the daemon itself needs (to copy it up, to list it) without counting a
+    /// kernel reference: one already known stays as it is.
+    fn ensure_node(&self, id: u64, n: Node) {
+        let nodes = self.nodes.pin();
+        if nodes.get(&id).is_none() {
+            nodes.insert(id, n);
+        }
+    }
+
+    /// Records that node `id` is now `name` in `parent`.
+    fn moved(&self, id: u64, parent: u64, name: &[u8]) {
+        let nodes = self.nodes.pin();
+        if let Some(n) = nodes.get(&id) {
+            let mut m = n.clone();
+            m.parent = parent;
+            m.name = name.to_vec();
+            nodes.insert(id, m);
+        }
+    }
+
     /// Registers a node the kernel is told about (one more lookup).
     fn remember(&self, id: u64, mut n: Node) {
         let nodes = self.nodes.pin();
@@ -362,6 +355,16 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         self.copy_up(id)
     }
 
+    /// `copy_up` for callers that do not hold `change`: an object already in the upper
+    /// directory (the common case) needs no lock.
+    fn copied_up(&self, id: u64) -> Result<Arc<OwnedFd>, Errno> {
+        if let Some(fd) = self.with_node(id, |n| Ok(n.upper.clone()))? {
+            return Ok(fd);
+        }
+        let _l = self.lock();
+        self.copy_up(id)
+    }
+
     /// Makes `id` an upper object (a no-op when it is one): parents first, then the
     /// object with its metadata, xattrs and contents, atomically. Callers hold `change`.
     fn copy_up(&self, id: u64) -> Result<Arc<OwnedFd>, Errno> {
@@ -404,7 +407,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             let carries = inode.is_reg() || inode.is_dir();
             if carries && ((meta.uid, meta.gid) != me || host_perm(meta.mode) != meta.mode & 0o7777)
             {
-                meta.xattrs.push((OVERRIDE_XATTR.to_vec(), shown.encode()));
+                meta.xattrs
+                    .push((OVERRIDE_XATTR.as_bytes().to_vec(), shown.encode()));
             }
             (meta.uid, meta.gid) = me;
             meta.mode = (meta.mode & !0o7777) | host_perm(meta.mode);
@@ -464,44 +468,26 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     fn link_other_names(&self, obj: Obj, fd: &OwnedFd) -> Result<(), Errno> {
         let paths = self.hardlink_paths(obj.layer)?;
         for path in paths.get(&obj.nid).into_iter().flatten() {
-            // Walk the merged tree to the name; skip it unless it still shows this file.
-            let mut at = 1u64;
-            let mut found = true;
-            for (i, part) in path.iter().enumerate() {
-                match self.resolve(at, part)? {
-                    Some((cid, n)) => {
-                        let last = i + 1 == path.len();
-                        if last
-                            && (n.upper.is_some() || n.lower.as_ref().map(|r| r.top) != Some(obj))
-                        {
-                            found = false;
-                            break;
-                        }
-                        if !last {
-                            // Its node is needed to copy the parents up.
-                            let nodes = self.nodes.pin();
-                            if nodes.get(&cid).is_none() {
-                                nodes.insert(cid, n);
-                            }
-                        }
-                        at = cid;
+            let (name, dirs) = path.split_last().expect("paths are not empty");
+            // Walk the merged tree to the parent, keeping the nodes copy-up will need.
+            let mut parent = Some(1u64);
+            for part in dirs {
+                parent = match (parent, parent.map(|p| self.resolve(p, part)).transpose()?) {
+                    (Some(_), Some(Some((cid, n)))) if is_dir_node(&n) => {
+                        self.ensure_node(cid, n);
+                        Some(cid)
                     }
-                    None => {
-                        found = false;
-                        break;
-                    }
-                }
+                    _ => None,
+                };
             }
-            if !found {
+            // Skip a name that no longer shows this image file.
+            let Some(parent) = parent else { continue };
+            let shows = matches!(
+                self.resolve(parent, name)?,
+                Some((_, n)) if n.upper.is_none() && n.lower.as_ref().map(|r| r.top) == Some(obj)
+            );
+            if !shows {
                 continue;
-            }
-            let (name, parents) = path.split_last().expect("paths are not empty");
-            let mut parent = 1u64;
-            for part in parents {
-                parent = self
-                    .resolve(parent, part)?
-                    .map(|(cid, _)| cid)
-                    .ok_or(Errno::ENOENT)?;
             }
             let pfd = self.copy_up(parent)?;
             rfs::linkat(
@@ -623,7 +609,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 gid: req.gid(),
                 mode,
             };
-            meta.xattrs.push((OVERRIDE_XATTR.to_vec(), shown.encode()));
+            meta.xattrs
+                .push((OVERRIDE_XATTR.as_bytes().to_vec(), shown.encode()));
         }
         let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
         // Was there anything in the images at this name? Then it stays hidden.
@@ -664,16 +651,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// Whether the images have something at `name` under `parent` (a whiteout is then
     /// needed once the upper object goes).
-    fn lower_has(&self, parent: &Node, name: &[u8]) -> Result<bool, Errno> {
-        let chain = parent.lower_chain();
-        if chain.is_empty() {
-            return Ok(false);
-        }
-        Ok(self
-            .stack
-            .lookup(chain, name)
-            .map_err(|e| self.lower_err("lookup", e))?
-            .is_some())
+    fn lower_has(&self, parent: u64, name: &[u8]) -> Result<bool, Errno> {
+        self.with_node(parent, |p| {
+            let chain = p.lower_chain();
+            if chain.is_empty() {
+                return Ok(false);
+            }
+            Ok(self
+                .stack
+                .lookup(chain, name)
+                .map_err(|e| self.lower_err("lookup", e))?
+                .is_some())
+        })
     }
 
     /// The merged directory's entries, without `.` and `..`: upper names first (whiteouts
@@ -702,7 +691,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                         .filter(|r| !r.chain.is_empty());
                     self.upper_id(&st, lower.map(|r| self.lower_id(r.top)))
                 });
-                out.push((name, id, file_type(st.st_mode)));
+                out.push((name, id, kind(st.st_mode)));
             }
         }
         let chain = n.lower_chain();
@@ -713,8 +702,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 .map_err(|e| self.lower_err("readdir", e))?
             {
                 if seen.insert(name.clone()) {
-                    let kind = crate::kind(r.inode.mode);
-                    out.push((name, self.lower_id(r.top), kind));
+                    out.push((name, self.lower_id(r.top), kind(r.inode.mode.into())));
                 }
             }
         }
@@ -727,7 +715,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     fn visible(&self, req: &Request, name: &[u8]) -> bool {
         let hidden = name.starts_with(PRIVATE_XATTR_PREFIX)
-            || name == OVERRIDE_XATTR
+            || name == OVERRIDE_XATTR.as_bytes()
             || (name.starts_with(b"trusted.") && req.uid() != 0)
             // Rootless, our markers live in user.overlay.* (overlayfs's userxattr).
             || (self.upper.prefix.starts_with("user.") && name.starts_with(b"user.overlay."));
@@ -794,12 +782,21 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 }
 
+/// Whether a node is a directory (its upper object's type, else the image's).
+fn is_dir_node(n: &Node) -> bool {
+    match (&n.upper, &n.lower) {
+        (Some(fd), _) => rfs::fstat(fd.as_fd()).is_ok_and(|st| is_dir_mode(st.st_mode)),
+        (None, Some(r)) => r.inode.is_dir(),
+        _ => false,
+    }
+}
+
 /// Per nid, every path (as name components) of a hardlinked image file.
 type LinkPaths = std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>;
 
 /// Where rootless mounts keep the owner and mode the tree shows (containers/storage's
 /// format, `uid:gid:0mode`, as fuse-overlayfs and rootless container tools read it).
-pub const OVERRIDE_XATTR: &[u8] = b"user.containers.override_stat";
+pub const OVERRIDE_XATTR: &str = "user.containers.override_stat";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Override {
@@ -831,7 +828,7 @@ impl Override {
         a.gid = self.gid;
         a.perm = (self.mode & 0o7777) as u16;
         if self.mode & 0o170000 != 0 {
-            a.kind = file_type(self.mode);
+            a.kind = kind(self.mode);
         }
     }
 }
@@ -839,7 +836,7 @@ impl Override {
 fn read_override(fd: BorrowedFd<'_>) -> Option<Override> {
     let mut buf = [0u8; 128];
     let path = upper::fd_path(fd);
-    let n = rfs::getxattr(path.as_c_str(), "user.containers.override_stat", &mut buf).ok()?;
+    let n = rfs::getxattr(path.as_c_str(), OVERRIDE_XATTR, &mut buf).ok()?;
     Override::parse(&buf[..n])
 }
 
@@ -847,7 +844,7 @@ fn write_override(fd: BorrowedFd<'_>, o: &Override) -> rustix::io::Result<()> {
     let path = upper::fd_path(fd);
     rfs::setxattr(
         path.as_c_str(),
-        "user.containers.override_stat",
+        OVERRIDE_XATTR,
         &o.encode(),
         rfs::XattrFlags::empty(),
     )
@@ -936,7 +933,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             Ok(Some((id, n))) => match self.attr(id, &n) {
                 Ok(a) => {
                     self.remember(id, n);
-                    reply.entry(attr_ttl(&a), &a, Generation(0))
+                    reply.entry(&TTL, &a, Generation(0))
                 }
                 Err(e) => reply.error(e),
             },
@@ -950,12 +947,12 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         if id == 1 {
             return;
         }
-        let _l = self.lock();
+        // No lock: a lookup racing with this one bumps the shared count first, and the
+        // removal only happens if the count is still zero then.
         let nodes = self.nodes.pin();
         if let Some(n) = nodes.get(&id) {
-            let left = n.lookups.fetch_sub(nlookup, Ordering::Relaxed);
-            if left <= nlookup {
-                nodes.remove(&id);
+            if n.lookups.fetch_sub(nlookup, Ordering::Relaxed) <= nlookup {
+                let _ = nodes.remove_if(&id, |_, n| n.lookups.load(Ordering::Relaxed) == 0);
             }
         }
     }
@@ -968,7 +965,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             None => Err(Errno::ESTALE),
         };
         match r {
-            Ok(a) => reply.attr(attr_ttl(&a), &a),
+            Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
         }
     }
@@ -993,10 +990,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
     ) {
         let id = u64::from(ino);
         let run = || -> Result<FileAttr, Errno> {
-            let fd = {
-                let _l = self.lock();
-                self.copy_up(id)?
-            };
+            let fd = self.copied_up(id)?;
             let path = Self::real_path(fd.as_fd());
             let cwd = rfs::CWD;
             if !self.as_root && (uid.is_some() || gid.is_some() || mode.is_some()) {
@@ -1067,7 +1061,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             self.attr(id, &n)
         };
         match run() {
-            Ok(a) => reply.attr(attr_ttl(&a), &a),
+            Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
         }
     }
@@ -1124,7 +1118,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             },
             contents,
         ) {
-            Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok((_, a, _)) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1151,7 +1145,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             },
             Contents::Dir,
         ) {
-            Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok((_, a, _)) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1178,7 +1172,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             },
             Contents::Symlink(t),
         ) {
-            Ok((_, a, _)) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok((_, a, _)) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1262,7 +1256,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 .stat(pfd.as_fd(), name)
                 .map_err(errno)?
                 .filter(|st| !upper::is_whiteout(st));
-            let lower = self.with_node(parent.into(), |p| self.lower_has(p, name))?;
+            let lower = self.lower_has(parent.into(), name)?;
             if upper.is_none() && !lower {
                 return Err(Errno::ENOENT);
             }
@@ -1276,10 +1270,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .map_err(rerrno)
             }
         };
-        match run() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, run())
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1287,20 +1278,15 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let _l = self.lock();
             let name = name.as_bytes();
             let (id, n) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
-            self.remember(id, n.clone());
-            let is_dir = match (&n.upper, &n.lower) {
-                (Some(fd), _) => is_dir_mode(rfs::fstat(fd.as_fd()).map_err(rerrno)?.st_mode),
-                (None, Some(r)) => r.inode.is_dir(),
-                _ => false,
-            };
+            let is_dir = is_dir_node(&n);
+            self.ensure_node(id, n);
             if !is_dir {
                 return Err(Errno::ENOTDIR);
             }
             if !self.listing(id)?.is_empty() {
                 return Err(Errno::ENOTEMPTY);
             }
-            let p = self.node(parent.into())?;
-            let lower = self.lower_has(&p, name)?;
+            let lower = self.lower_has(parent.into(), name)?;
             let pfd = self.upper_dir(parent.into())?;
             if lower {
                 // Also removes the upper directory and the whiteouts in it.
@@ -1309,10 +1295,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 self.upper.remove(pfd.as_fd(), name).map_err(errno)
             }
         };
-        match run() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, run())
     }
 
     fn rename(
@@ -1329,7 +1312,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let _l = self.lock();
             let (name, newname) = (name.as_bytes(), newname.as_bytes());
             let (sid, snode) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
-            self.remember(sid, snode.clone());
+            self.ensure_node(sid, snode.clone());
             let target = self.resolve(newparent.into(), newname)?;
             let src_lower_dir = snode.upper.is_none()
                 && snode.lower.as_ref().is_some_and(|r| r.inode.is_dir())
@@ -1339,12 +1322,10 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             }
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 let t = target.as_ref().ok_or(Errno::ENOENT)?;
-                let p = self.node(parent.into())?;
-                let np = self.node(newparent.into())?;
                 if snode.upper.is_none()
                     || t.1.upper.is_none()
-                    || self.lower_has(&p, name)?
-                    || self.lower_has(&np, newname)?
+                    || self.lower_has(parent.into(), name)?
+                    || self.lower_has(newparent.into(), newname)?
                 {
                     return Err(Errno::EXDEV);
                 }
@@ -1365,8 +1346,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 }
             }
             self.copy_up(sid)?;
-            let p = self.node(parent.into())?;
-            let src_lower = self.lower_has(&p, name)?;
+            let src_lower = self.lower_has(parent.into(), name)?;
             let pfd = self.upper_dir(parent.into())?;
             let dpfd = self.upper_dir(newparent.into())?;
             let mut rflags = rfs::RenameFlags::empty();
@@ -1386,30 +1366,15 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             if src_lower && !flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
             }
-            let nodes = self.nodes.pin();
-            if let Some(n) = nodes.get(&sid) {
-                let mut moved = n.clone();
-                moved.parent = newparent.into();
-                moved.name = newname.to_vec();
-                nodes.insert(sid, moved);
-            }
+            self.moved(sid, newparent.into(), newname);
             if let Some((tid, t)) = target.filter(|_| flags.contains(RenameFlags::RENAME_EXCHANGE))
             {
-                let mut moved = t;
-                moved.parent = parent.into();
-                moved.name = name.to_vec();
-                if let Some(old) = nodes.get(&tid) {
-                    moved.lookups = old.lookups.clone();
-                    moved.backing = old.backing.clone();
-                }
-                nodes.insert(tid, moved);
+                self.ensure_node(tid, t);
+                self.moved(tid, parent.into(), name);
             }
             Ok(())
         };
-        match run() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, run())
     }
 
     fn link(
@@ -1445,7 +1410,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             self.attr(id, &n)
         };
         match run() {
-            Ok(a) => reply.entry(attr_ttl(&a), &a, Generation(0)),
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1456,7 +1421,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
         let id = u64::from(ino);
         let run = || -> Result<u64, Errno> {
-            if writes {
+            if writes && self.with_node(id, |n| Ok(n.upper.is_none()))? {
                 let _l = self.lock();
                 self.copy_up(id)?;
             }
@@ -1580,17 +1545,15 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         if u64::from(fh) == 0 {
             return reply.ok();
         }
-        match self.with_file(fh, |fd| {
+        let synced = self.with_file(fh, |fd| {
             if datasync {
                 rfs::fdatasync(fd)
             } else {
                 rfs::fsync(fd)
             }
             .map_err(rerrno)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        });
+        reply_empty(reply, synced)
     }
 
     fn fallocate(
@@ -1613,12 +1576,12 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         if !known.contains(flags) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        match self.with_file(fh, |fd| {
-            rfs::fallocate(fd, flags, offset, length).map_err(rerrno)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(
+            reply,
+            self.with_file(fh, |fd| {
+                rfs::fallocate(fd, flags, offset, length).map_err(rerrno)
+            }),
+        )
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -1645,7 +1608,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         let Some(list) = dirs.get(&u64::from(fh)) else {
             return reply.error(Errno::EBADF);
         };
-        let parent = self.node(ino.into()).map(|n| n.parent).unwrap_or(1);
+        let parent = self.with_node(ino.into(), |n| Ok(n.parent)).unwrap_or(1);
         let dots = [(b"." as &[u8], u64::from(ino)), (b"..", parent)];
         for (i, (name, id)) in dots.into_iter().enumerate().skip(offset as usize) {
             if reply.add(
@@ -1712,10 +1675,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             return reply.error(Errno::EPERM);
         }
         let run = || -> Result<(), Errno> {
-            let fd = {
-                let _l = self.lock();
-                self.copy_up(ino.into())?
-            };
+            let fd = self.copied_up(ino.into())?;
             rfs::setxattr(
                 Self::real_path(fd.as_fd()).as_c_str(),
                 cname(name)?.as_c_str(),
@@ -1724,10 +1684,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             )
             .map_err(rerrno)
         };
-        match run() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, run())
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1736,20 +1693,14 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             return reply.error(Errno::EPERM);
         }
         let run = || -> Result<(), Errno> {
-            let fd = {
-                let _l = self.lock();
-                self.copy_up(ino.into())?
-            };
+            let fd = self.copied_up(ino.into())?;
             rfs::removexattr(
                 Self::real_path(fd.as_fd()).as_c_str(),
                 cname(name)?.as_c_str(),
             )
             .map_err(rerrno)
         };
-        match run() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, run())
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -1811,16 +1762,16 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             })
         };
         match run() {
-            Ok(names) => {
-                let mut out = Vec::new();
-                for n in names.iter().filter(|n| self.visible(req, n)) {
-                    out.extend_from_slice(n);
-                    out.push(0);
-                }
-                xattr_reply(reply, size, &out)
-            }
+            Ok(names) => names_reply(reply, size, &names, |n| self.visible(req, n)),
             Err(e) => reply.error(e),
         }
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
     }
 }
 
