@@ -203,58 +203,10 @@ impl Upper {
     fn make(&self, meta: &Meta, contents: Contents<'_>) -> io::Result<CString> {
         let tmp = self.temp_name();
         let work = self.work.as_fd();
-        let perm = Mode::from_raw_mode(meta.mode & 0o7777);
         let made = (|| -> io::Result<()> {
-            match contents {
-                Contents::Dir => rfs::mkdirat(work, tmp.as_c_str(), Mode::from_raw_mode(0o700))?,
-                Contents::Symlink(target) => {
-                    rfs::symlinkat(cstr(target)?.as_c_str(), work, tmp.as_c_str())?
-                }
-                Contents::Special => rfs::mknodat(
-                    work,
-                    tmp.as_c_str(),
-                    FileType::from_raw_mode(meta.mode),
-                    Mode::from_raw_mode(0o600),
-                    rfs::makedev(meta.rdev.0, meta.rdev.1),
-                )?,
-                Contents::File { size, read } => {
-                    let f = rfs::openat(
-                        work,
-                        tmp.as_c_str(),
-                        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-                        Mode::from_raw_mode(0o600),
-                    )?;
-                    copy_into(&f, size, read)?;
-                    // Copied data is durable before it becomes visible under its name (as
-                    // overlayfs does); a new empty file has nothing to lose.
-                    if size > 0 {
-                        rfs::fsync(&f)?;
-                    }
-                }
-            }
-            let c = tmp.as_c_str();
-            let nofollow = AtFlags::SYMLINK_NOFOLLOW;
-            if meta.uid == u32::MAX || meta.gid == u32::MAX {
-                return Err(io::Error::from_raw_os_error(libc_einval()));
-            }
-            // SAFETY: neither id is u32::MAX (-1), the one value chown reads as "leave as is".
-            let (uid, gid) =
-                unsafe { (rfs::Uid::from_raw(meta.uid), rfs::Gid::from_raw(meta.gid)) };
-            rfs::chownat(work, c, Some(uid), Some(gid), nofollow)?;
-            let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
-            if !is_link {
-                // After chown, which clears set-id bits.
-                rfs::chmodat(work, c, perm, AtFlags::empty())?;
-            }
-            for (name, value) in &meta.xattrs {
-                let path = work_path(work, c);
-                rfs::lsetxattr(
-                    path.as_c_str(),
-                    cstr(name)?.as_c_str(),
-                    value,
-                    rfs::XattrFlags::empty(),
-                )?;
-            }
+            make_bare(work, &tmp, meta, contents)?;
+            let st = rfs::statat(work, tmp.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+            finish(work, &tmp, meta, &st, true)?;
             let t = rfs::Timestamps {
                 last_access: rfs::Timespec {
                     tv_sec: meta.mtime.0,
@@ -265,7 +217,7 @@ impl Upper {
                     tv_nsec: meta.mtime.1 as _,
                 },
             };
-            rfs::utimensat(work, c, &t, nofollow)?;
+            rfs::utimensat(work, tmp.as_c_str(), &t, AtFlags::SYMLINK_NOFOLLOW)?;
             Ok(())
         })();
         match made {
@@ -318,61 +270,12 @@ impl Upper {
         inherit_acl: bool,
     ) -> io::Result<(Stat, Option<OwnedFd>)> {
         let c = cstr(name)?;
-        let perm = Mode::from_raw_mode(meta.mode & 0o7777);
-        let mut file = None;
-        match contents {
-            Contents::Dir => rfs::mkdirat(dir, c.as_c_str(), perm)?,
-            Contents::Symlink(target) => {
-                rfs::symlinkat(cstr(target)?.as_c_str(), dir, c.as_c_str())?
-            }
-            Contents::Special => rfs::mknodat(
-                dir,
-                c.as_c_str(),
-                FileType::from_raw_mode(meta.mode),
-                perm,
-                rfs::makedev(meta.rdev.0, meta.rdev.1),
-            )?,
-            Contents::File { .. } => {
-                file = Some(rfs::openat(
-                    dir,
-                    c.as_c_str(),
-                    OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-                    perm,
-                )?)
-            }
-        }
+        let file = make_bare(dir, &c, meta, contents)?;
         let done = (|| -> io::Result<Stat> {
             let st = rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
-            let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
-            if st.st_uid != meta.uid || st.st_gid != meta.gid {
-                if meta.uid == u32::MAX || meta.gid == u32::MAX {
-                    return Err(io::Error::from_raw_os_error(libc_einval()));
-                }
-                // SAFETY: neither id is u32::MAX (-1), which chown reads as "leave as is".
-                let (uid, gid) =
-                    unsafe { (rfs::Uid::from_raw(meta.uid), rfs::Gid::from_raw(meta.gid)) };
-                rfs::chownat(
-                    dir,
-                    c.as_c_str(),
-                    Some(uid),
-                    Some(gid),
-                    AtFlags::SYMLINK_NOFOLLOW,
-                )?;
-            }
-            // The umask of the daemon, or chown clearing set-id bits, must not change what
-            // was asked for; with a default ACL inherited from the parent, the host already
-            // made the mode what POSIX says it is.
-            if !is_link && !inherit_acl && st.st_mode & 0o7777 != meta.mode & 0o7777 {
-                rfs::chmodat(dir, c.as_c_str(), perm, AtFlags::empty())?;
-            }
-            for (name, value) in &meta.xattrs {
-                rfs::lsetxattr(
-                    work_path(dir, c.as_c_str()).as_c_str(),
-                    cstr(name)?.as_c_str(),
-                    value,
-                    rfs::XattrFlags::empty(),
-                )?;
-            }
+            // With a default ACL inherited from the parent, the host already made the mode
+            // what POSIX says it is.
+            finish(dir, &c, meta, &st, !inherit_acl)?;
             Ok(rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?)
         })();
         match done {
@@ -475,6 +378,84 @@ fn work_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
     p.push(b'/');
     p.extend_from_slice(name.to_bytes());
     CString::new(p).expect("no NUL")
+}
+
+/// Makes the bare object `name` in `dir` with `meta`'s type and permissions; a regular
+/// file is filled from `contents` (and made durable) and returned open for reading and
+/// writing.
+fn make_bare(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    meta: &Meta,
+    contents: Contents<'_>,
+) -> io::Result<Option<OwnedFd>> {
+    let perm = Mode::from_raw_mode(meta.mode & 0o7777);
+    match contents {
+        Contents::Dir => rfs::mkdirat(dir, name, perm)?,
+        Contents::Symlink(target) => rfs::symlinkat(cstr(target)?.as_c_str(), dir, name)?,
+        Contents::Special => rfs::mknodat(
+            dir,
+            name,
+            FileType::from_raw_mode(meta.mode),
+            perm,
+            rfs::makedev(meta.rdev.0, meta.rdev.1),
+        )?,
+        Contents::File { size, read } => {
+            let f = rfs::openat(
+                dir,
+                name,
+                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                perm,
+            )?;
+            // Copied data is durable before it becomes visible under its name (as
+            // overlayfs does); a new empty file has nothing to lose.
+            if size > 0 {
+                copy_into(&f, size, read)?;
+                rfs::fsync(&f)?;
+            }
+            return Ok(Some(f));
+        }
+    }
+    Ok(None)
+}
+
+/// Gives the object `name` in `dir` (whose lstat is `st`) `meta`'s owner, its permissions
+/// when `set_mode` (the daemon's umask, or chown clearing set-id bits, must not change what
+/// was asked for), and its xattrs.
+fn finish(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    meta: &Meta,
+    st: &Stat,
+    set_mode: bool,
+) -> io::Result<()> {
+    let chown = (st.st_uid, st.st_gid) != (meta.uid, meta.gid);
+    if chown {
+        if meta.uid == u32::MAX || meta.gid == u32::MAX {
+            return Err(io::Error::from_raw_os_error(libc_einval()));
+        }
+        // SAFETY: neither id is u32::MAX (-1), the one value chown reads as "leave as is".
+        let (uid, gid) = unsafe { (rfs::Uid::from_raw(meta.uid), rfs::Gid::from_raw(meta.gid)) };
+        rfs::chownat(dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?;
+    }
+    let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
+    if !is_link && set_mode && (chown || st.st_mode & 0o7777 != meta.mode & 0o7777) {
+        rfs::chmodat(
+            dir,
+            name,
+            Mode::from_raw_mode(meta.mode & 0o7777),
+            AtFlags::empty(),
+        )?;
+    }
+    for (xname, value) in &meta.xattrs {
+        rfs::lsetxattr(
+            work_path(dir, name).as_c_str(),
+            cstr(xname)?.as_c_str(),
+            value,
+            rfs::XattrFlags::empty(),
+        )?;
+    }
+    Ok(())
 }
 
 fn copy_into(
