@@ -250,16 +250,7 @@ fn many_concurrent_readers_all_get_the_right_bytes() {
 
 #[test]
 fn rootless_mount_by_an_ordinary_user() {
-    if prerequisites()
-        || skip_unless(have("runuser"), "runuser missing")
-        || skip_unless(
-            Command::new("id")
-                .arg("verilaytest")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "user verilaytest missing (scripts/setup creates it)",
-        )
-    {
+    if prerequisites() || lacks_test_user() {
         return;
     }
     // A directory the user owns, holding a copy of the binary it can run.
@@ -273,13 +264,7 @@ fn rootless_mount_by_an_ordinary_user() {
     let image = base.join("img");
     build(&src, &image, &["--quiet"]);
     sh(&format!("chown -R verilaytest '{}'", base.display()));
-    let as_user = |args: &str| {
-        Command::new("runuser")
-            .args(["-u", "verilaytest", "--", "sh", "-c", args])
-            .current_dir(&base)
-            .output()
-            .unwrap()
-    };
+    let as_user = |args: &str| as_test_user(&base, args);
     let out = as_user("./verilay mount img mnt");
     assert!(
         out.status.success(),

@@ -513,16 +513,7 @@ fn an_fsx_style_run_finds_no_miscompare_on_new_and_copied_up_files() {
 
 #[test]
 fn a_rootless_upper_keeps_ownership_in_the_override_xattr() {
-    if prerequisites()
-        || skip_unless(have("runuser"), "runuser missing")
-        || skip_unless(
-            Command::new("id")
-                .arg("verilaytest")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "user verilaytest missing (scripts/setup creates it)",
-        )
-    {
+    if prerequisites() || lacks_test_user() {
         return;
     }
     let base = PathBuf::from(format!(
@@ -543,11 +534,7 @@ fn a_rootless_upper_keeps_ownership_in_the_override_xattr() {
         base.display()
     ));
     let as_user = |args: &str| {
-        let out = Command::new("runuser")
-            .args(["-u", "verilaytest", "--", "sh", "-c", args])
-            .current_dir(&base)
-            .output()
-            .unwrap();
+        let out = as_test_user(&base, args);
         assert!(
             out.status.success(),
             "{args}: {}",

@@ -35,6 +35,28 @@ pub fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// True (and a SKIP line) unless tests can act as an ordinary user: `runuser` and the
+/// `verilaytest` account that scripts/setup creates.
+pub fn lacks_test_user() -> bool {
+    skip_unless(have("runuser"), "runuser missing")
+        || skip_unless(
+            Command::new("id")
+                .arg("verilaytest")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "user verilaytest missing (scripts/setup creates it)",
+        )
+}
+
+/// Runs a shell command as the `verilaytest` user in `dir`.
+pub fn as_test_user(dir: &Path, script: &str) -> Output {
+    Command::new("runuser")
+        .args(["-u", "verilaytest", "--", "sh", "-c", script])
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
 /// Runs a command, panicking with its output if it fails.
 pub fn run(cmd: &mut Command) -> Output {
     let out = cmd
