@@ -18,9 +18,8 @@ speed. The writer times only the 2000 writes, after preparing and syncing the fi
 import os
 import shutil
 import subprocess
-import time
 
-from harness import datasets, report, timing, tools
+from harness import datasets, report, stacks, timing, tools
 
 DESCRIPTION = "O_SYNC|O_DIRECT 4 KiB writes into fallocated vs prewritten space (seed 2)"
 
@@ -84,22 +83,11 @@ def run(ctx):
     image = os.path.join(scratch, "lower.img")
     subprocess.run([verilay, "build", src, "-o", image, "--quiet"], check=True,
                    stdout=subprocess.DEVNULL)
-    d = {k: os.path.join(scratch, k) for k in
-         ("host", "lower", "ov-up", "ov-work", "ov", "vl-up", "vl-work", "vl")}
-    for p in d.values():
-        os.makedirs(p, exist_ok=True)
-    mounted = []
+    host = os.path.join(scratch, "host")
+    os.makedirs(host)
+    mounts = stacks.WritableStacks(scratch, image, verilay, None)
     try:
-        subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, d["lower"]], check=True)
-        mounted.append(d["lower"])
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={d['lower']},upperdir={d['ov-up']},workdir={d['ov-work']}",
-                        d["ov"]], check=True)
-        mounted.append(d["ov"])
-        subprocess.run([verilay, "mount", image, "--upper", d["vl-up"], "--work",
-                        d["vl-work"], d["vl"], "--quiet"], check=True)
-        mounted.append(d["vl"])
-        where = {"host": d["host"], "overlay": d["ov"], "verilay": d["vl"]}
+        where = {"host": host, **mounts.up()}
         samples = {(w, m): [] for w in where for m in ("prewritten", "fallocated")}
         for i in range(ctx.runs):
             print(f"  run {i + 1}/{ctx.runs}", flush=True)
@@ -108,9 +96,7 @@ def run(ctx):
                     os.sync()
                     samples[(w, m)].append(timed_writes(path, m, writes))
     finally:
-        for p in reversed(mounted):
-            subprocess.run(["umount", "-l", p], stderr=subprocess.DEVNULL)
-            time.sleep(0.2)
+        mounts.close()
     shutil.rmtree(scratch, ignore_errors=True)
 
     rows = []

@@ -23,10 +23,11 @@ within 1.5x of the kernel's overlayfs.
 
 import os
 import shutil
+import statistics
 import subprocess
 import time
 
-from harness import datasets, report, tools
+from harness import datasets, report, stacks, tools
 
 DESCRIPTION = "small-file and metadata storms on a writable merged tree vs overlayfs, fuse-overlayfs"
 
@@ -93,52 +94,6 @@ int main(int argc, char **argv) {
 """
 
 
-class Mounts:
-    """The three mounts over one image, made fresh (empty upper) by `up()`."""
-
-    def __init__(self, scratch, image, verilay, fov):
-        self.scratch, self.image, self.verilay, self.fov = scratch, image, verilay, fov
-        self.lower = os.path.join(scratch, "lower")
-        os.makedirs(self.lower, exist_ok=True)
-        subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, self.lower], check=True)
-        self.mounted = []
-
-    def up(self):
-        self.down()
-        where = {}
-        for tool in ("overlay", "fuse-overlayfs", "verilay"):
-            if tool == "fuse-overlayfs" and not self.fov:
-                continue
-            base = os.path.join(self.scratch, "mounts", tool)
-            shutil.rmtree(base, ignore_errors=True)
-            up, work, mnt = (os.path.join(base, x) for x in ("up", "work", "mnt"))
-            for p in (up, work, mnt):
-                os.makedirs(p)
-            opts = f"lowerdir={self.lower},upperdir={up},workdir={work}"
-            if tool == "overlay":
-                subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, mnt],
-                               check=True)
-            elif tool == "fuse-overlayfs":
-                subprocess.run([self.fov, "-o", opts, mnt], check=True)
-            else:
-                subprocess.run([self.verilay, "mount", self.image, "--upper", up, "--work",
-                                work, mnt, "--quiet"], check=True)
-            self.mounted.append(mnt)
-            where[tool] = mnt
-        return where
-
-    def down(self):
-        for m in reversed(self.mounted):
-            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
-        if self.mounted:
-            time.sleep(0.3)
-        self.mounted = []
-
-    def close(self):
-        self.down()
-        subprocess.run(["umount", "-l", self.lower], stderr=subprocess.DEVNULL)
-
-
 def timed(argv, cwd=None):
     os.sync()
     start = time.perf_counter()
@@ -182,7 +137,7 @@ def run(ctx):
     storms = {"create-0": (500, 0), "create-1k": (500, 1024), "create-1m": (500, 1 << 20)}
     n_md = 2000 if ctx.quick else 8000
     samples = {}
-    mounts = Mounts(scratch, image, verilay, fov)
+    mounts = stacks.WritableStacks(scratch, image, verilay, fov)
     try:
         for i in range(ctx.runs):
             print(f"  run {i + 1}/{ctx.runs}", flush=True)
@@ -213,14 +168,10 @@ def run(ctx):
         mounts.close()
     shutil.rmtree(scratch, ignore_errors=True)
 
-    def median(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
     workloads = list(dict.fromkeys(wl for wl, _ in samples))
     tools_seen = list(dict.fromkeys(t for _, t in samples))
     for wl in workloads:
-        data["results"][wl] = {t: {"per_s": samples[(wl, t)], "median": median(samples[(wl, t)])}
+        data["results"][wl] = {t: {"per_s": samples[(wl, t)], "median": statistics.median(samples[(wl, t)])}
                                for t in tools_seen}
     rows = [[wl] + [f"{data['results'][wl][t]['median']:,.0f}" for t in tools_seen]
             for wl in workloads]

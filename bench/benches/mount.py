@@ -21,6 +21,7 @@ everywhere; the filter makes the absent-name walk at least 15% faster.
 
 import os
 import shutil
+import statistics
 import subprocess
 import time
 
@@ -140,11 +141,6 @@ def measure(mounts, workloads, runs, results, label):
             m.umount()
 
 
-def median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
-
 def xattr_tree(base):
     """A copy of a small real tree whose every file carries two xattrs (created once)."""
     path = os.path.join(datasets.DATA_DIR, "xattr-tree")
@@ -221,8 +217,8 @@ def run(ctx):
 
     for (wl, tool), r in results.items():
         data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
-                                "warm": r["warm"], "cold_median": median(r["cold"]),
-                                "warm_median": median(r["warm"])})
+                                "warm": r["warm"], "cold_median": statistics.median(r["cold"]),
+                                "warm_median": statistics.median(r["warm"])})
     shutil.rmtree(scratch, ignore_errors=True)
     print_results(data)
     data["targets"] = check_targets(data)

@@ -18,10 +18,10 @@ throughput as threads are added (each count within 5% of the best of the fewer o
 
 import os
 import shutil
+import statistics
 import subprocess
-import time
 
-from harness import datasets, report, tools
+from harness import datasets, report, stacks, tools
 
 DESCRIPTION = "stat/open storm over a merged tree, 1-8 threads: verilay vs overlayfs, fuse-overlayfs"
 
@@ -143,29 +143,10 @@ def run(ctx):
             rel = os.path.relpath(root, ds.path)
             for name in sorted(dirs + files):
                 f.write(os.path.normpath(os.path.join(rel, name)) + "\n")
-    d = {k: os.path.join(scratch, k) for k in
-         ("lower", "ov-up", "ov-work", "ov", "fo-up", "fo-work", "fo", "vl-up", "vl-work", "vl")}
-    for p in d.values():
-        os.makedirs(p, exist_ok=True)
-    mounted = []
     secs = 1.0 if ctx.quick else SECONDS
+    mounts = stacks.WritableStacks(scratch, image, verilay, fov)
     try:
-        subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, d["lower"]], check=True)
-        mounted.append(d["lower"])
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={d['lower']},upperdir={d['ov-up']},workdir={d['ov-work']}",
-                        d["ov"]], check=True)
-        mounted.append(d["ov"])
-        where = {"overlay": d["ov"]}
-        if fov:
-            subprocess.run([fov, "-o", f"lowerdir={d['lower']},upperdir={d['fo-up']},"
-                            f"workdir={d['fo-work']}", d["fo"]], check=True)
-            mounted.append(d["fo"])
-            where["fuse-overlayfs"] = d["fo"]
-        subprocess.run([verilay, "mount", image, "--upper", d["vl-up"], "--work",
-                        d["vl-work"], d["vl"], "--quiet"], check=True)
-        mounted.append(d["vl"])
-        where["verilay"] = d["vl"]
+        where = mounts.up()
         for path in where.values():
             storm(binary, listfile, path, 1, 0.5)  # warm: every entry looked up once
         samples = {(w, n): [] for w in where for n in THREADS}
@@ -175,19 +156,13 @@ def run(ctx):
                 for w, path in where.items():
                     samples[(w, n)].append(storm(binary, listfile, path, n, secs))
     finally:
-        for p in reversed(mounted):
-            subprocess.run(["umount", "-l", p], stderr=subprocess.DEVNULL)
-            time.sleep(0.2)
+        mounts.close()
     shutil.rmtree(scratch, ignore_errors=True)
-
-    def median(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
     tools_seen = list(dict.fromkeys(w for w, _ in samples))
     for w in tools_seen:
         data["results"][w] = {str(n): {"ops_s": samples[(w, n)],
-                                       "median": median(samples[(w, n)])} for n in THREADS}
+                                       "median": statistics.median(samples[(w, n)])} for n in THREADS}
     rows = [[w] + [f"{data['results'][w][str(n)]['median']:,.0f}" for n in THREADS]
             for w in tools_seen]
     print()
