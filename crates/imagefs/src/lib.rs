@@ -11,6 +11,10 @@
 //! EOPNOTSUPP rather than ENODATA, as filesystems without security labels do. FUSE cannot
 //! cache xattr replies, and `ls -l`, `cp -a` and friends ask for `security.selinux` on
 //! every file unless the filesystem says it has no such namespace: then they stop asking.
+//! Likewise an image set without a single POSIX ACL does not negotiate FUSE_POSIX_ACL and
+//! answers both ACL names with EOPNOTSUPP: the kernel would otherwise fetch every inode's
+//! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
+//! without it permission checks use the mode alone, which is all such a tree has.
 //!
 //! Several images are stacked with overlayfs's rules (see `stack`); one image is served
 //! as the kernel's erofs shows it.
@@ -64,6 +68,8 @@ pub struct ImageFs<S: ByteSource> {
     no_opendir: bool,
     /// The image records that it holds no `security.*` xattr (see the module comment).
     unlabelled: bool,
+    /// No layer holds a POSIX ACL (see the module comment).
+    aclless: bool,
 }
 
 /// A directory of a stack: the layers' directories merged at its path, its parent, and its
@@ -96,6 +102,14 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             img.namespace_absent(erofs::format::XATTR_INDEX_SECURITY)
                 .unwrap_or(false)
         });
+        let aclless = layers.iter().all(|img| {
+            [
+                erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS,
+                erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT,
+            ]
+            .iter()
+            .all(|&ns| img.namespace_absent(ns).unwrap_or(false))
+        });
         let overlay = layers.len() > 1;
         let stack = Stack { layers };
         let root = if overlay {
@@ -113,6 +127,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         };
         Ok(ImageFs {
             unlabelled,
+            aclless,
             stack,
             overlay,
             root,
@@ -445,10 +460,12 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             // Always plus (not _AUTO, which uses it for a directory's first chunk only):
             // attributes cost us one cached inode read, and spare a LOOKUP per entry.
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_POSIX_ACL,
             InitFlags::FUSE_MAX_PAGES,
         ] {
             let _ = config.add_capabilities(cap);
+        }
+        if !self.aclless {
+            let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL);
         }
         self.no_open = config
             .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
@@ -677,7 +694,9 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         if !self.visible(req, name) {
             return reply.error(Errno::NO_XATTR);
         }
-        if self.unlabelled && name.starts_with(b"security.") {
+        if self.unlabelled && name.starts_with(b"security.")
+            || self.aclless && name.starts_with(b"system.posix_acl_")
+        {
             return reply.error(Errno::EOPNOTSUPP);
         }
         let (o, inode) = match self.inode(ino) {

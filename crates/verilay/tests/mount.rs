@@ -434,7 +434,8 @@ fn mount_errors_are_one_clear_line() {
 }
 
 /// How often `ls -l DIR` asks for `security.selinux`, and what `getfattr` says of one name.
-fn label_questions(dir: &Path) -> usize {
+/// How many times `ls -l DIR` asks for the xattr `name`.
+fn questions(dir: &Path, name: &str) -> usize {
     let out = run(Command::new("strace")
         .args([
             "-f",
@@ -448,7 +449,7 @@ fn label_questions(dir: &Path) -> usize {
         .arg(dir));
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains("\"security.selinux\""))
+        .filter(|l| l.contains(&format!("\"{name}\"")))
         .count()
 }
 
@@ -472,8 +473,11 @@ fn getfattr_says(file: &Path, name: &str) -> String {
 }
 
 #[test]
-fn an_unlabelled_image_says_security_xattrs_are_unsupported() {
-    if prerequisites() || skip_unless(have("strace"), "strace missing") {
+fn an_image_without_labels_or_acls_says_those_xattrs_are_unsupported() {
+    if prerequisites()
+        || skip_unless(have("strace"), "strace missing")
+        || skip_unless(have("runuser"), "runuser missing")
+    {
         return;
     }
     let files = |src: &Path| {
@@ -481,29 +485,60 @@ fn an_unlabelled_image_says_security_xattrs_are_unsupported() {
             std::fs::write(src.join(format!("f{i:02}")), format!("{i}")).unwrap();
         }
         setfattr(&src.join("f00"), "user.note", "kept");
+        sh(&format!("chmod 600 '{}'", src.join("f02").display()));
     };
-    // No security.* anywhere: every such name is "not supported", and ls asks only once.
+    // No security.* and no ACL anywhere: every such name is "not supported", and ls asks
+    // only once for each; getfacl still shows the mode, and the mode alone decides access.
     let (t, _src, image, _) = fixture(files);
     let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
     let f = m.dir.join("f00");
-    assert!(
-        getfattr_says(&f, "security.selinux").contains("Operation not supported"),
-        "{}",
-        getfattr_says(&f, "security.selinux")
-    );
+    for name in ["security.selinux", "system.posix_acl_access"] {
+        let said = getfattr_says(&f, name);
+        assert!(said.contains("Operation not supported"), "{name}: {said}");
+    }
     assert!(getfattr_says(&f, "user.absent").contains("No such attribute"));
     assert_eq!(getfattr_says(&f, "user.note"), "kept");
-    assert_eq!(label_questions(&m.dir), 1);
+    assert_eq!(questions(&m.dir, "security.selinux"), 1);
+    assert_eq!(questions(&m.dir, "system.posix_acl_access"), 1);
+    let facl = run(Command::new("getfacl").arg("-c").arg(m.dir.join("f02")));
+    assert_eq!(
+        String::from_utf8_lossy(&facl.stdout),
+        "user::rw-\ngroup::---\nother::---\n\n"
+    );
+    let as_nobody = |script: &str| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--", "sh", "-c", script])
+            .current_dir(&m.dir)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(as_nobody("cat f01").stdout, b"1");
+    assert!(!as_nobody("cat f02").status.success(), "mode 600 denies");
 
-    // One label in the image: the others are merely absent, and ls asks for every file.
+    // One label and one ACL in the image: the others are merely absent, and ls asks for
+    // every file.
     let (t, _src, image, _) = fixture(|src| {
         files(src);
         setfattr(&src.join("f01"), "security.test", "label");
+        sh(&format!(
+            "setfacl -m u:nobody:r-- '{}'",
+            src.join("f02").display()
+        ));
     });
     let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
-    assert!(getfattr_says(&m.dir.join("f00"), "security.selinux").contains("No such attribute"));
+    for name in ["security.selinux", "system.posix_acl_access"] {
+        let said = getfattr_says(&m.dir.join("f00"), name);
+        assert!(said.contains("No such attribute"), "{name}: {said}");
+    }
     assert_eq!(getfattr_says(&m.dir.join("f01"), "security.test"), "label");
-    assert!(label_questions(&m.dir) >= 40);
+    assert!(questions(&m.dir, "security.selinux") >= 40);
+    assert!(questions(&m.dir, "system.posix_acl_access") >= 40);
+    let as_nobody = Command::new("runuser")
+        .args(["-u", "nobody", "--", "cat", "f02"])
+        .current_dir(&m.dir)
+        .output()
+        .unwrap();
+    assert_eq!(as_nobody.stdout, b"2", "the ACL allows");
 }
 
 /// Re-seals `image` after changing its EROFS bytes: the verity section then vouches for the
