@@ -34,7 +34,7 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use upper::{Contents, Meta, Stat, Upper};
@@ -59,9 +59,37 @@ struct Node {
     merge: bool,
     /// Kernel references (lookups minus forgets), shared by every version of the node.
     lookups: Arc<AtomicU64>,
+    /// How the kernel does the file's I/O, shared by every version of the node.
+    io: Arc<FileIo>,
+}
+
+/// FUSE keeps an inode in one I/O mode while files of it are open: cached (reads and
+/// writes through us and the page cache) or passthrough (the host file); an open in the
+/// other mode fails with EIO. Image files can only be cached, so a file once opened from
+/// the image keeps all its later opens cached too, also after its copy-up.
+#[derive(Default)]
+struct FileIo {
+    mode: AtomicU8,
     /// The upper file registered with the kernel for passthrough (one per inode, as the
-    /// kernel wants), shared by every version of the node; `None` inside when refused.
-    backing: Arc<OnceLock<Option<fuser::BackingId>>>,
+    /// kernel wants); `None` inside when refused.
+    backing: OnceLock<Option<fuser::BackingId>>,
+}
+
+const IO_UNDECIDED: u8 = 0;
+const IO_CACHED: u8 = 1;
+const IO_PASSTHROUGH: u8 = 2;
+
+impl FileIo {
+    /// Moves to `mode` unless already in the other one; true when in `mode` now.
+    fn enter(&self, mode: u8) -> bool {
+        match self
+            .mode
+            .compare_exchange(IO_UNDECIDED, mode, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == mode,
+        }
+    }
 }
 
 impl Node {
@@ -196,7 +224,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 upper: Some(Arc::new(root_fd)),
                 merge,
                 lookups: Arc::new(AtomicU64::new(1)),
-                backing: Arc::default(),
+                io: Arc::default(),
             },
         );
         Ok(fs)
@@ -270,7 +298,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             upper,
             merge,
             lookups: Arc::new(AtomicU64::new(0)),
-            backing: Arc::default(),
+            io: Arc::default(),
         };
         let Some(st) = upper_st else {
             return Ok(lower.map(|r: Resolved| (self.lower_id(r.top), node(Some(r), None, true))));
@@ -313,7 +341,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let nodes = self.nodes.pin();
         if let Some(old) = nodes.get(&id) {
             n.lookups = old.lookups.clone();
-            n.backing = old.backing.clone();
+            n.io = old.io.clone();
         }
         n.lookups.fetch_add(1, Ordering::Relaxed);
         nodes.insert(id, n);
@@ -642,7 +670,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             upper: Some(Arc::new(fd)),
             merge: false,
             lookups: Arc::new(AtomicU64::new(0)),
-            backing: Arc::default(),
+            io: Arc::default(),
         };
         let attr = stat_attr(id, &st);
         self.remember(id, node);
@@ -750,7 +778,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             return None;
         }
         let fd = n.upper.as_ref()?;
-        n.backing
+        if !n.io.enter(IO_PASSTHROUGH) {
+            return None;
+        }
+        n.io.backing
             .get_or_init(|| {
                 let st = rfs::fstat(fd.as_fd()).ok()?;
                 if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
@@ -911,7 +942,10 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_POSIX_ACL,
             InitFlags::FUSE_MAX_PAGES,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // Not FUSE_ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC in OPEN and checks
+            // ETXTBSY only afterwards, so an O_RDONLY|O_TRUNC open of a running program
+            // would truncate it and then fail. Without it the kernel truncates with a
+            // SETATTR once its checks pass, as overlayfs does.
             // The umask is ours to apply: a parent's default ACL replaces it.
             InitFlags::FUSE_DONT_MASK,
             InitFlags::FUSE_BIG_WRITES,
@@ -1096,9 +1130,13 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let _l = self.lock();
-
         let dev = (rfs::major(u64::from(rdev)), rfs::minor(u64::from(rdev)));
+        // A 0/0 character device is a whiteout in the upper directory; overlayfs refuses
+        // to make one through the mount, and so do we.
+        if rfs::FileType::from_raw_mode(mode) == rfs::FileType::CharacterDevice && dev == (0, 0) {
+            return reply.error(Errno::EPERM);
+        }
+        let _l = self.lock();
         let contents = if rfs::FileType::from_raw_mode(mode) == rfs::FileType::RegularFile {
             Contents::File {
                 size: 0,
@@ -1425,10 +1463,17 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 let _l = self.lock();
                 self.copy_up(id)?;
             }
+            // Read-only from the images: served from the node, no descriptor, cached I/O.
+            // Marked before the node is read again, so a racing copy-up keeps its opens
+            // cached too; if one already went passthrough, the file is upper by now.
+            let image_open =
+                self.with_node(id, |n| Ok(n.upper.is_none() && n.io.enter(IO_CACHED)))?;
+            if image_open {
+                return Ok(0);
+            }
             self.with_node(id, |n| match &n.upper {
                 Some(fd) => self.open_real(fd.as_fd(), flags),
-                // Read-only from the images: served from the node, no descriptor.
-                None => Ok(0),
+                None => Err(Errno::EIO),
             })
         };
         match run() {
@@ -1465,13 +1510,24 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 rustix::io::pread(fd, &mut buf, offset).map_err(rerrno)
             })
         } else {
-            self.with_node(ino.into(), |n| match &n.lower {
-                Some(r) => self
+            // Opened from the image; once copied up (by a writer), the copy is the file,
+            // as in overlayfs.
+            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
+                (Some(fd), _) => {
+                    let f = rfs::open(
+                        Self::real_path(fd.as_fd()).as_c_str(),
+                        OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(rerrno)?;
+                    rustix::io::pread(&f, &mut buf, offset).map_err(rerrno)
+                }
+                (None, Some(r)) => self
                     .stack
                     .image(r.top.layer)
                     .read(&r.inode, offset, &mut buf)
                     .map_err(|e| self.lower_err("read", e)),
-                None => Err(Errno::EBADF),
+                (None, None) => Err(Errno::EBADF),
             })
         };
         match r {

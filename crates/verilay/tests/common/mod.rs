@@ -411,3 +411,55 @@ pub fn generate_tree(root: &Path) {
     ));
     fs::set_permissions(root.join("fifo"), fs::Permissions::from_mode(0o640)).unwrap();
 }
+
+/// An upper and a work directory, side by side.
+pub struct Dirs {
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+/// `BASE/TAG-upper` and `BASE/TAG-work`, created.
+pub fn dirs(base: &Path, tag: &str) -> Dirs {
+    let d = Dirs {
+        upper: base.join(format!("{tag}-upper")),
+        work: base.join(format!("{tag}-work")),
+    };
+    std::fs::create_dir_all(&d.upper).unwrap();
+    std::fs::create_dir_all(&d.work).unwrap();
+    d
+}
+
+/// `verilay mount IMAGE --upper --work MNT`, unmounted when dropped.
+pub fn verilay_mount(image: &Path, d: &Dirs, mnt: &Path) -> Unmount {
+    std::fs::create_dir_all(mnt).unwrap();
+    run(verilay()
+        .arg("mount")
+        .arg(image)
+        .arg("--upper")
+        .arg(&d.upper)
+        .arg("--work")
+        .arg(&d.work)
+        .arg(mnt));
+    Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: true,
+    }
+}
+
+/// Kernel overlayfs of `lower` with the same layout, unmounted when dropped.
+pub fn overlay_mount(lower: &Path, d: &Dirs, mnt: &Path) -> Unmount {
+    std::fs::create_dir_all(mnt).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            d.upper.display(),
+            d.work.display()
+        ))
+        .arg(mnt));
+    Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: false,
+    }
+}
