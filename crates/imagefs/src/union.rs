@@ -14,9 +14,11 @@
 //! An image file with several names is copied up once and every other name the merged
 //! tree shows for it becomes a hardlink to the copy (found by one walk of that layer).
 //!
-//! Not (yet) done, and refused: renaming a directory that has image contents (EXDEV,
-//! overlayfs's default without `redirect_dir`), and exchanging objects that are not both
-//! upper-only (EXDEV).
+//! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
+//! the upper directory names where its image contents are (`trusted.overlay.redirect`).
+//! Not (yet) done, and refused with EXDEV (callers such as `mv` then copy): exchanging
+//! objects that are not both upper-only, and replacing an empty directory that has image
+//! contents.
 
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{
@@ -310,10 +312,79 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .map_err(errno)?;
         let is_dir = is_dir_mode(st.st_mode);
         let merge = is_dir && self.upper.opacity(fd.as_fd()) != upper::Opacity::Opaque;
+        // A directory moved here merges with the image directories it was moved from.
+        let lower = match self.upper.redirect(fd.as_fd()).filter(|_| merge) {
+            Some(to) => self.lower_at(chain, &to)?,
+            None => lower,
+        };
         // An upper directory merges with image directories only.
         let lower = lower.filter(|r| merge && !r.chain.is_empty());
         let id = self.upper_id(&st, lower.as_ref().map(|r| self.lower_id(r.top)));
         Ok(Some((id, node(lower, Some(Arc::new(fd)), merge))))
+    }
+
+    /// What the images have where a redirect points: a name in `chain` (the parent's
+    /// image directories), or a path from the image root when it starts with `/`.
+    fn lower_at(&self, chain: &[crate::stack::Dir], to: &[u8]) -> Result<Option<Resolved>, Errno> {
+        let look = |chain: &[crate::stack::Dir], name: &[u8]| {
+            self.stack
+                .lookup(chain, name)
+                .map_err(|e| self.lower_err("lookup", e))
+        };
+        let Some(path) = to.strip_prefix(b"/") else {
+            return look(chain, to);
+        };
+        let mut at = self.with_node(1, |root| Ok(root.lower.clone()))?;
+        for part in path.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
+            at = match at {
+                Some(r) if !r.chain.is_empty() => look(&r.chain, part)?,
+                _ => return Ok(None),
+            };
+        }
+        Ok(at)
+    }
+
+    /// The redirect a directory with image contents needs before it moves (overlayfs's
+    /// rules): none if it has one that still holds (any absolute one; a relative one
+    /// within the same parent), its current name within the same parent, else its image
+    /// path from the root, made of its ancestors' redirects and names.
+    fn redirect_for(&self, id: u64, same_parent: bool) -> Result<Option<Vec<u8>>, Errno> {
+        let own = |n: &Node| {
+            n.upper
+                .as_ref()
+                .and_then(|fd| self.upper.redirect(fd.as_fd()))
+        };
+        let n = self.node(id)?;
+        if let Some(r) = own(&n) {
+            if same_parent || r.starts_with(b"/") {
+                return Ok(None);
+            }
+        }
+        if same_parent {
+            return Ok(Some(n.name.clone()));
+        }
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = (id, n);
+        while cur.0 != 1 {
+            match own(&cur.1) {
+                Some(r) if r.starts_with(b"/") => {
+                    parts.push(r);
+                    break;
+                }
+                Some(r) => parts.push(r),
+                None => parts.push(cur.1.name.clone()),
+            }
+            let parent = cur.1.parent;
+            cur = (parent, self.node(parent)?);
+        }
+        let mut path = Vec::new();
+        for p in parts.iter().rev() {
+            if !p.starts_with(b"/") {
+                path.push(b'/');
+            }
+            path.extend_from_slice(p);
+        }
+        Ok(Some(path))
     }
 
     /// Keeps a node the daemon itself needs (to copy it up, to list it) without counting a
@@ -643,6 +714,15 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
         // Was there anything in the images at this name? Then it stays hidden.
         let shadowed = existing.as_ref().is_some_and(upper::is_whiteout);
+        // A directory made in a merged one is opaque, as overlayfs makes it (with
+        // redirect_dir): over a whiteout it must be, so the images' one stays hidden, and
+        // it is made so before it appears.
+        if dir_mode && (shadowed || self.with_node(parent, |p| Ok(!p.lower_chain().is_empty()))?) {
+            meta.xattrs.push((
+                format!("{}opaque", self.upper.prefix).into_bytes(),
+                b"y".to_vec(),
+            ));
+        }
         let (st, file) = if shadowed {
             (
                 self.upper
@@ -659,9 +739,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .upper
             .open_entry(pfd.as_fd(), name, &st)
             .map_err(errno)?;
-        if shadowed && dir_mode {
-            self.upper.set_opaque(fd.as_fd()).map_err(errno)?;
-        }
         let id = self.upper_id(&st, None);
         let node = Node {
             parent,
@@ -1355,9 +1432,16 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let src_lower_dir = snode.upper.is_none()
                 && snode.lower.as_ref().is_some_and(|r| r.inode.is_dir())
                 || !snode.lower_chain().is_empty();
-            if src_lower_dir {
+            // A directory with image contents moves with a redirect to them. Exchanging
+            // one is not done (EXDEV: callers fall back to copying).
+            if src_lower_dir && flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 return Err(Errno::EXDEV);
             }
+            let redirect = if src_lower_dir {
+                self.redirect_for(sid, u64::from(parent) == u64::from(newparent))?
+            } else {
+                None
+            };
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 let t = target.as_ref().ok_or(Errno::ENOENT)?;
                 if snode.upper.is_none()
@@ -1383,15 +1467,37 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     return Err(Errno::EXDEV);
                 }
             }
-            self.copy_up(sid)?;
+            let sfd = self.copy_up(sid)?;
+            let src_is_dir = is_dir_node(&snode);
+            if let Some(to) = &redirect {
+                self.upper.set_redirect(sfd.as_fd(), to).map_err(errno)?;
+            } else if src_is_dir
+                && !src_lower_dir
+                && self.upper.opacity(sfd.as_fd()) != upper::Opacity::Opaque
+                && self.with_node(newparent.into(), |p| Ok(!p.lower_chain().is_empty()))?
+            {
+                // A directory of the upper layer alone, moving into a merged one: opaque,
+                // so it never merges with what the images have at its new name.
+                self.upper.set_opaque(sfd.as_fd()).map_err(errno)?;
+            }
             let src_lower = self.lower_has(parent.into(), name)?;
             let pfd = self.upper_dir(parent.into())?;
             let dpfd = self.upper_dir(newparent.into())?;
+            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            // Over a whiteout or a lower-only name the upper entry simply shadows it; a
+            // directory cannot replace a whiteout (a device), so it trades places with it.
+            let over_whiteout = !exchange
+                && src_is_dir
+                && self
+                    .upper
+                    .stat(dpfd.as_fd(), newname)
+                    .map_err(errno)?
+                    .as_ref()
+                    .is_some_and(upper::is_whiteout);
             let mut rflags = rfs::RenameFlags::empty();
-            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            if exchange || over_whiteout {
                 rflags |= rfs::RenameFlags::EXCHANGE;
             }
-            // Over a whiteout or a lower-only name: the upper entry simply shadows it.
             let (from, to) = (cname(name)?, cname(newname)?);
             rfs::renameat_with(
                 pfd.as_fd(),
@@ -1401,7 +1507,10 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 rflags,
             )
             .map_err(rerrno)?;
-            if src_lower && !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            if over_whiteout && !src_lower {
+                // The whiteout now at the old name hides nothing.
+                rfs::unlinkat(pfd.as_fd(), from.as_c_str(), AtFlags::empty()).map_err(rerrno)?;
+            } else if src_lower && !exchange && !over_whiteout {
                 self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
             }
             self.moved(sid, newparent.into(), newname);

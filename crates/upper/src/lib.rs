@@ -10,7 +10,10 @@
 //! Markers, in overlayfs's own format:
 //! - a whiteout is a character device 0/0 (Linux lets unprivileged users make these);
 //! - an opaque directory has `trusted.overlay.opaque` = `y` as root, or
-//!   `user.overlay.opaque` when mounted by an ordinary user (overlayfs's `userxattr`).
+//!   `user.overlay.opaque` when mounted by an ordinary user (overlayfs's `userxattr`);
+//! - a directory moved away from its image contents names where they are in
+//!   `trusted.overlay.redirect` (overlayfs's `redirect_dir`): a name in its parent's image
+//!   directories, or a path from the root when it starts with `/`.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
@@ -177,6 +180,30 @@ impl Upper {
             }
         }
         Opacity::None
+    }
+
+    /// The directory's redirect (see the module comment), in either namespace.
+    pub fn redirect(&self, dir: BorrowedFd<'_>) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        for prefix in ["trusted.overlay.", "user.overlay."] {
+            let name = format!("{prefix}redirect");
+            if let Ok(n) = rfs::fgetxattr(dir, name.as_str(), &mut buf) {
+                buf.truncate(n);
+                return Some(buf);
+            }
+        }
+        None
+    }
+
+    /// Sets a directory's redirect, in our namespace.
+    pub fn set_redirect(&self, dir: BorrowedFd<'_>, to: &[u8]) -> io::Result<()> {
+        let name = format!("{}redirect", self.prefix);
+        Ok(rfs::fsetxattr(
+            dir,
+            name.as_str(),
+            to,
+            rfs::XattrFlags::empty(),
+        )?)
     }
 
     /// The directory's entries (without `.` and `..`), with their types.

@@ -50,6 +50,9 @@ const CHANGES: &str = "set -e
     (umask 027; touch umasked; mkdir umaskeddir)
     echo k2 > keepdir/k2
     chmod 0640 sub/deep/file
+    mv keepdir keptdir
+    mkdir moved && mv sub/deep moved/deep && echo more > moved/deep/extra
+    mkdir fresh && echo f > fresh/f && mv fresh olddir
     touch -d '2020-01-01 00:00:00' keep.txt newdir";
 
 /// The merged tree as the user sees it: names, types, modes, owners, sizes, link counts
@@ -79,14 +82,17 @@ fn view(root: &Path) -> String {
     )
 }
 
-/// The upper directory's entries and overlayfs markers (whiteouts, opaque directories).
+/// The upper directory's entries and overlayfs markers (whiteouts, opaque directories,
+/// redirects).
 fn markers(upper: &Path) -> String {
     let out = run(Command::new("sh")
         .arg("-c")
         .arg(
             "find . -mindepth 1 -printf '%P %y %m %U:%G\\n' | sort; \
              for d in $(find . -type d); do v=$(getfattr --only-values -n trusted.overlay.opaque $d 2>/dev/null); \
-             [ -n \"$v\" ] && echo \"opaque $d $v\"; done; true",
+             [ -n \"$v\" ] && echo \"opaque $d $v\"; \
+             v=$(getfattr --only-values -n trusted.overlay.redirect $d 2>/dev/null); \
+             [ -n \"$v\" ] && echo \"redirect $d $v\"; done; true",
         )
         .current_dir(upper));
     String::from_utf8_lossy(&out.stdout).into_owned()

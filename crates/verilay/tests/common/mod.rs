@@ -446,13 +446,14 @@ pub fn verilay_mount(image: &Path, d: &Dirs, mnt: &Path) -> Unmount {
     }
 }
 
-/// Kernel overlayfs of `lower` with the same layout, unmounted when dropped.
+/// Kernel overlayfs of `lower` with the same layout (directories move with redirects, as
+/// verilay moves them), unmounted when dropped.
 pub fn overlay_mount(lower: &Path, d: &Dirs, mnt: &Path) -> Unmount {
     std::fs::create_dir_all(mnt).unwrap();
     run(Command::new("mount")
         .args(["-t", "overlay", "overlay", "-o"])
         .arg(format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "lowerdir={},upperdir={},workdir={},redirect_dir=on",
             lower.display(),
             d.upper.display(),
             d.work.display()
