@@ -137,9 +137,10 @@ fn changes_through_verilay_match_kernel_overlayfs_both_ways() {
     assert_eq!(view(&k.dir), ours_view, "overlayfs over verilay's upper");
 }
 
-/// Open descriptors around a copy-up, and a running program: a read-only descriptor
-/// opened before another one's write copies the file up reads the new bytes, and no open of
-/// a program being run may change it (ETXTBSY), whether it comes from the image or not.
+/// Open descriptors around a copy-up, a running program, and locks: a read-only descriptor
+/// opened before another one's write copies the file up reads the new bytes; no open of a
+/// program being run may change it (ETXTBSY), whether it comes from the image or not; and
+/// whole-file and byte-range locks conflict between processes as on any filesystem.
 const OPEN_FILES: &str = r#"
 import os, subprocess, sys
 m = sys.argv[1]
@@ -167,6 +168,23 @@ for exe in (os.path.join(m, 'prog'), new):
             out.append((exe[len(m):], fl, e.errno))
     out.append((exe[len(m):], 'unchanged', os.stat(exe).st_size == size, 'running', proc.poll() is None))
     proc.kill(); proc.wait()
+import fcntl
+TRY = 'import fcntl, sys; f = open(sys.argv[1], "r+"); ' \
+      'fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB) if sys.argv[2] == "flock" else ' \
+      'fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, int(sys.argv[2]))'
+for name in ('keep.txt', 'newfile'):
+    path = os.path.join(m, name)
+    if not os.path.exists(path):
+        open(path, 'w').close()
+    held = open(path, 'r+')
+    fcntl.flock(held, fcntl.LOCK_EX)
+    fcntl.lockf(held, fcntl.LOCK_EX, 10, 0)
+    for what in ('flock', '5', '20'):
+        r = subprocess.run([sys.executable, '-c', TRY, path, what], capture_output=True)
+        out.append((name, 'lock', what, 'taken' if r.returncode == 0 else 'busy'))
+    held.close()
+    r = subprocess.run([sys.executable, '-c', TRY, path, 'flock'], capture_output=True)
+    out.append((name, 'lock after close', 'taken' if r.returncode == 0 else 'busy'))
 print(out)
 "#;
 
@@ -198,6 +216,14 @@ fn open_files_and_running_programs_behave_as_in_overlayfs() {
         "{theirs}"
     );
     assert!(!theirs.contains("opened"), "{theirs}");
+    for lock in [
+        "(\'keep.txt\', \'lock\', \'flock\', \'busy\')",
+        "(\'keep.txt\', \'lock\', \'5\', \'busy\')",
+        "(\'keep.txt\', \'lock\', \'20\', \'taken\')",
+        "(\'newfile\', \'lock after close\', \'taken\')",
+    ] {
+        assert!(theirs.contains(lock), "{lock} in {theirs}");
+    }
     // One difference, ours: overlayfs copies an image program up without its data for
     // O_TRUNC before it refuses the open with ETXTBSY, and the file is left empty.
     let quirk = "(\'/prog\', \'unchanged\', False, \'running\', True)";
