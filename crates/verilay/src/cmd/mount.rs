@@ -264,6 +264,7 @@ fn serve(a: Args) -> anyhow::Result<i32> {
         // line for us alone; nothing else in this process owns or closes it.
         std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) })
     });
+    raise_descriptor_limit();
     let result = mount_and_wait(&a, ready);
     match result {
         Ok(()) => Ok(0),
@@ -273,6 +274,34 @@ fn serve(a: Args) -> anyhow::Result<i32> {
         }
         Err((e, None)) => Err(e),
     }
+}
+
+/// A writable mount holds one descriptor per upper object the kernel has cached, so the
+/// daemon takes all the descriptors it may: the hard limit, and as root the system's
+/// maximum (`fs.nr_open`). A shell's usual soft limit of 1024 would otherwise fail
+/// creations with EMFILE after about a thousand files.
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    let system_max = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(max) = system_max.filter(|&m| now.maximum.is_some_and(|h| m > h)) {
+        let all = Rlimit {
+            current: Some(max),
+            maximum: Some(max),
+        };
+        if setrlimit(Resource::Nofile, all).is_ok() {
+            return;
+        }
+    }
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: now.maximum,
+            maximum: now.maximum,
+        },
+    );
 }
 
 type Ready = Option<std::fs::File>;
