@@ -82,8 +82,13 @@ const IO_CACHED: u8 = 1;
 const IO_PASSTHROUGH: u8 = 2;
 
 impl FileIo {
-    /// Moves to `mode` unless already in the other one; true when in `mode` now.
+    /// Moves to `mode` unless already in the other one; true when in `mode` now. Once
+    /// decided it only reads: opens from many threads share no written cache line.
     fn enter(&self, mode: u8) -> bool {
+        let now = self.mode.load(Ordering::Acquire);
+        if now != IO_UNDECIDED {
+            return now == mode;
+        }
         match self
             .mode
             .compare_exchange(IO_UNDECIDED, mode, Ordering::AcqRel, Ordering::Acquire)
