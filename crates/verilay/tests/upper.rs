@@ -26,6 +26,17 @@ fn lower_tree(src: &Path) {
     ));
 }
 
+/// A temporary directory with the image of `lower_tree` and the kernel's erofs mount of it.
+fn lower_fixture() -> (tempfile::TempDir, PathBuf, Mount) {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    lower_tree(&src);
+    let image = t.path().join("lower.img");
+    build(&src, &image, &["--quiet"]);
+    let lower = Mount::erofs(&image, &t.path().join("lower"));
+    (t, image, lower)
+}
+
 /// What a user does to the merged tree.
 const CHANGES: &str = "set -e
     echo more >> keep.txt
@@ -103,12 +114,7 @@ fn changes_through_verilay_match_kernel_overlayfs_both_ways() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    lower_tree(&src);
-    let image = t.path().join("lower.img");
-    build(&src, &image, &["--quiet"]);
-    let lower = Mount::erofs(&image, &t.path().join("lower"));
+    let (t, image, lower) = lower_fixture();
 
     let ours = dirs(t.path(), "ours");
     let theirs = dirs(t.path(), "theirs");
@@ -193,12 +199,7 @@ fn open_files_and_running_programs_behave_as_in_overlayfs() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    lower_tree(&src);
-    let image = t.path().join("lower.img");
-    build(&src, &image, &["--quiet"]);
-    let lower = Mount::erofs(&image, &t.path().join("lower"));
+    let (t, image, lower) = lower_fixture();
     let saw = |dir: &Path| {
         let out = run(Command::new("python3").args(["-c", OPEN_FILES]).arg(dir));
         String::from_utf8_lossy(&out.stdout).into_owned()
