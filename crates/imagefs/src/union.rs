@@ -266,14 +266,46 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// The id an upper object goes by: the one it already has, else `fallback` (its image
     /// id) or a new one.
-    fn upper_id(&self, st: &Stat, fallback: Option<u64>) -> u64 {
+    fn upper_id(&self, st: &Stat, fallback: impl FnOnce() -> Option<u64>) -> u64 {
         let key = (st.st_dev, st.st_ino);
         let ids = self.upper_ids.pin();
         if let Some(&id) = ids.get(&key) {
             return id;
         }
-        let id = fallback.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = fallback().unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
         *ids.get_or_insert(key, id)
+    }
+
+    /// The image id a copied-up regular file keeps after a remount: the one its copy-up
+    /// recorded, if the images still have that very object at its path and nowhere else
+    /// (one name), so no other object can show the same number.
+    fn origin_id(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &[u8],
+        st: &Stat,
+        lower: &Option<Resolved>,
+    ) -> Option<u64> {
+        let r = lower.as_ref()?;
+        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile
+            || !r.inode.is_reg()
+            || r.inode.nlink != 1
+        {
+            return None;
+        }
+        let id = self.lower_id(r.top);
+        let mut path = Self::real_path(dir).into_bytes();
+        path.push(b'/');
+        path.extend_from_slice(name);
+        let path = CString::new(path).ok()?;
+        let mut buf = [0u8; 24];
+        let n = rfs::lgetxattr(path.as_c_str(), self.origin_xattr().as_str(), &mut buf).ok()?;
+        (buf[..n] == *id.to_string().as_bytes()).then_some(id)
+    }
+
+    /// Where copy-up records a regular file's image id, hidden like overlayfs's own.
+    fn origin_xattr(&self) -> String {
+        format!("{}verilay.origin", self.upper.prefix)
     }
 
     /// `name` in directory `parent` as the merged tree has it: (id, node), or `None`.
@@ -323,8 +355,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             None => lower,
         };
         // An upper directory merges with image directories only.
-        let lower = lower.filter(|r| merge && !r.chain.is_empty());
-        let id = self.upper_id(&st, lower.as_ref().map(|r| self.lower_id(r.top)));
+        let (lower, at_path) = match lower {
+            Some(r) if merge && !r.chain.is_empty() => (Some(r), None),
+            other => (None, other),
+        };
+        let id = self.upper_id(&st, || match &lower {
+            Some(r) => Some(self.lower_id(r.top)),
+            None => self.origin_id(pfd.as_fd(), name, &st, &at_path),
+        });
         Ok(Some((id, node(lower, Some(Arc::new(fd)), merge))))
     }
 
@@ -516,6 +554,12 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             }
             (meta.uid, meta.gid) = me;
             meta.mode = (meta.mode & !0o7777) | host_perm(meta.mode);
+        }
+        if inode.is_reg() {
+            meta.xattrs.push((
+                self.origin_xattr().into_bytes(),
+                id.to_string().into_bytes(),
+            ));
         }
         let target;
         let mut read = |off: u64, buf: &mut [u8]| {
@@ -744,7 +788,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .upper
             .open_entry(pfd.as_fd(), name, &st)
             .map_err(errno)?;
-        let id = self.upper_id(&st, None);
+        let id = self.upper_id(&st, || None);
         let node = Node {
             parent,
             name: name.to_vec(),
@@ -794,12 +838,17 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 // merges with the images' one their id, else a new one.
                 let known = self.upper_ids.pin().get(&(st.st_dev, st.st_ino)).copied();
                 let id = known.unwrap_or_else(|| {
-                    let merged = is_dir_mode(st.st_mode) && !n.lower_chain().is_empty();
-                    let lower = merged
-                        .then(|| self.stack.lookup(n.lower_chain(), &name).ok().flatten())
-                        .flatten()
-                        .filter(|r| !r.chain.is_empty());
-                    self.upper_id(&st, lower.map(|r| self.lower_id(r.top)))
+                    let lower = if n.lower_chain().is_empty() {
+                        None
+                    } else {
+                        self.stack.lookup(n.lower_chain(), &name).ok().flatten()
+                    };
+                    self.upper_id(&st, || match &lower {
+                        Some(r) if is_dir_mode(st.st_mode) && !r.chain.is_empty() => {
+                            Some(self.lower_id(r.top))
+                        }
+                        _ => self.origin_id(fd.as_fd(), &name, &st, &lower),
+                    })
                 });
                 out.push((name, id, kind(st.st_mode)));
             }

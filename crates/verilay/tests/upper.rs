@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -631,6 +632,48 @@ fn a_rootless_upper_keeps_ownership_in_the_override_xattr() {
     );
     as_user("./verilay umount mnt");
     let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_copied_up_file_keeps_its_inode_number_across_remounts() {
+    if prerequisites() {
+        return;
+    }
+    let (t, image, _lower) = lower_fixture();
+    let d = dirs(t.path(), "ino");
+    let mnt = t.path().join("m");
+    let ino = |p: &Path| std::fs::symlink_metadata(p).unwrap().ino();
+    let before = {
+        let m = verilay_mount(&image, &d, &mnt);
+        let before = ino(&m.dir.join("keep.txt"));
+        sh(&format!(
+            "echo more >> '{}'",
+            m.dir.join("keep.txt").display()
+        ));
+        assert_eq!(
+            ino(&m.dir.join("keep.txt")),
+            before,
+            "copy-up keeps the number"
+        );
+        std::fs::write(m.dir.join("made.txt"), b"new").unwrap();
+        before
+    };
+    let m = verilay_mount(&image, &d, &mnt);
+    assert_eq!(
+        ino(&m.dir.join("keep.txt")),
+        before,
+        "and keeps it after a remount"
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.dir.join("keep.txt")).unwrap(),
+        "keep\nmore\n"
+    );
+    // The record is the mount's own: not among the file's xattrs.
+    let list = run(Command::new("getfattr")
+        .args(["-d", "-m", "-"])
+        .arg(m.dir.join("keep.txt")));
+    assert!(!String::from_utf8_lossy(&list.stdout).contains("origin"));
+    assert_ne!(ino(&m.dir.join("made.txt")), before);
 }
 
 #[test]
