@@ -17,7 +17,7 @@
 //! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 //! Not (yet) done, and refused with EXDEV (callers such as `mv` then copy): exchanging
-//! objects that are not both upper-only, and replacing an empty directory that has image
+//! a directory that has image contents, and replacing an empty directory that has image
 //! contents.
 
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
@@ -1497,13 +1497,23 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 None
             };
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-                let t = target.as_ref().ok_or(Errno::ENOENT)?;
-                if snode.upper.is_none()
-                    || t.1.upper.is_none()
-                    || self.lower_has(parent.into(), name)?
-                    || self.lower_has(newparent.into(), newname)?
-                {
+                // Both names stay occupied, so no whiteout is needed: both objects are
+                // copied up and trade places. A directory with image contents would need
+                // a redirect each way, which is not done (EXDEV).
+                let (tid, t) = target.as_ref().ok_or(Errno::ENOENT)?;
+                let t_lower_dir = t.upper.is_none()
+                    && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())
+                    || !t.lower_chain().is_empty();
+                if t_lower_dir {
                     return Err(Errno::EXDEV);
+                }
+                self.ensure_node(*tid, t.clone());
+                let tfd = self.copy_up(*tid)?;
+                if is_dir_node(t)
+                    && self.upper.opacity(tfd.as_fd()) != upper::Opacity::Opaque
+                    && self.with_node(parent.into(), |p| Ok(!p.lower_chain().is_empty()))?
+                {
+                    self.upper.set_opaque(tfd.as_fd()).map_err(errno)?;
                 }
             }
             if let Some((tid, t)) = &target {

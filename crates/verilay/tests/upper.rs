@@ -65,6 +65,12 @@ const CHANGES: &str = "set -e
     mv keepdir keptdir
     mkdir moved && mv sub/deep moved/deep && echo more > moved/deep/extra
     mkdir fresh && echo f > fresh/f && mv fresh olddir
+    exchange() { python3 -c 'import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2):
+    sys.exit(os.strerror(ctypes.get_errno()))' \"$1\" \"$2\"; }
+    exchange prog newfile
+    exchange newdir owned.txt
     touch -d '2020-01-01 00:00:00' keep.txt newdir";
 
 /// The merged tree as the user sees it: names, types, modes, owners, sizes, link counts
