@@ -17,8 +17,7 @@
 //! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 //! Not (yet) done, and refused with EXDEV (callers such as `mv` then copy): exchanging
-//! a directory that has image contents, and replacing an empty directory that has image
-//! contents.
+//! a directory that has image contents.
 
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{
@@ -1520,15 +1519,16 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 if flags.contains(RenameFlags::RENAME_NOREPLACE) {
                     return Err(Errno::EEXIST);
                 }
-                if !t.lower_chain().is_empty()
-                    || (t.upper.is_none() && t.lower.as_ref().is_some_and(|r| r.inode.is_dir()))
+                if !flags.contains(RenameFlags::RENAME_EXCHANGE)
+                    && (!t.lower_chain().is_empty()
+                        || (t.upper.is_none()
+                            && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())))
                 {
-                    // A directory with image contents cannot be replaced without
-                    // redirects.
+                    // A directory with image contents is replaced only when the merged
+                    // tree shows it empty; its upper side (whiteouts) goes after the move.
                     if !self.listing(*tid)?.is_empty() {
                         return Err(Errno::ENOTEMPTY);
                     }
-                    return Err(Errno::EXDEV);
                 }
             }
             let sfd = self.copy_up(sid)?;
@@ -1558,8 +1558,19 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .map_err(errno)?
                     .as_ref()
                     .is_some_and(upper::is_whiteout);
+            // Over a directory of the upper layer that holds whiteouts (an emptied merged
+            // one): trade places, then clear it away.
+            let over_dir = !exchange
+                && self
+                    .upper
+                    .stat(dpfd.as_fd(), newname)
+                    .map_err(errno)?
+                    .is_some_and(|st| is_dir_mode(st.st_mode))
+                && target
+                    .as_ref()
+                    .is_some_and(|(_, t)| !t.lower_chain().is_empty());
             let mut rflags = rfs::RenameFlags::empty();
-            if exchange || over_whiteout {
+            if exchange || over_whiteout || over_dir {
                 rflags |= rfs::RenameFlags::EXCHANGE;
             }
             let (from, to) = (cname(name)?, cname(newname)?);
@@ -1571,7 +1582,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 rflags,
             )
             .map_err(rerrno)?;
-            if over_whiteout && !src_lower {
+            if over_dir && src_lower {
+                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
+            } else if over_dir {
+                self.upper.remove(pfd.as_fd(), name).map_err(errno)?;
+            } else if over_whiteout && !src_lower {
                 // The whiteout now at the old name hides nothing.
                 rfs::unlinkat(pfd.as_fd(), from.as_c_str(), AtFlags::empty()).map_err(rerrno)?;
             } else if src_lower && !exchange && !over_whiteout {
