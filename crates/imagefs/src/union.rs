@@ -16,8 +16,6 @@
 //!
 //! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
-//! Not (yet) done, and refused with EXDEV (callers such as `mv` then copy): exchanging
-//! a directory that has image contents.
 
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{
@@ -1485,30 +1483,33 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let src_lower_dir = snode.upper.is_none()
                 && snode.lower.as_ref().is_some_and(|r| r.inode.is_dir())
                 || !snode.lower_chain().is_empty();
-            // A directory with image contents moves with a redirect to them. Exchanging
-            // one is not done (EXDEV: callers fall back to copying).
-            if src_lower_dir && flags.contains(RenameFlags::RENAME_EXCHANGE) {
-                return Err(Errno::EXDEV);
-            }
+            // A directory with image contents moves with a redirect to them (both, when
+            // two trade places), worked out before anything moves.
+            let same_parent = u64::from(parent) == u64::from(newparent);
             let redirect = if src_lower_dir {
-                self.redirect_for(sid, u64::from(parent) == u64::from(newparent))?
+                self.redirect_for(sid, same_parent)?
             } else {
                 None
             };
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
                 // Both names stay occupied, so no whiteout is needed: both objects are
-                // copied up and trade places. A directory with image contents would need
-                // a redirect each way, which is not done (EXDEV).
+                // copied up and trade places, a directory with image contents with a
+                // redirect to them.
                 let (tid, t) = target.as_ref().ok_or(Errno::ENOENT)?;
                 let t_lower_dir = t.upper.is_none()
                     && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())
                     || !t.lower_chain().is_empty();
-                if t_lower_dir {
-                    return Err(Errno::EXDEV);
-                }
                 self.ensure_node(*tid, t.clone());
+                let t_redirect = if t_lower_dir {
+                    self.redirect_for(*tid, same_parent)?
+                } else {
+                    None
+                };
                 let tfd = self.copy_up(*tid)?;
-                if is_dir_node(t)
+                if let Some(to) = &t_redirect {
+                    self.upper.set_redirect(tfd.as_fd(), to).map_err(errno)?;
+                } else if !t_lower_dir
+                    && is_dir_node(t)
                     && self.upper.opacity(tfd.as_fd()) != upper::Opacity::Opaque
                     && self.with_node(parent.into(), |p| Ok(!p.lower_chain().is_empty()))?
                 {

@@ -23,7 +23,8 @@ fn lower_tree(src: &Path) {
          echo 0123456789 > trunc.txt; echo deep > sub/deep/file; echo k > keepdir/k
          echo acl > acl.txt; setfacl -m u:1234:r-- acl.txt; setfattr -n user.lower -v 1 keep.txt
          head -c 300000 /dev/urandom > big.bin; cp /usr/bin/sleep prog
-         mkdir -p emptied/e twin; echo e > emptied/e/f; echo t > twin/t",
+         mkdir -p emptied/e twin left right; echo e > emptied/e/f; echo t > twin/t
+         echo l > left/l; echo r > right/r",
         src.display()
     ));
 }
@@ -71,6 +72,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 if libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2):
     sys.exit(os.strerror(ctypes.get_errno()))' \"$1\" \"$2\"; }
     exchange prog newfile
+    exchange left right
+    exchange keptdir moved/deep
     rm -r emptied/e && mv -T twin emptied
     mkdir newsub && echo n > newsub/n && mv -T newsub sub
     exchange newdir owned.txt
