@@ -371,11 +371,27 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 .lookup(chain, name)
                 .map_err(|e| self.lower_err("lookup", e))
         };
+        // overlayfs's rules for a valid redirect: a relative one is one name, an absolute
+        // one has no empty part; and no part is `.` or `..`, which could make a directory
+        // merge with its own ancestor.
+        let bad = |part: &[u8]| part.is_empty() || part == b"." || part == b"..";
+        let invalid = match to.strip_prefix(b"/") {
+            None => to.contains(&b'/') || bad(to),
+            Some(path) => path.split(|&b| b == b'/').any(bad),
+        };
+        if invalid {
+            (self.log)(&format!(
+                "{}: invalid redirect {:?} in the upper directory",
+                self.name,
+                String::from_utf8_lossy(to)
+            ));
+            return Err(Errno::EIO);
+        }
         let Some(path) = to.strip_prefix(b"/") else {
             return look(chain, to);
         };
         let mut at = self.with_node(1, |root| Ok(root.lower.clone()))?;
-        for part in path.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
+        for part in path.split(|&b| b == b'/') {
             at = match at {
                 Some(r) if !r.chain.is_empty() => look(&r.chain, part)?,
                 _ => return Ok(None),

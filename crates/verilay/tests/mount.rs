@@ -453,12 +453,6 @@ fn questions(dir: &Path, name: &str) -> usize {
         .count()
 }
 
-fn setfattr(file: &Path, name: &str, value: &str) {
-    run(Command::new("setfattr")
-        .args(["-n", name, "-v", value])
-        .arg(file));
-}
-
 fn getfattr_says(file: &Path, name: &str) -> String {
     let out = Command::new("getfattr")
         .args(["--absolute-names", "--only-values", "-n", name])

@@ -689,6 +689,37 @@ fn a_copied_up_file_keeps_its_inode_number_across_remounts() {
 }
 
 #[test]
+fn a_hostile_redirect_is_an_error_not_a_loop() {
+    if prerequisites() {
+        return;
+    }
+    let (t, image, _lower) = lower_fixture();
+    let d = dirs(t.path(), "hostile");
+    // Redirects overlayfs would refuse: one that climbs, one with an empty part, a
+    // relative one with a slash; and a valid one for contrast.
+    for (dir, to) in [
+        ("up", "/sub/.."),
+        ("empty", "//sub"),
+        ("slash", "sub/deep"),
+        ("good", "/sub"),
+    ] {
+        std::fs::create_dir(d.upper.join(dir)).unwrap();
+        setfattr(&d.upper.join(dir), "trusted.overlay.redirect", to);
+    }
+    let m = verilay_mount(&image, &d, &t.path().join("m"));
+    for dir in ["up", "empty", "slash"] {
+        let err = std::fs::read_dir(m.dir.join(dir)).map(|_| ()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(5), "{dir}: {err}");
+    }
+    let good: Vec<_> = std::fs::read_dir(m.dir.join("good"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(good, vec![std::ffi::OsString::from("deep")]);
+    assert_eq!(std::fs::read(m.dir.join("keep.txt")).unwrap(), b"keep\n");
+}
+
+#[test]
 fn hardlinks_in_an_image_stay_together_when_copied_up() {
     if prerequisites() {
         return;

@@ -464,3 +464,10 @@ pub fn overlay_mount(lower: &Path, d: &Dirs, mnt: &Path) -> Unmount {
         fuse: false,
     }
 }
+
+/// `setfattr -n NAME -v VALUE FILE`.
+pub fn setfattr(file: &Path, name: &str, value: &str) {
+    run(Command::new("setfattr")
+        .args(["-n", name, "-v", value])
+        .arg(file));
+}
