@@ -720,6 +720,38 @@ fn a_hostile_redirect_is_an_error_not_a_loop() {
 }
 
 #[test]
+fn a_low_descriptor_limit_is_named_when_mounting() {
+    if prerequisites() || skip_unless(have("prlimit"), "prlimit missing") {
+        return;
+    }
+    let (t, image, _lower) = lower_fixture();
+    let d = dirs(t.path(), "limit");
+    let mnt = t.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let out = run(Command::new("prlimit")
+        .arg("--nofile=2048:2048")
+        .arg(env!("CARGO_BIN_EXE_verilay"))
+        .arg("mount")
+        .arg(&image)
+        .arg("--upper")
+        .arg(&d.upper)
+        .arg("--work")
+        .arg(&d.work)
+        .arg(&mnt));
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("warning: only 2048 descriptors (ulimit -n)"),
+        "{said}"
+    );
+    // The mount works regardless.
+    std::fs::write(mnt.join("new"), b"x").unwrap();
+}
+
+#[test]
 fn hardlinks_in_an_image_stay_together_when_copied_up() {
     if prerequisites() {
         return;

@@ -106,6 +106,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         return serve(a);
     }
+    // The daemon inherits the raised limit; say so here when it is low for a writable
+    // mount, where nobody would see the daemon's EMFILE coming.
+    raise_descriptor_limit();
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    if a.upper.is_some() && !a.quiet && limit.is_some_and(|l| l < LOW_DESCRIPTOR_LIMIT) {
+        eprintln!(
+            "verilay: warning: only {} descriptors (ulimit -n); a writable mount holds one per \
+             upper file the kernel has cached, and creations fail with EMFILE beyond that",
+            limit.unwrap_or(0)
+        );
+    }
     let code = spawn_daemon(&a)?;
     if announce {
         say();
@@ -275,6 +286,9 @@ fn serve(a: Args) -> anyhow::Result<i32> {
         Err((e, None)) => Err(e),
     }
 }
+
+/// Below this many descriptors, `mount --upper` warns.
+const LOW_DESCRIPTOR_LIMIT: u64 = 65536;
 
 /// A writable mount holds one descriptor per upper object the kernel has cached, so the
 /// daemon takes all the descriptors it may: the hard limit, and as root the system's
