@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import time
 
-from harness import datasets, report, stacks, tools
+from harness import datasets, report, stacks
 
 DESCRIPTION = "small-file and metadata storms on a writable merged tree vs overlayfs, fuse-overlayfs"
 
@@ -103,20 +103,9 @@ def timed(argv, cwd=None):
 
 def run(ctx):
     scratch = datasets.scratch_dir("meta")
-    verilay, why = tools.verilay(scratch)
-    fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
-    data = {"bench": "meta", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick},
-            "peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []}
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not verilay or os.geteuid() != 0 or not cc:
-        reason = why or ("needs root (kernel mounts)" if cc else "needs a C compiler")
-        print(f"meta bench skipped: {reason}")
-        data["targets"].append(report.target("meta", None, reason))
+    data, verilay, fov, cc = stacks.start("meta", ctx, scratch, {})
+    if not verilay:
         return data
-    if not fov:
-        print("fuse-overlayfs: not found (apt-get install fuse-overlayfs); its rows are skipped")
     binary = os.path.join(scratch, "meta")
     with open(binary + ".c", "w") as f:
         f.write(META_C)

@@ -21,7 +21,7 @@ import shutil
 import statistics
 import subprocess
 
-from harness import datasets, report, stacks, tools
+from harness import datasets, report, stacks
 
 DESCRIPTION = "stat/open storm over a merged tree, 1-8 threads: verilay vs overlayfs, fuse-overlayfs"
 
@@ -112,21 +112,10 @@ def storm(binary, listfile, cwd, threads, secs):
 
 def run(ctx):
     scratch = datasets.scratch_dir("storm")
-    verilay, why = tools.verilay(scratch)
-    fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
-    data = {"bench": "storm", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "threads": THREADS,
-                         "seconds": SECONDS},
-            "peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []}
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not verilay or os.geteuid() != 0 or not cc:
-        reason = why or ("needs root (kernel mounts)" if cc else "needs a C compiler")
-        print(f"storm bench skipped: {reason}")
-        data["targets"].append(report.target("storm", None, reason))
+    data, verilay, fov, cc = stacks.start("storm", ctx, scratch,
+                                          {"threads": THREADS, "seconds": SECONDS})
+    if not verilay:
         return data
-    if not fov:
-        print("fuse-overlayfs: not found (apt-get install fuse-overlayfs); its rows are skipped")
     ds = datasets.usr_share()
     data["dataset"] = {"name": ds.name, **ds.stats}
     binary = os.path.join(scratch, "storm")

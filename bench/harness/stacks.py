@@ -6,6 +6,29 @@ import shutil
 import subprocess
 import time
 
+from harness import report, tools
+
+
+def start(name, ctx, scratch, settings):
+    """What the C-driven writable-stack benchmarks (meta, storm) need before they run:
+    (data, verilay, fuse-overlayfs or None, C compiler), or data with the reason it was
+    skipped and None for the rest."""
+    verilay, why = tools.verilay(scratch)
+    fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
+    data = {"bench": name, "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, **settings},
+            "peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []}
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not verilay or os.geteuid() != 0 or not cc:
+        reason = why or ("needs root (kernel mounts)" if cc else "needs a C compiler")
+        print(f"{name} bench skipped: {reason}")
+        data["targets"].append(report.target(name, None, reason))
+        return data, None, None, None
+    if not fov:
+        print("fuse-overlayfs: not found (apt-get install fuse-overlayfs); its rows are skipped")
+    return data, verilay, fov, cc
+
 
 class WritableStacks:
     """One image as the lower layer of a writable stack, mounted side by side by the

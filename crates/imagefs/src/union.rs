@@ -443,6 +443,29 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         Ok(Some(path))
     }
 
+    /// Readies a copied-up object that is about to move under `dest_parent`: a directory
+    /// with image contents gets its redirect; one of the upper layer alone, moving into a
+    /// merged directory, becomes opaque, so it never merges with what the images have at
+    /// its new name.
+    fn mark_moving_dir(
+        &self,
+        fd: BorrowedFd<'_>,
+        m: Moving,
+        dest_parent: u64,
+    ) -> Result<(), Errno> {
+        if let Some(to) = &m.redirect {
+            return self.upper.set_redirect(fd, to).map_err(errno);
+        }
+        if m.is_dir
+            && !m.lower_dir
+            && self.upper.opacity(fd) != upper::Opacity::Opaque
+            && self.with_node(dest_parent, |p| Ok(!p.lower_chain().is_empty()))?
+        {
+            self.upper.set_opaque(fd).map_err(errno)?;
+        }
+        Ok(())
+    }
+
     /// Keeps a node the daemon itself needs (to copy it up, to list it) without counting a
     /// kernel reference: one already known stays as it is.
     fn ensure_node(&self, id: u64, n: Node) {
@@ -955,6 +978,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.change.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// An object about to be renamed: the redirect it needs (see `redirect_for`), whether it
+/// is a directory with image contents, and whether it is a directory at all.
+struct Moving {
+    redirect: Option<Vec<u8>>,
+    lower_dir: bool,
+    is_dir: bool,
 }
 
 /// Whether a node is a directory (its upper object's type, else the image's).
@@ -1522,15 +1553,12 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     None
                 };
                 let tfd = self.copy_up(*tid)?;
-                if let Some(to) = &t_redirect {
-                    self.upper.set_redirect(tfd.as_fd(), to).map_err(errno)?;
-                } else if !t_lower_dir
-                    && is_dir_node(t)
-                    && self.upper.opacity(tfd.as_fd()) != upper::Opacity::Opaque
-                    && self.with_node(parent.into(), |p| Ok(!p.lower_chain().is_empty()))?
-                {
-                    self.upper.set_opaque(tfd.as_fd()).map_err(errno)?;
-                }
+                let t_moves = Moving {
+                    redirect: t_redirect,
+                    lower_dir: t_lower_dir,
+                    is_dir: is_dir_node(t),
+                };
+                self.mark_moving_dir(tfd.as_fd(), t_moves, parent.into())?;
             }
             if let Some((tid, t)) = &target {
                 if flags.contains(RenameFlags::RENAME_NOREPLACE) {
@@ -1550,39 +1578,27 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             }
             let sfd = self.copy_up(sid)?;
             let src_is_dir = is_dir_node(&snode);
-            if let Some(to) = &redirect {
-                self.upper.set_redirect(sfd.as_fd(), to).map_err(errno)?;
-            } else if src_is_dir
-                && !src_lower_dir
-                && self.upper.opacity(sfd.as_fd()) != upper::Opacity::Opaque
-                && self.with_node(newparent.into(), |p| Ok(!p.lower_chain().is_empty()))?
-            {
-                // A directory of the upper layer alone, moving into a merged one: opaque,
-                // so it never merges with what the images have at its new name.
-                self.upper.set_opaque(sfd.as_fd()).map_err(errno)?;
-            }
+            let s_moves = Moving {
+                redirect,
+                lower_dir: src_lower_dir,
+                is_dir: src_is_dir,
+            };
+            self.mark_moving_dir(sfd.as_fd(), s_moves, newparent.into())?;
             let src_lower = self.lower_has(parent.into(), name)?;
             let pfd = self.upper_dir(parent.into())?;
             let dpfd = self.upper_dir(newparent.into())?;
             let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            let at_target = if exchange {
+                None
+            } else {
+                self.upper.stat(dpfd.as_fd(), newname).map_err(errno)?
+            };
             // Over a whiteout or a lower-only name the upper entry simply shadows it; a
             // directory cannot replace a whiteout (a device), so it trades places with it.
-            let over_whiteout = !exchange
-                && src_is_dir
-                && self
-                    .upper
-                    .stat(dpfd.as_fd(), newname)
-                    .map_err(errno)?
-                    .as_ref()
-                    .is_some_and(upper::is_whiteout);
+            let over_whiteout = src_is_dir && at_target.as_ref().is_some_and(upper::is_whiteout);
             // Over a directory of the upper layer that holds whiteouts (an emptied merged
             // one): trade places, then clear it away.
-            let over_dir = !exchange
-                && self
-                    .upper
-                    .stat(dpfd.as_fd(), newname)
-                    .map_err(errno)?
-                    .is_some_and(|st| is_dir_mode(st.st_mode))
+            let over_dir = at_target.is_some_and(|st| is_dir_mode(st.st_mode))
                 && target
                     .as_ref()
                     .is_some_and(|(_, t)| !t.lower_chain().is_empty());

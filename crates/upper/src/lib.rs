@@ -266,21 +266,23 @@ impl Upper {
     ) -> io::Result<Stat> {
         let tmp = self.make(meta, contents)?;
         let target = cstr(name)?;
-        if let Err(e) = rfs::renameat_with(
-            self.work.as_fd(),
-            tmp.as_c_str(),
-            dir,
-            target.as_c_str(),
-            RenameFlags::NOREPLACE,
-        ) {
-            let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
-            return Err(e.into());
-        }
+        self.move_in(&tmp, dir, &target)?;
         Ok(rfs::statat(
             dir,
             target.as_c_str(),
             AtFlags::SYMLINK_NOFOLLOW,
         )?)
+    }
+
+    /// Moves the finished object `tmp` from the work directory to `target` in `dir`, which
+    /// must not exist; on failure `tmp` is removed.
+    fn move_in(&self, tmp: &CStr, dir: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+        rfs::renameat_with(self.work.as_fd(), tmp, dir, target, RenameFlags::NOREPLACE).map_err(
+            |e| {
+                let _ = remove_named(self.work.as_fd(), tmp);
+                e.into()
+            },
+        )
     }
 
     /// Makes a new, empty object `name` in `dir` directly (nothing to hide or to copy, so
@@ -337,18 +339,7 @@ impl Upper {
             Ok(()) => {
                 let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
             }
-            Err(rustix::io::Errno::NOENT) => {
-                if let Err(e) = rfs::renameat_with(
-                    self.work.as_fd(),
-                    tmp.as_c_str(),
-                    dir,
-                    target.as_c_str(),
-                    RenameFlags::NOREPLACE,
-                ) {
-                    let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
-                    return Err(e.into());
-                }
-            }
+            Err(rustix::io::Errno::NOENT) => self.move_in(&tmp, dir, &target)?,
             Err(e) => {
                 let _ = remove_named(self.work.as_fd(), tmp.as_c_str());
                 return Err(e.into());

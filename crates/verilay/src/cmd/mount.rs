@@ -99,23 +99,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             )
         }
     };
+    // Raised here, before any daemon exists, which inherits it; said here when it is low
+    // for a writable mount, where nobody would see the daemon's EMFILE coming.
+    if a.ready_fd.is_none() {
+        raise_descriptor_limit();
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        if a.upper.is_some() && !a.quiet && limit.is_some_and(|l| l < LOW_DESCRIPTOR_LIMIT) {
+            eprintln!(
+                "verilay: warning: only {} descriptors (ulimit -n); a writable mount holds one \
+                 per upper file the kernel has cached, and creations fail with EMFILE beyond that",
+                limit.unwrap_or(0)
+            );
+        }
+    }
     if a.foreground || a.ready_fd.is_some() {
         // Said before serving: in the foreground, serving ends only at unmount.
         if announce {
             say();
         }
         return serve(a);
-    }
-    // The daemon inherits the raised limit; say so here when it is low for a writable
-    // mount, where nobody would see the daemon's EMFILE coming.
-    raise_descriptor_limit();
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-    if a.upper.is_some() && !a.quiet && limit.is_some_and(|l| l < LOW_DESCRIPTOR_LIMIT) {
-        eprintln!(
-            "verilay: warning: only {} descriptors (ulimit -n); a writable mount holds one per \
-             upper file the kernel has cached, and creations fail with EMFILE beyond that",
-            limit.unwrap_or(0)
-        );
     }
     let code = spawn_daemon(&a)?;
     if announce {
@@ -275,7 +277,6 @@ fn serve(a: Args) -> anyhow::Result<i32> {
         // line for us alone; nothing else in this process owns or closes it.
         std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) })
     });
-    raise_descriptor_limit();
     let result = mount_and_wait(&a, ready);
     match result {
         Ok(()) => Ok(0),
