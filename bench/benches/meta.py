@@ -1,7 +1,9 @@
 """meta: small-file and metadata storms on a writable merged tree.
 
 One image of a small tree as the lower layer with an empty upper directory, mounted three
-ways side by side, each freshly for every run:
+ways side by side, each freshly for every run, with the upper directories on an ext4
+(with its journal, as mkfs makes it) made afresh in a loop file for that run, and the
+tools taking turns at going first:
 
   overlay          the kernel's overlayfs (lower: the image's kernel erofs mount)
   fuse-overlayfs   fuse-overlayfs over that same kernel erofs mount
@@ -126,20 +128,22 @@ def run(ctx):
     storms = {"create-0": (500, 0), "create-1k": (500, 1024), "create-1m": (500, 1 << 20)}
     n_md = 2000 if ctx.quick else 8000
     samples = {}
-    mounts = stacks.WritableStacks(scratch, image, verilay, fov)
+    mounts = stacks.WritableStacks(scratch, image, verilay, fov, fresh_fs="ext4")
     try:
         for i in range(ctx.runs):
             print(f"  run {i + 1}/{ctx.runs}", flush=True)
-            where = mounts.up()
+            where = mounts.up(rotate=i)
             for tool, mnt in where.items():
                 for wl, (n, size) in storms.items():
                     d = os.path.join(mnt, wl)
                     os.makedirs(d)
+                    os.sync()
                     out = subprocess.run([binary, d, str(n), "32", str(size)], check=True,
                                          capture_output=True, text=True).stdout.split()
                     samples.setdefault((wl, tool), []).append(float(out[0]))
                 d = os.path.join(mnt, "md")
                 os.makedirs(d)
+                os.sync()
                 out = subprocess.run([binary, d, str(n_md), "32", "0"], check=True,
                                      capture_output=True, text=True).stdout.split()
                 samples.setdefault(("stat", tool), []).append(float(out[1]))
@@ -158,7 +162,7 @@ def run(ctx):
     shutil.rmtree(scratch, ignore_errors=True)
 
     workloads = list(dict.fromkeys(wl for wl, _ in samples))
-    tools_seen = list(dict.fromkeys(t for _, t in samples))
+    tools_seen = [t for t in stacks.WritableStacks.TOOLS if any(t == u for _, u in samples)]
     for wl in workloads:
         data["results"][wl] = {t: {"per_s": samples[(wl, t)], "median": statistics.median(samples[(wl, t)])}
                                for t in tools_seen}
