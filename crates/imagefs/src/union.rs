@@ -347,7 +347,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let is_dir = is_dir_mode(st.st_mode);
         let merge = is_dir && self.upper.opacity(fd.as_fd()) != upper::Opacity::Opaque;
         // A directory moved here merges with the image directories it was moved from.
-        let lower = match self.upper.redirect(fd.as_fd()).filter(|_| merge) {
+        let lower = match merge.then(|| self.upper.redirect(fd.as_fd())).flatten() {
             Some(to) => self.lower_at(chain, &to)?,
             None => lower,
         };
@@ -796,30 +796,41 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             meta.xattrs
                 .push((OVERRIDE_XATTR.as_bytes().to_vec(), shown.encode()));
         }
-        let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
-        // Was there anything in the images at this name? Then it stays hidden.
-        let shadowed = existing.as_ref().is_some_and(upper::is_whiteout);
         // A directory made in a merged one is opaque, as overlayfs makes it (with
         // redirect_dir): over a whiteout it must be, so the images' one stays hidden, and
         // it is made so before it appears.
-        if dir_mode && (shadowed || self.with_node(parent, |p| Ok(!p.lower_chain().is_empty()))?) {
-            meta.xattrs.push((
-                format!("{}opaque", self.upper.prefix).into_bytes(),
-                b"y".to_vec(),
-            ));
+        let opaque = (
+            format!("{}opaque", self.upper.prefix).into_bytes(),
+            b"y".to_vec(),
+        );
+        if dir_mode && self.with_node(parent, |p| Ok(!p.lower_chain().is_empty()))? {
+            meta.xattrs.push(opaque.clone());
         }
-        let (st, file) = if shadowed {
-            (
-                self.upper
-                    .replace(pfd.as_fd(), name, &meta, contents)
-                    .map_err(errno)?,
-                None,
-            )
-        } else {
-            self.upper
-                .create_fresh(pfd.as_fd(), name, &meta, contents, inherits)
-                .map_err(errno)?
-        };
+        let mut contents = contents;
+        // The kernel looked the name up and found nothing, so it is free in the upper
+        // directory too, or holds a whiteout (the images have the name): only then does
+        // the object go through the work directory.
+        let (st, file) =
+            match self
+                .upper
+                .create_fresh(pfd.as_fd(), name, &meta, contents.reborrow(), inherits)
+            {
+                Err(e) if e.raw_os_error() == Some(Errno::EEXIST.code()) => {
+                    let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
+                    if !existing.as_ref().is_some_and(upper::is_whiteout) {
+                        return Err(Errno::EEXIST);
+                    }
+                    if dir_mode && !meta.xattrs.contains(&opaque) {
+                        meta.xattrs.push(opaque);
+                    }
+                    let st = self
+                        .upper
+                        .replace(pfd.as_fd(), name, &meta, contents)
+                        .map_err(errno)?;
+                    (st, None)
+                }
+                made => made.map_err(errno)?,
+            };
         let fd = self
             .upper
             .open_entry(pfd.as_fd(), name, &st)
@@ -934,35 +945,20 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         Ok(fh)
     }
 
-    /// The node's passthrough registration, made on first use from a read-write descriptor
-    /// of its upper file; `None` for image files, or when the kernel refuses.
+    /// The node's passthrough registration, made on first use from `open` (a descriptor
+    /// of its upper file from an open or a creation; the kernel takes only the file's path
+    /// from it, and `O_PATH` ones it refuses); `None` for image files, or when the kernel
+    /// refuses.
     fn backing<'n>(
         &self,
         n: &'n Node,
+        open: BorrowedFd<'_>,
         register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<fuser::BackingId>,
     ) -> Option<&'n fuser::BackingId> {
-        if !self.passthrough {
+        if !self.passthrough || n.upper.is_none() || !n.io.enter(IO_PASSTHROUGH) {
             return None;
         }
-        let fd = n.upper.as_ref()?;
-        if !n.io.enter(IO_PASSTHROUGH) {
-            return None;
-        }
-        n.io.backing
-            .get_or_init(|| {
-                let st = rfs::fstat(fd.as_fd()).ok()?;
-                if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
-                    return None;
-                }
-                let rw = rfs::open(
-                    Self::real_path(fd.as_fd()).as_c_str(),
-                    OFlags::RDWR | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .ok()?;
-                register(rw.as_fd()).ok()
-            })
-            .as_ref()
+        n.io.backing.get_or_init(|| register(open).ok()).as_ref()
     }
 
     fn with_file<T>(
@@ -1437,12 +1433,13 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         match run() {
             Ok((id, a, fh)) => {
                 let guard = self.nodes.guard();
+                let files = self.files.pin();
+                let backing = match (self.nodes.get(&id, &guard), files.get(&fh)) {
+                    (Some(n), Some(f)) => self.backing(n, f.as_fd(), |fd| reply.open_backing(fd)),
+                    _ => None,
+                };
                 let fh = FileHandle(fh);
-                match self
-                    .nodes
-                    .get(&id, &guard)
-                    .and_then(|n| self.backing(n, |fd| reply.open_backing(fd)))
-                {
+                match backing {
                     Some(b) => reply.created_passthrough(
                         &TTL,
                         &a,
@@ -1701,11 +1698,12 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Ok(fh) => {
                 let guard = self.nodes.guard();
-                match self
-                    .nodes
-                    .get(&id, &guard)
-                    .and_then(|n| self.backing(n, |fd| reply.open_backing(fd)))
-                {
+                let files = self.files.pin();
+                let backing = match (self.nodes.get(&id, &guard), files.get(&fh)) {
+                    (Some(n), Some(f)) => self.backing(n, f.as_fd(), |fd| reply.open_backing(fd)),
+                    _ => None,
+                };
+                match backing {
                     Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), b),
                     None => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 }

@@ -11,6 +11,8 @@
 //! - a whiteout is a character device 0/0 (Linux lets unprivileged users make these);
 //! - an opaque directory has `trusted.overlay.opaque` = `y` as root, or
 //!   `user.overlay.opaque` when mounted by an ordinary user (overlayfs's `userxattr`);
+//!   like overlayfs, a mount reads markers in its own namespace only (a root mount must
+//!   not take orders from `user.*` xattrs that any file owner can set);
 //! - a directory moved away from its image contents names where they are in
 //!   `trusted.overlay.redirect` (overlayfs's `redirect_dir`): a name in its parent's image
 //!   directories, or a path from the root when it starts with `/`.
@@ -62,6 +64,21 @@ pub enum Contents<'a> {
     Symlink(&'a [u8]),
     /// Devices, FIFOs and sockets (made with mknod).
     Special,
+}
+
+impl Contents<'_> {
+    /// The same contents, lent for one attempt at making the object.
+    pub fn reborrow(&mut self) -> Contents<'_> {
+        match self {
+            Contents::Dir => Contents::Dir,
+            Contents::File { size, read } => Contents::File {
+                size: *size,
+                read: &mut **read,
+            },
+            Contents::Symlink(t) => Contents::Symlink(t),
+            Contents::Special => Contents::Special,
+        }
+    }
 }
 
 pub struct Upper {
@@ -166,33 +183,27 @@ impl Upper {
         )?)
     }
 
-    /// The directory's marker, in either namespace.
+    /// The directory's marker.
     pub fn opacity(&self, dir: BorrowedFd<'_>) -> Opacity {
         let mut buf = [0u8; 8];
-        for prefix in ["trusted.overlay.", "user.overlay."] {
-            let name = format!("{prefix}opaque");
-            if let Ok(n) = rfs::fgetxattr(dir, name.as_str(), &mut buf) {
-                return match &buf[..n] {
-                    b"y" => Opacity::Opaque,
-                    b"x" => Opacity::XWhiteouts,
-                    _ => Opacity::None,
-                };
-            }
+        let name = format!("{}opaque", self.prefix);
+        match rfs::fgetxattr(dir, name.as_str(), &mut buf) {
+            Ok(n) => match &buf[..n] {
+                b"y" => Opacity::Opaque,
+                b"x" => Opacity::XWhiteouts,
+                _ => Opacity::None,
+            },
+            Err(_) => Opacity::None,
         }
-        Opacity::None
     }
 
-    /// The directory's redirect (see the module comment), in either namespace.
+    /// The directory's redirect (see the module comment).
     pub fn redirect(&self, dir: BorrowedFd<'_>) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; 4096];
-        for prefix in ["trusted.overlay.", "user.overlay."] {
-            let name = format!("{prefix}redirect");
-            if let Ok(n) = rfs::fgetxattr(dir, name.as_str(), &mut buf) {
-                buf.truncate(n);
-                return Some(buf);
-            }
-        }
-        None
+        let name = format!("{}redirect", self.prefix);
+        let n = rfs::fgetxattr(dir, name.as_str(), &mut buf).ok()?;
+        buf.truncate(n);
+        Some(buf)
     }
 
     /// Sets a directory's redirect, in our namespace.
@@ -301,10 +312,15 @@ impl Upper {
         let c = cstr(name)?;
         let file = make_bare(dir, &c, meta, contents)?;
         let done = (|| -> io::Result<Stat> {
-            let st = rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+            let st = match &file {
+                Some(f) => rfs::fstat(f)?,
+                None => rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?,
+            };
             // With a default ACL inherited from the parent, the host already made the mode
             // what POSIX says it is.
-            finish(dir, &c, meta, &st, !inherit_acl)?;
+            if !finish(dir, &c, meta, &st, !inherit_acl)? {
+                return Ok(st);
+            }
             Ok(rfs::statat(dir, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?)
         })();
         match done {
@@ -439,14 +455,14 @@ fn make_bare(
 
 /// Gives the object `name` in `dir` (whose lstat is `st`) `meta`'s owner, its permissions
 /// when `set_mode` (the daemon's umask, or chown clearing set-id bits, must not change what
-/// was asked for), and its xattrs.
+/// was asked for), and its xattrs; true when that changed anything.
 fn finish(
     dir: BorrowedFd<'_>,
     name: &CStr,
     meta: &Meta,
     st: &Stat,
     set_mode: bool,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     let chown = (st.st_uid, st.st_gid) != (meta.uid, meta.gid);
     if chown {
         if meta.uid == u32::MAX || meta.gid == u32::MAX {
@@ -457,7 +473,8 @@ fn finish(
         rfs::chownat(dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?;
     }
     let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
-    if !is_link && set_mode && (chown || st.st_mode & 0o7777 != meta.mode & 0o7777) {
+    let chmod = !is_link && set_mode && (chown || st.st_mode & 0o7777 != meta.mode & 0o7777);
+    if chmod {
         rfs::chmodat(
             dir,
             name,
@@ -473,7 +490,7 @@ fn finish(
             rfs::XattrFlags::empty(),
         )?;
     }
-    Ok(())
+    Ok(chown || chmod || !meta.xattrs.is_empty())
 }
 
 fn copy_into(
