@@ -6,3 +6,4 @@
 
 pub mod log;
 pub mod policy;
+pub mod verify;

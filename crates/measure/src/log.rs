@@ -1,1 +1,1322 @@
-//! placeholder
+//! The kernel's IMA measurement list, written by verilay in the kernel's own formats so that
+//! the tools that read `/sys/kernel/security/ima/` (`evmctl ima_measurement`, keylime, ...)
+//! read verilay's list too, and a verifier can replay it against the PCR values kept beside it.
+//!
+//! A list lives in a directory holding, as the kernel's securityfs does:
+//! * `binary_runtime_measurements`, `ascii_runtime_measurements`: the SHA-1 bank layout (20-byte
+//!   template digests), what the legacy kernel files show and the only layout evmctl reads;
+//! * `binary_runtime_measurements_sha256`, `ascii_runtime_measurements_sha256`: the same entries
+//!   with SHA-256 template digests, as the per-bank files of recent kernels;
+//! * `runtime_measurements_count`: the number of entries, `"%li\n"`;
+//! * `pcrs_sha1`, `pcrs_sha256`: the PCR banks, in the format evmctl's `--pcrs` reads
+//!   (`read_one_bank` in evmctl.c): 24 lines `PCR-00: <hex>` ... `PCR-23: <hex>`.
+//!
+//! No TPM is involved: the PCR files are what a TPM would hold after extending every entry,
+//! so a list is self-consistent, not attested. Binary records (`ima_measurements_show` in
+//! ima_fs.c): u32 PCR, template digest of the file's bank, u32 name length, name, u32
+//! template-data length, template data. Template data (ima_template_lib.c) is one u32 length
+//! plus bytes per field: `d-ng` = `algo:` NUL digest, `d-ngv2` = `ima:algo:` or
+//! `verity:algo:` NUL digest, `n-ng` = path NUL (spaces written as `_`, as
+//! `ima_write_template_field_data` does), `sig` = the signature or nothing. Template digests
+//! are SHA-1 and SHA-256 of the template data, length prefixes included
+//! (`ima_calc_field_array_hash`); each bank's PCR is extended with its own digest,
+//! PCR <- H(PCR || digest). Integers are host-endian, which on x86-64 is what
+//! `ima_canonical_fmt` (little-endian) would give.
+//!
+//! Writes: each entry's record is appended to the four list files, then the count and the
+//! extended PCR's line in each PCR file are rewritten in place (the count only grows and PCR
+//! lines have a fixed width, so each is one write at a fixed offset): seven writes and no
+//! sync per entry, as measuring sits on the open path. [`Log::sync`] (at unmount) makes it
+//! all durable. A crash between syncs can leave the files disagreeing; they then no longer
+//! verify and [`Log::open`] refuses to continue them (a measurement list that lost entries
+//! must not be silently patched up). One writer per directory.
+
+use crate::policy::Template;
+use crate::verify::{self, VerifyError};
+use sha1::{Digest, Sha1};
+use sha2::{Sha256, Sha512};
+use std::collections::HashSet;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// PCRs in a bank (TPM 2.0 PC client).
+pub const NUM_PCRS: u32 = 24;
+/// The PCR IMA extends by default (CONFIG_IMA_MEASURE_PCR_IDX).
+pub const DEFAULT_PCR: u32 = 10;
+/// Longest path accepted in an event. The kernel's `d_absolute_path` into a PATH_MAX buffer
+/// caps real paths at 4095 bytes plus NUL; anything much longer is a caller's bug.
+pub const MAX_PATH: usize = 4096;
+/// Longest signature accepted: an xattr value is at most XATTR_SIZE_MAX bytes.
+pub const MAX_SIG: usize = 65536;
+
+pub const BINARY_SHA1: &str = "binary_runtime_measurements";
+pub const ASCII_SHA1: &str = "ascii_runtime_measurements";
+pub const BINARY_SHA256: &str = "binary_runtime_measurements_sha256";
+pub const ASCII_SHA256: &str = "ascii_runtime_measurements_sha256";
+pub const COUNT: &str = "runtime_measurements_count";
+pub const PCRS_SHA1: &str = "pcrs_sha1";
+pub const PCRS_SHA256: &str = "pcrs_sha256";
+
+/// The templates verilay writes, for lookups by name.
+pub(crate) const TEMPLATES: [Template; 4] = [
+    Template::ImaNg,
+    Template::ImaNgV2,
+    Template::ImaSig,
+    Template::ImaSigV2,
+];
+
+pub(crate) fn template_by_name(name: &[u8]) -> Option<Template> {
+    TEMPLATES.into_iter().find(|t| t.name().as_bytes() == name)
+}
+
+/// File-content hash algorithms verilay can measure with (names as the kernel's hash_algo_name[]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashAlgo {
+    Sha1,
+    Sha256,
+    Sha512,
+}
+
+impl HashAlgo {
+    pub fn name(self) -> &'static str {
+        match self {
+            HashAlgo::Sha1 => "sha1",
+            HashAlgo::Sha256 => "sha256",
+            HashAlgo::Sha512 => "sha512",
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            HashAlgo::Sha1 => 20,
+            HashAlgo::Sha256 => 32,
+            HashAlgo::Sha512 => 64,
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<HashAlgo> {
+        [HashAlgo::Sha1, HashAlgo::Sha256, HashAlgo::Sha512]
+            .into_iter()
+            .find(|a| a.name() == s)
+    }
+
+    pub fn hasher(self) -> FileHasher {
+        FileHasher(match self {
+            HashAlgo::Sha1 => Hasher::Sha1(Sha1::new()),
+            HashAlgo::Sha256 => Hasher::Sha256(Sha256::new()),
+            HashAlgo::Sha512 => Hasher::Sha512(Sha512::new()),
+        })
+    }
+}
+
+/// Incremental hasher for file contents (update/finish), so callers can hash while they read.
+pub struct FileHasher(Hasher);
+
+enum Hasher {
+    Sha1(Sha1),
+    Sha256(Sha256),
+    Sha512(Sha512),
+}
+
+impl FileHasher {
+    pub fn update(&mut self, data: &[u8]) {
+        match &mut self.0 {
+            Hasher::Sha1(h) => h.update(data),
+            Hasher::Sha256(h) => h.update(data),
+            Hasher::Sha512(h) => h.update(data),
+        }
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        match self.0 {
+            Hasher::Sha1(h) => h.finalize().to_vec(),
+            Hasher::Sha256(h) => h.finalize().to_vec(),
+            Hasher::Sha512(h) => h.finalize().to_vec(),
+        }
+    }
+}
+
+/// What a `d-ngv2` digest is: the file's content hash, or its fs-verity file digest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DigestKind {
+    Ima,
+    Verity,
+}
+
+impl DigestKind {
+    /// The prefix `d-ngv2` writes (`digest_type_name[]` in ima_template_lib.c).
+    pub fn name(self) -> &'static str {
+        match self {
+            DigestKind::Ima => "ima",
+            DigestKind::Verity => "verity",
+        }
+    }
+}
+
+/// One measurement event.
+///
+/// `sig` is the file's `security.ima` signature (type 3 or 6), recorded only by templates
+/// with a `sig` field and ignored by the others; `kind` is written only by the v2 templates.
+#[derive(Clone, Copy, Debug)]
+pub struct Event<'a> {
+    pub template: Template,
+    pub kind: DigestKind,
+    pub algo: HashAlgo,
+    pub digest: &'a [u8],
+    pub path: &'a [u8],
+    pub sig: Option<&'a [u8]>,
+}
+
+impl Event<'_> {
+    /// Why the event cannot be logged as the kernel would log it, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.digest.len() != self.algo.size() {
+            return Err(format!(
+                "a {} digest is {} bytes, not {}",
+                self.algo.name(),
+                self.algo.size(),
+                self.digest.len()
+            ));
+        }
+        if self.kind == DigestKind::Verity {
+            if !self.template.is_v2() {
+                // d-ng has no digest type: a verity digest would pass for a file hash.
+                return Err(format!(
+                    "an fs-verity digest needs a v2 template (ima-ngv2, ima-sigv2), not {}",
+                    self.template.name()
+                ));
+            }
+            if self.algo == HashAlgo::Sha1 {
+                return Err("fs-verity digests are sha256 or sha512, not sha1".into());
+            }
+        }
+        if self.path.len() > MAX_PATH {
+            return Err(format!(
+                "path of {} bytes is longer than {MAX_PATH}",
+                self.path.len()
+            ));
+        }
+        if self.path.contains(&0) {
+            return Err("path contains a NUL byte".into());
+        }
+        if let Some(sig) = self.sig {
+            if sig.len() > MAX_SIG {
+                return Err(format!(
+                    "signature of {} bytes is longer than {MAX_SIG}",
+                    sig.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A PCR bank, and with it the template-digest algorithm and the layout of a list file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bank {
+    Sha1,
+    Sha256,
+}
+
+impl Bank {
+    pub fn size(self) -> usize {
+        match self {
+            Bank::Sha1 => 20,
+            Bank::Sha256 => 32,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Bank::Sha1 => "sha1",
+            Bank::Sha256 => "sha256",
+        }
+    }
+
+    /// `PCR <- H(PCR || digest)`, the TPM's extend.
+    pub(crate) fn extend(self, pcr: &mut [u8], digest: &[u8]) {
+        match self {
+            Bank::Sha1 => {
+                let v = Sha1::new()
+                    .chain_update(&*pcr)
+                    .chain_update(digest)
+                    .finalize();
+                pcr.copy_from_slice(&v);
+            }
+            Bank::Sha256 => {
+                let v = Sha256::new()
+                    .chain_update(&*pcr)
+                    .chain_update(digest)
+                    .finalize();
+                pcr.copy_from_slice(&v);
+            }
+        }
+    }
+}
+
+/// An encoded entry: template data exactly as the kernel serializes it, plus its template digests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub pcr: u32,
+    pub template_name: String,
+    pub data: Vec<u8>,
+    pub sha1: [u8; 20],
+    pub sha256: [u8; 32],
+}
+
+/// Appends one template field: u32 length, then the bytes. Lengths past u32 cannot come from
+/// a checked event; they are clamped rather than wrapped so the record stays parseable.
+fn put_field(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let len = u32::try_from(total).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    let mut left = len as usize;
+    for p in parts {
+        let take = p.len().min(left);
+        out.extend_from_slice(&p[..take]);
+        left -= take;
+    }
+}
+
+impl Entry {
+    /// Encodes an event as the kernel would. Call [`Event::check`] first: an unchecked event is
+    /// still encoded without panicking, the path cut at its first NUL (the kernel takes
+    /// `strlen`), but a digest of the wrong length makes an entry no verifier accepts.
+    pub fn new(pcr: u32, ev: &Event<'_>) -> Entry {
+        let mut data = Vec::with_capacity(ev.digest.len() + ev.path.len() + 64);
+        let prefix = if ev.template.is_v2() {
+            format!("{}:{}:", ev.kind.name(), ev.algo.name())
+        } else {
+            format!("{}:", ev.algo.name())
+        };
+        put_field(&mut data, &[prefix.as_bytes(), b"\0", ev.digest]);
+        // ima_write_template_field_data: strings get every ' ' turned into '_', so that
+        // the space-separated ascii list stays parseable.
+        let end = ev
+            .path
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(ev.path.len());
+        let path: Vec<u8> = ev.path[..end]
+            .iter()
+            .map(|&b| if b == b' ' { b'_' } else { b })
+            .collect();
+        put_field(&mut data, &[&path, b"\0"]);
+        if ev.template.has_sig() {
+            put_field(&mut data, &[ev.sig.unwrap_or(&[])]);
+        }
+        Entry::from_data(pcr, ev.template.name().to_string(), data)
+    }
+
+    /// An entry for already-serialized template data; computes both template digests.
+    pub(crate) fn from_data(pcr: u32, template_name: String, data: Vec<u8>) -> Entry {
+        let sha1 = Sha1::digest(&data).into();
+        let sha256 = Sha256::digest(&data).into();
+        Entry {
+            pcr,
+            template_name,
+            data,
+            sha1,
+            sha256,
+        }
+    }
+
+    /// The first entry of every list: boot_aggregate, ima-ng, a sha256 all-zero digest (no TPM), PCR 10.
+    ///
+    /// Without a TPM, `ima_add_boot_aggregate` (ima_init.c) leaves the digest zeroed in the
+    /// default hash algorithm, sha256; it is not a violation, so the PCR is extended normally.
+    pub fn boot_aggregate() -> Entry {
+        Entry::new(
+            DEFAULT_PCR,
+            &Event {
+                template: Template::ImaNg,
+                kind: DigestKind::Ima,
+                algo: HashAlgo::Sha256,
+                digest: &[0; 32],
+                path: b"boot_aggregate",
+                sig: None,
+            },
+        )
+    }
+
+    /// The template digest for a bank.
+    pub fn digest(&self, bank: Bank) -> &[u8] {
+        match bank {
+            Bank::Sha1 => &self.sha1,
+            Bank::Sha256 => &self.sha256,
+        }
+    }
+
+    /// The record as in the bank's binary list file.
+    pub fn binary_record(&self, bank: Bank) -> Vec<u8> {
+        let name = self.template_name.as_bytes();
+        let mut out = Vec::with_capacity(12 + bank.size() + name.len() + self.data.len());
+        out.extend_from_slice(&self.pcr.to_le_bytes());
+        out.extend_from_slice(self.digest(bank));
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&(self.data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.data);
+        out
+    }
+
+    /// The line as in the bank's ascii list file, byte for byte (paths need not be UTF-8).
+    pub fn ascii_bytes(&self, bank: Bank) -> Vec<u8> {
+        let mut out = format!(
+            "{:2} {} {}",
+            self.pcr,
+            to_hex(self.digest(bank)),
+            self.template_name
+        )
+        .into_bytes();
+        let template = template_by_name(self.template_name.as_bytes());
+        for (i, field) in fields(&self.data).enumerate() {
+            // ima_ascii_measurements_show: a space before every field, nothing for an empty one.
+            out.push(b' ');
+            if field.is_empty() {
+                continue;
+            }
+            match (template, i) {
+                (Some(_), 0) => {
+                    // ima_show_template_data_ascii, DATA_FMT_DIGEST_WITH_(TYPE_AND_)ALGO: the
+                    // prefix as a string, then the digest after ':' NUL in hex.
+                    let nul = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+                    out.extend_from_slice(&field[..nul]);
+                    out.extend_from_slice(to_hex(field.get(nul + 1..).unwrap_or(&[])).as_bytes());
+                }
+                (Some(_), 1) => {
+                    // DATA_FMT_STRING: printed with %s, up to the NUL.
+                    let nul = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+                    out.extend_from_slice(&field[..nul]);
+                }
+                _ => out.extend_from_slice(to_hex(field).as_bytes()),
+            }
+        }
+        out.push(b'\n');
+        out
+    }
+
+    /// [`Entry::ascii_bytes`] as a string (with trailing '\n'); a non-UTF-8 path is shown lossily.
+    pub fn ascii_line(&self, bank: Bank) -> String {
+        String::from_utf8_lossy(&self.ascii_bytes(bank)).into_owned()
+    }
+}
+
+/// The length-prefixed fields of template data; stops at the first one that does not fit.
+pub(crate) fn fields(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let field = rest.get(4..4 + len)?;
+        rest = &rest[4 + len..];
+        Some(field)
+    })
+}
+
+/// Lowercase hex, as the kernel's `%02x`.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+/// Hex (either case) to bytes; `None` for odd lengths or other characters.
+pub fn from_hex(s: &[u8]) -> Option<Vec<u8>> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let pairs = s.chunks_exact(2);
+    if !pairs.remainder().is_empty() {
+        return None;
+    }
+    pairs
+        .map(|p| Some((nibble(p[0])? << 4) | nibble(p[1])?))
+        .collect()
+}
+
+/// The two PCR banks, all 24 registers each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Pcrs {
+    pub sha1: [[u8; 20]; NUM_PCRS as usize],
+    pub sha256: [[u8; 32]; NUM_PCRS as usize],
+}
+
+impl Pcrs {
+    pub fn zero() -> Pcrs {
+        Pcrs {
+            sha1: [[0; 20]; NUM_PCRS as usize],
+            sha256: [[0; 32]; NUM_PCRS as usize],
+        }
+    }
+
+    /// Extends both banks with an entry's template digests. `pcr` must be < 24.
+    pub fn extend(&mut self, pcr: u32, sha1: &[u8], sha256: &[u8]) {
+        let i = pcr as usize;
+        Bank::Sha1.extend(&mut self.sha1[i], sha1);
+        Bank::Sha256.extend(&mut self.sha256[i], sha256);
+    }
+
+    pub fn get(&self, bank: Bank, index: u32) -> Option<&[u8]> {
+        let i = index as usize;
+        match bank {
+            Bank::Sha1 => self.sha1.get(i).map(|p| &p[..]),
+            Bank::Sha256 => self.sha256.get(i).map(|p| &p[..]),
+        }
+    }
+
+    /// A bank as evmctl's `--pcrs` file: `PCR-NN: <hex>` for all 24.
+    pub fn file_text(&self, bank: Bank) -> String {
+        let mut s = String::new();
+        for i in 0..NUM_PCRS {
+            let v = self.get(bank, i).unwrap_or(&[]);
+            s.push_str(&format!("PCR-{i:02}: {}\n", to_hex(v)));
+        }
+        s
+    }
+}
+
+#[derive(Debug)]
+pub enum LogError {
+    /// A file in the list directory could not be read or written.
+    Io { path: PathBuf, err: io::Error },
+    /// The list already in the directory does not verify, so it is not continued.
+    Corrupt { dir: PathBuf, err: VerifyError },
+    /// The event cannot be logged.
+    Invalid(String),
+    /// An earlier append failed part-way; the files on disk may disagree.
+    Broken,
+}
+
+impl fmt::Display for LogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LogError::Io { path, err } => write!(f, "{}: {err}", path.display()),
+            LogError::Corrupt { dir, err } => write!(
+                f,
+                "not continuing the measurement list in {}: {err}",
+                dir.display()
+            ),
+            LogError::Invalid(why) => write!(f, "cannot log measurement: {why}"),
+            LogError::Broken => write!(
+                f,
+                "an earlier write to the measurement list failed; it takes no more entries"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LogError {}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+    move |err| LogError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+/// The measurement list in a directory, appended to as entries come, with the PCR values kept beside it.
+pub struct Log {
+    dir: PathBuf,
+    /// The four list files, opened for append: sha1 binary, sha1 ascii, sha256 binary, sha256 ascii.
+    lists: Vec<(PathBuf, File)>,
+    /// The count and the two PCR files, rewritten in place as entries come: the count
+    /// only grows, and a PCR file's lines have a fixed width, so one write at a fixed
+    /// offset updates each (no temporary file, no rename, no sync per entry).
+    state: Vec<(PathBuf, File)>,
+    entries: u64,
+    pcrs: Pcrs,
+    /// (PCR, SHA-256 template digest) of every entry: the kernel's duplicate check
+    /// (`ima_lookup_digest_entry` keys on the ima_hash_algo bank's digest and the PCR).
+    seen: HashSet<(u32, [u8; 32])>,
+    broken: bool,
+}
+
+const LISTS: [(&str, Bank, bool); 4] = [
+    (BINARY_SHA1, Bank::Sha1, false),
+    (ASCII_SHA1, Bank::Sha1, true),
+    (BINARY_SHA256, Bank::Sha256, false),
+    (ASCII_SHA256, Bank::Sha256, true),
+];
+
+impl Log {
+    /// Opens DIR (created if missing). Empty or new → starts a list with boot_aggregate. Holding a list already
+    /// (a previous mount) → continues it, but only if that list verifies against its PCR files (else an error
+    /// naming the file, the offset and what is wrong, and nothing is written).
+    ///
+    /// "Empty" means none of the four list files holds a byte; anything else must verify.
+    pub fn open(dir: &Path) -> Result<Log, LogError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut fresh = true;
+        for (name, _, _) in LISTS {
+            let path = dir.join(name);
+            match std::fs::metadata(&path) {
+                Ok(m) if m.len() == 0 => {}
+                Ok(_) => fresh = false,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+        }
+        let (entries, pcrs, seen) = if fresh {
+            (0, Pcrs::zero(), HashSet::new())
+        } else {
+            let r = verify::replay(dir, true).map_err(|err| LogError::Corrupt {
+                dir: dir.to_path_buf(),
+                err,
+            })?;
+            (r.entries, r.pcrs, r.keys.into_iter().collect())
+        };
+        let mut lists = Vec::with_capacity(LISTS.len());
+        for (name, _, _) in LISTS {
+            let path = dir.join(name);
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            if fresh {
+                // Empty already; truncating keeps a file created by someone else honest.
+                f.set_len(0).map_err(io_err(&path))?;
+            }
+            lists.push((path, f));
+        }
+        let mut state = Vec::with_capacity(3);
+        for name in [COUNT, PCRS_SHA1, PCRS_SHA256] {
+            let path = dir.join(name);
+            let f = OpenOptions::new()
+                .create(true)
+                .read(true)
+                .write(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            state.push((path, f));
+        }
+        let mut log = Log {
+            dir: dir.to_path_buf(),
+            lists,
+            state,
+            entries,
+            pcrs,
+            seen,
+            broken: false,
+        };
+        // The count and PCR files as the list says, whole (they verified, or are new).
+        log.broken = true;
+        for (i, text) in [
+            format!("{entries}\n"),
+            log.pcrs.file_text(Bank::Sha1),
+            log.pcrs.file_text(Bank::Sha256),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let (path, f) = &log.state[i];
+            f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
+            f.set_len(text.len() as u64).map_err(io_err(path))?;
+        }
+        log.broken = false;
+        if fresh {
+            log.push(Entry::boot_aggregate())?;
+        }
+        Ok(log)
+    }
+
+    /// Appends unless an entry with the same SHA-256 template digest and PCR is already in the list (then false,
+    /// nothing written, PCRs unchanged — the kernel's duplicate suppression).
+    pub fn append(&mut self, pcr: u32, ev: &Event<'_>) -> Result<bool, LogError> {
+        if self.broken {
+            return Err(LogError::Broken);
+        }
+        if pcr >= NUM_PCRS {
+            return Err(LogError::Invalid(format!(
+                "PCR {pcr} does not exist (0-{})",
+                NUM_PCRS - 1
+            )));
+        }
+        ev.check().map_err(LogError::Invalid)?;
+        let entry = Entry::new(pcr, ev);
+        if self.seen.contains(&(pcr, entry.sha256)) {
+            return Ok(false);
+        }
+        self.push(entry)?;
+        Ok(true)
+    }
+
+    fn push(&mut self, entry: Entry) -> Result<(), LogError> {
+        // Anything failing from here on may leave the files disagreeing with each other.
+        self.broken = true;
+        for ((path, f), (_, bank, ascii)) in self.lists.iter_mut().zip(LISTS) {
+            let bytes = if ascii {
+                entry.ascii_bytes(bank)
+            } else {
+                entry.binary_record(bank)
+            };
+            f.write_all(&bytes).map_err(io_err(path))?;
+        }
+        let mut pcrs = self.pcrs.clone();
+        pcrs.extend(entry.pcr, &entry.sha1, &entry.sha256);
+        let entries = self.entries + 1;
+        // The count never gets shorter; a PCR's line is at a fixed offset.
+        let (path, f) = &self.state[0];
+        f.write_all_at(format!("{entries}\n").as_bytes(), 0)
+            .map_err(io_err(path))?;
+        for (i, bank) in [(1, Bank::Sha1), (2, Bank::Sha256)] {
+            let value = pcrs.get(bank, entry.pcr).unwrap_or(&[]);
+            let line = format!("PCR-{:02}: {}\n", entry.pcr, to_hex(value));
+            let (path, f) = &self.state[i];
+            f.write_all_at(line.as_bytes(), u64::from(entry.pcr) * line.len() as u64)
+                .map_err(io_err(path))?;
+        }
+        self.pcrs = pcrs;
+        self.entries = entries;
+        self.seen.insert((entry.pcr, entry.sha256));
+        self.broken = false;
+        Ok(())
+    }
+
+    /// Makes everything written so far durable (fsync of the files and the directory).
+    pub fn sync(&mut self) -> Result<(), LogError> {
+        for (path, f) in self.lists.iter().chain(&self.state) {
+            f.sync_data().map_err(io_err(path))?;
+        }
+        // The directory holds the files' names (new at the first mount).
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// PCR `index` of a bank as replayed so far; empty for an index past 23.
+    pub fn pcr(&self, bank: Bank, index: u32) -> Vec<u8> {
+        self.pcrs.get(bank, index).unwrap_or(&[]).to_vec()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(n: u32) -> [u8; 4] {
+        n.to_le_bytes()
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        from_hex(s.as_bytes()).unwrap()
+    }
+
+    /// The expected template data and digests below were built by hand (and hashed with
+    /// Python's hashlib), not with this module.
+    fn check(e: &Entry, name: &str, data: &[u8], sha1: &str, sha256: &str) {
+        assert_eq!(e.template_name, name);
+        assert_eq!(e.data, data, "template data of {name}");
+        assert_eq!(to_hex(&e.sha1), sha1);
+        assert_eq!(to_hex(&e.sha256), sha256);
+        let record = [
+            &le(e.pcr)[..],
+            &hex(sha1),
+            &le(name.len() as u32),
+            name.as_bytes(),
+            &le(data.len() as u32),
+            data,
+        ]
+        .concat();
+        assert_eq!(e.binary_record(Bank::Sha1), record);
+        let record = [
+            &le(e.pcr)[..],
+            &hex(sha256),
+            &le(name.len() as u32),
+            name.as_bytes(),
+            &le(data.len() as u32),
+            data,
+        ]
+        .concat();
+        assert_eq!(e.binary_record(Bank::Sha256), record);
+    }
+
+    fn ev<'a>(
+        template: Template,
+        kind: DigestKind,
+        algo: HashAlgo,
+        digest: &'a [u8],
+        path: &'a [u8],
+        sig: Option<&'a [u8]>,
+    ) -> Event<'a> {
+        Event {
+            template,
+            kind,
+            algo,
+            digest,
+            path,
+            sig,
+        }
+    }
+
+    const ZERO64: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn boot_aggregate_is_the_kernels() {
+        let e = Entry::boot_aggregate();
+        assert_eq!(e.pcr, 10);
+        let data = [
+            &le(40)[..],
+            b"sha256:\0",
+            &[0; 32],
+            &le(15),
+            b"boot_aggregate\0",
+        ]
+        .concat();
+        check(
+            &e,
+            "ima-ng",
+            &data,
+            "0adefe762c149c7cec19da62f0da1297fcfbffff",
+            "36f1cd67a730bc4137870c4d00dbc7430b51b1ebdaa130744297cf65339078a0",
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha1),
+            "10 0adefe762c149c7cec19da62f0da1297fcfbffff ima-ng sha256:0000000000000000000000000000000000000000000000000000000000000000 boot_aggregate\n"
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha256),
+            format!("10 36f1cd67a730bc4137870c4d00dbc7430b51b1ebdaa130744297cf65339078a0 ima-ng sha256:{ZERO64} boot_aggregate\n")
+        );
+    }
+
+    #[test]
+    fn ima_ng_encoding_turns_spaces_into_underscores() {
+        let digest: Vec<u8> = (0..32).collect();
+        let e = Entry::new(
+            10,
+            &ev(
+                Template::ImaNg,
+                DigestKind::Ima,
+                HashAlgo::Sha256,
+                &digest,
+                b"/usr/bin/my tool",
+                Some(b"\x03ignored: ima-ng has no sig field"),
+            ),
+        );
+        let data = [
+            &le(40)[..],
+            b"sha256:\0",
+            &digest,
+            &le(17),
+            b"/usr/bin/my_tool\0",
+        ]
+        .concat();
+        check(
+            &e,
+            "ima-ng",
+            &data,
+            "59a8ea0a9348ecb4b3bb6ce2f39f4f88cbada9f7",
+            "0468d141c238985cde68ba0dc4f8891682a8fe13b0eed9f130f717a6ed83c731",
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha1),
+            "10 59a8ea0a9348ecb4b3bb6ce2f39f4f88cbada9f7 ima-ng sha256:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f /usr/bin/my_tool\n"
+        );
+    }
+
+    #[test]
+    fn ima_ngv2_encodes_the_digest_type() {
+        let e = Entry::new(
+            11,
+            &ev(
+                Template::ImaNgV2,
+                DigestKind::Ima,
+                HashAlgo::Sha1,
+                &[0xab; 20],
+                b"/etc/passwd",
+                None,
+            ),
+        );
+        let data = [
+            &le(30)[..],
+            b"ima:sha1:\0",
+            &[0xab; 20],
+            &le(12),
+            b"/etc/passwd\0",
+        ]
+        .concat();
+        check(
+            &e,
+            "ima-ngv2",
+            &data,
+            "b4a7edc17ecef1daaa8dbfdee1a9ab0a90c24a77",
+            "ac50e6516965f7d6ed9fbf58e4bc5a82ecfae76be9250fea0117aa2e37af1cb1",
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha1),
+            format!(
+                "11 b4a7edc17ecef1daaa8dbfdee1a9ab0a90c24a77 ima-ngv2 ima:sha1:{} /etc/passwd\n",
+                "ab".repeat(20)
+            )
+        );
+
+        let e = Entry::new(
+            10,
+            &ev(
+                Template::ImaNgV2,
+                DigestKind::Verity,
+                HashAlgo::Sha512,
+                &[0x5a; 64],
+                b"/bin/sh",
+                None,
+            ),
+        );
+        let data = [
+            &le(79)[..],
+            b"verity:sha512:\0",
+            &[0x5a; 64],
+            &le(8),
+            b"/bin/sh\0",
+        ]
+        .concat();
+        check(
+            &e,
+            "ima-ngv2",
+            &data,
+            "169ed5a9cf018fa40effc8300e63369806cde244",
+            "536a1716f38411bb3d9cff1626f1906b94c8b25845025e299ca1117aff566895",
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha256),
+            format!(
+                "10 536a1716f38411bb3d9cff1626f1906b94c8b25845025e299ca1117aff566895 ima-ngv2 verity:sha512:{} /bin/sh\n",
+                "5a".repeat(64)
+            )
+        );
+    }
+
+    #[test]
+    fn ima_sig_with_and_without_signature() {
+        let digest = [0x11; 32];
+        let base = [&le(40)[..], b"sha256:\0", &digest, &le(10), b"/lib/x.so\0"].concat();
+        for sig in [None, Some(&b""[..])] {
+            let e = Entry::new(
+                10,
+                &ev(
+                    Template::ImaSig,
+                    DigestKind::Ima,
+                    HashAlgo::Sha256,
+                    &digest,
+                    b"/lib/x.so",
+                    sig,
+                ),
+            );
+            check(
+                &e,
+                "ima-sig",
+                &[&base[..], &le(0)].concat(),
+                "92bad0b8352a34366bb3ab5fa145514c662b748d",
+                "cb4bea2013a87719fa3f8e7b836f6db7118d5546c5ff23d22e14c3c82b7d69bc",
+            );
+            // An empty field still gets its separating space: the line ends in " \n".
+            assert_eq!(
+                e.ascii_line(Bank::Sha1),
+                format!(
+                    "10 92bad0b8352a34366bb3ab5fa145514c662b748d ima-sig sha256:{} /lib/x.so \n",
+                    "11".repeat(32)
+                )
+            );
+        }
+        let sig = b"\x03\x02\x04\xde\xad\xbe\xef";
+        let e = Entry::new(
+            10,
+            &ev(
+                Template::ImaSig,
+                DigestKind::Ima,
+                HashAlgo::Sha256,
+                &digest,
+                b"/lib/x.so",
+                Some(sig),
+            ),
+        );
+        check(
+            &e,
+            "ima-sig",
+            &[&base[..], &le(7), sig].concat(),
+            "50487aa50b717ba703446393d8168015097d99b4",
+            "9179cb660f6e27840a20127687cbac186a10aa631063efa1839e4ed7e31d33f8",
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha1),
+            format!(
+                "10 50487aa50b717ba703446393d8168015097d99b4 ima-sig sha256:{} /lib/x.so 030204deadbeef\n",
+                "11".repeat(32)
+            )
+        );
+
+        let e = Entry::new(
+            10,
+            &ev(
+                Template::ImaSigV2,
+                DigestKind::Verity,
+                HashAlgo::Sha256,
+                &[0x22; 32],
+                b"/a b c",
+                Some(b"\x06\x01"),
+            ),
+        );
+        let data = [
+            &le(47)[..],
+            b"verity:sha256:\0",
+            &[0x22; 32],
+            &le(7),
+            b"/a_b_c\0",
+            &le(2),
+            b"\x06\x01",
+        ]
+        .concat();
+        check(
+            &e,
+            "ima-sigv2",
+            &data,
+            "d3a2228d357785d924cbc18825fd0c8b6bf5b5ad",
+            "e6075866aabec7c84c02cd2073fcd66474685f28610796d50c110a2fa9fa40bf",
+        );
+        assert_eq!(
+            e.ascii_line(Bank::Sha1),
+            format!(
+                "10 d3a2228d357785d924cbc18825fd0c8b6bf5b5ad ima-sigv2 verity:sha256:{} /a_b_c 0601\n",
+                "22".repeat(32)
+            )
+        );
+    }
+
+    fn read(dir: &Path, name: &str) -> Vec<u8> {
+        std::fs::read(dir.join(name)).unwrap()
+    }
+
+    fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn new_list_pcr_extension_and_files() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("log");
+        let mut log = Log::open(&dir).unwrap();
+        assert_eq!(log.entries(), 1);
+        // PCR 10 after boot_aggregate: H(0 || 0adefe76...) by hand.
+        assert_eq!(
+            to_hex(&log.pcr(Bank::Sha1, 10)),
+            "5141100982188d48fb6fa0f19a8d27e3eabd703b"
+        );
+        assert_eq!(
+            to_hex(&log.pcr(Bank::Sha256, 10)),
+            "35d08f4de6c76c315d9ea3e5fea0305fc1e902506504f80d7c98d6d4e6e33072"
+        );
+        let digest: Vec<u8> = (0..32).collect();
+        let ng = ev(
+            Template::ImaNg,
+            DigestKind::Ima,
+            HashAlgo::Sha256,
+            &digest,
+            b"/usr/bin/my tool",
+            None,
+        );
+        assert!(log.append(10, &ng).unwrap());
+        let v2 = ev(
+            Template::ImaNgV2,
+            DigestKind::Ima,
+            HashAlgo::Sha1,
+            &[0xab; 20],
+            b"/etc/passwd",
+            None,
+        );
+        assert!(log.append(11, &v2).unwrap());
+        assert_eq!(log.entries(), 3);
+        let (p10_1, p10_2) = (
+            "c02ec03e53d2650c4ef189bcca97eac521619da0",
+            "db5a72493122bff8475874584f2ecfc873f19eefe37cae2120830556acc82c12",
+        );
+        let (p11_1, p11_2) = (
+            "114f6f64ed14c96b48e6be6eb6be7c30cfa9b951",
+            "9cc7d154f26f024ab1b2022b0a2a5d95cc4192ce73fb1857596040bd0ce230d6",
+        );
+        assert_eq!(to_hex(&log.pcr(Bank::Sha1, 10)), p10_1);
+        assert_eq!(to_hex(&log.pcr(Bank::Sha256, 10)), p10_2);
+        assert_eq!(to_hex(&log.pcr(Bank::Sha1, 11)), p11_1);
+        assert_eq!(to_hex(&log.pcr(Bank::Sha256, 11)), p11_2);
+        assert_eq!(log.pcr(Bank::Sha1, 0), vec![0; 20]);
+        assert_eq!(log.pcr(Bank::Sha1, 24), Vec::<u8>::new());
+        log.sync().unwrap();
+
+        // The PCR files, line by line, as evmctl's --pcrs reads them.
+        let mut want1 = String::new();
+        let mut want2 = String::new();
+        for i in 0..24 {
+            let (a, b) = match i {
+                10 => (p10_1.to_string(), p10_2.to_string()),
+                11 => (p11_1.to_string(), p11_2.to_string()),
+                _ => ("00".repeat(20), "00".repeat(32)),
+            };
+            want1 += &format!("PCR-{i:02}: {a}\n");
+            want2 += &format!("PCR-{i:02}: {b}\n");
+        }
+        assert_eq!(String::from_utf8(read(&dir, PCRS_SHA1)).unwrap(), want1);
+        assert_eq!(String::from_utf8(read(&dir, PCRS_SHA256)).unwrap(), want2);
+        assert_eq!(read(&dir, COUNT), b"3\n");
+
+        // Every list file is exactly the concatenation of its entries' renderings.
+        let entries = [
+            Entry::boot_aggregate(),
+            Entry::new(10, &ng),
+            Entry::new(11, &v2),
+        ];
+        for (name, bank, ascii) in LISTS {
+            let want: Vec<u8> = entries
+                .iter()
+                .flat_map(|e| {
+                    if ascii {
+                        e.ascii_bytes(bank)
+                    } else {
+                        e.binary_record(bank)
+                    }
+                })
+                .collect();
+            assert_eq!(read(&dir, name), want, "{name}");
+        }
+        // No temporary file is left behind.
+        let names: Vec<String> = snapshot(&dir).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                ASCII_SHA1,
+                ASCII_SHA256,
+                BINARY_SHA1,
+                BINARY_SHA256,
+                PCRS_SHA1,
+                PCRS_SHA256,
+                COUNT
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicates_are_not_appended() {
+        let t = tempfile::tempdir().unwrap();
+        let mut log = Log::open(t.path()).unwrap();
+        let e = ev(
+            Template::ImaNg,
+            DigestKind::Ima,
+            HashAlgo::Sha256,
+            &[7; 32],
+            b"/x y",
+            None,
+        );
+        assert!(log.append(10, &e).unwrap());
+        let before = snapshot(t.path());
+        let pcr = log.pcr(Bank::Sha256, 10);
+        assert!(!log.append(10, &e).unwrap());
+        // "/x_y" is the same template data as "/x y" (the kernel writes spaces as '_').
+        let spaced = Event { path: b"/x_y", ..e };
+        assert!(!log.append(10, &spaced).unwrap());
+        assert_eq!(log.entries(), 2);
+        assert_eq!(log.pcr(Bank::Sha256, 10), pcr);
+        assert_eq!(snapshot(t.path()), before);
+        // boot_aggregate itself is in the duplicate set.
+        let ba = ev(
+            Template::ImaNg,
+            DigestKind::Ima,
+            HashAlgo::Sha256,
+            &[0; 32],
+            b"boot_aggregate",
+            None,
+        );
+        assert!(!log.append(10, &ba).unwrap());
+        // Same data on another PCR is another entry, as in the kernel.
+        assert!(log.append(11, &e).unwrap());
+        assert_eq!(log.entries(), 3);
+    }
+
+    #[test]
+    fn reopening_continues_the_list() {
+        let t = tempfile::tempdir().unwrap();
+        let a = ev(
+            Template::ImaNg,
+            DigestKind::Ima,
+            HashAlgo::Sha256,
+            &[1; 32],
+            b"/a",
+            None,
+        );
+        let b = ev(
+            Template::ImaSigV2,
+            DigestKind::Verity,
+            HashAlgo::Sha256,
+            &[2; 32],
+            b"/b",
+            Some(b"\x06sig"),
+        );
+        let (p1, p2) = {
+            let mut log = Log::open(t.path()).unwrap();
+            assert!(log.append(10, &a).unwrap());
+            log.sync().unwrap();
+            (log.pcr(Bank::Sha1, 10), log.pcr(Bank::Sha256, 10))
+        };
+        let mut log = Log::open(t.path()).unwrap();
+        assert_eq!(log.entries(), 2);
+        assert_eq!(log.pcr(Bank::Sha1, 10), p1);
+        assert_eq!(log.pcr(Bank::Sha256, 10), p2);
+        assert!(
+            !log.append(10, &a).unwrap(),
+            "duplicate set rebuilt on open"
+        );
+        assert!(log.append(10, &b).unwrap());
+        drop(log);
+        // One continuous list: the same bytes as a list written in one go.
+        let t2 = tempfile::tempdir().unwrap();
+        let mut log2 = Log::open(t2.path()).unwrap();
+        log2.append(10, &a).unwrap();
+        log2.append(10, &b).unwrap();
+        assert_eq!(snapshot(t.path()), snapshot(t2.path()));
+        let report = crate::verify::verify(t.path()).unwrap();
+        assert_eq!(report.entries, 3);
+        assert_eq!(Log::open(t.path()).unwrap().entries(), 3);
+    }
+
+    #[test]
+    fn bad_events_are_errors() {
+        let t = tempfile::tempdir().unwrap();
+        let mut log = Log::open(t.path()).unwrap();
+        let long = vec![b'a'; MAX_PATH + 1];
+        let max = vec![b'a'; MAX_PATH];
+        let ok = ev(
+            Template::ImaNg,
+            DigestKind::Ima,
+            HashAlgo::Sha256,
+            &[3; 32],
+            b"/f",
+            None,
+        );
+        let big_sig = vec![3u8; MAX_SIG + 1];
+        let cases: Vec<(u32, Event, &str)> = vec![
+            (24, ok, "PCR 24 does not exist (0-23)"),
+            (
+                10,
+                Event { path: &long, ..ok },
+                "path of 4097 bytes is longer than 4096",
+            ),
+            (
+                10,
+                Event {
+                    path: b"/a\0b",
+                    ..ok
+                },
+                "path contains a NUL byte",
+            ),
+            (
+                10,
+                Event {
+                    digest: &[3; 20],
+                    ..ok
+                },
+                "a sha256 digest is 32 bytes, not 20",
+            ),
+            (
+                10,
+                Event {
+                    kind: DigestKind::Verity,
+                    ..ok
+                },
+                "an fs-verity digest needs a v2 template (ima-ngv2, ima-sigv2), not ima-ng",
+            ),
+            (
+                10,
+                Event {
+                    template: Template::ImaNgV2,
+                    kind: DigestKind::Verity,
+                    algo: HashAlgo::Sha1,
+                    digest: &[3; 20],
+                    ..ok
+                },
+                "fs-verity digests are sha256 or sha512, not sha1",
+            ),
+            (
+                10,
+                Event {
+                    template: Template::ImaSig,
+                    sig: Some(&big_sig),
+                    ..ok
+                },
+                "signature of 65537 bytes is longer than 65536",
+            ),
+        ];
+        let before = snapshot(t.path());
+        for (pcr, e, why) in cases {
+            let err = log.append(pcr, &e).unwrap_err();
+            assert_eq!(err.to_string(), format!("cannot log measurement: {why}"));
+        }
+        assert_eq!(snapshot(t.path()), before);
+        assert!(log.append(10, &Event { path: &max, ..ok }).unwrap());
+        assert_eq!(crate::verify::verify(t.path()).unwrap().entries, 2);
+        // Unchecked input to Entry::new still encodes without panicking.
+        let e = Entry::new(
+            99,
+            &Event {
+                path: b"/a\0b",
+                ..ok
+            },
+        );
+        assert!(e.ascii_line(Bank::Sha1).ends_with(" /a\n"));
+    }
+
+    #[test]
+    fn hash_algos() {
+        for (a, name, size) in [
+            (HashAlgo::Sha1, "sha1", 20),
+            (HashAlgo::Sha256, "sha256", 32),
+            (HashAlgo::Sha512, "sha512", 64),
+        ] {
+            assert_eq!(a.name(), name);
+            assert_eq!(a.size(), size);
+            assert_eq!(HashAlgo::from_name(name), Some(a));
+            let mut h = a.hasher();
+            h.update(b"a");
+            h.update(b"bc");
+            assert_eq!(h.finish().len(), size);
+        }
+        assert_eq!(HashAlgo::from_name("md5"), None);
+        let mut h = HashAlgo::Sha256.hasher();
+        h.update(b"abc");
+        assert_eq!(
+            to_hex(&h.finish()),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(from_hex(b"00ffAb"), Some(vec![0, 0xff, 0xab]));
+        assert_eq!(from_hex(b"0"), None);
+        assert_eq!(from_hex(b"0g"), None);
+    }
+}
