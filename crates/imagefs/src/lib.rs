@@ -25,6 +25,7 @@
 //! directories of a stack need one: which layers' directories merge at that path, kept in
 //! a lock-free map filled by lookups and never emptied.
 
+pub mod measuring;
 pub mod stack;
 pub mod union;
 
@@ -70,6 +71,11 @@ pub struct ImageFs<S: ByteSource> {
     unlabelled: bool,
     /// No layer holds a POSIX ACL (see the module comment).
     aclless: bool,
+    /// With a policy: opens are measured (see `measuring`), so the kernel must send them,
+    /// and every name the kernel learns is kept (object → parent, name) for the paths the
+    /// measurement list names.
+    measure: Option<measuring::Setup>,
+    names: papaya::HashMap<u64, (u64, Vec<u8>)>,
 }
 
 /// A directory of a stack: the layers' directories merged at its path, its parent, and its
@@ -136,6 +142,62 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             log,
             no_open: false,
             no_opendir: false,
+            measure: None,
+            names: papaya::HashMap::new(),
+        })
+    }
+
+    /// Measures opens from now on (before mounting).
+    pub fn set_measuring(&mut self, setup: measuring::Setup) {
+        self.measure = Some(setup);
+    }
+
+    /// With a policy: remembers that `child` is `name` in `parent`.
+    fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
+        if self.measure.is_some() && name != b"." && name != b".." {
+            self.names
+                .pin()
+                .insert(u64::from(child), (u64::from(parent), name.to_vec()));
+        }
+    }
+
+    /// With a policy: measures an open of `ino` (see `measuring`).
+    fn measure_open(&self, ino: INodeNo, flags: i32, pid: u32) -> Result<(), Errno> {
+        let Some(s) = &self.measure else {
+            return Ok(());
+        };
+        let (o, inode) = self.inode(ino)?;
+        let fs = &s.layers[o.layer as usize];
+        if !s.measuring.may_measure(fs) {
+            return Ok(());
+        }
+        let opening = measuring::Opening {
+            flags,
+            pid,
+            owner: (inode.uid, inode.gid),
+            fs,
+            key: measuring::ContentKey::Image {
+                layer: o.layer,
+                nid: o.nid,
+            },
+            cookie: None,
+            writers: false,
+        };
+        let content = ImageContent {
+            fs: self,
+            ino,
+            obj: o,
+            inode: &inode,
+            setup: s,
+        };
+        s.measuring.open(&opening, &content).map_err(|e| {
+            let path = measuring::Content::path(&content);
+            (self.log)(&format!(
+                "{}: measuring {}: {e}",
+                self.name,
+                String::from_utf8_lossy(&path)
+            ));
+            Errno::EIO
         })
     }
 
@@ -467,9 +529,11 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         if !self.aclless {
             let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL);
         }
-        self.no_open = config
-            .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
-            .is_ok();
+        // Measuring needs every open.
+        self.no_open = self.measure.is_none()
+            && config
+                .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
+                .is_ok();
         self.no_opendir = config
             .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
             .is_ok();
@@ -488,11 +552,11 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     .map_err(|e| self.fail("lookup", e))
             });
             return match found {
-                Ok(Some(r)) => reply.entry(
-                    &FOREVER,
-                    &self.child_attr(&r, parent, &guard),
-                    Generation(0),
-                ),
+                Ok(Some(r)) => {
+                    let a = self.child_attr(&r, parent, &guard);
+                    self.learn(parent, name.as_bytes(), a.ino);
+                    reply.entry(&FOREVER, &a, Generation(0))
+                }
                 Ok(None) => reply.entry(&FOREVER, &negative(), Generation(0)),
                 Err(e) => reply.error(e),
             };
@@ -511,7 +575,11 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     nid: e.nid,
                 };
                 match self.obj_inode(child) {
-                    Ok(i) => reply.entry(&FOREVER, &self.attr(child, &i), Generation(0)),
+                    Ok(i) => {
+                        let a = self.attr(child, &i);
+                        self.learn(parent, name.as_bytes(), a.ino);
+                        reply.entry(&FOREVER, &a, Generation(0))
+                    }
                     Err(err) => reply.error(err),
                 }
             }
@@ -547,13 +615,16 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if self.no_open {
             // Once: from now on the kernel opens files without asking, keeping caches.
             return reply.error(Errno::ENOSYS);
         }
-        match self.inode(ino) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+        match self
+            .inode(ino)
+            .and_then(|_| self.measure_open(ino, flags.0, req.pid()))
+        {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }
@@ -663,6 +734,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                 Listed::Dot(name, ino) => (*name, dot(*ino)),
                 Listed::Merged(name, r, dir, guard) => (*name, self.child_attr(r, *dir, *guard)),
             };
+            self.learn(ino, name, attr.ino);
             let name = OsStr::from_bytes(name);
             Ok(reply.add(attr.ino, next, name, &FOREVER, &attr, Generation(0)))
         });
@@ -687,6 +759,13 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
+        if u64::from(ino) == 1 && name == measuring::STATS_XATTR {
+            let v = match &self.measure {
+                Some(s) => s.measuring.stats_json().into_bytes(),
+                None => b"{\"policy_rules\":0}".to_vec(),
+            };
+            return xattr_reply(reply, size, &v);
+        }
         // overlayfs refuses its own xattrs outright.
         if self.overlay && name.starts_with(stack::PRIVATE_XATTR_PREFIX) {
             return reply.error(Errno::EOPNOTSUPP);
@@ -719,5 +798,57 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             Ok(names) => names_reply(reply, size, &names, |n| self.visible(req, n)),
             Err(e) => reply.error(self.fail("listxattr", e)),
         }
+    }
+}
+
+/// An image file's content, for measuring.
+struct ImageContent<'a, S: ByteSource> {
+    fs: &'a ImageFs<S>,
+    ino: INodeNo,
+    obj: Obj,
+    inode: &'a Inode,
+    setup: &'a measuring::Setup,
+}
+
+impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
+    fn path(&self) -> Vec<u8> {
+        let names = self.fs.names.pin();
+        let mut parts = Vec::new();
+        let mut at = u64::from(self.ino);
+        while at != 1 {
+            let Some((parent, name)) = names.get(&at) else {
+                break;
+            };
+            parts.push(&name[..]);
+            at = *parent;
+        }
+        parts.reverse();
+        self.setup.path(&parts)
+    }
+
+    fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
+        Ok((
+            Box::new(measuring::ImageReader {
+                image: self.fs.image(self.obj),
+                inode: self.inode,
+                at: 0,
+            }),
+            self.inode.size,
+        ))
+    }
+
+    fn verity_digest(&self) -> std::io::Result<Option<[u8; 32]>> {
+        self.fs
+            .image(self.obj)
+            .file_digest(self.obj.nid)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    fn ima_xattr(&self) -> Option<Vec<u8>> {
+        self.fs
+            .image(self.obj)
+            .getxattr(self.inode, b"security.ima")
+            .ok()
+            .flatten()
     }
 }

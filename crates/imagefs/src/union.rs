@@ -17,6 +17,7 @@
 //! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 
+use crate::measuring::{Content, ContentKey, Cookie, ImageReader, Opening, Setup};
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{
     encode_dev, inode_attr, kind, names_reply, negative, obj_ino, time, xattr_reply, Logger,
@@ -28,6 +29,7 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
     Request, TimeOrNow, WriteFlags,
 };
+use measure::policy::FsIdentity;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use std::ffi::{CString, OsStr};
@@ -72,6 +74,9 @@ struct FileIo {
     /// The upper file registered with the kernel for passthrough (one per inode, as the
     /// kernel wants); `None` inside when refused.
     backing: OnceLock<Option<fuser::BackingId>>,
+    /// With measuring only: how many handles can write the file now (its digest is not
+    /// reused while any can).
+    writers: std::sync::atomic::AtomicU32,
 }
 
 const IO_UNDECIDED: u8 = 0;
@@ -127,6 +132,10 @@ pub struct UnionFs<S: ByteSource> {
     hardlinks: Vec<OnceLock<LinkPaths>>,
     /// Set once the session exists: how the kernel is told of changes it cannot see.
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// With a policy: opens are measured (see `measuring`), and the handles that can write
+    /// are known, so a writer's close marks its file changed.
+    measure: Option<Setup>,
+    writer_fhs: papaya::HashMap<u64, u64>,
     name: String,
     log: Logger,
 }
@@ -212,6 +221,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             notifier: Arc::new(OnceLock::new()),
             hardlinks,
             passthrough: false,
+            measure: None,
+            writer_fhs: papaya::HashMap::new(),
             upper,
             name,
             log,
@@ -237,6 +248,157 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// Where the mount code puts the session's notifier.
     pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
         self.notifier.clone()
+    }
+
+    /// Measures opens from now on (before mounting).
+    pub fn set_measuring(&mut self, setup: Setup) {
+        self.measure = Some(setup);
+    }
+
+    /// The names from the root down to node `id`.
+    fn inside_path(&self, id: u64) -> Vec<Vec<u8>> {
+        let guard = self.nodes.guard();
+        let mut parts = Vec::new();
+        let mut at = id;
+        while at != 1 {
+            let Some(n) = self.nodes.get(&at, &guard) else {
+                break;
+            };
+            parts.push(n.name.clone());
+            at = n.parent;
+        }
+        parts.reverse();
+        parts
+    }
+
+    /// What a node's content is measured as: its layer's identity, and its content key
+    /// and cookie. `None` when no rule can measure that layer (nothing more to do).
+    fn measured_as<'s>(&self, s: &'s Setup, n: &Node) -> Result<Option<MeasuredAs<'s>>, Errno> {
+        let fs = match (&n.upper, &n.lower) {
+            (Some(_), _) => s.upper.as_ref().ok_or(Errno::EIO)?,
+            (None, Some(r)) => &s.layers[r.top.layer as usize],
+            _ => return Err(Errno::ESTALE),
+        };
+        if !s.measuring.may_measure(fs) {
+            return Ok(None);
+        }
+        Ok(Some(match (&n.upper, &n.lower) {
+            (Some(fd), _) => {
+                let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
+                let key = ContentKey::Upper {
+                    dev: st.st_dev,
+                    ino: st.st_ino,
+                };
+                // Rootless, the owner shown lives in the override xattr (see `attr`).
+                let owner = self.as_root.then_some((st.st_uid, st.st_gid));
+                (fs, key, Some(crate::measuring::cookie(&st)), owner)
+            }
+            (None, Some(r)) => {
+                let key = ContentKey::Image {
+                    layer: r.top.layer,
+                    nid: r.top.nid,
+                };
+                (fs, key, None, Some((r.inode.uid, r.inode.gid)))
+            }
+            _ => return Err(Errno::ESTALE),
+        }))
+    }
+
+    /// With a policy: measures the open of node `id` by `pid` with `flags`, and when the
+    /// handle `fh` can write, counts it as a writer (its close marks the file changed).
+    fn measure_open(&self, id: u64, flags: i32, pid: u32, fh: u64) -> Result<(), Errno> {
+        let Some(s) = &self.measure else {
+            return Ok(());
+        };
+        let n = self.node(id)?;
+        let Some((fs, key, cookie, owner)) = self.measured_as(s, &n)? else {
+            return Ok(());
+        };
+        if crate::measuring::writes(flags) {
+            n.io.writers.fetch_add(1, Ordering::AcqRel);
+            self.writer_fhs.pin().insert(fh, id);
+            s.measuring.changed(key);
+        }
+        let owner = match owner {
+            Some(o) => o,
+            None => self.attr(id, &n).map(|a| (a.uid, a.gid))?,
+        };
+        let o = Opening {
+            flags,
+            pid,
+            owner,
+            fs,
+            key,
+            cookie,
+            writers: n.io.writers.load(Ordering::Acquire) > 0,
+        };
+        let content = UnionContent {
+            fs: self,
+            node: &n,
+            id,
+            setup: s,
+        };
+        s.measuring.open(&o, &content).map_err(|e| {
+            (self.log)(&format!(
+                "{}: measuring {}: {e}",
+                self.name,
+                String::from_utf8_lossy(&content.path())
+            ));
+            Errno::EIO
+        })
+    }
+
+    /// `measure_open` for a handle just opened: on failure the handle is closed again.
+    fn measured(&self, id: u64, flags: i32, pid: u32, fh: u64) -> Result<u64, Errno> {
+        match self.measure_open(id, flags, pid, fh) {
+            Ok(()) => Ok(fh),
+            Err(e) => {
+                if fh != 0 {
+                    self.files.pin().remove(&fh);
+                    self.measure_release(fh);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// With a policy: the handle `fh` is closed; a writer's close marks its file changed.
+    fn measure_release(&self, fh: u64) {
+        let Some(s) = &self.measure else {
+            return;
+        };
+        let Some(id) = self.writer_fhs.pin().remove(&fh).copied() else {
+            return;
+        };
+        if let Ok(n) = self.node(id) {
+            n.io.writers.fetch_sub(1, Ordering::AcqRel);
+            if let Ok(Some((_, key, _, _))) = self.measured_as(s, &n) {
+                s.measuring.changed(key);
+            }
+        }
+    }
+
+    /// With a policy: node `id`'s content changed without an open (a truncation by path).
+    fn measure_changed(&self, id: u64) {
+        let Some(s) = &self.measure else {
+            return;
+        };
+        if let Ok(n) = self.node(id) {
+            if let Ok(Some((_, key, _, _))) = self.measured_as(s, &n) {
+                s.measuring.changed(key);
+            }
+        }
+    }
+
+    /// `verilay stats`: the measuring counters, asked for as the root's `verilay.stats`.
+    fn stats_xattr(&self, ino: INodeNo, name: &[u8]) -> Option<Vec<u8>> {
+        if u64::from(ino) != 1 || name != crate::measuring::STATS_XATTR {
+            return None;
+        }
+        Some(match &self.measure {
+            Some(s) => s.measuring.stats_json().into_bytes(),
+            None => b"{\"policy_rules\":0}".to_vec(),
+        })
     }
 
     fn lower_id(&self, o: Obj) -> u64 {
@@ -1265,7 +1427,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let n = self.node(id)?;
             self.attr(id, &n)
         };
-        match run() {
+        let r = run();
+        if size.is_some() {
+            self.measure_changed(id);
+        }
+        match r {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
         }
@@ -1429,6 +1595,10 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let fd = n.upper.as_ref().ok_or(Errno::EIO)?;
             let fh = self.open_real(fd.as_fd(), flags & !libc_trunc())?;
             Ok((id, a, fh))
+        };
+        let run = || {
+            let (id, a, fh) = run()?;
+            Ok((id, a, self.measured(id, flags, req.pid(), fh)?))
         };
         match run() {
             Ok((id, a, fh)) => {
@@ -1671,7 +1841,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let flags = flags.0;
         let writes =
             flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
@@ -1694,7 +1864,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 None => Err(Errno::EIO),
             })
         };
-        match run() {
+        match run().and_then(|fh| self.measured(id, flags, req.pid(), fh)) {
             Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Ok(fh) => {
                 let guard = self.nodes.guard();
@@ -1805,6 +1975,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
     ) {
         if u64::from(fh) != 0 {
             self.files.pin().remove(&u64::from(fh));
+            self.measure_release(u64::from(fh));
         }
         reply.ok();
     }
@@ -1980,6 +2151,9 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
+        if let Some(v) = self.stats_xattr(ino, name) {
+            return xattr_reply(reply, size, &v);
+        }
         if name.starts_with(PRIVATE_XATTR_PREFIX) {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -2052,4 +2226,84 @@ fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
 
 fn libc_trunc() -> i32 {
     OFlags::TRUNC.bits() as i32
+}
+
+/// A layer's identity, a content key, the upper file's cookie, and the owner the mount
+/// shows when known without more work (see `measured_as`).
+type MeasuredAs<'s> = (
+    &'s FsIdentity,
+    ContentKey,
+    Option<Cookie>,
+    Option<(u32, u32)>,
+);
+
+/// A union node's content, for measuring.
+struct UnionContent<'a, S: ByteSource> {
+    fs: &'a UnionFs<S>,
+    node: &'a Node,
+    id: u64,
+    setup: &'a Setup,
+}
+
+impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
+    fn path(&self) -> Vec<u8> {
+        let parts = self.fs.inside_path(self.id);
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        self.setup.path(&refs)
+    }
+
+    fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
+        match (&self.node.upper, &self.node.lower) {
+            (Some(fd), _) => {
+                let f = std::fs::File::from(rfs::open(
+                    UnionFs::<S>::real_path(fd.as_fd()).as_c_str(),
+                    OFlags::RDONLY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?);
+                let size = f.metadata()?.len();
+                Ok((Box::new(f), size))
+            }
+            (None, Some(r)) => Ok((
+                Box::new(ImageReader {
+                    image: self.fs.stack.image(r.top.layer),
+                    inode: &r.inode,
+                    at: 0,
+                }),
+                r.inode.size,
+            )),
+            _ => Err(std::io::Error::from_raw_os_error(Errno::ESTALE.code())),
+        }
+    }
+
+    fn verity_digest(&self) -> std::io::Result<Option<[u8; 32]>> {
+        match (&self.node.upper, &self.node.lower) {
+            (None, Some(r)) => self
+                .fs
+                .stack
+                .image(r.top.layer)
+                .file_digest(r.top.nid)
+                .map_err(|e| std::io::Error::other(e.to_string())),
+            _ => Ok(None),
+        }
+    }
+
+    fn ima_xattr(&self) -> Option<Vec<u8>> {
+        match (&self.node.upper, &self.node.lower) {
+            (Some(fd), _) => {
+                let mut buf = vec![0u8; 65536];
+                let path = UnionFs::<S>::real_path(fd.as_fd());
+                let n = rfs::getxattr(path.as_c_str(), "security.ima", &mut buf).ok()?;
+                buf.truncate(n);
+                Some(buf)
+            }
+            (None, Some(r)) => self
+                .fs
+                .stack
+                .image(r.top.layer)
+                .getxattr(&r.inode, b"security.ima")
+                .ok()
+                .flatten(),
+            _ => None,
+        }
+    }
 }

@@ -53,6 +53,10 @@ enum Command {
     Mount(Box<cmd::mount::Args>),
     /// Unmount a verilay mount (the daemon then exits).
     Umount(cmd::mount::UmountArgs),
+    /// Show what measuring has cost a mount: opens checked, files hashed, entries logged.
+    Stats(cmd::stats::Args),
+    /// Measurement lists: `verify DIR` replays one and checks it against its PCR files.
+    Log(cmd::log::Args),
 }
 
 fn main() {
@@ -75,6 +79,8 @@ fn main() {
         Command::Cat(a) => cmd::cat::run(a),
         Command::Mount(a) => cmd::mount::run(*a),
         Command::Umount(a) => cmd::mount::run_umount(a),
+        Command::Stats(a) => cmd::stats::run(a),
+        Command::Log(a) => cmd::log::run(a),
     };
     finish(result)
 }

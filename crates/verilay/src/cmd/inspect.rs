@@ -27,6 +27,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             v["digest"] = json!(opened.trust());
             v["erofs_bytes"] = json!(img.erofs_len());
             v["file_digests"] = json!(img.digest_table()?.map(|t| t.entries));
+            // What a measurement policy sees for files served from this image.
+            let digest = opened
+                .verified
+                .as_ref()
+                .map(|s| s.digest().to_vec())
+                .unwrap_or_default();
+            let id = imagefs::measuring::image_identity(img.superblock().uuid, || {
+                let mut u = [0u8; 16];
+                let n = digest.len().min(16);
+                u[..n].copy_from_slice(&digest[..n]);
+                u
+            });
+            v["measured_as"] = json!(super::measuring::describe(&id));
             v
         }
         Some(p) => inode(img, p)?,

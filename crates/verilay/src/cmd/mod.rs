@@ -5,5 +5,8 @@ pub mod extract;
 pub mod fsck;
 mod image;
 pub mod inspect;
+pub mod log;
+pub mod measuring;
 pub mod mount;
+pub mod stats;
 pub mod verify;

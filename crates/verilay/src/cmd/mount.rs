@@ -9,6 +9,7 @@
 //! SIGINT or SIGHUP. As root it mounts with mount(2); otherwise through `fusermount3`.
 
 use super::image::{open, open_with, Pin, ReadOpts};
+use super::measuring::{LayerId, MeasureArgs};
 use anyhow::{bail, Context};
 use imagefs::stack::MAX_LAYERS;
 use std::io::{Read, Write};
@@ -48,6 +49,8 @@ pub struct Args {
     /// An empty directory on the same filesystem as --upper, for atomic copy-up.
     #[arg(long, value_name = "DIR", requires = "upper")]
     work: Option<PathBuf>,
+    #[command(flatten)]
+    measure: MeasureArgs,
     /// Internal: the pipe to report readiness on.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
@@ -153,6 +156,7 @@ fn preflight(a: &Args) -> anyhow::Result<Vec<String>> {
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
+    a.measure.check()?;
     // Opening checks the verity section, the pinned digest and the superblock.
     a.images()
         .iter()
@@ -221,6 +225,7 @@ fn spawn_daemon(a: &Args) -> anyhow::Result<i32> {
     if a.allow_other {
         cmd.arg("--allow-other");
     }
+    cmd.args(a.measure.to_args());
     let mut child = cmd.spawn().context("starting the mount daemon")?;
     drop(write_end);
     let mut msg = String::new();
@@ -340,8 +345,18 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
     };
     let pins = try_ready!(a.pins());
     let mut layers = Vec::new();
+    let mut ids = Vec::new();
     for (image, pin) in a.images().iter().zip(&pins) {
-        layers.push(try_ready!(open_with(image, pin, false, &read_opts)).img);
+        let opened = try_ready!(open_with(image, pin, false, &read_opts));
+        ids.push(LayerId {
+            uuid: opened.img.superblock().uuid,
+            digest: opened
+                .verified
+                .as_ref()
+                .map(|v| v.digest().to_vec())
+                .unwrap_or_default(),
+        });
+        layers.push(opened.img);
     }
     // The source shown in mount tables: the images, top first, as overlayfs lists layers.
     let name = a
@@ -363,19 +378,52 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
                 u.display(),
                 w.display()
             )));
-            let fs = try_ready!(
+            let setup = try_ready!(super::measuring::setup(
+                &a.measure,
+                &ids,
+                Some(upper.root()),
+                a.mountpoint()
+            ));
+            let mut fs = try_ready!(
                 imagefs::union::UnionFs::new(layers, upper, name.clone(), log)
                     .context("reading the root directories")
             );
+            let measuring = setup.as_ref().map(|s| s.measuring.clone());
+            if let Some(s) = setup {
+                fs.set_measuring(s);
+            }
             let slot = fs.notifier_slot();
-            session(a, fs, name, Some(slot), ready)
+            finish_measuring(session(a, fs, name, Some(slot), ready), measuring)
         }
         _ => {
-            let fs = try_ready!(imagefs::ImageFs::new(layers, name.clone(), log)
+            let setup = try_ready!(super::measuring::setup(
+                &a.measure,
+                &ids,
+                None,
+                a.mountpoint()
+            ));
+            let mut fs = try_ready!(imagefs::ImageFs::new(layers, name.clone(), log)
                 .context("reading the root directories"));
-            session(a, fs, name, None, ready)
+            let measuring = setup.as_ref().map(|s| s.measuring.clone());
+            if let Some(s) = setup {
+                fs.set_measuring(s);
+            }
+            finish_measuring(session(a, fs, name, None, ready), measuring)
         }
     }
+}
+
+/// After the session: the measurement list is made durable (a clean unmount loses none).
+fn finish_measuring<T>(
+    served: T,
+    measuring: Option<std::sync::Arc<imagefs::measuring::Measuring>>,
+) -> T {
+    if let Some(m) = measuring {
+        if let Err(e) = m.sync() {
+            eprintln!("verilay: error: making the measurement list durable: {e}");
+        }
+    }
+    served
 }
 
 /// Mounts `fs` and serves it until unmounted; a writable filesystem gets the session's
@@ -668,9 +716,15 @@ pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
         log: None,
         allow_other: false,
         quiet: true,
+        measure: MeasureArgs::default(),
         ready_fd: None,
     };
     for o in opts.iter().filter(|o| !o.is_empty()) {
+        if let Some((k, v)) = o.split_once('=') {
+            if a.measure.set_option(k, v)? {
+                continue;
+            }
+        }
         match o.split_once('=') {
             Some(("digest", v)) => a.digests = vec![v.to_string()],
             Some(("threads", v)) => {

@@ -1,0 +1,547 @@
+//! Measurement of file opens (IMA in userspace), shared by both filesystems.
+//!
+//! On every OPEN (and exec, which FUSE tells apart by `FMODE_EXEC` in the open flags)
+//! the policy decides, from the access and the identity of the layer serving the file,
+//! whether the file is measured; a measured file's digest is appended to the measurement
+//! list unless the same entry is already there. The daemon sees every change to a file
+//! made through the mount (opens for writing, truncation, fallocate), so a digest is
+//! reused until the content may have changed: an unchanged file is never hashed twice, a
+//! changed one once, at its next measured open. Image files never change, and with
+//! `digest_type=verity` their stored fs-verity digest is the measurement: no file data is
+//! read at open.
+//!
+//! Nothing here runs without a policy: the per-request paths stay as they are.
+
+use measure::log::{DigestKind, Event, HashAlgo, Log};
+use measure::policy::{Access, FsIdentity, Func, Policy, TaskIds};
+use measure::policy::{MAY_APPEND, MAY_EXEC, MAY_READ, MAY_WRITE};
+use std::io::{self, Read as _};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// The open flag the kernel adds to an exec's open (`__FMODE_EXEC`).
+const FMODE_EXEC: i32 = 0x20;
+
+/// The EROFS superblock magic, which image layers report as their fsmagic.
+pub const EROFS_MAGIC: u64 = 0xE0F5_E1E2;
+
+/// What a digest was computed from: an image object (immutable) or an upper file, with
+/// what its host inode looked like then (a change behind our back shows there too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContentKey {
+    Image { layer: u16, nid: u64 },
+    Upper { dev: u64, ino: u64 },
+}
+
+/// The host inode's change cookie: ctime, mtime and size.
+pub type Cookie = (i64, i64, i64, i64, u64);
+
+#[derive(Clone)]
+struct Cached {
+    cookie: Option<Cookie>,
+    verity: bool,
+    digest: Vec<u8>,
+}
+
+/// Counters for `verilay stats`: what measuring cost.
+#[derive(Default)]
+pub struct Counters {
+    /// Opens and execs the policy was asked about.
+    pub checked: AtomicU64,
+    /// Of those, how many it said to measure.
+    pub measured: AtomicU64,
+    /// File contents hashed (a cache miss), and the bytes read for it.
+    pub hashed: AtomicU64,
+    pub bytes_hashed: AtomicU64,
+    /// Measurements served by a digest computed earlier.
+    pub reused: AtomicU64,
+    /// Measurements that took an image file's stored fs-verity digest.
+    pub verity_digests: AtomicU64,
+    /// Entries appended to the list, and entries already in it.
+    pub logged: AtomicU64,
+    pub duplicates: AtomicU64,
+}
+
+/// How a file was opened, and by whom.
+pub struct Opening<'a> {
+    pub flags: i32,
+    pub pid: u32,
+    /// The file's owner and group as the mount shows them.
+    pub owner: (u32, u32),
+    pub fs: &'a FsIdentity,
+    pub key: ContentKey,
+    /// Upper files: the host inode's cookie now; `None` for image files.
+    pub cookie: Option<Cookie>,
+    /// Whether someone has the file open for writing through the mount right now: then
+    /// a digest is not kept, as the content can change at any moment.
+    pub writers: bool,
+}
+
+/// Where a measured file's bytes and digests come from.
+pub trait Content {
+    /// The path the list names: the mountpoint joined with the path inside the mount.
+    fn path(&self) -> Vec<u8>;
+    /// The file's bytes from the start (verified, for image files), and how many.
+    fn reader(&self) -> io::Result<(Box<dyn io::Read + '_>, u64)>;
+    /// The file's stored fs-verity digest (SHA-256, 4 KiB blocks, no salt), if any.
+    fn verity_digest(&self) -> io::Result<Option<[u8; 32]>>;
+    /// The file's `security.ima` value, for the ima-sig templates.
+    fn ima_xattr(&self) -> Option<Vec<u8>>;
+}
+
+pub struct Measuring {
+    policy: Policy,
+    log: Mutex<Log>,
+    algo: HashAlgo,
+    cache: papaya::HashMap<ContentKey, Cached>,
+    pub counters: Counters,
+}
+
+impl Measuring {
+    pub fn new(policy: Policy, log: Log, algo: HashAlgo) -> Measuring {
+        Measuring {
+            policy,
+            log: Mutex::new(log),
+            algo,
+            cache: papaya::HashMap::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Whether a layer with this identity can ever be measured (else opens of its files
+    /// need no work at all).
+    pub fn may_measure(&self, fs: &FsIdentity) -> bool {
+        self.policy.may_measure(fs)
+    }
+
+    /// Measures an open if the policy says so. An error (the file could not be read, or
+    /// failed verification, or the list could not be written) fails the open: a measured
+    /// open never succeeds unmeasured.
+    pub fn open(&self, o: &Opening<'_>, content: &dyn Content) -> io::Result<()> {
+        let exec = o.flags & FMODE_EXEC != 0;
+        let mut task_ids = None;
+        let mut task = || *task_ids.get_or_insert_with(|| task_ids_of(o.pid));
+        // An exec is checked twice, as the kernel does: BPRM_CHECK, and FILE_CHECK with
+        // the exec's access mask.
+        let checks: &[(Func, u32)] = if exec {
+            &[(Func::BprmCheck, MAY_EXEC), (Func::FileCheck, MAY_EXEC)]
+        } else {
+            &[(Func::FileCheck, access_mask(o.flags))][..]
+        };
+        for &(func, mask) in checks {
+            self.counters.checked.fetch_add(1, Ordering::Relaxed);
+            let access = Access {
+                func,
+                mask,
+                fowner: o.owner.0,
+                fgroup: o.owner.1,
+                fs: o.fs,
+            };
+            let Some(m) = self.policy.decide(&access, &mut task) else {
+                continue;
+            };
+            self.counters.measured.fetch_add(1, Ordering::Relaxed);
+            let digest = self.digest(o, m.verity, content)?;
+            let (kind, algo) = if m.verity {
+                (DigestKind::Verity, HashAlgo::Sha256)
+            } else {
+                (DigestKind::Ima, self.algo)
+            };
+            let path = content.path();
+            let sig = if m.template.has_sig() {
+                content.ima_xattr().filter(|v| is_signature(v))
+            } else {
+                None
+            };
+            let ev = Event {
+                template: m.template,
+                kind,
+                algo,
+                digest: &digest,
+                path: &path,
+                sig: sig.as_deref(),
+            };
+            let appended = self
+                .log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .append(m.pcr, &ev)
+                .map_err(io::Error::other)?;
+            let counter = if appended {
+                &self.counters.logged
+            } else {
+                &self.counters.duplicates
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The file's digest for this measurement: reused while the content cannot have
+    /// changed, else computed (and kept unless a writer has the file open).
+    fn digest(&self, o: &Opening<'_>, verity: bool, content: &dyn Content) -> io::Result<Vec<u8>> {
+        let cache = self.cache.pin();
+        if let Some(c) = cache.get(&o.key) {
+            if c.verity == verity && c.cookie == o.cookie && !o.writers {
+                self.counters.reused.fetch_add(1, Ordering::Relaxed);
+                return Ok(c.digest.clone());
+            }
+        }
+        let stored = match (verity, o.key) {
+            (true, ContentKey::Image { .. }) => content.verity_digest()?,
+            _ => None,
+        };
+        let digest = match stored {
+            Some(d) => {
+                self.counters.verity_digests.fetch_add(1, Ordering::Relaxed);
+                d.to_vec()
+            }
+            None if verity => {
+                // An upper file has no stored fs-verity digest: compute one from its bytes.
+                let (r, size) = content.reader()?;
+                let params = verity::Params::new(verity::HashAlg::Sha256, 4096, Vec::new())
+                    .map_err(io::Error::other)?;
+                let (d, _) = verity::digest_reader(&params, r, size)?;
+                self.count_hash(size);
+                d
+            }
+            // An empty upper file (every new one): nothing to open or read.
+            None if o.cookie.is_some_and(|c| c.4 == 0) => {
+                self.count_hash(0);
+                self.algo.hasher().finish()
+            }
+            None => {
+                let (mut r, size) = content.reader()?;
+                let mut h = self.algo.hasher();
+                // Sized to the file: most measured files are small, many empty.
+                let mut buf = vec![0u8; size.clamp(4096, 1 << 20) as usize];
+                let mut n = 0u64;
+                loop {
+                    match r.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(k) => {
+                            h.update(&buf[..k]);
+                            n += k as u64;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                self.count_hash(n);
+                h.finish()
+            }
+        };
+        if !o.writers {
+            cache.insert(
+                o.key,
+                Cached {
+                    cookie: o.cookie,
+                    verity,
+                    digest: digest.clone(),
+                },
+            );
+        }
+        Ok(digest)
+    }
+
+    fn count_hash(&self, bytes: u64) {
+        self.counters.hashed.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_hashed
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The content under `key` may have changed (a write, a truncation, a writer opening
+    /// or closing): its digest is computed afresh next time.
+    pub fn changed(&self, key: ContentKey) {
+        self.cache.pin().remove(&key);
+    }
+
+    /// Makes the list durable (at unmount).
+    pub fn sync(&self) -> io::Result<()> {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sync()
+            .map_err(io::Error::other)
+    }
+
+    /// The counters and the list's length, as JSON (what `verilay stats` prints).
+    pub fn stats_json(&self) -> String {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let entries = self.log.lock().unwrap_or_else(|p| p.into_inner()).entries();
+        format!(
+            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"entries\":{}}}",
+            self.policy.len(),
+            get(&c.checked),
+            get(&c.measured),
+            get(&c.hashed),
+            get(&c.bytes_hashed),
+            get(&c.reused),
+            get(&c.verity_digests),
+            get(&c.logged),
+            get(&c.duplicates),
+            entries,
+        )
+    }
+}
+
+/// The access mask IMA's FILE_CHECK sees for an open with these flags (fs/namei.c's
+/// acc_mode, limited to read, write, exec and append).
+pub fn access_mask(flags: i32) -> u32 {
+    let mut mask = match flags & libc_accmode() {
+        0 => MAY_READ,
+        1 => MAY_WRITE,
+        _ => MAY_READ | MAY_WRITE,
+    };
+    if flags & rustix::fs::OFlags::TRUNC.bits() as i32 != 0 {
+        mask |= MAY_WRITE;
+    }
+    if flags & rustix::fs::OFlags::APPEND.bits() as i32 != 0 {
+        mask |= MAY_APPEND;
+    }
+    mask
+}
+
+fn libc_accmode() -> i32 {
+    rustix::fs::OFlags::ACCMODE.bits() as i32
+}
+
+/// Whether opening with these flags can change the file.
+pub fn writes(flags: i32) -> bool {
+    access_mask(flags) & (MAY_WRITE | MAY_APPEND) != 0
+}
+
+/// A `security.ima` value that is a signature (types 3 and 6), which ima-sig records.
+fn is_signature(v: &[u8]) -> bool {
+    matches!(v.first(), Some(3) | Some(6))
+}
+
+/// The ids of the task behind a request (the request carries only its fsuid and fsgid):
+/// from its pidfd (`PIDFD_GET_INFO`, Linux 6.13+) when its real, effective and saved ids
+/// agree (then whether it may set ids changes nothing), else from /proc, which also has
+/// its capabilities. A task gone by now has every id u32::MAX, so no id rule matches it.
+fn task_ids_of(pid: u32) -> TaskIds {
+    task_ids_pidfd(pid).unwrap_or_else(|| task_ids_proc(pid))
+}
+
+fn task_ids_pidfd(pid: u32) -> Option<TaskIds> {
+    use rustix::fd::AsRawFd;
+    // A request's pid is a thread's (creds are per thread): PIDFD_THREAD (O_EXCL).
+    const PIDFD_THREAD: u32 = 0o200;
+    // _IOWR(0xFF, 11, struct pidfd_info), the 64-byte first version of the struct.
+    const PIDFD_GET_INFO: libc::c_ulong = 0xC040_FF0B;
+    const PIDFD_INFO_CREDS: u64 = 1 << 1;
+    let p = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    let fd = rustix::process::pidfd_open(
+        p,
+        rustix::process::PidfdFlags::from_bits_retain(PIDFD_THREAD),
+    )
+    .ok()?;
+    let mut info = [0u8; 64];
+    info[..8].copy_from_slice(&PIDFD_INFO_CREDS.to_ne_bytes());
+    // SAFETY: the ioctl reads and writes at most 64 bytes (the size encoded in the request
+    // number) of `info`, which is that large, and `fd` is open for the whole call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), PIDFD_GET_INFO, info.as_mut_ptr()) };
+    let word = |at: usize| u32::from_ne_bytes(info[at..at + 4].try_into().expect("4 bytes"));
+    let mask = u64::from_ne_bytes(info[..8].try_into().expect("8 bytes"));
+    if r != 0 || mask & PIDFD_INFO_CREDS == 0 {
+        return None;
+    }
+    // struct pidfd_info: mask, cgroupid, pid, tgid, ppid, ruid, rgid, euid, egid, suid,
+    // sgid, fsuid, fsgid.
+    let (uid, gid, euid, egid, suid, sgid) =
+        (word(28), word(32), word(36), word(40), word(44), word(48));
+    if uid != euid || uid != suid || gid != egid || gid != sgid {
+        return None;
+    }
+    Some(TaskIds {
+        uid,
+        euid,
+        suid,
+        gid,
+        egid,
+        sgid,
+        cap_setuid: false,
+        cap_setgid: false,
+    })
+}
+
+fn task_ids_proc(pid: u32) -> TaskIds {
+    let gone = TaskIds {
+        uid: u32::MAX,
+        euid: u32::MAX,
+        suid: u32::MAX,
+        gid: u32::MAX,
+        egid: u32::MAX,
+        sgid: u32::MAX,
+        cap_setuid: false,
+        cap_setgid: false,
+    };
+    // One read into a stack buffer: this runs on the open path.
+    let mut buf = [0u8; 8192];
+    let Ok(n) = rustix::fs::open(
+        format!("/proc/{pid}/status").as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .and_then(|f| rustix::io::read(&f, &mut buf)) else {
+        return gone;
+    };
+    let Ok(status) = std::str::from_utf8(&buf[..n]) else {
+        return gone;
+    };
+    let mut t = gone;
+    for line in status.lines() {
+        let (key, rest) = line.split_once(':').unwrap_or((line, ""));
+        let ids: Vec<u32> = rest
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        match (key, ids.as_slice()) {
+            ("Uid", [r, e, s, ..]) => (t.uid, t.euid, t.suid) = (*r, *e, *s),
+            ("Gid", [r, e, s, ..]) => (t.gid, t.egid, t.sgid) = (*r, *e, *s),
+            ("CapEff", _) => {
+                let caps = u64::from_str_radix(rest.trim(), 16).unwrap_or(0);
+                t.cap_setgid = caps & (1 << 6) != 0;
+                t.cap_setuid = caps & (1 << 7) != 0;
+            }
+            _ => {}
+        }
+    }
+    t
+}
+
+/// What a filesystem needs to measure: the engine, where it is mounted (the list names
+/// absolute paths), and the identity each layer reports to the policy.
+pub struct Setup {
+    pub measuring: std::sync::Arc<Measuring>,
+    pub mountpoint: Vec<u8>,
+    /// Per image layer, top first.
+    pub layers: Vec<FsIdentity>,
+    /// The upper directory's host filesystem, for a writable mount.
+    pub upper: Option<FsIdentity>,
+}
+
+impl Setup {
+    /// `mountpoint` joined with `inside` (components from the root down).
+    pub fn path(&self, inside: &[&[u8]]) -> Vec<u8> {
+        let mut p = self.mountpoint.clone();
+        if inside.is_empty() {
+            return p;
+        }
+        for c in inside {
+            if p.last() != Some(&b'/') {
+                p.push(b'/');
+            }
+            p.extend_from_slice(c);
+        }
+        p
+    }
+}
+
+/// The identity an image layer reports: the EROFS magic, `erofs`, and the image's uuid
+/// (or, for an image built without one, `fallback`, so it is never zero).
+pub fn image_identity(uuid: [u8; 16], fallback: impl FnOnce() -> [u8; 16]) -> FsIdentity {
+    FsIdentity {
+        magic: EROFS_MAGIC,
+        name: "erofs".into(),
+        uuid: if uuid == [0; 16] { fallback() } else { uuid },
+    }
+}
+
+/// The identity of the host filesystem holding `dir`: its magic (statfs), its type's name
+/// as the kernel knows it (`fuse.sshfs` is `fuse`), and its uuid (FS_IOC_GETFSUUID); a
+/// filesystem without a uuid gets one derived from its magic and device number, so it is
+/// never zero (and stable while the device is).
+pub fn host_identity(dir: rustix::fd::BorrowedFd<'_>) -> io::Result<FsIdentity> {
+    let sfs = rustix::fs::fstatfs(dir)?;
+    let magic = sfs.f_type as u64;
+    let st = rustix::fs::fstat(dir)?;
+    let name = fs_type_name(dir).unwrap_or_else(|| format!("0x{magic:x}"));
+    let uuid = match fs_uuid(dir) {
+        Some(u) if u != [0; 16] => u,
+        _ => {
+            let mut h = HashAlgo::Sha256.hasher();
+            h.update(b"verilay host filesystem\0");
+            h.update(&magic.to_le_bytes());
+            h.update(&st.st_dev.to_le_bytes());
+            let d = h.finish();
+            let mut u = [0u8; 16];
+            u.copy_from_slice(&d[..16]);
+            u
+        }
+    };
+    Ok(FsIdentity { magic, name, uuid })
+}
+
+/// The filesystem type of the mount holding `dir`, from /proc/self/mountinfo.
+fn fs_type_name(dir: rustix::fd::BorrowedFd<'_>) -> Option<String> {
+    let sx = rustix::fs::statx(
+        dir,
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::MNT_ID,
+    )
+    .ok()?;
+    let id = sx.stx_mnt_id.to_string();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').next() == Some(id.as_str()))?;
+    let after = line.split(" - ").nth(1)?;
+    let fstype = after.split(' ').next()?;
+    // A FUSE filesystem's subtype is not part of the kernel's name for it.
+    Some(fstype.split('.').next().unwrap_or(fstype).to_string())
+}
+
+/// The filesystem's uuid as the kernel holds it (`FS_IOC_GETFSUUID`, Linux 6.5+).
+fn fs_uuid(dir: rustix::fd::BorrowedFd<'_>) -> Option<[u8; 16]> {
+    use rustix::fd::AsRawFd;
+    // struct fsuuid2 { __u8 len; __u8 uuid[16]; }; _IOR(0x15, 0, struct fsuuid2)
+    const FS_IOC_GETFSUUID: libc::c_ulong = 0x8011_1500;
+    let mut buf = [0u8; 17];
+    // SAFETY: the ioctl writes at most size_of::<fsuuid2>() = 17 bytes into `buf`, which
+    // is that large, and `dir` is a valid descriptor for the duration of the call.
+    let r = unsafe { libc::ioctl(dir.as_raw_fd(), FS_IOC_GETFSUUID, buf.as_mut_ptr()) };
+    if r != 0 || buf[0] as usize > 16 {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    u[..buf[0] as usize].copy_from_slice(&buf[1..1 + buf[0] as usize]);
+    Some(u)
+}
+
+/// An image file's bytes as a reader, each block verified on the way (the image's own
+/// reads); an integrity failure is an error, so a measured open of a tampered file fails.
+pub struct ImageReader<'a, S: erofs::read::ByteSource> {
+    pub image: &'a erofs::read::Image<S>,
+    pub inode: &'a erofs::read::Inode,
+    pub at: u64,
+}
+
+impl<S: erofs::read::ByteSource> io::Read for ImageReader<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self
+            .image
+            .read(self.inode, self.at, buf)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// An upper file's change cookie (see [`Cookie`]).
+pub fn cookie(st: &rustix::fs::Stat) -> Cookie {
+    (
+        st.st_ctime as i64,
+        st.st_ctime_nsec as i64,
+        st.st_mtime as i64,
+        st.st_mtime_nsec as i64,
+        st.st_size as u64,
+    )
+}
+/// The mount root's attribute `verilay stats` reads the counters from (outside every
+/// xattr namespace, so no real attribute can have the name).
+pub const STATS_XATTR: &[u8] = b"verilay.stats";

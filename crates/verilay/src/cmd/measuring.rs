@@ -1,0 +1,156 @@
+//! The measurement options of `verilay mount` (`--policy`, `--measure-log`,
+//! `--measure-hash`): loading the policy, opening the list, and what each layer reports
+//! as its filesystem identity.
+
+use anyhow::{bail, Context};
+use imagefs::measuring::{host_identity, image_identity, Measuring, Setup};
+use measure::log::{HashAlgo, Log};
+use measure::policy::Policy;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone, Default)]
+pub struct MeasureArgs {
+    /// Measure file opens and execs as this policy says (IMA's policy syntax: measure /
+    /// dont_measure rules with func, mask, uid, euid, fsmagic, fsname, fsuuid, pcr,
+    /// template, digest_type=verity). Needs --measure-log.
+    #[arg(long, value_name = "FILE", requires = "measure_log")]
+    pub policy: Option<PathBuf>,
+    /// The directory the measurement list and PCR values are written to (continued if it
+    /// holds a list that verifies).
+    #[arg(long, value_name = "DIR", requires = "policy")]
+    pub measure_log: Option<PathBuf>,
+    /// The hash of measured file contents: sha256 (default), sha512 or sha1.
+    #[arg(long, value_name = "ALG", default_value = "sha256", value_parser = parse_hash)]
+    pub measure_hash: HashName,
+}
+
+/// A content hash algorithm's name, checked.
+#[derive(Clone, Debug)]
+pub struct HashName(pub String);
+
+impl Default for HashName {
+    fn default() -> Self {
+        HashName("sha256".into())
+    }
+}
+
+pub fn parse_hash(s: &str) -> Result<HashName, String> {
+    match HashAlgo::from_name(s) {
+        Some(_) => Ok(HashName(s.to_string())),
+        None => Err(format!("{s}: not one of sha256, sha512, sha1")),
+    }
+}
+
+impl MeasureArgs {
+    /// The options for the daemon's command line.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if let (Some(p), Some(l)) = (&self.policy, &self.measure_log) {
+            v.push("--policy".into());
+            v.push(p.display().to_string());
+            v.push("--measure-log".into());
+            v.push(l.display().to_string());
+            v.push("--measure-hash".into());
+            v.push(self.measure_hash.0.clone());
+        }
+        v
+    }
+
+    /// Applies a `-o` option of mount.fuse.verilay; false if it is not one of ours.
+    pub fn set_option(&mut self, key: &str, value: &str) -> anyhow::Result<bool> {
+        match key {
+            "policy" => self.policy = Some(value.into()),
+            "measure_log" => self.measure_log = Some(value.into()),
+            "measure_hash" => {
+                self.measure_hash = parse_hash(value).map_err(anyhow::Error::msg)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Parses the policy, so its errors come out before a daemon exists.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match (&self.policy, &self.measure_log) {
+            (Some(p), Some(_)) => load_policy(p).map(|_| ()),
+            (Some(_), None) => bail!("--policy needs --measure-log DIR"),
+            (None, Some(_)) => bail!("--measure-log needs --policy FILE"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// Reads and parses a policy file; errors name the file and the line.
+pub fn load_policy(path: &Path) -> anyhow::Result<Policy> {
+    let text = std::fs::read(path).with_context(|| format!("policy {}", path.display()))?;
+    let text = String::from_utf8(text)
+        .map_err(|e| anyhow::anyhow!("policy {}: not UTF-8 text ({e})", path.display()))?;
+    Policy::parse(&text).map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))
+}
+
+/// One image layer as the measurement needs it: its superblock uuid, and its digest
+/// (whose first 16 bytes stand in for a missing uuid).
+pub struct LayerId {
+    pub uuid: [u8; 16],
+    pub digest: Vec<u8>,
+}
+
+/// The measuring setup for a mount, or `None` without a policy.
+pub fn setup(
+    m: &MeasureArgs,
+    layers: &[LayerId],
+    upper_root: Option<std::os::fd::BorrowedFd<'_>>,
+    mountpoint: &Path,
+) -> anyhow::Result<Option<Setup>> {
+    let (Some(policy), Some(dir)) = (&m.policy, &m.measure_log) else {
+        return Ok(None);
+    };
+    let policy = load_policy(policy)?;
+    let algo = HashAlgo::from_name(&m.measure_hash.0).context("--measure-hash")?;
+    let log = Log::open(dir).with_context(|| format!("measurement list {}", dir.display()))?;
+    let layers = layers
+        .iter()
+        .map(|l| {
+            image_identity(l.uuid, || {
+                let mut u = [0u8; 16];
+                let n = l.digest.len().min(16);
+                u[..n].copy_from_slice(&l.digest[..n]);
+                u
+            })
+        })
+        .collect();
+    let upper = upper_root
+        .map(|fd| host_identity(fd).context("the upper directory's filesystem"))
+        .transpose()?;
+    let mountpoint = std::fs::canonicalize(mountpoint)
+        .with_context(|| format!("mountpoint {}", mountpoint.display()))?;
+    Ok(Some(Setup {
+        measuring: Arc::new(Measuring::new(policy, log, algo)),
+        mountpoint: std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str()).to_vec(),
+        layers,
+        upper,
+    }))
+}
+
+/// An identity as `verilay inspect` and `verilay stats` show it.
+pub fn describe(fs: &measure::policy::FsIdentity) -> String {
+    format!(
+        "fsmagic=0x{:x} fsname={} fsuuid={}",
+        fs.magic,
+        fs.name,
+        uuid_string(&fs.uuid)
+    )
+}
+
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}

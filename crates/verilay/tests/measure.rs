@@ -1,0 +1,407 @@
+//! Measurement through real mounts: which opens a policy measures (rule order, masks,
+//! uid vs euid, the identity of the layer serving a file, exec vs open), that a file is
+//! hashed once per content version (the daemon's counters), that `digest_type=verity`
+//! reads no file data, and that the lists verilay writes pass `evmctl ima_measurement`
+//! and `verilay log verify`.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const UPPER_UUID: &str = "5b1c3b4e-8c57-4f0e-9d4a-3a9f0c6d2e71";
+
+fn prerequisites() -> bool {
+    skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "needs /dev/fuse")
+        || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)")
+        || skip_unless(have("mkfs.ext4"), "needs mkfs.ext4 (e2fsprogs)")
+        || skip_unless(have("fsverity"), "needs fsverity")
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    let out = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(data)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// An ext4 filesystem with a known uuid in a loop file, for the upper directory.
+fn ext4_with_uuid(base: &Path) -> Mount {
+    let img = base.join("upperfs.img");
+    fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-U", UPPER_UUID])
+        .arg(&img));
+    let dir = base.join("upperfs");
+    fs::create_dir_all(&dir).unwrap();
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(&dir));
+    Mount { dir }
+}
+
+/// `verilay mount IMAGE [--upper U --work W] MNT --policy P --measure-log L`.
+fn mount_measured(
+    image: &Path,
+    rw: Option<&Dirs>,
+    mnt: &Path,
+    policy: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> Unmount {
+    fs::create_dir_all(mnt).unwrap();
+    let mut cmd = verilay();
+    cmd.arg("mount").arg(image);
+    if let Some(d) = rw {
+        cmd.arg("--upper").arg(&d.upper).arg("--work").arg(&d.work);
+    }
+    run(cmd
+        .arg(mnt)
+        .arg("--policy")
+        .arg(policy)
+        .arg("--measure-log")
+        .arg(log)
+        .args(extra));
+    Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: true,
+    }
+}
+
+/// The list's entries after boot_aggregate: (pcr, template, digest field, path).
+fn entries(log: &Path) -> Vec<(u32, String, String, String)> {
+    let text = fs::read_to_string(log.join("ascii_runtime_measurements")).unwrap();
+    let mut lines = text.lines();
+    assert!(
+        lines.next().unwrap().ends_with(" boot_aggregate"),
+        "the list starts with boot_aggregate: {text}"
+    );
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].parse().unwrap(),
+                f[2].to_string(),
+                f[3].to_string(),
+                f[4].to_string(),
+            )
+        })
+        .collect()
+}
+
+fn stats(mnt: &Path) -> serde_json::Value {
+    let out = run(verilay().arg("stats").arg("--json").arg(mnt));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn evmctl_accepts(log: &Path) -> bool {
+    Command::new("evmctl")
+        .arg("ima_measurement")
+        .arg("--pcrs")
+        .arg(format!("sha1,{}", log.join("pcrs_sha1").display()))
+        .arg("--pcrs")
+        .arg(format!("sha256,{}", log.join("pcrs_sha256").display()))
+        .arg(log.join("binary_runtime_measurements"))
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+fn log_verify(log: &Path) -> serde_json::Value {
+    let out = run(verilay().args(["log", "verify", "--json"]).arg(log));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn sh_ok(script: &str) {
+    let out = sh(script);
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn source_tree(base: &Path) -> PathBuf {
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), "alpha\n").unwrap();
+    fs::write(src.join("b"), "bravo\n").unwrap();
+    fs::write(src.join("owned"), "owned by 1234\n").unwrap();
+    std::os::unix::fs::chown(src.join("owned"), Some(1234), Some(1234)).unwrap();
+    fs::copy("/bin/true", src.join("tool")).unwrap();
+    fs::set_permissions(src.join("tool"), fs::Permissions::from_mode(0o755)).unwrap();
+    let big: Vec<u8> = (0..(1u32 << 20) + 12345)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    fs::write(src.join("big"), big).unwrap();
+    src
+}
+
+#[test]
+fn the_policy_decides_by_rule_order_mask_ids_and_the_serving_layer() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let src = source_tree(base);
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    let upperfs = ext4_with_uuid(base);
+    let d = dirs(&upperfs.dir, "m");
+    let policy = base.join("policy");
+    fs::write(
+        &policy,
+        format!(
+            "# exemptions first: the first matching rule decides\n\
+             dont_measure fowner=1234\n\
+             measure func=BPRM_CHECK pcr=11\n\
+             measure func=FILE_CHECK mask=MAY_READ fsmagic=0xe0f5e1e2 pcr=12\n\
+             measure func=FILE_CHECK mask=^MAY_WRITE fsname=ext4 pcr=13\n\
+             measure func=FILE_CHECK mask=^MAY_READ fsuuid={UPPER_UUID} euid=0 pcr=14\n\
+             measure func=FILE_CHECK mask=^MAY_READ fsuuid={UPPER_UUID} uid=0 pcr=15\n"
+        ),
+    )
+    .unwrap();
+    let log = base.join("log");
+    let mnt = base.join("mnt");
+    let _m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &[]);
+    let m = fs::canonicalize(&mnt).unwrap();
+    let m = m.display();
+    // An image file read: its layer is EROFS (rule 3, exact MAY_READ).
+    sh_ok(&format!("cat {m}/a >/dev/null"));
+    // Opened read-write: copied up, so now served by ext4 (rule 4: contains MAY_WRITE).
+    sh_ok(&format!("python3 -c 'open(\"{m}/b\", \"r+\").close()'"));
+    // Owned by 1234: exempt, whatever else matches later.
+    sh_ok(&format!("cat {m}/owned >/dev/null"));
+    // An exec: BPRM_CHECK (rule 2); its FILE_CHECK has mask MAY_EXEC, which no rule takes.
+    sh_ok(&format!("{m}/tool"));
+    // Made in the upper layer: write-only (rule 4), then read by root (rule 5, euid 0).
+    sh_ok(&format!("echo hello >{m}/new && cat {m}/new >/dev/null"));
+    // Real uid 0, effective uid 65534 (and so no capabilities): rule 5 no, rule 6 yes.
+    sh_ok(&format!(
+        "python3 -c 'import os; os.setresuid(0, 65534, 0); open(\"{m}/new\").read()'"
+    ));
+    let tool = fs::read("/bin/true").unwrap();
+    let want: Vec<(u32, String, String, String)> = [
+        (12, "alpha\n".as_bytes(), "a"),
+        (13, b"bravo\n", "b"),
+        (11, &tool, "tool"),
+        (13, b"", "new"),
+        (14, b"hello\n", "new"),
+        (15, b"hello\n", "new"),
+    ]
+    .iter()
+    .map(|(pcr, data, name)| {
+        (
+            *pcr,
+            "ima-ng".to_string(),
+            format!("sha256:{}", sha256_hex(data)),
+            format!("{m}/{name}"),
+        )
+    })
+    .collect();
+    assert_eq!(entries(&log), want);
+    assert!(evmctl_accepts(&log), "evmctl rejects the list");
+    let v = log_verify(&log);
+    assert_eq!(v["entries"], want.len() + 1);
+}
+
+#[test]
+fn an_unchanged_file_is_hashed_once_and_a_changed_one_once_more() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let src = source_tree(base);
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    let d = dirs(base, "c");
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let log = base.join("log");
+    let mnt = base.join("mnt");
+    let m = {
+        let _m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &[]);
+        let m = fs::canonicalize(&mnt).unwrap().display().to_string();
+        let counters = |k: &str| stats(&mnt)[k].as_u64().unwrap();
+        // Written (not measured: write-only), then read four times: hashed once.
+        sh_ok(&format!("echo one >{m}/f"));
+        sh_ok(&format!("for i in 1 2 3 4; do cat {m}/f >/dev/null; done"));
+        assert_eq!(counters("hashed"), 1);
+        assert_eq!(counters("reused"), 3);
+        assert_eq!(counters("logged"), 1);
+        assert_eq!(counters("duplicates"), 3);
+        // Appended to through the mount: the next measured open hashes once more.
+        sh_ok(&format!("echo two >>{m}/f"));
+        sh_ok(&format!("cat {m}/f >/dev/null; cat {m}/f >/dev/null"));
+        assert_eq!(counters("hashed"), 2);
+        assert_eq!(counters("logged"), 2);
+        // Truncated by path, without an open.
+        sh_ok(&format!("truncate -s 2 {m}/f && cat {m}/f >/dev/null"));
+        assert_eq!(counters("hashed"), 3);
+        // An image file never changes: one hash however often it is opened.
+        sh_ok(&format!("cat {m}/big {m}/big {m}/big >/dev/null"));
+        assert_eq!(counters("hashed"), 4);
+        assert_eq!(counters("bytes_hashed"), 4 + 8 + 2 + (1 << 20) + 12345);
+        assert_eq!(counters("logged"), 4);
+        m
+    };
+    let digests: Vec<String> = entries(&log).into_iter().map(|e| e.2).collect();
+    assert_eq!(
+        digests,
+        [
+            &b"one\n"[..],
+            b"one\ntwo\n",
+            b"on",
+            &fs::read(src.join("big")).unwrap()
+        ]
+        .iter()
+        .map(|d| format!("sha256:{}", sha256_hex(d)))
+        .collect::<Vec<_>>()
+    );
+    // Unmounted cleanly: the list is complete. A new mount continues it.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(log_verify(&log)["entries"], 5);
+    {
+        let _m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &[]);
+        sh_ok(&format!("cat {m}/a >/dev/null"));
+        assert_eq!(stats(&mnt)["entries"], 6);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(log_verify(&log)["entries"], 6);
+    assert!(evmctl_accepts(&log), "evmctl rejects the continued list");
+}
+
+#[test]
+fn verity_digests_are_measured_without_reading_file_data() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let src = source_tree(base);
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    let log = base.join("log");
+    let mnt = base.join("mnt");
+    let _m = mount_measured(&image, None, &mnt, &policy, &log, &[]);
+    let m = fs::canonicalize(&mnt).unwrap().display().to_string();
+    // Opened, not read: the measurement itself must not read the file.
+    sh_ok(&format!("exec 3<{m}/big; exec 3<&-"));
+    let s = stats(&mnt);
+    assert_eq!(s["verity_digests"], 1);
+    assert_eq!(s["hashed"], 0);
+    assert_eq!(s["bytes_hashed"], 0);
+    let out = run(Command::new("fsverity").arg("digest").arg(src.join("big")));
+    let fsverity = String::from_utf8_lossy(&out.stdout);
+    let want = fsverity.split_whitespace().next().unwrap().to_string();
+    assert_eq!(
+        entries(&log),
+        vec![(
+            10,
+            "ima-ngv2".to_string(),
+            format!("verity:{want}"),
+            format!("{m}/big")
+        )]
+    );
+    assert!(evmctl_accepts(&log), "evmctl rejects an ima-ngv2 list");
+}
+
+#[test]
+fn a_bad_policy_or_a_tampered_list_stops_the_mount() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let src = source_tree(base);
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    let mnt = base.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let policy = base.join("policy");
+    let log = base.join("log");
+    let mount = || {
+        verilay()
+            .arg("mount")
+            .arg(&image)
+            .arg(&mnt)
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--measure-log")
+            .arg(&log)
+            .output()
+            .unwrap()
+    };
+    fs::write(
+        &policy,
+        "dont_measure fsmagic=0x9fa0\nmeasure func=MMAP_CHECK\n",
+    )
+    .unwrap();
+    let out = mount();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "policy {}: line 2: `func=MMAP_CHECK`",
+            policy.display()
+        )),
+        "{err}"
+    );
+    assert!(!is_mounted(&mnt));
+    // A list whose PCR values do not match it is not continued.
+    fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
+    {
+        let _m = mount_measured(&image, None, &mnt, &policy, &log, &[]);
+        sh_ok(&format!("cat {}/a >/dev/null", mnt.display()));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pcrs = log.join("pcrs_sha256");
+    let text = fs::read_to_string(&pcrs).unwrap();
+    let tampered: Vec<String> = text
+        .lines()
+        .map(|l| match l.strip_prefix("PCR-10: ") {
+            Some(h) => format!(
+                "PCR-10: {}{}",
+                if h.starts_with('0') { '1' } else { '0' },
+                &h[1..]
+            ),
+            None => l.to_string(),
+        })
+        .collect();
+    fs::write(&pcrs, tampered.join("\n") + "\n").unwrap();
+    let out = mount();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("measurement list"), "{err}");
+    assert!(!is_mounted(&mnt));
+}
+
+fn is_mounted(p: &Path) -> bool {
+    let canon = fs::canonicalize(p).unwrap();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+}
