@@ -192,7 +192,8 @@ fn the_policy_decides_by_rule_order_mask_ids_and_the_serving_layer() {
     // Owned by 1234: exempt, whatever else matches later.
     sh_ok(&format!("cat {m}/owned >/dev/null"));
     // An exec: BPRM_CHECK (rule 2); its FILE_CHECK has mask MAY_EXEC, which no rule takes.
-    sh_ok(&format!("{m}/tool"));
+    // Reading the same file is an open: rule 3.
+    sh_ok(&format!("{m}/tool && cat {m}/tool >/dev/null"));
     // Made in the upper layer: write-only (rule 4), then read by root (rule 5, euid 0).
     sh_ok(&format!("echo hello >{m}/new && cat {m}/new >/dev/null"));
     // Real uid 0, effective uid 65534 (and so no capabilities): rule 5 no, rule 6 yes.
@@ -204,6 +205,7 @@ fn the_policy_decides_by_rule_order_mask_ids_and_the_serving_layer() {
         (12, "alpha\n".as_bytes(), "a"),
         (13, b"bravo\n", "b"),
         (11, &tool, "tool"),
+        (12, &tool, "tool"),
         (13, b"", "new"),
         (14, b"hello\n", "new"),
         (15, b"hello\n", "new"),
@@ -305,7 +307,19 @@ fn verity_digests_are_measured_without_reading_file_data() {
     fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
     let log = base.join("log");
     let mnt = base.join("mnt");
-    let _m = mount_measured(&image, None, &mnt, &policy, &log, &[]);
+    fs::create_dir_all(&mnt).unwrap();
+    // Mounted the way mount(8) does it: the helper name, and -o options.
+    let helper = base.join("mount.fuse.verilay");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), &helper).unwrap();
+    run(Command::new(&helper).arg(&image).arg(&mnt).arg("-o").arg(format!(
+        "ro,policy={},measure_log={}",
+        policy.display(),
+        log.display()
+    )));
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
     let m = fs::canonicalize(&mnt).unwrap().display().to_string();
     // Opened, not read: the measurement itself must not read the file.
     sh_ok(&format!("exec 3<{m}/big; exec 3<&-"));
