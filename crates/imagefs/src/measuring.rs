@@ -43,23 +43,52 @@ struct Cached {
     digest: Vec<u8>,
 }
 
-/// Counters for `verilay stats`: what measuring cost.
+/// Counters for `verilay stats`: what measuring cost. Each is sharded by worker thread
+/// (a cache line per shard), so opens on several threads never write one shared line.
 #[derive(Default)]
 pub struct Counters {
     /// Opens and execs the policy was asked about.
-    pub checked: AtomicU64,
+    pub checked: Counter,
     /// Of those, how many it said to measure.
-    pub measured: AtomicU64,
+    pub measured: Counter,
     /// File contents hashed (a cache miss), and the bytes read for it.
-    pub hashed: AtomicU64,
-    pub bytes_hashed: AtomicU64,
+    pub hashed: Counter,
+    pub bytes_hashed: Counter,
     /// Measurements served by a digest computed earlier.
-    pub reused: AtomicU64,
+    pub reused: Counter,
     /// Measurements that took an image file's stored fs-verity digest.
-    pub verity_digests: AtomicU64,
+    pub verity_digests: Counter,
     /// Entries appended to the list, and entries already in it.
-    pub logged: AtomicU64,
-    pub duplicates: AtomicU64,
+    pub logged: Counter,
+    pub duplicates: Counter,
+}
+
+const SHARDS: usize = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Shard(AtomicU64);
+
+#[derive(Default)]
+pub struct Counter([Shard; SHARDS]);
+
+thread_local! {
+    /// This thread's shard, handed out round-robin on first use.
+    static SHARD: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) as usize % SHARDS
+    };
+}
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        let i = SHARD.with(|s| *s);
+        self.0[i].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
 }
 
 /// How a file was opened, and by whom.
@@ -129,7 +158,7 @@ impl Measuring {
             &[(Func::FileCheck, access_mask(o.flags))][..]
         };
         for &(func, mask) in checks {
-            self.counters.checked.fetch_add(1, Ordering::Relaxed);
+            self.counters.checked.add(1);
             let access = Access {
                 func,
                 mask,
@@ -140,7 +169,7 @@ impl Measuring {
             let Some(m) = self.policy.decide(&access, &mut task) else {
                 continue;
             };
-            self.counters.measured.fetch_add(1, Ordering::Relaxed);
+            self.counters.measured.add(1);
             let digest = self.digest(o, m.verity, content)?;
             let (kind, algo) = if m.verity {
                 (DigestKind::Verity, HashAlgo::Sha256)
@@ -172,7 +201,7 @@ impl Measuring {
             } else {
                 &self.counters.duplicates
             };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.add(1);
         }
         Ok(())
     }
@@ -183,7 +212,7 @@ impl Measuring {
         let cache = self.cache.pin();
         if let Some(c) = cache.get(&o.key) {
             if c.verity == verity && c.cookie == o.cookie && !o.writers {
-                self.counters.reused.fetch_add(1, Ordering::Relaxed);
+                self.counters.reused.add(1);
                 return Ok(c.digest.clone());
             }
         }
@@ -193,7 +222,7 @@ impl Measuring {
         };
         let digest = match stored {
             Some(d) => {
-                self.counters.verity_digests.fetch_add(1, Ordering::Relaxed);
+                self.counters.verity_digests.add(1);
                 d.to_vec()
             }
             None if verity => {
@@ -245,10 +274,8 @@ impl Measuring {
     }
 
     fn count_hash(&self, bytes: u64) {
-        self.counters.hashed.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_hashed
-            .fetch_add(bytes, Ordering::Relaxed);
+        self.counters.hashed.add(1);
+        self.counters.bytes_hashed.add(bytes);
     }
 
     /// The content under `key` may have changed (a write, a truncation, a writer opening
@@ -269,7 +296,7 @@ impl Measuring {
     /// The counters and the list's length, as JSON (what `verilay stats` prints).
     pub fn stats_json(&self) -> String {
         let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let get = |a: &Counter| a.get();
         let entries = self.log.lock().unwrap_or_else(|p| p.into_inner()).entries();
         format!(
             "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"entries\":{}}}",
