@@ -190,11 +190,12 @@ impl Measuring {
                 path: &path,
                 sig: sig.as_deref(),
             };
+            let entry = Log::entry(m.pcr, &ev).map_err(io::Error::other)?;
             let appended = self
                 .log
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .append(m.pcr, &ev)
+                .append_entry(entry)
                 .map_err(io::Error::other)?;
             let counter = if appended {
                 &self.counters.logged

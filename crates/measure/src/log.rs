@@ -636,9 +636,13 @@ impl Log {
     /// Appends unless an entry with the same SHA-256 template digest and PCR is already in the list (then false,
     /// nothing written, PCRs unchanged — the kernel's duplicate suppression).
     pub fn append(&mut self, pcr: u32, ev: &Event<'_>) -> Result<bool, LogError> {
-        if self.broken {
-            return Err(LogError::Broken);
-        }
+        let entry = Log::entry(pcr, ev)?;
+        self.append_entry(entry)
+    }
+
+    /// The entry `append` would add for this event, checked; computed without the log, so a
+    /// shared log is held only for the append itself.
+    pub fn entry(pcr: u32, ev: &Event<'_>) -> Result<Entry, LogError> {
         if pcr >= NUM_PCRS {
             return Err(LogError::Invalid(format!(
                 "PCR {pcr} does not exist (0-{})",
@@ -646,8 +650,15 @@ impl Log {
             )));
         }
         ev.check().map_err(LogError::Invalid)?;
-        let entry = Entry::new(pcr, ev);
-        if self.seen.contains(&(pcr, entry.sha256)) {
+        Ok(Entry::new(pcr, ev))
+    }
+
+    /// Appends an entry made by [`Log::entry`], unless the list has it (then false).
+    pub fn append_entry(&mut self, entry: Entry) -> Result<bool, LogError> {
+        if self.broken {
+            return Err(LogError::Broken);
+        }
+        if self.seen.contains(&(entry.pcr, entry.sha256)) {
             return Ok(false);
         }
         self.push(entry)?;

@@ -311,11 +311,15 @@ fn verity_digests_are_measured_without_reading_file_data() {
     // Mounted the way mount(8) does it: the helper name, and -o options.
     let helper = base.join("mount.fuse.verilay");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), &helper).unwrap();
-    run(Command::new(&helper).arg(&image).arg(&mnt).arg("-o").arg(format!(
-        "ro,policy={},measure_log={}",
-        policy.display(),
-        log.display()
-    )));
+    run(Command::new(&helper)
+        .arg(&image)
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!(
+            "ro,policy={},measure_log={}",
+            policy.display(),
+            log.display()
+        )));
     let _m = Unmount {
         dir: mnt.clone(),
         fuse: true,
