@@ -529,8 +529,12 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         if !self.aclless {
             let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL);
         }
-        // Measuring needs every open.
-        self.no_open = self.measure.is_none()
+        // Measuring needs every open, unless no rule can measure any layer's files.
+        let measured = self
+            .measure
+            .as_ref()
+            .is_some_and(|s| s.layers.iter().any(|l| s.measuring.may_measure(l)));
+        self.no_open = !measured
             && config
                 .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
                 .is_ok();
