@@ -765,7 +765,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         let name = name.as_bytes();
         if u64::from(ino) == 1 && name == measuring::STATS_XATTR {
             let v = match &self.measure {
-                Some(s) => s.measuring.stats_json().into_bytes(),
+                Some(s) => s.stats_json().into_bytes(),
                 None => b"{\"policy_rules\":0}".to_vec(),
             };
             return xattr_reply(reply, size, &v);

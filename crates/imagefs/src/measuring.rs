@@ -453,6 +453,31 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// The counters and the identity each layer reports (what `verilay stats` prints).
+    pub fn stats_json(&self) -> String {
+        let id = |f: &FsIdentity| {
+            let h: String = f.uuid.iter().map(|b| format!("{b:02x}")).collect();
+            format!(
+                "{{\"fsmagic\":\"0x{:x}\",\"fsname\":\"{}\",\"fsuuid\":\"{}-{}-{}-{}-{}\"}}",
+                f.magic,
+                f.name.escape_default(),
+                &h[..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..]
+            )
+        };
+        let layers: Vec<String> = self.layers.iter().map(id).collect();
+        let counters = self.measuring.stats_json();
+        format!(
+            "{},\"layers\":[{}],\"upper\":{}}}",
+            counters.trim_end_matches('}'),
+            layers.join(","),
+            self.upper.as_ref().map_or("null".to_string(), id)
+        )
+    }
+
     /// `mountpoint` joined with `inside` (components from the root down).
     pub fn path(&self, inside: &[&[u8]]) -> Vec<u8> {
         let mut p = self.mountpoint.clone();

@@ -396,7 +396,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             return None;
         }
         Some(match &self.measure {
-            Some(s) => s.measuring.stats_json().into_bytes(),
+            Some(s) => s.stats_json().into_bytes(),
             None => b"{\"policy_rules\":0}".to_vec(),
         })
     }

@@ -224,6 +224,26 @@ fn the_policy_decides_by_rule_order_mask_ids_and_the_serving_layer() {
     assert!(evmctl_accepts(&log), "evmctl rejects the list");
     let v = log_verify(&log);
     assert_eq!(v["entries"], want.len() + 1);
+    // What each layer reported: the image its uuid (as inspect shows), the upper ext4's.
+    let s = stats(&mnt);
+    let sb: serde_json::Value =
+        serde_json::from_slice(&run(verilay().arg("inspect").arg("--json").arg(&image)).stdout)
+            .unwrap();
+    assert_eq!(
+        s["layers"],
+        serde_json::json!([{"fsmagic": "0xe0f5e1e2", "fsname": "erofs", "fsuuid": sb["uuid"]}])
+    );
+    assert_eq!(
+        s["upper"],
+        serde_json::json!({"fsmagic": "0xef53", "fsname": "ext4", "fsuuid": UPPER_UUID})
+    );
+    assert_eq!(
+        sb["measured_as"],
+        format!(
+            "fsmagic=0xe0f5e1e2 fsname=erofs fsuuid={}",
+            sb["uuid"].as_str().unwrap()
+        )
+    );
 }
 
 #[test]
