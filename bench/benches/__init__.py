@@ -10,7 +10,7 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, fallocate, meta, mount, read, storm
+from . import build, digest, fallocate, ima, meta, mount, read, storm
 
 BENCHES = {
     "build": build,
@@ -20,4 +20,5 @@ BENCHES = {
     "fallocate": fallocate,
     "storm": storm,
     "meta": meta,
+    "ima": ima,
 }

@@ -33,6 +33,45 @@ def start(name, ctx, scratch, settings):
     return data, verilay, fov, cc
 
 
+class FreshFs:
+    """A filesystem of type `fstype` (an mkfs type) made afresh in a loop-mounted sparse
+    file in `scratch` and mounted at `mountpoint` by every `make()`, so no run inherits
+    the previous one's deletions: ext4 without a journal (this machine's root) skips
+    inodes freed in the last ~35 s when it allocates, which made creates 30x slower for
+    whichever tool ran after a removal. `drop()` unmounts it (waiting for FUSE daemons
+    to let go of directories on it) and deletes the file."""
+
+    def __init__(self, scratch, fstype, mountpoint, size=UPPERS_SIZE):
+        self.scratch, self.fstype, self.mountpoint, self.size = scratch, fstype, mountpoint, size
+        self.img = None
+
+    def make(self):
+        """Makes and mounts a new, empty filesystem at self.mountpoint."""
+        self.drop()
+        self.img = os.path.join(self.scratch, "uppers.img")
+        with open(self.img, "wb") as f:
+            f.truncate(self.size)
+        # Inode tables and journal written now, not by a kernel thread during the runs.
+        extra = ["-E", "lazy_itable_init=0,lazy_journal_init=0"] if "ext" in self.fstype else []
+        subprocess.run([f"mkfs.{self.fstype}", "-q", *extra, self.img], check=True,
+                       stdout=subprocess.DEVNULL)
+        os.makedirs(self.mountpoint, exist_ok=True)
+        subprocess.run(["mount", "-o", "loop", self.img, self.mountpoint], check=True)
+
+    def drop(self):
+        if self.img:
+            # The FUSE daemons let go of their upper directories as they exit.
+            for _ in range(50):
+                if subprocess.run(["umount", self.mountpoint],
+                                  stderr=subprocess.DEVNULL).returncode == 0:
+                    break
+                time.sleep(0.1)
+            else:
+                subprocess.run(["umount", "-l", self.mountpoint], check=True)
+            os.unlink(self.img)
+            self.img = None
+
+
 class WritableStacks:
     """One image as the lower layer of a writable stack, mounted side by side by the
     kernel's overlayfs and fuse-overlayfs (both over the image's kernel erofs mount) and
@@ -40,10 +79,8 @@ class WritableStacks:
     returns {tool: mountpoint}. fuse-overlayfs is left out when `fov` is None.
 
     With `fresh_fs` (an mkfs type), the upper and work directories live on a filesystem
-    made afresh in a loop-mounted sparse file for every `up()`, so no run inherits the
-    previous one's deletions: ext4 without a journal (this machine's root) skips inodes
-    freed in the last ~35 s when it allocates, which made creates 30x slower for
-    whichever tool ran after a removal."""
+    made afresh in a loop-mounted sparse file for every `up()` (a FreshFs: see there
+    why)."""
 
     TOOLS = ("overlay", "fuse-overlayfs", "verilay")
 
@@ -55,39 +92,14 @@ class WritableStacks:
         subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, self.lower], check=True)
         self.mounted = []
         self.uppers = os.path.join(scratch, "mounts")
-        self.uppers_img = None
-
-    def _fresh_uppers(self):
-        """Makes and mounts a new, empty filesystem at self.uppers."""
-        self._drop_uppers()
-        self.uppers_img = os.path.join(self.scratch, "uppers.img")
-        with open(self.uppers_img, "wb") as f:
-            f.truncate(UPPERS_SIZE)
-        # Inode tables and journal written now, not by a kernel thread during the runs.
-        extra = ["-E", "lazy_itable_init=0,lazy_journal_init=0"] if "ext" in self.fresh_fs else []
-        subprocess.run([f"mkfs.{self.fresh_fs}", "-q", *extra, self.uppers_img], check=True,
-                       stdout=subprocess.DEVNULL)
-        os.makedirs(self.uppers, exist_ok=True)
-        subprocess.run(["mount", "-o", "loop", self.uppers_img, self.uppers], check=True)
-
-    def _drop_uppers(self):
-        if self.uppers_img:
-            # The FUSE daemons let go of their upper directories as they exit.
-            for _ in range(50):
-                if subprocess.run(["umount", self.uppers], stderr=subprocess.DEVNULL).returncode == 0:
-                    break
-                time.sleep(0.1)
-            else:
-                subprocess.run(["umount", "-l", self.uppers], check=True)
-            os.unlink(self.uppers_img)
-            self.uppers_img = None
+        self.fresh = FreshFs(scratch, fresh_fs, self.uppers) if fresh_fs else None
 
     def up(self, rotate=0):
         """Mounts the stacks afresh; `rotate` shifts which tool comes first in the
         returned order, so no tool always runs right after the same other one."""
         self.down()
-        if self.fresh_fs:
-            self._fresh_uppers()
+        if self.fresh:
+            self.fresh.make()
         where = {}
         tools = [t for t in self.TOOLS if t != "fuse-overlayfs" or self.fov]
         r = rotate % len(tools)
@@ -119,5 +131,6 @@ class WritableStacks:
 
     def close(self):
         self.down()
-        self._drop_uppers()
+        if self.fresh:
+            self.fresh.drop()
         subprocess.run(["umount", "-l", self.lower], stderr=subprocess.DEVNULL)

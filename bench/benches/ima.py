@@ -1,0 +1,465 @@
+"""ima: what measuring file opens costs (issue 6, seed 0).
+
+Seed 0: CephFS reported a filesystem magic of 0, so Talos's `dont_measure fsmagic=` rule
+missed and every open was hashed. Two parts, all mounts by `verilay mount`, made afresh
+for every run, the configurations taking turns at going first:
+
+1. Seed 0's workloads on a writable merged tree (`--upper --work`, on an ext4 with its
+   journal made afresh in a loop file for every run, as meta's), three mounts side by side:
+
+     none           no policy
+     talos          dont_measure fsmagic=0xe0f5e1e2 (the image's magic), then
+                    measure func=FILE_CHECK mask=^MAY_READ uid=0, and the same with euid=0
+     wrong-magic    the same with the dont_measure naming CephFS's magic (0x00c36400)
+
+   create-0, create-1k, create-1m
+                  FS-Mark style: 500 files (200 with --quick) of 0 B, 1 KiB and 1 MiB over
+                  32 subdirectories, opened with O_CREAT|O_RDWR|O_TRUNC as fs_mark does (so
+                  every create is a measured open: its mask has MAY_READ); files per second
+   rsync          `rsync -a` of /usr/share/doc (usr-share dataset) into the mount; files/s
+   read-image     the same tree in the image, read through the mount after dropping
+                  caches (`tar -cf - doc | cat`); files/s. Image files are exempt under
+                  talos and hashed under wrong-magic: this is where the wrong magic pays.
+
+   Target: talos at least 0.9x none's rate on every workload; wrong-magic's ratio is
+   printed. The measured mounts' counters (files hashed, bytes) are in the JSON, and each
+   measured mount's list must pass `verilay log verify` (else the benchmark fails).
+
+2. Opening image files with `digest_type=verity`, read-only mounts of one image holding
+   8 files of 32 MiB and 2000 files of 4 KiB (4 of 8 MiB and 500 with --quick):
+
+     none           no policy
+     verity         measure func=FILE_CHECK digest_type=verity (the image's stored digests)
+     hash           measure func=FILE_CHECK (contents hashed with SHA-256, for contrast)
+
+   read-big-cold    drop caches, open and read each 32 MiB file in full; MiB/s
+   read-small-cold  drop caches, open, read and close each 4 KiB file; files/s
+
+   Target: verity at least 0.95x none's rate on the big files. The verity mount must hash
+   nothing (hashed = bytes_hashed = 0) and take stored digests (verity_digests > 0).
+"""
+
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import time
+
+from harness import datasets, report, stacks, timing, tools
+
+DESCRIPTION = "cost of measuring file opens (IMA policies; seed 0's wrong fsmagic, verity digests)"
+
+TALOS_RATIO = 0.9
+VERITY_RATIO = 0.95
+
+EROFS_MAGIC = "0xe0f5e1e2"
+CEPH_MAGIC = "0x00c36400"
+TALOS_RULES = ("measure func=FILE_CHECK mask=^MAY_READ uid=0\n"
+               "measure func=FILE_CHECK mask=^MAY_READ euid=0\n")
+WRITABLE = {"none": None,
+            "talos": f"dont_measure fsmagic={EROFS_MAGIC}\n" + TALOS_RULES,
+            "wrong-magic": f"dont_measure fsmagic={CEPH_MAGIC}\n" + TALOS_RULES}
+READONLY_WORKLOADS = ("read-big-cold", "read-small-cold")
+READONLY = {"none": None,
+            "verity": "measure func=FILE_CHECK digest_type=verity\n",
+            "hash": "measure func=FILE_CHECK\n"}
+
+IMA_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* ima create DIR NFILES NDIRS SIZE: FS-Mark style creates (O_CREAT|O_RDWR|O_TRUNC, write,
+   close); prints files per second.
+   ima read LIST: opens, reads in full and closes every file named in LIST (a path a line,
+   relative to the current directory); prints files, bytes and seconds. */
+static int create(const char *dir, int n, int nd, long size) {
+    char *buf = calloc(1, size > 0 ? size : 1);
+    memset(buf, 'x', size);
+    char p[4096];
+    for (int d = 0; d < nd; d++) {
+        snprintf(p, sizeof p, "%s/d%02d", dir, d);
+        if (mkdir(p, 0755) && access(p, F_OK))
+            return 3;
+    }
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);
+        int fd = open(p, O_CREAT | O_RDWR | O_TRUNC, 0644);
+        if (fd < 0)
+            return 4;
+        if (size > 0 && write(fd, buf, size) != size)
+            return 5;
+        close(fd);
+    }
+    printf("%.1f\n", n / (now() - t0));
+    return 0;
+}
+
+static int readall(const char *list) {
+    FILE *f = fopen(list, "r");
+    if (!f)
+        return 3;
+    size_t cap = 1024, n = 0;
+    char line[4096], **paths = malloc(cap * sizeof *paths);
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (n == cap)
+            paths = realloc(paths, (cap *= 2) * sizeof *paths);
+        paths[n++] = strdup(line);
+    }
+    fclose(f);
+    static char buf[1 << 20];
+    long long bytes = 0;
+    double t0 = now();
+    for (size_t i = 0; i < n; i++) {
+        int fd = open(paths[i], O_RDONLY);
+        if (fd < 0)
+            return 4;
+        ssize_t k;
+        while ((k = read(fd, buf, sizeof buf)) > 0)
+            bytes += k;
+        if (k < 0)
+            return 5;
+        close(fd);
+    }
+    printf("%zu %lld %.6f\n", n, bytes, now() - t0);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 6 && !strcmp(argv[1], "create"))
+        return create(argv[2], atoi(argv[3]), atoi(argv[4]), atol(argv[5]));
+    if (argc == 3 && !strcmp(argv[1], "read"))
+        return readall(argv[2]);
+    return 2;
+}
+"""
+
+
+def timed(argv, cwd=None):
+    os.sync()
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def drop_caches():
+    why = timing.drop_caches()
+    if why:
+        raise RuntimeError(why)
+
+
+def counters(verilay, mnt):
+    """`verilay stats --json MNT` as a dict."""
+    out = subprocess.run([verilay, "stats", "--json", mnt], check=True, capture_output=True,
+                         text=True)
+    return json.loads(out.stdout)
+
+
+def delta(after, before):
+    """What a workload moved the counters by (the numbers of `verilay stats --json`)."""
+    return {k: v - before[k] for k, v in after.items()
+            if isinstance(v, int) and k != "policy_rules"}
+
+
+def verify_log(verilay, log):
+    """`verilay log verify --json LOG`, which must succeed: a list that does not verify
+    is a bug in verilay, and fails the benchmark."""
+    argv = [verilay, "log", "verify", "--json", log]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"`{' '.join(argv)}` failed (exit status {out.returncode}):\n"
+                           f"{out.stdout}{out.stderr}")
+    return json.loads(out.stdout)
+
+
+class Recorder:
+    """Rates {(workload, config): [per run]} and, for the measured mounts, what each
+    workload moved their counters by {(workload, config): [per run]}."""
+
+    def __init__(self, verilay):
+        self.verilay, self.samples, self.counted, self.last = verilay, {}, {}, {}
+
+    def start(self, where, measured):
+        """A run on freshly made mounts {config: mountpoint}; `measured` have a policy."""
+        self.where = where
+        self.last = {c: counters(self.verilay, where[c]) for c in measured}
+
+    def note(self, wl, cfg, rate):
+        self.samples.setdefault((wl, cfg), []).append(rate)
+        if cfg in self.last:
+            now = counters(self.verilay, self.where[cfg])
+            self.counted.setdefault((wl, cfg), []).append(delta(now, self.last[cfg]))
+            self.last[cfg] = now
+
+
+class Mounts:
+    """One image mounted by verilay once per policy ({name: policy text or None}), side
+    by side; `up()` mounts them afresh, with fresh measurement lists (and with
+    `writable`, empty upper directories on an ext4 made afresh, see stacks.FreshFs), and
+    returns {name: mountpoint} in turn order. `logs[name]` is the list's directory."""
+
+    def __init__(self, scratch, image, verilay, policies, writable):
+        self.scratch, self.image, self.verilay = scratch, image, verilay
+        self.writable = writable
+        self.base = os.path.join(scratch, "mounts" if writable else "ro-mounts")
+        self.fresh = stacks.FreshFs(scratch, "ext4", self.base) if writable else None
+        self.policies = {}
+        for name, text in policies.items():
+            if text is not None:
+                self.policies[name] = os.path.join(scratch, f"{name}.policy")
+                with open(self.policies[name], "w") as f:
+                    f.write(text)
+        self.names = list(policies)
+        self.mounted, self.logs = [], {}
+
+    def up(self, run, rotate=0):
+        self.down()
+        if self.fresh:
+            self.fresh.make()
+        where = {}
+        r = rotate % len(self.names)
+        for name in self.names[r:] + self.names[:r]:
+            base = os.path.join(self.base, name)
+            shutil.rmtree(base, ignore_errors=True)
+            mnt = os.path.join(base, "mnt")
+            os.makedirs(mnt)
+            argv = [self.verilay, "mount", self.image]
+            if self.writable:
+                up, work = os.path.join(base, "up"), os.path.join(base, "work")
+                os.makedirs(up)
+                os.makedirs(work)
+                argv += ["--upper", up, "--work", work]
+            argv.append(mnt)
+            if name in self.policies:
+                log = os.path.join(self.scratch, "logs", f"{os.path.basename(self.base)}-"
+                                   f"run{run}-{name}")
+                os.makedirs(log)
+                self.logs[name] = log
+                argv += ["--policy", self.policies[name], "--measure-log", log]
+            subprocess.run(argv + ["--quiet"], check=True)
+            self.mounted.append(mnt)
+            where[name] = mnt
+        return where
+
+    def down(self):
+        for m in reversed(self.mounted):
+            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
+        if self.mounted:
+            time.sleep(0.3)
+        self.mounted, self.logs = [], {}
+
+    def close(self):
+        self.down()
+        if self.fresh:
+            self.fresh.drop()
+
+
+def writable_part(ctx, verilay, binary, scratch, data):
+    """Part 1: seed 0's workloads under none / talos / wrong-magic (a Recorder)."""
+    tree = os.path.join(datasets.usr_share().path, "doc")
+    nfiles = sum(len(fs) for _, _, fs in os.walk(tree))
+    nregular = sum(1 for root, _, fs in os.walk(tree) for f in fs
+                   if os.path.isfile(os.path.join(root, f))
+                   and not os.path.islink(os.path.join(root, f)))
+    lower_src = os.path.join(scratch, "lower-src")
+    os.makedirs(lower_src)
+    shutil.copytree(tree, os.path.join(lower_src, "doc"), symlinks=True)
+    image = os.path.join(scratch, "lower.img")
+    subprocess.run([verilay, "build", lower_src, "-o", image, "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL)
+    shutil.rmtree(lower_src)
+    n = 200 if ctx.quick else 500
+    storms = {"create-0": 0, "create-1k": 1024, "create-1m": 1 << 20}
+    data["settings"].update(storm_files=n, storm_dirs=32, tree_files=nfiles,
+                            image_tree_regular_files=nregular, writable_policies=WRITABLE)
+    rec, logs = Recorder(verilay), {}
+    mounts = Mounts(scratch, image, verilay, WRITABLE, writable=True)
+    try:
+        for i in range(ctx.runs):
+            print(f"  writable tree, run {i + 1}/{ctx.runs}", flush=True)
+            where = mounts.up(i, rotate=i)
+            rec.start(where, mounts.logs)
+            for cfg, mnt in where.items():
+                for wl, size in storms.items():
+                    d = os.path.join(mnt, wl)
+                    os.makedirs(d)
+                    os.sync()
+                    out = subprocess.run([binary, "create", d, str(n), "32", str(size)],
+                                         check=True, capture_output=True, text=True)
+                    rec.note(wl, cfg, float(out.stdout.split()[0]))
+                secs = timed(["rsync", "-a", tree + "/", os.path.join(mnt, "rsync") + "/"])
+                rec.note("rsync", cfg, nfiles / secs)
+                drop_caches()
+                # Not `tar -f /dev/null`: GNU tar then skips reading the files.
+                secs = timed(["bash", "-o", "pipefail", "-c",
+                              f"tar -C {shlex.quote(mnt)} -cf - doc | cat >/dev/null"])
+                rec.note("read-image", cfg, nregular / secs)
+            for cfg, log in mounts.logs.items():
+                logs.setdefault(cfg, []).append({"stats": rec.last[cfg],
+                                                 "verify": verify_log(verilay, log)})
+    finally:
+        mounts.close()
+    data["mount_stats"]["writable"] = logs
+    return rec
+
+
+def write_random(path, size):
+    with open(path, "wb") as f:
+        for off in range(0, size, 1 << 20):
+            f.write(os.urandom(min(1 << 20, size - off)))
+
+
+def readonly_part(ctx, verilay, binary, scratch, data):
+    """Part 2: opening image files under none / verity / hash, read-only mounts (a
+    Recorder)."""
+    nbig, big_size = (4, 8 << 20) if ctx.quick else (8, 32 << 20)
+    nsmall, small_size = (500, 4096) if ctx.quick else (2000, 4096)
+    data["settings"].update(big_files=nbig, big_size=big_size, small_files=nsmall,
+                            small_size=small_size, readonly_policies=READONLY)
+    src = os.path.join(scratch, "ro-src")
+    big = [f"big/b{i}" for i in range(nbig)]
+    small = [f"small/d{i % 32:02d}/f{i:05d}" for i in range(nsmall)]
+    for p in big:
+        os.makedirs(os.path.dirname(os.path.join(src, p)), exist_ok=True)
+        write_random(os.path.join(src, p), big_size)
+    for p in small:
+        os.makedirs(os.path.dirname(os.path.join(src, p)), exist_ok=True)
+        write_random(os.path.join(src, p), small_size)
+    image = os.path.join(scratch, "ro.img")
+    subprocess.run([verilay, "build", src, "-o", image, "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL)
+    shutil.rmtree(src)
+    lists = {}
+    for wl, paths in (("read-big-cold", big), ("read-small-cold", small)):
+        lists[wl] = os.path.join(scratch, f"{wl}.list")
+        with open(lists[wl], "w") as f:
+            f.write("".join(p + "\n" for p in sorted(paths)))
+    expect = {"read-big-cold": (nbig, nbig * big_size),
+              "read-small-cold": (nsmall, nsmall * small_size)}
+    rec, logs = Recorder(verilay), {}
+    mounts = Mounts(scratch, image, verilay, READONLY, writable=False)
+    try:
+        for i in range(ctx.runs):
+            print(f"  read-only image, run {i + 1}/{ctx.runs}", flush=True)
+            where = mounts.up(i, rotate=i)
+            rec.start(where, mounts.logs)
+            for wl, listfile in lists.items():
+                for cfg, mnt in where.items():
+                    drop_caches()
+                    out = subprocess.run([binary, "read", listfile], cwd=mnt, check=True,
+                                         capture_output=True, text=True).stdout.split()
+                    files, nbytes, secs = int(out[0]), int(out[1]), float(out[2])
+                    if (files, nbytes) != expect[wl]:
+                        raise RuntimeError(f"{wl} through {cfg}: read {files} files, "
+                                           f"{nbytes} bytes; expected {expect[wl]}")
+                    rec.note(wl, cfg, nbytes / secs / 2**20 if wl == "read-big-cold"
+                             else files / secs)
+            for cfg, log in mounts.logs.items():
+                logs.setdefault(cfg, []).append({"stats": rec.last[cfg],
+                                                 "verify": verify_log(verilay, log)})
+            s = rec.last["verity"]
+            # digest_type=verity takes the image's stored digests: no file data at open.
+            if s["hashed"] != 0 or s["bytes_hashed"] != 0 or s["verity_digests"] <= 0:
+                raise RuntimeError(f"verity mount hashed file data or took no stored "
+                                   f"digests: verilay stats --json {where['verity']}: {s}")
+    finally:
+        mounts.close()
+    data["mount_stats"]["readonly"] = logs
+    return rec
+
+
+def run(ctx):
+    scratch = datasets.scratch_dir("ima")
+    verilay, why = tools.verilay(scratch)
+    data = {"bench": "ima", "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick},
+            "results": {}, "units": {}, "counters": {}, "mount_stats": {}, "targets": []}
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not verilay or os.geteuid() != 0 or not cc:
+        reason = why or ("needs root (mounts, dropping caches)" if cc else "needs a C compiler")
+        print(f"ima bench skipped: {reason}")
+        data["targets"].append(report.target("ima", None, reason))
+        return data
+    binary = os.path.join(scratch, "ima")
+    with open(binary + ".c", "w") as f:
+        f.write(IMA_C)
+    subprocess.run([cc, "-O2", "-o", binary, binary + ".c"], check=True)
+
+    parts = [(writable_part(ctx, verilay, binary, scratch, data), list(WRITABLE)),
+             (readonly_part(ctx, verilay, binary, scratch, data), list(READONLY))]
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    print()
+    for rec, cfgs in parts:
+        a, b, c = cfgs
+        workloads = list(dict.fromkeys(wl for wl, _ in rec.samples))
+        for wl in workloads:
+            data["units"][wl] = "MiB/s" if wl == "read-big-cold" else "files/s"
+            data["results"][wl] = {x: {"per_s": rec.samples[(wl, x)],
+                                       "median": statistics.median(rec.samples[(wl, x)])}
+                                   for x in cfgs}
+            data["counters"][wl] = {x: rec.counted[(wl, x)] for x in (b, c)}
+        rows = []
+        for wl in workloads:
+            r = data["results"][wl]
+            rows.append([wl, data["units"][wl]] + [f"{r[x]['median']:,.1f}" for x in cfgs]
+                        + [f"{r[x]['median'] / r[a]['median']:.2f}" for x in (b, c)])
+        report.print_table(["workload", "unit", *cfgs, f"{b}/{a}", f"{c}/{a}"], rows, left=2)
+        print()
+        rows = []
+        for wl in workloads:
+            med = {x: {k: statistics.median(d[k] for d in data["counters"][wl][x])
+                       for k in ("hashed", "bytes_hashed")} for x in (b, c)}
+            rows.append([wl] + [f"{med[x]['hashed']:,.0f} / {med[x]['bytes_hashed'] / 2**20:,.1f}"
+                                for x in (b, c)])
+        report.print_table(["files hashed / MiB hashed, per run", b, c], rows)
+        print()
+
+    res = data["results"]
+    writable_workloads = [wl for wl in res if wl not in READONLY_WORKLOADS]
+    for wl in writable_workloads:
+        ratio = res[wl]["talos"]["median"] / res[wl]["none"]["median"]
+        data["targets"].append(report.target(
+            f"{wl}: talos vs none", ratio >= TALOS_RATIO,
+            f"{ratio:.2f}x none's rate (target >= {TALOS_RATIO}x)"))
+    r = res["read-big-cold"]
+    ratio = r["verity"]["median"] / r["none"]["median"]
+    data["targets"].append(report.target(
+        "read-big-cold: verity vs none", ratio >= VERITY_RATIO,
+        f"{ratio:.2f}x none's MiB/s (target >= {VERITY_RATIO}x)"))
+    for wl in writable_workloads:
+        print(f"INFO  {wl}: wrong-magic "
+              f"{res[wl]['wrong-magic']['median'] / res[wl]['none']['median']:.2f}x none's rate")
+    print(f"INFO  read-big-cold: hash {r['hash']['median'] / r['none']['median']:.2f}x "
+          "none's MiB/s")
+    r = res["read-small-cold"]
+    print(f"INFO  read-small-cold: verity {r['verity']['median'] / r['none']['median']:.2f}x, "
+          f"hash {r['hash']['median'] / r['none']['median']:.2f}x none's files/s (measured: a "
+          "FUSE OPEN per file; unmeasured: none after the first)")
+    return data
+
+
+def plot(data, png_path):
+    if not data["results"]:
+        return
+    rows = [(f"{wl} ({data['units'][wl]})",
+             {"rate": [{"label": c, "value": r["median"], "lo": min(r["per_s"]),
+                        "hi": max(r["per_s"])} for c, r in per.items()]})
+            for wl, per in data["results"].items()]
+    report.bar_grid(png_path, "cost of measuring file opens (higher is better)",
+                    rows, [("rate", "per second")])
