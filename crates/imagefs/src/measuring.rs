@@ -17,7 +17,10 @@ use measure::policy::{Access, FsIdentity, Func, Policy, TaskIds};
 use measure::policy::{MAY_APPEND, MAY_EXEC, MAY_READ, MAY_WRITE};
 use std::io::{self, Read as _};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+/// How long a new entry may wait in memory before it is written to the list's files.
+const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The open flag the kernel adds to an exec's open (`__FMODE_EXEC`).
 const FMODE_EXEC: i32 = 0x20;
@@ -120,7 +123,9 @@ pub trait Content {
 
 pub struct Measuring {
     policy: Policy,
-    log: Mutex<Log>,
+    /// Shared with the flusher thread, which writes new entries out every
+    /// `FLUSH_EVERY` so no open waits for the list's files.
+    log: Arc<Mutex<Log>>,
     algo: HashAlgo,
     cache: papaya::HashMap<ContentKey, Cached>,
     pub counters: Counters,
@@ -128,9 +133,19 @@ pub struct Measuring {
 
 impl Measuring {
     pub fn new(policy: Policy, log: Log, algo: HashAlgo) -> Measuring {
+        let log = Arc::new(Mutex::new(log));
+        let weak = Arc::downgrade(&log);
+        std::thread::spawn(move || {
+            while let Some(log) = weak.upgrade() {
+                // A failure leaves the list broken: later measured opens then fail.
+                let _ = log.lock().unwrap_or_else(|p| p.into_inner()).flush();
+                drop(log);
+                std::thread::sleep(FLUSH_EVERY);
+            }
+        });
         Measuring {
             policy,
-            log: Mutex::new(log),
+            log,
             algo,
             cache: papaya::HashMap::new(),
             counters: Counters::default(),
@@ -298,7 +313,12 @@ impl Measuring {
     pub fn stats_json(&self) -> String {
         let c = &self.counters;
         let get = |a: &Counter| a.get();
-        let entries = self.log.lock().unwrap_or_else(|p| p.into_inner()).entries();
+        // Flushed first: the list's files hold every entry counted once this returns.
+        let entries = {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = log.flush();
+            log.entries()
+        };
         format!(
             "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"entries\":{}}}",
             self.policy.len(),

@@ -23,11 +23,11 @@
 //! PCR <- H(PCR || digest). Integers are host-endian, which on x86-64 is what
 //! `ima_canonical_fmt` (little-endian) would give.
 //!
-//! Writes: each entry's record is appended to the four list files, then the count and the
-//! extended PCR's line in each PCR file are rewritten in place (the count only grows and PCR
-//! lines have a fixed width, so each is one write at a fixed offset): seven writes and no
-//! sync per entry, as measuring sits on the open path. [`Log::sync`] (at unmount) makes it
-//! all durable. A crash between syncs can leave the files disagreeing; they then no longer
+//! Writes: an appended entry extends the PCRs in memory at once and is written by the next
+//! [`Log::flush`] (the mount flushes every few milliseconds, off the open path): its records
+//! appended to the four list files, then the count and the PCR files rewritten in place
+//! (the count only grows and the PCR files keep their length), seven writes however many
+//! entries. [`Log::sync`] (at unmount) flushes and makes it all durable. A crash between syncs can leave the files disagreeing; they then no longer
 //! verify and [`Log::open`] refuses to continue them (a measurement list that lost entries
 //! must not be silently patched up). One writer per directory.
 
@@ -535,6 +535,8 @@ pub struct Log {
     /// only grows, and a PCR file's lines have a fixed width, so one write at a fixed
     /// offset updates each (no temporary file, no rename, no sync per entry).
     state: Vec<(PathBuf, File)>,
+    /// Entries taken but not yet written (see [`Log::flush`]).
+    pending: Vec<Entry>,
     entries: u64,
     pcrs: Pcrs,
     /// (PCR, SHA-256 template digest) of every entry: the kernel's duplicate check
@@ -607,6 +609,7 @@ impl Log {
             dir: dir.to_path_buf(),
             lists,
             state,
+            pending: Vec::new(),
             entries,
             pcrs,
             seen,
@@ -629,6 +632,7 @@ impl Log {
         log.broken = false;
         if fresh {
             log.push(Entry::boot_aggregate())?;
+            log.flush()?;
         }
         Ok(log)
     }
@@ -665,40 +669,58 @@ impl Log {
         Ok(true)
     }
 
+    /// Takes the entry into the list: the PCRs are extended and the entry waits in memory
+    /// for [`Log::flush`], which writes any number of entries with seven writes.
     fn push(&mut self, entry: Entry) -> Result<(), LogError> {
+        self.pcrs.extend(entry.pcr, &entry.sha1, &entry.sha256);
+        self.entries += 1;
+        self.seen.insert((entry.pcr, entry.sha256));
+        self.pending.push(entry);
+        Ok(())
+    }
+
+    /// Writes the entries taken since the last flush: their records appended to the four
+    /// list files, then the count and both PCR files rewritten in place (the count only
+    /// grows, the PCR files keep their length).
+    pub fn flush(&mut self) -> Result<(), LogError> {
+        if self.broken {
+            return Err(LogError::Broken);
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         // Anything failing from here on may leave the files disagreeing with each other.
         self.broken = true;
         for ((path, f), (_, bank, ascii)) in self.lists.iter_mut().zip(LISTS) {
-            let bytes = if ascii {
-                entry.ascii_bytes(bank)
-            } else {
-                entry.binary_record(bank)
-            };
+            let mut bytes = Vec::new();
+            for entry in &self.pending {
+                bytes.extend(if ascii {
+                    entry.ascii_bytes(bank)
+                } else {
+                    entry.binary_record(bank)
+                });
+            }
             f.write_all(&bytes).map_err(io_err(path))?;
         }
-        let mut pcrs = self.pcrs.clone();
-        pcrs.extend(entry.pcr, &entry.sha1, &entry.sha256);
-        let entries = self.entries + 1;
-        // The count never gets shorter; a PCR's line is at a fixed offset.
-        let (path, f) = &self.state[0];
-        f.write_all_at(format!("{entries}\n").as_bytes(), 0)
-            .map_err(io_err(path))?;
-        for (i, bank) in [(1, Bank::Sha1), (2, Bank::Sha256)] {
-            let value = pcrs.get(bank, entry.pcr).unwrap_or(&[]);
-            let line = format!("PCR-{:02}: {}\n", entry.pcr, to_hex(value));
+        for (i, text) in [
+            format!("{}\n", self.entries),
+            self.pcrs.file_text(Bank::Sha1),
+            self.pcrs.file_text(Bank::Sha256),
+        ]
+        .iter()
+        .enumerate()
+        {
             let (path, f) = &self.state[i];
-            f.write_all_at(line.as_bytes(), u64::from(entry.pcr) * line.len() as u64)
-                .map_err(io_err(path))?;
+            f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
         }
-        self.pcrs = pcrs;
-        self.entries = entries;
-        self.seen.insert((entry.pcr, entry.sha256));
+        self.pending.clear();
         self.broken = false;
         Ok(())
     }
 
     /// Makes everything written so far durable (fsync of the files and the directory).
     pub fn sync(&mut self) -> Result<(), LogError> {
+        self.flush()?;
         for (path, f) in self.lists.iter().chain(&self.state) {
             f.sync_data().map_err(io_err(path))?;
         }
@@ -1212,6 +1234,7 @@ mod tests {
         let mut log2 = Log::open(t2.path()).unwrap();
         log2.append(10, &a).unwrap();
         log2.append(10, &b).unwrap();
+        log2.flush().unwrap();
         assert_eq!(snapshot(t.path()), snapshot(t2.path()));
         let report = crate::verify::verify(t.path()).unwrap();
         assert_eq!(report.entries, 3);
@@ -1292,6 +1315,7 @@ mod tests {
         }
         assert_eq!(snapshot(t.path()), before);
         assert!(log.append(10, &Event { path: &max, ..ok }).unwrap());
+        log.flush().unwrap();
         assert_eq!(crate::verify::verify(t.path()).unwrap().entries, 2);
         // Unchecked input to Entry::new still encodes without panicking.
         let e = Entry::new(
@@ -1329,5 +1353,12 @@ mod tests {
         assert_eq!(from_hex(b"00ffAb"), Some(vec![0, 0xff, 0xab]));
         assert_eq!(from_hex(b"0"), None);
         assert_eq!(from_hex(b"0g"), None);
+    }
+}
+
+impl Drop for Log {
+    /// Whatever was taken is written (not synced) when the list is let go.
+    fn drop(&mut self) {
+        let _ = self.flush();
     }
 }

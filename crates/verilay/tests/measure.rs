@@ -220,6 +220,8 @@ fn the_policy_decides_by_rule_order_mask_ids_and_the_serving_layer() {
         )
     })
     .collect();
+    // Asking for the counters also writes out entries still waiting to be written.
+    stats(&mnt);
     assert_eq!(entries(&log), want);
     assert!(evmctl_accepts(&log), "evmctl rejects the list");
     let v = log_verify(&log);
