@@ -744,6 +744,13 @@ impl Log {
     }
 }
 
+impl Drop for Log {
+    /// Whatever was taken is written (not synced) when the list is let go.
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1353,12 +1360,5 @@ mod tests {
         assert_eq!(from_hex(b"00ffAb"), Some(vec![0, 0xff, 0xab]));
         assert_eq!(from_hex(b"0"), None);
         assert_eq!(from_hex(b"0g"), None);
-    }
-}
-
-impl Drop for Log {
-    /// Whatever was taken is written (not synced) when the list is let go.
-    fn drop(&mut self) {
-        let _ = self.flush();
     }
 }
