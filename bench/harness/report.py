@@ -82,6 +82,7 @@ def bar_grid(path, title, rows, columns):
             ax.set_ylabel(axis_label)
             ax.set_title(row_label, fontsize=9)
     fig.suptitle(title)
-    fig.tight_layout()
+    # Room at the top for the title, whatever the number of rows.
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)
