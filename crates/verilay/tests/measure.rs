@@ -138,6 +138,15 @@ fn sh_ok(script: &str) {
     );
 }
 
+/// A temporary directory holding `source_tree`'s tree and an image of it.
+fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let src = source_tree(t.path());
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    (t, src, image)
+}
+
 fn source_tree(base: &Path) -> PathBuf {
     let src = base.join("src");
     fs::create_dir_all(&src).unwrap();
@@ -159,11 +168,8 @@ fn the_policy_decides_by_rule_order_mask_ids_and_the_serving_layer() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
+    let (t, _, image) = fixture();
     let base = t.path();
-    let src = source_tree(base);
-    let image = base.join("img");
-    build(&src, &image, &["--quiet"]);
     let upperfs = ext4_with_uuid(base);
     let d = dirs(&upperfs.dir, "m");
     let policy = base.join("policy");
@@ -253,11 +259,8 @@ fn an_unchanged_file_is_hashed_once_and_a_changed_one_once_more() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
+    let (t, src, image) = fixture();
     let base = t.path();
-    let src = source_tree(base);
-    let image = base.join("img");
-    build(&src, &image, &["--quiet"]);
     let d = dirs(base, "c");
     let policy = base.join("policy");
     fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
@@ -320,11 +323,8 @@ fn verity_digests_are_measured_without_reading_file_data() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
+    let (t, src, image) = fixture();
     let base = t.path();
-    let src = source_tree(base);
-    let image = base.join("img");
-    build(&src, &image, &["--quiet"]);
     let policy = base.join("policy");
     fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
     let log = base.join("log");
@@ -373,11 +373,8 @@ fn a_bad_policy_or_a_tampered_list_stops_the_mount() {
     if prerequisites() {
         return;
     }
-    let t = tempfile::tempdir().unwrap();
+    let (t, _, image) = fixture();
     let base = t.path();
-    let src = source_tree(base);
-    let image = base.join("img");
-    build(&src, &image, &["--quiet"]);
     let mnt = base.join("mnt");
     fs::create_dir_all(&mnt).unwrap();
     let policy = base.join("policy");
