@@ -149,7 +149,10 @@ fn verilay_rejects(dir: &Path, error: &str) {
     assert!(o.stdout.is_empty(), "{}", text(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stderr),
-        format!("verilay: error: {error}\n")
+        format!(
+            "verilay: error: measurement list {}: {error}\n",
+            dir.display()
+        )
     );
 }
 
@@ -317,11 +320,15 @@ fn verilay_log_verify_reports_and_rejects() {
     open_refuses(&dir, &err);
 
     // Not a list at all.
-    let o = verilay_verify(&t.path().join("missing"));
+    let missing = t.path().join("missing");
+    let o = verilay_verify(&missing);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stderr),
-        "verilay: error: pcrs_sha1: cannot open: No such file or directory (os error 2)\n"
+        format!(
+            "verilay: error: measurement list {}: pcrs_sha1: cannot open: No such file or directory (os error 2)\n",
+            missing.display()
+        )
     );
 }
 
@@ -416,8 +423,10 @@ fn evmctl_accepts_the_list_and_rejects_tampering() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.starts_with("verilay: error: binary_runtime_measurements: offset ")
-            && err.contains("(entry 5): truncated record")
+        err.starts_with(&format!(
+            "verilay: error: measurement list {}: binary_runtime_measurements: offset ",
+            dir.display()
+        )) && err.contains("(entry 5): truncated record")
             && err.lines().count() == 1
             && !err.contains("panicked"),
         "{err}"

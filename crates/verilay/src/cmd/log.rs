@@ -2,6 +2,7 @@
 //! and checks it against its PCR files (`measure::verify`), stricter than `evmctl
 //! ima_measurement`: every entry must be covered by the PCR values.
 
+use anyhow::Context;
 use measure::log::to_hex;
 use std::path::PathBuf;
 
@@ -34,7 +35,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 fn verify(a: VerifyArgs) -> anyhow::Result<i32> {
-    let report = measure::verify::verify(&a.dir)?;
+    // The file names in verify's errors are relative to the directory: name it too.
+    let report = measure::verify::verify(&a.dir)
+        .with_context(|| format!("measurement list {}", a.dir.display()))?;
     if a.json {
         let pcrs: Vec<serde_json::Value> = report
             .pcrs
