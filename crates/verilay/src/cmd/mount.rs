@@ -282,6 +282,7 @@ fn serve(a: Args) -> anyhow::Result<i32> {
         // line for us alone; nothing else in this process owns or closes it.
         std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) })
     });
+    report_panics(&a);
     let result = mount_and_wait(&a, ready);
     match result {
         Ok(()) => Ok(0),
@@ -291,6 +292,31 @@ fn serve(a: Args) -> anyhow::Result<i32> {
         }
         Err((e, None)) => Err(e),
     }
+}
+
+/// A detached daemon's stderr goes nowhere: a panic (a bug) is also said in the system
+/// log and the --log file, so a mount that vanished leaves a trace.
+fn report_panics(a: &Args) {
+    let log = a.log.clone();
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let line = format!(
+            "verilay[{}]: panic: {}\n",
+            std::process::id(),
+            info.to_string().replace('\n', " ")
+        );
+        syslog(&line);
+        if let Some(p) = &log {
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+        default(info);
+    }));
 }
 
 /// Below this many descriptors, `mount --upper` warns.
