@@ -17,21 +17,39 @@ struct FuseMount {
     dir: PathBuf,
     /// What `verilay mount` said on stderr.
     said: String,
+    /// The daemon's --log file (integrity failures, panics), shown if the test fails.
+    log: Option<PathBuf>,
 }
 
 impl FuseMount {
     fn new(image: &Path, dir: &Path, extra: &[&str]) -> FuseMount {
         std::fs::create_dir_all(dir).unwrap();
-        let out = run(verilay().arg("mount").arg(image).arg(dir).args(extra));
+        let log = (!extra.contains(&"--log")).then(|| dir.with_extension("daemon.log"));
+        let mut cmd = verilay();
+        cmd.arg("mount").arg(image).arg(dir).args(extra);
+        if let Some(l) = &log {
+            cmd.arg("--log").arg(l);
+        }
+        let out = run(&mut cmd);
         FuseMount {
             dir: dir.to_path_buf(),
             said: String::from_utf8_lossy(&out.stderr).into_owned(),
+            log,
         }
     }
 }
 
 impl Drop for FuseMount {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(text) = self
+                .log
+                .as_ref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+            {
+                eprintln!("daemon log of {}:\n{text}", self.dir.display());
+            }
+        }
         let _ = verilay()
             .arg("umount")
             .arg("--lazy")
