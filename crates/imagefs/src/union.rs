@@ -135,7 +135,7 @@ pub struct UnionFs<S: ByteSource> {
     /// With a policy: opens are measured (see `measuring`), and the handles that can write
     /// are known, so a writer's close marks its file changed.
     measure: Option<Setup>,
-    writer_fhs: papaya::HashMap<u64, u64>,
+    writer_fhs: papaya::HashMap<u64, (u64, ContentKey)>,
     name: String,
     log: Logger,
 }
@@ -310,18 +310,19 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some(s) = &self.measure else {
             return Ok(());
         };
-        let n = self.node(id)?;
-        let Some((fs, key, cookie, owner)) = self.measured_as(s, &n)? else {
+        let guard = self.nodes.guard();
+        let n = self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?;
+        let Some((fs, key, cookie, owner)) = self.measured_as(s, n)? else {
             return Ok(());
         };
         if crate::measuring::writes(flags) {
             n.io.writers.fetch_add(1, Ordering::AcqRel);
-            self.writer_fhs.pin().insert(fh, id);
+            self.writer_fhs.pin().insert(fh, (id, key));
             s.measuring.changed(key);
         }
         let owner = match owner {
             Some(o) => o,
-            None => self.attr(id, &n).map(|a| (a.uid, a.gid))?,
+            None => self.attr(id, n).map(|a| (a.uid, a.gid))?,
         };
         let o = Opening {
             flags,
@@ -334,7 +335,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         };
         let content = UnionContent {
             fs: self,
-            node: &n,
+            node: n,
             id,
             setup: s,
         };
@@ -367,15 +368,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some(s) = &self.measure else {
             return;
         };
-        let Some(id) = self.writer_fhs.pin().remove(&fh).copied() else {
+        let Some((id, key)) = self.writer_fhs.pin().remove(&fh).copied() else {
             return;
         };
-        if let Ok(n) = self.node(id) {
+        let _ = self.with_node(id, |n| {
             n.io.writers.fetch_sub(1, Ordering::AcqRel);
-            if let Ok(Some((_, key, _, _))) = self.measured_as(s, &n) {
-                s.measuring.changed(key);
-            }
-        }
+            Ok(())
+        });
+        s.measuring.changed(key);
     }
 
     /// With a policy: node `id`'s content changed without an open (a truncation by path).
