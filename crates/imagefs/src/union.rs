@@ -30,7 +30,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 use measure::policy::FsIdentity;
-use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -136,10 +136,6 @@ pub struct UnionFs<S: ByteSource> {
     /// are known, so a writer's close marks its file changed.
     measure: Option<Setup>,
     writer_fhs: papaya::HashMap<u64, (u64, ContentKey)>,
-    /// Every cached upper object holds a descriptor: past this descriptor number, the
-    /// kernel is asked to drop cached entries (see `ease_descriptors`), once at a time.
-    descriptor_budget: i32,
-    easing: Arc<std::sync::atomic::AtomicBool>,
     name: String,
     log: Logger,
 }
@@ -227,8 +223,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             passthrough: false,
             measure: None,
             writer_fhs: papaya::HashMap::new(),
-            descriptor_budget: descriptor_budget(),
-            easing: Arc::default(),
             upper,
             name,
             log,
@@ -249,44 +243,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             },
         );
         Ok(fs)
-    }
-
-    /// Near the descriptor limit: asks the kernel to drop half of the cached entries
-    /// of upper objects (from another thread: an invalidation waits for the directory's
-    /// lock, which a request in it may hold). Entries nobody uses go, their inodes are
-    /// forgotten, and the FORGETs close the descriptors; anything still used just gets
-    /// looked up again. Without this, creation would fail with EMFILE until memory
-    /// pressure made the kernel forget inodes on its own.
-    fn ease_descriptors(&self) {
-        if self.easing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Some(notifier) = self.notifier.get().cloned() else {
-            self.easing.store(false, Ordering::Release);
-            return;
-        };
-        let nodes = self.nodes.pin();
-        let upper = nodes
-            .iter()
-            .filter(|(id, n)| **id != 1 && n.upper.is_some());
-        let victims: Vec<(u64, Vec<u8>)> = upper
-            .step_by(2)
-            .map(|(_, n)| (n.parent, n.name.clone()))
-            .collect();
-        (self.log)(&format!(
-            "{}: near the descriptor limit; asking the kernel to drop {} cached entries",
-            self.name,
-            victims.len()
-        ));
-        let easing = self.easing.clone();
-        std::thread::spawn(move || {
-            for (parent, name) in victims {
-                let _ = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
-            }
-            // Time for the FORGETs to arrive before another round is considered.
-            std::thread::sleep(Duration::from_millis(20));
-            easing.store(false, Ordering::Release);
-        });
     }
 
     /// Where the mount code puts the session's notifier.
@@ -694,13 +650,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// Registers a node the kernel is told about (one more lookup).
     fn remember(&self, id: u64, mut n: Node) {
-        // Descriptors are handed out lowest first: a high one means many are in use.
-        if n.upper
-            .as_ref()
-            .is_some_and(|fd| fd.as_raw_fd() > self.descriptor_budget)
-        {
-            self.ease_descriptors();
-        }
         let nodes = self.nodes.pin();
         if let Some(old) = nodes.get(&id) {
             n.lookups = old.lookups.clone();
@@ -2357,14 +2306,4 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
             _ => None,
         }
     }
-}
-
-/// The descriptor number past which cached entries are dropped: three quarters of the
-/// soft limit, leaving room for open files and for new objects while the kernel forgets.
-fn descriptor_budget() -> i32 {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(1 << 20)
-        .min(i32::MAX as u64) as i32;
-    (limit / 4 * 3).max(64)
 }

@@ -103,15 +103,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
     };
     // Raised here, before any daemon exists, which inherits it; said here when it is low
-    // for a writable mount, where nobody would see why lookups are repeated.
+    // for a writable mount, where nobody would see the daemon's EMFILE coming.
     if a.ready_fd.is_none() {
         raise_descriptor_limit();
         let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
         if a.upper.is_some() && !a.quiet && limit.is_some_and(|l| l < LOW_DESCRIPTOR_LIMIT) {
             eprintln!(
                 "verilay: warning: only {} descriptors (ulimit -n); a writable mount holds one \
-                 per upper file the kernel has cached, and near that limit makes the kernel drop \
-                 cached entries (slower: they are looked up again)",
+                 per upper file the kernel has cached, and creations fail with EMFILE beyond that",
                 limit.unwrap_or(0)
             );
         }
@@ -325,8 +324,8 @@ const LOW_DESCRIPTOR_LIMIT: u64 = 65536;
 
 /// A writable mount holds one descriptor per upper object the kernel has cached, so the
 /// daemon takes all the descriptors it may: the hard limit, and as root the system's
-/// maximum (`fs.nr_open`). Near the limit it has the kernel drop cached entries, which a
-/// shell's usual soft limit of 1024 would make happen every few hundred files.
+/// maximum (`fs.nr_open`). A shell's usual soft limit of 1024 would otherwise fail
+/// creations with EMFILE after about a thousand files.
 fn raise_descriptor_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let now = getrlimit(Resource::Nofile);
