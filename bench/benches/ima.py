@@ -256,10 +256,7 @@ class Mounts:
         return where
 
     def down(self):
-        for m in reversed(self.mounted):
-            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
-        if self.mounted:
-            time.sleep(0.3)
+        stacks.unmount_all(self.mounted)
         self.mounted, self.logs = [], {}
 
     def close(self):

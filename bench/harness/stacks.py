@@ -33,6 +33,14 @@ def start(name, ctx, scratch, settings):
     return data, verilay, fov, cc
 
 
+def unmount_all(mountpoints):
+    """Detaches the mounts, last first, and gives their daemons a moment to exit."""
+    for m in reversed(mountpoints):
+        subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
+    if mountpoints:
+        time.sleep(0.3)
+
+
 class FreshFs:
     """A filesystem of type `fstype` (an mkfs type) made afresh in a loop-mounted sparse
     file in `scratch` and mounted at `mountpoint` by every `make()`, so no run inherits
@@ -123,10 +131,7 @@ class WritableStacks:
         return where
 
     def down(self):
-        for m in reversed(self.mounted):
-            subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
-        if self.mounted:
-            time.sleep(0.3)
+        unmount_all(self.mounted)
         self.mounted = []
 
     def close(self):

@@ -186,19 +186,13 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         let content = ImageContent {
             fs: self,
             ino,
-            obj: o,
-            inode: &inode,
+            file: measuring::ImageFile {
+                image: self.image(o),
+                inode: &inode,
+            },
             setup: s,
         };
-        s.measuring.open(&opening, &content).map_err(|e| {
-            let path = measuring::Content::path(&content);
-            (self.log)(&format!(
-                "{}: measuring {}: {e}",
-                self.name,
-                String::from_utf8_lossy(&path)
-            ));
-            Errno::EIO
-        })
+        s.measure(&opening, &content, &self.log, &self.name)
     }
 
     fn ino(&self, o: Obj) -> INodeNo {
@@ -763,11 +757,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
-        if u64::from(ino) == 1 && name == measuring::STATS_XATTR {
-            let v = match &self.measure {
-                Some(s) => s.stats_json().into_bytes(),
-                None => b"{\"policy_rules\":0}".to_vec(),
-            };
+        if let Some(v) = measuring::stats_xattr(self.measure.as_ref(), ino.into(), name) {
             return xattr_reply(reply, size, &v);
         }
         // overlayfs refuses its own xattrs outright.
@@ -809,8 +799,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
 struct ImageContent<'a, S: ByteSource> {
     fs: &'a ImageFs<S>,
     ino: INodeNo,
-    obj: Obj,
-    inode: &'a Inode,
+    file: measuring::ImageFile<'a, S>,
     setup: &'a measuring::Setup,
 }
 
@@ -831,28 +820,14 @@ impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
     }
 
     fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
-        Ok((
-            Box::new(measuring::ImageReader {
-                image: self.fs.image(self.obj),
-                inode: self.inode,
-                at: 0,
-            }),
-            self.inode.size,
-        ))
+        Ok(self.file.reader())
     }
 
     fn verity_digest(&self) -> std::io::Result<Option<[u8; 32]>> {
-        self.fs
-            .image(self.obj)
-            .file_digest(self.obj.nid)
-            .map_err(|e| std::io::Error::other(e.to_string()))
+        self.file.verity_digest()
     }
 
     fn ima_xattr(&self) -> Option<Vec<u8>> {
-        self.fs
-            .image(self.obj)
-            .getxattr(self.inode, b"security.ima")
-            .ok()
-            .flatten()
+        self.file.ima_xattr()
     }
 }

@@ -28,6 +28,10 @@ const FMODE_EXEC: i32 = 0x20;
 /// The EROFS superblock magic, which image layers report as their fsmagic.
 pub const EROFS_MAGIC: u64 = 0xE0F5_E1E2;
 
+/// The mount root's attribute `verilay stats` reads the counters from (outside every
+/// xattr namespace, so no real attribute can have the name).
+pub const STATS_XATTR: &[u8] = b"verilay.stats";
+
 /// What a digest was computed from: an image object (immutable) or an upper file, with
 /// what its host inode looked like then (a change behind our back shows there too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -338,7 +342,7 @@ impl Measuring {
 /// The access mask IMA's FILE_CHECK sees for an open with these flags (fs/namei.c's
 /// acc_mode, limited to read, write, exec and append).
 pub fn access_mask(flags: i32) -> u32 {
-    let mut mask = match flags & libc_accmode() {
+    let mut mask = match flags & rustix::fs::OFlags::ACCMODE.bits() as i32 {
         0 => MAY_READ,
         1 => MAY_WRITE,
         _ => MAY_READ | MAY_WRITE,
@@ -350,10 +354,6 @@ pub fn access_mask(flags: i32) -> u32 {
         mask |= MAY_APPEND;
     }
     mask
-}
-
-fn libc_accmode() -> i32 {
-    rustix::fs::OFlags::ACCMODE.bits() as i32
 }
 
 /// Whether opening with these flags can change the file.
@@ -476,16 +476,11 @@ impl Setup {
     /// The counters and the identity each layer reports (what `verilay stats` prints).
     pub fn stats_json(&self) -> String {
         let id = |f: &FsIdentity| {
-            let h: String = f.uuid.iter().map(|b| format!("{b:02x}")).collect();
             format!(
-                "{{\"fsmagic\":\"0x{:x}\",\"fsname\":\"{}\",\"fsuuid\":\"{}-{}-{}-{}-{}\"}}",
+                "{{\"fsmagic\":\"0x{:x}\",\"fsname\":\"{}\",\"fsuuid\":\"{}\"}}",
                 f.magic,
                 f.name.escape_default(),
-                &h[..8],
-                &h[8..12],
-                &h[12..16],
-                &h[16..20],
-                &h[20..]
+                measure::policy::uuid_text(&f.uuid)
             )
         };
         let layers: Vec<String> = self.layers.iter().map(id).collect();
@@ -496,6 +491,24 @@ impl Setup {
             layers.join(","),
             self.upper.as_ref().map_or("null".to_string(), id)
         )
+    }
+
+    /// Measures an open (see [`Measuring::open`]); a failure is one log line and EIO,
+    /// which fails the open.
+    pub fn measure(
+        &self,
+        o: &Opening<'_>,
+        content: &dyn Content,
+        log: &crate::Logger,
+        name: &str,
+    ) -> Result<(), fuser::Errno> {
+        self.measuring.open(o, content).map_err(|e| {
+            log(&format!(
+                "{name}: measuring {}: {e}",
+                String::from_utf8_lossy(&content.path())
+            ));
+            fuser::Errno::EIO
+        })
     }
 
     /// `mountpoint` joined with `inside` (components from the root down).
@@ -514,13 +527,31 @@ impl Setup {
     }
 }
 
+/// `verilay stats`: what the mount root answers for [`STATS_XATTR`] (`None` for any other
+/// inode or name).
+pub fn stats_xattr(setup: Option<&Setup>, ino: u64, name: &[u8]) -> Option<Vec<u8>> {
+    if ino != 1 || name != STATS_XATTR {
+        return None;
+    }
+    Some(match setup {
+        Some(s) => s.stats_json().into_bytes(),
+        None => b"{\"policy_rules\":0}".to_vec(),
+    })
+}
+
 /// The identity an image layer reports: the EROFS magic, `erofs`, and the image's uuid
-/// (or, for an image built without one, `fallback`, so it is never zero).
-pub fn image_identity(uuid: [u8; 16], fallback: impl FnOnce() -> [u8; 16]) -> FsIdentity {
+/// (or, for an image built without one, the first 16 bytes of its `digest`, so it is
+/// never zero).
+pub fn image_identity(uuid: [u8; 16], digest: &[u8]) -> FsIdentity {
+    let mut id = uuid;
+    if uuid == [0; 16] {
+        let n = digest.len().min(16);
+        id[..n].copy_from_slice(&digest[..n]);
+    }
     FsIdentity {
         magic: EROFS_MAGIC,
         name: "erofs".into(),
-        uuid: if uuid == [0; 16] { fallback() } else { uuid },
+        uuid: id,
     }
 }
 
@@ -586,12 +617,43 @@ fn fs_uuid(dir: rustix::fd::BorrowedFd<'_>) -> Option<[u8; 16]> {
     Some(u)
 }
 
-/// An image file's bytes as a reader, each block verified on the way (the image's own
-/// reads); an integrity failure is an error, so a measured open of a tampered file fails.
-pub struct ImageReader<'a, S: erofs::read::ByteSource> {
+/// An image file as both filesystems measure it: its bytes (verified), its stored
+/// fs-verity digest and its `security.ima`.
+pub struct ImageFile<'a, S: erofs::read::ByteSource> {
     pub image: &'a erofs::read::Image<S>,
     pub inode: &'a erofs::read::Inode,
-    pub at: u64,
+}
+
+impl<'a, S: erofs::read::ByteSource> ImageFile<'a, S> {
+    pub fn reader(&self) -> (Box<dyn io::Read + 'a>, u64) {
+        let r = ImageReader {
+            image: self.image,
+            inode: self.inode,
+            at: 0,
+        };
+        (Box::new(r), self.inode.size)
+    }
+
+    pub fn verity_digest(&self) -> io::Result<Option<[u8; 32]>> {
+        self.image
+            .file_digest(self.inode.nid)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    pub fn ima_xattr(&self) -> Option<Vec<u8>> {
+        self.image
+            .getxattr(self.inode, b"security.ima")
+            .ok()
+            .flatten()
+    }
+}
+
+/// An image file's bytes as a reader, each block verified on the way (the image's own
+/// reads); an integrity failure is an error, so a measured open of a tampered file fails.
+struct ImageReader<'a, S: erofs::read::ByteSource> {
+    image: &'a erofs::read::Image<S>,
+    inode: &'a erofs::read::Inode,
+    at: u64,
 }
 
 impl<S: erofs::read::ByteSource> io::Read for ImageReader<'_, S> {
@@ -615,6 +677,3 @@ pub fn cookie(st: &rustix::fs::Stat) -> Cookie {
         st.st_size as u64,
     )
 }
-/// The mount root's attribute `verilay stats` reads the counters from (outside every
-/// xattr namespace, so no real attribute can have the name).
-pub const STATS_XATTR: &[u8] = b"verilay.stats";

@@ -17,7 +17,7 @@
 //! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 
-use crate::measuring::{Content, ContentKey, Cookie, ImageReader, Opening, Setup};
+use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, Setup};
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{
     encode_dev, inode_attr, kind, names_reply, negative, obj_ino, time, xattr_reply, Logger,
@@ -339,14 +339,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             id,
             setup: s,
         };
-        s.measuring.open(&o, &content).map_err(|e| {
-            (self.log)(&format!(
-                "{}: measuring {}: {e}",
-                self.name,
-                String::from_utf8_lossy(&content.path())
-            ));
-            Errno::EIO
-        })
+        s.measure(&o, &content, &self.log, &self.name)
     }
 
     /// `measure_open` for a handle just opened: on failure the handle is closed again.
@@ -383,22 +376,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some(s) = &self.measure else {
             return;
         };
-        if let Ok(n) = self.node(id) {
-            if let Ok(Some((_, key, _, _))) = self.measured_as(s, &n) {
-                s.measuring.changed(key);
-            }
+        if let Ok(Some((_, key, _, _))) = self.with_node(id, |n| self.measured_as(s, n)) {
+            s.measuring.changed(key);
         }
-    }
-
-    /// `verilay stats`: the measuring counters, asked for as the root's `verilay.stats`.
-    fn stats_xattr(&self, ino: INodeNo, name: &[u8]) -> Option<Vec<u8>> {
-        if u64::from(ino) != 1 || name != crate::measuring::STATS_XATTR {
-            return None;
-        }
-        Some(match &self.measure {
-            Some(s) => s.stats_json().into_bytes(),
-            None => b"{\"policy_rules\":0}".to_vec(),
-        })
     }
 
     fn lower_id(&self, o: Obj) -> u64 {
@@ -961,10 +941,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         // A directory made in a merged one is opaque, as overlayfs makes it (with
         // redirect_dir): over a whiteout it must be, so the images' one stays hidden, and
         // it is made so before it appears.
-        let opaque = (
-            format!("{}opaque", self.upper.prefix).into_bytes(),
-            b"y".to_vec(),
-        );
+        let opaque = (self.upper.opaque_xattr.as_bytes().to_vec(), b"y".to_vec());
         if dir_mode && self.with_node(parent, |p| Ok(!p.lower_chain().is_empty()))? {
             meta.xattrs.push(opaque.clone());
         }
@@ -2151,7 +2128,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
-        if let Some(v) = self.stats_xattr(ino, name) {
+        if let Some(v) = crate::measuring::stats_xattr(self.measure.as_ref(), ino.into(), name) {
             return xattr_reply(reply, size, &v);
         }
         if name.starts_with(PRIVATE_XATTR_PREFIX) {
@@ -2245,6 +2222,19 @@ struct UnionContent<'a, S: ByteSource> {
     setup: &'a Setup,
 }
 
+impl<'a, S: ByteSource + 'static> UnionContent<'a, S> {
+    /// The node's image file, while it has no upper copy.
+    fn image_file(&self) -> Option<ImageFile<'a, S>> {
+        match (&self.node.upper, &self.node.lower) {
+            (None, Some(r)) => Some(ImageFile {
+                image: self.fs.stack.image(r.top.layer),
+                inode: &r.inode,
+            }),
+            _ => None,
+        }
+    }
+}
+
 impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
     fn path(&self) -> Vec<u8> {
         let parts = self.fs.inside_path(self.id);
@@ -2263,27 +2253,17 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
                 let size = f.metadata()?.len();
                 Ok((Box::new(f), size))
             }
-            (None, Some(r)) => Ok((
-                Box::new(ImageReader {
-                    image: self.fs.stack.image(r.top.layer),
-                    inode: &r.inode,
-                    at: 0,
-                }),
-                r.inode.size,
-            )),
-            _ => Err(std::io::Error::from_raw_os_error(Errno::ESTALE.code())),
+            _ => match self.image_file() {
+                Some(f) => Ok(f.reader()),
+                None => Err(std::io::Error::from_raw_os_error(Errno::ESTALE.code())),
+            },
         }
     }
 
     fn verity_digest(&self) -> std::io::Result<Option<[u8; 32]>> {
-        match (&self.node.upper, &self.node.lower) {
-            (None, Some(r)) => self
-                .fs
-                .stack
-                .image(r.top.layer)
-                .file_digest(r.top.nid)
-                .map_err(|e| std::io::Error::other(e.to_string())),
-            _ => Ok(None),
+        match self.image_file() {
+            Some(f) => f.verity_digest(),
+            None => Ok(None),
         }
     }
 
@@ -2296,14 +2276,7 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
                 buf.truncate(n);
                 Some(buf)
             }
-            (None, Some(r)) => self
-                .fs
-                .stack
-                .image(r.top.layer)
-                .getxattr(&r.inode, b"security.ima")
-                .ok()
-                .flatten(),
-            _ => None,
+            _ => self.image_file()?.ima_xattr(),
         }
     }
 }

@@ -332,13 +332,7 @@ impl fmt::Display for Rule {
             write!(f, " pcr={pcr}")?;
         }
         if let Some(uuid) = &self.fsuuid {
-            write!(f, " fsuuid=")?;
-            for (i, b) in uuid.iter().enumerate() {
-                if matches!(i, 4 | 6 | 8 | 10) {
-                    f.write_str("-")?;
-                }
-                write!(f, "{b:02x}")?;
-            }
+            write!(f, " fsuuid={}", uuid_text(uuid))?;
         }
         let task = |f: &mut fmt::Formatter<'_>, s: TaskCond, real: &str, eff: &str| {
             let key = if s.effective { eff } else { real };
@@ -872,6 +866,18 @@ fn parse_hex(s: &str) -> Result<u64, &'static str> {
         return Err("not a hex number");
     }
     u64::from_str_radix(digits, 16).map_err(|_| "does not fit in 64 bits")
+}
+
+/// A uuid as policies write it (`uuid_parse`'s form): 8-4-4-4-12 lowercase hex digits.
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let mut s = String::with_capacity(36);
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
 }
 
 /// `uuid_parse`: 8-4-4-4-12 hex digits, either case, bytes in text order.

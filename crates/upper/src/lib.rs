@@ -86,6 +86,10 @@ pub struct Upper {
     work: OwnedFd,
     /// `trusted.overlay.` as root, `user.overlay.` otherwise.
     pub prefix: &'static str,
+    /// The opaque and redirect markers' names in that namespace (looked up on every
+    /// directory lookup: made once, not per call).
+    pub opaque_xattr: &'static str,
+    redirect_xattr: &'static str,
     seq: AtomicU64,
 }
 
@@ -139,15 +143,25 @@ impl Upper {
             Mode::empty(),
         )?;
         remove_contents(work.as_fd())?;
-        let prefix = if rustix::process::geteuid().is_root() {
-            "trusted.overlay."
+        let (prefix, opaque_xattr, redirect_xattr) = if rustix::process::geteuid().is_root() {
+            (
+                "trusted.overlay.",
+                "trusted.overlay.opaque",
+                "trusted.overlay.redirect",
+            )
         } else {
-            "user.overlay."
+            (
+                "user.overlay.",
+                "user.overlay.opaque",
+                "user.overlay.redirect",
+            )
         };
         Ok(Upper {
             root,
             work,
             prefix,
+            opaque_xattr,
+            redirect_xattr,
             seq: AtomicU64::new(0),
         })
     }
@@ -186,8 +200,7 @@ impl Upper {
     /// The directory's marker.
     pub fn opacity(&self, dir: BorrowedFd<'_>) -> Opacity {
         let mut buf = [0u8; 8];
-        let name = format!("{}opaque", self.prefix);
-        match rfs::fgetxattr(dir, name.as_str(), &mut buf) {
+        match rfs::fgetxattr(dir, self.opaque_xattr, &mut buf) {
             Ok(n) => match &buf[..n] {
                 b"y" => Opacity::Opaque,
                 b"x" => Opacity::XWhiteouts,
@@ -199,19 +212,16 @@ impl Upper {
 
     /// The directory's redirect (see the module comment).
     pub fn redirect(&self, dir: BorrowedFd<'_>) -> Option<Vec<u8>> {
-        let mut buf = vec![0u8; 4096];
-        let name = format!("{}redirect", self.prefix);
-        let n = rfs::fgetxattr(dir, name.as_str(), &mut buf).ok()?;
-        buf.truncate(n);
-        Some(buf)
+        let mut buf = [0u8; 4096];
+        let n = rfs::fgetxattr(dir, self.redirect_xattr, &mut buf).ok()?;
+        Some(buf[..n].to_vec())
     }
 
     /// Sets a directory's redirect, in our namespace.
     pub fn set_redirect(&self, dir: BorrowedFd<'_>, to: &[u8]) -> io::Result<()> {
-        let name = format!("{}redirect", self.prefix);
         Ok(rfs::fsetxattr(
             dir,
-            name.as_str(),
+            self.redirect_xattr,
             to,
             rfs::XattrFlags::empty(),
         )?)
@@ -384,10 +394,9 @@ impl Upper {
 
     /// Marks a directory opaque (`opaque = y` in our namespace).
     pub fn set_opaque(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
-        let name = format!("{}opaque", self.prefix);
         Ok(rfs::fsetxattr(
             dir,
-            name.as_str(),
+            self.opaque_xattr,
             b"y",
             rfs::XattrFlags::empty(),
         )?)

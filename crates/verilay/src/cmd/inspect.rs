@@ -28,17 +28,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             v["erofs_bytes"] = json!(img.erofs_len());
             v["file_digests"] = json!(img.digest_table()?.map(|t| t.entries));
             // What a measurement policy sees for files served from this image.
-            let digest = opened
-                .verified
-                .as_ref()
-                .map(|s| s.digest().to_vec())
-                .unwrap_or_default();
-            let id = imagefs::measuring::image_identity(img.superblock().uuid, || {
-                let mut u = [0u8; 16];
-                let n = digest.len().min(16);
-                u[..n].copy_from_slice(&digest[..n]);
-                u
-            });
+            let digest = opened.verified.as_ref().map(|s| s.digest()).unwrap_or(&[]);
+            let id = imagefs::measuring::image_identity(img.superblock().uuid, digest);
             v["measured_as"] = json!(super::measuring::describe(&id));
             v
         }
@@ -54,15 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 
 fn superblock(img: &super::image::Img) -> serde_json::Value {
     let sb = img.superblock();
-    let uuid: String = sb
-        .uuid
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let dash = if matches!(i, 4 | 6 | 8 | 10) { "-" } else { "" };
-            format!("{dash}{b:02x}")
-        })
-        .collect();
+    let uuid = measure::policy::uuid_text(&sb.uuid);
     let label_len = sb.volume_name.iter().position(|&b| b == 0).unwrap_or(16);
     let mut compat = Vec::new();
     for (bit, name) in [

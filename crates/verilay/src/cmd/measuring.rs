@@ -111,14 +111,7 @@ pub fn setup(
     let log = Log::open(dir).with_context(|| format!("measurement list {}", dir.display()))?;
     let layers = layers
         .iter()
-        .map(|l| {
-            image_identity(l.uuid, || {
-                let mut u = [0u8; 16];
-                let n = l.digest.len().min(16);
-                u[..n].copy_from_slice(&l.digest[..n]);
-                u
-            })
-        })
+        .map(|l| image_identity(l.uuid, &l.digest))
         .collect();
     let upper = upper_root
         .map(|fd| host_identity(fd).context("the upper directory's filesystem"))
@@ -133,24 +126,12 @@ pub fn setup(
     }))
 }
 
-/// An identity as `verilay inspect` and `verilay stats` show it.
+/// An identity as `verilay inspect` shows it, in the policy's own terms.
 pub fn describe(fs: &measure::policy::FsIdentity) -> String {
     format!(
         "fsmagic=0x{:x} fsname={} fsuuid={}",
         fs.magic,
         fs.name,
-        uuid_string(&fs.uuid)
-    )
-}
-
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
+        measure::policy::uuid_text(&fs.uuid)
     )
 }
