@@ -34,19 +34,22 @@ use erofs::read::{ByteSource, Image, Inode};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use stack::{Dir, Obj, Resolved, Stack};
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache anything we say: the image never changes.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Largest read the kernel sends (with `FUSE_MAX_PAGES` and the default page limit).
 const MAX_READ: usize = 1 << 20;
+/// Files up to this size are handed to the kernel with their first open (see `prime`):
+/// the kernel's default readahead window, what one READ would have fetched.
+const PRIME_MAX: u64 = 128 << 10;
 
 /// Where integrity failures and other serving errors are reported (one line each).
 pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
@@ -76,6 +79,18 @@ pub struct ImageFs<S: ByteSource> {
     /// measurement list names.
     measure: Option<measuring::Setup>,
     names: papaya::HashMap<u64, (u64, Vec<u8>)>,
+    /// When the kernel sends OPEN (with a policy): per inode, the handles open on it and
+    /// whether its bytes were handed to the kernel since it last learnt the inode; and the
+    /// session's notifier to hand them over (see `prime`).
+    opens: papaya::HashMap<u64, Opens>,
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+/// An inode's open handles, and whether the kernel was handed its bytes (see `prime`).
+#[derive(Clone, Copy, Default)]
+struct Opens {
+    handles: u32,
+    primed: bool,
 }
 
 /// A directory of a stack: the layers' directories merged at its path, its parent, and its
@@ -144,6 +159,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             no_opendir: false,
             measure: None,
             names: papaya::HashMap::new(),
+            opens: papaya::HashMap::new(),
+            notifier: Arc::new(OnceLock::new()),
         })
     }
 
@@ -152,12 +169,89 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         self.measure = Some(setup);
     }
 
+    /// Where the mount code puts the session's notifier.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// A measured open costs a round trip that an unmeasured one (`no_open`) does not;
+    /// for a small file it also carries the file's verified bytes into the kernel's page
+    /// cache (FUSE_NOTIFY_STORE), so the read that usually follows needs no round trip.
+    /// Called before the open is answered, so its own opener cannot be reading yet.
+    ///
+    /// Only when no other handle is open on the inode: storing locks the inode's pages,
+    /// and a reader holding one of those locks while its READ waits for a worker could
+    /// otherwise leave every worker stuck here (every reader holds a handle, and the
+    /// kernel sends RELEASE only after its reads are done). Once per inode until the
+    /// kernel learns it again (`forget_primed`): an inode the kernel keeps keeps its
+    /// pages, unless reclaimed, when a read just asks. Best effort: a failure leaves the
+    /// cache cold and the read asks.
+    fn prime(&self, ino: INodeNo, flags: i32) {
+        let first = match self.opens.pin().compute(u64::from(ino), |had| {
+            let was = had.map_or(Opens::default(), |(_, o)| *o);
+            papaya::Operation::Insert::<_, ()>(Opens {
+                handles: was.handles + 1,
+                primed: true,
+            })
+        }) {
+            papaya::Compute::Inserted(..) => true,
+            papaya::Compute::Updated { old: (_, was), .. } => was.handles == 0 && !was.primed,
+            _ => false,
+        };
+        if !first || flags & libc::O_DIRECT != 0 {
+            return;
+        }
+        let Some(notifier) = self.notifier.get() else {
+            return;
+        };
+        let Ok((o, inode)) = self.inode(ino) else {
+            return;
+        };
+        if !inode.is_reg() || inode.size == 0 || inode.size > PRIME_MAX {
+            return;
+        }
+        READ_BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            let want = inode.size as usize;
+            if buf.len() < want {
+                buf.resize(want, 0);
+            }
+            let Ok(n) = self.image(o).read(&inode, 0, &mut buf[..want]) else {
+                return;
+            };
+            if notifier.store(ino, 0, &buf[..n]).is_ok() {
+                if let Some(s) = &self.measure {
+                    s.measuring.counters.primed.add(1);
+                    s.measuring.counters.bytes_primed.add(n as u64);
+                }
+            }
+        });
+    }
+
+    /// A handle on `ino` is closed.
+    fn closed(&self, ino: INodeNo) {
+        self.opens.pin().update(u64::from(ino), |o| Opens {
+            handles: o.handles.saturating_sub(1),
+            primed: o.primed,
+        });
+    }
+
+    /// The kernel learns `ino` (again, perhaps after evicting it and its pages): its next
+    /// first open hands its bytes over again.
+    fn forget_primed(&self, ino: INodeNo) {
+        self.opens.pin().update(u64::from(ino), |o| Opens {
+            handles: o.handles,
+            primed: false,
+        });
+    }
+
     /// With a policy: remembers that `child` is `name` in `parent`.
     fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
         if self.measure.is_some() && name != b"." && name != b".." {
             self.names
                 .pin()
                 .insert(u64::from(child), (u64::from(parent), name.to_vec()));
+            self.forget_primed(child);
         }
     }
 
@@ -622,9 +716,27 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             .inode(ino)
             .and_then(|_| self.measure_open(ino, flags.0, req.pid()))
         {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(()) => {
+                self.prime(ino, flags.0);
+                // Keeps what `prime` stored (and any earlier reads: the image never changes).
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
             Err(e) => reply.error(e),
         }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.closed(ino);
+        reply.ok();
     }
 
     fn read(

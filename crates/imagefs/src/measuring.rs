@@ -68,6 +68,10 @@ pub struct Counters {
     /// Entries appended to the list, and entries already in it.
     pub logged: Counter,
     pub duplicates: Counter,
+    /// Read-only mounts: image files whose bytes an open handed to the kernel's page cache
+    /// (see `ImageFs::prime`), and those bytes.
+    pub primed: Counter,
+    pub bytes_primed: Counter,
 }
 
 const SHARDS: usize = 16;
@@ -324,7 +328,7 @@ impl Measuring {
             log.entries()
         };
         format!(
-            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"entries\":{}}}",
+            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{}}}",
             self.policy.len(),
             get(&c.checked),
             get(&c.measured),
@@ -334,6 +338,8 @@ impl Measuring {
             get(&c.verity_digests),
             get(&c.logged),
             get(&c.duplicates),
+            get(&c.primed),
+            get(&c.bytes_primed),
             entries,
         )
     }

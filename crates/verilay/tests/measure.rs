@@ -442,3 +442,224 @@ fn is_mounted(p: &Path) -> bool {
         .lines()
         .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
 }
+
+/// Files of `sizes` bytes named `f<size>`, each with its own pattern.
+fn sized_files(dir: &Path, sizes: &[usize]) -> Vec<(PathBuf, Vec<u8>)> {
+    fs::create_dir_all(dir).unwrap();
+    sizes
+        .iter()
+        .map(|&n| {
+            // An LCG: no repeats, so a window of the bytes is found once in the image.
+            let mut x = n as u64 | 1;
+            let data: Vec<u8> = (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 56) as u8
+                })
+                .collect();
+            let p = dir.join(format!("f{n}"));
+            fs::write(&p, &data).unwrap();
+            (p, data)
+        })
+        .collect()
+}
+
+/// Maps `path` a page further than its size: the bytes past the end must be zeros.
+fn mapped_past_the_end(path: &Path) -> Vec<u8> {
+    let f = fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let pages = len.div_ceil(4096) * 4096;
+    // SAFETY: a private read-only map of a file on a read-only mount; nothing changes it,
+    // and only the last partial page is read past the end (no SIGBUS there).
+    let map = unsafe { memmap2::MmapOptions::new().len(pages).map(&f).unwrap() };
+    map[..pages].to_vec()
+}
+
+#[test]
+fn a_measured_open_hands_small_files_to_the_page_cache_verified() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let sizes = [1, 4095, 4096, 5000, 128 << 10, (128 << 10) + 1];
+    let files = sized_files(&base.join("src"), &sizes);
+    let image = base.join("img");
+    build(&base.join("src"), &image, &["--quiet"]);
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    let mnt = base.join("mnt");
+    let _m = mount_measured(&image, None, &mnt, &policy, &base.join("log"), &[]);
+    let small: Vec<usize> = sizes.into_iter().filter(|&n| n <= 128 << 10).collect();
+    let read_all = || {
+        for (p, want) in &files {
+            let at = mnt.join(p.file_name().unwrap());
+            assert!(
+                fs::read(&at).unwrap() == *want,
+                "{} reads back wrong",
+                at.display()
+            );
+            let mapped = mapped_past_the_end(&at);
+            assert!(
+                mapped[..want.len()] == want[..],
+                "{} maps wrong",
+                at.display()
+            );
+            assert!(
+                mapped[want.len()..].iter().all(|&b| b == 0),
+                "{}: the page past the end is not zeros",
+                at.display()
+            );
+        }
+    };
+
+    sh_ok("sync; echo 3 > /proc/sys/vm/drop_caches");
+    read_all();
+    let s = stats(&mnt);
+    assert_eq!(s["primed"], small.len(), "{s}");
+    assert_eq!(s["bytes_primed"], small.iter().sum::<usize>(), "{s}");
+
+    // The kernel keeps the inodes and their pages: nothing is handed over again.
+    read_all();
+    assert_eq!(stats(&mnt)["primed"], small.len());
+
+    // Dropped and looked up again: handed over once more.
+    sh_ok("sync; echo 3 > /proc/sys/vm/drop_caches");
+    read_all();
+    assert_eq!(stats(&mnt)["primed"], 2 * small.len());
+}
+
+#[test]
+fn a_tampered_small_file_is_never_handed_over() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let files = sized_files(&base.join("src"), &[6000]);
+    let image = base.join("img");
+    build(&base.join("src"), &image, &["--quiet"]);
+    let mut bytes = fs::read(&image).unwrap();
+    let at = bytes
+        .windows(64)
+        .position(|w| w == &files[0].1[..64])
+        .expect("the file's bytes in the image");
+    bytes[at + 10] ^= 0x40;
+    fs::write(&image, &bytes).unwrap();
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    let mnt = base.join("mnt");
+    let _m = mount_measured(&image, None, &mnt, &policy, &base.join("log"), &[]);
+    sh_ok("sync; echo 3 > /proc/sys/vm/drop_caches");
+    let err = fs::read(mnt.join("f6000")).expect_err("a tampered file read back");
+    assert_eq!(err.raw_os_error(), Some(EIO), "{err}");
+    assert_eq!(stats(&mnt)["primed"], 0);
+}
+
+const EIO: i32 = 5;
+
+/// `race.py SRC MNT WHO`: opens, drops the file's pages (fadvise), reads (WHO 0 maps)
+/// and compares, over and over.
+const RACE_PY: &str = r#"
+import mmap, os, sys
+src, mnt, who = sys.argv[1], sys.argv[2], int(sys.argv[3])
+names = ["f100", "f4096", "f9000", "f70000", "f131072"]
+want = {n: open(os.path.join(src, n), "rb").read() for n in names}
+for i in range(400):
+    n = names[(i + who) % len(names)]
+    fd = os.open(os.path.join(mnt, n), os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    if who == 0:
+        got = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)[:]
+    else:
+        got = os.pread(fd, 1 << 20, 0)
+    os.close(fd)
+    if got != want[n]:
+        sys.exit(f"{n}: wrong bytes at round {i}")
+"#;
+
+/// Storing into the page cache takes the inode's page locks; readers (read and mmap),
+/// opens and evictions of the same files at once, on one worker and on the default
+/// number, must neither hang nor read anything but the files' bytes.
+#[test]
+fn handing_files_over_races_nothing_into_a_hang_or_wrong_bytes() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    sized_files(&base.join("src"), &[100, 4096, 9000, 70000, 131072]);
+    let image = base.join("img");
+    build(&base.join("src"), &image, &["--quiet"]);
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    for threads in ["1", "2"] {
+        let mnt = base.join(format!("mnt{threads}"));
+        let log = base.join(format!("log{threads}"));
+        let _m = mount_measured(&image, None, &mnt, &policy, &log, &["--threads", threads]);
+        let src = base.join("src").display().to_string();
+        let m = mnt.display().to_string();
+        // Five processes at once (see RACE_PY); every open can be a first one again.
+        let py = base.join("race.py");
+        fs::write(&py, RACE_PY).unwrap();
+        let all = format!(
+            "pids=''; for k in 0 1 2 3 4; do python3 {} {src} {m} $k & pids=\"$pids $!\"; done; \
+             for p in $pids; do wait $p || exit 1; done",
+            py.display()
+        );
+        let err = base.join("race.err");
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(&all)
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(60) {
+                // Stuck workers never come back: abort the connection, which fails every
+                // waiting request, so the readers (and this test) can end.
+                abort_fuse_connection(&mnt);
+                let _ = child.wait();
+                panic!("--threads {threads}: the readers hung (connection aborted)");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        assert!(
+            status.success(),
+            "--threads {threads}: {status}\n{}",
+            fs::read_to_string(&err).unwrap_or_default()
+        );
+        assert!(stats(&mnt)["primed"].as_u64().unwrap() > 0);
+    }
+}
+
+/// Aborts the FUSE connection behind mountpoint `mnt` (fusectl, mounted if need be).
+fn abort_fuse_connection(mnt: &Path) {
+    // From mountinfo: a stat of the mountpoint could wait on the stuck daemon itself.
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mnt = mnt.display().to_string();
+    let Some(minor) = info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.get(4) == Some(&mnt.as_str())).then(|| f[2].split(':').nth(1).unwrap().to_string())
+    }) else {
+        return;
+    };
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if fs::read_dir(ctl)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
+    {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(ctl)
+            .status();
+    }
+    let _ = fs::write(ctl.join(minor).join("abort"), "1");
+}

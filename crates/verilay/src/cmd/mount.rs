@@ -419,7 +419,7 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
                 fs.set_measuring(s);
             }
             let slot = fs.notifier_slot();
-            finish_measuring(session(a, fs, name, Some(slot), ready), measuring)
+            finish_measuring(session(a, fs, name, true, slot, ready), measuring)
         }
         _ => {
             let setup = try_ready!(super::measuring::setup(
@@ -434,7 +434,8 @@ fn mount_and_wait(a: &Args, ready: Ready) -> Result<(), (anyhow::Error, Ready)> 
             if let Some(s) = setup {
                 fs.set_measuring(s);
             }
-            finish_measuring(session(a, fs, name, None, ready), measuring)
+            let slot = fs.notifier_slot();
+            finish_measuring(session(a, fs, name, false, slot, ready), measuring)
         }
     }
 }
@@ -452,16 +453,16 @@ fn finish_measuring<T>(
     served
 }
 
-/// Mounts `fs` and serves it until unmounted; a writable filesystem gets the session's
-/// notifier in `notify`.
+/// Mounts `fs` and serves it until unmounted; `fs` gets the session's notifier in
+/// `notify`.
 fn session<F: fuser::Filesystem + Send + Sync + 'static>(
     a: &Args,
     fs: F,
     name: String,
-    notify: Option<std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>>,
+    writable: bool,
+    notify: std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>,
     ready: Ready,
 ) -> Result<(), (anyhow::Error, Ready)> {
-    let writable = notify.is_some();
     macro_rules! try_ready {
         ($e:expr) => {
             match $e {
@@ -521,9 +522,7 @@ fn session<F: fuser::Filesystem + Send + Sync + 'static>(
             fuser::Session::from_fd(fs, fd, cfg.acl, cfg.clone()).context("talking to the kernel")
         )
     };
-    if let Some(slot) = &notify {
-        let _ = slot.set(session.notifier());
-    }
+    let _ = notify.set(session.notifier());
     let bg = try_ready!(session.spawn().context("starting the workers"));
     raise_readahead(a.mountpoint());
 
