@@ -380,19 +380,46 @@ fn task_ids_of(pid: u32) -> TaskIds {
     task_ids_pidfd(pid).unwrap_or_else(|| task_ids_proc(pid))
 }
 
+/// Pidfds of recent requesters, one slot per `pid % PIDFD_SLOTS`: a storm of opens by one
+/// task costs one ioctl each instead of pidfd_open, ioctl and close. A pidfd names one
+/// task for good, and its ioctl succeeds only while that task has not been reaped, which
+/// is exactly while no other task can hold its id; so a hit that answers is the
+/// requester itself.
+const PIDFD_SLOTS: usize = 64;
+static PIDFDS: [Mutex<Option<(u32, rustix::fd::OwnedFd)>>; PIDFD_SLOTS] =
+    [const { Mutex::new(None) }; PIDFD_SLOTS];
+
 fn task_ids_pidfd(pid: u32) -> Option<TaskIds> {
-    use rustix::fd::AsRawFd;
+    let mut slot = PIDFDS[pid as usize % PIDFD_SLOTS]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some((had, fd)) = slot.as_ref() {
+        if *had == pid {
+            if let Some(ids) = pidfd_ids(fd) {
+                return Some(ids);
+            }
+        }
+    }
     // A request's pid is a thread's (creds are per thread): PIDFD_THREAD (O_EXCL).
     const PIDFD_THREAD: u32 = 0o200;
-    // _IOWR(0xFF, 11, struct pidfd_info), the 64-byte first version of the struct.
-    const PIDFD_GET_INFO: libc::c_ulong = 0xC040_FF0B;
-    const PIDFD_INFO_CREDS: u64 = 1 << 1;
     let p = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
     let fd = rustix::process::pidfd_open(
         p,
         rustix::process::PidfdFlags::from_bits_retain(PIDFD_THREAD),
     )
     .ok()?;
+    let ids = pidfd_ids(&fd);
+    *slot = Some((pid, fd));
+    ids
+}
+
+/// The task's ids from its pidfd (`PIDFD_GET_INFO`), when its real, effective and saved
+/// ids agree; `None` otherwise, or when the task is gone or the kernel lacks the ioctl.
+fn pidfd_ids(fd: &rustix::fd::OwnedFd) -> Option<TaskIds> {
+    use rustix::fd::AsRawFd;
+    // _IOWR(0xFF, 11, struct pidfd_info), the 64-byte first version of the struct.
+    const PIDFD_GET_INFO: libc::c_ulong = 0xC040_FF0B;
+    const PIDFD_INFO_CREDS: u64 = 1 << 1;
     let mut info = [0u8; 64];
     info[..8].copy_from_slice(&PIDFD_INFO_CREDS.to_ne_bytes());
     // SAFETY: the ioctl reads and writes at most 64 bytes (the size encoded in the request

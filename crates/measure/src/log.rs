@@ -352,26 +352,41 @@ impl Entry {
 
     /// The record as in the bank's binary list file.
     pub fn binary_record(&self, bank: Bank) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.put_binary_record(bank, &mut out);
+        out
+    }
+
+    /// [`Entry::binary_record`], appended to `out`.
+    pub fn put_binary_record(&self, bank: Bank, out: &mut Vec<u8>) {
         let name = self.template_name.as_bytes();
-        let mut out = Vec::with_capacity(12 + bank.size() + name.len() + self.data.len());
+        out.reserve(12 + bank.size() + name.len() + self.data.len());
         out.extend_from_slice(&self.pcr.to_le_bytes());
         out.extend_from_slice(self.digest(bank));
         out.extend_from_slice(&(name.len() as u32).to_le_bytes());
         out.extend_from_slice(name);
         out.extend_from_slice(&(self.data.len() as u32).to_le_bytes());
         out.extend_from_slice(&self.data);
-        out
     }
 
     /// The line as in the bank's ascii list file, byte for byte (paths need not be UTF-8).
     pub fn ascii_bytes(&self, bank: Bank) -> Vec<u8> {
-        let mut out = format!(
-            "{:2} {} {}",
-            self.pcr,
-            to_hex(self.digest(bank)),
-            self.template_name
-        )
-        .into_bytes();
+        let mut out = Vec::new();
+        self.put_ascii(bank, &mut out);
+        out
+    }
+
+    /// [`Entry::ascii_bytes`], appended to `out` (the flusher's path: no allocation).
+    pub fn put_ascii(&self, bank: Bank, out: &mut Vec<u8>) {
+        // "%2d ": the PCR index is below 24.
+        if self.pcr < 10 {
+            out.push(b' ');
+        }
+        out.extend_from_slice(self.pcr.to_string().as_bytes());
+        out.push(b' ');
+        put_hex(out, self.digest(bank));
+        out.push(b' ');
+        out.extend_from_slice(self.template_name.as_bytes());
         let template = template_by_name(self.template_name.as_bytes());
         for (i, field) in fields(&self.data).enumerate() {
             // ima_ascii_measurements_show: a space before every field, nothing for an empty one.
@@ -385,18 +400,17 @@ impl Entry {
                     // prefix as a string, then the digest after ':' NUL in hex.
                     let nul = field.iter().position(|&b| b == 0).unwrap_or(field.len());
                     out.extend_from_slice(&field[..nul]);
-                    out.extend_from_slice(to_hex(field.get(nul + 1..).unwrap_or(&[])).as_bytes());
+                    put_hex(out, field.get(nul + 1..).unwrap_or(&[]));
                 }
                 (Some(_), 1) => {
                     // DATA_FMT_STRING: printed with %s, up to the NUL.
                     let nul = field.iter().position(|&b| b == 0).unwrap_or(field.len());
                     out.extend_from_slice(&field[..nul]);
                 }
-                _ => out.extend_from_slice(to_hex(field).as_bytes()),
+                _ => put_hex(out, field),
             }
         }
         out.push(b'\n');
-        out
     }
 
     /// [`Entry::ascii_bytes`] as a string (with trailing '\n'); a non-UTF-8 path is shown lossily.
@@ -418,13 +432,19 @@ pub(crate) fn fields(data: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// Lowercase hex, as the kernel's `%02x`.
 pub fn to_hex(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    put_hex(&mut out, bytes);
+    String::from_utf8(out).expect("hex digits are ASCII")
+}
+
+/// [`to_hex`], appended to `out`.
+fn put_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
+    out.reserve(bytes.len() * 2);
     for &b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 15)]);
     }
-    s
 }
 
 /// Hex (either case) to bytes; `None` for odd lengths or other characters.
@@ -543,6 +563,8 @@ pub struct Log {
     /// (`ima_lookup_digest_entry` keys on the ima_hash_algo bank's digest and the PCR).
     seen: HashSet<(u32, [u8; 32])>,
     broken: bool,
+    /// The buffer `flush` formats into, kept between flushes.
+    scratch: Vec<u8>,
 }
 
 const LISTS: [(&str, Bank, bool); 4] = [
@@ -614,6 +636,7 @@ impl Log {
             pcrs,
             seen,
             broken: false,
+            scratch: Vec::new(),
         };
         // The count and PCR files as the list says, whole (they verified, or are new).
         log.broken = true;
@@ -691,17 +714,19 @@ impl Log {
         }
         // Anything failing from here on may leave the files disagreeing with each other.
         self.broken = true;
+        let mut bytes = std::mem::take(&mut self.scratch);
         for ((path, f), (_, bank, ascii)) in self.lists.iter_mut().zip(LISTS) {
-            let mut bytes = Vec::new();
+            bytes.clear();
             for entry in &self.pending {
-                bytes.extend(if ascii {
-                    entry.ascii_bytes(bank)
+                if ascii {
+                    entry.put_ascii(bank, &mut bytes);
                 } else {
-                    entry.binary_record(bank)
-                });
+                    entry.put_binary_record(bank, &mut bytes);
+                }
             }
             f.write_all(&bytes).map_err(io_err(path))?;
         }
+        self.scratch = bytes;
         for (i, text) in [
             format!("{}\n", self.entries),
             self.pcrs.file_text(Bank::Sha1),
