@@ -333,11 +333,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             cookie,
             writers: n.io.writers.load(Ordering::Acquire) > 0,
         };
+        let files = self.files.pin();
         let content = UnionContent {
             fs: self,
             node: n,
             id,
             setup: s,
+            handle: files.get(&fh).map(|f| f.as_fd()),
         };
         s.measure(&o, &content, &self.log, &self.name)
     }
@@ -2214,12 +2216,28 @@ type MeasuredAs<'s> = (
     Option<(u32, u32)>,
 );
 
+/// Reads a descriptor from the start with pread, leaving its offset alone.
+struct PositionalReader<'a> {
+    fd: BorrowedFd<'a>,
+    at: u64,
+}
+
+impl std::io::Read for PositionalReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = rustix::io::pread(self.fd, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
 /// A union node's content, for measuring.
 struct UnionContent<'a, S: ByteSource> {
     fs: &'a UnionFs<S>,
     node: &'a Node,
     id: u64,
     setup: &'a Setup,
+    /// The upper file's descriptor the open being measured just made, if any.
+    handle: Option<BorrowedFd<'a>>,
 }
 
 impl<'a, S: ByteSource + 'static> UnionContent<'a, S> {
@@ -2245,6 +2263,15 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
     fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
         match (&self.node.upper, &self.node.lower) {
             (Some(fd), _) => {
+                // The open's own descriptor when it can read (positional reads leave its
+                // offset alone): no second open through /proc.
+                if let Some(h) = self.handle {
+                    let mode = rfs::fcntl_getfl(h)? & OFlags::ACCMODE;
+                    if mode == OFlags::RDONLY || mode == OFlags::RDWR {
+                        let size = rfs::fstat(h)?.st_size as u64;
+                        return Ok((Box::new(PositionalReader { fd: h, at: 0 }), size));
+                    }
+                }
                 let f = std::fs::File::from(rfs::open(
                     UnionFs::<S>::real_path(fd.as_fd()).as_c_str(),
                     OFlags::RDONLY | OFlags::CLOEXEC,
