@@ -447,7 +447,8 @@ def run(ctx):
     r = res["read-small-cold"]
     print(f"INFO  read-small-cold: verity {r['verity']['median'] / r['none']['median']:.2f}x, "
           f"hash {r['hash']['median'] / r['none']['median']:.2f}x none's files/s (measured: a "
-          "FUSE OPEN per file; unmeasured: none after the first)")
+          "FUSE OPEN, which carries the file's bytes, and a RELEASE per file; unmeasured: a "
+          "READ per file)")
     return data
 
 
