@@ -17,7 +17,7 @@ use measure::policy::{Access, FsIdentity, Func, Policy, TaskIds};
 use measure::policy::{MAY_APPEND, MAY_EXEC, MAY_READ, MAY_WRITE};
 use std::io::{self, Read as _};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// How long a new entry may wait in memory before it is written to the list's files.
 const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
@@ -134,6 +134,8 @@ pub struct Measuring {
     /// Shared with the flusher thread, which writes new entries out every
     /// `FLUSH_EVERY` so no open waits for the list's files.
     log: Arc<Mutex<Log>>,
+    /// Wakes the flusher when a batch starts (an idle mount's flusher sleeps).
+    batch: Arc<Condvar>,
     algo: HashAlgo,
     cache: papaya::HashMap<ContentKey, Cached>,
     pub counters: Counters,
@@ -142,18 +144,37 @@ pub struct Measuring {
 impl Measuring {
     pub fn new(policy: Policy, log: Log, algo: HashAlgo) -> Measuring {
         let log = Arc::new(Mutex::new(log));
+        let batch = Arc::new(Condvar::new());
         let weak = Arc::downgrade(&log);
+        let wake = batch.clone();
         std::thread::spawn(move || {
             while let Some(log) = weak.upgrade() {
-                // A failure leaves the list broken: later measured opens then fail.
-                let _ = log.lock().unwrap_or_else(|p| p.into_inner()).flush();
+                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                // After a flush, or once a batch has started: let the batch gather.
+                let gather = if l.unflushed() == 0 {
+                    // Idle: until a batch starts, waking now and then to notice the
+                    // mount has gone.
+                    l = wake
+                        .wait_timeout(l, std::time::Duration::from_secs(1))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    l.unflushed() > 0
+                } else {
+                    // A failure leaves the list broken: later measured opens then fail.
+                    let _ = l.flush();
+                    true
+                };
+                drop(l);
                 drop(log);
-                std::thread::sleep(FLUSH_EVERY);
+                if gather {
+                    std::thread::sleep(FLUSH_EVERY);
+                }
             }
         });
         Measuring {
             policy,
             log,
+            batch,
             algo,
             cache: papaya::HashMap::new(),
             counters: Counters::default(),
@@ -214,12 +235,14 @@ impl Measuring {
                 sig: sig.as_deref(),
             };
             let entry = Log::entry(m.pcr, &ev).map_err(io::Error::other)?;
-            let appended = self
-                .log
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .append_entry(entry)
-                .map_err(io::Error::other)?;
+            let appended = {
+                let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+                let appended = log.append_entry(entry).map_err(io::Error::other)?;
+                if appended && log.unflushed() == 1 {
+                    self.batch.notify_one();
+                }
+                appended
+            };
             let counter = if appended {
                 &self.counters.logged
             } else {

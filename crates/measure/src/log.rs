@@ -755,6 +755,11 @@ impl Log {
             .map_err(io_err(&self.dir))
     }
 
+    /// Entries taken but not yet written.
+    pub fn unflushed(&self) -> usize {
+        self.pending.len()
+    }
+
     pub fn entries(&self) -> u64 {
         self.entries
     }

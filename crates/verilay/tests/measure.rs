@@ -349,6 +349,20 @@ fn verity_digests_are_measured_without_reading_file_data() {
     let m = fs::canonicalize(&mnt).unwrap().display().to_string();
     // Opened, not read: the measurement itself must not read the file.
     sh_ok(&format!("exec 3<{m}/big; exec 3<&-"));
+    // Written out by the mount on its own, without `verilay stats` asking.
+    let start = std::time::Instant::now();
+    while fs::read_to_string(log.join("ascii_runtime_measurements"))
+        .unwrap()
+        .lines()
+        .count()
+        < 2
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "the entry is not in the list's files 2 s after the open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let s = stats(&mnt);
     assert_eq!(s["verity_digests"], 1);
     assert_eq!(s["hashed"], 0);
