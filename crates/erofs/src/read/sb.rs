@@ -33,6 +33,9 @@ pub struct Image<S: ByteSource> {
     /// Byte offset of shared xattr id 0.
     pub(crate) xattr_base: u64,
     pub(crate) prefixes: Vec<LongPrefix>,
+    /// The file-digest table's footer and the first nid of each group of its entries,
+    /// read once on first use (see `file_digest`).
+    pub(crate) digest_index: std::sync::OnceLock<Option<super::digest::DigestIndex>>,
 }
 
 impl<S: ByteSource> Image<S> {
@@ -128,6 +131,7 @@ impl<S: ByteSource> Image<S> {
             meta_base,
             xattr_base,
             prefixes: Vec::new(),
+            digest_index: std::sync::OnceLock::new(),
         };
         img.prefixes = img.read_prefixes()?;
         let root = img.inode(img.root_nid())?;
