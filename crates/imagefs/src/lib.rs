@@ -186,7 +186,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// kernel learns it again (`forget_primed`): an inode the kernel keeps keeps its
     /// pages, unless reclaimed, when a read just asks. Best effort: a failure leaves the
     /// cache cold and the read asks.
-    fn prime(&self, ino: INodeNo, flags: i32) {
+    fn prime(&self, ino: INodeNo, o: Obj, inode: &Inode, flags: i32) {
         let first = match self.opens.pin().compute(u64::from(ino), |had| {
             let was = had.map_or(Opens::default(), |(_, o)| *o);
             papaya::Operation::Insert::<_, ()>(Opens {
@@ -204,9 +204,6 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         let Some(notifier) = self.notifier.get() else {
             return;
         };
-        let Ok((o, inode)) = self.inode(ino) else {
-            return;
-        };
         if !inode.is_reg() || inode.size == 0 || inode.size > PRIME_MAX {
             return;
         }
@@ -216,7 +213,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             if buf.len() < want {
                 buf.resize(want, 0);
             }
-            let Ok(n) = self.image(o).read(&inode, 0, &mut buf[..want]) else {
+            let Ok(n) = self.image(o).read(inode, 0, &mut buf[..want]) else {
                 return;
             };
             if notifier.store(ino, 0, &buf[..n]).is_ok() {
@@ -232,7 +229,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     fn closed(&self, ino: INodeNo) {
         self.opens.pin().update(u64::from(ino), |o| Opens {
             handles: o.handles.saturating_sub(1),
-            primed: o.primed,
+            ..*o
         });
     }
 
@@ -240,8 +237,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// first open hands its bytes over again.
     fn forget_primed(&self, ino: INodeNo) {
         self.opens.pin().update(u64::from(ino), |o| Opens {
-            handles: o.handles,
             primed: false,
+            ..*o
         });
     }
 
@@ -256,11 +253,17 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     /// With a policy: measures an open of `ino` (see `measuring`).
-    fn measure_open(&self, ino: INodeNo, flags: i32, pid: u32) -> Result<(), Errno> {
+    fn measure_open(
+        &self,
+        ino: INodeNo,
+        o: Obj,
+        inode: &Inode,
+        flags: i32,
+        pid: u32,
+    ) -> Result<(), Errno> {
         let Some(s) = &self.measure else {
             return Ok(());
         };
-        let (o, inode) = self.inode(ino)?;
         let fs = &s.layers[o.layer as usize];
         if !s.measuring.may_measure(fs) {
             return Ok(());
@@ -282,7 +285,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             ino,
             file: measuring::ImageFile {
                 image: self.image(o),
-                inode: &inode,
+                inode,
             },
             setup: s,
         };
@@ -712,12 +715,12 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             // Once: from now on the kernel opens files without asking, keeping caches.
             return reply.error(Errno::ENOSYS);
         }
-        match self
-            .inode(ino)
-            .and_then(|_| self.measure_open(ino, flags.0, req.pid()))
-        {
-            Ok(()) => {
-                self.prime(ino, flags.0);
+        match self.inode(ino).and_then(|(o, inode)| {
+            self.measure_open(ino, o, &inode, flags.0, req.pid())
+                .map(|()| (o, inode))
+        }) {
+            Ok((o, inode)) => {
+                self.prime(ino, o, &inode, flags.0);
                 // Keeps what `prime` stored (and any earlier reads: the image never changes).
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }

@@ -131,8 +131,8 @@ pub trait Content {
 
 pub struct Measuring {
     policy: Policy,
-    /// Shared with the flusher thread, which writes new entries out every
-    /// `FLUSH_EVERY` so no open waits for the list's files.
+    /// Shared with the flusher thread, which writes each batch of new entries out
+    /// `FLUSH_EVERY` after it starts, so no open waits for the list's files.
     log: Arc<Mutex<Log>>,
     /// Wakes the flusher when a batch starts (an idle mount's flusher sleeps).
     batch: Arc<Condvar>,

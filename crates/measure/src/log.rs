@@ -24,10 +24,11 @@
 //! `ima_canonical_fmt` (little-endian) would give.
 //!
 //! Writes: an appended entry extends the PCRs in memory at once and is written by the next
-//! [`Log::flush`] (the mount flushes every few milliseconds, off the open path): its records
-//! appended to the four list files, then the count and the PCR files rewritten in place
-//! (the count only grows and the PCR files keep their length), seven writes however many
-//! entries. [`Log::sync`] (at unmount) flushes and makes it all durable. A crash between syncs can leave the files disagreeing; they then no longer
+//! [`Log::flush`] (the mount flushes a batch 10 ms after it starts, off the open path):
+//! its records appended to the four list files, then the count and the PCR files
+//! rewritten in place (the count only grows and the PCR files keep their length), seven
+//! writes however many entries. [`Log::sync`] (at unmount) flushes and makes it all
+//! durable. A crash between syncs can leave the files disagreeing; they then no longer
 //! verify and [`Log::open`] refuses to continue them (a measurement list that lost entries
 //! must not be silently patched up). One writer per directory.
 
@@ -378,12 +379,9 @@ impl Entry {
 
     /// [`Entry::ascii_bytes`], appended to `out` (the flusher's path: no allocation).
     pub fn put_ascii(&self, bank: Bank, out: &mut Vec<u8>) {
-        // "%2d ": the PCR index is below 24.
-        if self.pcr < 10 {
-            out.push(b' ');
-        }
-        out.extend_from_slice(self.pcr.to_string().as_bytes());
-        out.push(b' ');
+        use std::io::Write as _;
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, "{:2} ", self.pcr);
         put_hex(out, self.digest(bank));
         out.push(b' ');
         out.extend_from_slice(self.template_name.as_bytes());
