@@ -480,6 +480,17 @@ fn sized_files(dir: &Path, sizes: &[usize]) -> Vec<(PathBuf, Vec<u8>)> {
         .collect()
 }
 
+/// `sized_files` in BASE/src, an image of them in BASE/img and a policy measuring every
+/// open by stored fs-verity digest in BASE/policy: (files, image, policy).
+fn verity_fixture(base: &Path, sizes: &[usize]) -> (Vec<(PathBuf, Vec<u8>)>, PathBuf, PathBuf) {
+    let files = sized_files(&base.join("src"), sizes);
+    let image = base.join("img");
+    build(&base.join("src"), &image, &["--quiet"]);
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    (files, image, policy)
+}
+
 /// Maps `path` a page further than its size: the bytes past the end must be zeros.
 fn mapped_past_the_end(path: &Path) -> Vec<u8> {
     let f = fs::File::open(path).unwrap();
@@ -499,11 +510,7 @@ fn a_measured_open_hands_small_files_to_the_page_cache_verified() {
     let t = tempfile::tempdir().unwrap();
     let base = t.path();
     let sizes = [1, 4095, 4096, 5000, 128 << 10, (128 << 10) + 1];
-    let files = sized_files(&base.join("src"), &sizes);
-    let image = base.join("img");
-    build(&base.join("src"), &image, &["--quiet"]);
-    let policy = base.join("policy");
-    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    let (files, image, policy) = verity_fixture(base, &sizes);
     let mnt = base.join("mnt");
     let _m = mount_measured(&image, None, &mnt, &policy, &base.join("log"), &[]);
     let small: Vec<usize> = sizes.into_iter().filter(|&n| n <= 128 << 10).collect();
@@ -552,9 +559,7 @@ fn a_tampered_small_file_is_never_handed_over() {
     }
     let t = tempfile::tempdir().unwrap();
     let base = t.path();
-    let files = sized_files(&base.join("src"), &[6000]);
-    let image = base.join("img");
-    build(&base.join("src"), &image, &["--quiet"]);
+    let (files, image, policy) = verity_fixture(base, &[6000]);
     let mut bytes = fs::read(&image).unwrap();
     let at = bytes
         .windows(64)
@@ -562,8 +567,6 @@ fn a_tampered_small_file_is_never_handed_over() {
         .expect("the file's bytes in the image");
     bytes[at + 10] ^= 0x40;
     fs::write(&image, &bytes).unwrap();
-    let policy = base.join("policy");
-    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
     let mnt = base.join("mnt");
     let _m = mount_measured(&image, None, &mnt, &policy, &base.join("log"), &[]);
     sh_ok("sync; echo 3 > /proc/sys/vm/drop_caches");
@@ -604,11 +607,7 @@ fn handing_files_over_races_nothing_into_a_hang_or_wrong_bytes() {
     }
     let t = tempfile::tempdir().unwrap();
     let base = t.path();
-    sized_files(&base.join("src"), &[100, 4096, 9000, 70000, 131072]);
-    let image = base.join("img");
-    build(&base.join("src"), &image, &["--quiet"]);
-    let policy = base.join("policy");
-    fs::write(&policy, "measure func=FILE_CHECK digest_type=verity\n").unwrap();
+    let (_, image, policy) = verity_fixture(base, &[100, 4096, 9000, 70000, 131072]);
     for threads in ["1", "2"] {
         let mnt = base.join(format!("mnt{threads}"));
         let log = base.join(format!("log{threads}"));
