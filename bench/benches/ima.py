@@ -49,9 +49,9 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import time
 
 from harness import datasets, report, stacks, timing, tools
+from harness.timing import timed
 
 DESCRIPTION = "cost of measuring file opens (IMA policies; seed 0's wrong fsmagic, verity digests)"
 
@@ -153,13 +153,6 @@ int main(int argc, char **argv) {
 """
 
 
-def timed(argv, cwd=None):
-    os.sync()
-    start = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
 def paired(res, wl, x, base):
     """Median over runs of x's rate / base's rate in the same run (where they ran back to
     back, so the host's noise largely cancels)."""
@@ -215,6 +208,20 @@ class Recorder:
             now = counters(self.verilay, self.where[cfg])
             self.counted.setdefault((wl, cfg), []).append(delta(now, self.last[cfg]))
             self.last[cfg] = now
+
+
+def each_run(ctx, mounts, rec, verilay, logs, what):
+    """Mounts afresh for each of the runs and yields {config: mountpoint}; once a run is
+    done, appends each measured mount's counters and `verilay log verify` report to
+    logs[config]."""
+    for i in range(ctx.runs):
+        print(f"  {what}, run {i + 1}/{ctx.runs}", flush=True)
+        where = mounts.up(i, rotate=i)
+        rec.start(where, mounts.logs)
+        yield where
+        for cfg, log in mounts.logs.items():
+            logs.setdefault(cfg, []).append({"stats": rec.last[cfg],
+                                             "verify": verify_log(verilay, log)})
 
 
 class Mounts:
@@ -301,10 +308,7 @@ def writable_part(ctx, verilay, binary, scratch, data):
     rec, logs = Recorder(verilay), {}
     mounts = Mounts(scratch, image, verilay, WRITABLE, writable=True)
     try:
-        for i in range(ctx.runs):
-            print(f"  writable tree, run {i + 1}/{ctx.runs}", flush=True)
-            where = mounts.up(i, rotate=i)
-            rec.start(where, mounts.logs)
+        for where in each_run(ctx, mounts, rec, verilay, logs, "writable tree"):
 
             def rate(wl, mnt):
                 if wl in storms:
@@ -331,9 +335,6 @@ def writable_part(ctx, verilay, binary, scratch, data):
             for wl in [*storms, "rsync", "read-image"]:
                 for cfg, mnt in where.items():
                     rec.note(wl, cfg, rate(wl, mnt))
-            for cfg, log in mounts.logs.items():
-                logs.setdefault(cfg, []).append({"stats": rec.last[cfg],
-                                                 "verify": verify_log(verilay, log)})
     finally:
         mounts.close()
     data["mount_stats"]["writable"] = logs
@@ -376,10 +377,7 @@ def readonly_part(ctx, verilay, binary, scratch, data):
     rec, logs = Recorder(verilay), {}
     mounts = Mounts(scratch, image, verilay, READONLY, writable=False)
     try:
-        for i in range(ctx.runs):
-            print(f"  read-only image, run {i + 1}/{ctx.runs}", flush=True)
-            where = mounts.up(i, rotate=i)
-            rec.start(where, mounts.logs)
+        for where in each_run(ctx, mounts, rec, verilay, logs, "read-only image"):
             for wl, listfile in lists.items():
                 for cfg, mnt in where.items():
                     drop_caches()
@@ -391,9 +389,6 @@ def readonly_part(ctx, verilay, binary, scratch, data):
                                            f"{nbytes} bytes; expected {expect[wl]}")
                     rec.note(wl, cfg, nbytes / secs / 2**20 if wl == "read-big-cold"
                              else files / secs)
-            for cfg, log in mounts.logs.items():
-                logs.setdefault(cfg, []).append({"stats": rec.last[cfg],
-                                                 "verify": verify_log(verilay, log)})
             s = rec.last["verity"]
             # digest_type=verity takes the image's stored digests: no file data at open.
             if s["hashed"] != 0 or s["bytes_hashed"] != 0 or s["verity_digests"] <= 0:
@@ -418,10 +413,7 @@ def run(ctx):
         print(f"ima bench skipped: {reason}")
         data["targets"].append(report.target("ima", None, reason))
         return data
-    binary = os.path.join(scratch, "ima")
-    with open(binary + ".c", "w") as f:
-        f.write(IMA_C)
-    subprocess.run([cc, "-O2", "-o", binary, binary + ".c"], check=True)
+    binary = tools.compile_c(cc, IMA_C, os.path.join(scratch, "ima"))
 
     parts = [(writable_part(ctx, verilay, binary, scratch, data), list(WRITABLE)),
              (readonly_part(ctx, verilay, binary, scratch, data), list(READONLY))]

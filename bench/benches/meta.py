@@ -27,9 +27,9 @@ import os
 import shutil
 import statistics
 import subprocess
-import time
 
-from harness import datasets, report, stacks
+from harness import datasets, report, stacks, tools
+from harness.timing import timed
 
 DESCRIPTION = "small-file and metadata storms on a writable merged tree vs overlayfs, fuse-overlayfs"
 
@@ -96,22 +96,12 @@ int main(int argc, char **argv) {
 """
 
 
-def timed(argv, cwd=None):
-    os.sync()
-    start = time.perf_counter()
-    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
 def run(ctx):
     scratch = datasets.scratch_dir("meta")
     data, verilay, fov, cc = stacks.start("meta", ctx, scratch, {})
     if not verilay:
         return data
-    binary = os.path.join(scratch, "meta")
-    with open(binary + ".c", "w") as f:
-        f.write(META_C)
-    subprocess.run([cc, "-O2", "-o", binary, binary + ".c"], check=True)
+    binary = tools.compile_c(cc, META_C, os.path.join(scratch, "meta"))
     # The real tree of small files: /usr/share/doc from the usr-share dataset.
     tree = os.path.join(datasets.usr_share().path, "doc")
     tarball = os.path.join(scratch, "tree.tar")

@@ -21,7 +21,7 @@ import shutil
 import statistics
 import subprocess
 
-from harness import datasets, report, stacks
+from harness import datasets, report, stacks, tools
 
 DESCRIPTION = "stat/open storm over a merged tree, 1-8 threads: verilay vs overlayfs, fuse-overlayfs"
 
@@ -118,11 +118,7 @@ def run(ctx):
         return data
     ds = datasets.usr_share()
     data["dataset"] = {"name": ds.name, **ds.stats}
-    binary = os.path.join(scratch, "storm")
-    src = os.path.join(scratch, "storm.c")
-    with open(src, "w") as f:
-        f.write(STORM_C)
-    subprocess.run([cc, "-O2", "-pthread", "-o", binary, src], check=True)
+    binary = tools.compile_c(cc, STORM_C, os.path.join(scratch, "storm"), ["-pthread"])
     image = os.path.join(scratch, "tree.img")
     subprocess.run([verilay, "build", ds.path, "-o", image, "--quiet"], check=True,
                    stdout=subprocess.DEVNULL)

@@ -24,6 +24,15 @@ def drop_caches():
     return None
 
 
+def timed(argv, cwd=None):
+    """Seconds argv takes (its output discarded), after os.sync() so that writeback left
+    by whatever ran before is not charged to it."""
+    os.sync()
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
 def run_once(argv, env=None):
     """Run argv once and return one sample: wall, user and system seconds, peak RSS.
 

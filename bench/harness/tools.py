@@ -56,6 +56,14 @@ def verilay(snapshot_dir):
     return (copy, None) if ok else (None, f"`{path} build --help` failed")
 
 
+def compile_c(cc, source, binary, flags=()):
+    """Writes C `source` next to `binary` (as binary.c) and compiles it there with -O2."""
+    with open(binary + ".c", "w") as f:
+        f.write(source)
+    subprocess.run([cc, "-O2", *flags, "-o", binary, binary + ".c"], check=True)
+    return binary
+
+
 def git_revision():
     """Commit of the work tree being measured, with '+dirty' if it has changes."""
     def git(*args):
