@@ -6,7 +6,8 @@
 //! list unless the same entry is already there. The daemon sees every change to a file
 //! made through the mount (opens for writing, truncation, fallocate), so a digest is
 //! reused until the content may have changed: an unchanged file is never hashed twice, a
-//! changed one once, at its next measured open. Image files never change, and with
+//! changed one once: as its last writer closes it if it is small, else at its next
+//! measured open. Image files never change, and with
 //! `digest_type=verity` their stored fs-verity digest is the measurement: no file data is
 //! read at open.
 //!
@@ -43,11 +44,21 @@ pub enum ContentKey {
 /// The host inode's change cookie: ctime, mtime and size.
 pub type Cookie = (i64, i64, i64, i64, u64);
 
+/// Upper files up to this size are hashed when their last writer closes them (see
+/// [`Measuring::closed`]); bigger ones at their next measured open only.
+pub const HASH_AT_CLOSE_MAX: u64 = 256 << 10;
+
+/// How long a measured open waits for a hash begun at close before it hashes itself.
+const HASH_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 #[derive(Clone)]
 struct Cached {
     cookie: Option<Cookie>,
     verity: bool,
-    digest: Vec<u8>,
+    /// `None` while a hash begun at close is under way.
+    digest: Option<Vec<u8>>,
+    /// Which hash at close this entry waits for, so a later one (or a change) wins.
+    token: u64,
 }
 
 /// Counters for `verilay stats`: what measuring cost. Each is sharded by worker thread
@@ -61,6 +72,8 @@ pub struct Counters {
     /// File contents hashed (a cache miss), and the bytes read for it.
     pub hashed: Counter,
     pub bytes_hashed: Counter,
+    /// Of `hashed`: upper files hashed when their last writer closed them.
+    pub hashed_at_close: Counter,
     /// Measurements served by a digest computed earlier.
     pub reused: Counter,
     /// Measurements that took an image file's stored fs-verity digest.
@@ -138,6 +151,12 @@ pub struct Measuring {
     batch: Arc<Condvar>,
     algo: HashAlgo,
     cache: papaya::HashMap<ContentKey, Cached>,
+    /// Hands out `Cached::token`s.
+    tokens: AtomicU64,
+    /// Wakes measured opens waiting for a hash begun at close, and how many wait (no
+    /// wake-up call when none does).
+    hashed: (Mutex<()>, Condvar),
+    waiting: AtomicU64,
     pub counters: Counters,
 }
 
@@ -177,6 +196,9 @@ impl Measuring {
             batch,
             algo,
             cache: papaya::HashMap::new(),
+            tokens: AtomicU64::new(1),
+            hashed: (Mutex::new(()), Condvar::new()),
+            waiting: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
@@ -256,11 +278,12 @@ impl Measuring {
     /// The file's digest for this measurement: reused while the content cannot have
     /// changed, else computed (and kept unless a writer has the file open).
     fn digest(&self, o: &Opening<'_>, verity: bool, content: &dyn Content) -> io::Result<Vec<u8>> {
-        let cache = self.cache.pin();
-        if let Some(c) = cache.get(&o.key) {
-            if c.verity == verity && c.cookie == o.cookie && !o.writers {
-                self.counters.reused.add(1);
-                return Ok(c.digest.clone());
+        if let Some(c) = self.settled(&o.key) {
+            if let Some(d) = c.digest {
+                if c.verity == verity && c.cookie == o.cookie && !o.writers {
+                    self.counters.reused.add(1);
+                    return Ok(d);
+                }
             }
         }
         let stored = match (verity, o.key) {
@@ -286,38 +309,154 @@ impl Measuring {
                 self.count_hash(0);
                 self.algo.hasher().finish()
             }
-            None => {
-                let (mut r, size) = content.reader()?;
-                let mut h = self.algo.hasher();
-                // Sized to the file: most measured files are small, many empty.
-                let mut buf = vec![0u8; size.clamp(4096, 1 << 20) as usize];
-                let mut n = 0u64;
-                loop {
-                    match r.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(k) => {
-                            h.update(&buf[..k]);
-                            n += k as u64;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                self.count_hash(n);
-                h.finish()
-            }
+            None => self.hash(content)?,
         };
         if !o.writers {
-            cache.insert(
+            self.cache.pin().insert(
                 o.key,
                 Cached {
                     cookie: o.cookie,
                     verity,
-                    digest: digest.clone(),
+                    digest: Some(digest.clone()),
+                    token: 0,
                 },
             );
         }
         Ok(digest)
+    }
+
+    /// The file's bytes hashed with the list's algorithm.
+    fn hash(&self, content: &dyn Content) -> io::Result<Vec<u8>> {
+        thread_local! {
+            /// This worker's read buffer, grown to the biggest file it hashed (up to
+            /// 1 MiB): no allocation or zeroing per hash.
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let (mut r, size) = content.reader()?;
+        let mut h = self.algo.hasher();
+        let n = BUF.with_borrow_mut(|buf| -> io::Result<u64> {
+            let want = size.clamp(4096, 1 << 20) as usize;
+            if buf.len() < want {
+                buf.resize(want, 0);
+            }
+            let buf = &mut buf[..want];
+            let mut n = 0u64;
+            loop {
+                match r.read(buf) {
+                    Ok(0) => return Ok(n),
+                    Ok(k) => {
+                        h.update(&buf[..k]);
+                        n += k as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        })?;
+        self.count_hash(n);
+        Ok(h.finish())
+    }
+
+    /// The cache's entry for `key` once no hash begun at close is under way for it
+    /// (waiting for one at most `HASH_AT_CLOSE_WAIT`).
+    fn settled(&self, key: &ContentKey) -> Option<Cached> {
+        let cache = self.cache.pin();
+        let c = cache.get(key)?;
+        if c.digest.is_some() {
+            return Some(c.clone());
+        }
+        let deadline = std::time::Instant::now() + HASH_AT_CLOSE_WAIT;
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut lock = self.hashed.0.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = std::time::Instant::now();
+            let c = cache.get(key);
+            if c.is_none_or(|c| c.digest.is_some()) || now >= deadline {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                return c.filter(|c| c.digest.is_some()).cloned();
+            }
+            // Timed, so a wake-up sent before this wait began costs a millisecond at most.
+            let wait = (deadline - now).min(std::time::Duration::from_millis(1));
+            lock = self
+                .hashed
+                .1
+                .wait_timeout(lock, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The last writer of an upper file (content key `key`, cookie `cookie` now) closed
+    /// it: a small file is hashed now, on this worker thread, after the close was
+    /// answered, so the measured open that often follows (a copy's reopen, an editor's,
+    /// a build's) finds its digest ready instead of hashing while the opener waits.
+    /// Nothing is kept if the content changes meanwhile.
+    pub fn closed(&self, key: ContentKey, cookie: Cookie, content: &dyn Content) {
+        if cookie.4 > HASH_AT_CLOSE_MAX {
+            return;
+        }
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let cache = self.cache.pin();
+        cache.insert(
+            key,
+            Cached {
+                cookie: Some(cookie),
+                verity: false,
+                digest: None,
+                token,
+            },
+        );
+        let digest = if cookie.4 == 0 {
+            self.count_hash(0);
+            Ok(self.algo.hasher().finish())
+        } else {
+            self.hash(content)
+        };
+        match digest {
+            // Kept only if nothing replaced or removed the entry meanwhile; a content-
+            // preserving change of attributes may have moved its cookie on (`touched`).
+            Ok(d) => {
+                self.counters.hashed_at_close.add(1);
+                cache.update(key, |c| {
+                    if c.token == token && c.digest.is_none() {
+                        Cached {
+                            digest: Some(d.clone()),
+                            ..c.clone()
+                        }
+                    } else {
+                        c.clone()
+                    }
+                });
+            }
+            Err(_) => {
+                let _ = cache.remove_if(&key, |_, c| c.token == token && c.digest.is_none());
+            }
+        }
+        // Pairs with the waiter's count going up before it looks at the entry.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            let _lock = self.hashed.0.lock().unwrap_or_else(|p| p.into_inner());
+            self.hashed.1.notify_all();
+        }
+    }
+
+    /// Attributes of an upper file changed through the mount, its content did not (a
+    /// chmod, chown or utimes): a digest kept for the cookie it had just before still
+    /// holds for the cookie it has now.
+    pub fn touched(&self, key: ContentKey, before: Cookie, after: Cookie) {
+        if before == after {
+            return;
+        }
+        self.cache.pin().update(key, |c| {
+            if c.cookie == Some(before) {
+                Cached {
+                    cookie: Some(after),
+                    ..c.clone()
+                }
+            } else {
+                c.clone()
+            }
+        });
     }
 
     fn count_hash(&self, bytes: u64) {
@@ -351,12 +490,13 @@ impl Measuring {
             log.entries()
         };
         format!(
-            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{}}}",
+            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"hashed_at_close\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{}}}",
             self.policy.len(),
             get(&c.checked),
             get(&c.measured),
             get(&c.hashed),
             get(&c.bytes_hashed),
+            get(&c.hashed_at_close),
             get(&c.reused),
             get(&c.verity_digests),
             get(&c.logged),

@@ -351,26 +351,47 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             Err(e) => {
                 if fh != 0 {
                     self.files.pin().remove(&fh);
-                    self.measure_release(fh);
+                    self.measure_release(fh, None);
                 }
                 Err(e)
             }
         }
     }
 
-    /// With a policy: the handle `fh` is closed; a writer's close marks its file changed.
-    fn measure_release(&self, fh: u64) {
+    /// With a policy: the handle `fh` (still readable through `handle`, if given) is
+    /// closed; a writer's close marks its file changed, and the last writer's close
+    /// hashes a small file (`Measuring::closed`).
+    fn measure_release(&self, fh: u64, handle: Option<BorrowedFd<'_>>) {
         let Some(s) = &self.measure else {
             return;
         };
         let Some((id, key)) = self.writer_fhs.pin().remove(&fh).copied() else {
             return;
         };
+        s.measuring.changed(key);
         let _ = self.with_node(id, |n| {
-            n.io.writers.fetch_sub(1, Ordering::AcqRel);
+            let last = n.io.writers.fetch_sub(1, Ordering::AcqRel) == 1;
+            let Some(fd) = n.upper.as_ref().filter(|_| last) else {
+                return Ok(());
+            };
+            let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
+            let now = ContentKey::Upper {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            };
+            if now == key {
+                let content = UnionContent {
+                    fs: self,
+                    node: n,
+                    id,
+                    setup: s,
+                    handle,
+                };
+                s.measuring
+                    .closed(key, crate::measuring::cookie(&st), &content);
+            }
             Ok(())
         });
-        s.measuring.changed(key);
     }
 
     /// With a policy: node `id`'s content changed without an open (a truncation by path).
@@ -1406,9 +1427,27 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let n = self.node(id)?;
             self.attr(id, &n)
         };
+        // A digest kept for an upper file survives a change of its attributes alone.
+        let before = self
+            .measure
+            .as_ref()
+            .filter(|_| size.is_none())
+            .and_then(|s| {
+                let (_, key, cookie, _) = self.with_node(id, |n| self.measured_as(s, n)).ok()??;
+                Some((s, key, cookie?))
+            });
         let r = run();
         if size.is_some() {
             self.measure_changed(id);
+        }
+        if let Some((s, key, before)) = before {
+            if let Ok(st) = self.with_node(id, |n| match &n.upper {
+                Some(fd) => rfs::fstat(fd.as_fd()).map_err(rerrno),
+                None => Err(Errno::ESTALE),
+            }) {
+                s.measuring
+                    .touched(key, before, crate::measuring::cookie(&st));
+            }
         }
         match r {
             Ok(a) => reply.attr(&TTL, &a),
@@ -1952,11 +1991,13 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if u64::from(fh) != 0 {
-            self.files.pin().remove(&u64::from(fh));
-            self.measure_release(u64::from(fh));
-        }
+        // Answered first: nobody waits for a release, and a writer's may hash its file.
         reply.ok();
+        if u64::from(fh) != 0 {
+            let files = self.files.pin();
+            let handle = files.remove(&u64::from(fh));
+            self.measure_release(u64::from(fh), handle.map(|f| f.as_fd()));
+        }
     }
 
     fn fsync(
