@@ -309,7 +309,10 @@ impl Measuring {
                 self.count_hash(0);
                 self.algo.hasher().finish()
             }
-            None => self.hash(content)?,
+            None => {
+                let (r, size) = content.reader()?;
+                self.hash(r, size)?
+            }
         };
         if !o.writers {
             self.cache.pin().insert(
@@ -326,13 +329,12 @@ impl Measuring {
     }
 
     /// The file's bytes hashed with the list's algorithm.
-    fn hash(&self, content: &dyn Content) -> io::Result<Vec<u8>> {
+    fn hash(&self, mut r: Box<dyn io::Read + '_>, size: u64) -> io::Result<Vec<u8>> {
         thread_local! {
             /// This worker's read buffer, grown to the biggest file it hashed (up to
             /// 1 MiB): no allocation or zeroing per hash.
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        let (mut r, size) = content.reader()?;
         let mut h = self.algo.hasher();
         let n = BUF.with_borrow_mut(|buf| -> io::Result<u64> {
             let want = size.clamp(4096, 1 << 20) as usize;
@@ -390,8 +392,15 @@ impl Measuring {
     /// it: a small file is hashed now, on this worker thread, after the close was
     /// answered, so the measured open that often follows (a copy's reopen, an editor's,
     /// a build's) finds its digest ready instead of hashing while the opener waits.
-    /// Nothing is kept if the content changes meanwhile.
-    pub fn closed(&self, key: ContentKey, cookie: Cookie, content: &dyn Content) {
+    /// Nothing is kept if the content changes meanwhile. `read` gives the file's bytes
+    /// from the start; exactly the cookie's size is read (had the file grown since, the
+    /// cookie no longer matches and the digest is never used).
+    pub fn closed<'r>(
+        &self,
+        key: ContentKey,
+        cookie: Cookie,
+        read: impl FnOnce() -> io::Result<Box<dyn io::Read + 'r>>,
+    ) {
         if cookie.4 > HASH_AT_CLOSE_MAX {
             return;
         }
@@ -410,7 +419,7 @@ impl Measuring {
             self.count_hash(0);
             Ok(self.algo.hasher().finish())
         } else {
-            self.hash(content)
+            read().and_then(|r| self.hash(Box::new(r.take(cookie.4)), cookie.4))
         };
         match digest {
             // Kept only if nothing replaced or removed the entry meanwhile; a content-

@@ -387,8 +387,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                     setup: s,
                     handle,
                 };
-                s.measuring
-                    .closed(key, crate::measuring::cookie(&st), &content);
+                s.measuring.closed(key, crate::measuring::cookie(&st), || {
+                    content.upper_reader(fd.as_fd())
+                });
             }
             Ok(())
         });
@@ -2282,6 +2283,23 @@ struct UnionContent<'a, S: ByteSource> {
 }
 
 impl<'a, S: ByteSource + 'static> UnionContent<'a, S> {
+    /// The upper file's bytes (`upper` is the node's `O_PATH` descriptor): through the
+    /// open's own descriptor when it can read (positional reads leave its offset alone),
+    /// else through a new one.
+    fn upper_reader(&self, upper: BorrowedFd<'_>) -> std::io::Result<Box<dyn std::io::Read + 'a>> {
+        if let Some(h) = self.handle {
+            let mode = rfs::fcntl_getfl(h)? & OFlags::ACCMODE;
+            if mode == OFlags::RDONLY || mode == OFlags::RDWR {
+                return Ok(Box::new(PositionalReader { fd: h, at: 0 }));
+            }
+        }
+        Ok(Box::new(std::fs::File::from(rfs::open(
+            UnionFs::<S>::real_path(upper).as_c_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)))
+    }
+
     /// The node's image file, while it has no upper copy.
     fn image_file(&self) -> Option<ImageFile<'a, S>> {
         match (&self.node.upper, &self.node.lower) {
@@ -2304,22 +2322,8 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
     fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
         match (&self.node.upper, &self.node.lower) {
             (Some(fd), _) => {
-                // The open's own descriptor when it can read (positional reads leave its
-                // offset alone): no second open through /proc.
-                if let Some(h) = self.handle {
-                    let mode = rfs::fcntl_getfl(h)? & OFlags::ACCMODE;
-                    if mode == OFlags::RDONLY || mode == OFlags::RDWR {
-                        let size = rfs::fstat(h)?.st_size as u64;
-                        return Ok((Box::new(PositionalReader { fd: h, at: 0 }), size));
-                    }
-                }
-                let f = std::fs::File::from(rfs::open(
-                    UnionFs::<S>::real_path(fd.as_fd()).as_c_str(),
-                    OFlags::RDONLY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?);
-                let size = f.metadata()?.len();
-                Ok((Box::new(f), size))
+                let size = rfs::fstat(fd.as_fd())?.st_size as u64;
+                Ok((self.upper_reader(fd.as_fd())?, size))
             }
             _ => match self.image_file() {
                 Some(f) => Ok(f.reader()),
