@@ -310,18 +310,16 @@ def writable_part(ctx, verilay, binary, scratch, data):
     try:
         for where in each_run(ctx, mounts, rec, verilay, logs, "writable tree"):
 
+            def storm(wl, k, mnt):
+                """Seconds one storm of workload wl took (the k-th on this mount)."""
+                d = os.path.join(mnt, f"{wl}-{k}")
+                os.makedirs(d)
+                os.sync()
+                out = subprocess.run([binary, "create", d, str(n), "32", str(storms[wl][0])],
+                                     check=True, capture_output=True, text=True)
+                return n / float(out.stdout.split()[0])
+
             def rate(wl, mnt):
-                if wl in storms:
-                    size, loops = storms[wl]
-                    secs = 0.0
-                    for k in range(loops):
-                        d = os.path.join(mnt, f"{wl}-{k}")
-                        os.makedirs(d)
-                        os.sync()
-                        out = subprocess.run([binary, "create", d, str(n), "32", str(size)],
-                                             check=True, capture_output=True, text=True)
-                        secs += n / float(out.stdout.split()[0])
-                    return n * loops / secs
                 if wl == "rsync":
                     return nfiles / timed(["rsync", "-a", tree + "/",
                                            os.path.join(mnt, "rsync") + "/"])
@@ -330,9 +328,18 @@ def writable_part(ctx, verilay, binary, scratch, data):
                 return nregular / timed(["bash", "-o", "pipefail", "-c",
                                          f"tar -C {shlex.quote(mnt)} -cf - doc | cat >/dev/null"])
 
-            # Workload by workload, the mounts one after the other: the host's noise
+            # Workload by workload, the mounts one after the other, and a workload's
+            # storms taking turns on them (each round in a new order): the host's noise
             # (its load comes and goes over seconds) hits the three alike.
-            for wl in [*storms, "rsync", "read-image"]:
+            cfgs = list(where)
+            for wl, (_, loops) in storms.items():
+                secs = dict.fromkeys(cfgs, 0.0)
+                for k in range(loops):
+                    for cfg in cfgs[k % len(cfgs):] + cfgs[:k % len(cfgs)]:
+                        secs[cfg] += storm(wl, k, where[cfg])
+                for cfg in cfgs:
+                    rec.note(wl, cfg, n * loops / secs[cfg])
+            for wl in ["rsync", "read-image"]:
                 for cfg, mnt in where.items():
                     rec.note(wl, cfg, rate(wl, mnt))
     finally:
