@@ -289,7 +289,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             },
             setup: s,
         };
-        s.measure(&opening, &content, &self.log, &self.name)
+        s.measure(&opening, &content, &self.log, &self.name).map(|_| ())
     }
 
     fn ino(&self, o: Obj) -> INodeNo {

@@ -211,8 +211,10 @@ impl Measuring {
 
     /// Measures an open if the policy says so. An error (the file could not be read, or
     /// failed verification, or the list could not be written) fails the open: a measured
-    /// open never succeeds unmeasured.
-    pub fn open(&self, o: &Opening<'_>, content: &dyn Content) -> io::Result<()> {
+    /// open never succeeds unmeasured. For an open that can write, also says whether
+    /// the same task opening the file to read would be measured by its content (what
+    /// makes hashing it after its close worthwhile, see `closed`).
+    pub fn open(&self, o: &Opening<'_>, content: &dyn Content) -> io::Result<bool> {
         let exec = o.flags & FMODE_EXEC != 0;
         let mut task_ids = None;
         let mut task = || *task_ids.get_or_insert_with(|| task_ids_of(o.pid));
@@ -272,7 +274,20 @@ impl Measuring {
             };
             counter.add(1);
         }
-        Ok(())
+        if !writes(o.flags) {
+            return Ok(false);
+        }
+        let access = Access {
+            func: Func::FileCheck,
+            mask: MAY_READ,
+            fowner: o.owner.0,
+            fgroup: o.owner.1,
+            fs: o.fs,
+        };
+        Ok(self
+            .policy
+            .decide(&access, &mut task)
+            .is_some_and(|m| !m.verity))
     }
 
     /// The file's digest for this measurement: reused while the content cannot have
@@ -706,7 +721,7 @@ impl Setup {
         content: &dyn Content,
         log: &crate::Logger,
         name: &str,
-    ) -> Result<(), fuser::Errno> {
+    ) -> Result<bool, fuser::Errno> {
         self.measuring.open(o, content).map_err(|e| {
             log(&format!(
                 "{name}: measuring {}: {e}",

@@ -135,7 +135,9 @@ pub struct UnionFs<S: ByteSource> {
     /// With a policy: opens are measured (see `measuring`), and the handles that can write
     /// are known, so a writer's close marks its file changed.
     measure: Option<Setup>,
-    writer_fhs: papaya::HashMap<u64, (u64, ContentKey)>,
+    /// With a policy: the handles that can write, with their node, its content key,
+    /// and whether the file is worth hashing after its close (`Measuring::open`).
+    writer_fhs: papaya::HashMap<u64, (u64, ContentKey, bool)>,
     name: String,
     log: Logger,
 }
@@ -315,9 +317,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some((fs, key, cookie, owner)) = self.measured_as(s, n)? else {
             return Ok(());
         };
-        if crate::measuring::writes(flags) {
+        let writes = crate::measuring::writes(flags);
+        if writes {
             n.io.writers.fetch_add(1, Ordering::AcqRel);
-            self.writer_fhs.pin().insert(fh, (id, key));
+            self.writer_fhs.pin().insert(fh, (id, key, false));
             s.measuring.changed(key);
         }
         let owner = match owner {
@@ -341,7 +344,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             setup: s,
             handle: files.get(&fh).map(|f| f.as_fd()),
         };
-        s.measure(&o, &content, &self.log, &self.name)
+        let hash_at_close = s.measure(&o, &content, &self.log, &self.name)?;
+        if writes && hash_at_close {
+            self.writer_fhs.pin().insert(fh, (id, key, true));
+        }
+        Ok(())
     }
 
     /// `measure_open` for a handle just opened: on failure the handle is closed again.
@@ -365,13 +372,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some(s) = &self.measure else {
             return;
         };
-        let Some((id, key)) = self.writer_fhs.pin().remove(&fh).copied() else {
+        let Some((id, key, hash_at_close)) = self.writer_fhs.pin().remove(&fh).copied() else {
             return;
         };
         s.measuring.changed(key);
         let _ = self.with_node(id, |n| {
             let last = n.io.writers.fetch_sub(1, Ordering::AcqRel) == 1;
-            let Some(fd) = n.upper.as_ref().filter(|_| last) else {
+            let Some(fd) = n.upper.as_ref().filter(|_| last && hash_at_close) else {
                 return Ok(());
             };
             let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
