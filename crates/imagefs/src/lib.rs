@@ -289,7 +289,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             },
             setup: s,
         };
-        s.measure(&opening, &content, &self.log, &self.name).map(|_| ())
+        s.measure(&opening, &content, &self.log, &self.name)
+            .map(|_| ())
     }
 
     fn ino(&self, o: Obj) -> INodeNo {

@@ -6,8 +6,8 @@
 //! list unless the same entry is already there. The daemon sees every change to a file
 //! made through the mount (opens for writing, truncation, fallocate), so a digest is
 //! reused until the content may have changed: an unchanged file is never hashed twice, a
-//! changed one once: as its last writer closes it if it is small, else at its next
-//! measured open. Image files never change, and with
+//! changed one once: as its last writer closes it if it is of a middling size (8 to
+//! 256 KiB), else at its next measured open. Image files never change, and with
 //! `digest_type=verity` their stored fs-verity digest is the measurement: no file data is
 //! read at open.
 //!
@@ -44,9 +44,10 @@ pub enum ContentKey {
 /// The host inode's change cookie: ctime, mtime and size.
 pub type Cookie = (i64, i64, i64, i64, u64);
 
-/// Upper files up to this size are hashed when their last writer closes them (see
-/// [`Measuring::closed`]); bigger ones at their next measured open only.
-pub const HASH_AT_CLOSE_MAX: u64 = 256 << 10;
+/// Upper files of these sizes are hashed when their last writer closes them (see
+/// [`Measuring::closed`]); others at their next measured open only. Below 8 KiB a
+/// hash costs about what its bookkeeping does (a few µs), so the open might as well.
+pub const HASH_AT_CLOSE: std::ops::RangeInclusive<u64> = (8 << 10)..=(256 << 10);
 
 /// How long a measured open waits for a hash begun at close before it hashes itself.
 const HASH_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -416,7 +417,7 @@ impl Measuring {
         cookie: Cookie,
         read: impl FnOnce() -> io::Result<Box<dyn io::Read + 'r>>,
     ) {
-        if cookie.4 > HASH_AT_CLOSE_MAX {
+        if !HASH_AT_CLOSE.contains(&cookie.4) {
             return;
         }
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
@@ -430,12 +431,7 @@ impl Measuring {
                 token,
             },
         );
-        let digest = if cookie.4 == 0 {
-            self.count_hash(0);
-            Ok(self.algo.hasher().finish())
-        } else {
-            read().and_then(|r| self.hash(Box::new(r.take(cookie.4)), cookie.4))
-        };
+        let digest = read().and_then(|r| self.hash(Box::new(r.take(cookie.4)), cookie.4));
         match digest {
             // Kept only if nothing replaced or removed the entry meanwhile; a content-
             // preserving change of attributes may have moved its cookie on (`touched`).
