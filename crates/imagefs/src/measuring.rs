@@ -169,22 +169,23 @@ impl Measuring {
         let wake = batch.clone();
         std::thread::spawn(move || {
             while let Some(log) = weak.upgrade() {
-                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                let l = log.lock().unwrap_or_else(|p| p.into_inner());
                 // After a flush, or once a batch has started: let the batch gather.
                 let gather = if l.unflushed() == 0 {
                     // Idle: until a batch starts, waking now and then to notice the
                     // mount has gone.
-                    l = wake
+                    let l = wake
                         .wait_timeout(l, std::time::Duration::from_secs(1))
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                     l.unflushed() > 0
                 } else {
-                    // A failure leaves the list broken: later measured opens then fail.
-                    let _ = l.flush();
+                    drop(l);
+                    // Written with the log free: opens append meanwhile. A failure leaves
+                    // the list broken: later measured opens then fail.
+                    let _ = Log::flush_shared(&log);
                     true
                 };
-                drop(l);
                 drop(log);
                 if gather {
                     std::thread::sleep(FLUSH_EVERY);

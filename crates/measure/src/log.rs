@@ -42,6 +42,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// PCRs in a bank (TPM 2.0 PC client).
 pub const NUM_PCRS: u32 = 24;
@@ -547,22 +549,46 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
 /// The measurement list in a directory, appended to as entries come, with the PCR values kept beside it.
 pub struct Log {
     dir: PathBuf,
-    /// The four list files, opened for append: sha1 binary, sha1 ascii, sha256 binary, sha256 ascii.
-    lists: Vec<(PathBuf, File)>,
-    /// The count and the two PCR files, rewritten in place as entries come: the count
-    /// only grows, and a PCR file's lines have a fixed width, so one write at a fixed
-    /// offset updates each (no temporary file, no rename, no sync per entry).
-    state: Vec<(PathBuf, File)>,
-    /// Entries taken but not yet written (see [`Log::flush`]).
+    /// The files, written a batch at a time (see [`Log::flush_shared`]).
+    files: Arc<Writer>,
+    /// Entries taken but not yet handed to the files (see [`Log::flush`]).
     pending: Vec<Entry>,
     entries: u64,
     pcrs: Pcrs,
     /// (PCR, SHA-256 template digest) of every entry: the kernel's duplicate check
     /// (`ima_lookup_digest_entry` keys on the ima_hash_algo bank's digest and the PCR).
     seen: HashSet<(u32, [u8; 32])>,
-    broken: bool,
-    /// The buffer `flush` formats into, kept between flushes.
+    /// Set for good when a write failed: the files may disagree with each other.
+    broken: Arc<AtomicBool>,
+    /// Batches taken so far (the next one's number).
+    taken: u64,
+}
+
+/// The list's files, and which batch writes next: batches are written in the order they
+/// were taken, each by whoever took it, without the log held.
+struct Writer {
+    files: Mutex<Files>,
+    turn: Condvar,
+}
+
+struct Files {
+    /// The four list files, opened for append: sha1 binary, sha1 ascii, sha256 binary, sha256 ascii.
+    lists: Vec<(PathBuf, File)>,
+    /// The count and the two PCR files, rewritten in place as entries come: the count
+    /// only grows, and a PCR file's lines have a fixed width, so one write at a fixed
+    /// offset updates each (no temporary file, no rename, no sync per entry).
+    state: Vec<(PathBuf, File)>,
+    /// The buffer a batch is formatted into, kept between batches.
     scratch: Vec<u8>,
+    /// The number of the batch whose turn it is.
+    next: u64,
+}
+
+/// Entries taken from the log, with the count and PCR files as they stand after them.
+struct Batch {
+    number: u64,
+    entries: Vec<Entry>,
+    state: [String; 3],
 }
 
 const LISTS: [(&str, Bank, bool); 4] = [
@@ -625,32 +651,38 @@ impl Log {
                 .map_err(io_err(&path))?;
             state.push((path, f));
         }
-        let mut log = Log {
-            dir: dir.to_path_buf(),
-            lists,
-            state,
-            pending: Vec::new(),
-            entries,
-            pcrs,
-            seen,
-            broken: false,
-            scratch: Vec::new(),
-        };
         // The count and PCR files as the list says, whole (they verified, or are new).
-        log.broken = true;
         for (i, text) in [
             format!("{entries}\n"),
-            log.pcrs.file_text(Bank::Sha1),
-            log.pcrs.file_text(Bank::Sha256),
+            pcrs.file_text(Bank::Sha1),
+            pcrs.file_text(Bank::Sha256),
         ]
         .iter()
         .enumerate()
         {
-            let (path, f) = &log.state[i];
+            let (path, f) = &state[i];
             f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
             f.set_len(text.len() as u64).map_err(io_err(path))?;
         }
-        log.broken = false;
+        let files = Files {
+            lists,
+            state,
+            scratch: Vec::new(),
+            next: 0,
+        };
+        let mut log = Log {
+            dir: dir.to_path_buf(),
+            files: Arc::new(Writer {
+                files: Mutex::new(files),
+                turn: Condvar::new(),
+            }),
+            pending: Vec::new(),
+            entries,
+            pcrs,
+            seen,
+            broken: Arc::new(AtomicBool::new(false)),
+            taken: 0,
+        };
         if fresh {
             log.push(Entry::boot_aggregate())?;
             log.flush()?;
@@ -680,7 +712,7 @@ impl Log {
 
     /// Appends an entry made by [`Log::entry`], unless the list has it (then false).
     pub fn append_entry(&mut self, entry: Entry) -> Result<bool, LogError> {
-        if self.broken {
+        if self.broken.load(Ordering::Acquire) {
             return Err(LogError::Broken);
         }
         if self.seen.contains(&(entry.pcr, entry.sha256)) {
@@ -702,50 +734,69 @@ impl Log {
 
     /// Writes the entries taken since the last flush: their records appended to the four
     /// list files, then the count and both PCR files rewritten in place (the count only
-    /// grows, the PCR files keep their length).
+    /// grows, the PCR files keep their length). Returns once every entry taken so far is
+    /// in the files, also those of a batch another thread is writing (`flush_shared`).
     pub fn flush(&mut self) -> Result<(), LogError> {
-        if self.broken {
+        match self.take_batch()? {
+            Some(b) => self.files.write(b, &self.broken),
+            None => {
+                let last = self.taken;
+                self.files.wait_for(last);
+                self.check()
+            }
+        }
+    }
+
+    /// `flush` for a log shared behind a mutex: the entries are taken with it held, and
+    /// written with it free, so appends (measured opens) never wait for the files.
+    pub fn flush_shared(log: &Mutex<Log>) -> Result<(), LogError> {
+        let (batch, files, broken) = {
+            let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+            (l.take_batch()?, l.files.clone(), l.broken.clone())
+        };
+        // The unit test widens the gap in which another thread can take the next batch.
+        #[cfg(test)]
+        std::thread::sleep(std::time::Duration::from_micros(20));
+        match batch {
+            Some(b) => files.write(b, &broken),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self) -> Result<(), LogError> {
+        if self.broken.load(Ordering::Acquire) {
             return Err(LogError::Broken);
         }
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        // Anything failing from here on may leave the files disagreeing with each other.
-        self.broken = true;
-        let mut bytes = std::mem::take(&mut self.scratch);
-        for ((path, f), (_, bank, ascii)) in self.lists.iter_mut().zip(LISTS) {
-            bytes.clear();
-            for entry in &self.pending {
-                if ascii {
-                    entry.put_ascii(bank, &mut bytes);
-                } else {
-                    entry.put_binary_record(bank, &mut bytes);
-                }
-            }
-            f.write_all(&bytes).map_err(io_err(path))?;
-        }
-        self.scratch = bytes;
-        for (i, text) in [
-            format!("{}\n", self.entries),
-            self.pcrs.file_text(Bank::Sha1),
-            self.pcrs.file_text(Bank::Sha256),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let (path, f) = &self.state[i];
-            f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
-        }
-        self.pending.clear();
-        self.broken = false;
         Ok(())
+    }
+
+    /// The pending entries, numbered for their turn at the files; `None` if there are none.
+    fn take_batch(&mut self) -> Result<Option<Batch>, LogError> {
+        self.check()?;
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let number = self.taken;
+        self.taken += 1;
+        Ok(Some(Batch {
+            number,
+            entries: std::mem::take(&mut self.pending),
+            state: [
+                format!("{}\n", self.entries),
+                self.pcrs.file_text(Bank::Sha1),
+                self.pcrs.file_text(Bank::Sha256),
+            ],
+        }))
     }
 
     /// Makes everything written so far durable (fsync of the files and the directory).
     pub fn sync(&mut self) -> Result<(), LogError> {
         self.flush()?;
-        for (path, f) in self.lists.iter().chain(&self.state) {
-            f.sync_data().map_err(io_err(path))?;
+        {
+            let f = self.files.files.lock().unwrap_or_else(|p| p.into_inner());
+            for (path, f) in f.lists.iter().chain(&f.state) {
+                f.sync_data().map_err(io_err(path))?;
+            }
         }
         // The directory holds the files' names (new at the first mount).
         File::open(&self.dir)
@@ -769,6 +820,54 @@ impl Log {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+impl Writer {
+    /// Writes batch `b` once the batches taken before it are written. A failure leaves
+    /// the list broken for good (`broken`): later appends fail, so measured opens do.
+    fn write(&self, b: Batch, broken: &AtomicBool) -> Result<(), LogError> {
+        let mut f = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        while f.next != b.number {
+            f = self.turn.wait(f).unwrap_or_else(|p| p.into_inner());
+        }
+        let r = f.put(&b);
+        if r.is_err() {
+            broken.store(true, Ordering::Release);
+        }
+        f.next += 1;
+        self.turn.notify_all();
+        r
+    }
+
+    /// Waits until the batches before number `n` are written.
+    fn wait_for(&self, n: u64) {
+        let mut f = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        while f.next < n {
+            f = self.turn.wait(f).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Files {
+    fn put(&mut self, b: &Batch) -> Result<(), LogError> {
+        let mut bytes = std::mem::take(&mut self.scratch);
+        for ((path, f), (_, bank, ascii)) in self.lists.iter_mut().zip(LISTS) {
+            bytes.clear();
+            for entry in &b.entries {
+                if ascii {
+                    entry.put_ascii(bank, &mut bytes);
+                } else {
+                    entry.put_binary_record(bank, &mut bytes);
+                }
+            }
+            f.write_all(&bytes).map_err(io_err(path))?;
+        }
+        self.scratch = bytes;
+        for ((path, f), text) in self.state.iter().zip(&b.state) {
+            f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
+        }
+        Ok(())
     }
 }
 
@@ -1088,6 +1187,67 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// Appends from four threads while one writes batches with the log free and another
+    /// flushes with it held: every entry reaches the files once, in the order taken, so
+    /// the list replays to the PCRs the log has.
+    #[test]
+    fn batches_written_without_the_log_held_keep_the_list_whole() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("log");
+        let log = Arc::new(Mutex::new(Log::open(&dir).unwrap()));
+        let done = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (log, done) = (log.clone(), done.clone());
+                std::thread::spawn(move || {
+                    while !done.load(Ordering::Acquire) {
+                        if w == 0 {
+                            Log::flush_shared(&log).unwrap();
+                        } else {
+                            log.lock().unwrap().flush().unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let appenders: Vec<_> = (0..4u8)
+            .map(|a| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000u32 {
+                        let (path, digest) = (format!("/a{a}/f{i}"), [a; 32]);
+                        let e = ev(
+                            Template::ImaNg,
+                            DigestKind::Ima,
+                            HashAlgo::Sha256,
+                            &digest,
+                            path.as_bytes(),
+                            None,
+                        );
+                        let entry = Log::entry(10, &e).unwrap();
+                        assert!(log.lock().unwrap().append_entry(entry).unwrap());
+                    }
+                })
+            })
+            .collect();
+        for a in appenders {
+            a.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+        for w in writers {
+            w.join().unwrap();
+        }
+        let mut log = log.lock().unwrap();
+        log.flush().unwrap();
+        assert_eq!(log.entries(), 8001);
+        let r = verify::replay(&dir, false).unwrap();
+        assert_eq!(r.entries, 8001);
+        assert_eq!(
+            r.pcrs.get(Bank::Sha256, 10).unwrap(),
+            &log.pcr(Bank::Sha256, 10)[..]
+        );
     }
 
     #[test]
