@@ -730,10 +730,9 @@ impl Setup {
 
     /// `mountpoint` joined with `inside` (components from the root down).
     pub fn path(&self, inside: &[&[u8]]) -> Vec<u8> {
-        let mut p = self.mountpoint.clone();
-        if inside.is_empty() {
-            return p;
-        }
+        let len = self.mountpoint.len() + inside.iter().map(|c| c.len() + 1).sum::<usize>();
+        let mut p = Vec::with_capacity(len);
+        p.extend_from_slice(&self.mountpoint);
         for c in inside {
             if p.last() != Some(&b'/') {
                 p.push(b'/');

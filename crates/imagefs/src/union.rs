@@ -257,8 +257,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         self.measure = Some(setup);
     }
 
-    /// The names from the root down to node `id`.
-    fn inside_path(&self, id: u64) -> Vec<Vec<u8>> {
+    /// The path the measurement list names for node `id`: the mountpoint joined with the
+    /// names from the root down (borrowed from the nodes, joined once).
+    fn measured_path(&self, setup: &Setup, id: u64) -> Vec<u8> {
         let guard = self.nodes.guard();
         let mut parts = Vec::new();
         let mut at = id;
@@ -266,11 +267,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             let Some(n) = self.nodes.get(&at, &guard) else {
                 break;
             };
-            parts.push(n.name.clone());
+            parts.push(&n.name[..]);
             at = n.parent;
         }
         parts.reverse();
-        parts
+        setup.path(&parts)
     }
 
     /// What a node's content is measured as: its layer's identity, and its content key
@@ -2321,9 +2322,7 @@ impl<'a, S: ByteSource + 'static> UnionContent<'a, S> {
 
 impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
     fn path(&self) -> Vec<u8> {
-        let parts = self.fs.inside_path(self.id);
-        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-        self.setup.path(&refs)
+        self.fs.measured_path(self.setup, self.id)
     }
 
     fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {

@@ -584,11 +584,13 @@ struct Files {
     next: u64,
 }
 
-/// Entries taken from the log, with the count and PCR files as they stand after them.
+/// Entries taken from the log, with the count and PCRs as they stand after them (the
+/// files' text is made by the writer, with the log free).
 struct Batch {
     number: u64,
     entries: Vec<Entry>,
-    state: [String; 3],
+    count: u64,
+    pcrs: Box<Pcrs>,
 }
 
 const LISTS: [(&str, Bank, bool); 4] = [
@@ -781,11 +783,8 @@ impl Log {
         Ok(Some(Batch {
             number,
             entries: std::mem::take(&mut self.pending),
-            state: [
-                format!("{}\n", self.entries),
-                self.pcrs.file_text(Bank::Sha1),
-                self.pcrs.file_text(Bank::Sha256),
-            ],
+            count: self.entries,
+            pcrs: Box::new(self.pcrs.clone()),
         }))
     }
 
@@ -864,7 +863,12 @@ impl Files {
             f.write_all(&bytes).map_err(io_err(path))?;
         }
         self.scratch = bytes;
-        for ((path, f), text) in self.state.iter().zip(&b.state) {
+        let state = [
+            format!("{}\n", b.count),
+            b.pcrs.file_text(Bank::Sha1),
+            b.pcrs.file_text(Bank::Sha256),
+        ];
+        for ((path, f), text) in self.state.iter().zip(&state) {
             f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
         }
         Ok(())
