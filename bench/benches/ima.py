@@ -160,6 +160,13 @@ def paired(res, wl, x, base):
     return statistics.median(a / b for a, b in zip(r[x]["per_s"], r[base]["per_s"]))
 
 
+def spread(res, wl, x, base):
+    """The lowest and highest of those per-run ratios, as text: how far to trust the median."""
+    r = res[wl]
+    ratios = [a / b for a, b in zip(r[x]["per_s"], r[base]["per_s"])]
+    return f"per run {min(ratios):.2f}-{max(ratios):.2f}"
+
+
 def drop_caches():
     why = timing.drop_caches()
     if why:
@@ -458,14 +465,17 @@ def run(ctx):
         ratio = paired(res, wl, "talos", "none")
         data["targets"].append(report.target(
             f"{wl}: talos vs none", ratio >= TALOS_RATIO,
-            f"{ratio:.2f}x none's rate (target >= {TALOS_RATIO}x)"))
+            f"{ratio:.2f}x none's rate (target >= {TALOS_RATIO}x; "
+            f"{spread(res, wl, 'talos', 'none')})"))
     ratio = paired(res, "read-big-cold", "verity", "none")
     data["targets"].append(report.target(
         "read-big-cold: verity vs none", ratio >= VERITY_RATIO,
-        f"{ratio:.2f}x none's MiB/s (target >= {VERITY_RATIO}x)"))
+        f"{ratio:.2f}x none's MiB/s (target >= {VERITY_RATIO}x; "
+        f"{spread(res, 'read-big-cold', 'verity', 'none')})"))
     for wl in writable_workloads:
         print(f"INFO  {wl}: wrong-magic "
-              f"{paired(res, wl, 'wrong-magic', 'none'):.2f}x none's rate")
+              f"{paired(res, wl, 'wrong-magic', 'none'):.2f}x none's rate "
+              f"({spread(res, wl, 'wrong-magic', 'none')})")
     print(f"INFO  read-big-cold: hash {paired(res, 'read-big-cold', 'hash', 'none'):.2f}x "
           "none's MiB/s")
     print(f"INFO  read-small-cold: verity {paired(res, 'read-small-cold', 'verity', 'none'):.2f}x, "
