@@ -406,8 +406,8 @@ impl Measuring {
     }
 
     /// The last writer of an upper file (content key `key`, cookie `cookie` now) closed
-    /// it: a small file is hashed now, on this worker thread, after the close was
-    /// answered, so the measured open that often follows (a copy's reopen, an editor's,
+    /// it: a file of `HASH_AT_CLOSE` size is hashed now, on this worker thread, after the
+    /// close was answered, so the measured open that often follows (a copy's reopen, an editor's,
     /// a build's) finds its digest ready instead of hashing while the opener waits.
     /// Nothing is kept if the content changes meanwhile. `read` gives the file's bytes
     /// from the start; exactly the cookie's size is read (had the file grown since, the

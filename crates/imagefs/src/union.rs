@@ -367,8 +367,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     /// With a policy: the handle `fh` (still readable through `handle`, if given) is
-    /// closed; a writer's close marks its file changed, and the last writer's close
-    /// hashes a small file (`Measuring::closed`).
+    /// closed; a writer's close marks its file changed, and the last writer's close may
+    /// hash the file (`Measuring::closed`).
     fn measure_release(&self, fh: u64, handle: Option<BorrowedFd<'_>>) {
         let Some(s) = &self.measure else {
             return;
