@@ -18,9 +18,10 @@ for every run, the configurations taking turns at going first:
                   every create is a measured open: its mask has MAY_READ); files per second
                   over 8 such storms per run (2 with --quick; one for 1 MiB), as fs_mark's
                   loops, in fresh directories
-   rsync          `rsync -a` of /usr/share/doc (usr-share dataset) into the mount; files/s
+   rsync          `rsync -a` of seed 0's kind of tree, ~12k mostly small files (the
+                  small-files dataset: 11.5k files, 61 MiB) into the mount; files/s
    read-image     the same tree in the image, read through the mount after dropping
-                  caches (`tar -cf - doc | cat`); files/s. Image files are exempt under
+                  caches (`tar -cf - tree | cat`); files/s. Image files are exempt under
                   talos and hashed under wrong-magic: this is where the wrong magic pays.
 
    Each workload runs on the three mounts back to back before the next starts. Ratios
@@ -292,14 +293,15 @@ class Mounts:
 
 def writable_part(ctx, verilay, binary, scratch, data):
     """Part 1: seed 0's workloads under none / talos / wrong-magic (a Recorder)."""
-    tree = os.path.join(datasets.usr_share().path, "doc")
+    ds = datasets.small_files()
+    tree = ds.path
     nfiles = sum(len(fs) for _, _, fs in os.walk(tree))
     nregular = sum(1 for root, _, fs in os.walk(tree) for f in fs
                    if os.path.isfile(os.path.join(root, f))
                    and not os.path.islink(os.path.join(root, f)))
     lower_src = os.path.join(scratch, "lower-src")
     os.makedirs(lower_src)
-    shutil.copytree(tree, os.path.join(lower_src, "doc"), symlinks=True)
+    shutil.copytree(tree, os.path.join(lower_src, "tree"), symlinks=True)
     image = os.path.join(scratch, "lower.img")
     subprocess.run([verilay, "build", lower_src, "-o", image, "--quiet"], check=True,
                    stdout=subprocess.DEVNULL)
@@ -310,7 +312,7 @@ def writable_part(ctx, verilay, binary, scratch, data):
     loops = 2 if ctx.quick else 8
     storms = {"create-0": (0, loops), "create-1k": (1024, loops), "create-1m": (1 << 20, 1)}
     data["settings"].update(storm_files=n, storm_dirs=32, storm_loops=loops,
-                            tree_files=nfiles,
+                            tree=ds.origin, tree_files=nfiles,
                             image_tree_regular_files=nregular, writable_policies=WRITABLE)
     rec, logs = Recorder(verilay), {}
     mounts = Mounts(scratch, image, verilay, WRITABLE, writable=True)
@@ -333,7 +335,7 @@ def writable_part(ctx, verilay, binary, scratch, data):
                 drop_caches()
                 # Not `tar -f /dev/null`: GNU tar then skips reading the files.
                 return nregular / timed(["bash", "-o", "pipefail", "-c",
-                                         f"tar -C {shlex.quote(mnt)} -cf - doc | cat >/dev/null"])
+                                         f"tar -C {shlex.quote(mnt)} -cf - tree | cat >/dev/null"])
 
             # Workload by workload, the mounts one after the other, and a workload's
             # storms taking turns on them (each round in a new order): the host's noise

@@ -3,6 +3,7 @@
 Cache directory: $VERILAY_BENCH_DATA, default /var/tmp/verilay-bench.
   linux-source-6.1/  Debian's linux-source-6.1 tarball, extracted (~78k files)
   usr-share/         a copy of a few /usr/share directories (~35k files), for --quick
+  small-files/       Documentation/ and include/linux/ of the Linux source (~11.5k files)
 A tree is built under a temporary name and renamed into place when complete,
 so an interrupted preparation is redone rather than half-used.
 """
@@ -17,6 +18,7 @@ DATA_DIR = os.environ.get("VERILAY_BENCH_DATA", "/var/tmp/verilay-bench")
 
 LINUX_PACKAGE = "linux-source-6.1"
 LINUX_TARBALL = f"/usr/src/{LINUX_PACKAGE}.tar.xz"
+SMALL_FILES_PARTS = ["Documentation", "include/linux"]
 USR_SHARE_PARTS = ["/usr/share/doc", "/usr/share/locale", "/usr/share/man",
                    "/usr/share/perl"]
 
@@ -71,6 +73,19 @@ def usr_share():
                                 symlinks=True)
 
     return Dataset("usr-share", _prepare("usr-share", fill), " ".join(USR_SHARE_PARTS))
+
+
+def small_files():
+    """Seed 0's rsync tree ("a 55 MiB directory with ~12k of mostly small files"): the
+    Linux 6.1 source's Documentation/ and include/linux/, ~11.5k files, ~61 MiB (median
+    file 2 KiB)."""
+    def fill(tmp):
+        src = linux().path
+        for part in SMALL_FILES_PARTS:
+            shutil.copytree(os.path.join(src, part), os.path.join(tmp, part), symlinks=True)
+
+    return Dataset("small-files", _prepare("small-files", fill),
+                   " + ".join(f"{LINUX_PACKAGE}/{p}" for p in SMALL_FILES_PARTS))
 
 
 def for_run(quick):
