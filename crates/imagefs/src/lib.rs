@@ -26,6 +26,7 @@
 //! a lock-free map filled by lookups and never emptied.
 
 pub mod measuring;
+mod reaper;
 pub mod stack;
 pub mod union;
 

@@ -18,6 +18,7 @@
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 
 use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, Setup};
+use crate::reaper::{Held, Reaper};
 use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
 use crate::{
     encode_dev, inode_attr, kind, names_reply, negative, obj_ino, time, xattr_reply, Logger,
@@ -30,9 +31,10 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 use measure::policy::FsIdentity;
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use papaya::Guard as _;
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -77,6 +79,8 @@ struct FileIo {
     /// With measuring only: how many handles can write the file now (its digest is not
     /// reused while any can).
     writers: std::sync::atomic::AtomicU32,
+    /// The reaper's clock when the kernel last looked the node up.
+    seen: AtomicU64,
 }
 
 const IO_UNDECIDED: u8 = 0;
@@ -114,7 +118,10 @@ pub struct UnionFs<S: ByteSource> {
     stack: Stack<S>,
     upper: Upper,
     root_top: Obj,
-    nodes: papaya::HashMap<u64, Node>,
+    /// Shared with the reaper's thread, which picks the names to drop from it.
+    nodes: Arc<papaya::HashMap<u64, Node>>,
+    /// Keeps the nodes' descriptors under the limit (see `reaper`).
+    reaper: Arc<Reaper>,
     /// Upper objects by (device, inode): hardlinks share an id, and a copied-up object
     /// keeps its image id.
     upper_ids: papaya::HashMap<(u64, u64), u64>,
@@ -212,7 +219,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let fs = UnionFs {
             root_top: root.top,
             stack,
-            nodes: papaya::HashMap::new(),
+            nodes: Arc::new(papaya::HashMap::new()),
+            reaper: Arc::new(Reaper::for_this_process()),
             upper_ids: papaya::HashMap::new(),
             files: papaya::HashMap::new(),
             dirs: papaya::HashMap::new(),
@@ -514,10 +522,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             return Ok(lower.map(|r: Resolved| (self.lower_id(r.top), node(Some(r), None, true))));
         };
         let pfd = p.upper.as_ref().expect("stat came from it");
-        let fd = self
-            .upper
-            .open_entry(pfd.as_fd(), name, &st)
-            .map_err(errno)?;
+        let fd = self.open_entry(pfd.as_fd(), name, &st)?;
         let is_dir = is_dir_mode(st.st_mode);
         let merge = is_dir && self.upper.opacity(fd.as_fd()) != upper::Opacity::Opaque;
         // A directory moved here merges with the image directories it was moved from.
@@ -668,7 +673,49 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             n.io = old.io.clone();
         }
         n.lookups.fetch_add(1, Ordering::Relaxed);
+        n.io.seen.store(self.reaper.tick(), Ordering::Relaxed);
+        let over = n
+            .upper
+            .as_ref()
+            .is_some_and(|fd| self.reaper.over(fd.as_raw_fd()));
         nodes.insert(id, n);
+        if over {
+            self.reap();
+        }
+    }
+
+    /// The descriptor a node keeps for upper object `name` in `dir`. Out of descriptors
+    /// (a burst of lookups outran the reaper), it waits for a pass and tries once more.
+    fn open_entry(&self, dir: BorrowedFd<'_>, name: &[u8], st: &Stat) -> Result<OwnedFd, Errno> {
+        match self.upper.open_entry(dir, name, st) {
+            Err(e) if e.raw_os_error() == Some(libc_emfile()) => {
+                self.reap();
+                self.reaper.wait();
+                self.upper.open_entry(dir, name, st).map_err(errno)
+            }
+            r => r.map_err(errno),
+        }
+    }
+
+    /// Has the kernel drop the names looked up longest ago, so that their nodes' upper
+    /// descriptors close (see `reaper`). Directories too: the kernel forgets one only
+    /// after its children, so a node's parent is always there for it.
+    fn reap(&self) {
+        let nodes = self.nodes.clone();
+        self.reaper.start(&self.notifier, move || {
+            let guard = nodes.guard();
+            nodes
+                .iter(&guard)
+                .filter(|(&id, n)| {
+                    id != 1 && n.upper.is_some() && n.lookups.load(Ordering::Relaxed) > 0
+                })
+                .map(|(_, n)| Held {
+                    seen: n.io.seen.load(Ordering::Relaxed),
+                    parent: n.parent,
+                    name: n.name.clone(),
+                })
+                .collect()
+        });
     }
 
     fn attr(&self, id: u64, n: &Node) -> Result<FileAttr, Errno> {
@@ -795,11 +842,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .upper
             .create(pfd.as_fd(), &n.name, &meta, contents)
             .map_err(errno)?;
-        let fd = Arc::new(
-            self.upper
-                .open_entry(pfd.as_fd(), &n.name, &st)
-                .map_err(errno)?,
-        );
+        let fd = Arc::new(self.open_entry(pfd.as_fd(), &n.name, &st)?);
         self.upper_ids.pin().insert((st.st_dev, st.st_ino), id);
         let mut up = n.clone();
         up.upper = Some(fd.clone());
@@ -1002,10 +1045,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 }
                 made => made.map_err(errno)?,
             };
-        let fd = self
-            .upper
-            .open_entry(pfd.as_fd(), name, &st)
-            .map_err(errno)?;
+        let fd = self.open_entry(pfd.as_fd(), name, &st)?;
         let id = self.upper_id(&st, || None);
         let node = Node {
             parent,
@@ -1327,8 +1367,17 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         // removal only happens if the count is still zero then.
         let nodes = self.nodes.pin();
         if let Some(n) = nodes.get(&id) {
-            if n.lookups.fetch_sub(nlookup, Ordering::Relaxed) <= nlookup {
-                let _ = nodes.remove_if(&id, |_, n| n.lookups.load(Ordering::Relaxed) == 0);
+            if n.lookups.fetch_sub(nlookup, Ordering::Relaxed) <= nlookup
+                && matches!(
+                    nodes.remove_if(&id, |_, n| n.lookups.load(Ordering::Relaxed) == 0),
+                    Ok(Some(_))
+                )
+                && self.reaper.pressed()
+            {
+                // The node's descriptor closes when the map frees it, which it does a
+                // batch at a time; while the reaper is at work, the batch goes now (at
+                // the cost of a barrier).
+                self.nodes.guard().flush();
             }
         }
     }
@@ -2193,15 +2242,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
                 (Some(fd), _) => {
                     let path = Self::real_path(fd.as_fd());
-                    let mut buf = vec![0u8; 65536];
-                    match rfs::getxattr(path.as_c_str(), cname(name)?.as_c_str(), &mut buf) {
-                        Ok(len) => {
-                            buf.truncate(len);
-                            Ok(Some(buf))
-                        }
-                        Err(rustix::io::Errno::NODATA) => Ok(None),
-                        Err(e) => Err(rerrno(e)),
-                    }
+                    host_xattr(path.as_c_str(), cname(name)?.as_c_str()).map_err(rerrno)
                 }
                 (None, Some(r)) => self
                     .stack
@@ -2223,9 +2264,8 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
                 (Some(fd), _) => {
                     let path = Self::real_path(fd.as_fd());
-                    let mut buf = vec![0u8; 65536];
-                    let len = rfs::listxattr(path.as_c_str(), &mut buf).map_err(rerrno)?;
-                    Ok(buf[..len]
+                    let buf = host_xattr_list(path.as_c_str()).map_err(rerrno)?;
+                    Ok(buf
                         .split(|&b| b == 0)
                         .filter(|n| !n.is_empty())
                         .map(|n| n.to_vec())
@@ -2246,11 +2286,55 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
     }
 }
 
+/// Most host files have few and small attributes, or none (the kernel asks for
+/// `security.capability` of every file written): a small buffer on the stack first, the
+/// largest value Linux allows (64 KiB) only when that is too small.
+const SMALL_XATTR: usize = 1024;
+const XATTR_SIZE_MAX: usize = 65536;
+
+/// Attribute `name` of the host file at `path`; `None` when it has none.
+fn host_xattr(path: &CStr, name: &CStr) -> rustix::io::Result<Option<Vec<u8>>> {
+    let mut small = [0u8; SMALL_XATTR];
+    match rfs::getxattr(path, name, &mut small[..]) {
+        Ok(len) => return Ok(Some(small[..len].to_vec())),
+        Err(rustix::io::Errno::NODATA) => return Ok(None),
+        Err(rustix::io::Errno::RANGE) => {}
+        Err(e) => return Err(e),
+    }
+    let mut buf = vec![0u8; XATTR_SIZE_MAX];
+    match rfs::getxattr(path, name, &mut buf) {
+        Ok(len) => {
+            buf.truncate(len);
+            Ok(Some(buf))
+        }
+        Err(rustix::io::Errno::NODATA) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The attribute names of the host file at `path`, NUL-separated, as listxattr(2) gives them.
+fn host_xattr_list(path: &CStr) -> rustix::io::Result<Vec<u8>> {
+    let mut small = [0u8; SMALL_XATTR];
+    match rfs::listxattr(path, &mut small[..]) {
+        Ok(len) => return Ok(small[..len].to_vec()),
+        Err(rustix::io::Errno::RANGE) => {}
+        Err(e) => return Err(e),
+    }
+    let mut buf = vec![0u8; XATTR_SIZE_MAX];
+    let len = rfs::listxattr(path, &mut buf)?;
+    buf.truncate(len);
+    Ok(buf)
+}
+
 fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
     match r {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(e),
     }
+}
+
+fn libc_emfile() -> i32 {
+    rustix::io::Errno::MFILE.raw_os_error()
 }
 
 fn libc_trunc() -> i32 {
@@ -2348,11 +2432,8 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
     fn ima_xattr(&self) -> Option<Vec<u8>> {
         match (&self.node.upper, &self.node.lower) {
             (Some(fd), _) => {
-                let mut buf = vec![0u8; 65536];
                 let path = UnionFs::<S>::real_path(fd.as_fd());
-                let n = rfs::getxattr(path.as_c_str(), "security.ima", &mut buf).ok()?;
-                buf.truncate(n);
-                Some(buf)
+                host_xattr(path.as_c_str(), c"security.ima").ok()?
             }
             _ => self.image_file()?.ima_xattr(),
         }

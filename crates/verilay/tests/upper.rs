@@ -719,17 +719,41 @@ fn a_hostile_redirect_is_an_error_not_a_loop() {
     assert_eq!(std::fs::read(m.dir.join("keep.txt")).unwrap(), b"keep\n");
 }
 
+/// The daemon's descriptors now: one per upper object the kernel has cached, at least.
+fn descriptors_of(mnt: &Path) -> usize {
+    let out = run(Command::new("pgrep").arg("-f").arg(mnt));
+    let pid = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
 #[test]
-fn a_low_descriptor_limit_is_named_when_mounting() {
+fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
     if prerequisites() || skip_unless(have("prlimit"), "prlimit missing") {
         return;
     }
+    // A node holds its upper object's descriptor while the kernel caches it, and the
+    // kernel caches everything it looked up: under 256 descriptors, 3,000 files in 400
+    // directories would fail with EMFILE unless the kernel is made to drop old names.
     let (t, image, _lower) = lower_fixture();
+    let src = t.path().join("src");
+    sh(&format!(
+        "set -e; for d in $(seq 400); do mkdir -p {0}/d$((d % 20))/e$d; done; \
+         for f in $(seq 3000); do k=$((f % 400 + 1)); echo file $f > {0}/d$((k % 20))/e$k/f$f; done; \
+         ln {0}/d1/e1/f400 {0}/d2/linked",
+        src.display()
+    ));
     let d = dirs(t.path(), "limit");
     let mnt = t.path().join("m");
     std::fs::create_dir_all(&mnt).unwrap();
-    let out = run(Command::new("prlimit")
-        .arg("--nofile=2048:2048")
+    run(Command::new("prlimit")
+        .arg("--nofile=256:256")
         .arg(env!("CARGO_BIN_EXE_verilay"))
         .arg("mount")
         .arg(&image)
@@ -738,17 +762,44 @@ fn a_low_descriptor_limit_is_named_when_mounting() {
         .arg("--work")
         .arg(&d.work)
         .arg(&mnt));
-    let _m = Unmount {
+    let m = Unmount {
         dir: mnt.clone(),
         fuse: true,
     };
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        said.contains("warning: only 2048 descriptors (ulimit -n)"),
-        "{said}"
-    );
-    // The mount works regardless.
-    std::fs::write(mnt.join("new"), b"x").unwrap();
+    // A file opened first and held open through it all keeps working.
+    let held = m.dir.join("held");
+    let mut f = std::fs::File::create(&held).unwrap();
+    let first = std::fs::metadata(&held).unwrap().ino();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(m.dir.join("copy")));
+    let now = descriptors_of(&mnt);
+    assert!(now < 256, "{now} descriptors");
+    use std::io::Write;
+    f.write_all(b"still here\n").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(&held).unwrap(), b"still here\n");
+    assert_eq!(std::fs::metadata(&held).unwrap().ino(), first);
+    assert_diff_clean(&src, &m.dir.join("copy"));
+    let linked = |p: &str| std::fs::metadata(m.dir.join("copy").join(p)).unwrap();
+    assert_eq!(linked("d1/e1/f400").ino(), linked("d2/linked").ino());
+    assert_eq!(linked("d2/linked").nlink(), 2);
+    // Names the kernel was made to drop are found again: rename, remove, append.
+    sh(&format!(
+        "set -e; cd {}/copy; mv d1 moved; rm d3/e3/f2; echo more >> d4/e4/f3",
+        m.dir.display()
+    ));
+    sh(&format!(
+        "set -e; cd {}; mv d1 moved; rm d3/e3/f2; echo more >> d4/e4/f3",
+        src.display()
+    ));
+    assert_diff_clean(&src, &m.dir.join("copy"));
+    let now = descriptors_of(&mnt);
+    assert!(now < 256, "{now} descriptors");
+    drop(m);
+    // All of it is in the upper directory.
+    assert_diff_clean(&src, &d.upper.join("copy"));
 }
 
 #[test]

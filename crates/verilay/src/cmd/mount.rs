@@ -102,18 +102,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             )
         }
     };
-    // Raised here, before any daemon exists, which inherits it; said here when it is low
-    // for a writable mount, where nobody would see the daemon's EMFILE coming.
+    // Raised here, before any daemon exists, which inherits it.
     if a.ready_fd.is_none() {
         raise_descriptor_limit();
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        if a.upper.is_some() && !a.quiet && limit.is_some_and(|l| l < LOW_DESCRIPTOR_LIMIT) {
-            eprintln!(
-                "verilay: warning: only {} descriptors (ulimit -n); a writable mount holds one \
-                 per upper file the kernel has cached, and creations fail with EMFILE beyond that",
-                limit.unwrap_or(0)
-            );
-        }
     }
     if a.foreground || a.ready_fd.is_some() {
         // Said before serving: in the foreground, serving ends only at unmount.
@@ -319,13 +310,10 @@ fn report_panics(a: &Args) {
     }));
 }
 
-/// Below this many descriptors, `mount --upper` warns.
-const LOW_DESCRIPTOR_LIMIT: u64 = 65536;
-
 /// A writable mount holds one descriptor per upper object the kernel has cached, so the
 /// daemon takes all the descriptors it may: the hard limit, and as root the system's
-/// maximum (`fs.nr_open`). A shell's usual soft limit of 1024 would otherwise fail
-/// creations with EMFILE after about a thousand files.
+/// maximum (`fs.nr_open`). Past half of them, it has the kernel drop the names it looked
+/// up longest ago (imagefs's `reaper`), so a low limit costs lookups, not EMFILE.
 fn raise_descriptor_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let now = getrlimit(Resource::Nofile);
