@@ -461,6 +461,15 @@ impl Measuring {
         }
     }
 
+    /// Whether a digest is kept for `key` with a cookie, or being made at close (else
+    /// `touched` has nothing to move).
+    pub fn keeps(&self, key: ContentKey) -> bool {
+        self.cache
+            .pin()
+            .get(&key)
+            .is_some_and(|c| c.cookie.is_some())
+    }
+
     /// Attributes of an upper file changed through the mount, its content did not (a
     /// chmod, chown or utimes): a digest kept for the cookie it had just before still
     /// holds for the cookie it has now.

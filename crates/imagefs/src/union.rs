@@ -1492,7 +1492,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             .filter(|_| size.is_none())
             .and_then(|s| {
                 let (_, key, cookie, _) = self.with_node(id, |n| self.measured_as(s, n)).ok()??;
-                Some((s, key, cookie?))
+                s.measuring.keeps(key).then_some((s, key, cookie?))
             });
         let r = run();
         if size.is_some() {
