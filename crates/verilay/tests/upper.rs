@@ -752,6 +752,11 @@ fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
     let d = dirs(t.path(), "limit");
     let mnt = t.path().join("m");
     std::fs::create_dir_all(&mnt).unwrap();
+    // Measured too: the list names a file by the path its node knows, also when its
+    // node (or a directory's above it) was dropped and looked up again.
+    let policy = t.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let list = t.path().join("list");
     run(Command::new("prlimit")
         .arg("--nofile=256:256")
         .arg(env!("CARGO_BIN_EXE_verilay"))
@@ -761,7 +766,11 @@ fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
         .arg(&d.upper)
         .arg("--work")
         .arg(&d.work)
-        .arg(&mnt));
+        .arg(&mnt)
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--measure-log")
+        .arg(&list));
     let m = Unmount {
         dir: mnt.clone(),
         fuse: true,
@@ -797,6 +806,24 @@ fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
     assert_diff_clean(&src, &m.dir.join("copy"));
     let now = descriptors_of(&mnt);
     assert!(now < 256, "{now} descriptors");
+    // Read now (the copy only wrote them), one of them in the renamed directory.
+    let read = ["copy/d4/e4/f3", "copy/moved/e1/f400"].map(|p| m.dir.join(p));
+    assert_eq!(std::fs::read(&read[0]).unwrap(), b"file 3\nmore\n");
+    assert_eq!(std::fs::read(&read[1]).unwrap(), b"file 400\n");
+    run(verilay().arg("stats").arg(&mnt));
+    let ascii = std::fs::read_to_string(list.join("ascii_runtime_measurements_sha256")).unwrap();
+    for f in &read {
+        let sum = String::from_utf8_lossy(&run(Command::new("sha256sum").arg(f)).stdout)
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        let line = format!("sha256:{sum} {}", f.display());
+        assert!(
+            ascii.lines().any(|l| l.ends_with(&line)),
+            "no entry ending {line:?}"
+        );
+    }
     drop(m);
     // All of it is in the upper directory.
     assert_diff_clean(&src, &d.upper.join("copy"));
