@@ -27,7 +27,10 @@ for every run, the configurations taking turns at going first:
    Each workload runs on the three mounts back to back before the next starts. Ratios
    are medians over runs of the ratio within a run (the host's noise comes and goes over
    seconds and so largely cancels). Target: talos at least 0.9x none's rate on every
-   workload; wrong-magic's ratio is printed. The measured mounts' counters (files hashed, bytes) are in the JSON, and each
+   workload; wrong-magic's ratio is printed. The measured mounts' counters (files hashed, bytes) are in the JSON, and so is
+   each daemon's CPU time per file (all its threads, from schedstat; printed as medians
+   and as the measured mounts' excess over none's: a cost the host's noise moves far
+   less than the rates). Each
    measured mount's list must pass `verilay log verify` (else the benchmark fails).
 
 2. Opening image files with `digest_type=verity`, read-only mounts of one image holding
@@ -198,24 +201,62 @@ def verify_log(verilay, log):
     return json.loads(out.stdout)
 
 
+def daemon_of(mnt):
+    """The pid of the daemon serving mountpoint `mnt` (its argv names the mountpoint and
+    the descriptor it reports readiness on)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if os.fsencode(mnt) in argv and b"--ready-fd" in argv:
+            return int(pid)
+    raise RuntimeError(f"no verilay daemon found for {mnt}")
+
+
+def cpu_seconds(pid):
+    """CPU time of all of a process's threads so far (schedstat: nanoseconds on a CPU)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass  # a thread that just ended
+    return total / 1e9
+
+
 class Recorder:
-    """Rates {(workload, config): [per run]} and, for the measured mounts, what each
-    workload moved their counters by {(workload, config): [per run]}."""
+    """Rates {(workload, config): [per run]}; for the measured mounts, what each workload
+    moved their counters by {(workload, config): [per run]}; and the daemon CPU time each
+    workload took per file {(workload, config): [per run, µs]}, which the host's noise
+    moves far less than the rates."""
 
     def __init__(self, verilay):
         self.verilay, self.samples, self.counted, self.last = verilay, {}, {}, {}
+        self.cpu_us, self.cpu_last, self.pids = {}, {}, {}
 
     def start(self, where, measured):
         """A run on freshly made mounts {config: mountpoint}; `measured` have a policy."""
         self.where = where
         self.last = {c: counters(self.verilay, where[c]) for c in measured}
+        self.pids = {c: daemon_of(m) for c, m in where.items()}
+        self.cpu_last = {c: cpu_seconds(p) for c, p in self.pids.items()}
 
-    def note(self, wl, cfg, rate):
+    def note(self, wl, cfg, rate, files=None):
+        """Workload wl ran on cfg at `rate`; over `files` files, if given, for the CPU time
+        per file."""
+        if files:
+            self.cpu_us.setdefault((wl, cfg), []).append(
+                (cpu_seconds(self.pids[cfg]) - self.cpu_last[cfg]) / files * 1e6)
         self.samples.setdefault((wl, cfg), []).append(rate)
         if cfg in self.last:
             now = counters(self.verilay, self.where[cfg])
             self.counted.setdefault((wl, cfg), []).append(delta(now, self.last[cfg]))
             self.last[cfg] = now
+        # After `verilay stats`, whose own cost is no workload's.
+        self.cpu_last[cfg] = cpu_seconds(self.pids[cfg])
 
 
 def each_run(ctx, mounts, rec, verilay, logs, what):
@@ -347,10 +388,11 @@ def writable_part(ctx, verilay, binary, scratch, data):
                     for cfg in cfgs[k % len(cfgs):] + cfgs[:k % len(cfgs)]:
                         secs[cfg] += storm(wl, k, where[cfg])
                 for cfg in cfgs:
-                    rec.note(wl, cfg, n * loops / secs[cfg])
+                    rec.note(wl, cfg, n * loops / secs[cfg], n * loops)
             for wl in ["rsync", "read-image"]:
                 for cfg, mnt in where.items():
-                    rec.note(wl, cfg, rate(wl, mnt))
+                    rec.note(wl, cfg, rate(wl, mnt),
+                             nfiles if wl == "rsync" else nregular)
     finally:
         mounts.close()
     data["mount_stats"]["writable"] = logs
@@ -422,7 +464,8 @@ def run(ctx):
     data = {"bench": "ima", "host": report.host_info(),
             "verilay_revision": tools.git_revision(),
             "settings": {"runs": ctx.runs, "quick": ctx.quick},
-            "results": {}, "units": {}, "counters": {}, "mount_stats": {}, "targets": []}
+            "results": {}, "units": {}, "counters": {}, "daemon_cpu_us_per_file": {},
+            "mount_stats": {}, "targets": []}
     cc = shutil.which("cc") or shutil.which("gcc")
     if not verilay or os.geteuid() != 0 or not cc:
         reason = why or ("needs root (mounts, dropping caches)" if cc else "needs a C compiler")
@@ -445,6 +488,8 @@ def run(ctx):
                                        "median": statistics.median(rec.samples[(wl, x)])}
                                    for x in cfgs}
             data["counters"][wl] = {x: rec.counted[(wl, x)] for x in (b, c)}
+            if (wl, a) in rec.cpu_us:
+                data["daemon_cpu_us_per_file"][wl] = {x: rec.cpu_us[(wl, x)] for x in cfgs}
         rows = []
         for wl in workloads:
             r = data["results"][wl]
@@ -460,6 +505,15 @@ def run(ctx):
                                 for x in (b, c)])
         report.print_table(["files hashed / MiB hashed, per run", b, c], rows)
         print()
+        cpu = data["daemon_cpu_us_per_file"]
+        rows = [[wl] + [f"{statistics.median(cpu[wl][x]):.1f}" for x in cfgs]
+                + [f"{statistics.median(p - q for p, q in zip(cpu[wl][x], cpu[wl][a])):+.1f}"
+                   for x in (b, c)]
+                for wl in workloads if wl in cpu]
+        if rows:
+            report.print_table(["daemon CPU, µs per file (median)", *cfgs, f"{b}-{a}",
+                                f"{c}-{a}"], rows)
+            print()
 
     res = data["results"]
     writable_workloads = [wl for wl in res if wl not in READONLY_WORKLOADS]
