@@ -688,7 +688,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// (a burst of lookups outran the reaper), it waits for a pass and tries once more.
     fn open_entry(&self, dir: BorrowedFd<'_>, name: &[u8], st: &Stat) -> Result<OwnedFd, Errno> {
         match self.upper.open_entry(dir, name, st) {
-            Err(e) if e.raw_os_error() == Some(libc_emfile()) => {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => {
                 self.reap();
                 self.reaper.wait();
                 self.upper.open_entry(dir, name, st).map_err(errno)
@@ -2292,21 +2292,28 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 const SMALL_XATTR: usize = 1024;
 const XATTR_SIZE_MAX: usize = 65536;
 
+/// `get` (a getxattr or listxattr into the buffer it is given, returning the length)
+/// with the small buffer, then only on ERANGE with the largest.
+fn small_then_big(
+    get: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+) -> rustix::io::Result<Vec<u8>> {
+    let mut small = [0u8; SMALL_XATTR];
+    match get(&mut small) {
+        Ok(len) => Ok(small[..len].to_vec()),
+        Err(rustix::io::Errno::RANGE) => {
+            let mut buf = vec![0u8; XATTR_SIZE_MAX];
+            let len = get(&mut buf)?;
+            buf.truncate(len);
+            Ok(buf)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Attribute `name` of the host file at `path`; `None` when it has none.
 fn host_xattr(path: &CStr, name: &CStr) -> rustix::io::Result<Option<Vec<u8>>> {
-    let mut small = [0u8; SMALL_XATTR];
-    match rfs::getxattr(path, name, &mut small[..]) {
-        Ok(len) => return Ok(Some(small[..len].to_vec())),
-        Err(rustix::io::Errno::NODATA) => return Ok(None),
-        Err(rustix::io::Errno::RANGE) => {}
-        Err(e) => return Err(e),
-    }
-    let mut buf = vec![0u8; XATTR_SIZE_MAX];
-    match rfs::getxattr(path, name, &mut buf) {
-        Ok(len) => {
-            buf.truncate(len);
-            Ok(Some(buf))
-        }
+    match small_then_big(|buf| rfs::getxattr(path, name, buf)) {
+        Ok(v) => Ok(Some(v)),
         Err(rustix::io::Errno::NODATA) => Ok(None),
         Err(e) => Err(e),
     }
@@ -2314,16 +2321,7 @@ fn host_xattr(path: &CStr, name: &CStr) -> rustix::io::Result<Option<Vec<u8>>> {
 
 /// The attribute names of the host file at `path`, NUL-separated, as listxattr(2) gives them.
 fn host_xattr_list(path: &CStr) -> rustix::io::Result<Vec<u8>> {
-    let mut small = [0u8; SMALL_XATTR];
-    match rfs::listxattr(path, &mut small[..]) {
-        Ok(len) => return Ok(small[..len].to_vec()),
-        Err(rustix::io::Errno::RANGE) => {}
-        Err(e) => return Err(e),
-    }
-    let mut buf = vec![0u8; XATTR_SIZE_MAX];
-    let len = rfs::listxattr(path, &mut buf)?;
-    buf.truncate(len);
-    Ok(buf)
+    small_then_big(|buf| rfs::listxattr(path, buf))
 }
 
 fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
@@ -2331,10 +2329,6 @@ fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(e),
     }
-}
-
-fn libc_emfile() -> i32 {
-    rustix::io::Errno::MFILE.raw_os_error()
 }
 
 fn libc_trunc() -> i32 {
