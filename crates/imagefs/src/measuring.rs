@@ -151,6 +151,8 @@ pub struct Measuring {
     /// Wakes the flusher when a batch starts (an idle mount's flusher sleeps).
     batch: Arc<Condvar>,
     algo: HashAlgo,
+    /// The digest of no bytes (every new file's).
+    empty: Vec<u8>,
     cache: papaya::HashMap<ContentKey, Cached>,
     /// Hands out `Cached::token`s.
     tokens: AtomicU64,
@@ -197,6 +199,7 @@ impl Measuring {
             log,
             batch,
             algo,
+            empty: algo.hasher().finish(),
             cache: papaya::HashMap::new(),
             tokens: AtomicU64::new(1),
             hashed: (Mutex::new(()), Condvar::new()),
@@ -324,7 +327,7 @@ impl Measuring {
             // An empty upper file (every new one): nothing to open or read.
             None if o.cookie.is_some_and(|c| c.4 == 0) => {
                 self.count_hash(0);
-                self.algo.hasher().finish()
+                self.empty.clone()
             }
             None => {
                 let (r, size) = content.reader()?;

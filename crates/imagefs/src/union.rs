@@ -326,16 +326,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some((fs, key, cookie, owner)) = self.measured_as(s, n)? else {
             return Ok(());
         };
-        let writes = crate::measuring::writes(flags);
-        if writes {
-            n.io.writers.fetch_add(1, Ordering::AcqRel);
-            self.writer_fhs.pin().insert(fh, (id, key, false));
-            s.measuring.changed(key);
-        }
         let owner = match owner {
             Some(o) => o,
             None => self.attr(id, n).map(|a| (a.uid, a.gid))?,
         };
+        let writes = crate::measuring::writes(flags);
+        if writes {
+            // Counted before measuring, so the measurement keeps no digest; the handle is
+            // entered in `writer_fhs` (for its close) once measured. Nothing below fails
+            // before that but the measurement, which undoes the count.
+            n.io.writers.fetch_add(1, Ordering::AcqRel);
+            s.measuring.changed(key);
+        }
         let o = Opening {
             flags,
             pid,
@@ -353,11 +355,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             setup: s,
             handle: files.get(&fh).map(|f| f.as_fd()),
         };
-        let hash_at_close = s.measure(&o, &content, &self.log, &self.name)?;
-        if writes && hash_at_close {
-            self.writer_fhs.pin().insert(fh, (id, key, true));
+        let measured = s.measure(&o, &content, &self.log, &self.name);
+        if writes {
+            match measured {
+                Ok(hash_at_close) => {
+                    self.writer_fhs.pin().insert(fh, (id, key, hash_at_close));
+                }
+                Err(_) => {
+                    n.io.writers.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
         }
-        Ok(())
+        measured.map(|_| ())
     }
 
     /// `measure_open` for a handle just opened: on failure the handle is closed again.

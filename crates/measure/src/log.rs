@@ -36,6 +36,7 @@ use crate::policy::Template;
 use crate::verify::{self, VerifyError};
 use sha1::{Digest, Sha1};
 use sha2::{Sha256, Sha512};
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -264,7 +265,7 @@ impl Bank {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub pcr: u32,
-    pub template_name: String,
+    pub template_name: Cow<'static, str>,
     pub data: Vec<u8>,
     pub sha1: [u8; 20],
     pub sha256: [u8; 32],
@@ -289,13 +290,22 @@ impl Entry {
     /// still encoded without panicking, the path cut at its first NUL (the kernel takes
     /// `strlen`), but a digest of the wrong length makes an entry no verifier accepts.
     pub fn new(pcr: u32, ev: &Event<'_>) -> Entry {
-        let mut data = Vec::with_capacity(ev.digest.len() + ev.path.len() + 64);
-        let prefix = if ev.template.is_v2() {
-            format!("{}:{}:", ev.kind.name(), ev.algo.name())
+        // One allocation: every measured open makes an entry.
+        let sig = if ev.template.has_sig() {
+            Some(ev.sig.unwrap_or(&[]))
         } else {
-            format!("{}:", ev.algo.name())
+            None
         };
-        put_field(&mut data, &[prefix.as_bytes(), b"\0", ev.digest]);
+        let mut data =
+            Vec::with_capacity(ev.digest.len() + ev.path.len() + sig.map_or(0, <[u8]>::len) + 40);
+        // d-ngv2 names the digest's kind first ("verity:sha256:"), d-ng only its algorithm.
+        let (kind, colon): (&[u8], &[u8]) = if ev.template.is_v2() {
+            (ev.kind.name().as_bytes(), b":")
+        } else {
+            (b"", b"")
+        };
+        let algo = ev.algo.name().as_bytes();
+        put_field(&mut data, &[kind, colon, algo, b":\0", ev.digest]);
         // ima_write_template_field_data: strings get every ' ' turned into '_', so that
         // the space-separated ascii list stays parseable.
         let end = ev
@@ -303,19 +313,21 @@ impl Entry {
             .iter()
             .position(|&b| b == 0)
             .unwrap_or(ev.path.len());
-        let path: Vec<u8> = ev.path[..end]
-            .iter()
-            .map(|&b| if b == b' ' { b'_' } else { b })
-            .collect();
-        put_field(&mut data, &[&path, b"\0"]);
-        if ev.template.has_sig() {
-            put_field(&mut data, &[ev.sig.unwrap_or(&[])]);
+        let at = data.len();
+        put_field(&mut data, &[&ev.path[..end], b"\0"]);
+        for b in &mut data[at + 4..] {
+            if *b == b' ' {
+                *b = b'_';
+            }
         }
-        Entry::from_data(pcr, ev.template.name().to_string(), data)
+        if let Some(sig) = sig {
+            put_field(&mut data, &[sig]);
+        }
+        Entry::from_data(pcr, Cow::Borrowed(ev.template.name()), data)
     }
 
     /// An entry for already-serialized template data; computes both template digests.
-    pub(crate) fn from_data(pcr: u32, template_name: String, data: Vec<u8>) -> Entry {
+    pub(crate) fn from_data(pcr: u32, template_name: Cow<'static, str>, data: Vec<u8>) -> Entry {
         let sha1 = Sha1::digest(&data).into();
         let sha256 = Sha256::digest(&data).into();
         Entry {
@@ -382,8 +394,19 @@ impl Entry {
     /// [`Entry::ascii_bytes`], appended to `out` (the flusher's path: no allocation).
     pub fn put_ascii(&self, bank: Bank, out: &mut Vec<u8>) {
         use std::io::Write as _;
-        // Writing into a Vec cannot fail.
-        let _ = write!(out, "{:2} ", self.pcr);
+        match self.pcr {
+            // `%2d`, without the formatting machinery (every list's PCRs are below 24).
+            0..=9 => out.extend_from_slice(&[b' ', b'0' + self.pcr as u8, b' ']),
+            10..=99 => out.extend_from_slice(&[
+                b'0' + (self.pcr / 10) as u8,
+                b'0' + (self.pcr % 10) as u8,
+                b' ',
+            ]),
+            // Writing into a Vec cannot fail.
+            _ => {
+                let _ = write!(out, "{} ", self.pcr);
+            }
+        }
         put_hex(out, self.digest(bank));
         out.push(b' ');
         out.extend_from_slice(self.template_name.as_bytes());
@@ -557,7 +580,9 @@ pub struct Log {
     pcrs: Pcrs,
     /// (PCR, SHA-256 template digest) of every entry: the kernel's duplicate check
     /// (`ima_lookup_digest_entry` keys on the ima_hash_algo bank's digest and the PCR).
-    seen: HashSet<(u32, [u8; 32])>,
+    /// Keys are digests, so a fast keyed hash will do (SipHash was a measurable part of
+    /// an append).
+    seen: HashSet<(u32, [u8; 32]), foldhash::fast::RandomState>,
     /// Set for good when a write failed: the files may disagree with each other.
     broken: Arc<AtomicBool>,
     /// Batches taken so far (the next one's number).
@@ -619,7 +644,7 @@ impl Log {
             }
         }
         let (entries, pcrs, seen) = if fresh {
-            (0, Pcrs::zero(), HashSet::new())
+            (0, Pcrs::zero(), HashSet::default())
         } else {
             let r = verify::replay(dir, true).map_err(|err| LogError::Corrupt {
                 dir: dir.to_path_buf(),

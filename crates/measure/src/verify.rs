@@ -733,7 +733,7 @@ pub(crate) fn replay(dir: &Path, keep_keys: bool) -> Result<Replay, VerifyError>
         }
         let entry = Entry {
             pcr: r1.pcr,
-            template_name: template.name().to_string(),
+            template_name: template.name().into(),
             data: r1.data,
             sha1,
             sha256,

@@ -125,7 +125,7 @@ fn offsets(entries: &[Entry]) -> Vec<u64> {
 fn forged(pcr: u32, name: &str, data: Vec<u8>) -> Entry {
     Entry {
         pcr,
-        template_name: name.to_string(),
+        template_name: name.to_string().into(),
         sha1: Sha1::digest(&data).into(),
         sha256: Sha256::digest(&data).into(),
         data,
