@@ -43,8 +43,9 @@ for every run, the configurations taking turns at going first:
    read-big-cold    drop caches, open and read each 32 MiB file in full; MiB/s
    read-small-cold  drop caches, open, read and close each 4 KiB file; files/s
 
-   Target: verity at least 0.95x none's rate on the big files. The verity mount must hash
-   nothing (hashed = bytes_hashed = 0) and take stored digests (verity_digests > 0).
+   Target: verity at least 0.95x none's rate, on the big files and on the small ones. The
+   verity mount must hash nothing (hashed = bytes_hashed = 0) and take stored digests
+   (verity_digests > 0).
 """
 
 import json
@@ -521,23 +522,26 @@ def run(ctx):
         ratio = paired(res, wl, "talos", "none")
         data["targets"].append(report.target(
             f"{wl}: talos vs none", ratio >= TALOS_RATIO,
-            f"{ratio:.2f}x none's rate (target >= {TALOS_RATIO}x; "
+            f"{ratio:.3f}x none's rate (target >= {TALOS_RATIO}x; "
             f"{spread(res, wl, 'talos', 'none')})"))
-    ratio = paired(res, "read-big-cold", "verity", "none")
-    data["targets"].append(report.target(
-        "read-big-cold: verity vs none", ratio >= VERITY_RATIO,
-        f"{ratio:.2f}x none's MiB/s (target >= {VERITY_RATIO}x; "
-        f"{spread(res, 'read-big-cold', 'verity', 'none')})"))
+    # The issue's target is for any image file's open: big files (the open's cost spread
+    # over the read) and small ones (where a measured open's OPEN and RELEASE round trips,
+    # which an unmeasured mount never makes, weigh most).
+    for wl, unit in (("read-big-cold", "MiB/s"), ("read-small-cold", "files/s")):
+        ratio = paired(res, wl, "verity", "none")
+        data["targets"].append(report.target(
+            f"{wl}: verity vs none", ratio >= VERITY_RATIO,
+            f"{ratio:.3f}x none's {unit} (target >= {VERITY_RATIO}x; "
+            f"{spread(res, wl, 'verity', 'none')})"))
     for wl in writable_workloads:
         print(f"INFO  {wl}: wrong-magic "
               f"{paired(res, wl, 'wrong-magic', 'none'):.2f}x none's rate "
               f"({spread(res, wl, 'wrong-magic', 'none')})")
     print(f"INFO  read-big-cold: hash {paired(res, 'read-big-cold', 'hash', 'none'):.2f}x "
           "none's MiB/s")
-    print(f"INFO  read-small-cold: verity {paired(res, 'read-small-cold', 'verity', 'none'):.2f}x, "
-          f"hash {paired(res, 'read-small-cold', 'hash', 'none'):.2f}x none's files/s (measured: a "
-          "FUSE OPEN, which carries the file's bytes, and a RELEASE per file; unmeasured: a "
-          "READ per file)")
+    print(f"INFO  read-small-cold: hash {paired(res, 'read-small-cold', 'hash', 'none'):.2f}x "
+          "none's files/s (measured mounts: a FUSE OPEN, which carries the file's bytes, and a "
+          "RELEASE per file; unmeasured: a READ per file)")
     return data
 
 
