@@ -41,6 +41,7 @@ use stack::{Dir, Obj, Resolved, Stack};
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -83,16 +84,16 @@ pub struct ImageFs<S: ByteSource> {
     /// When the kernel sends OPEN (with a policy): per inode, the handles open on it and
     /// whether its bytes were handed to the kernel since it last learnt the inode; and the
     /// session's notifier to hand them over (see `prime`).
-    opens: papaya::HashMap<u64, Opens>,
+    /// Each value is an [`OPEN_HANDLES`] count and the [`PRIMED`] bit, changed in place:
+    /// an open or a release allocates nothing once the inode has an entry.
+    opens: papaya::HashMap<u64, AtomicU64>,
     notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
-/// An inode's open handles, and whether the kernel was handed its bytes (see `prime`).
-#[derive(Clone, Copy, Default)]
-struct Opens {
-    handles: u32,
-    primed: bool,
-}
+/// An inode's open handles (the low bits of its `opens` value), and whether the kernel
+/// was handed its bytes (see `prime`).
+const OPEN_HANDLES: u64 = u32::MAX as u64;
+const PRIMED: u64 = 1 << 32;
 
 /// A directory of a stack: the layers' directories merged at its path, its parent, and its
 /// merged listing once read.
@@ -188,17 +189,14 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// pages, unless reclaimed, when a read just asks. Best effort: a failure leaves the
     /// cache cold and the read asks.
     fn prime(&self, ino: INodeNo, o: Obj, inode: &Inode, flags: i32) {
-        let first = match self.opens.pin().compute(u64::from(ino), |had| {
-            let was = had.map_or(Opens::default(), |(_, o)| *o);
-            papaya::Operation::Insert::<_, ()>(Opens {
-                handles: was.handles + 1,
-                primed: true,
-            })
-        }) {
-            papaya::Compute::Inserted(..) => true,
-            papaya::Compute::Updated { old: (_, was), .. } => was.handles == 0 && !was.primed,
-            _ => false,
+        let was = {
+            let opens = self.opens.pin();
+            let o = opens.get_or_insert_with(u64::from(ino), || AtomicU64::new(0));
+            let one_more = |v: u64| Some(((v & OPEN_HANDLES) + 1).min(OPEN_HANDLES) | PRIMED);
+            o.fetch_update(Ordering::AcqRel, Ordering::Acquire, one_more)
+                .unwrap_or_else(|v| v)
         };
+        let first = was & OPEN_HANDLES == 0 && was & PRIMED == 0;
         if !first || flags & libc::O_DIRECT != 0 {
             return;
         }
@@ -228,27 +226,32 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
     /// A handle on `ino` is closed.
     fn closed(&self, ino: INodeNo) {
-        self.opens.pin().update(u64::from(ino), |o| Opens {
-            handles: o.handles.saturating_sub(1),
-            ..*o
-        });
+        if let Some(o) = self.opens.pin().get(&u64::from(ino)) {
+            let one_less = |v: u64| (v & OPEN_HANDLES > 0).then(|| v - 1);
+            let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, one_less);
+        }
     }
 
     /// The kernel learns `ino` (again, perhaps after evicting it and its pages): its next
     /// first open hands its bytes over again.
     fn forget_primed(&self, ino: INodeNo) {
-        self.opens.pin().update(u64::from(ino), |o| Opens {
-            primed: false,
-            ..*o
-        });
+        if let Some(o) = self.opens.pin().get(&u64::from(ino)) {
+            o.fetch_and(!PRIMED, Ordering::AcqRel);
+        }
     }
 
     /// With a policy: remembers that `child` is `name` in `parent`.
     fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
         if self.measure.is_some() && name != b"." && name != b".." {
-            self.names
-                .pin()
-                .insert(u64::from(child), (u64::from(parent), name.to_vec()));
+            // Looked up again after the kernel forgot it, it usually has the same name: then
+            // nothing is allocated or replaced.
+            let names = self.names.pin();
+            let known = names
+                .get(&u64::from(child))
+                .is_some_and(|(p, n)| *p == u64::from(parent) && n == name);
+            if !known {
+                names.insert(u64::from(child), (u64::from(parent), name.to_vec()));
+            }
             self.forget_primed(child);
         }
     }
