@@ -27,11 +27,11 @@ for every run, the configurations taking turns at going first:
    Each workload runs on the three mounts back to back before the next starts. Ratios
    are medians over runs of the ratio within a run (the host's noise comes and goes over
    seconds and so largely cancels). Target: talos at least 0.9x none's rate on every
-   workload; wrong-magic's ratio is printed. The measured mounts' counters (files hashed, bytes) are in the JSON, and so is
-   each daemon's CPU time per file (all its threads, from schedstat; printed as medians
-   and as the measured mounts' excess over none's: a cost the host's noise moves far
-   less than the rates). Each
-   measured mount's list must pass `verilay log verify` (else the benchmark fails).
+   workload; wrong-magic's ratio is printed. The measured mounts' counters (files
+   hashed, bytes) are in the JSON, and so is each daemon's CPU time per file (all its
+   threads, from schedstat; printed as medians and as the measured mounts' excess over
+   none's: a cost the host's noise moves far less than the rates). Each measured
+   mount's list must pass `verilay log verify` (else the benchmark fails).
 
 2. Opening image files with `digest_type=verity`, read-only mounts of one image holding
    8 files of 32 MiB and 2000 files of 4 KiB (4 of 8 MiB and 500 with --quick):

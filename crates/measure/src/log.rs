@@ -394,18 +394,16 @@ impl Entry {
     /// [`Entry::ascii_bytes`], appended to `out` (the flusher's path: no allocation).
     pub fn put_ascii(&self, bank: Bank, out: &mut Vec<u8>) {
         use std::io::Write as _;
-        match self.pcr {
+        if self.pcr < 100 {
             // `%2d`, without the formatting machinery (every list's PCRs are below 24).
-            0..=9 => out.extend_from_slice(&[b' ', b'0' + self.pcr as u8, b' ']),
-            10..=99 => out.extend_from_slice(&[
-                b'0' + (self.pcr / 10) as u8,
-                b'0' + (self.pcr % 10) as u8,
-                b' ',
-            ]),
+            let tens = match self.pcr / 10 {
+                0 => b' ',
+                t => b'0' + t as u8,
+            };
+            out.extend_from_slice(&[tens, b'0' + (self.pcr % 10) as u8, b' ']);
+        } else {
             // Writing into a Vec cannot fail.
-            _ => {
-                let _ = write!(out, "{} ", self.pcr);
-            }
+            let _ = write!(out, "{} ", self.pcr);
         }
         put_hex(out, self.digest(bank));
         out.push(b' ');
