@@ -939,7 +939,7 @@ impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
         self.setup.path(&parts)
     }
 
-    fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
+    fn reader(&self, _size: Option<u64>) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
         Ok(self.file.reader())
     }
 

@@ -135,8 +135,9 @@ pub struct Opening<'a> {
 pub trait Content {
     /// The path the list names: the mountpoint joined with the path inside the mount.
     fn path(&self) -> Vec<u8>;
-    /// The file's bytes from the start (verified, for image files), and how many.
-    fn reader(&self) -> io::Result<(Box<dyn io::Read + '_>, u64)>;
+    /// The file's bytes from the start (verified, for image files), and how many. `size`
+    /// is the file's size when the caller has just taken it (an upper file's cookie).
+    fn reader(&self, size: Option<u64>) -> io::Result<(Box<dyn io::Read + '_>, u64)>;
     /// The file's stored fs-verity digest (SHA-256, 4 KiB blocks, no salt), if any.
     fn verity_digest(&self) -> io::Result<Option<[u8; 32]>>;
     /// The file's `security.ima` value, for the ima-sig templates.
@@ -317,7 +318,7 @@ impl Measuring {
             }
             None if verity => {
                 // An upper file has no stored fs-verity digest: compute one from its bytes.
-                let (r, size) = content.reader()?;
+                let (r, size) = content.reader(o.cookie.map(|c| c.4))?;
                 let params = verity::Params::new(verity::HashAlg::Sha256, 4096, Vec::new())
                     .map_err(io::Error::other)?;
                 let (d, _) = verity::digest_reader(&params, r, size)?;
@@ -329,9 +330,11 @@ impl Measuring {
                 self.count_hash(0);
                 self.empty.clone()
             }
+            // The size the cookie was taken with, and no more, as the kernel hashes
+            // i_size bytes (also saving the read that would find the end).
             None => {
-                let (r, size) = content.reader()?;
-                self.hash(r, size)?
+                let (r, size) = content.reader(o.cookie.map(|c| c.4))?;
+                self.hash(Box::new(r.take(size)), size)?
             }
         };
         if !o.writers {

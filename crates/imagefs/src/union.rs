@@ -79,6 +79,13 @@ struct FileIo {
     /// With measuring only: how many handles can write the file now (its digest is not
     /// reused while any can).
     writers: std::sync::atomic::AtomicU32,
+    /// With measuring only: the object was made through the mount and no digest of its
+    /// content can be kept yet (cleared before a reading open's measurement or a hash at
+    /// close could keep one). While set, a change of attributes has no digest to carry
+    /// over and skips looking (`setattr`). A node the kernel forgot and learns again
+    /// starts unset: looking is never wrong, and a digest not carried over is only
+    /// computed again.
+    fresh: std::sync::atomic::AtomicBool,
     /// The reaper's clock when the kernel last looked the node up.
     seen: AtomicU64,
 }
@@ -338,6 +345,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             n.io.writers.fetch_add(1, Ordering::AcqRel);
             s.measuring.changed(key);
         }
+        if !writes {
+            n.io.fresh.store(false, Ordering::Release);
+        }
         let o = Opening {
             flags,
             pid,
@@ -353,7 +363,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             node: n,
             id,
             setup: s,
-            handle: files.get(&fh).map(|f| f.as_fd()),
+            handle: files
+                .get(&fh)
+                .map(|f| f.as_fd())
+                .filter(|_| flags & libc::O_ACCMODE != libc::O_WRONLY),
         };
         let measured = s.measure(&o, &content, &self.log, &self.name);
         if writes {
@@ -405,14 +418,22 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 ino: st.st_ino,
             };
             if now == key {
-                let content = UnionContent {
-                    fs: self,
-                    node: n,
-                    id,
-                    setup: s,
-                    handle,
-                };
+                if crate::measuring::HASH_AT_CLOSE.contains(&(st.st_size as u64)) {
+                    n.io.fresh.store(false, Ordering::Release);
+                }
+                // Only once it hashes (the file's size is in range) does it need to
+                // know whether the closed handle can read.
                 s.measuring.closed(key, crate::measuring::cookie(&st), || {
+                    let readable = |h: &BorrowedFd<'_>| {
+                        rfs::fcntl_getfl(h).is_ok_and(|m| m & OFlags::ACCMODE != OFlags::WRONLY)
+                    };
+                    let content = UnionContent {
+                        fs: self,
+                        node: n,
+                        id,
+                        setup: s,
+                        handle: handle.filter(readable),
+                    };
                     content.upper_reader(fd.as_fd())
                 });
             }
@@ -1056,6 +1077,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             };
         let fd = self.open_entry(pfd.as_fd(), name, &st)?;
         let id = self.upper_id(&st, || None);
+        let io = FileIo::default();
+        io.fresh.store(true, Ordering::Relaxed);
         let node = Node {
             parent,
             name: name.to_vec(),
@@ -1063,7 +1086,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             upper: Some(Arc::new(fd)),
             merge: false,
             lookups: Arc::new(AtomicU64::new(0)),
-            io: Arc::default(),
+            io: Arc::new(io),
         };
         let attr = stat_attr(id, &st);
         self.remember(id, node);
@@ -1494,13 +1517,19 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             let n = self.node(id)?;
             self.attr(id, &n)
         };
-        // A digest kept for an upper file survives a change of its attributes alone.
+        // A digest kept for an upper file survives a change of its attributes alone. A file
+        // made through the mount and not yet read or hashed has none to look for (`fresh`).
         let before = self
             .measure
             .as_ref()
             .filter(|_| size.is_none())
             .and_then(|s| {
-                let (_, key, cookie, _) = self.with_node(id, |n| self.measured_as(s, n)).ok()??;
+                let (_, key, cookie, _) = self
+                    .with_node(id, |n| match n.io.fresh.load(Ordering::Acquire) {
+                        true => Ok(None),
+                        false => self.measured_as(s, n),
+                    })
+                    .ok()??;
                 s.measuring.keeps(key).then_some((s, key, cookie?))
             });
         let r = run();
@@ -2373,7 +2402,8 @@ struct UnionContent<'a, S: ByteSource> {
     node: &'a Node,
     id: u64,
     setup: &'a Setup,
-    /// The upper file's descriptor the open being measured just made, if any.
+    /// The upper file's descriptor the open being measured just made (or the one just
+    /// closed), if it can read.
     handle: Option<BorrowedFd<'a>>,
 }
 
@@ -2383,10 +2413,7 @@ impl<'a, S: ByteSource + 'static> UnionContent<'a, S> {
     /// else through a new one.
     fn upper_reader(&self, upper: BorrowedFd<'_>) -> std::io::Result<Box<dyn std::io::Read + 'a>> {
         if let Some(h) = self.handle {
-            let mode = rfs::fcntl_getfl(h)? & OFlags::ACCMODE;
-            if mode == OFlags::RDONLY || mode == OFlags::RDWR {
-                return Ok(Box::new(PositionalReader { fd: h, at: 0 }));
-            }
+            return Ok(Box::new(PositionalReader { fd: h, at: 0 }));
         }
         Ok(Box::new(std::fs::File::from(rfs::open(
             UnionFs::<S>::real_path(upper).as_c_str(),
@@ -2412,10 +2439,13 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
         self.fs.measured_path(self.setup, self.id)
     }
 
-    fn reader(&self) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
+    fn reader(&self, size: Option<u64>) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
         match (&self.node.upper, &self.node.lower) {
             (Some(fd), _) => {
-                let size = rfs::fstat(fd.as_fd())?.st_size as u64;
+                let size = match size {
+                    Some(s) => s,
+                    None => rfs::fstat(fd.as_fd())?.st_size as u64,
+                };
                 Ok((self.upper_reader(fd.as_fd())?, size))
             }
             _ => match self.image_file() {

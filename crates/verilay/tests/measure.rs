@@ -427,6 +427,13 @@ fn a_file_is_hashed_as_its_writer_closes_it_and_never_logged_stale() {
             .collect();
         let got: Vec<String> = entries(&log).into_iter().map(|e| e.2).collect();
         assert_eq!(got, want);
+        // A mode changed by path after a reading open kept the digest: reused, not hashed.
+        let reused = counters("reused");
+        sh_ok(&format!(
+            "python3 -c 'import os; os.chmod(\"{m}/t\", 0o600)' && cat {m}/t >/dev/null"
+        ));
+        assert_eq!(counters("hashed"), 5);
+        assert_eq!(counters("reused"), reused + 1);
         // Rewritten and reopened at full speed: every version's own digest, in order.
         let py = base.join("rewrite.py");
         fs::write(&py, REWRITE_PY).unwrap();
