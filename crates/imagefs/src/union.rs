@@ -291,7 +291,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// What a node's content is measured as: its layer's identity, and its content key
     /// and cookie. `None` when no rule can measure that layer (nothing more to do).
-    fn measured_as<'s>(&self, s: &'s Setup, n: &Node) -> Result<Option<MeasuredAs<'s>>, Errno> {
+    /// `made`: the upper file's stat when the caller just made it (saves taking another).
+    fn measured_as<'s>(
+        &self,
+        s: &'s Setup,
+        n: &Node,
+        made: Option<&rustix::fs::Stat>,
+    ) -> Result<Option<MeasuredAs<'s>>, Errno> {
         let fs = match (&n.upper, &n.lower) {
             (Some(_), _) => s.upper.as_ref().ok_or(Errno::EIO)?,
             (None, Some(r)) => &s.layers[r.top.layer as usize],
@@ -302,7 +308,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }
         Ok(Some(match (&n.upper, &n.lower) {
             (Some(fd), _) => {
-                let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
+                let st = match made {
+                    Some(st) => *st,
+                    None => rfs::fstat(fd.as_fd()).map_err(rerrno)?,
+                };
                 let key = ContentKey::Upper {
                     dev: st.st_dev,
                     ino: st.st_ino,
@@ -324,13 +333,20 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// With a policy: measures the open of node `id` by `pid` with `flags`, and when the
     /// handle `fh` can write, counts it as a writer (its close marks the file changed).
-    fn measure_open(&self, id: u64, flags: i32, pid: u32, fh: u64) -> Result<(), Errno> {
+    fn measure_open(
+        &self,
+        id: u64,
+        flags: i32,
+        pid: u32,
+        fh: u64,
+        made: Option<&rustix::fs::Stat>,
+    ) -> Result<(), Errno> {
         let Some(s) = &self.measure else {
             return Ok(());
         };
         let guard = self.nodes.guard();
         let n = self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?;
-        let Some((fs, key, cookie, owner)) = self.measured_as(s, n)? else {
+        let Some((fs, key, cookie, owner)) = self.measured_as(s, n, made)? else {
             return Ok(());
         };
         let owner = match owner {
@@ -383,8 +399,15 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     /// `measure_open` for a handle just opened: on failure the handle is closed again.
-    fn measured(&self, id: u64, flags: i32, pid: u32, fh: u64) -> Result<u64, Errno> {
-        match self.measure_open(id, flags, pid, fh) {
+    fn measured(
+        &self,
+        id: u64,
+        flags: i32,
+        pid: u32,
+        fh: u64,
+        made: Option<&rustix::fs::Stat>,
+    ) -> Result<u64, Errno> {
+        match self.measure_open(id, flags, pid, fh, made) {
             Ok(()) => Ok(fh),
             Err(e) => {
                 if fh != 0 {
@@ -446,7 +469,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some(s) = &self.measure else {
             return;
         };
-        if let Ok(Some((_, key, _, _))) = self.with_node(id, |n| self.measured_as(s, n)) {
+        if let Ok(Some((_, key, _, _))) = self.with_node(id, |n| self.measured_as(s, n, None)) {
             s.measuring.changed(key);
         }
     }
@@ -994,7 +1017,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     /// Makes a new object `name` in `parent`: in place of a whiteout (a directory made so
-    /// is opaque, hiding the images' one), else fresh. Returns its id, node and attributes.
+    /// is opaque, hiding the images' one), else fresh. Returns its id, attributes, the
+    /// descriptor the creation opened (if any) and the host's stat of it.
     fn make(
         &self,
         req: &Request,
@@ -1002,7 +1026,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         name: &[u8],
         want: Want,
         contents: Contents<'_>,
-    ) -> Result<(u64, FileAttr, Option<OwnedFd>), Errno> {
+    ) -> Result<(u64, FileAttr, Option<OwnedFd>, rustix::fs::Stat), Errno> {
         let Want { mode, umask, rdev } = want;
         let pfd = self.upper_dir(parent)?;
         let (uid, gid) = self.owner(req, pfd.as_fd());
@@ -1090,7 +1114,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         };
         let attr = stat_attr(id, &st);
         self.remember(id, node);
-        Ok((id, attr, file))
+        Ok((id, attr, file, st))
     }
 
     /// Whether the images have something at `name` under `parent` (a whiteout is then
@@ -1527,7 +1551,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 let (_, key, cookie, _) = self
                     .with_node(id, |n| match n.io.fresh.load(Ordering::Acquire) {
                         true => Ok(None),
-                        false => self.measured_as(s, n),
+                        false => self.measured_as(s, n, None),
                     })
                     .ok()??;
                 s.measuring.keeps(key).then_some((s, key, cookie?))
@@ -1607,7 +1631,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             },
             contents,
         ) {
-            Ok((_, a, _)) => reply.entry(&TTL, &a, Generation(0)),
+            Ok((_, a, _, _)) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1634,7 +1658,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             },
             Contents::Dir,
         ) {
-            Ok((_, a, _)) => reply.entry(&TTL, &a, Generation(0)),
+            Ok((_, a, _, _)) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1661,7 +1685,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             },
             Contents::Symlink(t),
         ) {
-            Ok((_, a, _)) => reply.entry(&TTL, &a, Generation(0)),
+            Ok((_, a, _, _)) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -1676,11 +1700,11 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let run = || -> Result<(u64, FileAttr, u64), Errno> {
+        let run = || -> Result<(u64, FileAttr, u64, rustix::fs::Stat), Errno> {
             let _l = self.lock();
             let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777);
             let mut empty = |_: u64, _: &mut [u8]| Ok(0);
-            let (id, a, file) = self.make(
+            let (id, a, file, st) = self.make(
                 req,
                 parent.into(),
                 name.as_bytes(),
@@ -1703,16 +1727,17 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 }
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
                 self.files.pin().insert(fh, f);
-                return Ok((id, a, fh));
+                return Ok((id, a, fh, st));
             }
             let n = self.node(id)?;
             let fd = n.upper.as_ref().ok_or(Errno::EIO)?;
             let fh = self.open_real(fd.as_fd(), flags & !libc_trunc())?;
-            Ok((id, a, fh))
+            Ok((id, a, fh, st))
         };
+        // Measured as made: the file is new and empty, and the open is its creation.
         let run = || {
-            let (id, a, fh) = run()?;
-            Ok((id, a, self.measured(id, flags, req.pid(), fh)?))
+            let (id, a, fh, st) = run()?;
+            Ok((id, a, self.measured(id, flags, req.pid(), fh, Some(&st))?))
         };
         match run() {
             Ok((id, a, fh)) => {
@@ -1978,7 +2003,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 None => Err(Errno::EIO),
             })
         };
-        match run().and_then(|fh| self.measured(id, flags, req.pid(), fh)) {
+        match run().and_then(|fh| self.measured(id, flags, req.pid(), fh, None)) {
             Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Ok(fh) => {
                 let guard = self.nodes.guard();
