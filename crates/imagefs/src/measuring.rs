@@ -13,11 +13,11 @@
 //!
 //! Nothing here runs without a policy: the per-request paths stay as they are.
 
-use measure::log::{DigestKind, Event, HashAlgo, Log};
-use measure::policy::{Access, FsIdentity, Func, Policy, TaskIds};
+use measure::log::{DigestKind, Entry, Event, HashAlgo, Log, LogError};
+use measure::policy::{Access, FsIdentity, Func, Policy, TaskIds, Template};
 use measure::policy::{MAY_APPEND, MAY_EXEC, MAY_READ, MAY_WRITE};
 use std::io::{self, Read as _};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// How long a new entry may wait in memory before it is written to the list's files.
@@ -79,7 +79,8 @@ pub struct Counters {
     pub reused: Counter,
     /// Measurements that took an image file's stored fs-verity digest.
     pub verity_digests: Counter,
-    /// Entries appended to the list, and entries already in it.
+    /// Entries appended to the list, and entries already in it (counted as the inbox is
+    /// drained, which `verilay stats` does first).
     pub logged: Counter,
     pub duplicates: Counter,
     /// Read-only mounts: image files whose bytes an open handed to the kernel's page cache
@@ -144,13 +145,83 @@ pub trait Content {
     fn ima_xattr(&self) -> Option<Vec<u8>>;
 }
 
+/// A measured open's event, owned, until it becomes an entry of the list.
+struct Raw {
+    pcr: u32,
+    template: Template,
+    kind: DigestKind,
+    algo: HashAlgo,
+    digest: Vec<u8>,
+    path: Vec<u8>,
+    sig: Option<Vec<u8>>,
+}
+
+/// The list and what feeds it, shared with the flusher thread, which makes each batch of
+/// events entries and writes them out `FLUSH_EVERY` after the batch starts: no open
+/// waits for the list's files, nor for making its entry (two template digests, the
+/// duplicate check, two PCR extensions).
+struct Shared {
+    log: Mutex<Log>,
+    /// Measured opens' events not yet in the list, in the order they were measured.
+    /// Whoever reads the list or its counters (stats, unmount) drains it first.
+    inbox: Mutex<Vec<Raw>>,
+    /// Wakes the flusher when the inbox gets its first event (an idle mount's sleeps).
+    wake: Condvar,
+    /// The list's: set once a write failed, when measured opens fail rather than go
+    /// unlisted.
+    broken: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+}
+
+impl Shared {
+    /// Makes the inbox's events entries of `log`, in order. Held: `log` (so a batch is
+    /// drained whole before the next).
+    fn drain(inbox: &Mutex<Vec<Raw>>, counters: &Counters, log: &mut Log) -> Result<(), LogError> {
+        let raws = std::mem::take(&mut *inbox.lock().unwrap_or_else(|p| p.into_inner()));
+        for r in raws {
+            let ev = Event {
+                template: r.template,
+                kind: r.kind,
+                algo: r.algo,
+                digest: &r.digest,
+                path: &r.path,
+                sig: r.sig.as_deref(),
+            };
+            let counter = match log.append_entry(Entry::new(r.pcr, &ev))? {
+                true => &counters.logged,
+                false => &counters.duplicates,
+            };
+            counter.add(1);
+        }
+        Ok(())
+    }
+
+    /// The list, with every event measured so far in it.
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        // Fails only when the list is broken, which the caller's own use of it reports.
+        let _ = Shared::drain(&self.inbox, &self.counters, &mut log);
+        log
+    }
+
+    /// Drains the inbox and writes what it took, with the log free while writing.
+    fn flush(&self) -> Result<(), LogError> {
+        drop(self.log());
+        Log::flush_shared(&self.log)
+    }
+}
+
+impl Drop for Shared {
+    /// Events measured but not yet drained still reach the list (`Log`'s drop writes it).
+    fn drop(&mut self) {
+        let log = self.log.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = Shared::drain(&self.inbox, &self.counters, log);
+    }
+}
+
 pub struct Measuring {
     policy: Policy,
-    /// Shared with the flusher thread, which writes each batch of new entries out
-    /// `FLUSH_EVERY` after it starts, so no open waits for the list's files.
-    log: Arc<Mutex<Log>>,
-    /// Wakes the flusher when a batch starts (an idle mount's flusher sleeps).
-    batch: Arc<Condvar>,
+    shared: Arc<Shared>,
     algo: HashAlgo,
     /// The digest of no bytes (every new file's).
     empty: Vec<u8>,
@@ -161,51 +232,57 @@ pub struct Measuring {
     /// wake-up call when none does).
     hashed: (Mutex<()>, Condvar),
     waiting: AtomicU64,
-    pub counters: Counters,
+    pub counters: Arc<Counters>,
 }
 
 impl Measuring {
     pub fn new(policy: Policy, log: Log, algo: HashAlgo) -> Measuring {
-        let log = Arc::new(Mutex::new(log));
-        let batch = Arc::new(Condvar::new());
-        let weak = Arc::downgrade(&log);
-        let wake = batch.clone();
+        let counters = Arc::new(Counters::default());
+        let shared = Arc::new(Shared {
+            broken: log.broken_flag(),
+            log: Mutex::new(log),
+            inbox: Mutex::new(Vec::new()),
+            wake: Condvar::new(),
+            counters: counters.clone(),
+        });
+        let weak = Arc::downgrade(&shared);
         std::thread::spawn(move || {
-            while let Some(log) = weak.upgrade() {
-                let l = log.lock().unwrap_or_else(|p| p.into_inner());
-                // After a flush, or once a batch has started: let the batch gather.
-                let gather = if l.unflushed() == 0 {
+            while let Some(sh) = weak.upgrade() {
+                let idle = {
+                    let q = sh.inbox.lock().unwrap_or_else(|p| p.into_inner());
                     // Idle: until a batch starts, waking now and then to notice the
                     // mount has gone.
-                    let l = wake
-                        .wait_timeout(l, std::time::Duration::from_secs(1))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                    l.unflushed() > 0
-                } else {
-                    drop(l);
-                    // Written with the log free: opens append meanwhile. A failure leaves
-                    // the list broken: later measured opens then fail.
-                    let _ = Log::flush_shared(&log);
-                    true
+                    q.is_empty()
+                        && sh
+                            .wake
+                            .wait_timeout(q, std::time::Duration::from_secs(1))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                            .is_empty()
                 };
-                drop(log);
-                if gather {
-                    std::thread::sleep(FLUSH_EVERY);
+                drop(sh);
+                if idle {
+                    continue;
+                }
+                // A batch has started: let it gather, then write it with the log free
+                // (opens add events meanwhile). A failure leaves the list broken: later
+                // measured opens then fail.
+                std::thread::sleep(FLUSH_EVERY);
+                if let Some(sh) = weak.upgrade() {
+                    let _ = sh.flush();
                 }
             }
         });
         Measuring {
             policy,
-            log,
-            batch,
+            shared,
             algo,
             empty: algo.hasher().finish(),
             cache: papaya::HashMap::new(),
             tokens: AtomicU64::new(1),
             hashed: (Mutex::new(()), Condvar::new()),
             waiting: AtomicU64::new(0),
-            counters: Counters::default(),
+            counters,
         }
     }
 
@@ -264,21 +341,26 @@ impl Measuring {
                 path: &path,
                 sig: sig.as_deref(),
             };
-            let entry = Log::entry(m.pcr, &ev).map_err(io::Error::other)?;
-            let appended = {
-                let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-                let appended = log.append_entry(entry).map_err(io::Error::other)?;
-                if appended && log.unflushed() == 1 {
-                    self.batch.notify_one();
-                }
-                appended
+            // Checked now, made an entry by the flusher (`Shared`): what could fail
+            // fails this open.
+            Log::check_event(m.pcr, &ev).map_err(io::Error::other)?;
+            if self.shared.broken.load(Ordering::Acquire) {
+                return Err(io::Error::other(LogError::Broken));
+            }
+            let raw = Raw {
+                pcr: m.pcr,
+                template: m.template,
+                kind,
+                algo,
+                digest,
+                path,
+                sig,
             };
-            let counter = if appended {
-                &self.counters.logged
-            } else {
-                &self.counters.duplicates
-            };
-            counter.add(1);
+            let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            inbox.push(raw);
+            if inbox.len() == 1 {
+                self.shared.wake.notify_one();
+            }
         }
         if !writes(o.flags) {
             return Ok(false);
@@ -508,11 +590,7 @@ impl Measuring {
 
     /// Makes the list durable (at unmount).
     pub fn sync(&self) -> io::Result<()> {
-        self.log
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .sync()
-            .map_err(io::Error::other)
+        self.shared.log().sync().map_err(io::Error::other)
     }
 
     /// The counters and the list's length, as JSON (what `verilay stats` prints).
@@ -521,7 +599,7 @@ impl Measuring {
         let get = |a: &Counter| a.get();
         // Flushed first: the list's files hold every entry counted once this returns.
         let entries = {
-            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            let mut log = self.shared.log();
             let _ = log.flush();
             log.entries()
         };

@@ -725,14 +725,26 @@ impl Log {
     /// The entry `append` would add for this event, checked; computed without the log, so a
     /// shared log is held only for the append itself.
     pub fn entry(pcr: u32, ev: &Event<'_>) -> Result<Entry, LogError> {
+        Log::check_event(pcr, ev)?;
+        Ok(Entry::new(pcr, ev))
+    }
+
+    /// The checks `entry` makes, without making the entry (which can then be made later,
+    /// elsewhere, and cannot fail).
+    pub fn check_event(pcr: u32, ev: &Event<'_>) -> Result<(), LogError> {
         if pcr >= NUM_PCRS {
             return Err(LogError::Invalid(format!(
                 "PCR {pcr} does not exist (0-{})",
                 NUM_PCRS - 1
             )));
         }
-        ev.check().map_err(LogError::Invalid)?;
-        Ok(Entry::new(pcr, ev))
+        ev.check().map_err(LogError::Invalid)
+    }
+
+    /// Set for good once a write of the list failed (then appends fail): for those who
+    /// hand entries over later and must refuse what would fail now.
+    pub fn broken_flag(&self) -> Arc<AtomicBool> {
+        self.broken.clone()
     }
 
     /// Appends an entry made by [`Log::entry`], unless the list has it (then false).
