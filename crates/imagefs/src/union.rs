@@ -360,8 +360,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             // before that but the measurement, which undoes the count.
             n.io.writers.fetch_add(1, Ordering::AcqRel);
             s.measuring.changed(key);
-        }
-        if !writes {
+        } else {
             n.io.fresh.store(false, Ordering::Release);
         }
         let o = Opening {

@@ -785,7 +785,7 @@ impl Log {
     }
 
     /// `flush` for a log shared behind a mutex: the entries are taken with it held, and
-    /// written with it free, so appends (measured opens) never wait for the files.
+    /// written with it free, so appends never wait for the files.
     pub fn flush_shared(log: &Mutex<Log>) -> Result<(), LogError> {
         let (batch, files, broken) = {
             let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
@@ -836,11 +836,6 @@ impl Log {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.dir))
-    }
-
-    /// Entries taken but not yet written.
-    pub fn unflushed(&self) -> usize {
-        self.pending.len()
     }
 
     pub fn entries(&self) -> u64 {
