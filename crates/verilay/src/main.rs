@@ -37,6 +37,8 @@ struct Cli {
 enum Command {
     /// Build a sealed EROFS image of a directory and print its digest.
     Build(Box<cmd::build::Args>),
+    /// Append a verity section to a plain EROFS image (mkfs.erofs's) and print its digest.
+    Seal(cmd::seal::Args),
     /// Print fs-verity file digests, as `fsverity digest` does.
     Digest(cmd::digest::Args),
     /// Show an image's superblock, or one inode's metadata, layout and xattrs.
@@ -71,6 +73,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Build(a) => cmd::build::run(*a),
+        Command::Seal(a) => cmd::seal::run(a),
         Command::Digest(a) => cmd::digest::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),

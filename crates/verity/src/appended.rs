@@ -94,8 +94,18 @@ pub fn append(
     data_size: u64,
     level0: Vec<u8>,
 ) -> io::Result<Vec<u8>> {
+    append_tree(file, params, data_size, &Tree::from_level0(params, level0))
+}
+
+/// Appends the section for the first `data_size` bytes of `file`, given their tree, and
+/// returns the data's fs-verity digest. Whatever followed the data is replaced.
+pub fn append_tree(
+    file: &File,
+    params: &Params,
+    data_size: u64,
+    tree: &Tree,
+) -> io::Result<Vec<u8>> {
     let section = Section::plan(params, data_size);
-    let tree = Tree::from_level0(params, level0);
     let tree_bytes = tree.bytes();
     assert_eq!(
         tree_bytes.len() as u64,
@@ -107,6 +117,9 @@ pub fn append(
     tail.extend_from_slice(&tree_bytes);
     tail.extend_from_slice(&desc.bytes);
     tail.extend_from_slice(&section.encode_trailer());
+    // Cut back to the data first, so the padding up to the tree is zeros whatever the
+    // file held there.
+    file.set_len(data_size)?;
     file.set_len(section.tree_offset)?;
     file.write_all_at(&tail, section.tree_offset)?;
     Ok(desc.digest(params.alg))

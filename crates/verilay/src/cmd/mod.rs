@@ -8,5 +8,6 @@ pub mod inspect;
 pub mod log;
 pub mod measuring;
 pub mod mount;
+pub mod seal;
 pub mod stats;
 pub mod verify;
