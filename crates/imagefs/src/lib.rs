@@ -120,19 +120,20 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             "1 to {} layers",
             stack::MAX_LAYERS
         );
-        // Unreadable or unrecorded means "maybe labelled": fall back to per-inode answers.
-        let unlabelled = layers.iter().all(|img| {
-            img.namespace_absent(erofs::format::XATTR_INDEX_SECURITY)
-                .unwrap_or(false)
-        });
-        let aclless = layers.iter().all(|img| {
-            [
-                erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS,
-                erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT,
-            ]
-            .iter()
-            .all(|&ns| img.namespace_absent(ns).unwrap_or(false))
-        });
+        // Unrecorded means "maybe labelled": per-inode answers. Unreadable (a block of the
+        // table that fails its hash) fails the mount: the footer is read here, so this is
+        // the read that meets it.
+        let absent_everywhere = |ns: u8| -> Result<bool, erofs::read::Error> {
+            for img in &layers {
+                if !img.namespace_absent(ns)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+        let unlabelled = absent_everywhere(erofs::format::XATTR_INDEX_SECURITY)?;
+        let aclless = absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS)?
+            && absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT)?;
         let overlay = layers.len() > 1;
         let stack = Stack { layers };
         let root = if overlay {

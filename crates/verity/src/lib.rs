@@ -8,11 +8,13 @@ pub mod alg;
 pub mod appended;
 pub mod descriptor;
 pub mod source;
+pub mod stream;
 pub mod tree;
 pub mod verified;
 
 pub use alg::HashAlg;
 pub use descriptor::Descriptor;
+pub use stream::TreeStream;
 pub use tree::{hash_blocks, level_blocks, Params, Tree};
 pub use verified::{IntegrityError, OpenError, VerifiedSource};
 

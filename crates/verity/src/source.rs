@@ -25,6 +25,16 @@ pub trait ByteSource: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The checked SHA-256 hash (no salt) of the 4 KiB block at `offset`, a multiple of
+    /// 4096 with the whole block inside the source, when the source checks its bytes
+    /// against a Merkle tree with those parameters: level 0 of that tree holds exactly
+    /// fs-verity's hash of the block. `None` (the default) means the caller reads the
+    /// block and hashes it itself.
+    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
+        let _ = offset;
+        Ok(None)
+    }
 }
 
 fn out_of_range(offset: u64, len: usize, total: u64) -> io::Error {
@@ -69,6 +79,10 @@ impl<T: ByteSource + ?Sized> ByteSource for &T {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         (**self).read_exact_at(buf, offset)
     }
+
+    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
+        (**self).block_hash(offset)
+    }
 }
 
 impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
@@ -79,6 +93,10 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         (**self).read_exact_at(buf, offset)
     }
+
+    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
+        (**self).block_hash(offset)
+    }
 }
 
 impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
@@ -88,6 +106,10 @@ impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         (**self).read_exact_at(buf, offset)
+    }
+
+    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
+        (**self).block_hash(offset)
     }
 }
 

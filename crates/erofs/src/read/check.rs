@@ -49,6 +49,8 @@ struct Fsck<'a, S: ByteSource> {
     stopped: bool,
     /// Namespace bits of every xattr met, to compare with the digest footer's record.
     namespaces: u32,
+    /// Regular files met, `(nid, path)`, whose digest-table claims are checked last.
+    regular: Vec<(u64, String)>,
 }
 
 /// Walks the whole tree from the root and checks everything the kernel relies on (and what
@@ -63,9 +65,11 @@ pub fn fsck<S: ByteSource>(img: &Image<S>, max_problems: usize) -> FsckReport {
         data_left: len.saturating_mul(4).saturating_add(1 << 20),
         stopped: false,
         namespaces: 0,
+        regular: Vec::new(),
     };
     f.run();
     f.check_namespaces();
+    f.check_claims();
     f.report
 }
 
@@ -340,7 +344,9 @@ impl<S: ByteSource> Fsck<'_, S> {
             }
             return;
         }
-        if !inode.is_reg() {
+        if inode.is_reg() {
+            self.regular.push((inode.nid, p.clone()));
+        } else {
             if inode.size != 0 {
                 self.problem(format!(
                     "{p}: special file with size {} (nid {})",
@@ -388,6 +394,19 @@ impl<S: ByteSource> Fsck<'_, S> {
                 }
             }
             pos = end;
+        }
+    }
+
+    /// The digest table's claims, which a measuring mount logs (`claims.rs`).
+    fn check_claims(&mut self) {
+        if self.stopped {
+            return;
+        }
+        let mut found = Vec::new();
+        let files = std::mem::take(&mut self.regular);
+        super::claims::check_claims(self.img, &files, &mut |p| found.push(p));
+        for p in found {
+            self.problem(p);
         }
     }
 

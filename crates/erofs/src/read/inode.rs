@@ -103,6 +103,12 @@ impl Inode {
 }
 
 impl<S: ByteSource> Image<S> {
+    /// Where inode `nid` starts, for error reports (saturating: only ever printed).
+    pub(crate) fn inode_offset(&self, nid: u64) -> u64 {
+        self.meta_base
+            .saturating_add(nid.saturating_mul(1 << format::ISLOT_BITS))
+    }
+
     /// Reads and validates inode `nid`.
     pub fn inode(&self, nid: u64) -> Result<Inode> {
         // Bit 63 marks metabox nids (6.17+), which this reader does not implement.

@@ -16,6 +16,7 @@
 //! reported as a one-line [`Error`] naming the byte offset where it was found.
 
 mod check;
+mod claims;
 mod data;
 mod digest;
 mod dir;

@@ -34,7 +34,7 @@ pub struct Image<S: ByteSource> {
     pub(crate) xattr_base: u64,
     pub(crate) prefixes: Vec<LongPrefix>,
     /// The file-digest table's footer and the first nid of each group of its entries,
-    /// read once on first use (see `file_digest`).
+    /// read once on first use (see `claimed_file_digest`).
     pub(crate) digest_index: std::sync::OnceLock<Option<super::digest::DigestIndex>>,
 }
 

@@ -127,9 +127,8 @@ fn inode(img: &super::image::Img, path: &str) -> anyhow::Result<serde_json::Valu
         v["rdev"] = json!(format!("{}:{}", ino.rdev.0, ino.rdev.1));
     }
     if ino.is_reg() {
-        v["fsverity_digest"] = json!(img
-            .file_digest(ino.nid)?
-            .map(|d| format!("sha256:{}", verity::verified::hex(&d))));
+        let digest = img.file_digest(&ino)?;
+        v["fsverity_digest"] = json!(format!("sha256:{}", verity::verified::hex(&digest)));
     }
     if ino.is_symlink() {
         v["target"] = json!(String::from_utf8_lossy(&img.readlink(&ino)?));

@@ -29,6 +29,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     progress::bytes(&pb, "verifying", v.len());
     let result = v.verify_all(&|n| pb.inc(n));
     pb.finish_and_clear();
+    // Every byte is the pinned one; what the image claims about its files must hold too.
+    let claims = match &result {
+        Ok(()) => file_digest_problems(&v),
+        Err(_) => Vec::new(),
+    };
     let secs = start.elapsed().as_secs_f64();
     let trust = if v.is_pinned() {
         "pinned"
@@ -36,6 +41,28 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         "not pinned"
     };
     match result {
+        Ok(()) if !claims.is_empty() => {
+            if a.json {
+                outln!(
+                    "{}",
+                    serde_json::json!({
+                        "image": a.image,
+                        "ok": false,
+                        "digest": v.digest_string(),
+                        "pinned": v.is_pinned(),
+                        "claims": claims,
+                    })
+                );
+                return Ok(1);
+            }
+            for p in &claims {
+                eprintln!("{name}: {p}");
+            }
+            anyhow::bail!(
+                "{name}: every block verifies, but what the image claims about its files does not hold ({} problems above)",
+                claims.len()
+            )
+        }
         Ok(()) => {
             if a.json {
                 outln!(
@@ -89,6 +116,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             }
             anyhow::bail!("{name}: {bad}; it holds {owner}")
         }
+    }
+}
+
+/// Problems with the image's file-digest claims (each checked against the file it names).
+fn file_digest_problems(v: &verity::VerifiedSource<FileSource>) -> Vec<String> {
+    match Image::open(v) {
+        Ok(img) => img.check_file_digests(20),
+        Err(e) => vec![format!("its EROFS structure does not open: {e}")],
     }
 }
 

@@ -1,0 +1,167 @@
+//! Checking every claim of the file-digest table (`verilay fsck` and `verilay verify`):
+//! each regular file has exactly one entry, entries are sorted by nid and name only
+//! regular files, and each claimed digest is the digest of the file's contents.
+
+use super::{ByteSource, Image};
+use crate::format::{DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// The regular files of the tree, `(nid, path)`, each once (hardlinks by their first
+/// path), breadth-first; what cannot be read is reported and skipped.
+pub(crate) fn regular_files<S: ByteSource>(
+    img: &Image<S>,
+    problem: &mut dyn FnMut(String),
+) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut queue = VecDeque::from([(img.root_nid(), b"/".to_vec())]);
+    let mut seen = HashSet::new();
+    // Each entry is read at most once per directory reached once; bounded by the image.
+    let budget = img.image_len() / 8 + 1024;
+    let mut entries = 0u64;
+    while let Some((nid, path)) = queue.pop_front() {
+        if !seen.insert(nid) {
+            continue;
+        }
+        let shown = String::from_utf8_lossy(&path).into_owned();
+        let inode = match img.inode(nid) {
+            Ok(i) => i,
+            Err(e) => {
+                problem(format!("{shown}: {e}"));
+                continue;
+            }
+        };
+        if inode.is_reg() {
+            out.push((nid, shown));
+            continue;
+        }
+        if !inode.is_dir() {
+            continue;
+        }
+        let dir = match img.readdir(&inode, 0) {
+            Ok(d) => d,
+            Err(e) => {
+                problem(format!("{shown}: {e}"));
+                continue;
+            }
+        };
+        for e in dir {
+            entries += 1;
+            if entries > budget {
+                problem("more directory entries than the image can hold; walk stopped".into());
+                return out;
+            }
+            let e = match e {
+                Ok(e) => e,
+                Err(e) => {
+                    problem(format!("{shown}: {e}"));
+                    break;
+                }
+            };
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let mut child = path.clone();
+            if child.len() > 1 {
+                child.push(b'/');
+            }
+            child.extend_from_slice(&e.name);
+            queue.push_back((e.nid, child));
+        }
+    }
+    out
+}
+
+/// Checks the table's claims for `files` (from [`regular_files`] or fsck's own walk).
+/// Images without a table have no claims to check.
+pub(crate) fn check_claims<S: ByteSource>(
+    img: &Image<S>,
+    files: &[(u64, String)],
+    problem: &mut dyn FnMut(String),
+) {
+    let footer = match img.digest_table() {
+        Ok(Some(f)) => f,
+        Ok(None) => return,
+        Err(e) => return problem(format!("file digest table: {e}")),
+    };
+    // Contents are hashed from the tree's level-0 hashes, 1/128 of each file: bound the
+    // total so files sharing the same blocks cannot multiply the work without limit.
+    let mut budget = img.image_len().saturating_mul(4).saturating_add(1 << 30);
+    for (nid, path) in files {
+        let inode = match img.inode(*nid) {
+            Ok(i) => i,
+            Err(e) => {
+                problem(format!("{path}: {e}"));
+                continue;
+            }
+        };
+        let cost = inode.size / 128;
+        if cost > budget {
+            return problem(
+                "files claim more data than the image can hold; digest check stopped".into(),
+            );
+        }
+        budget -= cost;
+        if let Err(e) = img.file_digest(&inode) {
+            problem(format!("{path}: {e}"));
+        }
+    }
+    // The padding between the last entry and the footer: zeros, and read, so every block
+    // of the table passes through the (verifying) source.
+    let pad_at = footer.table_offset + footer.entries * DIGEST_ENTRY_SIZE;
+    let pad_end = img.erofs_len() - DIGEST_FOOTER_SIZE;
+    if pad_end - pad_at >= u64::from(img.block_size()) {
+        problem(format!(
+            "file digest table: its entries end at byte {pad_at}, a block or more before its footer"
+        ));
+    }
+    let mut pad = vec![0u8; (pad_end - pad_at).min(1 << 20) as usize];
+    match img.read_at(&mut pad, pad_at, || "file digest table padding".into()) {
+        Ok(()) => {
+            if let Some(i) = pad.iter().position(|&b| b != 0) {
+                problem(format!(
+                    "file digest table: byte {} between the entries and the footer is not zero",
+                    pad_at + i as u64
+                ));
+            }
+        }
+        Err(e) => problem(format!("file digest table: {e}")),
+    }
+    let regular: HashMap<u64, &str> = files.iter().map(|(n, p)| (*n, p.as_str())).collect();
+    let mut prev: Option<u64> = None;
+    for i in 0..footer.entries {
+        let at = footer.table_offset + i * DIGEST_ENTRY_SIZE;
+        let mut raw = [0u8; 8];
+        if let Err(e) = img.read_at(&mut raw, at, || "file digest table entry".into()) {
+            return problem(format!("file digest table: {e}"));
+        }
+        let nid = u64::from_le_bytes(raw);
+        if prev.is_some_and(|p| p >= nid) {
+            problem(format!(
+                "file digest table entry {i} at byte {at}: nid {nid} is not after the previous entry's"
+            ));
+        }
+        prev = Some(nid);
+        if !regular.contains_key(&nid) {
+            problem(format!(
+                "file digest table entry {i} at byte {at} names inode {nid}, which is no regular file of the tree"
+            ));
+        }
+    }
+}
+
+impl<S: ByteSource> Image<S> {
+    /// Every problem with the file-digest table's claims, at most `max` of them (the tree
+    /// walked only as far as needed to find the regular files). Empty when every claim
+    /// holds, or the image has no table.
+    pub fn check_file_digests(&self, max: usize) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut sink = |p: String| {
+            if problems.len() < max {
+                problems.push(p);
+            }
+        };
+        let files = regular_files(self, &mut sink);
+        check_claims(self, &files, &mut sink);
+        problems
+    }
+}
