@@ -416,17 +416,10 @@ impl<S: ByteSource> Fsck<'_, S> {
         if self.stopped {
             return;
         }
-        let footer = match self.img.digest_table() {
-            Ok(f) => f,
-            Err(e) => return self.problem(e.to_string()),
-        };
-        if let Some(recorded) = footer.and_then(|f| f.namespaces) {
-            if recorded != self.namespaces {
-                self.problem(format!(
-                    "file digest table footer records xattr namespaces {recorded:#x}, but the tree has {:#x}",
-                    self.namespaces
-                ));
-            }
+        let mut found = Vec::new();
+        super::claims::namespace_problems(self.img, self.namespaces, &mut |p| found.push(p));
+        for p in found {
+            self.problem(p);
         }
     }
 
@@ -448,24 +441,10 @@ impl<S: ByteSource> Fsck<'_, S> {
         for x in &list {
             self.namespaces |= 1u32.checked_shl(x.index.into()).unwrap_or(0);
         }
-        let Some((filter, _)) = inode.xattr_header else {
-            return;
-        };
-        if !img.xattr_filter_enabled() {
-            return;
-        }
-        // The kernel trusts the filter: a set bit for a present name hides that xattr.
-        for x in &list {
-            let bit = format::xattr_filter_bit(x.index, &x.suffix);
-            if filter & (1 << bit) != 0 {
-                self.problem(format!(
-                    "{}: xattr {:?} (entry at byte {}) is hidden by the name filter {filter:#010x} (bit {bit}) (nid {})",
-                    path_str(path),
-                    String::from_utf8_lossy(&x.full_name()),
-                    x.offset,
-                    inode.nid
-                ));
-            }
+        let mut found = Vec::new();
+        super::claims::filter_problems(img, inode, &list, &path_str(path), &mut |p| found.push(p));
+        for p in found {
+            self.problem(p);
         }
     }
 }

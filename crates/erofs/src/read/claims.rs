@@ -1,15 +1,65 @@
-//! Checking every claim of the file-digest table (`verilay fsck` and `verilay verify`):
-//! each regular file has exactly one entry, entries are sorted by nid and name only
-//! regular files, and each claimed digest is the digest of the file's contents.
+//! Checking what an image claims about itself (`verilay fsck` and `verilay verify`): the
+//! file-digest table (each regular file has exactly one entry, entries are sorted by nid
+//! and name only regular files, each claimed digest is the digest of the file's contents),
+//! the footer's record of which xattr namespaces occur, and each inode's xattr name filter.
 
-use super::{ByteSource, Image};
-use crate::format::{DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
+use super::xattr::Xattr;
+use super::{ByteSource, Image, Inode};
+use crate::format::{self, DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
 use std::collections::{HashMap, HashSet, VecDeque};
 
+/// The xattr name filter must not hide a name the inode has (the kernel trusts it).
+pub(crate) fn filter_problems<S: ByteSource>(
+    img: &Image<S>,
+    inode: &Inode,
+    list: &[Xattr],
+    path: &str,
+    problem: &mut dyn FnMut(String),
+) {
+    let Some((filter, _)) = inode.xattr_header else {
+        return;
+    };
+    if !img.xattr_filter_enabled() {
+        return;
+    }
+    for x in list {
+        let bit = format::xattr_filter_bit(x.index, &x.suffix);
+        if filter & (1 << bit) != 0 {
+            problem(format!(
+                "{path}: xattr {:?} (entry at byte {}) is hidden by the name filter {filter:#010x} (bit {bit}) (nid {})",
+                String::from_utf8_lossy(&x.full_name()),
+                x.offset,
+                inode.nid
+            ));
+        }
+    }
+}
+
+/// The footer's record of xattr namespaces, which the mount trusts to answer names in
+/// absent ones without looking, against `seen`, the namespaces of every xattr met.
+pub(crate) fn namespace_problems<S: ByteSource>(
+    img: &Image<S>,
+    seen: u32,
+    problem: &mut dyn FnMut(String),
+) {
+    match img.digest_table() {
+        Ok(Some(f)) => match f.namespaces {
+            Some(recorded) if recorded != seen => problem(format!(
+                "file digest table footer records xattr namespaces {recorded:#x}, but the tree has {seen:#x}"
+            )),
+            _ => {}
+        },
+        Ok(None) => {}
+        Err(e) => problem(e.to_string()),
+    }
+}
+
 /// The regular files of the tree, `(nid, path)`, each once (hardlinks by their first
-/// path), breadth-first; what cannot be read is reported and skipped.
+/// path), breadth-first, with the namespace bits of every xattr met; every inode's name
+/// filter is checked on the way. What cannot be read is reported and skipped.
 pub(crate) fn regular_files<S: ByteSource>(
     img: &Image<S>,
+    namespaces: &mut u32,
     problem: &mut dyn FnMut(String),
 ) -> Vec<(u64, String)> {
     let mut out = Vec::new();
@@ -30,6 +80,15 @@ pub(crate) fn regular_files<S: ByteSource>(
                 continue;
             }
         };
+        match img.xattr_list(&inode, false) {
+            Ok(list) => {
+                for x in &list {
+                    *namespaces |= 1u32.checked_shl(x.index.into()).unwrap_or(0);
+                }
+                filter_problems(img, &inode, &list, &shown, problem);
+            }
+            Err(e) => problem(format!("{shown}: {e}")),
+        }
         if inode.is_reg() {
             out.push((nid, shown));
             continue;
@@ -150,17 +209,19 @@ pub(crate) fn check_claims<S: ByteSource>(
 }
 
 impl<S: ByteSource> Image<S> {
-    /// Every problem with the file-digest table's claims, at most `max` of them (the tree
-    /// walked only as far as needed to find the regular files). Empty when every claim
-    /// holds, or the image has no table.
-    pub fn check_file_digests(&self, max: usize) -> Vec<String> {
+    /// Every claim the image makes about itself that does not hold, at most `max` of
+    /// them: file digests, the namespace record, name filters (a walk of the tree and its
+    /// xattrs, no file data read). Empty when every claim holds.
+    pub fn check_claims(&self, max: usize) -> Vec<String> {
         let mut problems = Vec::new();
         let mut sink = |p: String| {
             if problems.len() < max {
                 problems.push(p);
             }
         };
-        let files = regular_files(self, &mut sink);
+        let mut namespaces = 0;
+        let files = regular_files(self, &mut namespaces, &mut sink);
+        namespace_problems(self, namespaces, &mut sink);
         check_claims(self, &files, &mut sink);
         problems
     }

@@ -119,10 +119,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
 }
 
-/// Problems with the image's file-digest claims (each checked against the file it names).
+/// What the image claims about itself that does not hold (file digests, the namespace
+/// record, name filters).
 fn file_digest_problems(v: &verity::VerifiedSource<FileSource>) -> Vec<String> {
     match Image::open(v) {
-        Ok(img) => img.check_file_digests(20),
+        Ok(img) => img.check_claims(20),
         Err(e) => vec![format!("its EROFS structure does not open: {e}")],
     }
 }

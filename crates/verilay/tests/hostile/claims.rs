@@ -351,6 +351,38 @@ fn the_padding_before_the_tree_is_checked() {
     );
 }
 
+/// The footer's record of which xattr namespaces occur is what the mount trusts to leave
+/// ACLs off and answer `security.*` without looking: an image whose record hides the ACL
+/// it holds (re-sealed) fails `verify` and `fsck`.
+#[test]
+fn verify_checks_the_namespace_record() {
+    if skip_unless(have("setfacl"), "needs setfacl (acl)") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    sh(&format!(
+        "setfacl -m u:4242:--- {}",
+        src.join("big").display()
+    ));
+    let image = tmp.path().join("a.img");
+    build(&src, &image, &[]);
+    let l = layout(&image);
+    let mut b = fs::read(&image).unwrap();
+    b.truncate(l.erofs as usize);
+    let word = l.erofs as usize - 64 + 32;
+    let ns = u32::from_le_bytes(b[word..word + 4].try_into().unwrap());
+    assert_ne!(ns & 0b1100, 0, "the image records its ACL");
+    b[word..word + 4].copy_from_slice(&(ns & !0b1100).to_le_bytes());
+    fs::write(&image, &b).unwrap();
+    run(verilay().args(["seal", "--quiet"]).arg(&image));
+    let v = verilay().arg("verify").arg(&image).output().unwrap();
+    assert_eq!(v.status.code(), Some(1), "verify: {}", stderr(&v));
+    assert!(stderr(&v).contains("namespaces"), "{}", stderr(&v));
+    let f = verilay().arg("fsck").arg(&image).output().unwrap();
+    assert_eq!(f.status.code(), Some(1));
+}
+
 /// The swapped-claims image and a padded 512-byte-block image, raw and sealed.
 pub fn seeds(tmp: &Path) -> Vec<Seed> {
     let base = tmp.join("claims");
