@@ -831,7 +831,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .xattrs(inode)
             .map_err(|e| self.lower_err("copy-up xattrs", e))?
             .into_iter()
-            .filter(|(k, _)| !k.starts_with(PRIVATE_XATTR_PREFIX))
+            .filter(|(k, _)| !self.own_xattr(k))
             .collect();
         let mut meta = Meta {
             mode: u32::from(inode.mode),
@@ -1185,13 +1185,36 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         upper::fd_path(fd)
     }
 
+    /// Listed to the caller: not one of the mount's own names, and `trusted.*` to root only.
     fn visible(&self, req: &Request, name: &[u8]) -> bool {
-        let hidden = name.starts_with(PRIVATE_XATTR_PREFIX)
-            || name == OVERRIDE_XATTR.as_bytes()
-            || (name.starts_with(b"trusted.") && req.uid() != 0)
-            // Rootless, our markers live in user.overlay.* (overlayfs's userxattr).
-            || (self.upper.prefix.starts_with("user.") && name.starts_with(b"user.overlay."));
-        !hidden
+        !self.own_xattr(name) && (!name.starts_with(b"trusted.") || req.uid() == 0)
+    }
+
+    /// overlayfs's namespace in this mount: `trusted.overlay.` (the images' markers, and
+    /// ours as root) and, rootless, `user.overlay.` (ours, as with overlayfs's
+    /// `userxattr`). Asked for by name, it answers EOPNOTSUPP, as overlayfs's own handler
+    /// did before it learnt to escape the names (Linux 6.7).
+    fn overlay_xattr(&self, name: &[u8]) -> bool {
+        name.starts_with(PRIVATE_XATTR_PREFIX) || name.starts_with(self.upper.prefix.as_bytes())
+    }
+
+    /// The names the mount keeps for itself: overlayfs's namespace, and the owner and
+    /// mode a rootless mount shows (`user.containers.override_stat`; fuse-overlayfs keeps
+    /// names it may not store, such as `security.capability`, as other
+    /// `user.containers.override_*` names and reads them back as those). This mount, a
+    /// later one, kernel overlayfs or a container tool reads them from the upper directory
+    /// as markers (opaque, redirect, whiteout, origin) or as ownership, so none is shown,
+    /// read, set or removed through the mount, or copied up from an image: whoever could
+    /// write one could forge a `root:root 4755` file or hide what the images hold.
+    fn own_xattr(&self, name: &[u8]) -> bool {
+        self.overlay_xattr(name) || name.starts_with(OVERRIDE_PREFIX)
+    }
+
+    /// Set or removed through the mount: the mount's own names, and the root's read-only
+    /// `verilay.stats`. EPERM, as fuse-overlayfs answers (kernel overlayfs, since 6.7,
+    /// stores such names escaped instead; before, it answered EOPNOTSUPP).
+    fn refuses_change(&self, ino: INodeNo, name: &[u8]) -> bool {
+        self.own_xattr(name) || (u64::from(ino) == 1 && name == crate::measuring::STATS_XATTR)
     }
 
     fn open_real(&self, fd: BorrowedFd<'_>, flags: i32) -> Result<u64, Errno> {
@@ -1265,6 +1288,8 @@ type LinkPaths = std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>;
 /// Where rootless mounts keep the owner and mode the tree shows (containers/storage's
 /// format, `uid:gid:0mode`, as fuse-overlayfs and rootless container tools read it).
 pub const OVERRIDE_XATTR: &str = "user.containers.override_stat";
+/// `OVERRIDE_XATTR` and its siblings (see `UnionFs::own_xattr`).
+const OVERRIDE_PREFIX: &[u8] = b"user.containers.override_";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Override {
@@ -2257,7 +2282,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         reply: ReplyEmpty,
     ) {
         let name = name.as_bytes();
-        if name.starts_with(PRIVATE_XATTR_PREFIX) {
+        if self.refuses_change(ino, name) {
             return reply.error(Errno::EPERM);
         }
         let run = || -> Result<(), Errno> {
@@ -2275,7 +2300,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes();
-        if name.starts_with(PRIVATE_XATTR_PREFIX) {
+        if self.refuses_change(ino, name) {
             return reply.error(Errno::EPERM);
         }
         let run = || -> Result<(), Errno> {
@@ -2294,7 +2319,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         if let Some(v) = crate::measuring::stats_xattr(self.measure.as_ref(), ino.into(), name) {
             return xattr_reply(reply, size, &v);
         }
-        if name.starts_with(PRIVATE_XATTR_PREFIX) {
+        if self.overlay_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         if !self.visible(req, name) {
