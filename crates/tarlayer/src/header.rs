@@ -179,6 +179,51 @@ mod tests {
         assert!(octal(b"0+1\0\0\0\0\0").is_err());
     }
 
+    /// A header block with a valid (unsigned) checksum.
+    fn sealed(mut b: [u8; BLOCK]) -> [u8; BLOCK] {
+        b[148..156].fill(b' ');
+        let sum: u32 = b.iter().map(|&c| c as u32).sum();
+        b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        b
+    }
+
+    fn gnu(name: &[u8], at345: &[u8]) -> [u8; BLOCK] {
+        let mut b = [0u8; BLOCK];
+        b[..name.len()].copy_from_slice(name);
+        b[156] = b'0';
+        b[257..265].copy_from_slice(b"ustar  \0");
+        b[345..345 + at345.len()].copy_from_slice(at345);
+        sealed(b)
+    }
+
+    #[test]
+    fn checksums_signed_or_unsigned() {
+        let mut b = [0u8; BLOCK];
+        b[..4].copy_from_slice(b"f\xe9\xe9x");
+        let good = sealed(b);
+        assert!(parse(&good).is_ok());
+        // Old tars summed bytes as signed chars: 0xe9 counts as -23.
+        let mut signed = good;
+        let (_, s) = checksums(&good);
+        signed[148..156].copy_from_slice(format!("{s:06o}\0 ").as_bytes());
+        assert!(parse(&signed).is_ok());
+        let mut bad = good;
+        bad[0] = b'g';
+        assert!(parse(&bad).unwrap_err().starts_with("bad header checksum"));
+    }
+
+    #[test]
+    fn gnu_times_or_an_old_go_prefix() {
+        // GNU atime/ctime that are numbers: no prefix.
+        let h = parse(&gnu(b"name", b"14530000000\0")).unwrap();
+        assert_eq!(h.name, b"name");
+        // Go before 1.8 wrote a USTAR prefix there: read as one, as Go does.
+        let h = parse(&gnu(b"name", b"usr/lib")).unwrap();
+        assert_eq!(h.name, b"usr/lib/name");
+        // Neither (a base-256 number past 64 bits, and not ASCII): refused.
+        assert!(parse(&gnu(b"name", b"\xff\x01zz")).is_err());
+    }
+
     #[test]
     fn base256_fields() {
         // 4294968296 = 2^32 + 1000: must not become 1000.
