@@ -12,17 +12,40 @@
 //! later entry (a directory given twice keeps its contents); parents missing from the tar
 //! are made as root-owned 0755 directories. File contents are copied once, into one
 //! unlinked spill file in `spill_dir`, and read from there when the image is written.
+//!
+//! The tar is parsed here, strictly (`header`, `pax`, `stream`): a layer is untrusted
+//! input, and every reader of the same bytes (GNU tar, Go's archive/tar under containerd
+//! and Docker) must agree with this one on what they mean, or the image is not what was
+//! reviewed. So whatever those readers disagree on, or what the image cannot represent,
+//! is refused with the entry's offset, never guessed: a bad checksum, a truncated or
+//! unterminated archive, bytes after its end, numbers out of range, contradicting
+//! extension headers, data on entries that have none, paths through symlinks.
 
-use erofs::build::{Content, Kind, Node, NodeId, Tree};
-use std::collections::{BTreeMap, HashMap};
+mod header;
+mod pax;
+mod stream;
+mod tree;
+
+use erofs::build::{Content, Kind, Node, Tree};
+use header::Header;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::sync::Arc;
+use stream::{Stream, BLOCK};
+use tree::Layer;
 
 pub const WHITEOUT_PREFIX: &[u8] = b".wh.";
 pub const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+
+/// Largest PAX extended header read ('x' or 'g'): 1 MiB, the cap of Go's archive/tar,
+/// so any layer Docker, containerd or BuildKit can read, this reads too. What one entry
+/// can carry is far less (a path, a link target, and xattrs one EROFS inode holds:
+/// `pax::XATTR_INODE_MAX`), and the cap is checked before anything is allocated.
+const PAX_HEADER_MAX: i64 = 1 << 20;
+/// Largest GNU long name or link target ('L', 'K'): PATH_MAX with its NUL.
+const LONG_NAME_MAX: i64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -40,13 +63,33 @@ pub enum Error {
         offset: u64,
         what: String,
     },
-    /// The archive itself is broken after `entries` good entries.
-    #[error("{path}: after {entries} entries: {what}")]
+    /// The archive itself is broken at `offset` (in the uncompressed stream): truncated,
+    /// unterminated, followed by garbage, or a compressed stream that fails.
+    #[error("{path}: at byte {offset}: {what}")]
     Archive {
         path: String,
-        entries: u64,
+        offset: u64,
         what: String,
     },
+}
+
+/// An error before the tar's name is attached to it.
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// The entry whose first header is at this offset.
+    Entry(u64, String),
+    /// The stream at this offset.
+    At(u64, String),
+}
+
+impl Fault {
+    fn named(self, path: &str) -> Error {
+        let path = path.to_string();
+        match self {
+            Fault::Entry(offset, what) => Error::Entry { path, offset, what },
+            Fault::At(offset, what) => Error::Archive { path, offset, what },
+        }
+    }
 }
 
 /// What a layer held, besides its tree.
@@ -99,353 +142,445 @@ pub fn is_archive(path: &Path) -> bool {
     }
 }
 
-/// One node while the layer is read: directories keep their children by name.
-struct Item {
-    node: Node,
-    children: BTreeMap<Vec<u8>, usize>,
+/// Extension headers read since the last entry, for the entry that follows them.
+#[derive(Default)]
+struct Pending {
+    /// Offset of the first of them: the entry's errors name it.
+    first: Option<u64>,
+    pax: Option<pax::Local>,
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
 }
 
-fn dir_node() -> Node {
-    Node {
-        kind: Kind::Directory {
-            children: Vec::new(),
-        },
-        perm: 0o755,
-        uid: 0,
-        gid: 0,
-        mtime: 0,
-        mtime_nsec: 0,
-        size: 0,
-        xattrs: Vec::new(),
-    }
-}
-
-struct Reader {
-    items: Vec<Item>,
+/// The archive, header by header, into `layer`.
+struct Reader<'a, R> {
+    stream: Stream<R>,
+    layer: Layer,
     spill: Arc<File>,
     spill_len: u64,
-    stats: Stats,
-    path: String,
+    progress: &'a dyn Fn(u64),
 }
 
-impl Reader {
-    fn bad(&self, offset: u64, what: impl Into<String>) -> Error {
-        Error::Entry {
-            path: self.path.clone(),
-            offset,
-            what: what.into(),
-        }
-    }
-
-    /// The components of an archive path: `./` and empty parts dropped; `..` refused.
-    fn components(&self, raw: &[u8], offset: u64) -> Result<Vec<Vec<u8>>, Error> {
-        let mut out = Vec::new();
-        for c in raw.split(|&b| b == b'/') {
-            match c {
-                b"" | b"." => {}
-                b".." => return Err(self.bad(offset, "path climbs out with \"..\"")),
-                c if c.len() > 255 || c.contains(&0) => {
-                    return Err(self.bad(offset, "path has an invalid name"))
+impl<R: Read> Reader<'_, R> {
+    fn read_all(&mut self) -> Result<(), Fault> {
+        let mut pending = Pending::default();
+        loop {
+            let at = self.stream.offset;
+            let Some(block) = self.stream.block()? else {
+                return Err(Fault::At(
+                    at,
+                    "the archive ends without its end-of-archive marker (two zero blocks)".into(),
+                ));
+            };
+            if block == [0; BLOCK] {
+                if let Some(first) = pending.first {
+                    return Err(Fault::Entry(
+                        first,
+                        "extension headers with no entry after them".into(),
+                    ));
                 }
-                c => out.push(c.to_vec()),
+                return self.end(at);
+            }
+            let h = header::parse(&block).map_err(|e| Fault::Entry(at, e))?;
+            match h.typeflag {
+                b'x' | b'g' => self.pax_header(at, &h, &mut pending)?,
+                b'L' | b'K' => self.long_name(at, &h, &mut pending)?,
+                _ => {
+                    let p = std::mem::take(&mut pending);
+                    let first = p.first.unwrap_or(at);
+                    self.entry(first, h, p)?;
+                    if self.layer.stats.entries.is_multiple_of(1024) {
+                        (self.progress)(self.layer.stats.entries);
+                    }
+                }
             }
         }
-        Ok(out)
     }
 
-    /// The directory at `parts`, made (root-owned, 0755) where missing; a non-directory in
-    /// the way is replaced, as a later tar entry would.
-    fn dir(&mut self, parts: &[Vec<u8>]) -> usize {
-        let mut at = 0;
-        for p in parts {
-            let next = match self.items[at].children.get(p) {
-                Some(&c) if self.items[c].node.is_dir() => c,
-                _ => {
-                    self.items.push(Item {
-                        node: dir_node(),
-                        children: BTreeMap::new(),
-                    });
-                    let c = self.items.len() - 1;
-                    self.items[at].children.insert(p.clone(), c);
-                    c
-                }
-            };
-            at = next;
+    /// After the first zero block at `at`: a second one, then nothing but zero padding.
+    fn end(&mut self, at: u64) -> Result<(), Fault> {
+        let second = self.stream.offset;
+        match self.stream.block()? {
+            None => Err(Fault::At(
+                second,
+                "the archive ends after one zero block: its end-of-archive marker is two".into(),
+            )),
+            Some(b) if b != [0; BLOCK] => Err(Fault::At(
+                second,
+                format!("a header after the lone zero block at byte {at}"),
+            )),
+            Some(_) => self.stream.zeros_to_end(),
         }
-        at
     }
 
-    /// The item at `parts`, if any.
-    fn find(&self, parts: &[Vec<u8>]) -> Option<usize> {
-        let mut at = 0;
-        for p in parts {
-            at = *self.items[at].children.get(p)?;
+    /// A PAX extended header: 'x' for the next entry, 'g' for all that follow.
+    fn pax_header(&mut self, at: u64, h: &Header, pending: &mut Pending) -> Result<(), Fault> {
+        let bad = |what: String| Fault::Entry(at, what);
+        if !(0..=PAX_HEADER_MAX).contains(&h.size) {
+            return Err(bad(format!(
+                "a PAX header of {} bytes (at most {PAX_HEADER_MAX})",
+                h.size
+            )));
         }
-        Some(at)
-    }
-
-    /// Adds one entry, with the PAX records and GNU long names that came before it.
-    fn add<R: Read>(&mut self, mut entry: tar::Entry<'_, R>, ext: Extended) -> Result<(), Error> {
-        let offset = entry.raw_header_position();
-        self.stats.entries += 1;
-        let pax = |key: &[u8]| ext.pax.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v);
-        let raw_path = match (pax(b"path"), &ext.long_name) {
-            (Some(p), _) | (None, Some(p)) => p.clone(),
-            _ => entry.header().path_bytes().into_owned(),
-        };
-        let link_name = match (pax(b"linkpath"), &ext.long_link) {
-            (Some(p), _) | (None, Some(p)) => Some(p.clone()),
-            _ => entry.header().link_name_bytes().map(|l| l.into_owned()),
-        };
-        if let Some(size) = pax(b"size") {
-            if std::str::from_utf8(size)
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-                != Some(entry.size())
-            {
-                return Err(self.bad(
-                    offset,
-                    "PAX size records (files over 8 GiB) are not supported",
+        let data = self.stream.small(h.size as usize, at, "the PAX records")?;
+        let records = pax::records(&data).map_err(bad)?;
+        if h.typeflag == b'g' {
+            // GNU tar applies a global header's records to every later entry, Go's
+            // archive/tar (so containerd and Docker) ignores them: the same layer would
+            // give two trees. Records that change nothing (a comment, as git archive
+            // writes) are fine; any this importer would honour is refused.
+            if pending.first.is_some() {
+                return Err(bad(
+                    "a PAX global header between an entry and its extension headers".into(),
                 ));
             }
+            if let Some((key, _)) = records.iter().find(|(k, _)| pax::is_meaningful(k)) {
+                return Err(bad(format!(
+                    "a PAX global header sets {}, which GNU tar applies to every later entry and Go's archive/tar ignores",
+                    String::from_utf8_lossy(key)
+                )));
+            }
+            return Ok(());
         }
-        let parts = self.components(&raw_path, offset)?;
-        let h = entry.header().clone();
-        let ty = h.entry_type();
-        let path = self.path.clone();
-        let io = move |e: std::io::Error| Error::Entry {
-            path: path.clone(),
-            offset,
-            what: e.to_string(),
+        if pending.pax.is_some() {
+            // Go's archive/tar keeps the second, GNU tar merges both.
+            return Err(bad("a second PAX header for one entry".into()));
+        }
+        pending.pax = Some(pax::interpret(records).map_err(bad)?);
+        pending.first.get_or_insert(at);
+        Ok(())
+    }
+
+    /// A GNU long name ('L') or long link target ('K') for the next entry.
+    fn long_name(&mut self, at: u64, h: &Header, pending: &mut Pending) -> Result<(), Fault> {
+        let bad = |what: String| Fault::Entry(at, what);
+        let what = if h.typeflag == b'L' {
+            "GNU long name"
+        } else {
+            "GNU long link"
         };
+        if !(0..=LONG_NAME_MAX).contains(&h.size) {
+            return Err(bad(format!(
+                "a {what} of {} bytes (at most {LONG_NAME_MAX}: PATH_MAX)",
+                h.size
+            )));
+        }
+        let mut data = self.stream.small(h.size as usize, at, what)?;
+        while data.last() == Some(&0) {
+            data.pop();
+        }
+        if data.is_empty() || data.contains(&0) {
+            return Err(bad(format!(
+                "an empty {what}, or one with a NUL byte inside"
+            )));
+        }
+        let slot = if h.typeflag == b'L' {
+            &mut pending.long_name
+        } else {
+            &mut pending.long_link
+        };
+        if slot.replace(data).is_some() {
+            return Err(bad(format!("a second {what} for one entry")));
+        }
+        pending.first.get_or_insert(at);
+        Ok(())
+    }
+
+    /// One entry with what its extension headers said; `first` is the offset of its
+    /// first header, which its errors name.
+    fn entry(&mut self, first: u64, h: Header, p: Pending) -> Result<(), Fault> {
+        let bad = |what: String| Fault::Entry(first, what);
+        self.layer.stats.entries += 1;
+        let l = p.pax.unwrap_or_default();
+        let path = overridden("path", l.path, "GNU long name", p.long_name, h.name).map_err(bad)?;
+        let link = overridden(
+            "linkpath",
+            l.linkpath,
+            "GNU long link",
+            p.long_link,
+            h.linkname,
+        )
+        .map_err(bad)?;
+        let size = match l.size {
+            Some(s) => s,
+            None => u64::try_from(h.size).map_err(|_| bad(format!("negative size {}", h.size)))?,
+        };
+        let ty = EntryType::of(h.typeflag, &path).map_err(bad)?;
+        if ty != EntryType::Regular && size != 0 {
+            // GNU tar would read the data that Go's archive/tar takes for the next header.
+            return Err(bad(format!(
+                "{} entry with {size} bytes of data",
+                ty.name()
+            )));
+        }
+        let (mtime, mtime_nsec) = l.mtime.unwrap_or((h.mtime, 0));
         let mut xattrs = Vec::new();
-        let mut mtime_nsec = 0u32;
-        let mut mtime = h.mtime().map_err(&io)? as i64;
-        for (key, value) in &ext.pax {
-            if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                if erofs::format::split_xattr_name(name).is_none() {
-                    self.stats
-                        .skipped_xattrs
-                        .push(String::from_utf8_lossy(name).into_owned());
-                    continue;
-                }
-                xattrs.push((name.to_vec(), value.clone()));
-            } else if key == b"mtime" {
-                (mtime, mtime_nsec) = parse_pax_time(value)
-                    .ok_or_else(|| self.bad(offset, "unreadable PAX mtime"))?;
-            } else if key.starts_with(b"GNU.sparse.") {
-                return Err(self.bad(offset, "sparse entries (tar -S) are not supported"));
+        for (name, value) in l.xattrs {
+            if erofs::format::split_xattr_name(&name).is_none() {
+                let name = String::from_utf8_lossy(&name).into_owned();
+                self.layer.stats.skipped_xattrs.push(name);
+            } else {
+                xattrs.push((name, value));
             }
-        }
-        xattrs.sort();
-        xattrs.dedup_by(|a, b| a.0 == b.0);
-
-        let Some((name, parent_parts)) = parts.split_last() else {
-            // The root itself ("./"): its metadata only.
-            let root = &mut self.items[0].node;
-            if ty.is_dir() {
-                root.perm = (h.mode().map_err(&io)? & 0o7777) as u16;
-                root.uid = h.uid().map_err(&io)? as u32;
-                root.gid = h.gid().map_err(&io)? as u32;
-                (root.mtime, root.mtime_nsec) = (mtime, mtime_nsec);
-                root.xattrs = xattrs;
-            }
-            return Ok(());
-        };
-        let parent = self.dir(parent_parts);
-
-        if name.as_slice() == OPAQUE_MARKER {
-            let node = &mut self.items[parent].node;
-            node.xattrs.retain(|(n, _)| n != OPAQUE_XATTR);
-            node.xattrs.push((OPAQUE_XATTR.to_vec(), b"y".to_vec()));
-            node.xattrs.sort();
-            self.stats.opaque_dirs += 1;
-            return Ok(());
         }
         let mut node = Node {
             kind: Kind::Fifo,
-            perm: (h.mode().map_err(&io)? & 0o7777) as u16,
-            uid: h.uid().map_err(&io)? as u32,
-            gid: h.gid().map_err(&io)? as u32,
+            perm: ty.perm(h.mode).map_err(bad)?,
+            uid: id("uid", l.uid, h.uid).map_err(bad)?,
+            gid: id("gid", l.gid, h.gid).map_err(bad)?,
             mtime,
             mtime_nsec,
             size: 0,
             xattrs,
         };
-        let (name, whiteout) = match name.strip_prefix(WHITEOUT_PREFIX) {
-            Some(hidden) if !hidden.is_empty() => (hidden.to_vec(), true),
-            _ => (name.clone(), false),
+        let parts = components(&path).map_err(bad)?;
+        let Some((name, parents)) = parts.split_last() else {
+            if ty != EntryType::Dir {
+                return Err(bad(format!("the root is given as {}", ty.name())));
+            }
+            self.layer.set_root(node);
+            return Ok(());
         };
-        if whiteout {
-            // As container tools write it in an overlayfs upper directory.
-            self.stats.whiteouts += 1;
-            node.kind = Kind::CharDevice { major: 0, minor: 0 };
-            node.perm = 0;
-            node.xattrs.clear();
-        } else {
-            use tar::EntryType as T;
-            node.kind = match ty {
-                T::GNUSparse => {
-                    return Err(self.bad(offset, "sparse entries (tar -S) are not supported"))
-                }
-                T::Regular | T::Continuous => {
-                    let size = entry.size();
-                    let start = self.spill_len;
-                    let copied = std::io::copy(&mut entry, &mut &*self.spill)
-                        .map_err(|e| self.bad(offset, format!("reading the contents: {e}")))?;
-                    if copied != size {
-                        return Err(self.bad(offset, "archive ends inside this file"));
-                    }
-                    self.spill_len += size;
-                    self.stats.bytes += size;
-                    node.size = size;
-                    Kind::Regular {
-                        content: Content::Span {
-                            file: self.spill.clone(),
-                            offset: start,
-                        },
-                        extents: None,
-                    }
-                }
-                T::Directory => Kind::Directory {
-                    children: Vec::new(),
-                },
-                T::Symlink => {
-                    let target =
-                        link_name.ok_or_else(|| self.bad(offset, "symlink without a target"))?;
-                    if target.is_empty() || target.len() > 4095 {
-                        return Err(self.bad(offset, "symlink target is empty or too long"));
-                    }
-                    node.size = target.len() as u64;
-                    Kind::Symlink { target }
-                }
-                T::Link => {
-                    let target =
-                        link_name.ok_or_else(|| self.bad(offset, "hardlink without a target"))?;
-                    let tparts = self.components(&target, offset)?;
-                    let Some(t) = self.find(&tparts).filter(|&t| !self.items[t].node.is_dir())
-                    else {
-                        return Err(self.bad(
-                            offset,
-                            format!(
-                                "hardlink to {:?}, which is not an earlier file",
-                                String::from_utf8_lossy(&target)
-                            ),
-                        ));
-                    };
-                    self.items[parent].children.insert(name, t);
-                    return Ok(());
-                }
-                T::Char | T::Block => {
-                    let major = h.device_major().map_err(&io)?.unwrap_or(0);
-                    let minor = h.device_minor().map_err(&io)?.unwrap_or(0);
-                    if major > 0xFFF || minor > 0xFFFFF {
-                        return Err(self.bad(offset, "device number too large for EROFS"));
-                    }
-                    if ty == T::Char {
-                        Kind::CharDevice { major, minor }
-                    } else {
-                        Kind::BlockDevice { major, minor }
-                    }
-                }
-                T::Fifo => Kind::Fifo,
-                other => return Err(self.bad(offset, format!("unsupported entry type {other:?}"))),
-            };
-        }
-        match self.items[parent].children.get(&name) {
-            // A directory given again: new metadata, same contents.
-            Some(&old) if node.is_dir() && self.items[old].node.is_dir() => {
-                self.items[old].node = node;
+        if let Some(marker) = Marker::of(name).map_err(bad)? {
+            if ty == EntryType::Dir {
+                // Its entries would then have to be something.
+                return Err(bad("a whiteout that is a directory".into()));
             }
-            _ => {
-                self.items.push(Item {
-                    node,
-                    children: BTreeMap::new(),
-                });
-                let id = self.items.len() - 1;
-                self.items[parent].children.insert(name, id);
+            if parents.is_empty() && marker == Marker::Opaque {
+                // Kernel overlayfs ignores an opaque root; containerd would delete
+                // everything the layers below have.
+                return Err(bad(".wh..wh..opq at the top of the layer".into()));
             }
+            self.stream.data(size, None, first, "this entry's data")?;
+            let parent = self.layer.dir(parents).map_err(bad)?;
+            match marker {
+                Marker::Opaque => self.layer.opaque(parent),
+                Marker::Whiteout(hidden) => self.layer.whiteout(parent, hidden, node),
+            }
+            return Ok(());
         }
+        let parent = self.layer.dir(parents).map_err(bad)?;
+        node.kind = match ty {
+            EntryType::Regular => {
+                let start = self.spill_len;
+                let out = &mut &*self.spill;
+                self.stream
+                    .data(size, Some(out), first, "this entry's data")?;
+                self.spill_len += size;
+                self.layer.stats.bytes += size;
+                node.size = size;
+                Kind::Regular {
+                    content: Content::Span {
+                        file: self.spill.clone(),
+                        offset: start,
+                    },
+                    extents: None,
+                }
+            }
+            EntryType::Dir => Kind::Directory {
+                children: Vec::new(),
+            },
+            EntryType::Symlink => {
+                if link.is_empty() || link.len() > pax::PATH_MAX {
+                    return Err(bad("symlink target is empty or too long".into()));
+                }
+                // Linux symlinks are 0777 whatever the header says (there is no lchmod).
+                node.perm = 0o777;
+                node.size = link.len() as u64;
+                Kind::Symlink { target: link }
+            }
+            EntryType::Link => {
+                let target = components(&link).map_err(bad)?;
+                return self.layer.link(parent, name.clone(), &target).map_err(bad);
+            }
+            EntryType::Char | EntryType::Block => {
+                let (major, minor) = device(h.devmajor, h.devminor).map_err(bad)?;
+                if ty == EntryType::Char {
+                    Kind::CharDevice { major, minor }
+                } else {
+                    Kind::BlockDevice { major, minor }
+                }
+            }
+            EntryType::Fifo => Kind::Fifo,
+        };
+        self.layer.add(parent, name.clone(), node);
         Ok(())
     }
+}
 
-    /// The tree reachable from the root, hardlinks shared, names sorted.
-    fn into_tree(self) -> Tree {
-        let mut tree = Tree::default();
-        let mut ids: HashMap<usize, NodeId> = HashMap::new();
-        let mut items: Vec<Option<Item>> = self.items.into_iter().map(Some).collect();
-        let root = items[0].take().expect("root");
-        tree.add(root.node);
-        ids.insert(0, Tree::ROOT);
-        let mut pending: Vec<(NodeId, BTreeMap<Vec<u8>, usize>)> =
-            vec![(Tree::ROOT, root.children)];
-        while let Some((id, children)) = pending.pop() {
-            let mut list = Vec::with_capacity(children.len());
-            for (name, c) in children {
-                let cid = match ids.get(&c) {
-                    Some(&cid) => cid,
-                    None => {
-                        let item = items[c].take().expect("each item is placed once");
-                        let cid = tree.add(item.node);
-                        ids.insert(c, cid);
-                        if tree.nodes[cid].is_dir() {
-                            pending.push((cid, item.children));
-                        }
-                        cid
-                    }
-                };
-                list.push((name, cid));
-            }
-            tree.nodes[id].kind = Kind::Directory { children: list };
+/// A name that is no file but a deletion (OCI whiteouts).
+#[derive(Debug, PartialEq, Eq)]
+enum Marker {
+    /// `.wh..wh..opq`: nothing of the directory below shows through.
+    Opaque,
+    /// `.wh.NAME`: NAME below is deleted.
+    Whiteout(Vec<u8>),
+}
+
+impl Marker {
+    fn of(name: &[u8]) -> Result<Option<Marker>, String> {
+        if name == OPAQUE_MARKER {
+            return Ok(Some(Marker::Opaque));
         }
-        tree
+        let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) else {
+            return Ok(None);
+        };
+        if hidden.starts_with(WHITEOUT_PREFIX) {
+            return Err("AUFS metadata (.wh..wh.*), which no OCI layer holds".into());
+        }
+        if matches!(hidden, b"" | b"." | b"..") {
+            return Err("a whiteout that names no file".into());
+        }
+        Ok(Some(Marker::Whiteout(hidden.to_vec())))
     }
 }
 
-/// What extension headers said about the next entry.
-#[derive(Default)]
-struct Extended {
-    pax: Vec<(Vec<u8>, Vec<u8>)>,
-    long_name: Option<Vec<u8>>,
-    long_link: Option<Vec<u8>>,
+/// A path or link target from a PAX record, a GNU long name or the header, in that
+/// order (POSIX and GNU tar put PAX first, Go's archive/tar the GNU name: both given and
+/// different, the entry is refused).
+fn overridden(
+    pax_key: &str,
+    pax: Option<Vec<u8>>,
+    gnu_what: &str,
+    gnu: Option<Vec<u8>>,
+    header: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    match (pax, gnu) {
+        (Some(p), Some(g)) if p != g => Err(format!(
+            "PAX {pax_key} {:?} and {gnu_what} {:?} disagree",
+            String::from_utf8_lossy(&p),
+            String::from_utf8_lossy(&g)
+        )),
+        (Some(v), _) | (None, Some(v)) => Ok(v),
+        (None, None) => Ok(header),
+    }
 }
 
-/// PAX records, `LEN KEY=VALUE\n` each, LEN counting the whole record. Values may hold
-/// any byte, newlines included (GNU tar's textual ACLs do), so records are cut by length.
-fn parse_pax(mut data: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+/// A uid or gid: the PAX record's or the header's. Linux ids are 32 bits, and
+/// 4294967295 is (uid_t)-1, "no id", which chown(2) takes as "leave unchanged".
+fn id(what: &str, pax: Option<u64>, header: i64) -> Result<u32, String> {
+    let v = match pax {
+        Some(v) => i128::from(v),
+        None => i128::from(header),
+    };
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v != u32::MAX)
+        .ok_or_else(|| format!("{what} {v} cannot be represented (Linux ids are 0 to 4294967294)"))
+}
+
+/// Device numbers as EROFS stores them (the kernel's new_encode_dev: 12-bit major,
+/// 20-bit minor).
+fn device(major: i64, minor: i64) -> Result<(u32, u32), String> {
+    if !(0..=0xFFF).contains(&major) || !(0..=0xF_FFFF).contains(&minor) {
+        return Err(format!(
+            "device {major}:{minor} cannot be represented (major 0 to 4095, minor 0 to 1048575)"
+        ));
+    }
+    Ok((major as u32, minor as u32))
+}
+
+/// The components of an archive path: empty and `.` parts dropped (so a leading `/`
+/// too, as GNU tar and containerd take it); `..` refused.
+fn components(raw: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    if raw.len() > pax::PATH_MAX {
+        return Err(format!(
+            "a path of {} bytes (at most {}: PATH_MAX)",
+            raw.len(),
+            pax::PATH_MAX
+        ));
+    }
     let mut out = Vec::new();
-    while !data.is_empty() && data[0] != 0 {
-        let sp = data.iter().position(|&b| b == b' ')?;
-        let len: usize = std::str::from_utf8(&data[..sp]).ok()?.parse().ok()?;
-        if len <= sp + 1 || len > data.len() || data[len - 1] != b'\n' {
-            return None;
+    for c in raw.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => return Err("path climbs out with \"..\"".into()),
+            c if c.len() > erofs::format::NAME_LEN || c.contains(&0) => {
+                return Err("path has an invalid name (over 255 bytes, or a NUL byte)".into())
+            }
+            c => out.push(c.to_vec()),
         }
-        let kv = &data[sp + 1..len - 1];
-        let eq = kv.iter().position(|&b| b == b'=')?;
-        out.push((kv[..eq].to_vec(), kv[eq + 1..].to_vec()));
-        data = &data[len..];
     }
-    Some(out)
+    Ok(out)
 }
 
-/// PAX time: `SECONDS[.FRACTION]`, possibly negative.
-fn parse_pax_time(v: &[u8]) -> Option<(i64, u32)> {
-    let s = std::str::from_utf8(v).ok()?;
-    let (secs, frac) = s.split_once('.').unwrap_or((s, ""));
-    let secs: i64 = secs.parse().ok()?;
-    if !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EntryType {
+    Regular,
+    Link,
+    Symlink,
+    Char,
+    Block,
+    Dir,
+    Fifo,
+}
+
+impl EntryType {
+    /// The type of an entry (not an extension header), from its typeflag; V7's NUL type
+    /// is a directory when the name ends in `/`, as Go's archive/tar reads it.
+    fn of(typeflag: u8, path: &[u8]) -> Result<Self, String> {
+        Ok(match typeflag {
+            0 if path.ends_with(b"/") => EntryType::Dir,
+            b'0' | 0 | b'7' => EntryType::Regular,
+            b'1' => EntryType::Link,
+            b'2' => EntryType::Symlink,
+            b'3' => EntryType::Char,
+            b'4' => EntryType::Block,
+            b'5' => EntryType::Dir,
+            b'6' => EntryType::Fifo,
+            b'S' => return Err("sparse entries (tar -S) are not supported".into()),
+            t => {
+                return Err(format!(
+                    "unsupported entry type {:?}",
+                    (t as char).escape_default().to_string()
+                ))
+            }
+        })
     }
-    let mut digits: String = frac.chars().take(9).collect();
-    while digits.len() < 9 {
-        digits.push('0');
+
+    fn name(self) -> &'static str {
+        match self {
+            EntryType::Regular => "a file",
+            EntryType::Link => "a hardlink",
+            EntryType::Symlink => "a symlink",
+            EntryType::Char => "a character device",
+            EntryType::Block => "a block device",
+            EntryType::Dir => "a directory",
+            EntryType::Fifo => "a FIFO",
+        }
     }
-    let nsec: u32 = digits.parse().ok()?;
-    if secs < 0 && nsec > 0 {
-        // -1.5 means 1.5 s before the epoch: -2 s + 0.5 s.
-        return Some((secs - 1, 1_000_000_000 - nsec));
+
+    /// The permission bits of a header's mode. Old writers (Go before 1.10, so old
+    /// Docker layers) put the file type in the mode too; a type there must be the
+    /// entry's (a hardlink's is its target's), and nothing may lie beyond it.
+    fn perm(self, mode: i64) -> Result<u16, String> {
+        use erofs::format::*;
+        if !(0..=0o177777).contains(&mode) {
+            return Err(format!(
+                "mode {mode:o} has bits beyond a file type and 07777"
+            ));
+        }
+        let fmt = mode as u16 & S_IFMT;
+        let expected = match self {
+            EntryType::Regular => S_IFREG,
+            EntryType::Dir => S_IFDIR,
+            EntryType::Symlink => S_IFLNK,
+            EntryType::Char => S_IFCHR,
+            EntryType::Block => S_IFBLK,
+            EntryType::Fifo => S_IFIFO,
+            EntryType::Link => fmt,
+        };
+        let known = [
+            0, S_IFREG, S_IFDIR, S_IFLNK, S_IFCHR, S_IFBLK, S_IFIFO, S_IFSOCK,
+        ];
+        if fmt != 0 && (fmt != expected || !known.contains(&fmt)) {
+            return Err(format!(
+                "mode {mode:o} says another file type than the entry's ({})",
+                self.name()
+            ));
+        }
+        Ok(mode as u16 & 0o7777)
     }
-    Some((secs, nsec))
 }
 
 /// Reads the layer at `path` (tar, .tar.gz or .tar.zst, told apart by content) into a
@@ -471,120 +606,36 @@ pub fn read_from<R: Read>(
     spill_dir: &Path,
     progress: &dyn Fn(u64),
 ) -> Result<(Tree, Stats), Error> {
-    let name = name.to_string();
     let ioerr = |err| Error::Io {
-        path: name.clone(),
+        path: name.to_string(),
         err,
     };
     let mut input = BufReader::with_capacity(1 << 16, input);
     let magic = input.fill_buf().map_err(ioerr)?;
-    let input: Box<dyn Read + '_> = match detect(magic) {
-        Compression::None => Box::new(input),
-        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
-        Compression::Zstd => Box::new(zstd::Decoder::with_buffer(input).map_err(ioerr)?),
+    let (input, source): (Box<dyn Read + '_>, _) = match detect(magic) {
+        Compression::None => (Box::new(input), "the tar"),
+        Compression::Gzip => (
+            Box::new(flate2::bufread::MultiGzDecoder::new(input)),
+            "the gzip stream",
+        ),
+        Compression::Zstd => (
+            Box::new(zstd::Decoder::with_buffer(input).map_err(ioerr)?),
+            "the zstd stream",
+        ),
     };
+    let stream = Stream::new(input, source);
     let spill = tempfile::tempfile_in(spill_dir).map_err(|err| Error::Io {
         path: spill_dir.display().to_string(),
         err,
     })?;
     let mut r = Reader {
-        items: vec![Item {
-            node: dir_node(),
-            children: BTreeMap::new(),
-        }],
+        stream,
+        layer: Layer::new(),
         spill: Arc::new(spill),
         spill_len: 0,
-        stats: Stats::default(),
-        path: name.clone(),
+        progress,
     };
-    let mut archive = tar::Archive::new(input);
-    // Raw: extension headers are read here, by length (see `parse_pax`).
-    let entries = archive.entries().map_err(ioerr)?.raw(true);
-    let mut ext = Extended::default();
-    for entry in entries {
-        let broken = |what: String| Error::Archive {
-            path: name.clone(),
-            entries: r.stats.entries,
-            what,
-        };
-        let mut entry = entry.map_err(|e| broken(format!("unreadable tar header: {e}")))?;
-        let ty = entry.header().entry_type();
-        if ty.is_pax_global_extensions()
-            || ty.is_pax_local_extensions()
-            || ty.is_gnu_longname()
-            || ty.is_gnu_longlink()
-        {
-            if entry.size() > 1 << 20 {
-                return Err(broken("an extension header over 1 MiB".into()));
-            }
-            let mut data = Vec::new();
-            entry
-                .read_to_end(&mut data)
-                .map_err(|e| broken(format!("reading an extension header: {e}")))?;
-            if ty.is_pax_local_extensions() {
-                let records =
-                    parse_pax(&data).ok_or_else(|| broken("malformed PAX record".into()))?;
-                ext.pax.extend(records);
-            } else if !ty.is_pax_global_extensions() {
-                while data.last() == Some(&0) {
-                    data.pop();
-                }
-                if ty.is_gnu_longname() {
-                    ext.long_name = Some(data);
-                } else {
-                    ext.long_link = Some(data);
-                }
-            }
-            continue;
-        }
-        r.add(entry, std::mem::take(&mut ext))?;
-        if r.stats.entries.is_multiple_of(1024) {
-            progress(r.stats.entries);
-        }
-    }
-    (&*r.spill).flush().map_err(ioerr)?;
-    let stats = r.stats.clone();
-    Ok((r.into_tree(), stats))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pax_times() {
-        assert_eq!(parse_pax_time(b"1700000000"), Some((1700000000, 0)));
-        assert_eq!(
-            parse_pax_time(b"1700000000.5"),
-            Some((1700000000, 500_000_000))
-        );
-        assert_eq!(
-            parse_pax_time(b"1700000000.1234567891"),
-            Some((1700000000, 123_456_789))
-        );
-        assert_eq!(parse_pax_time(b"-1.5"), Some((-2, 500_000_000)));
-        assert_eq!(parse_pax_time(b"x"), None);
-        assert_eq!(parse_pax_time(b"1.-5"), None);
-    }
-
-    #[test]
-    fn pax_records_are_cut_by_length() {
-        let data = b"28 SCHILY.acl.access=a\nb\nc\n\n18 path=some/name\n\0\0";
-        let recs = parse_pax(data).unwrap();
-        assert_eq!(
-            recs[0],
-            (b"SCHILY.acl.access".to_vec(), b"a\nb\nc\n".to_vec())
-        );
-        assert_eq!(recs[1], (b"path".to_vec(), b"some/name".to_vec()));
-        assert!(parse_pax(b"99 path=x\n").is_none());
-        assert!(parse_pax(b"9 pathx\n").is_none());
-        assert!(parse_pax(b"x path=x\n").is_none());
-    }
-
-    #[test]
-    fn compression_by_magic() {
-        assert_eq!(detect(&[0x1f, 0x8b, 8, 0]), Compression::Gzip);
-        assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd]), Compression::Zstd);
-        assert_eq!(detect(b"abc"), Compression::None);
-    }
+    r.read_all().map_err(|f| f.named(name))?;
+    let stats = r.layer.stats.clone();
+    Ok((r.layer.into_tree(), stats))
 }

@@ -1,9 +1,1197 @@
-//! Hostile layer tarballs: PAX records, base-256 numbers, truncation (items 2, 8, 11).
+//! Hostile layer tarballs: PAX records, base-256 numbers, truncation, unbounded headers,
+//! and the paths, links and whiteouts a layer can abuse (items 2, 8, 11). Every tarball
+//! is written here block by block (`Tar`), so each case shows exactly what it holds.
 
+use crate::common::*;
 use crate::Seed;
+use erofs::build::{Kind, Node, Tree};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 512;
+
+/// One header block: USTAR, 0644 (0755 for directories), root-owned, size 0, mtime
+/// 1700000000, until changed. `seal` writes its checksum.
+#[derive(Clone)]
+struct Hdr([u8; BLOCK]);
+
+impl Hdr {
+    fn new(name: &str, typeflag: u8) -> Hdr {
+        let mut b = [0u8; BLOCK];
+        b[..name.len()].copy_from_slice(name.as_bytes());
+        b[156] = typeflag;
+        b[257..263].copy_from_slice(b"ustar\0");
+        b[263..265].copy_from_slice(b"00");
+        let mode = if typeflag == b'5' { 0o755 } else { 0o644 };
+        Hdr(b)
+            .mode(mode)
+            .octal(108, 8, 0)
+            .octal(116, 8, 0)
+            .size(0)
+            .octal(136, 12, 1_700_000_000)
+    }
+
+    fn octal(mut self, at: usize, len: usize, v: u64) -> Hdr {
+        let s = format!("{v:0w$o}\0", w = len - 1);
+        assert_eq!(s.len(), len, "{v} does not fit {len} octal bytes");
+        self.0[at..at + len].copy_from_slice(s.as_bytes());
+        self
+    }
+
+    /// GNU base-256: 0x80 (or 0xff when negative), then the number in two's complement.
+    fn base256(mut self, at: usize, len: usize, v: i128) -> Hdr {
+        let bytes = v.to_be_bytes();
+        self.0[at..at + len].copy_from_slice(&bytes[16 - len..]);
+        self.0[at] = if v < 0 { 0xff } else { 0x80 };
+        self
+    }
+
+    fn raw(mut self, at: usize, bytes: &[u8]) -> Hdr {
+        self.0[at..at + bytes.len()].copy_from_slice(bytes);
+        self
+    }
+
+    fn mode(self, m: u64) -> Hdr {
+        self.octal(100, 8, m)
+    }
+
+    fn size(self, s: u64) -> Hdr {
+        self.octal(124, 12, s)
+    }
+
+    fn link(self, target: &str) -> Hdr {
+        self.raw(157, target.as_bytes())
+    }
+
+    fn device(self, major: u64, minor: u64) -> Hdr {
+        self.octal(329, 8, major).octal(337, 8, minor)
+    }
+
+    fn seal(mut self) -> [u8; BLOCK] {
+        self.0[148..156].fill(b' ');
+        let sum: u32 = self.0.iter().map(|&b| b as u32).sum();
+        self.0[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        self.0
+    }
+}
+
+/// One PAX record, its length counting itself.
+fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
+    let body = key.len() + value.len() + 3;
+    let mut len = body + 1;
+    while len != body + len.to_string().len() {
+        len = body + len.to_string().len();
+    }
+    [format!("{len} {key}=").as_bytes(), value, b"\n".as_slice()].concat()
+}
+
+/// A tarball, block by block.
+#[derive(Clone, Default)]
+struct Tar(Vec<u8>);
+
+impl Tar {
+    fn header(&mut self, h: Hdr) -> &mut Tar {
+        self.0.extend_from_slice(&h.seal());
+        self
+    }
+
+    /// Data and its padding to a whole block.
+    fn data(&mut self, d: &[u8]) -> &mut Tar {
+        self.0.extend_from_slice(d);
+        self.0.resize(self.0.len().next_multiple_of(BLOCK), 0);
+        self
+    }
+
+    /// A header sized for `d`, then `d`.
+    fn entry(&mut self, h: Hdr, d: &[u8]) -> &mut Tar {
+        self.header(h.size(d.len() as u64)).data(d)
+    }
+
+    fn file(&mut self, name: &str, d: &[u8]) -> &mut Tar {
+        self.entry(Hdr::new(name, b'0'), d)
+    }
+
+    fn dir(&mut self, name: &str) -> &mut Tar {
+        self.header(Hdr::new(name, b'5'))
+    }
+
+    fn symlink(&mut self, name: &str, target: &str) -> &mut Tar {
+        self.header(Hdr::new(name, b'2').mode(0o777).link(target))
+    }
+
+    fn hardlink(&mut self, name: &str, target: &str) -> &mut Tar {
+        self.header(Hdr::new(name, b'1').link(target))
+    }
+
+    /// A PAX header ('x' for the next entry, 'g' global).
+    fn pax_of(&mut self, flag: u8, records: &[(&str, &[u8])]) -> &mut Tar {
+        let d: Vec<u8> = records.iter().flat_map(|(k, v)| pax_record(k, v)).collect();
+        self.entry(Hdr::new("PaxHeaders/entry", flag), &d)
+    }
+
+    fn pax(&mut self, records: &[(&str, &[u8])]) -> &mut Tar {
+        self.pax_of(b'x', records)
+    }
+
+    /// A GNU long name ('L') or link ('K'), NUL-terminated as GNU tar writes it.
+    fn long(&mut self, flag: u8, name: &[u8]) -> &mut Tar {
+        let h = Hdr::new("././@LongLink", flag).raw(257, b"ustar  \0");
+        self.entry(h, &[name, b"\0"].concat())
+    }
+
+    /// The end-of-archive marker, then zeros to a 10 KiB record, as GNU tar writes it.
+    fn end(&mut self) -> Vec<u8> {
+        self.0.resize(self.0.len() + 2 * BLOCK, 0);
+        self.0.resize(self.0.len().next_multiple_of(20 * BLOCK), 0);
+        std::mem::take(&mut self.0)
+    }
+}
+
+/// The importer on `bytes`, in this process: the tree, or the error line.
+fn import(bytes: &[u8]) -> Result<Tree, String> {
+    let tmp = tempfile::tempdir().unwrap();
+    tarlayer::read_from(bytes, "layer.tar", tmp.path(), &|_| {})
+        .map(|(tree, _)| tree)
+        .map_err(|e| e.to_string())
+}
+
+fn lookup<'a>(tree: &'a Tree, path: &str) -> Option<&'a Node> {
+    let mut at = Tree::ROOT;
+    for part in path.split('/') {
+        at = tree
+            .children(at)
+            .iter()
+            .find(|(n, _)| n == part.as_bytes())?
+            .1;
+    }
+    Some(&tree.nodes[at])
+}
+
+fn names(tree: &Tree, path: &str) -> Vec<String> {
+    let mut at = Tree::ROOT;
+    if !path.is_empty() {
+        for part in path.split('/') {
+            at = tree
+                .children(at)
+                .iter()
+                .find(|(n, _)| n == part.as_bytes())
+                .unwrap()
+                .1;
+        }
+    }
+    tree.children(at)
+        .iter()
+        .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+        .collect()
+}
+
+/// `verilay build` of `bytes` must fail with exit code 1 and one line naming the tar and
+/// holding `expect`, leaving no image.
+fn build_fails(name: &str, bytes: &[u8], expect: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let tar = t.path().join(name);
+    std::fs::write(&tar, bytes).unwrap();
+    let img = t.path().join("out.img");
+    let out = verilay()
+        .arg("build")
+        .arg(&tar)
+        .arg("-o")
+        .arg(&img)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+    assert!(
+        err.contains(expect),
+        "{name}: expected {expect:?} in: {err}"
+    );
+    assert!(err.contains(name), "{name}: {err}");
+    assert_eq!(err.lines().count(), 1, "{name}: {err}");
+    assert!(!img.exists(), "{name}: an image was left");
+}
+
+/// A tar of one file whose header is `h`, sized for `data`.
+fn one(h: Hdr, data: &[u8]) -> Vec<u8> {
+    Tar::default().entry(h, data).end()
+}
+
+/// Headers whose numbers the image cannot hold, or that are no numbers (item 2).
+fn bad_numbers() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let f = || Hdr::new("f", b'0');
+    let dev = || Hdr::new("dev", b'3');
+    vec![
+        // 4294968296 = 2^32 + 1000 was read as uid 1000.
+        (
+            "uid-base256-over-32-bits.tar",
+            one(f().base256(108, 8, 4_294_968_296), b"x"),
+            "entry at byte 0: uid 4294968296 cannot be represented",
+        ),
+        (
+            "gid-base256-over-32-bits.tar",
+            one(f().base256(116, 8, 1 << 40), b"x"),
+            "gid 1099511627776 cannot be represented",
+        ),
+        (
+            "uid-base256-negative.tar",
+            one(f().base256(108, 8, -1), b"x"),
+            "uid -1 cannot be represented",
+        ),
+        (
+            "uid-minus-one.tar",
+            one(f().base256(108, 8, 4_294_967_295), b"x"),
+            "uid 4294967295 cannot be represented",
+        ),
+        (
+            "pax-uid-over-32-bits.tar",
+            Tar::default()
+                .pax(&[("uid", b"4294967296")])
+                .file("f", b"x")
+                .end(),
+            "entry at byte 0: uid 4294967296 cannot be represented",
+        ),
+        (
+            "pax-gid-negative.tar",
+            Tar::default().pax(&[("gid", b"-5")]).file("f", b"x").end(),
+            "PAX record gid=\"-5\" is malformed",
+        ),
+        (
+            "size-base256-negative.tar",
+            Tar::default().header(f().base256(124, 12, -512)).end(),
+            "negative size -512",
+        ),
+        (
+            "mtime-base256-beyond-64-bits.tar",
+            one(f().base256(136, 12, 1 << 70), b"x"),
+            "the mtime field (base-256) holds 1180591620717411303424, beyond 64 bits",
+        ),
+        (
+            "mode-not-octal.tar",
+            one(f().raw(100, b"0006 44\0"), b"x"),
+            "the mode field is not an octal number",
+        ),
+        (
+            "uid-high-bit-not-base256.tar",
+            one(f().raw(108, &[0x81, 0, 0, 0, 0, 0, 0, 1]), b"x"),
+            "neither octal nor base-256",
+        ),
+        (
+            "devmajor-not-octal.tar",
+            one(f().raw(329, b"12x\0"), b"x"),
+            "the devmajor field is not an octal number",
+        ),
+        (
+            "devmajor-too-large.tar",
+            Tar::default().header(dev().device(4096, 1)).end(),
+            "device 4096:1 cannot be represented",
+        ),
+        (
+            "devminor-too-large.tar",
+            Tar::default().header(dev().base256(337, 8, 1 << 20)).end(),
+            "device 0:1048576 cannot be represented",
+        ),
+        (
+            "checksum-not-octal.tar",
+            {
+                let mut b = Tar::default().file("f", b"x").end();
+                b[148..156].copy_from_slice(b"12z456\0 ");
+                b
+            },
+            "entry at byte 0: the checksum field is not an octal number",
+        ),
+        (
+            "mode-beyond-type-bits.tar",
+            one(f().octal(100, 8, 0o1000644), b"x"),
+            "mode 1000644 has bits beyond a file type and 07777",
+        ),
+        (
+            "mode-says-socket.tar",
+            one(f().mode(0o140755), b"x"),
+            "mode 140755 says another file type than the entry's (a file)",
+        ),
+        (
+            "mode-says-directory.tar",
+            one(f().mode(0o040755), b"x"),
+            "mode 40755 says another file type",
+        ),
+        (
+            "pax-mtime-malformed.tar",
+            Tar::default()
+                .pax(&[("mtime", b"1700000000.5x")])
+                .file("f", b"x")
+                .end(),
+            "PAX record mtime=\"1700000000.5x\" is malformed",
+        ),
+        (
+            "pax-atime-malformed.tar",
+            Tar::default()
+                .pax(&[("atime", b"--1")])
+                .file("f", b"x")
+                .end(),
+            "PAX record atime=\"--1\" is malformed",
+        ),
+        (
+            "pax-mtime-beyond-64-bits.tar",
+            Tar::default()
+                .pax(&[("mtime", b"9223372036854775808")])
+                .file("f", b"x")
+                .end(),
+            "PAX record mtime=\"9223372036854775808\" is malformed",
+        ),
+        (
+            "pax-size-negative.tar",
+            Tar::default().pax(&[("size", b"-1")]).file("f", b"").end(),
+            "PAX record size=\"-1\" is malformed",
+        ),
+        (
+            "pax-uname-too-long.tar",
+            Tar::default()
+                .pax(&[("uname", &[b'u'; 256])])
+                .file("f", b"x")
+                .end(),
+            "PAX uname is longer than 255 bytes",
+        ),
+    ]
+}
+
+/// Archives cut short, or not ending as a tar ends (item 8).
+fn bad_ends() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let two = || {
+        let mut t = Tar::default();
+        t.file("a", &[b'a'; 1000]).file("b", b"b");
+        t
+    };
+    let full = two().end();
+    let mut bad_sum = full.clone();
+    bad_sum[BLOCK * 3] ^= 1; // the name of "b"
+    let mut garbage = full.clone();
+    garbage.extend_from_slice(b"trailing garbage");
+    let mut late_garbage = full.clone();
+    *late_garbage.last_mut().unwrap() = 1;
+    let mut lone_zero = two().0;
+    lone_zero.extend_from_slice(&[0; BLOCK]);
+    let mut zero_then_header = two().0;
+    zero_then_header.extend_from_slice(&[0; BLOCK]);
+    zero_then_header.extend_from_slice(&Hdr::new("c", b'0').seal());
+    zero_then_header.extend_from_slice(&[0; 2 * BLOCK]);
+    vec![
+        (
+            "no-end-marker.tar",
+            two().0,
+            "at byte 2560: the archive ends without its end-of-archive marker",
+        ),
+        (
+            "one-zero-block.tar",
+            lone_zero,
+            "at byte 3072: the archive ends after one zero block",
+        ),
+        (
+            "zero-block-then-header.tar",
+            zero_then_header,
+            "at byte 3072: a header after the lone zero block at byte 2560",
+        ),
+        (
+            "cut-in-header.tar",
+            full[..BLOCK * 3 + 100].to_vec(),
+            "at byte 1536: the archive ends at byte 1636, inside a header block",
+        ),
+        (
+            "cut-in-data.tar",
+            full[..BLOCK + 700].to_vec(),
+            "entry at byte 0: the archive ends at byte 1212, inside this entry's data (1000 bytes from byte 512)",
+        ),
+        (
+            "cut-in-padding.tar",
+            full[..BLOCK + 1010].to_vec(),
+            "entry at byte 0: the archive ends at byte 1522, inside the padding after this entry's data",
+        ),
+        (
+            "bad-checksum.tar",
+            bad_sum,
+            "entry at byte 1536: bad header checksum",
+        ),
+        (
+            "trailing-garbage.tar",
+            garbage,
+            "at byte 10240: non-zero bytes after the end-of-archive marker",
+        ),
+        (
+            "garbage-in-the-padding.tar",
+            late_garbage,
+            "at byte 10239: non-zero bytes after the end-of-archive marker",
+        ),
+        (
+            // The original report: a PAX size past the end gave an empty image.
+            "pax-size-past-the-end.tar",
+            Tar::default()
+                .pax(&[("size", b"1000000")])
+                .file("f", b"short")
+                .end(),
+            "entry at byte 0: the archive ends at byte 10240, inside this entry's data (1000000 bytes from byte 1536)",
+        ),
+        (
+            "pax-header-cut.tar",
+            Tar::default()
+                .pax(&[("path", &[b'p'; 3000])])
+                .0[..BLOCK * 3]
+                .to_vec(),
+            "entry at byte 0: the archive ends at byte 1536, inside the PAX records (3011 bytes from byte 512)",
+        ),
+        (
+            "extension-header-without-entry.tar",
+            Tar::default().pax(&[("uid", b"5")]).end(),
+            "entry at byte 0: extension headers with no entry after them",
+        ),
+    ]
+}
+
+/// Headers that would make the importer allocate without bound, and names past what
+/// Linux and EROFS hold (item 11).
+fn unbounded() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let huge = |flag: u8, name: &str| {
+        Tar::default()
+            .header(Hdr::new(name, flag).base256(124, 12, 1 << 60))
+            .data(&[b'x'; BLOCK])
+            .end()
+    };
+    let xattr = |name: &str, len: usize| {
+        Tar::default()
+            .pax(&[(&format!("SCHILY.xattr.{name}"), &vec![b'v'; len])])
+            .file("f", b"x")
+            .end()
+    };
+    let many: Vec<(String, Vec<u8>)> = (0..6000)
+        .map(|i| (format!("SCHILY.xattr.user.{i:08}"), b"v".to_vec()))
+        .collect();
+    let many: Vec<(&str, &[u8])> = many
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    let big: Vec<(String, Vec<u8>)> = (0..5)
+        .map(|i| (format!("SCHILY.xattr.user.{i}"), vec![b'v'; 60000]))
+        .collect();
+    let big: Vec<(&str, &[u8])> = big
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    vec![
+        (
+            "pax-size-2-60.tar",
+            huge(b'x', "PaxHeaders/f"),
+            "entry at byte 0: a PAX header of 1152921504606846976 bytes (at most 1048576)",
+        ),
+        (
+            "pax-global-size-2-60.tar",
+            huge(b'g', "GlobalHead"),
+            "a PAX header of 1152921504606846976 bytes",
+        ),
+        (
+            "gnu-longname-size-2-60.tar",
+            huge(b'L', "././@LongLink"),
+            "a GNU long name of 1152921504606846976 bytes (at most 4096: PATH_MAX)",
+        ),
+        (
+            "gnu-longlink-size-2-40.tar",
+            Tar::default()
+                .header(Hdr::new("././@LongLink", b'K').base256(124, 12, 1 << 40))
+                .end(),
+            "a GNU long link of 1099511627776 bytes",
+        ),
+        (
+            "pax-header-over-1-mib.tar",
+            Tar::default()
+                .pax(&[("comment", &vec![b'c'; 1 << 20])])
+                .file("f", b"x")
+                .end(),
+            "a PAX header of 1048593 bytes (at most 1048576)",
+        ),
+        (
+            "gnu-longname-over-path-max.tar",
+            Tar::default().long(b'L', &[b'n'; 4096]).file("f", b"x").end(),
+            "a GNU long name of 4097 bytes",
+        ),
+        (
+            "pax-path-over-path-max.tar",
+            Tar::default()
+                .pax(&[("path", &[b'a'; 4096])])
+                .file("f", b"x")
+                .end(),
+            "a path of 4096 bytes (at most 4095: PATH_MAX)",
+        ),
+        (
+            "name-over-255.tar",
+            Tar::default()
+                .pax(&[("path", &[b'a'; 256])])
+                .file("f", b"x")
+                .end(),
+            "path has an invalid name (over 255 bytes",
+        ),
+        (
+            "symlink-target-over-path-max.tar",
+            Tar::default()
+                .pax(&[("linkpath", &[b'a'; 4096])])
+                .symlink("l", "x")
+                .end(),
+            "symlink target is empty or too long",
+        ),
+        (
+            "xattr-name-over-255.tar",
+            xattr(&format!("user.{}", "n".repeat(251)), 1),
+            "is too large (256 byte name, 1 byte value; at most 255 and 65535)",
+        ),
+        (
+            "xattr-value-over-64-kib.tar",
+            xattr("user.big", 65536),
+            "xattr user.big is too large (8 byte name, 65536 byte value",
+        ),
+        (
+            "xattr-names-over-list-max.tar",
+            Tar::default().pax(&many).file("f", b"x").end(),
+            "6000 xattrs too many or too large for one file (84000 bytes of names, at most 65536",
+        ),
+        (
+            "xattrs-over-an-inode.tar",
+            Tar::default().pax(&big).file("f", b"x").end(),
+            "5 xattrs too many or too large for one file (35 bytes of names, at most 65536; 300060 bytes encoded, at most 262136)",
+        ),
+    ]
+}
+
+/// Paths, links, whiteouts and extension headers a careful importer refuses (the class
+/// around items 2, 8 and 11).
+fn bad_entries() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let wh = |name: &str| Tar::default().dir("d").file(name, b"").end();
+    vec![
+        (
+            "through-symlink.tar",
+            Tar::default()
+                .symlink("a", "/etc")
+                .file("a/passwd", b"root::0:0::/:/bin/sh\n")
+                .end(),
+            "entry at byte 512: the path goes through a, which this layer made a symlink",
+        ),
+        (
+            "through-file.tar",
+            Tar::default().file("a", b"x").file("a/b", b"y").end(),
+            "the path goes through a, which this layer made a file",
+        ),
+        (
+            "hardlink-through-symlink.tar",
+            Tar::default()
+                .dir("d")
+                .file("d/f", b"x")
+                .symlink("s", "d")
+                .hardlink("h", "s/f")
+                .end(),
+            "hardlink to \"s/f\", which is not an earlier file",
+        ),
+        (
+            "hardlink-to-later.tar",
+            Tar::default().hardlink("h", "f").file("f", b"x").end(),
+            "hardlink to \"f\", which is not an earlier file",
+        ),
+        (
+            "hardlink-to-root.tar",
+            Tar::default().hardlink("h", "./").end(),
+            "hardlink to \"\", which is not an earlier file but a directory",
+        ),
+        (
+            "hardlink-to-whiteout.tar",
+            Tar::default().file(".wh.x", b"").hardlink("h", "x").end(),
+            "which is not an earlier file but a whiteout",
+        ),
+        (
+            "hardlink-dotdot.tar",
+            Tar::default().file("f", b"x").hardlink("h", "../f").end(),
+            "path climbs out with \"..\"",
+        ),
+        (
+            "hardlink-with-data.tar",
+            Tar::default()
+                .file("f", b"x")
+                .entry(
+                    Hdr::new("h", b'1').link("f"),
+                    &Hdr::new("evil", b'0').seal(),
+                )
+                .end(),
+            "a hardlink entry with 512 bytes of data",
+        ),
+        (
+            "directory-with-data.tar",
+            Tar::default()
+                .entry(Hdr::new("d/", b'5'), &Hdr::new("hidden", b'0').seal())
+                .end(),
+            "a directory entry with 512 bytes of data",
+        ),
+        (
+            "root-as-file.tar",
+            Tar::default().file("./", b"x").end(),
+            "the root is given as a file",
+        ),
+        (
+            "pax-path-with-nul.tar",
+            Tar::default()
+                .pax(&[("path", b"a\0b")])
+                .file("f", b"x")
+                .end(),
+            "a NUL byte in a key or name",
+        ),
+        (
+            "gnu-longname-with-nul.tar",
+            Tar::default().long(b'L', b"a\0b").file("f", b"x").end(),
+            "an empty GNU long name, or one with a NUL byte inside",
+        ),
+        (
+            "pax-path-and-longname-disagree.tar",
+            Tar::default()
+                .pax(&[("path", b"one")])
+                .long(b'L', b"two")
+                .file("f", b"x")
+                .end(),
+            "PAX path \"one\" and GNU long name \"two\" disagree",
+        ),
+        (
+            "two-pax-headers.tar",
+            Tar::default()
+                .pax(&[("uid", b"0")])
+                .pax(&[("uid", b"5")])
+                .file("f", b"x")
+                .end(),
+            "entry at byte 1024: a second PAX header for one entry",
+        ),
+        (
+            "two-longnames.tar",
+            Tar::default()
+                .long(b'L', b"one")
+                .long(b'L', b"two")
+                .file("f", b"x")
+                .end(),
+            "a second GNU long name for one entry",
+        ),
+        (
+            "global-header-sets-uid.tar",
+            Tar::default()
+                .pax_of(b'g', &[("uid", b"0")])
+                .file("f", b"x")
+                .end(),
+            "a PAX global header sets uid",
+        ),
+        (
+            "pax-sparse.tar",
+            Tar::default()
+                .pax(&[("GNU.sparse.major", b"1")])
+                .file("f", b"x")
+                .end(),
+            "sparse entries (tar -S) are not supported",
+        ),
+        (
+            "whiteout-of-dot.tar",
+            wh("d/.wh.."),
+            "a whiteout that names no file",
+        ),
+        (
+            "whiteout-of-dotdot.tar",
+            wh("d/.wh..."),
+            "a whiteout that names no file",
+        ),
+        (
+            "whiteout-of-nothing.tar",
+            wh("d/.wh."),
+            "a whiteout that names no file",
+        ),
+        (
+            "opaque-at-the-top.tar",
+            wh(".wh..wh..opq"),
+            ".wh..wh..opq at the top of the layer",
+        ),
+        (
+            "aufs-metadata.tar",
+            wh(".wh..wh.plnk"),
+            "AUFS metadata (.wh..wh.*), which no OCI layer holds",
+        ),
+        (
+            "whiteout-directory.tar",
+            Tar::default().dir("d/.wh.x").end(),
+            "a whiteout that is a directory",
+        ),
+        (
+            "unknown-type.tar",
+            Tar::default().header(Hdr::new("v", b'V')).end(),
+            "unsupported entry type \"V\"",
+        ),
+    ]
+}
+
+fn all_cases() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    [bad_numbers(), bad_ends(), unbounded(), bad_entries()].concat()
+}
+
+#[test]
+fn each_hostile_tarball_gets_one_line_naming_its_offset() {
+    for (name, bytes, expect) in all_cases() {
+        build_fails(name, &bytes, expect);
+    }
+}
 
 /// Hostile inputs of this module for the fuzz targets.
 pub fn seeds(_tmp: &Path) -> Vec<Seed> {
-    Vec::new()
+    let mut v: Vec<Seed> = all_cases()
+        .into_iter()
+        .map(|(name, bytes, _)| Seed {
+            target: "tar_layer",
+            name: name.into(),
+            bytes,
+        })
+        .collect();
+    v.push(Seed {
+        target: "tar_layer",
+        name: "two-hundred-files.tar".into(),
+        bytes: two_hundred_files().0,
+    });
+    v.push(Seed {
+        target: "tar_layer",
+        name: "numbers.tar".into(),
+        bytes: numbers_tar(b"id-placeholder"),
+    });
+    v.push(Seed {
+        target: "tar_layer",
+        name: "whiteouts.tar".into(),
+        bytes: whiteouts_top(),
+    });
+    v
+}
+
+/// Every number the image can hold, given the ways writers give it: PAX records
+/// (uid, gid, mtime with nanoseconds and before the epoch, size, linkpath, path) and
+/// base-256 header fields. `bin/id` (`id` is the host's /usr/bin/id) is setuid, owned by
+/// uid 3000000 through PAX while its header says root.
+fn numbers_tar(id: &[u8]) -> Vec<u8> {
+    let long_target = format!("{}/sized", "d".repeat(200));
+    let mut t = Tar::default();
+    t.dir("bin")
+        .pax(&[
+            ("uid", b"3000000"),
+            ("gid", b"3000001"),
+            ("uname", b"no-such-user"),
+            ("gname", b"root"),
+            ("mtime", b"1700000000.123456789"),
+            ("atime", b"1700000001.5"),
+            ("ctime", b"1700000002"),
+        ])
+        .entry(Hdr::new("bin/id", b'0').mode(0o4755), id)
+        .entry(
+            Hdr::new("big-ids", b'0')
+                .base256(108, 8, 2_147_483_653)
+                .base256(116, 8, 4_294_967_294),
+            b"x",
+        )
+        .entry(
+            Hdr::new("negative-mtime", b'0').base256(136, 12, -86400),
+            b"x",
+        )
+        .pax(&[("mtime", b"-0.5")])
+        .file("half-second-before-epoch", b"x");
+    // PAX size decides where the next header is; the header's size says 0.
+    t.pax(&[("size", b"5000")])
+        .header(Hdr::new("sized", b'0'))
+        .data(&[b'z'; 5000]);
+    t.pax(&[("linkpath", b"sized")])
+        .header(Hdr::new("hard", b'1').link("wrong"))
+        .pax(&[("path", long_target.as_bytes())])
+        .file("placeholder", b"long")
+        .pax(&[("linkpath", long_target.as_bytes())])
+        .symlink("long-link", "wrong")
+        // Old Go (so old Docker) wrote the file type into the mode.
+        .entry(Hdr::new("typed-mode", b'0').mode(0o100640), b"x")
+        .pax_of(b'g', &[("comment", b"git archive writes its commit here")])
+        .file("after-global", b"x");
+    t.end()
+}
+
+#[test]
+fn pax_ids_own_a_setuid_file_and_every_number_arrives() {
+    if skip_unless(is_root(), "needs root (kernel erofs mount)") || lacks_test_user() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tar = t.path().join("numbers.tar");
+    std::fs::write(&tar, numbers_tar(&std::fs::read("/usr/bin/id").unwrap())).unwrap();
+    let image = t.path().join("numbers.img");
+    build(&tar, &image, &["--quiet"]);
+    let m = Mount::erofs(&image, &t.path().join("m"));
+    let meta = |p: &str| std::fs::symlink_metadata(m.dir.join(p)).unwrap();
+
+    let id = meta("bin/id");
+    assert_eq!((id.uid(), id.gid()), (3_000_000, 3_000_001));
+    assert_eq!(id.mode(), 0o104755);
+    assert_eq!((id.mtime(), id.mtime_nsec()), (1_700_000_000, 123_456_789));
+    // An independent look for setuid-root files finds none, and finds the setuid one.
+    let find = |args: &str| {
+        String::from_utf8(sh(&format!("find {} -perm -4000 {args}", m.dir.display())).stdout)
+            .unwrap()
+    };
+    assert_eq!(find("-user root"), "");
+    assert_eq!(
+        find("-user 3000000").trim(),
+        m.dir.join("bin/id").to_str().unwrap()
+    );
+    // Run by an ordinary user, it runs as its owner, not as root.
+    let out = as_test_user(t.path(), "m/bin/id -u; m/bin/id -ru");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "3000000\n1001\n");
+
+    let big = meta("big-ids");
+    assert_eq!((big.uid(), big.gid()), (2_147_483_653, 4_294_967_294));
+    assert_eq!(meta("negative-mtime").mtime(), -86400);
+    let half = meta("half-second-before-epoch");
+    assert_eq!((half.mtime(), half.mtime_nsec()), (-1, 500_000_000));
+    assert_eq!(
+        std::fs::read(m.dir.join("sized")).unwrap(),
+        vec![b'z'; 5000]
+    );
+    assert_eq!(meta("hard").ino(), meta("sized").ino());
+    let long = format!("{}/sized", "d".repeat(200));
+    assert_eq!(std::fs::read(m.dir.join(&long)).unwrap(), b"long");
+    assert_eq!(
+        std::fs::read_link(m.dir.join("long-link"))
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        long
+    );
+    assert_eq!(meta("typed-mode").mode(), 0o100640);
+    assert!(m.dir.join("after-global").exists());
+    assert!(!m.dir.join("placeholder").exists());
+}
+
+/// Numbers as other tar writers write them: Python's tarfile (GNU base-256 and PAX
+/// records) and GNU tar, read by the importer.
+#[test]
+fn other_writers_numbers_are_read_as_written() {
+    if skip_unless(have("python3"), "python3 missing") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let script = r#"
+import io, sys, tarfile
+for fmt, name in [(tarfile.GNU_FORMAT, "gnu"), (tarfile.PAX_FORMAT, "pax")]:
+    t = tarfile.open(sys.argv[1] + "/" + name + ".tar", "w", format=fmt)
+    i = tarfile.TarInfo("f"); i.uid = 3000000; i.gid = 4294967294; i.mode = 0o4755
+    i.mtime = -2 if fmt == tarfile.GNU_FORMAT else -1.5
+    i.size = 3; t.addfile(i, io.BytesIO(b"abc"))
+    i = tarfile.TarInfo("d" * 120 + "/long"); i.size = 1; t.addfile(i, io.BytesIO(b"L"))
+    t.close()
+"#;
+    run(Command::new("python3").arg("-c").arg(script).arg(t.path()));
+    for (name, mtime) in [("gnu", (-2, 0)), ("pax", (-2, 500_000_000))] {
+        let tree = import(&std::fs::read(t.path().join(format!("{name}.tar"))).unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let f = lookup(&tree, "f").unwrap();
+        assert_eq!(
+            (f.uid, f.gid, f.perm),
+            (3_000_000, 4_294_967_294, 0o4755),
+            "{name}"
+        );
+        assert_eq!((f.mtime, f.mtime_nsec), mtime, "{name}");
+        assert!(
+            lookup(&tree, &format!("{}/long", "d".repeat(120))).is_some(),
+            "{name}"
+        );
+    }
+    // GNU tar: base-256 ids in its own format, PAX records in POSIX's.
+    std::fs::write(t.path().join("f"), "x").unwrap();
+    for format in ["gnu", "posix"] {
+        let tar = t.path().join(format!("gnutar-{format}.tar"));
+        run(Command::new("tar")
+            .arg(format!("--format={format}"))
+            .args(["--owner=:3000000", "--group=:4294967294", "--mode=4755"])
+            .arg("-C")
+            .arg(t.path())
+            .arg("-cf")
+            .arg(&tar)
+            .arg("f"));
+        let tree =
+            import(&std::fs::read(&tar).unwrap()).unwrap_or_else(|e| panic!("{format}: {e}"));
+        let f = lookup(&tree, "f").unwrap();
+        assert_eq!(
+            (f.uid, f.gid, f.perm),
+            (3_000_000, 4_294_967_294, 0o4755),
+            "{format}"
+        );
+    }
+}
+
+/// A tar of 200 files of many sizes, some with PAX records and GNU long names; the
+/// offset where its end-of-archive marker ends, and that of the 116th file's headers.
+fn two_hundred_files() -> (Vec<u8>, usize, usize) {
+    let mut t = Tar::default();
+    let mut before_116 = 0;
+    t.dir("dir");
+    for i in 0..200usize {
+        if i == 115 {
+            before_116 = t.0.len();
+        }
+        let data = vec![b'a' + (i % 26) as u8; (i * 37) % 1500];
+        match i % 10 {
+            3 => t.pax(&[
+                ("path", format!("dir/{}-{i}", "p".repeat(150)).as_bytes()),
+                ("mtime", b"1700000000.5"),
+            ]),
+            7 => t.long(b'L', format!("dir/{}-{i}", "g".repeat(120)).as_bytes()),
+            _ => &mut t,
+        };
+        t.file(&format!("dir/f{i}"), &data);
+    }
+    let len = t.0.len() + 2 * BLOCK;
+    (t.end(), len, before_116)
+}
+
+#[test]
+fn every_cut_of_a_layer_fails_naming_an_offset() {
+    let (full, end, before_116) = two_hundred_files();
+    let count = |tree: &Tree| tree.children(lookup_id(tree, "dir")).len();
+    assert_eq!(count(&import(&full).unwrap()), 200);
+    let mut cuts: Vec<usize> = (0..2 * BLOCK).collect();
+    for b in (0..full.len()).step_by(BLOCK) {
+        cuts.extend([b, b + 1, b + 100, b + 511]);
+    }
+    cuts.retain(|&c| c <= full.len());
+    let mut failed = 0;
+    for cut in cuts {
+        match import(&full[..cut]) {
+            Ok(tree) => {
+                assert!(cut >= end, "cut at {cut} (of {}) gave a tree", full.len());
+                assert_eq!(count(&tree), 200, "cut at {cut}");
+            }
+            Err(e) => {
+                assert!(cut < end, "cut at {cut} after the end marker failed: {e}");
+                assert!(e.starts_with("layer.tar: "), "{e}");
+                assert!(e.contains("at byte "), "cut at {cut}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(failed > 1000, "{failed}");
+
+    // The report: a layer cut between two entries built an image of the first 115.
+    build_fails(
+        "cut-between-entries.tar",
+        &full[..before_116],
+        "the archive ends without its end-of-archive marker",
+    );
+}
+
+fn lookup_id(tree: &Tree, path: &str) -> usize {
+    let mut at = Tree::ROOT;
+    for part in path.split('/') {
+        at = tree
+            .children(at)
+            .iter()
+            .find(|(n, _)| n == part.as_bytes())
+            .unwrap()
+            .1;
+    }
+    at
+}
+
+/// Compressed layers cut anywhere, or with a flipped byte, fail and say so; the offset
+/// is the uncompressed one.
+#[test]
+fn every_cut_of_a_compressed_layer_fails() {
+    if skip_unless(have("gzip") && have("zstd"), "gzip and zstd") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let tar = t.path().join("l.tar");
+    std::fs::write(&tar, two_hundred_files().0).unwrap();
+    sh(&format!(
+        "cd {} && gzip -k l.tar && zstd -q l.tar -o l.tar.zst",
+        t.path().display()
+    ));
+    for (name, codec) in [("l.tar.gz", "gzip"), ("l.tar.zst", "zstd")] {
+        let full = std::fs::read(t.path().join(name)).unwrap();
+        assert!(import(&full).is_ok(), "{name}");
+        let step = (full.len() / 500).max(1);
+        let mut cuts: Vec<usize> = (0..full.len()).step_by(step).collect();
+        cuts.extend(full.len() - 20..full.len());
+        for cut in cuts {
+            let e = import(&full[..cut]).expect_err(&format!("{name} cut at {cut}"));
+            assert!(e.contains("at byte "), "{name} cut at {cut}: {e}");
+        }
+        // The report's case: a cut compressed layer names its codec.
+        let cut = &full[..full.len() / 2];
+        let e = import(cut).unwrap_err();
+        assert!(e.contains(&format!("reading the {codec} stream")), "{e}");
+        let mut garbage = full.clone();
+        garbage.extend_from_slice(b"garbage");
+        let e = import(&garbage).unwrap_err();
+        assert!(
+            e.contains(&format!("{codec} stream")),
+            "{name} + garbage: {e}"
+        );
+    }
+}
+
+/// A hostile header fails at once, without the memory its size field asks for.
+#[test]
+fn huge_headers_fail_fast_in_little_memory() {
+    let t = tempfile::tempdir().unwrap();
+    let mut cases = unbounded();
+    cases.push(("control.tar", Tar::default().file("f", b"x").end(), ""));
+    for (name, bytes, expect) in cases {
+        let tar = t.path().join(name);
+        std::fs::write(&tar, bytes).unwrap();
+        let start = Instant::now();
+        // 256 MiB of address space: the header asks for an exbibyte.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(r#"ulimit -v 262144 && exec "$0" build "$1" -o "$2" --quiet"#)
+            .arg(env!("CARGO_BIN_EXE_verilay"))
+            .arg(&tar)
+            .arg(t.path().join("out.img"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{name} took {:?}",
+            start.elapsed()
+        );
+        if expect.is_empty() {
+            assert!(out.status.success(), "{name}: {err}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+            assert!(err.contains(expect), "{name}: {err}");
+        }
+    }
+}
+
+/// The top layer of `whiteouts_stack_as_overlayfs_reads_them`.
+fn whiteouts_top() -> Vec<u8> {
+    Tar::default()
+        // Deleted, then made again as a directory (its parent implied): only the new.
+        .file(".wh.d", b"")
+        .file("d/new", b"new")
+        // Made opaque before its own entry: it stays opaque.
+        .file("e/.wh..wh..opq", b"")
+        .dir("e")
+        .file("e/mine", b"mine")
+        // A file of this layer, then a whiteout of it: whiteouts hide lower layers only.
+        .file("f", b"top f")
+        .file(".wh.f", b"")
+        // Deleted, then a directory again: nothing of the lower one shows.
+        .file(".wh.g", b"")
+        .dir("g")
+        .file("g/top", b"top")
+        .end()
+}
+
+#[test]
+fn whiteouts_stack_as_overlayfs_reads_them() {
+    if skip_unless(is_root(), "needs root (kernel mounts)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = Tar::default()
+        .file("d/old", b"old")
+        .file("e/lower", b"lower")
+        .file("f", b"base f")
+        .file("g/bottom", b"bottom")
+        .end();
+    let mut images = Vec::new();
+    let mut kernel = Vec::new();
+    for (i, (name, bytes)) in [("top.tar", whiteouts_top()), ("base.tar", base)]
+        .into_iter()
+        .enumerate()
+    {
+        let tar = t.path().join(name);
+        std::fs::write(&tar, bytes).unwrap();
+        let image = t.path().join(format!("{name}.img"));
+        build(&tar, &image, &["--quiet"]);
+        kernel.push(Mount::erofs(&image, &t.path().join(format!("k{i}"))));
+        images.push(image);
+    }
+    let ovl = t.path().join("overlay");
+    std::fs::create_dir_all(&ovl).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "ro,lowerdir={}:{}",
+            kernel[0].dir.display(),
+            kernel[1].dir.display()
+        ))
+        .arg(&ovl));
+    let _o = Unmount {
+        dir: ovl.clone(),
+        fuse: false,
+    };
+    let fuse = t.path().join("fuse");
+    std::fs::create_dir_all(&fuse).unwrap();
+    run(verilay().arg("mount").args(&images).arg(&fuse));
+    let _f = Unmount {
+        dir: fuse.clone(),
+        fuse: true,
+    };
+    for root in [&ovl, &fuse] {
+        let ls = |d: &str| {
+            let mut v: Vec<String> = std::fs::read_dir(root.join(d))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(ls("d"), ["new"], "{}", root.display());
+        assert_eq!(ls("e"), ["mine"], "{}", root.display());
+        assert_eq!(ls("g"), ["top"], "{}", root.display());
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"top f");
+    }
+    assert_diff_clean(&ovl, &fuse);
+}
+
+#[test]
+fn accepted_oddities_keep_their_meaning() {
+    // A V7 header (no magic) with a NUL type and a trailing slash is a directory.
+    let mut v7 = Hdr::new("old/", 0).raw(257, &[0; 8]);
+    v7 = v7.mode(0o755);
+    let tree = import(&Tar::default().header(v7).file("old/f", b"x").end()).unwrap();
+    assert!(lookup(&tree, "old").unwrap().is_dir());
+    // Absolute and dotted paths land under the root, as GNU tar and containerd put them.
+    let tree = import(&Tar::default().file("/./abs//f", b"x").end()).unwrap();
+    assert_eq!(names(&tree, "abs"), ["f"]);
+    // A symlink replaced by a directory entry is a directory (GNU tar, containerd).
+    let tree = import(
+        &Tar::default()
+            .symlink("a", "/etc")
+            .dir("a")
+            .file("a/f", b"x")
+            .end(),
+    )
+    .unwrap();
+    assert!(matches!(
+        lookup(&tree, "a").unwrap().kind,
+        Kind::Directory { .. }
+    ));
+    // A later PAX record of the same key wins; an empty one leaves the header's value.
+    let tree = import(
+        &Tar::default()
+            .pax(&[("uid", b"1"), ("uid", b"2"), ("gid", b"9"), ("gid", b"")])
+            .entry(Hdr::new("f", b'0').octal(116, 8, 7), b"x")
+            .end(),
+    )
+    .unwrap();
+    let f = lookup(&tree, "f").unwrap();
+    assert_eq!((f.uid, f.gid), (2, 7));
+    // Symlinks are 0777 whatever their header says.
+    let tree = import(
+        &Tar::default()
+            .header(Hdr::new("l", b'2').link("t").mode(0o600))
+            .end(),
+    )
+    .unwrap();
+    assert_eq!(lookup(&tree, "l").unwrap().perm, 0o777);
 }
