@@ -151,6 +151,15 @@ pub fn build_tree(
     validate(opts)?;
     validate_tree(tree)?;
     let xplan = xattr::plan(tree, opts.xattr_filter, opts.long_prefixes);
+    // The inline body's size is known only once sharing and prefixes are planned.
+    if let Some(id) = xplan.per_node.iter().position(|x| x.icount().is_none()) {
+        return Err(Error::Input(format!(
+            "{}: its xattrs take {} bytes; an EROFS inode holds at most {}",
+            tree.path_of(id),
+            xplan.per_node[id].ibody_size(),
+            xattr::MAX_IBODY
+        )));
+    }
     let lopts = layout::LayoutOptions {
         block_size: opts.block_size as u64,
         inline_data: opts.inline_data,

@@ -101,4 +101,24 @@ impl Tree {
             _ => &[],
         }
     }
+
+    /// A path of node `id` from the root ("/" for the root), for error messages: a
+    /// search of the whole tree, so never on a path that is not failing anyway.
+    pub fn path_of(&self, id: NodeId) -> String {
+        let mut stack = vec![(Tree::ROOT, b"/".to_vec())];
+        while let Some((at, path)) = stack.pop() {
+            if at == id {
+                return String::from_utf8_lossy(&path).into_owned();
+            }
+            for (name, child) in self.children(at) {
+                let mut p = path.clone();
+                if p.len() > 1 {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(name);
+                stack.push((*child, p));
+            }
+        }
+        format!("(node {id})")
+    }
 }

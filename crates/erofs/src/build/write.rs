@@ -93,7 +93,7 @@ pub fn write_image(
         let disk = DiskInode {
             extended: plan.extended,
             format: inode_format(plan.extended, layout_kind),
-            xattr_icount: x.icount(),
+            xattr_icount: x.icount().expect("checked by build_tree"),
             mode: node.mode(),
             nlink: plan.nlink,
             size: plan.size,

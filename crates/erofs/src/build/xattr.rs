@@ -32,11 +32,12 @@ impl InodeXattrs {
         }
     }
 
-    /// `i_xattr_icount` for this body.
-    pub fn icount(&self) -> u16 {
+    /// `i_xattr_icount` for this body; `None` when the body is larger than that 16-bit
+    /// count can describe ([`MAX_IBODY`]).
+    pub fn icount(&self) -> Option<u16> {
         match self.ibody_size() {
-            0 => 0,
-            n => ((n - XATTR_IBODY_HEADER_SIZE) / 4 + 1) as u16,
+            0 => Some(0),
+            n => u16::try_from((n - XATTR_IBODY_HEADER_SIZE) / 4 + 1).ok(),
         }
     }
 
@@ -79,6 +80,10 @@ impl XattrPlan {
         out
     }
 }
+
+/// The largest inline xattr body an inode can have: `i_xattr_icount` is 16 bits and
+/// counts 4-byte units after the header's first.
+pub const MAX_IBODY: usize = XATTR_IBODY_HEADER_SIZE + 4 * (u16::MAX as usize - 1);
 
 /// An inode may reference at most this many shared entries (`h_shared_count` is a u8).
 const MAX_SHARED_PER_INODE: usize = 255;

@@ -1,0 +1,75 @@
+//! What the format cannot hold is refused by the builder with the path it concerns,
+//! never written truncated into a corrupt image.
+
+use erofs::build::{build_tree, BuildOptions, Content, Kind, Node, Silent, Tree};
+use erofs::read::{fsck, FileSource, Image};
+
+fn node(kind: Kind, xattrs: Vec<(Vec<u8>, Vec<u8>)>) -> Node {
+    Node {
+        kind,
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+        mtime: 1_700_000_000,
+        mtime_nsec: 0,
+        size: 0,
+        xattrs,
+    }
+}
+
+/// A root directory holding one empty file `big` with `n` distinct xattrs of `len` bytes.
+fn tree_with_xattrs(n: usize, len: usize) -> Tree {
+    let mut t = Tree::default();
+    t.add(node(
+        Kind::Directory {
+            children: vec![(b"big".to_vec(), 1)],
+        },
+        Vec::new(),
+    ));
+    let xattrs = (0..n)
+        .map(|i| (format!("user.x{i}").into_bytes(), vec![b'a' + i as u8; len]))
+        .collect();
+    t.add(node(
+        Kind::Regular {
+            content: Content::Bytes(Vec::new()),
+            extents: None,
+        },
+        xattrs,
+    ));
+    t
+}
+
+/// Five values of 60,000 bytes are more than an inode's 16-bit xattr count describes:
+/// the count used to wrap, giving an image whose xattrs the kernel calls corrupt.
+#[test]
+fn an_inode_whose_xattrs_overflow_its_count_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.img");
+    let opts = BuildOptions {
+        verity: false,
+        ..Default::default()
+    };
+    let err = build_tree(&tree_with_xattrs(5, 60_000), &opts, &out, &Silent)
+        .expect_err("an overflowing xattr body builds");
+    let msg = err.to_string();
+    assert!(msg.contains("/big") && msg.contains("at most"), "{msg}");
+    assert!(!out.exists(), "a refused build leaves an image behind");
+
+    // Just under the limit builds, and reads back whole and clean.
+    build_tree(&tree_with_xattrs(4, 60_000), &opts, &out, &Silent).unwrap();
+    let img = Image::open(FileSource::open(&out).unwrap()).unwrap();
+    let report = fsck(&img, 10);
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let big = img
+        .inode(
+            img.lookup(&img.inode(img.root_nid()).unwrap(), b"big")
+                .unwrap()
+                .unwrap()
+                .nid,
+        )
+        .unwrap();
+    assert_eq!(
+        img.getxattr(&big, b"user.x3").unwrap().unwrap(),
+        vec![b'd'; 60_000]
+    );
+}
