@@ -401,9 +401,6 @@ enum Msg {
 fn mutants_never_panic_or_hang() {
     let started = Instant::now();
     let bases = base_images();
-    if bases.is_empty() {
-        return;
-    }
     let mut mutants = Vec::new();
     for (b, bytes) in bases.iter().enumerate() {
         // The unmutated image must be clean, or the test proves nothing.

@@ -398,6 +398,62 @@ fn file_source_reads_like_memory() {
     });
 }
 
+/// The superblock checksum against erofs-utils: for images `mkfs.erofs` made with option
+/// sets that change the superblock and what follows it in block 0 (compression configs,
+/// feature bits, uuid, times, counts), `format::superblock_checksum` gives the stored crc.
+/// (verilay's own images are checked by the kernel, which verifies the crc at mount:
+/// kernel_mount.rs in the verilay crate.)
+#[test]
+fn superblock_checksum_reproduces_mkfs_erofs() {
+    if !have_mkfs() {
+        return;
+    }
+    let tmp = TempDir::new("crc");
+    let tree = tmp.path().join("tree");
+    fs::create_dir(&tree).unwrap();
+    make_tree(&tree, false);
+    let variants: &[&[&str]] = &[
+        &[],
+        &["-T0", "-U01234567-89ab-cdef-0123-456789abcdef"],
+        &["--all-root", "-x-1"],
+        &[
+            "--all-root",
+            "-T1",
+            "-Eforce-inode-compact",
+            "-Enoinline_data",
+        ],
+        &["-Eforce-inode-extended", "--chunksize=8192"],
+        &["-zlz4"],
+        &["-zlz4hc,9", "-Eztailpacking", "-C16384"],
+        &[
+            "-zlz4",
+            "-Elegacy-compress",
+            "--force-uid=7",
+            "--force-gid=8",
+        ],
+    ];
+    let mut crcs = std::collections::BTreeSet::new();
+    for args in variants {
+        let img = mkfs(&tree, args);
+        let le32 = |at: usize| u32::from_le_bytes(img[at..at + 4].try_into().unwrap());
+        // erofs_fs.h: EROFS_FEATURE_COMPAT_SB_CHKSUM, and the checksum at offset 4.
+        assert_ne!(le32(1024 + 8) & 1, 0, "mkfs.erofs {args:?}: no SB_CHKSUM");
+        let stored = le32(1024 + 4);
+        let block_size = 1usize << img[1024 + 12];
+        assert_eq!(
+            format::superblock_checksum(&img, block_size),
+            Some(stored),
+            "mkfs.erofs {args:?}"
+        );
+        crcs.insert(stored);
+    }
+    assert_eq!(
+        crcs.len(),
+        variants.len(),
+        "the variants' crcs should differ"
+    );
+}
+
 /// verilay's own builder, read back by the reader: every block size class, with and without
 /// inline tails, xattr name filters and long prefixes.
 #[test]

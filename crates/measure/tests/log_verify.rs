@@ -12,6 +12,7 @@ use measure::policy::Template;
 use measure::verify::verify;
 use sha1::{Digest, Sha1};
 use sha2::Sha256;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 const FILES: [&str; 7] = [
@@ -211,23 +212,208 @@ fn rejects(dir: &Path, want: &str) {
     assert_eq!(snapshot(dir), before, "a refused open wrote to {dir:?}");
 }
 
+/// One record of `standard`'s list as the kernel would write it, spelled out here from
+/// ima_template_lib.c and ima_fs.c, not by the measure crate: the template's fields, and
+/// what its ascii line shows after the template name.
+struct KernelRecord {
+    pcr: u32,
+    template: &'static str,
+    fields: Vec<Vec<u8>>,
+    ascii: String,
+}
+
+impl KernelRecord {
+    /// Template data: every field as u32 length + bytes; the template digests hash it whole
+    /// (`ima_calc_field_array_hash`).
+    fn data(&self) -> Vec<u8> {
+        self.fields
+            .iter()
+            .flat_map(|f| [&(f.len() as u32).to_le_bytes()[..], f].concat())
+            .collect()
+    }
+
+    /// The binary record (`ima_measurements_show`) with the bank's template digest.
+    fn binary(&self, digest: &[u8]) -> Vec<u8> {
+        let data = self.data();
+        [
+            &self.pcr.to_le_bytes()[..],
+            digest,
+            &(self.template.len() as u32).to_le_bytes(),
+            self.template.as_bytes(),
+            &(data.len() as u32).to_le_bytes(),
+            &data,
+        ]
+        .concat()
+    }
+}
+
+/// `standard`'s six entries (boot_aggregate first), as the kernel writes them.
+fn kernel_records() -> Vec<KernelRecord> {
+    let d256: Vec<u8> = (0..32).collect();
+    // d-ng / d-ngv2: "[kind:]algo:" NUL digest; n-ng: the path with ' ' as '_', NUL.
+    let digest = |prefix: &str, d: &[u8]| [prefix.as_bytes(), b"\0", d].concat();
+    let path = |p: &str| [p.as_bytes(), b"\0"].concat();
+    let rec = |pcr, template, fields, ascii: String| KernelRecord {
+        pcr,
+        template,
+        fields,
+        ascii,
+    };
+    vec![
+        rec(
+            10,
+            "ima-ng",
+            vec![digest("sha256:", &[0; 32]), path("boot_aggregate")],
+            format!("sha256:{} boot_aggregate", "0".repeat(64)),
+        ),
+        rec(
+            10,
+            "ima-ng",
+            vec![digest("sha256:", &d256), path("/usr/bin/tool_one")],
+            format!("sha256:{} /usr/bin/tool_one", hex(&d256)),
+        ),
+        rec(
+            10,
+            "ima-ngv2",
+            vec![digest("ima:sha1:", &[0xab; 20]), path("/etc/passwd")],
+            format!("ima:sha1:{} /etc/passwd", "ab".repeat(20)),
+        ),
+        rec(
+            11,
+            "ima-ngv2",
+            vec![digest("verity:sha512:", &[0x5a; 64]), path("/bin/sh")],
+            format!("verity:sha512:{} /bin/sh", "5a".repeat(64)),
+        ),
+        // An empty sig field still gets its space (ima_ascii_measurements_show).
+        rec(
+            10,
+            "ima-sig",
+            vec![digest("sha256:", &d256), path("/lib/x.so"), vec![]],
+            format!("sha256:{} /lib/x.so ", hex(&d256)),
+        ),
+        rec(
+            10,
+            "ima-sigv2",
+            vec![
+                digest("verity:sha256:", &[0x22; 32]),
+                path("/opt/app"),
+                vec![6, 1, 2],
+            ],
+            format!("verity:sha256:{} /opt/app 060102", "22".repeat(32)),
+        ),
+    ]
+}
+
+/// The seven files of a list of `records`, computed with the sha1/sha2 crates directly.
+fn kernel_files(records: &[KernelRecord]) -> Vec<(String, Vec<u8>)> {
+    let mut pcr1 = [[0u8; 20]; 24];
+    let mut pcr256 = [[0u8; 32]; 24];
+    let mut files: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+    for r in records {
+        let (t1, t256) = (Sha1::digest(r.data()), Sha256::digest(r.data()));
+        let i = r.pcr as usize;
+        pcr1[i] = Sha1::new()
+            .chain_update(pcr1[i])
+            .chain_update(t1)
+            .finalize()
+            .into();
+        pcr256[i] = Sha256::new()
+            .chain_update(pcr256[i])
+            .chain_update(t256)
+            .finalize()
+            .into();
+        let line = |t: &[u8]| format!("{:2} {} {} {}\n", r.pcr, hex(t), r.template, r.ascii);
+        files.entry(BINARY_SHA1).or_default().extend(r.binary(&t1));
+        files
+            .entry(BINARY_SHA256)
+            .or_default()
+            .extend(r.binary(&t256));
+        files
+            .entry(ASCII_SHA1)
+            .or_default()
+            .extend(line(&t1).bytes());
+        files
+            .entry(ASCII_SHA256)
+            .or_default()
+            .extend(line(&t256).bytes());
+    }
+    let bank = |p: &[&[u8]]| -> Vec<u8> {
+        p.iter()
+            .enumerate()
+            .flat_map(|(i, v)| format!("PCR-{i:02}: {}\n", hex(v)).into_bytes())
+            .collect()
+    };
+    files.insert(
+        PCRS_SHA1,
+        bank(&pcr1.iter().map(|p| &p[..]).collect::<Vec<_>>()),
+    );
+    files.insert(
+        PCRS_SHA256,
+        bank(&pcr256.iter().map(|p| &p[..]).collect::<Vec<_>>()),
+    );
+    files.insert(COUNT, format!("{}\n", records.len()).into_bytes());
+    files.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// PCR `i` of a bank file written by `kernel_files`, in hex.
+fn pcr_in(files: &[(String, Vec<u8>)], bank: &str, i: u32) -> String {
+    let text = &files.iter().find(|(n, _)| n == bank).unwrap().1;
+    let line = String::from_utf8_lossy(text)
+        .lines()
+        .nth(i as usize)
+        .unwrap()
+        .to_string();
+    line.split(": ").nth(1).unwrap().to_string()
+}
+
 #[test]
 fn a_written_list_verifies() {
     let t = tempfile::tempdir().unwrap();
-    let entries = standard(t.path());
+    standard(t.path());
+    // Byte for byte the list the kernel's formats give, hashed here, not by the crate.
+    let want = kernel_files(&kernel_records());
+    let got = snapshot(t.path());
+    let names = |v: &[(String, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&got), names(&want));
+    for ((name, bytes), (_, want_bytes)) in got.iter().zip(&want) {
+        assert!(
+            bytes == want_bytes,
+            "{name} differs from the kernel's format:\n{}\nwant:\n{}",
+            String::from_utf8_lossy(bytes),
+            String::from_utf8_lossy(want_bytes)
+        );
+    }
+    // The first line as a kernel without a TPM shows it (LKML, "ima: ... boot_aggregate").
+    let ascii = &want.iter().find(|(n, _)| n == ASCII_SHA1).unwrap().1;
+    assert!(ascii.starts_with(
+        format!(
+            "10 0adefe762c149c7cec19da62f0da1297fcfbffff ima-ng sha256:{} boot_aggregate\n",
+            "0".repeat(64)
+        )
+        .as_bytes()
+    ));
+    // verify() and a continuing Log agree with those PCR values.
     let report = verify(t.path()).unwrap();
     assert_eq!(report.entries, 6);
+    let pcrs: Vec<(u32, String, String)> = [10, 11]
+        .into_iter()
+        .map(|i| {
+            (
+                i,
+                pcr_in(&want, PCRS_SHA1, i),
+                pcr_in(&want, PCRS_SHA256, i),
+            )
+        })
+        .collect();
+    let reported: Vec<(u32, String, String)> = report
+        .pcrs
+        .iter()
+        .map(|(i, a, b)| (*i, hex(a), hex(b)))
+        .collect();
+    assert_eq!(reported, pcrs);
     let log = Log::open(t.path()).unwrap();
     assert_eq!(log.entries(), 6);
-    let want: Vec<(u32, Vec<u8>, Vec<u8>)> = [10, 11]
-        .into_iter()
-        .map(|i| (i, log.pcr(Bank::Sha1, i), log.pcr(Bank::Sha256, i)))
-        .collect();
-    assert_eq!(report.pcrs, want);
-    // The same directory written by hand from the entries is byte-identical.
-    let t2 = tempfile::tempdir().unwrap();
-    write_dir(t2.path(), &entries);
-    assert_eq!(snapshot(t.path()), snapshot(t2.path()));
+    assert_eq!(hex(&log.pcr(Bank::Sha256, 11)), pcrs[1].2);
 }
 
 #[test]

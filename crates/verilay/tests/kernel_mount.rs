@@ -183,15 +183,16 @@ fn ownership_time_uuid_and_label_options() {
             "{path}"
         );
     }
-    let blkid = sh(&format!("blkid -p -o export '{}' || true", image.display()));
+    // blkid (util-linux) reads EROFS superblocks: an independent reader of uuid and label.
+    let blkid = run(std::process::Command::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(&image));
     let info = String::from_utf8_lossy(&blkid.stdout);
-    if info.contains("UUID=") {
-        assert!(
-            info.contains("UUID=01234567-89ab-cdef-0123-456789abcdef"),
-            "{info}"
-        );
-        assert!(info.contains("LABEL=rootfs"), "{info}");
-    }
+    assert!(
+        info.contains("UUID=01234567-89ab-cdef-0123-456789abcdef"),
+        "{info}"
+    );
+    assert!(info.contains("LABEL=rootfs"), "{info}");
     // Exclusions: a path and a regex.
     let image2 = t.path().join("img2");
     build(
@@ -208,6 +209,60 @@ fn ownership_time_uuid_and_label_options() {
     assert!(!mnt2.dir.join("many").exists());
     assert!(!mnt2.dir.join("sizes/f1000").exists());
     assert!(mnt2.dir.join("sizes/f4096").exists());
+}
+
+/// The kernel verifies the superblock crc at mount (`erofs_superblock_csum_verify`) over
+/// the rest of the superblock's block, whose size varies: every block size's image claims
+/// SB_CHKSUM and mounts; with one byte of the covered area changed it is refused (so the
+/// kernel really checked), and re-sealed with `superblock_checksum` it mounts again.
+#[test]
+fn the_kernel_accepts_the_superblock_crc_at_every_block_size() {
+    if !prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/f"), b"crc").unwrap();
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounts = |image: &Path| {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "erofs", "-o", "ro"])
+            .arg(image)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success();
+        if ok {
+            assert_eq!(std::fs::read(mnt.join("d/f")).unwrap(), b"crc");
+            run(std::process::Command::new("umount").arg(&mnt));
+        }
+        ok
+    };
+    for bs in [4096usize, 2048, 1024, 512] {
+        let image = t.path().join(format!("img{bs}"));
+        build(&src, &image, &["--block-size", &bs.to_string()]);
+        let mut bytes = std::fs::read(&image).unwrap();
+        let compat = u32::from_le_bytes(bytes[1032..1036].try_into().unwrap());
+        assert_ne!(
+            compat & 1,
+            0,
+            "bs {bs}: no SB_CHKSUM, the kernel would not check"
+        );
+        assert!(mounts(&image), "bs {bs}: the kernel refuses the image");
+        // The volume name, inside the covered area whatever the block size.
+        bytes[1024 + 0x40] ^= 0x5a;
+        std::fs::write(&image, &bytes).unwrap();
+        assert!(!mounts(&image), "bs {bs}: a changed superblock mounts");
+        let crc = erofs::format::superblock_checksum(&bytes, bs).unwrap();
+        bytes[1028..1032].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&image, &bytes).unwrap();
+        assert!(
+            mounts(&image),
+            "bs {bs}: the kernel refuses the re-sealed image"
+        );
+    }
 }
 
 /// The kernel trusts the xattr name filter: a wrong bit makes it answer ENODATA for an
@@ -228,12 +283,20 @@ fn kernel_honours_the_xattr_name_filter() {
             _ => format!("security.label{i}"),
         })
         .collect();
+    // Every fourth name has one value on all its files: those pairs go to the shared pool.
+    let value = |f: usize, i: usize| {
+        if i.is_multiple_of(4) {
+            format!("same{i}")
+        } else {
+            format!("v{f}_{i}")
+        }
+    };
     let mut script = format!("cd '{}'", src.display());
     for f in 0..64usize {
         script += &format!(" && touch f{f}");
         for (i, n) in names.iter().enumerate() {
             if (f * 7 + i * 3) % 11 < 3 {
-                script += &format!(" && setfattr -n {n} -v v{f}_{i} f{f}");
+                script += &format!(" && setfattr -n {n} -v {} f{f}", value(f, i));
             }
         }
     }
@@ -266,7 +329,7 @@ fn kernel_honours_the_xattr_name_filter() {
                     "kernel hides f{f} {n}: {}",
                     String::from_utf8_lossy(&out.stderr)
                 );
-                assert_eq!(String::from_utf8_lossy(&out.stdout), format!("v{f}_{i}"));
+                assert_eq!(String::from_utf8_lossy(&out.stdout), value(f, i));
                 assert!(!img.xattr_filter_says_absent(&ino, n.as_bytes()));
             } else {
                 absent += 1;

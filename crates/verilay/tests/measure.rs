@@ -113,19 +113,16 @@ fn stats(mnt: &Path) -> serde_json::Value {
 /// Waits (10 s at most) until counter `name` of the mount reaches `want`: a file is
 /// hashed after its close is answered, and the kernel does not wait for that answer.
 fn wait_counter(mnt: &Path, name: &str, want: u64) {
-    let start = std::time::Instant::now();
-    loop {
-        let got = stats(mnt)[name].as_u64().unwrap();
-        if got >= want {
-            assert_eq!(got, want, "{name}");
-            return;
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(10),
-            "{name} stays at {got}, not {want}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut got = 0;
+    wait_until(
+        std::time::Duration::from_secs(10),
+        &format!("counter {name} to reach {want}"),
+        || {
+            got = stats(mnt)[name].as_u64().unwrap();
+            got >= want
+        },
+    );
+    assert_eq!(got, want, "{name}");
 }
 
 fn evmctl_accepts(log: &Path) -> bool {
@@ -328,14 +325,14 @@ fn an_unchanged_file_is_hashed_once_and_a_changed_one_once_more() {
         .collect::<Vec<_>>()
     );
     // Unmounted cleanly: the list is complete. A new mount continues it.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    wait_daemon_gone(&mnt);
     assert_eq!(log_verify(&log)["entries"], 5);
     {
         let _m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &[]);
         sh_ok(&format!("cat {m}/a >/dev/null"));
         assert_eq!(stats(&mnt)["entries"], 6);
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    wait_daemon_gone(&mnt);
     assert_eq!(log_verify(&log)["entries"], 6);
     assert!(evmctl_accepts(&log), "evmctl rejects the continued list");
 }
@@ -489,19 +486,17 @@ fn verity_digests_are_measured_without_reading_file_data() {
     // Opened, not read: the measurement itself must not read the file.
     sh_ok(&format!("exec 3<{m}/big; exec 3<&-"));
     // Written out by the mount on its own, without `verilay stats` asking.
-    let start = std::time::Instant::now();
-    while fs::read_to_string(log.join("ascii_runtime_measurements"))
-        .unwrap()
-        .lines()
-        .count()
-        < 2
-    {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(2),
-            "the entry is not in the list's files 2 s after the open"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(
+        std::time::Duration::from_secs(2),
+        "the entry in the list's files",
+        || {
+            fs::read_to_string(log.join("ascii_runtime_measurements"))
+                .unwrap()
+                .lines()
+                .count()
+                >= 2
+        },
+    );
     let s = stats(&mnt);
     assert_eq!(s["verity_digests"], 1);
     assert_eq!(s["hashed"], 0);
@@ -566,7 +561,7 @@ fn a_bad_policy_or_a_tampered_list_stops_the_mount() {
         let _m = mount_measured(&image, None, &mnt, &policy, &log, &[]);
         sh_ok(&format!("cat {}/a >/dev/null", mnt.display()));
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    wait_daemon_gone(&mnt);
     let pcrs = log.join("pcrs_sha256");
     let text = fs::read_to_string(&pcrs).unwrap();
     let tampered: Vec<String> = text
@@ -775,20 +770,18 @@ fn handing_files_over_races_nothing_into_a_hang_or_wrong_bytes() {
             .stderr(fs::File::create(&err).unwrap())
             .spawn()
             .unwrap();
-        let start = std::time::Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > std::time::Duration::from_secs(60) {
-                // Stuck workers never come back: abort the connection, which fails every
-                // waiting request, so the readers (and this test) can end.
-                abort_fuse_connection(&mnt);
-                let _ = child.wait();
-                panic!("--threads {threads}: the readers hung (connection aborted)");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        };
+        let mut status = None;
+        if !poll_until(std::time::Duration::from_secs(60), || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        }) {
+            // Stuck workers never come back: abort the connection, which fails every
+            // waiting request, so the readers (and this test) can end.
+            abort_fuse_connection(&mnt);
+            let _ = child.wait();
+            panic!("--threads {threads}: the readers hung (connection aborted)");
+        }
+        let status = status.unwrap();
         assert!(
             status.success(),
             "--threads {threads}: {status}\n{}",

@@ -367,14 +367,11 @@ fn mount_helper_fstab_style_and_sigterm() {
     )
     .unwrap();
     run(Command::new("kill").args(["-TERM", pid.trim()]));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while mount_type(&mnt).is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still mounted after SIGTERM"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the mount to go after SIGTERM",
+        || mount_type(&mnt).is_none(),
+    );
 }
 
 #[test]

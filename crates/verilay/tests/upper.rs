@@ -390,21 +390,40 @@ fn a_killed_daemon_loses_no_acknowledged_write_and_leaves_no_half_copy() {
     let d = dirs(base, "c");
     let mnt = base.join("m");
     let m = verilay_mount(&image, &d, &mnt);
-    let writer = Command::new("python3")
+    let mut writer = Command::new("python3")
         .arg("-c")
         .arg(CRASH_WRITER)
         .arg(&m.dir)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    let pattern = format!("verilay mount .*{}.*--ready-fd", m.dir.display());
-    run(Command::new("pkill").args(["-KILL", "-f", &pattern]));
-    let out = writer.wait_with_output().unwrap();
-    let acked: Vec<usize> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
+    // The writer prints each write it had acknowledged; kill the daemon mid-run, after 30.
+    let acks = std::sync::Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+    let reader = {
+        let acks = acks.clone();
+        let out = writer.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                if let Ok(i) = line.unwrap().trim().parse() {
+                    acks.lock().unwrap().push(i);
+                }
+            }
+        })
+    };
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "30 acknowledged writes",
+        || acks.lock().unwrap().len() >= 30,
+    );
+    let daemons = daemons_of(&m.dir);
+    assert!(!daemons.is_empty(), "no daemon serves {}", m.dir.display());
+    for pid in daemons {
+        run(Command::new("kill").args(["-KILL", &pid.to_string()]));
+    }
+    writer.wait().unwrap();
+    reader.join().unwrap();
+    let acked = acks.lock().unwrap().clone();
     assert!(
         acked.len() > 20,
         "too few writes before the kill: {}",

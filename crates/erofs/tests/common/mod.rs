@@ -10,17 +10,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub const MKFS: &str = "mkfs.erofs";
 
-/// Whether `mkfs.erofs` can be run; prints the SKIP line when not. CI sets
-/// `VERILAY_REQUIRE_ALL=1`, which turns the skip into a failure.
+mod skip;
+pub use skip::skip_unless;
+
+/// Whether `mkfs.erofs` can be run; when not, the test is recorded as skipped.
 pub fn have_mkfs() -> bool {
     let ok = Command::new(MKFS).arg("--help").output().is_ok();
-    if !ok {
-        if std::env::var_os("VERILAY_REQUIRE_ALL").is_some() {
-            panic!("required test prerequisite missing: mkfs.erofs not found");
-        }
-        println!("SKIP: mkfs.erofs not found");
-    }
-    ok
+    !skip_unless(ok, "mkfs.erofs (erofs-utils) not found")
 }
 
 pub struct TempDir(PathBuf);
@@ -121,6 +117,12 @@ fn try_cmd(cmd: &str, args: &[&str]) -> bool {
 /// blocks, special names, hardlinks, long and short symlinks, xattrs (inline and shared),
 /// ACLs, odd modes, owners and mtimes. `big` adds 64–300 KiB files and a 650-entry directory.
 pub fn make_tree(root: &Path, big: bool) {
+    // Without root the tree lacks devices, trusted.* xattrs and foreign owners: the test
+    // goes on, checking less, and counts as skipped.
+    skip_unless(
+        is_root(),
+        "not root: the tree has no device nodes, trusted.* xattrs or other owners",
+    );
     let mut rng = Rng(42);
     let sizes: &[usize] = if big {
         &[

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 pub fn verilay() -> Command {
     Command::new(env!("CARGO_BIN_EXE_verilay"))
@@ -14,17 +15,64 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// Tests that need root (mount) or a peer tool skip elsewhere, but CI runs as root with
-/// every tool installed: there, `VERILAY_REQUIRE_ALL=1` turns a skip into a failure.
-pub fn skip_unless(cond: bool, why: &str) -> bool {
-    if cond {
-        return false;
+// Tests that need root (mount) or a peer tool call `skip_unless(cond, why)`: the skip is
+// recorded for `scripts/test`, which counts it as skipped, not passed (CI fails on any).
+#[path = "../../../erofs/tests/common/skip.rs"]
+mod skip;
+pub use skip::skip_unless;
+
+/// Polls `cond` every 10 ms until it holds or `timeout` passes; says whether it held.
+pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
-    if std::env::var_os("VERILAY_REQUIRE_ALL").is_some() {
-        panic!("required test prerequisite missing: {why}");
-    }
-    eprintln!("SKIP: {why}");
-    true
+}
+
+/// Waits until `cond` holds, panicking with `what` (what it waited for) after `timeout`.
+/// Tests wait for a condition this way, never with a bare sleep.
+pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) {
+    assert!(
+        poll_until(timeout, cond),
+        "gave up after {timeout:?} waiting for {what}"
+    );
+}
+
+/// The pids of the `verilay mount` daemons serving `mnt` (as named to `verilay mount`): their
+/// argv is `verilay mount ... MNT --ready-fd N ...`.
+pub fn daemons_of(mnt: &Path) -> Vec<u32> {
+    let mnt = mnt.as_os_str().as_encoded_bytes();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = argv.split(|&b| b == 0).collect();
+            args.len() > 2
+                && args[0].ends_with(b"verilay")
+                && args[1] == b"mount"
+                && args.contains(&mnt)
+                && args.contains(&&b"--ready-fd"[..])
+        })
+        .collect()
+}
+
+/// Waits until no daemon serves `mnt`: a lazy unmount returns at once, and the daemon then
+/// finishes its work (writes its measurement list) and exits.
+pub fn wait_daemon_gone(mnt: &Path) {
+    wait_until(
+        Duration::from_secs(20),
+        &format!("the daemon of {} to exit", mnt.display()),
+        || daemons_of(mnt).is_empty(),
+    );
 }
 
 pub fn have(tool: &str) -> bool {
