@@ -80,6 +80,9 @@ pub struct Args {
     /// Internal: the pipe to report the daemon's setup on.
     #[arg(long, hide = true)]
     ready_fd: Option<i32>,
+    /// Invoked by mount(8), which says `rw` unless told `ro`.
+    #[arg(skip)]
+    from_mount8: bool,
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -166,6 +169,10 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
         opts.measure_hash = Some(a.measure.measure_hash.0.clone());
     }
     opts.allow_other |= a.allow_other;
+    if a.from_mount8 && opts.upper.is_none() && opts.read_only == Some(false) {
+        // mount(8)'s implicit `rw`: images alone mount read-only, as `mount -t erofs` does.
+        opts.read_only = None;
+    }
     let images = a.paths[..a.paths.len() - 1].to_vec();
     let mountpoint = a.paths[a.paths.len() - 1].clone();
     let pins = pins(&a.digests, opts.digest.as_deref(), images.len())?;

@@ -190,6 +190,10 @@ fn logger(s: &Settings, to_stderr: bool) -> anyhow::Result<imagefs::Logger> {
 /// device would take the lines), made 0600 if new.
 fn open_log(p: &Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = || anyhow::anyhow!("log file {}: not a regular file", p.display());
+    if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
+        return Err(not_regular());
+    }
     let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -198,7 +202,7 @@ fn open_log(p: &Path) -> anyhow::Result<std::fs::File> {
         .open(p)
         .with_context(|| format!("log file {}", p.display()))?;
     if !f.metadata()?.is_file() {
-        bail!("log file {}: not a regular file", p.display());
+        return Err(not_regular());
     }
     Ok(f)
 }

@@ -37,6 +37,7 @@ pub fn mount_helper(args: &[String]) -> anyhow::Result<i32> {
         paths: vec![image.into(), mountpoint.into()],
         options,
         quiet: true,
+        from_mount8: true,
         timeout: std::time::Duration::from_secs(60),
         ..super::Args::default()
     };
