@@ -181,13 +181,13 @@ fn mount_fusermount(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
         Some(fd) if out.status.success() => Ok(fd),
         _ => {
             let err = String::from_utf8_lossy(&out.stderr);
-            bail!(
-                "fusermount3: {}",
-                err.trim()
-                    .lines()
-                    .last()
-                    .unwrap_or("failed without a message")
-            )
+            let last = err
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("failed without a message");
+            // fusermount3 names itself in its messages; say it once.
+            bail!("fusermount3: {}", last.trim_start_matches("fusermount3: "))
         }
     }
 }
