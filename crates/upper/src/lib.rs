@@ -22,8 +22,10 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+mod claim;
+pub use claim::{unescape, Claim};
 
 /// Our directory inside the work directory (overlayfs uses `work/work`).
 const WORK_SUBDIR: &str = "verilay";
@@ -101,14 +103,6 @@ fn libc_einval() -> i32 {
     rustix::io::Errno::INVAL.raw_os_error()
 }
 
-fn open_dir(path: &Path) -> io::Result<OwnedFd> {
-    Ok(rfs::open(
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
-}
-
 /// `/proc/self/fd/N`: reaches the very inode an `O_PATH` descriptor holds, for the calls
 /// (xattrs, reopening) that take no descriptor of that kind.
 pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
@@ -121,23 +115,17 @@ pub fn is_whiteout(st: &Stat) -> bool {
 }
 
 impl Upper {
-    /// Opens the upper and work directories (which must be on one filesystem, as rename
-    /// between them must work) and empties our directory in the work one.
-    pub fn open(upper: &Path, work: &Path) -> io::Result<Upper> {
-        let root = open_dir(upper)?;
-        let work_root = open_dir(work)?;
-        if rfs::fstat(&root)?.st_dev != rfs::fstat(&work_root)?.st_dev {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the work directory must be on the same filesystem as the upper directory",
-            ));
-        }
-        match rfs::mkdirat(&work_root, WORK_SUBDIR, Mode::from_raw_mode(0o700)) {
+    /// Opens the claimed upper and work directories (checked not to overlap, on one
+    /// mount, and locked by `claim`) and empties our directory in the work one.
+    pub fn open(claim: &Claim) -> io::Result<Upper> {
+        let root = claim.upper.try_clone()?;
+        let work_root = claim.work.as_fd();
+        match rfs::mkdirat(work_root, WORK_SUBDIR, Mode::from_raw_mode(0o700)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(e.into()),
         }
         let work = rfs::openat(
-            &work_root,
+            work_root,
             WORK_SUBDIR,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),

@@ -156,7 +156,7 @@ fn acls_and_trusted_xattrs_are_enforced_like_the_kernel() {
     let image = t.path().join("img");
     build(&src, &image, &["--quiet"]);
     let kernel = Mount::erofs(&image, &t.path().join("kernel"));
-    let fuse = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    let fuse = FuseMount::new(&image, &t.path().join("fuse"), &["--allow-other"]);
     for m in [&kernel.dir, &fuse.dir] {
         let as_nobody = |script: &str| {
             Command::new("runuser")
@@ -499,7 +499,7 @@ fn an_image_without_labels_or_acls_says_those_xattrs_are_unsupported() {
     // No security.* and no ACL anywhere: every such name is "not supported", and ls asks
     // only once for each; getfacl still shows the mode, and the mode alone decides access.
     let (t, _src, image, _) = fixture(files);
-    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &["--allow-other"]);
     let f = m.dir.join("f00");
     for name in ["security.selinux", "system.posix_acl_access"] {
         let said = getfattr_says(&f, name);
@@ -534,7 +534,7 @@ fn an_image_without_labels_or_acls_says_those_xattrs_are_unsupported() {
             src.join("f02").display()
         ));
     });
-    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &["--allow-other"]);
     for name in ["security.selinux", "system.posix_acl_access"] {
         let said = getfattr_says(&m.dir.join("f00"), name);
         assert!(said.contains("No such attribute"), "{name}: {said}");

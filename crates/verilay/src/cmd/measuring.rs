@@ -43,33 +43,6 @@ pub fn parse_hash(s: &str) -> Result<HashName, String> {
 }
 
 impl MeasureArgs {
-    /// The options for the daemon's command line.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if let (Some(p), Some(l)) = (&self.policy, &self.measure_log) {
-            v.push("--policy".into());
-            v.push(p.display().to_string());
-            v.push("--measure-log".into());
-            v.push(l.display().to_string());
-            v.push("--measure-hash".into());
-            v.push(self.measure_hash.0.clone());
-        }
-        v
-    }
-
-    /// Applies a `-o` option of mount.fuse.verilay; false if it is not one of ours.
-    pub fn set_option(&mut self, key: &str, value: &str) -> anyhow::Result<bool> {
-        match key {
-            "policy" => self.policy = Some(value.into()),
-            "measure_log" => self.measure_log = Some(value.into()),
-            "measure_hash" => {
-                self.measure_hash = parse_hash(value).map_err(anyhow::Error::msg)?;
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// Parses the policy, so its errors come out before a daemon exists.
     pub fn check(&self) -> anyhow::Result<()> {
         match (&self.policy, &self.measure_log) {

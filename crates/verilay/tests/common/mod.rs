@@ -477,11 +477,13 @@ pub fn dirs(base: &Path, tag: &str) -> Dirs {
     d
 }
 
-/// `verilay mount IMAGE --upper --work MNT`, unmounted when dropped.
+/// `verilay mount IMAGE --upper --work MNT --allow-other` (pjdfstest acts as other
+/// users), unmounted when dropped.
 pub fn verilay_mount(image: &Path, d: &Dirs, mnt: &Path) -> Unmount {
     std::fs::create_dir_all(mnt).unwrap();
     run(verilay()
         .arg("mount")
+        .arg("--allow-other")
         .arg(image)
         .arg("--upper")
         .arg(&d.upper)

@@ -1,9 +1,766 @@
 //! Mount options, upper and work directories, worker setup (items 3, 4, 5, 10).
+//!
+//! Every case runs against real mounts: the kernel's answer (EACCES for a setuid program
+//! under nosuid, EROFS under ro, the flags in /proc/self/mountinfo) is the oracle, and a
+//! refused mount must leave no mount and no daemon behind.
 
+use crate::common::*;
 use crate::Seed;
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-/// Hostile inputs of this module for the fuzz targets.
+/// Hostile option strings for the `mount_options` fuzz target.
 pub fn seeds(_tmp: &Path) -> Vec<Seed> {
-    Vec::new()
+    [
+        "nosuid,nodev,noexec,allow_other",
+        "ro,suid,dev,exec,rw,defaults,nofail,_netdev,user=someone,x-systemd.automount",
+        "nosuid,bogus",
+        "fd=3,rootmode=40000,user_id=0,allow_other",
+        "threads=0",
+        "threads=4294967297",
+        "threads=1024,digest=sha256:00",
+        "log=\"/tmp/a,b\",upper=/u,work=/w",
+        "log=\"unclosed,ro",
+        "log=a\"b",
+        "noatime,strictatime,relatime,atime,nodiratime,lazytime,nosymfollow,dirsync,sync",
+        "policy=/p,measure_log=/l,measure_hash=md5",
+        ",,,ro,,",
+        "remount,bind",
+        "upper=,work=",
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, s)| Seed {
+        target: "mount_options",
+        name: format!("options{i}"),
+        bytes: s.as_bytes().to_vec(),
+    })
+    .collect()
+}
+
+fn prerequisites() -> bool {
+    skip_unless(is_root(), "needs root (mounts, setuid files, mknod)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+}
+
+/// A directory every user can enter, removed when dropped.
+struct Base(tempfile::TempDir);
+
+impl Base {
+    fn new() -> Base {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        Base(t)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        let d = self.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+}
+
+/// An image with a text file, a setuid-root copy of `id`, a copy of `true` and
+/// /dev/null's device node.
+fn image(base: &Base) -> PathBuf {
+    let src = base.dir("src");
+    std::fs::write(src.join("f"), b"image bytes\n").unwrap();
+    sh(&format!(
+        "cd '{}' && cp /usr/bin/id suid_id && chown 0:0 suid_id && chmod 4755 suid_id && \
+         cp /bin/true prog && chmod 755 prog && mknod null c 1 3 && chmod 666 null",
+        src.display()
+    ));
+    let image = base.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    image
+}
+
+/// `verilay ARGS`, stopped after 60 s: a hang fails the test instead of stalling it.
+fn verilay_bounded(args: &[&std::ffi::OsStr]) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(env!("CARGO_BIN_EXE_verilay"))
+        .args(args)
+        .output()
+        .unwrap();
+    (out, start.elapsed())
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+/// The mount at `dir` in /proc/self/mountinfo: (its per-mount options, its type).
+fn mount_at(dir: &Path) -> Option<(String, String)> {
+    let canon = std::fs::canonicalize(dir).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if Path::new(f[4]) != canon {
+            return None;
+        }
+        let (_, after) = l.split_once(" - ")?;
+        Some((f[5].to_string(), after.split(' ').next()?.to_string()))
+    })
+}
+
+/// Asserts a refused mount: exit 1, one line naming every needle, nothing mounted on
+/// `mnt`, no daemon for it.
+fn assert_refused(out: &Output, mnt: &Path, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "expected {n:?} in: {err}");
+    }
+    assert_eq!(mount_at(mnt), None, "a mount was left on {}", mnt.display());
+    let daemons = Command::new("pgrep")
+        .arg("-f")
+        .arg(format!("verilay mount .*{} --ready-fd", mnt.display()))
+        .output()
+        .unwrap();
+    assert!(daemons.stdout.is_empty(), "a daemon was left: {daemons:?}");
+}
+
+/// Runs `script` as the `verilaytest` user in `dir`: (exit code, stdout and stderr).
+fn as_user(dir: &Path, script: &str) -> (i32, String) {
+    let out = as_test_user(dir, script);
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Runs mount(8) with /sbin/mount.fuse.verilay pointing at this build for the duration.
+/// (The tests of this module run in parallel; one link at a time.)
+fn mount8(args: &[&std::ffi::OsStr]) -> Output {
+    static HELPER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = HELPER.lock().unwrap_or_else(|e| e.into_inner());
+    let helper = Path::new("/sbin/mount.fuse.verilay");
+    let _ = std::fs::remove_file(helper);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg("mount")
+        .args(args)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(helper);
+    out
+}
+
+#[test]
+fn nosuid_nodev_noexec_and_ro_are_honoured() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    // The control: a root mount open to others runs set-id programs, opens devices and
+    // runs programs, as the kernel's own mount of the image would.
+    let open = base.dir("open");
+    run(verilay()
+        .arg("mount")
+        .arg(&image)
+        .arg(&open)
+        .args(["--allow-other", "--quiet"]));
+    let _open = Unmount {
+        dir: open.clone(),
+        fuse: true,
+    };
+    let (code, said) = as_user(&open, "./suid_id -u; ./prog; head -c 0 null");
+    assert_eq!((code, said.as_str()), (0, "0\n"), "control mount");
+    assert!(
+        !as_user(&open, "id -u").1.starts_with('0'),
+        "verilaytest is not root"
+    );
+
+    // Through mount(8), as an fstab line would: each flag is in force.
+    let closed = base.dir("closed");
+    let out = mount8(&[
+        os("-t"),
+        os("fuse.verilay"),
+        os("-o"),
+        os("nosuid,nodev,noexec,allow_other"),
+        image.as_os_str(),
+        closed.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let _closed = Unmount {
+        dir: closed.clone(),
+        fuse: true,
+    };
+    let (flags, fstype) = mount_at(&closed).unwrap();
+    assert_eq!(fstype, "fuse.verilay");
+    for f in ["ro", "nosuid", "nodev", "noexec"] {
+        assert!(flags.split(',').any(|x| x == f), "{f} not in {flags}");
+    }
+    // noexec: no program runs; nodev: no device opens.
+    let (code, said) = as_user(&closed, "cat f && ./prog");
+    assert_ne!(code, 0, "noexec: {said}");
+    assert!(said.contains("Permission denied"), "noexec: {said}");
+    let (_, said) = as_user(&closed, "head -c 0 null");
+    assert!(said.contains("Permission denied"), "nodev: {said}");
+
+    // nosuid alone (exec allowed): the set-id bit is ignored.
+    let nosuid = base.dir("nosuid");
+    let out = mount8(&[
+        os("-t"),
+        os("fuse.verilay"),
+        os("-o"),
+        os("nosuid,allow_other"),
+        image.as_os_str(),
+        nosuid.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let _nosuid = Unmount {
+        dir: nosuid.clone(),
+        fuse: true,
+    };
+    let (code, said) = as_user(&nosuid, "./suid_id -u");
+    assert_eq!(code, 0, "{said}");
+    assert_ne!(said, "0\n", "nosuid: the setuid program ran as root");
+
+    // `-o ro` over a writable upper directory: read-only, for root too.
+    let (u, w, rom) = (base.dir("u"), base.dir("w"), base.dir("rom"));
+    let (out, _) = verilay_bounded(&[
+        os("mount"),
+        image.as_os_str(),
+        rom.as_os_str(),
+        os("--upper"),
+        u.as_os_str(),
+        os("--work"),
+        w.as_os_str(),
+        os("-o"),
+        os("ro,noexec"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let _rom = Unmount {
+        dir: rom.clone(),
+        fuse: true,
+    };
+    let err = std::fs::write(rom.join("new"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS, got {err}");
+    let err = std::fs::OpenOptions::new()
+        .append(true)
+        .open(rom.join("f"))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS, got {err}");
+    assert_eq!(std::fs::read_dir(&u).unwrap().count(), 0, "upper untouched");
+    let (flags, _) = mount_at(&rom).unwrap();
+    assert!(
+        flags.starts_with("ro,") && flags.contains("noexec"),
+        "{flags}"
+    );
+}
+
+#[test]
+fn a_root_mount_without_allow_other_is_roots_alone() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    run(verilay().arg("mount").arg(&image).arg(&mnt).arg("--quiet"));
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"image bytes\n");
+    let (code, said) = as_user(base.path(), "cat m/f");
+    assert_ne!(code, 0, "verilaytest read a root-only mount: {said}");
+    assert!(said.contains("Permission denied"), "{said}");
+    let (flags, _) = mount_at(&mnt).unwrap();
+    assert!(flags.starts_with("ro"), "{flags}");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(&format!(" {} ", mnt.display())))
+        .unwrap();
+    assert!(!line.contains("allow_other"), "{line}");
+}
+
+#[test]
+fn options_that_are_not_understood_are_refused_by_name() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    for (opts, needle) in [
+        ("nosuid,frobnicate", "frobnicate"),
+        ("ro,fd=0", "fd=0"),
+        ("remount", "remount"),
+        ("rw", "rw"),
+        ("threads=100000", "threads"),
+        ("log=\"unclosed", "quote"),
+    ] {
+        let (out, _) = verilay_bounded(&[
+            os("mount"),
+            image.as_os_str(),
+            mnt.as_os_str(),
+            os("-o"),
+            os(opts),
+        ]);
+        assert_refused(&out, &mnt, &[needle]);
+    }
+    // Through mount(8) too.
+    let out = mount8(&[
+        os("-t"),
+        os("fuse.verilay"),
+        os("-o"),
+        os("nodev,frobnicate"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("frobnicate"),
+        "{out:?}"
+    );
+    assert_eq!(mount_at(&mnt), None);
+}
+
+/// The data a user keeps in the upper directory (or next to it), by path.
+fn fill(files: &[(&Path, &str)]) {
+    for (p, text) in files {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+}
+
+fn assert_intact(files: &[(&Path, &str)]) {
+    for (p, text) in files {
+        assert_eq!(
+            std::fs::read_to_string(p).ok().as_deref(),
+            Some(*text),
+            "{} lost",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn overlapping_upper_work_and_mountpoint_are_refused_with_data_intact() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let b = base.path();
+    let mnt = base.dir("m");
+    let x = base.dir("x");
+    let u = base.dir("u");
+    let w = base.dir("w");
+    let kept_x = x.join("verilay/kept");
+    let kept_u = u.join("verilay/kept");
+    let kept_u2 = u.join("sub/kept");
+    let files = [
+        (kept_x.as_path(), "in X/verilay\n"),
+        (kept_u.as_path(), "in U/verilay\n"),
+        (kept_u2.as_path(), "in U/sub\n"),
+    ];
+    fill(&files);
+    std::os::unix::fs::symlink(&u, b.join("alias")).unwrap();
+    std::fs::write(b.join("plainfile"), b"not a directory").unwrap();
+    std::fs::create_dir_all(u.join("mnt")).unwrap();
+    std::fs::create_dir_all(w.join("mnt")).unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let bind = base.dir("bind");
+    run(Command::new("mount").arg("--bind").arg(&w).arg(&bind));
+    let _bind = Unmount {
+        dir: bind.clone(),
+        fuse: false,
+    };
+    std::fs::copy(&image, u.join("img")).unwrap();
+    let p = |s: &str| b.join(s);
+    let d = |p: &Path| p.display().to_string();
+    std::fs::create_dir_all(w.join("sub")).unwrap();
+    // (image, upper, work, mountpoint, what the error must say)
+    let cases: Vec<(PathBuf, PathBuf, PathBuf, PathBuf, Vec<String>)> = vec![
+        (
+            image.clone(),
+            x.join("verilay"),
+            x.clone(),
+            mnt.clone(),
+            vec![format!(
+                "upper directory {} is inside work directory {}",
+                d(&x.join("verilay")),
+                d(&x)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            u.clone(),
+            mnt.clone(),
+            vec![format!(
+                "upper directory {0} and work directory {0} are the same directory",
+                d(&u)
+            )],
+        ),
+        (
+            image.clone(),
+            u.join("verilay"),
+            u.clone(),
+            mnt.clone(),
+            vec![format!(
+                "upper directory {} is inside work directory {}",
+                d(&u.join("verilay")),
+                d(&u)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            u.join("sub"),
+            mnt.clone(),
+            vec![format!(
+                "work directory {} is inside upper directory {}",
+                d(&u.join("sub")),
+                d(&u)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            p("alias"),
+            mnt.clone(),
+            vec![format!(
+                "upper directory {} and work directory {} are the same",
+                d(&u),
+                d(&p("alias"))
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            p("w/../u"),
+            mnt.clone(),
+            vec![format!(
+                "upper directory {} and work directory {} are the same",
+                d(&u),
+                d(&p("w/../u"))
+            )],
+        ),
+        (
+            image.clone(),
+            p("alias/sub"),
+            u.clone(),
+            mnt.clone(),
+            vec![format!(
+                "upper directory {} is inside work directory {}",
+                d(&p("alias/sub")),
+                d(&u)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            p("plainfile"),
+            mnt.clone(),
+            vec![format!(
+                "work directory {}: Not a directory",
+                d(&p("plainfile"))
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            shm.path().to_path_buf(),
+            mnt.clone(),
+            vec![format!(
+                "work directory {} is on another filesystem than upper directory {}",
+                d(shm.path()),
+                d(&u)
+            )],
+        ),
+        (
+            image.clone(),
+            w.clone(),
+            bind.join("sub"),
+            mnt.clone(),
+            vec![format!(
+                "work directory {} and upper directory {} are on different mounts",
+                d(&bind.join("sub")),
+                d(&w)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            w.clone(),
+            u.join("mnt"),
+            vec![format!(
+                "mountpoint {} is inside upper directory {}",
+                d(&u.join("mnt")),
+                d(&u)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            w.clone(),
+            w.join("mnt"),
+            vec![format!(
+                "mountpoint {} is inside work directory {}",
+                d(&w.join("mnt")),
+                d(&w)
+            )],
+        ),
+        (
+            image.clone(),
+            u.clone(),
+            w.clone(),
+            bind.join("mnt"),
+            vec![format!(
+                "mountpoint {} is inside work directory {}",
+                d(&bind.join("mnt")),
+                d(&w)
+            )],
+        ),
+        (
+            u.join("img"),
+            u.clone(),
+            w.clone(),
+            mnt.clone(),
+            vec![format!(
+                "image {} is inside upper directory {}",
+                d(&u.join("img")),
+                d(&u)
+            )],
+        ),
+    ];
+    for (img, upper, work, mp, needles) in cases {
+        let (out, _) = verilay_bounded(&[
+            os("mount"),
+            img.as_os_str(),
+            mp.as_os_str(),
+            os("--upper"),
+            upper.as_os_str(),
+            os("--work"),
+            work.as_os_str(),
+        ]);
+        let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+        assert_refused(&out, &mp, &needles);
+        assert_intact(&files);
+    }
+    // Nothing was added to the upper directories either.
+    assert!(!u.join("verilay.lock").exists() && !x.join("verilay/verilay.lock").exists());
+}
+
+/// Waits (10 s at most) until `cond` holds.
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_second_mount_of_the_same_upper_or_work_is_refused_until_the_first_is_gone() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let (u, w, w2) = (base.dir("u"), base.dir("w"), base.dir("w2"));
+    let (m1, m2) = (base.dir("m1"), base.dir("m2"));
+    let mount = |mnt: &Path, work: &Path| {
+        verilay_bounded(&[
+            os("mount"),
+            image.as_os_str(),
+            mnt.as_os_str(),
+            os("--upper"),
+            u.as_os_str(),
+            os("--work"),
+            work.as_os_str(),
+            os("--quiet"),
+        ])
+        .0
+    };
+    let out = mount(&m1, &w);
+    assert!(out.status.success(), "{out:?}");
+    let first = Unmount {
+        dir: m1.clone(),
+        fuse: true,
+    };
+    // A copy-up through the first mount, in its work directory.
+    sh(&format!("echo more >> '{}'", m1.join("f").display()));
+    let pid = String::from_utf8(
+        run(Command::new("pgrep")
+            .arg("-f")
+            .arg(format!("verilay mount .*{} --ready-fd", m1.display())))
+        .stdout,
+    )
+    .unwrap();
+    let pid = pid.trim();
+    for work in [&w, &w2] {
+        let out = mount(&m2, work);
+        let m1s = m1.display().to_string();
+        let held = if work == &w {
+            "work directory"
+        } else {
+            "upper directory"
+        };
+        assert_refused(&out, &m2, &[held, "in use", &m1s, pid]);
+    }
+    // The first still works: another copy-up and a new file.
+    sh(&format!(
+        "echo again >> '{0}/f' && echo new > '{0}/g'",
+        m1.display()
+    ));
+    assert_eq!(
+        std::fs::read_to_string(m1.join("f")).unwrap(),
+        "image bytes\nmore\nagain\n"
+    );
+    // Killed outright, the first lets go: the second mount is accepted and sees its data.
+    run(Command::new("kill").args(["-KILL", pid]));
+    wait_until("the killed daemon is gone", || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    drop(first);
+    let out = mount(&m2, &w);
+    assert!(out.status.success(), "{out:?}");
+    let second = Unmount {
+        dir: m2.clone(),
+        fuse: true,
+    };
+    assert_eq!(
+        std::fs::read_to_string(m2.join("f")).unwrap(),
+        "image bytes\nmore\nagain\n"
+    );
+    assert_eq!(std::fs::read_to_string(m2.join("g")).unwrap(), "new\n");
+    // An unmount followed at once by a mount of the same directories is not refused:
+    // the old daemon's exit is waited for.
+    run(verilay().arg("umount").arg(&m2));
+    std::mem::forget(second);
+    let out = mount(&m1, &w);
+    assert!(out.status.success(), "{out:?}");
+    let _again = Unmount {
+        dir: m1.clone(),
+        fuse: true,
+    };
+}
+
+#[test]
+fn a_directory_of_a_kernel_overlayfs_mount_is_refused() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let lower = base.dir("lower");
+    let (u, w, k, m) = (base.dir("u"), base.dir("w"), base.dir("k"), base.dir("m"));
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            u.display(),
+            w.display()
+        ))
+        .arg(&k));
+    let _k = Unmount {
+        dir: k.clone(),
+        fuse: false,
+    };
+    let w2 = base.dir("w2");
+    let (out, _) = verilay_bounded(&[
+        os("mount"),
+        image.as_os_str(),
+        m.as_os_str(),
+        os("--upper"),
+        u.as_os_str(),
+        os("--work"),
+        w2.as_os_str(),
+    ]);
+    let ks = k.display().to_string();
+    assert_refused(&out, &m, &["upper directory", "upperdir", "overlayfs", &ks]);
+}
+
+#[test]
+fn a_failed_worker_setup_fails_the_mount_at_once_and_leaves_nothing() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    let v = env!("CARGO_BIN_EXE_verilay");
+    let bounded = |limit: &str, threads: &str| {
+        let start = Instant::now();
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{limit}; exec timeout 60 '{v}' mount '{}' '{}' --threads {threads}",
+                image.display(),
+                mnt.display()
+            ))
+            .output()
+            .unwrap();
+        (out, start.elapsed())
+    };
+    // Fewer descriptors than workers.
+    let (out, took) = bounded("ulimit -n 64", "1000");
+    assert_refused(&out, &mnt, &["--threads 1000", "descriptor"]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // Descriptors enough, memory not: threads (or their buffers) fail after the mount
+    // exists.
+    let (out, took) = bounded("ulimit -v 400000", "400");
+    assert_refused(&out, &mnt, &["400 workers"]);
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    // An absurd number is refused up front.
+    let (out, _) = bounded("true", "100000000");
+    assert_refused(&out, &mnt, &["at most 1024"]);
+}
+
+#[test]
+fn verilay_mount_never_waits_forever() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    // A daemon slower than the timeout is stopped, and the step it was on is named.
+    let (out, took) = verilay_bounded(&[
+        os("mount"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+        os("--timeout"),
+        os("0.001"),
+    ]);
+    assert_refused(&out, &mnt, &["did not", "--timeout", "stopped it"]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // Things that would block an open forever: a FIFO as the log file or as the image.
+    let fifo = base.path().join("fifo");
+    run(Command::new("mkfifo").arg(&fifo));
+    let (out, took) = verilay_bounded(&[
+        os("mount"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+        os("--log"),
+        fifo.as_os_str(),
+    ]);
+    assert_refused(&out, &mnt, &["log file", "not a regular file"]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let (out, took) = verilay_bounded(&[os("mount"), fifo.as_os_str(), mnt.as_os_str()]);
+    assert_refused(&out, &mnt, &["fifo", "not a regular file"]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
 }

@@ -1,0 +1,308 @@
+//! Making and removing the kernel mount: mount(2) as root, `fusermount3` otherwise, with
+//! the generic options of [`MountOptions`] turned into mount flags (root) or fusermount3's
+//! options (rootless); unmounting; and the mount table.
+
+use super::Settings;
+use anyhow::{bail, Context};
+use rustix::mount::MountFlags;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use verilay::mount_options::{Atime, MountOptions};
+
+/// FUSE's largest read request, asked for at mount.
+const MAX_READ: u32 = 1 << 20;
+
+/// A kernel mount made for a daemon that does not serve it yet: dropped, it is detached
+/// again, so a setup step that fails after the mount exists leaves nothing behind.
+pub struct Mounted {
+    mountpoint: std::path::PathBuf,
+    armed: bool,
+}
+
+impl Mounted {
+    /// The mount serves: it is the user's to unmount now.
+    pub fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = unmount(&self.mountpoint, true);
+        }
+    }
+}
+
+/// Mounts `/dev/fuse` on the settings' mountpoint as "fuse.verilay", with the options.
+pub fn mount(s: &Settings, source: &str) -> anyhow::Result<(OwnedFd, Mounted)> {
+    let fd = if s.root {
+        mount_root(s, source)?
+    } else {
+        mount_fusermount(s, source)?
+    };
+    Ok((
+        fd,
+        Mounted {
+            mountpoint: s.mountpoint.clone(),
+            armed: true,
+        },
+    ))
+}
+
+/// The mount(2) flags of the generic options. Unsaid, a root mount is like the kernel's
+/// own mount of the image: set-id bits, devices and programs work.
+pub fn mount_flags(o: &MountOptions, writable: bool) -> MountFlags {
+    let mut f = MountFlags::empty();
+    let mut set = |on: bool, flag: MountFlags| {
+        if on {
+            f |= flag;
+        }
+    };
+    set(!writable, MountFlags::RDONLY);
+    set(o.nosuid == Some(true), MountFlags::NOSUID);
+    set(o.nodev == Some(true), MountFlags::NODEV);
+    set(o.noexec == Some(true), MountFlags::NOEXEC);
+    set(o.sync == Some(true), MountFlags::SYNCHRONOUS);
+    set(o.dirsync == Some(true), MountFlags::DIRSYNC);
+    set(o.atime == Some(Atime::Never), MountFlags::NOATIME);
+    set(o.atime == Some(Atime::Relative), MountFlags::RELATIME);
+    set(o.atime == Some(Atime::Strict), MountFlags::STRICTATIME);
+    set(o.nodiratime == Some(true), MountFlags::NODIRATIME);
+    set(o.lazytime == Some(true), MountFlags::LAZYTIME);
+    set(o.nosymfollow == Some(true), MountFlags::NOSYMFOLLOW);
+    f
+}
+
+/// Opens /dev/fuse and mounts it with mount(2), so the type is "fuse.verilay" as
+/// `mount -t fuse.verilay` and fstab expect. Without allow_other (or allow_root) the
+/// kernel lets only uid 0 in.
+fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .context("opening /dev/fuse")?;
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,max_read={MAX_READ}",
+        dev.as_raw_fd(),
+    );
+    if s.opts.allow_other || s.opts.allow_root {
+        data.push_str(",allow_other");
+    }
+    rustix::mount::mount(
+        source,
+        &s.mountpoint,
+        "fuse.verilay",
+        mount_flags(&s.opts, s.writable()),
+        data.as_str(),
+    )?;
+    Ok(OwnedFd::from(dev))
+}
+
+/// fusermount3's options for the generic ones. It makes every user's mount nosuid and
+/// nodev; `relatime` is the kernel's default and not said (fusermount3 before 3.14.1
+/// knows no other atime option than noatime, and says so).
+pub fn fusermount_options(o: &MountOptions, writable: bool, source: &str) -> String {
+    let mut v = vec![if writable { "rw" } else { "ro" }, "nosuid", "nodev"];
+    let said = |opt: Option<bool>| opt == Some(true);
+    for (on, name) in [
+        (said(o.noexec), "noexec"),
+        (said(o.sync), "sync"),
+        (said(o.dirsync), "dirsync"),
+        (o.atime == Some(Atime::Never), "noatime"),
+        (o.atime == Some(Atime::Strict), "strictatime"),
+        (said(o.nodiratime), "nodiratime"),
+        (said(o.lazytime), "lazytime"),
+        (said(o.nosymfollow), "nosymfollow"),
+        // allow_root is FUSE's library's: the kernel sees allow_other, the daemon checks.
+        (o.allow_other || o.allow_root, "allow_other"),
+        (true, "default_permissions"),
+    ] {
+        if on {
+            v.push(name);
+        }
+    }
+    format!(
+        "{},fsname={},subtype=verilay,max_read={MAX_READ}",
+        v.join(","),
+        source.replace('\\', "\\\\").replace(',', "\\,")
+    )
+}
+
+/// Rootless: the setuid `fusermount3` opens /dev/fuse, mounts it, and hands the
+/// descriptor back over a socket (libfuse's `_FUSE_COMMFD` protocol).
+fn mount_fusermount(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
+    use rustix::net::{
+        recvmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+        SocketFlags, SocketType,
+    };
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("socketpair")?;
+    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).context("socketpair")?;
+    let child = Command::new("fusermount3")
+        .arg("-o")
+        .arg(fusermount_options(&s.opts, s.writable(), source))
+        .arg("--")
+        .arg(&s.mountpoint)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running fusermount3 (is the fuse3 package installed?)")?;
+    drop(theirs);
+    let mut space = [0u8; rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let got = recvmsg(
+        &ours,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    );
+    let fd = match got {
+        Ok(_) => control.drain().find_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        }),
+        Err(_) => None,
+    };
+    let out = child
+        .wait_with_output()
+        .context("waiting for fusermount3")?;
+    match fd {
+        Some(fd) if out.status.success() => Ok(fd),
+        _ => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("failed without a message");
+            // fusermount3 names itself in its messages; say it once.
+            bail!("fusermount3: {}", last.trim_start_matches("fusermount3: "))
+        }
+    }
+}
+
+pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+    if rustix::process::geteuid().is_root() {
+        let flags = if lazy {
+            rustix::mount::UnmountFlags::DETACH
+        } else {
+            rustix::mount::UnmountFlags::empty()
+        };
+        return rustix::mount::unmount(mountpoint, flags).map_err(|e| match e {
+            rustix::io::Errno::BUSY => {
+                anyhow::anyhow!("{}: busy (try --lazy)", mountpoint.display())
+            }
+            rustix::io::Errno::INVAL => {
+                anyhow::anyhow!("{}: not a mount point", mountpoint.display())
+            }
+            e => anyhow::anyhow!("unmounting {}: {e}", mountpoint.display()),
+        });
+    }
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u").arg("-q");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd
+        .arg(mountpoint)
+        .stdin(Stdio::null())
+        .output()
+        .context("running fusermount3 -u")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        bail!(
+            "unmounting {}: {}",
+            mountpoint.display(),
+            err.trim().lines().last().unwrap_or("fusermount3 failed")
+        );
+    }
+    Ok(())
+}
+
+/// The mount table's entries at `path`: (filesystem type, ...) per /proc/self/mountinfo.
+fn mounts_at(path: &Path) -> Vec<String> {
+    let Ok(canon) = std::fs::canonicalize(path) else {
+        return Vec::new();
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|m| upper::unescape(m) == canon)
+        })
+        .filter_map(|l| {
+            let (_, after) = l.split_once(" - ")?;
+            Some(after.split(' ').next()?.to_string())
+        })
+        .collect()
+}
+
+/// Whether `path` is the mount point of some mount.
+pub fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
+    std::fs::canonicalize(path)?;
+    Ok(!mounts_at(path).is_empty())
+}
+
+/// After a daemon failed or was stopped: detaches a verilay mount it left on `mountpoint`
+/// (nothing was mounted there before it started; a dead daemon's mount only says
+/// "Transport endpoint is not connected").
+pub fn detach_leftover(mountpoint: &Path) {
+    if mounts_at(mountpoint).iter().any(|t| t == "fuse.verilay") {
+        let _ = unmount(mountpoint, true);
+    }
+}
+
+/// A writable mount holds one descriptor per upper object the kernel has cached, so the
+/// daemon takes all the descriptors it may: the hard limit, and as root the system's
+/// maximum (`fs.nr_open`). Past half of them, it has the kernel drop the names it looked
+/// up longest ago (imagefs's `reaper`), so a low limit costs lookups, not EMFILE.
+pub fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    let system_max = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(max) = system_max.filter(|&m| now.maximum.is_some_and(|h| m > h)) {
+        let all = Rlimit {
+            current: Some(max),
+            maximum: Some(max),
+        };
+        if setrlimit(Resource::Nofile, all).is_ok() {
+            return;
+        }
+    }
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: now.maximum,
+            maximum: now.maximum,
+        },
+    );
+}
+
+/// The kernel caps FUSE readahead at the mount's bdi setting (128 KiB by default) whatever
+/// INIT negotiated; let sequential reads arrive as 1 MiB requests. Root only; best effort.
+pub fn raise_readahead(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = m.dev();
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let _ = std::fs::write(
+        format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"),
+        b"1024",
+    );
+}

@@ -1,0 +1,410 @@
+//! Mount options (`-o`), as `verilay mount -o`, mount(8) and fstab give them.
+//!
+//! An option string is parsed into [`MountOptions`] first, and only that value is used to
+//! build the mount (mount(2) flags and data, or fusermount3's options): every option is
+//! either honoured or refused with an error naming it, none is silently dropped.
+//! [`MountOptions::render`] writes the value back as an option string that parses to the
+//! same value (the daemon gets its options that way).
+//!
+//! Understood:
+//! - the generic options the kernel applies to a FUSE mount: `ro`/`rw`, `nosuid`/`suid`,
+//!   `nodev`/`dev`, `noexec`/`exec`, `sync`/`async`, `dirsync`, the atime family
+//!   (`noatime`, `atime`, `relatime`, `norelatime`, `strictatime`, `nostrictatime`,
+//!   `nodiratime`, `diratime`), `lazytime`/`nolazytime`, `nosymfollow`/`symfollow`;
+//! - FUSE's access options: `allow_other`, `allow_root`, `default_permissions` (always on);
+//! - what mount(8) passes to a helper without asking the filesystem anything (`defaults`,
+//!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
+//!   `owner`, `group`, `_netdev`, `comment=…`, `x-…`, `X-…`, FUSE's legacy `nonempty`):
+//!   accepted, and nothing for the mount itself;
+//! - verilay's own: `digest=`, `threads=`, `log=`, `upper=`, `work=`, `policy=`,
+//!   `measure_log=`, `measure_hash=`.
+//!
+//! Options are separated by commas; a value may be put in double quotes to hold commas
+//! (`log="/var/log/a,b"`), and a quote is allowed nowhere else. Where options contradict
+//! each other (`ro,rw`), the last one wins, as with mount(8).
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+/// Worker threads a mount may have at most: each is a thread, a cloned /dev/fuse
+/// descriptor and a 16 MiB request buffer, and past a few per CPU they only cost (a
+/// request holds a worker only while the daemon works on it).
+pub const MAX_THREADS: usize = 1024;
+
+/// When the kernel updates access times (one of these, or its default, `relatime`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Atime {
+    /// `noatime`.
+    Never,
+    /// `relatime` (also what `atime`, `norelatime` and `nostrictatime` leave).
+    Relative,
+    /// `strictatime`.
+    Strict,
+}
+
+/// A parsed option string. `None` means "not said": the mount gets its default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountOptions {
+    /// `ro` (true) or `rw` (false).
+    pub read_only: Option<bool>,
+    pub nosuid: Option<bool>,
+    pub nodev: Option<bool>,
+    pub noexec: Option<bool>,
+    pub sync: Option<bool>,
+    pub dirsync: Option<bool>,
+    pub atime: Option<Atime>,
+    pub nodiratime: Option<bool>,
+    pub lazytime: Option<bool>,
+    pub nosymfollow: Option<bool>,
+    /// Other users may use the mount (FUSE allows only the mounting user otherwise).
+    pub allow_other: bool,
+    /// Root may use the mount too (FUSE's `allow_root`).
+    pub allow_root: bool,
+    /// `digest=`: the one image's pinned digest.
+    pub digest: Option<String>,
+    pub threads: Option<usize>,
+    pub log: Option<PathBuf>,
+    pub upper: Option<PathBuf>,
+    pub work: Option<PathBuf>,
+    pub policy: Option<PathBuf>,
+    pub measure_log: Option<PathBuf>,
+    pub measure_hash: Option<String>,
+}
+
+/// Why an option string was refused; names the option.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    pub option: String,
+    pub why: String,
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mount option {:?}: {}", self.option, self.why)
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+fn refuse(option: &[u8], why: impl Into<String>) -> OptionError {
+    OptionError {
+        option: String::from_utf8_lossy(option).into_owned(),
+        why: why.into(),
+    }
+}
+
+/// The generic flag options: name, the field they set, the value.
+type FlagField = fn(&mut MountOptions) -> &mut Option<bool>;
+const FLAGS: &[(&str, FlagField, bool)] = &[
+    ("ro", |o| &mut o.read_only, true),
+    ("rw", |o| &mut o.read_only, false),
+    ("nosuid", |o| &mut o.nosuid, true),
+    ("suid", |o| &mut o.nosuid, false),
+    ("nodev", |o| &mut o.nodev, true),
+    ("dev", |o| &mut o.nodev, false),
+    ("noexec", |o| &mut o.noexec, true),
+    ("exec", |o| &mut o.noexec, false),
+    ("sync", |o| &mut o.sync, true),
+    ("async", |o| &mut o.sync, false),
+    ("dirsync", |o| &mut o.dirsync, true),
+    ("nodiratime", |o| &mut o.nodiratime, true),
+    ("diratime", |o| &mut o.nodiratime, false),
+    ("lazytime", |o| &mut o.lazytime, true),
+    ("nolazytime", |o| &mut o.lazytime, false),
+    ("nosymfollow", |o| &mut o.nosymfollow, true),
+    ("symfollow", |o| &mut o.nosymfollow, false),
+];
+
+/// Options for mount(8) itself, or for the record: accepted, nothing to do.
+const FOR_MOUNT8: &[&str] = &[
+    "defaults", "nofail", "auto", "noauto", "user", "nouser", "users", "nousers", "owner",
+    "noowner", "group", "nogroup", "_netdev", "nonempty",
+];
+
+/// Options a reader might expect to work that verilay refuses, and why.
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "remount",
+        "a verilay mount cannot be remounted: unmount and mount again",
+    ),
+    (
+        "bind",
+        "bind mounts are made with mount --bind, not by verilay",
+    ),
+    (
+        "rbind",
+        "bind mounts are made with mount --bind, not by verilay",
+    ),
+    ("mand", "mandatory locks are gone from Linux"),
+    ("iversion", "FUSE mounts keep no i_version"),
+    (
+        "auto_unmount",
+        "not supported: the daemon unmounts when signalled",
+    ),
+    (
+        "blkdev",
+        "verilay mounts images, not block devices (fuseblk)",
+    ),
+];
+
+impl MountOptions {
+    /// Parses one option string (`-o` value). Empty options (`ro,,nosuid`) are skipped.
+    pub fn parse(text: &[u8]) -> Result<MountOptions, OptionError> {
+        let mut o = MountOptions::default();
+        o.apply(text)?;
+        Ok(o)
+    }
+
+    /// Applies another option string on top of these (later options win).
+    pub fn apply(&mut self, text: &[u8]) -> Result<(), OptionError> {
+        for opt in split(text)? {
+            self.apply_one(opt)?;
+        }
+        Ok(())
+    }
+
+    fn apply_one(&mut self, opt: &[u8]) -> Result<(), OptionError> {
+        let (key, value) = match opt.iter().position(|&b| b == b'=') {
+            Some(i) => (&opt[..i], Some(&opt[i + 1..])),
+            None => (opt, None),
+        };
+        let Ok(key) = std::str::from_utf8(key) else {
+            return Err(refuse(opt, "unknown option"));
+        };
+        let Some(value) = value else {
+            return self.apply_word(opt, key);
+        };
+        if key.starts_with("x-") || key.starts_with("X-") || key == "comment" || key == "user" {
+            return Ok(());
+        }
+        let value = unquote(opt, value)?;
+        if value.is_empty() {
+            return Err(refuse(opt, "needs a value"));
+        }
+        let path = || PathBuf::from(OsStr::from_bytes(value));
+        match key {
+            "digest" => self.digest = Some(text_value(opt, value)?.to_string()),
+            "threads" => self.threads = Some(parse_threads(opt, value)?),
+            "log" => self.log = Some(path()),
+            "upper" => self.upper = Some(path()),
+            "work" => self.work = Some(path()),
+            "policy" => self.policy = Some(path()),
+            "measure_log" => self.measure_log = Some(path()),
+            "measure_hash" => {
+                let name = text_value(opt, value)?;
+                if measure::log::HashAlgo::from_name(name).is_none() {
+                    return Err(refuse(opt, "not one of sha256, sha512, sha1"));
+                }
+                self.measure_hash = Some(name.to_string());
+            }
+            "fd" | "rootmode" | "user_id" | "group_id" | "max_read" | "blksize" | "fsname"
+            | "subtype" => return Err(refuse(opt, "set by verilay itself")),
+            _ => return Err(refuse(opt, "unknown option")),
+        }
+        Ok(())
+    }
+
+    fn apply_word(&mut self, opt: &[u8], word: &str) -> Result<(), OptionError> {
+        if let Some((_, field, value)) = FLAGS.iter().find(|(name, ..)| *name == word) {
+            *field(self) = Some(*value);
+            return Ok(());
+        }
+        match word {
+            "noatime" => self.atime = Some(Atime::Never),
+            "strictatime" => self.atime = Some(Atime::Strict),
+            "atime" | "relatime" | "norelatime" | "nostrictatime" => {
+                self.atime = Some(Atime::Relative)
+            }
+            "allow_other" => self.allow_other = true,
+            "allow_root" => self.allow_root = true,
+            "default_permissions" => {}
+            w if FOR_MOUNT8.contains(&w) || w.starts_with("x-") || w.starts_with("X-") => {}
+            w => {
+                let why = REFUSED
+                    .iter()
+                    .find(|(name, _)| *name == w)
+                    .map_or("unknown option", |(_, why)| why);
+                return Err(refuse(opt, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// The options as one string that [`MountOptions::parse`] reads back as `self`.
+    pub fn render(&self) -> OsString {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for (name, field, value) in FLAGS {
+            let mut copy = self.clone();
+            if *field(&mut copy) == Some(*value) {
+                out.push(name.as_bytes().to_vec());
+            }
+        }
+        match self.atime {
+            Some(Atime::Never) => out.push(b"noatime".to_vec()),
+            Some(Atime::Relative) => out.push(b"relatime".to_vec()),
+            Some(Atime::Strict) => out.push(b"strictatime".to_vec()),
+            None => {}
+        }
+        if self.allow_other {
+            out.push(b"allow_other".to_vec());
+        }
+        if self.allow_root {
+            out.push(b"allow_root".to_vec());
+        }
+        let mut value = |key: &str, v: &[u8]| {
+            let mut o = format!("{key}=").into_bytes();
+            // A value is quoted when it holds a comma (parsing refuses quotes inside one).
+            if v.contains(&b',') {
+                o.push(b'"');
+                o.extend_from_slice(v);
+                o.push(b'"');
+            } else {
+                o.extend_from_slice(v);
+            }
+            out.push(o);
+        };
+        if let Some(d) = &self.digest {
+            value("digest", d.as_bytes());
+        }
+        if let Some(t) = self.threads {
+            value("threads", t.to_string().as_bytes());
+        }
+        for (key, p) in [
+            ("log", &self.log),
+            ("upper", &self.upper),
+            ("work", &self.work),
+            ("policy", &self.policy),
+            ("measure_log", &self.measure_log),
+        ] {
+            if let Some(p) = p {
+                value(key, p.as_os_str().as_bytes());
+            }
+        }
+        if let Some(h) = &self.measure_hash {
+            value("measure_hash", h.as_bytes());
+        }
+        OsString::from_vec(out.join(&b','))
+    }
+}
+
+/// Splits at commas outside double quotes; refuses an unclosed quote.
+fn split(text: &[u8]) -> Result<Vec<&[u8]>, OptionError> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut quoted = false;
+    for (i, &b) in text.iter().enumerate() {
+        match b {
+            b'"' => quoted = !quoted,
+            b',' if !quoted => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted {
+        return Err(refuse(&text[start..], "unclosed double quote"));
+    }
+    parts.push(&text[start..]);
+    Ok(parts.into_iter().filter(|p| !p.is_empty()).collect())
+}
+
+/// A value without its surrounding quotes; a quote anywhere else is refused.
+fn unquote<'a>(opt: &[u8], value: &'a [u8]) -> Result<&'a [u8], OptionError> {
+    let inner = match value {
+        [b'"', inner @ .., b'"'] => inner,
+        v => v,
+    };
+    if inner.contains(&b'"') {
+        return Err(refuse(
+            opt,
+            "a double quote may only enclose the whole value",
+        ));
+    }
+    Ok(inner)
+}
+
+fn text_value<'a>(opt: &[u8], value: &'a [u8]) -> Result<&'a str, OptionError> {
+    std::str::from_utf8(value).map_err(|_| refuse(opt, "not UTF-8 text"))
+}
+
+fn parse_threads(opt: &[u8], value: &[u8]) -> Result<usize, OptionError> {
+    let n: usize = text_value(opt, value)?
+        .parse()
+        .map_err(|_| refuse(opt, "not a number"))?;
+    check_threads(n).map_err(|why| refuse(opt, why))
+}
+
+/// Whether `n` worker threads is a number a mount can have (see [`MAX_THREADS`]).
+pub fn check_threads(n: usize) -> Result<usize, String> {
+    match n {
+        0 => Err("at least 1 worker thread is needed".into()),
+        n if n > MAX_THREADS => Err(format!(
+            "{n} worker threads: at most {MAX_THREADS} (each is a thread, a /dev/fuse \
+             descriptor and a 16 MiB request buffer)"
+        )),
+        n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<MountOptions, OptionError> {
+        MountOptions::parse(s.as_bytes())
+    }
+
+    #[test]
+    fn generic_flags_are_parsed_and_the_last_one_wins() {
+        let o = parse("ro,nosuid,nodev,noexec,rw,exec,noatime,strictatime,dirsync").unwrap();
+        assert_eq!(o.read_only, Some(false));
+        assert_eq!(o.nosuid, Some(true));
+        assert_eq!(o.nodev, Some(true));
+        assert_eq!(o.noexec, Some(false));
+        assert_eq!(o.atime, Some(Atime::Strict));
+        assert_eq!(o.dirsync, Some(true));
+        assert_eq!(o.sync, None);
+    }
+
+    #[test]
+    fn what_mount8_adds_is_accepted_and_changes_nothing() {
+        let o = parse("defaults,nofail,_netdev,user=alice,users,x-systemd.automount,comment=x,auto,noauto,nonempty").unwrap();
+        assert_eq!(o, MountOptions::default());
+    }
+
+    #[test]
+    fn unknown_and_reserved_options_are_refused_by_name() {
+        for bad in [
+            "nosuidx",
+            "fd=3",
+            "rootmode=40000",
+            "user_id=0",
+            "max_read=1",
+            "remount",
+            "threads=0",
+            "threads=1025",
+            "threads=-1",
+            "log=",
+            "log=a\"b",
+            "log=\"a",
+            "measure_hash=md5",
+        ] {
+            let e = parse(&format!("ro,{bad}")).unwrap_err();
+            assert!(
+                e.to_string().contains(bad.split('=').next().unwrap()),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn values_with_commas_are_quoted_and_round_trip() {
+        let o = parse("log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w").unwrap();
+        assert_eq!(o.log, Some(PathBuf::from("/a,b")));
+        let again = MountOptions::parse(o.render().as_bytes()).unwrap();
+        assert_eq!(again, o);
+    }
+}
