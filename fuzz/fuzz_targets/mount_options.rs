@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::os::unix::ffi::OsStrExt;
-use verilay::mount_options::MountOptions;
+use mountopts::MountOptions;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(opts) = MountOptions::parse(data) {

@@ -22,6 +22,7 @@ use super::image::{open, Pin};
 use super::measuring::{HashName, MeasureArgs};
 use anyhow::{bail, Context};
 use imagefs::stack::MAX_LAYERS;
+use mountopts::{check_threads, MountOptions};
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -29,7 +30,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use verilay::mount_options::{check_threads, MountOptions};
 
 #[derive(clap::Args, Clone, Default)]
 pub struct Args {
@@ -121,7 +121,7 @@ impl Settings {
         self.opts
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-            .min(verilay::mount_options::MAX_THREADS)
+            .min(mountopts::MAX_THREADS)
     }
 
     fn measure(&self) -> MeasureArgs {

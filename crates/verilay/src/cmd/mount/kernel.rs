@@ -4,11 +4,11 @@
 
 use super::Settings;
 use anyhow::{bail, Context};
+use mountopts::{Atime, MountOptions};
 use rustix::mount::MountFlags;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use verilay::mount_options::{Atime, MountOptions};
 
 /// FUSE's largest read request, asked for at mount.
 const MAX_READ: u32 = 1 << 20;
