@@ -262,6 +262,12 @@ fn duplicate_name_symlink_then_directory_writes_nothing_outside() {
     let t = tempdir();
     let out = outside(t.path());
     let c = duplicate_symlink_and_dir(t.path(), &out);
+    let dir = t.path().join("target");
+    let r = extract(&c.image, &dir, &[]);
+    assert_untouched(&out);
+    refused(&r, "not extracted, fsck finds the image unsound");
+    refused(&r, "name \"a\" does not sort after \"a\"");
+    assert!(!dir.exists(), "refused before writing anything");
     let fsck = verilay().arg("fsck").arg(&c.image).output().unwrap();
     assert_eq!(fsck.status.code(), Some(1));
     assert!(
@@ -269,27 +275,21 @@ fn duplicate_name_symlink_then_directory_writes_nothing_outside() {
         "{}",
         String::from_utf8_lossy(&fsck.stdout)
     );
-    let dir = t.path().join("target");
-    let r = extract(&c.image, &dir, &[]);
-    assert_untouched(&out);
-    refused(&r, "not extracted, fsck finds the image unsound");
-    refused(&r, "name \"a\" does not sort after \"a\"");
-    assert!(!dir.exists(), "refused before writing anything");
 }
 
 #[test]
 fn structural_problems_are_refused_before_anything_is_written() {
     let t = tempdir();
     for (c, want) in structural_cases(t.path()) {
+        let dir = t.path().join(format!("{}-out", c.name));
+        let r = extract(&c.image, &dir, &[]);
+        assert!(!dir.exists(), "{}: something was written", c.name);
+        refused(&r, want);
+        refused(&r, "not extracted");
         let fsck = verilay().arg("fsck").arg(&c.image).output().unwrap();
         let report = String::from_utf8_lossy(&fsck.stdout);
         assert_eq!(fsck.status.code(), Some(1), "{}: {report}", c.name);
         assert!(report.contains(want), "{}: fsck: {report}", c.name);
-        let dir = t.path().join(format!("{}-out", c.name));
-        let r = extract(&c.image, &dir, &[]);
-        refused(&r, want);
-        refused(&r, "not extracted");
-        assert!(!dir.exists(), "{}: something was written", c.name);
     }
 }
 
@@ -363,32 +363,33 @@ fn a_target_that_is_a_symlink_is_refused() {
     refused(&extract(&img, &empty, &[]), "exists and is not empty");
 }
 
-/// Image: `big` and `d/big` (48 MiB each, so extract is still busy when the test swaps),
-/// then `d/z` and `z`.
+/// Image: `a/big`, directory `d` (mode 0700) holding `z`, then `z-big`. The big files (48
+/// MiB each) keep extract busy after `d` is filled, whichever order it writes in: the
+/// window in which the test swaps `d`, or the target, for a symlink to `outside`.
 fn race_image(tmp: &Path) -> PathBuf {
     let src = tmp.join("race-src");
+    std::fs::create_dir_all(src.join("a")).unwrap();
     std::fs::create_dir_all(src.join("d")).unwrap();
     let data: Vec<u8> = (0..48u32 << 20).map(|i| (i % 251) as u8).collect();
-    std::fs::write(src.join("big"), &data).unwrap();
-    std::fs::write(src.join("d/big"), &data).unwrap();
+    std::fs::write(src.join("a/big"), &data).unwrap();
+    std::fs::write(src.join("z-big"), &data).unwrap();
     std::fs::write(src.join("d/z"), "z").unwrap();
-    std::fs::write(src.join("z"), "z").unwrap();
+    std::fs::set_permissions(src.join("d"), std::fs::Permissions::from_mode(0o700)).unwrap();
     let img = tmp.join("race.img");
     crate::common::build(&src, &img, &["--quiet"]);
     img
 }
 
-/// Starts extract into `dir`; once `watch` exists, moves `swap` aside and puts a symlink to
-/// `outside` in its place, while extract is still writing the big file. Returns extract's
-/// output and where `swap` was moved.
+/// Starts extract into `dir`; once `dir/d/z` exists, moves `swap` aside and puts a symlink
+/// to `outside` in its place while extract still runs. Returns extract's output and where
+/// `swap` was moved.
 fn extract_while_swapping(
     img: &Path,
     dir: &Path,
-    watch: &Path,
     swap: &Path,
     outside: &Path,
 ) -> (Output, PathBuf) {
-    let child = verilay()
+    let mut child = verilay()
         .arg("extract")
         .arg(img)
         .arg(dir)
@@ -396,8 +397,9 @@ fn extract_while_swapping(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let watch = dir.join("d/z");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::symlink_metadata(watch).is_err() {
+    while std::fs::symlink_metadata(&watch).is_err() {
         assert!(
             Instant::now() < deadline,
             "{} never appeared",
@@ -408,10 +410,10 @@ fn extract_while_swapping(
     let moved = swap.with_extension("moved");
     std::fs::rename(swap, &moved).unwrap();
     std::os::unix::fs::symlink(outside, swap).unwrap();
-    // The swap must come before extract's next name ("z"), or it proves nothing.
-    let won = !moved.join("z").exists();
+    // Extract must still be running, or the swap proves nothing.
+    let won = child.try_wait().unwrap().is_none();
     let out = child.wait_with_output().unwrap();
-    assert!(won, "extract finished the directory before the swap");
+    assert!(won, "extract finished before the swap");
     (out, moved)
 }
 
@@ -421,10 +423,10 @@ fn a_directory_swapped_for_a_symlink_during_extract_is_not_followed() {
     let out = outside(t.path());
     let img = race_image(t.path());
 
-    // A subdirectory extract made: it keeps writing into the directory it opened, then
-    // refuses to give the symlink the directory's metadata.
+    // A subdirectory extract made and filled: its mode, given last, must not go through
+    // the symlink; extract stops there with one line.
     let dir = t.path().join("target");
-    let (r, moved) = extract_while_swapping(&img, &dir, &dir.join("d/big"), &dir.join("d"), &out);
+    let (r, moved) = extract_while_swapping(&img, &dir, &dir.join("d"), &out);
     assert_untouched(&out);
     refused(
         &r,
@@ -434,11 +436,14 @@ fn a_directory_swapped_for_a_symlink_during_extract_is_not_followed() {
 
     // The target itself: everything goes on into the directory opened at the start.
     let dir = t.path().join("target2");
-    let (r, moved) = extract_while_swapping(&img, &dir, &dir.join("big"), &dir, &out);
-    assert!(r.status.success(), "{}", stderr(&r));
+    let (r, moved) = extract_while_swapping(&img, &dir, &dir, &out);
     assert_untouched(&out);
-    assert_eq!(std::fs::read(moved.join("d/z")).unwrap(), b"z");
-    assert_eq!(std::fs::read(moved.join("z")).unwrap(), b"z");
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(
+        std::fs::metadata(moved.join("z-big")).unwrap().len(),
+        48 << 20
+    );
+    assert_eq!(mode(&moved.join("d")) & 0o7777, 0o700);
 }
 
 /// Files hardlinked across directories that end up read-only (0555) and unsearchable (0):
@@ -589,16 +594,19 @@ fn assert_unprivileged(dir: &Path, out: &Output, uid: u32) {
     assert_eq!(xattr(&dir.join("suid"), "security.test"), None);
 }
 
-#[test]
-fn privilege_is_restored_only_with_ownership() {
-    if skip_unless(is_root(), "making device nodes and setuid files needs root")
+fn lacks_privileged_image_tools() -> bool {
+    skip_unless(is_root(), "making device nodes and setuid files needs root")
         || skip_unless(have("getfattr"), "getfattr (attr) missing")
-    {
+}
+
+#[test]
+fn as_root_privilege_is_restored_as_the_image_says() {
+    if lacks_privileged_image_tools() {
         return;
     }
     let t = tempdir();
     let img = privileged_image(t.path());
-    // Root, by default: everything, as the image says (a faithful copy, as tar as root).
+    // A faithful copy, as tar as root makes one.
     let dir = t.path().join("root");
     run(verilay().arg("extract").arg(&img).arg(&dir).arg("--quiet"));
     assert_eq!(mode(&dir.join("suid")) & 0o7777, 0o4755);
@@ -614,14 +622,27 @@ fn privilege_is_restored_only_with_ownership() {
         xattr(&dir.join("opaque"), "trusted.overlay.opaque").as_deref(),
         Some(&b"y"[..])
     );
-    // Root with --no-same-owner: what an ordinary user gets.
+}
+
+#[test]
+fn no_same_owner_extracts_as_an_ordinary_user_does() {
+    if lacks_privileged_image_tools() {
+        return;
+    }
+    let t = tempdir();
+    let img = privileged_image(t.path());
     let dir = t.path().join("no-same-owner");
     let out = extract(&img, &dir, &["--no-same-owner"]);
     assert_unprivileged(&dir, &out, 0);
-    // An ordinary user.
-    if lacks_test_user() {
+}
+
+#[test]
+fn an_ordinary_user_gets_no_set_id_bits_devices_or_privileged_xattrs() {
+    if lacks_privileged_image_tools() || lacks_test_user() {
         return;
     }
+    let t = tempdir();
+    privileged_image(t.path());
     let out = as_test_user(
         &user_dir(t.path()),
         &format!(
