@@ -15,6 +15,9 @@
 //!   `security.*` xattrs (file capabilities, SELinux labels, overlayfs markers) are restored
 //!   only when owners are (as root, without `--no-same-owner`); otherwise they are counted
 //!   in one warning line.
+//!
+//! A failure while writing (a block that fails its hash, a full disk, a path another process
+//! replaced) stops extract with one line naming the path; what was written stays in DIR.
 
 use super::image::Img;
 use super::image::{open, resolve};
@@ -84,6 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         dirs: Vec::new(),
         skipped: Skipped::default(),
         entries: 0,
+        buf: vec![0u8; 1 << 20],
     };
     if top.is_dir() {
         x.tree(&top)?;
@@ -334,6 +338,8 @@ struct Extractor<'a> {
     dirs: Vec<(Inode, Vec<u8>)>,
     skipped: Skipped,
     entries: u64,
+    /// File data on its way from the image to DIR.
+    buf: Vec<u8>,
 }
 
 fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
@@ -476,8 +482,10 @@ impl<'a> Extractor<'a> {
                     rel,
                     open_beneath(parent, name, flags, Mode::from_raw_mode(0o600)),
                 )?;
-                self.write_file(ino, &fd).with_context(|| self.shown(rel))?;
-                self.metadata(Handle::Open(fd.as_fd()), ino, rel)?;
+                let file = std::fs::File::from(fd);
+                self.write_file(ino, &file)
+                    .with_context(|| self.shown(rel))?;
+                self.metadata(Handle::Open(file.as_fd()), ino, rel)?;
                 true
             }
             S_IFLNK => {
@@ -553,10 +561,9 @@ impl<'a> Extractor<'a> {
     }
 
     /// Copies data extents only, so holes stay holes.
-    fn write_file(&mut self, ino: &Inode, fd: &OwnedFd) -> anyhow::Result<()> {
-        let f = std::fs::File::from(fd.try_clone()?);
+    fn write_file(&mut self, ino: &Inode, f: &std::fs::File) -> anyhow::Result<()> {
         f.set_len(ino.size)?;
-        let mut buf = vec![0u8; 1 << 20];
+        let buf = &mut self.buf;
         let mut pos = 0;
         while pos < ino.size {
             let ext = self.img.map(ino, pos)?;
