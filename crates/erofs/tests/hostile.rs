@@ -653,39 +653,151 @@ fn dirent_name_checks() {
     }
 }
 
+/// Byte offset in block 1 (the root directory) of the name of dirent `i`.
+fn root_name_at(m: &[u8], i: usize) -> usize {
+    BS + u16::from_le_bytes([m[BS + i * 12 + 8], m[BS + i * 12 + 9]]) as usize
+}
+
+/// Every lookup in the root answers `Corrupt` (its only block is refused), and fsck says so.
+fn root_block_refused(img: &Image<Vec<u8>>, want: &str) {
+    let root = img.inode(ROOT).unwrap();
+    for (name, _, _) in root_entries() {
+        let s = corrupt_msg(img.lookup(&root, name));
+        assert!(s.contains(want), "lookup {name:?}: {s}");
+    }
+    let r = fsck(img, 50);
+    assert!(
+        r.problems.iter().any(|p| p.contains(want)),
+        "{:#?}",
+        r.problems
+    );
+}
+
 #[test]
-fn unsorted_directory_breaks_lookup_and_fsck_says_so() {
+fn unsorted_names_are_refused_by_readdir_lookup_and_fsck() {
     let mut m = base();
     // Swap the bytes of "file" and "link" (same length): order becomes ... link, file ...
-    let off = |m: &Vec<u8>, i: usize| {
-        u16::from_le_bytes([m[BS + i * 12 + 8], m[BS + i * 12 + 9]]) as usize
-    };
-    let (a, b) = (off(&m, 4), off(&m, 5));
-    m[BS + a..BS + a + 4].copy_from_slice(b"link");
-    m[BS + b..BS + b + 4].copy_from_slice(b"file");
+    let (a, b) = (root_name_at(&m, 4), root_name_at(&m, 5));
+    m[a..a + 4].copy_from_slice(b"link");
+    m[b..b + 4].copy_from_slice(b"file");
     // Keep types consistent with the renamed targets.
     m[BS + 4 * 12 + 10] = format::FT_REG_FILE;
     m[BS + 5 * 12 + 10] = format::FT_SYMLINK;
     let img = open(m);
-    let names = readdir_all(&img, ROOT).unwrap();
-    assert_eq!(names.len(), 8, "readdir still lists everything");
-    let root = img.inode(ROOT).unwrap();
-    let found = [&b"file"[..], b"link"]
+    let s = corrupt_msg(readdir_all(&img, ROOT));
+    let want = "name \"file\" does not sort after \"link\"";
+    assert!(
+        s.starts_with(&format!(
+            "corrupt image at byte {}: directory 36 block 0 dirent 5: {want}",
+            BS + 5 * 12
+        )),
+        "{s}"
+    );
+    // Listing stops at the bad entry: what came before was in order.
+    let listed: Vec<_> = img
+        .readdir(&img.inode(ROOT).unwrap(), 0)
+        .unwrap()
+        .map_while(|e| e.ok())
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(listed.len(), 0, "the block is refused whole: {listed:?}");
+    root_block_refused(&img, want);
+}
+
+#[test]
+fn duplicate_names_are_refused_by_readdir_lookup_and_fsck() {
+    // "link" renamed "file": two entries of one name, a file then a symlink.
+    let mut m = base();
+    let b = root_name_at(&m, 5);
+    m[b..b + 4].copy_from_slice(b"file");
+    let img = open(m);
+    let s = corrupt_msg(readdir_all(&img, ROOT));
+    let want = "dirent 5: name \"file\" does not sort after \"file\"";
+    assert!(s.contains(want), "{s}");
+    root_block_refused(&img, want);
+
+    // ".." given twice (the second one instead of "big", pointing at its file).
+    let mut m = base();
+    let mut ents = root_entries();
+    ents[2].0 = b"..";
+    m[BS..2 * BS].fill(0);
+    let used = write_dir(&mut m, BS, &ents);
+    set_root_size(&mut m, used as u64);
+    let img = open(m);
+    let s = corrupt_msg(readdir_all(&img, ROOT));
+    assert!(
+        s.contains("dirent 2: name \"..\" does not sort after \"..\""),
+        "{s}"
+    );
+}
+
+/// `base()` with the sub directory (nid 40) in two appended blocks, 6 and 7.
+fn two_block_sub(first: &[(&[u8], u64, u8)], second: &[(&[u8], u64, u8)]) -> Image<Vec<u8>> {
+    let mut m = base();
+    m.resize(8 * BS, 0);
+    write_dir(&mut m, 6 * BS, first);
+    let used = write_dir(&mut m, 7 * BS, second);
+    inode(format::S_IFDIR | 0o700, 0, (BS + used) as u64, 6, 2).encode(&mut m[ioff(SUB)..]);
+    open(m)
+}
+
+#[test]
+fn names_must_increase_across_directory_blocks() {
+    let head: Vec<(&[u8], u64, u8)> = vec![
+        (b".", SUB, format::FT_DIR),
+        (b"..", ROOT, format::FT_DIR),
+        (b"m", FILE, format::FT_REG_FILE),
+    ];
+    // The valid case first: both blocks list, and lookups reach the second one.
+    let img = two_block_sub(&head, &[(b"z", BIG, format::FT_REG_FILE)]);
+    assert_eq!(readdir_all(&img, SUB).unwrap().len(), 4);
+    let sub = img.inode(SUB).unwrap();
+    assert_eq!(img.lookup(&sub, b"z").unwrap().unwrap().nid, BIG);
+    assert!(fsck(&img, 50).problems.iter().all(|p| !p.contains("sort")));
+    for (second, shown) in [(&b"m"[..], "m"), (b"a", "a")] {
+        let img = two_block_sub(&head, &[(second, BIG, format::FT_REG_FILE)]);
+        let want = format!(
+            "corrupt image at byte {}: directory 40 block 1 dirent 0: name {shown:?} does not sort after \"m\" (names must be unique and sorted), the last name of block 0",
+            7 * BS
+        );
+        assert_eq!(corrupt_msg(readdir_all(&img, SUB)), want);
+        // A readdir resumed at the second block reads the first block's last name too.
+        let sub = img.inode(SUB).unwrap();
+        let mut rd = img.readdir(&sub, BS as u64).unwrap();
+        assert_eq!(corrupt_msg(rd.next().unwrap()), want);
+        assert!(rd.next().is_none(), "an iterator ends after its error");
+        let r = fsck(&img, 50);
+        assert!(
+            r.problems.iter().any(|p| p.contains(&want)),
+            "{:#?}",
+            r.problems
+        );
+    }
+}
+
+#[test]
+fn dot_must_be_the_directory_itself() {
+    // sub's "." names the root: the reader refuses it wherever it meets the block.
+    let mut m = base();
+    m[2 * BS..3 * BS].fill(0);
+    let used = write_dir(
+        &mut m,
+        2 * BS,
+        &[(b".", ROOT, format::FT_DIR), (b"..", ROOT, format::FT_DIR)],
+    );
+    put32(&mut m, ioff(SUB) + 8, used as u32);
+    let img = open(m);
+    let s = corrupt_msg(readdir_all(&img, SUB));
+    assert!(
+        s.contains("dirent 0: \".\" points to nid 36, not to the directory itself"),
+        "{s}"
+    );
+    let sub = img.inode(SUB).unwrap();
+    corrupt_msg(img.lookup(&sub, b".."));
+    assert!(fsck(&img, 50)
+        .problems
         .iter()
-        .filter(|n| img.lookup(&root, n).unwrap().is_some())
-        .count();
-    assert!(
-        found < 2,
-        "kernel-style lookup must miss an out-of-order name"
-    );
-    let r = fsck(&img, 50);
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.contains("kernel lookups will fail")),
-        "{:#?}",
-        r.problems
-    );
+        .any(|p| p.contains("not to the directory itself")));
 }
 
 #[test]
@@ -737,14 +849,15 @@ fn directory_cycles_and_hardlinks_terminate() {
     );
     exercise(&img, 100_000);
 
-    // Wrong "." and "..", dirent type mismatches and a bad nlink are reported.
+    // A wrong "..", dirent type mismatches and a bad nlink are reported (a wrong "." is
+    // refused by the reader itself: `dot_must_be_the_directory_itself`).
     let mut m = base();
     m[2 * BS..3 * BS].fill(0);
     let used = write_dir(
         &mut m,
         2 * BS,
         &[
-            (b".", ROOT, format::FT_DIR),
+            (b".", SUB, format::FT_DIR),
             (b"..", SUB, format::FT_REG_FILE),
         ],
     );
@@ -755,8 +868,8 @@ fn directory_cycles_and_hardlinks_terminate() {
     let r = fsck(&img, 50);
     let all = r.problems.join("\n");
     for want in [
-        "\".\" points to nid 36 instead of 40",
         "\"..\" points to nid 40 instead of 36",
+        "\"..\" has dirent type 1 instead of directory",
         "dirent type 7",
         "nlink 2 but 1 entries",
     ] {
@@ -766,13 +879,20 @@ fn directory_cycles_and_hardlinks_terminate() {
 
 #[test]
 fn looping_directory_blocks_are_bounded() {
-    // A chunked directory of 16384 blocks that all map the sub directory's block: every
-    // block parses and names repeat. fsck stops at the first duplicate; exercise at its budget.
+    // A chunked directory of 16384 blocks that all map one block: every block parses, and
+    // names repeat from the second block on, which readdir refuses; lookups parse a few blocks.
     const N: usize = 16384;
     let mut m = base();
+    let blk = m.len() / BS;
+    m.resize(m.len() + BS, 0);
     let at = m.len();
     m.resize(at + 64 + 4 * N, 0);
     let nid = (at / 32) as u64;
+    write_dir(
+        &mut m,
+        blk * BS,
+        &[(b".", nid, format::FT_DIR), (b"..", ROOT, format::FT_DIR)],
+    );
     let mut d = inode(
         format::S_IFDIR | 0o755,
         format::LAYOUT_CHUNK_BASED,
@@ -784,21 +904,26 @@ fn looping_directory_blocks_are_bounded() {
     d.format = format::inode_format(true, format::LAYOUT_CHUNK_BASED);
     d.encode(&mut m[at..]);
     for i in 0..N {
-        put32(&mut m, at + 64 + 4 * i, 2);
+        put32(&mut m, at + 64 + 4 * i, blk as u32);
     }
     // Root's "sub" entry now points at the looping directory.
     put64(&mut m, BS + 6 * 12, nid);
     let img = open(m);
     let r = fsck(&img, 50);
     assert!(
-        r.problems.iter().any(|p| p.contains("duplicate entry")),
+        r.problems
+            .iter()
+            .any(|p| p.contains("block 1 dirent 0: name \".\" does not sort after \"..\"")),
         "{:#?}",
         r.problems
     );
     let spent = exercise(&img, 20_000);
     assert!(spent < 30_000, "budget overrun: {spent}");
     let dir = img.inode(nid).unwrap();
-    assert_eq!(img.readdir(&dir, 0).unwrap().count(), 2 * N);
+    let listed: Vec<_> = img.readdir(&dir, 0).unwrap().collect();
+    assert_eq!(listed.len(), 3, "two entries, then the error");
+    assert!(listed[2].is_err());
+    assert_eq!(img.lookup(&dir, b"..").unwrap().unwrap().nid, ROOT);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -51,11 +51,25 @@ struct Fsck<'a, S: ByteSource> {
     namespaces: u32,
     /// Regular files met, `(nid, path)`, whose digest-table claims are checked last.
     regular: Vec<(u64, String)>,
+    /// Read every data extent (`fsck`), or only map them (`fsck_structure`).
+    read_data: bool,
 }
 
 /// Walks the whole tree from the root and checks everything the kernel relies on (and what
 /// our own builder promises). Stops after `max_problems` problems.
 pub fn fsck<S: ByteSource>(img: &Image<S>, max_problems: usize) -> FsckReport {
+    check(img, max_problems, true)
+}
+
+/// [`fsck`] without reading file contents (their extents are still mapped and bounds-checked):
+/// for a caller that reads the data itself and stops at its first error, as `verilay
+/// extract` does, so the structure is checked before anything is written and the data is
+/// read once.
+pub fn fsck_structure<S: ByteSource>(img: &Image<S>, max_problems: usize) -> FsckReport {
+    check(img, max_problems, false)
+}
+
+fn check<S: ByteSource>(img: &Image<S>, max_problems: usize, read_data: bool) -> FsckReport {
     let len = img.image_len();
     let mut f = Fsck {
         img,
@@ -66,6 +80,7 @@ pub fn fsck<S: ByteSource>(img: &Image<S>, max_problems: usize) -> FsckReport {
         stopped: false,
         namespaces: 0,
         regular: Vec::new(),
+        read_data,
     };
     f.run();
     f.check_namespaces();
@@ -138,9 +153,6 @@ impl<S: ByteSource> Fsck<'_, S> {
             let mut seen_dot = false;
             let mut seen_dotdot = false;
             let mut subdirs: u64 = 0;
-            let mut prev: Option<Vec<u8>> = None;
-            let mut unsorted: u64 = 0;
-            let mut names: HashSet<Vec<u8>> = HashSet::new();
             let iter = match img.readdir(&dir, 0) {
                 Ok(it) => it,
                 Err(e) => {
@@ -163,31 +175,9 @@ impl<S: ByteSource> Fsck<'_, S> {
                 if ent.offset % bs == 0 && !self.charge_bytes(bs) {
                     break;
                 }
+                // readdir refuses repeated and unsorted names (the kernel binary-searches
+                // them), so each name here is new.
                 let shown = String::from_utf8_lossy(&ent.name).into_owned();
-                // A repeated name means a corrupt (or looping) directory: the rest is noise.
-                if !names.insert(ent.name.clone()) {
-                    self.problem(format!(
-                        "{}: duplicate entry {shown:?} at position {} (nid {nid})",
-                        path_str(&path),
-                        ent.offset
-                    ));
-                    break;
-                }
-                // Kernel lookups binary-search by memcmp order across all blocks.
-                if let Some(p) = &prev {
-                    if p.as_slice() >= ent.name.as_slice() {
-                        if unsorted == 0 {
-                            self.problem(format!(
-                                "{}: entry {shown:?} at position {} sorts before its predecessor {:?}; kernel lookups will fail (nid {nid})",
-                                path_str(&path),
-                                ent.offset,
-                                String::from_utf8_lossy(p)
-                            ));
-                        }
-                        unsorted += 1;
-                    }
-                }
-                prev = Some(ent.name.clone());
                 let want_dir = ent.file_type == format::FT_DIR;
                 if ent.name == b"." || ent.name == b".." {
                     let dot = ent.name == b".";
@@ -277,12 +267,6 @@ impl<S: ByteSource> Fsck<'_, S> {
                         },
                     );
                 }
-            }
-            if unsorted > 1 {
-                self.problem(format!(
-                    "{}: {unsorted} entries out of order in total (nid {nid})",
-                    path_str(&path)
-                ));
             }
             if !seen_dot {
                 self.problem(format!("{}: no \".\" entry (nid {nid})", path_str(&path)));
@@ -376,7 +360,7 @@ impl<S: ByteSource> Fsck<'_, S> {
                 ));
                 return;
             }
-            if ext.physical.is_some() {
+            if ext.physical.is_some() && self.read_data {
                 // map() already checked the extent lies in the image; reading proves the
                 // source (later: the verifier) can deliver it.
                 let mut at = pos;

@@ -4,7 +4,8 @@
 //! `[dirent 0 .. dirent k-1][name 0 .. name k-1][zero padding]` with `k = nameoff[0] / 12`.
 //! Names are not NUL-terminated: a name ends where the next begins, the last one at the first
 //! NUL or the end of the block's used bytes. Blocks are parsed and validated one at a time, so
-//! a directory of any claimed size costs one block of memory.
+//! a directory of any claimed size costs one block of memory. Names must be strictly sorted
+//! (no repeats), as the kernel's binary search assumes; `.` must be the directory itself.
 
 use std::cmp::Ordering;
 use std::ops::Range;
@@ -48,6 +49,18 @@ impl DirBlock {
     fn len(&self) -> usize {
         self.ents.len()
     }
+
+    fn last_name(&self) -> &[u8] {
+        self.name(self.len().saturating_sub(1))
+    }
+}
+
+fn out_of_order(name: &[u8], prev: &[u8]) -> String {
+    format!(
+        "name {:?} does not sort after {:?} (names must be unique and sorted)",
+        String::from_utf8_lossy(name),
+        String::from_utf8_lossy(prev)
+    )
 }
 
 impl<S: ByteSource> Image<S> {
@@ -65,8 +78,54 @@ impl<S: ByteSource> Image<S> {
         }
     }
 
-    /// Reads and validates block `blk` of directory `dir` (every check of reference §9.5).
-    pub(crate) fn dir_block(&self, dir: &Inode, blk: u64) -> Result<DirBlock> {
+    /// The last name of block `blk`, from its last dirent alone: a readdir resumed in the
+    /// next block needs only that, and a full parse would double the cost of each resumed
+    /// call (a FUSE readdir reply holds a few dozen entries). Block `blk`'s other checks
+    /// are made whenever it is itself read.
+    fn last_name_of_block(&self, dir: &Inode, blk: u64) -> Result<Vec<u8>> {
+        let bs = u64::from(self.block_size());
+        let start = blk
+            .checked_mul(bs)
+            .filter(|&s| s < dir.size)
+            .ok_or_else(|| Error::Corrupt {
+                offset: dir.offset,
+                what: format!(
+                    "directory {}: block {blk} is past its size {}",
+                    dir.nid, dir.size
+                ),
+            })?;
+        let used = (dir.size - start).min(bs) as usize;
+        let bad = || Error::Corrupt {
+            offset: self.dir_byte(dir, start),
+            what: format!("directory {} block {blk}: bad dirent array", dir.nid),
+        };
+        let mut dirent = [0u8; DIRENT_SIZE];
+        let mut read_dirent = |i: usize| -> Result<usize> {
+            let at = start + (i * DIRENT_SIZE) as u64;
+            if (i + 1) * DIRENT_SIZE > used || self.read(dir, at, &mut dirent)? != DIRENT_SIZE {
+                return Err(bad());
+            }
+            Ok(usize::from(Dirent::decode(&dirent).nameoff))
+        };
+        let nameoff0 = read_dirent(0)?;
+        if nameoff0 < DIRENT_SIZE || nameoff0 >= used || nameoff0 % DIRENT_SIZE != 0 {
+            return Err(bad());
+        }
+        let last = read_dirent(nameoff0 / DIRENT_SIZE - 1)?;
+        if last < nameoff0 || last >= used {
+            return Err(bad());
+        }
+        let mut name = vec![0u8; (used - last).min(NAME_LEN + 1)];
+        let n = self.read(dir, start + last as u64, &mut name)?;
+        name.truncate(n);
+        if let Some(nul) = name.iter().position(|&b| b == 0) {
+            name.truncate(nul);
+        }
+        Ok(name)
+    }
+
+    /// The used bytes of block `blk` of `dir` and their logical start.
+    fn dir_block_bytes(&self, dir: &Inode, blk: u64) -> Result<(Vec<u8>, u64)> {
         let bs = u64::from(self.block_size());
         let start = blk
             .checked_mul(bs)
@@ -88,6 +147,22 @@ impl<S: ByteSource> Image<S> {
                 format!("directory {}: short read of block {blk}", dir.nid),
             );
         }
+        if used < DIRENT_SIZE {
+            return corrupt(
+                self.dir_byte(dir, start),
+                format!(
+                    "directory {} block {blk} dirent 0: block holds {used} bytes, less than one dirent",
+                    dir.nid
+                ),
+            );
+        }
+        Ok((data, start))
+    }
+
+    /// Reads and validates block `blk` of directory `dir` (every check of reference §9.5).
+    pub(crate) fn dir_block(&self, dir: &Inode, blk: u64) -> Result<DirBlock> {
+        let (data, start) = self.dir_block_bytes(dir, blk)?;
+        let used = data.len();
         let bad = |i: usize, what: String| {
             let at = self.dir_byte(dir, start + (i * DIRENT_SIZE) as u64);
             Error::Corrupt {
@@ -95,12 +170,6 @@ impl<S: ByteSource> Image<S> {
                 what: format!("directory {} block {blk} dirent {i}: {what}", dir.nid),
             }
         };
-        if used < DIRENT_SIZE {
-            return Err(bad(
-                0,
-                format!("block holds {used} bytes, less than one dirent"),
-            ));
-        }
         let nameoff0 = usize::from(format::le16(&data, 8));
         // nameoff0 gives the entry count, so it must point past the dirent array (≥ 12), inside
         // the block, and at a dirent boundary.
@@ -157,6 +226,7 @@ impl<S: ByteSource> Image<S> {
             last.name.end =
                 last.name.start + tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
         }
+        let mut prev: &[u8] = &[];
         for (i, e) in ents.iter().enumerate() {
             let name = data.get(e.name.clone()).unwrap_or(&[]);
             if name.is_empty() {
@@ -178,12 +248,28 @@ impl<S: ByteSource> Image<S> {
                     ),
                 ));
             }
+            // The kernel binary-searches names: an unsorted or repeated one makes lookups
+            // miss, and readdir would show two entries of one name (extract followed such a
+            // pair, a symlink then a directory, out of its target).
+            if i > 0 && name <= prev {
+                return Err(bad(i, out_of_order(name, prev)));
+            }
+            // "." is the directory itself; ".." needs the parent, which the walkers check.
+            if name == b"." && e.nid != dir.nid {
+                return Err(bad(
+                    i,
+                    format!("\".\" points to nid {}, not to the directory itself", e.nid),
+                ));
+            }
+            prev = name;
         }
         Ok(DirBlock { data, ents })
     }
 
     /// Iterates `dir` from position `offset` (0, or any `next_offset` returned earlier).
-    /// Includes `.` and `..` wherever they sort.
+    /// Includes `.` and `..` wherever they sort. A name not strictly greater than the one
+    /// before it, in its block or at the end of the previous block (read for that when the
+    /// iteration starts past block 0), ends the iteration with `Error::Corrupt`.
     pub fn readdir(&self, dir: &Inode, offset: u64) -> Result<ReadDir<'_, S>> {
         if !dir.is_dir() {
             return Err(Error::NotADirectory {
@@ -204,13 +290,46 @@ impl<S: ByteSource> Image<S> {
             blk,
             idx,
             block: None,
+            prev_last: None,
             done: offset >= dir.size,
         })
     }
 
+    /// Block `blk` of `dir`, checked to start after `prev_last`, the last name of block
+    /// `blk - 1` (read here when the caller has not: a readdir resumed at `blk`), so names
+    /// are strictly increasing across blocks as well as inside them.
+    fn dir_block_after(&self, dir: &Inode, blk: u64, prev_last: Option<&[u8]>) -> Result<DirBlock> {
+        let b = self.dir_block(dir, blk)?;
+        if blk == 0 {
+            return Ok(b);
+        }
+        let prev_name;
+        let prev = match prev_last {
+            Some(p) => p,
+            None => {
+                prev_name = self.last_name_of_block(dir, blk - 1)?;
+                prev_name.as_slice()
+            }
+        };
+        if b.name(0) <= prev {
+            let bs = u64::from(self.block_size());
+            return corrupt(
+                self.dir_byte(dir, blk * bs),
+                format!(
+                    "directory {} block {blk} dirent 0: {}, the last name of block {}",
+                    dir.nid,
+                    out_of_order(b.name(0), prev),
+                    blk - 1
+                ),
+            );
+        }
+        Ok(b)
+    }
+
     /// Finds `name` in `dir` the way the kernel does: binary search over blocks by their first
     /// name, then inside the chosen block (unsigned bytewise order, a prefix sorts first).
-    /// An unsorted directory therefore fails lookups exactly where the kernel would.
+    /// Every block it parses must hold strictly sorted names (else `Error::Corrupt`), so it
+    /// never answers from a block with a repeated or misplaced name.
     pub fn lookup(&self, dir: &Inode, name: &[u8]) -> Result<Option<DirEntry>> {
         if !dir.is_dir() {
             return Err(Error::NotADirectory {
@@ -279,6 +398,8 @@ pub struct ReadDir<'a, S: ByteSource> {
     blk: u64,
     idx: usize,
     block: Option<DirBlock>,
+    /// Last name of the block before `blk`, once this iterator has read that block.
+    prev_last: Option<Vec<u8>>,
     done: bool,
 }
 
@@ -292,7 +413,10 @@ impl<S: ByteSource> Iterator for ReadDir<'_, S> {
                     self.done = true;
                     return None;
                 }
-                match self.img.dir_block(&self.dir, self.blk) {
+                match self
+                    .img
+                    .dir_block_after(&self.dir, self.blk, self.prev_last.as_deref())
+                {
                     Ok(b) => self.block = Some(b),
                     Err(e) => {
                         self.done = true;
@@ -306,6 +430,7 @@ impl<S: ByteSource> Iterator for ReadDir<'_, S> {
                 self.idx += 1;
                 return Some(Ok(e));
             }
+            self.prev_last = Some(b.last_name().to_vec());
             self.block = None;
             self.blk += 1;
             self.idx = 0;

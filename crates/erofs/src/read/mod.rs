@@ -8,7 +8,8 @@
 //! - `data`: logical file offset → image bytes (flat, inline tail, chunks) and `read`.
 //! - `dir`: directory blocks, `readdir` with kernel-compatible offsets, `lookup`.
 //! - `xattr`: inline and shared xattrs, long prefixes and the name bloom filter.
-//! - `check`: `fsck` (whole-tree consistency) and `exercise` (bounded walk for fuzzing).
+//! - `check`: `fsck` (whole-tree consistency, with or without the file data) and `exercise`
+//!   (bounded walk for fuzzing).
 //!
 //! The image is untrusted. Every offset is computed with checked `u64` arithmetic and checked
 //! against the source length before it is read; nothing is allocated from an unchecked size;
@@ -26,7 +27,7 @@ mod sb;
 mod source;
 mod xattr;
 
-pub use check::{exercise, fsck, FsckReport};
+pub use check::{exercise, fsck, fsck_structure, FsckReport};
 pub use data::{Extent, LayoutInfo};
 pub use dir::{DirEntry, ReadDir};
 pub use inode::Inode;

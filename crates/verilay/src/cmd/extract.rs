@@ -1,28 +1,56 @@
-//! `verilay extract IMAGE DIR`: writes the image's tree out through the reader, with
-//! ownership (as root), modes, timestamps, xattrs, ACLs, hardlinks and holes.
+//! `verilay extract IMAGE DIR`: writes the image's tree (or one path of it) into DIR through
+//! the verified reader, with modes, timestamps, xattrs, ACLs, hardlinks and holes.
+//!
+//! The image may be hostile, and a valid digest says nothing about its structure. So:
+//! - the whole image first passes fsck's structural checks (`fsck_structure`: everything
+//!   but reading file data, which extraction then reads once), and an image with any problem
+//!   is refused before DIR is touched;
+//! - every object is made relative to a directory descriptor this process opened itself,
+//!   exclusively (`mkdirat`, `O_CREAT|O_EXCL`, `symlinkat`, `mknodat`, `linkat`: never over a
+//!   name that exists), and reopened with `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`, so
+//!   no symlink, made from the image or planted by another process, is ever followed;
+//! - metadata is set through descriptors: the file's own, or an `O_PATH` one (checked to be
+//!   the type just made) for symlinks and special files;
+//! - privilege travels only with ownership: set-id bits, device nodes and `trusted.*` /
+//!   `security.*` xattrs (file capabilities, SELinux labels, overlayfs markers) are restored
+//!   only when owners are (as root, without `--no-same-owner`); otherwise they are counted
+//!   in one warning line.
+//!
+//! A failure while writing (a block that fails its hash, a full disk, a path another process
+//! replaced) stops extract with one line naming the path; what was written stays in DIR.
 
 use super::image::Img;
 use super::image::{open, resolve};
 use crate::progress;
 use anyhow::{bail, Context};
 use erofs::format::*;
-use erofs::read::Inode;
+use erofs::read::{Inode, ReadDir};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 use std::collections::{HashMap, HashSet};
-use std::fs;
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
     image: PathBuf,
     #[command(flatten)]
     pin: super::image::Pin,
-    /// Directory to create (or an empty existing one).
+    /// Directory to create (or an empty existing one; not a symlink to one).
     dir: PathBuf,
-    /// Extract only this path of the image (a directory or a single file).
+    /// Extract only this path of the image: a directory's contents, or one file (into DIR
+    /// under its own name). Symlinks in PATH are not followed.
     #[arg(long, value_name = "PATH")]
     path: Option<String>,
+    /// Extract as an ordinary user's extract always does, for an image not trusted with
+    /// privilege: everything owned by the user running extract, no set-id bits, no device
+    /// nodes (overlayfs whiteouts, 0/0, are kept), no `trusted.*` or `security.*` xattrs.
+    #[arg(long)]
+    no_same_owner: bool,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -32,139 +60,510 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let opened = open(&a.image, &a.pin, false)?;
     let trust = opened.trust();
     let img = opened.img;
-    if a.dir.exists() && fs::read_dir(&a.dir)?.next().is_some() {
-        bail!("{}: exists and is not empty", a.dir.display());
-    }
+    refuse_unsound(&img, &a.image)?;
     let top = match &a.path {
-        Some(p) => resolve(&img, p)?,
+        Some(p) => resolve(&img, p).with_context(|| a.image.display().to_string())?,
         None => img.inode(img.root_nid())?,
     };
+    let top_name = match &a.path {
+        Some(p) if !top.is_dir() => p.rsplit('/').find(|c| !c.is_empty()).unwrap_or(p),
+        _ => "",
+    };
+    raise_descriptor_limit();
+    let dir: PathBuf = a.dir.components().collect();
+    let root = open_target(&dir)?;
     let pb = progress::bar(a.quiet);
     progress::bytes(&pb, "extracting", img.image_len());
+    let euid = rustix::process::geteuid();
     let mut x = Extractor {
         img: &img,
         pb,
-        root: rustix::process::geteuid().is_root(),
+        dir,
+        root,
+        restore_owner: euid.is_root() && !a.no_same_owner,
+        euid: euid.as_raw(),
+        egid: rustix::process::getegid().as_raw(),
         links: HashMap::new(),
-        skipped: 0,
-        files: 0,
+        dirs: Vec::new(),
+        skipped: Skipped::default(),
+        entries: 0,
+        buf: vec![0u8; 1 << 20],
     };
-    x.extract(&top, &a.dir)?;
+    if top.is_dir() {
+        x.tree(&top)?;
+    } else {
+        let root = x.root.clone();
+        x.nondir(root.as_fd(), top_name.as_bytes(), top_name.as_bytes(), &top)?;
+    }
+    x.finish_dirs()?;
     x.pb.finish_and_clear();
-    if x.skipped > 0 {
-        eprintln!(
-            "verilay: warning: {} ownerships or xattrs need root and were not restored",
-            x.skipped
-        );
+    if let Some(w) = x.skipped.warning() {
+        eprintln!("verilay: warning: {w}");
     }
     if !a.quiet {
         eprintln!(
             "{}: {} entries extracted to {}, every byte verified, digest {trust}",
             a.image.display(),
-            x.files,
-            a.dir.display()
+            x.entries,
+            x.dir.display()
         );
     }
     Ok(0)
 }
 
+/// Refuses, with its first problem on one line, an image `fsck` would not pass: a hostile
+/// structure (two entries of one name, a directory reachable twice, a wrong `..`) must not
+/// shape what is written, and checking first means nothing is.
+fn refuse_unsound(img: &Img, image: &Path) -> anyhow::Result<()> {
+    let report = erofs::read::fsck_structure(img, 10);
+    let Some(first) = report.problems.first() else {
+        return Ok(());
+    };
+    let more = match report.problems.len() - 1 {
+        0 => String::new(),
+        n => format!(" (and {n} more lines: `verilay fsck` lists them)"),
+    };
+    bail!(
+        "{}: not extracted, fsck finds the image unsound: {first}{more}",
+        image.display()
+    )
+}
+
+/// Up to 4096 nested directories are each held open while their subtree is written.
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: now.maximum,
+            maximum: now.maximum,
+        },
+    );
+}
+
+/// Opens DIR, creating it (and its parents) if needed. It must be an empty directory, and
+/// not a symlink: a link's target can be changed under us by whoever owns the link.
+fn open_target(dir: &Path) -> anyhow::Result<Arc<OwnedFd>> {
+    let show = dir.display();
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => {
+            bail!("{show}: is a symlink; name the directory itself (extract follows no links)")
+        }
+        Ok(m) if !m.is_dir() => bail!("{show}: exists and is not a directory"),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).with_context(|| parent.display().to_string())?;
+            }
+            match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o777)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(std::io::Error::from(e)).with_context(|| show.to_string()),
+            }
+        }
+        Err(e) => return Err(e).with_context(|| show.to_string()),
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match rustix::fs::open(dir, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::LOOP) => bail!("{show}: is a symlink; name the directory itself"),
+        Err(e) => return Err(std::io::Error::from(e)).with_context(|| show.to_string()),
+    };
+    for e in rustix::fs::Dir::read_from(&fd).with_context(|| show.to_string())? {
+        let e = e
+            .map_err(std::io::Error::from)
+            .with_context(|| show.to_string())?;
+        if ![&b"."[..], b".."].contains(&e.file_name().to_bytes()) {
+            bail!("{show}: exists and is not empty");
+        }
+    }
+    Ok(Arc::new(fd))
+}
+
+/// Opens `rel` (one name, or names joined by `/`) under `dir` without following any
+/// symlink or leaving `dir`. Without openat2 (before Linux 5.6, or filtered by seccomp), or
+/// for a path longer than PATH_MAX, it walks one name at a time with `O_NOFOLLOW`, which for
+/// single names the extractor validated (no `/`, `.` or `..`) is just as strict.
+fn open_beneath(
+    dir: BorrowedFd<'_>,
+    rel: &[u8],
+    flags: OFlags,
+    mode: Mode,
+) -> rustix::io::Result<OwnedFd> {
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(dir, rel, flags, mode, resolve) {
+        Err(Errno::NOSYS | Errno::NAMETOOLONG) if rel.contains(&b'/') => {
+            let mut names = rel.split(|&b| b == b'/');
+            let last = names.next_back().unwrap_or_default();
+            let mut at: Option<OwnedFd> = None;
+            for name in names {
+                let here = at.as_ref().map_or(dir, |f| f.as_fd());
+                at = Some(open_beneath(
+                    here,
+                    name,
+                    OFlags::PATH | OFlags::DIRECTORY,
+                    Mode::empty(),
+                )?);
+            }
+            open_beneath(at.as_ref().map_or(dir, |f| f.as_fd()), last, flags, mode)
+        }
+        Err(Errno::NOSYS) => rustix::fs::openat(dir, rel, flags, mode),
+        r => r,
+    }
+}
+
+/// What the extracting user could not restore, for one warning line at the end.
+#[derive(Default)]
+struct Skipped {
+    owners: u64,
+    setid: u64,
+    xattrs: u64,
+    devices: u64,
+}
+
+impl Skipped {
+    fn warning(&self) -> Option<String> {
+        let parts: Vec<String> = [
+            (self.owners, "ownerships"),
+            (self.setid, "set-id bits"),
+            (self.xattrs, "xattrs"),
+            (self.devices, "device nodes"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        (!parts.is_empty()).then(|| {
+            format!(
+                "not restored: {} (only root restores them, without --no-same-owner)",
+                parts.join(", ")
+            )
+        })
+    }
+}
+
+/// How metadata reaches an object: its own descriptor (regular files, directories), or an
+/// `O_PATH` one (symlinks, devices, FIFOs, sockets: opening those for real could block,
+/// or act on a device).
+#[derive(Clone, Copy)]
+enum Handle<'f> {
+    Open(BorrowedFd<'f>),
+    Path(BorrowedFd<'f>),
+}
+
+impl Handle<'_> {
+    /// `/proc/self/fd/N` reaches exactly the object an `O_PATH` descriptor holds, and never
+    /// follows it further when it is a symlink (what `chmod` and `setxattr` need).
+    fn proc_path(fd: BorrowedFd<'_>) -> String {
+        format!("/proc/self/fd/{}", fd.as_raw_fd())
+    }
+
+    fn chown(self, uid: u32, gid: u32) -> rustix::io::Result<()> {
+        // -1 means "leave unchanged" to chown: such an owner cannot be given.
+        if uid == u32::MAX || gid == u32::MAX {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: neither id is u32::MAX (-1), checked above.
+        let (u, g) = unsafe {
+            (
+                rustix::fs::Uid::from_raw(uid),
+                rustix::fs::Gid::from_raw(gid),
+            )
+        };
+        match self {
+            Handle::Open(fd) => rustix::fs::fchown(fd, Some(u), Some(g)),
+            Handle::Path(fd) => rustix::fs::chownat(
+                fd,
+                "",
+                Some(u),
+                Some(g),
+                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            ),
+        }
+    }
+
+    fn chmod(self, mode: u32) -> rustix::io::Result<()> {
+        let mode = Mode::from_raw_mode(mode);
+        match self {
+            Handle::Open(fd) => rustix::fs::fchmod(fd, mode),
+            Handle::Path(fd) => rustix::fs::chmod(Self::proc_path(fd), mode),
+        }
+    }
+
+    fn setxattr(self, name: &[u8], value: &[u8]) -> rustix::io::Result<()> {
+        let flags = rustix::fs::XattrFlags::empty();
+        match self {
+            Handle::Open(fd) => rustix::fs::fsetxattr(fd, name, value, flags),
+            Handle::Path(fd) => rustix::fs::setxattr(Self::proc_path(fd), name, value, flags),
+        }
+    }
+
+    fn set_times(self, times: &rustix::fs::Timestamps) -> rustix::io::Result<()> {
+        match self {
+            Handle::Open(fd) => rustix::fs::futimens(fd, times),
+            Handle::Path(fd) => rustix::fs::utimensat(
+                fd,
+                "",
+                times,
+                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            ),
+        }
+    }
+}
+
+/// A directory being written: its descriptor, and where its listing resumes.
+struct Frame<'i> {
+    fd: Arc<OwnedFd>,
+    dir: Inode,
+    rel: Vec<u8>,
+    /// Dropped while a subdirectory is written (one block in memory per level would add up
+    /// over 4096 levels); recreated from `resume`.
+    iter: Option<ReadDir<'i, Arc<dyn erofs::read::ByteSource>>>,
+    resume: u64,
+}
+
 struct Extractor<'a> {
     img: &'a Img,
     pb: indicatif::ProgressBar,
-    root: bool,
-    /// First path of each non-directory nid, to recreate hardlinks.
-    links: HashMap<u64, PathBuf>,
-    skipped: u64,
-    files: u64,
+    /// DIR as given, for messages.
+    dir: PathBuf,
+    root: Arc<OwnedFd>,
+    restore_owner: bool,
+    euid: u32,
+    egid: u32,
+    /// Path under DIR of the first name of each non-directory with several names.
+    links: HashMap<u64, Vec<u8>>,
+    /// Every directory written, in the order made, for its metadata at the end.
+    dirs: Vec<(Inode, Vec<u8>)>,
+    skipped: Skipped,
+    entries: u64,
+    /// File data on its way from the image to DIR.
+    buf: Vec<u8>,
 }
 
-impl Extractor<'_> {
-    fn extract(&mut self, top: &Inode, dest: &Path) -> anyhow::Result<()> {
-        if !top.is_dir() {
-            return self.create(top, dest);
-        }
-        // Directories are created writable first and get their real mode and times last,
-        // deepest first, so read-only directories can still be filled.
-        let mut dirs = Vec::new();
-        let mut seen = HashSet::new();
-        let mut stack = vec![(top.clone(), dest.to_path_buf())];
-        while let Some((dir, path)) = stack.pop() {
-            if !seen.insert(dir.nid) {
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = rel.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// `rel` as parent path and last name.
+fn split_last(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[], rel),
+    }
+}
+
+impl<'a> Extractor<'a> {
+    fn shown(&self, rel: &[u8]) -> String {
+        self.dir.join(OsStr::from_bytes(rel)).display().to_string()
+    }
+
+    /// A syscall's result, its error naming the path under DIR.
+    fn io<T>(&self, rel: &[u8], r: rustix::io::Result<T>) -> anyhow::Result<T> {
+        r.map_err(|e| match e {
+            // From O_NOFOLLOW, O_DIRECTORY, RESOLVE_NO_SYMLINKS or RESOLVE_BENEATH on a path
+            // extract made: only another process can have changed it.
+            Errno::LOOP | Errno::XDEV | Errno::NOTDIR => anyhow::anyhow!(
+                "{}: replaced while extracting (a symlink or other file where extract made this), not followed",
+                self.shown(rel)
+            ),
+            e => anyhow::Error::from(std::io::Error::from(e)).context(self.shown(rel)),
+        })
+    }
+
+    /// Writes the tree under `top` into DIR, depth first, holding one descriptor per level.
+    /// Directories stay 0700 until `finish_dirs`, so they can be filled (and hardlinked
+    /// into) whatever their final mode, and nobody else can reach inside meanwhile.
+    fn tree(&mut self, top: &Inode) -> anyhow::Result<()> {
+        let img = self.img;
+        let mut visited = HashSet::from([top.nid]);
+        self.dirs.push((top.clone(), Vec::new()));
+        let mut stack = vec![Frame {
+            fd: self.root.clone(),
+            dir: top.clone(),
+            rel: Vec::new(),
+            iter: None,
+            resume: 0,
+        }];
+        while let Some(f) = stack.last_mut() {
+            if f.iter.is_none() {
+                let it = img.readdir(&f.dir, f.resume);
+                f.iter = Some(it.with_context(|| self.shown(&f.rel))?);
+            }
+            let Some(next) = f.iter.as_mut().and_then(Iterator::next) else {
+                stack.pop();
+                continue;
+            };
+            let e = next.with_context(|| self.shown(&f.rel))?;
+            f.resume = e.next_offset;
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let rel = join(&f.rel, &e.name);
+            let child = img.inode(e.nid).with_context(|| self.shown(&rel))?;
+            if !child.is_dir() {
+                let fd = f.fd.clone();
+                self.nondir(fd.as_fd(), &e.name, &rel, &child)?;
+                continue;
+            }
+            // fsck refused these already; the walk must still never loop.
+            if !visited.insert(child.nid) {
                 bail!(
-                    "directory inode {} is reachable twice (a cycle in the image)",
-                    dir.nid
+                    "{}: directory inode {} is reachable twice (a cycle in the image)",
+                    self.shown(&rel),
+                    child.nid
                 );
             }
-            fs::create_dir_all(&path).with_context(|| path.display().to_string())?;
-            for e in self.img.readdir(&dir, 0)? {
-                let e = e?;
-                if e.name == b"." || e.name == b".." {
-                    continue;
-                }
-                let child = self.img.inode(e.nid)?;
-                let p = path.join(std::ffi::OsStr::from_bytes(&e.name));
-                if child.is_dir() {
-                    stack.push((child, p));
-                } else {
-                    self.create(&child, &p)?;
-                }
-            }
-            dirs.push((dir, path));
-        }
-        for (dir, path) in dirs.iter().rev() {
-            self.metadata(dir, path)?;
+            let fd = self.mkdir(f.fd.as_fd(), &e.name, &rel)?;
+            f.iter = None;
+            self.dirs.push((child.clone(), rel.clone()));
+            stack.push(Frame {
+                fd: Arc::new(fd),
+                dir: child,
+                rel,
+                iter: None,
+                resume: 0,
+            });
         }
         Ok(())
     }
 
-    fn create(&mut self, ino: &Inode, path: &Path) -> anyhow::Result<()> {
-        self.files += 1;
-        let ctx = || path.display().to_string();
+    fn mkdir(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        rel: &[u8],
+    ) -> anyhow::Result<OwnedFd> {
+        self.entries += 1;
+        self.io(
+            rel,
+            rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)),
+        )?;
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY;
+        self.io(rel, open_beneath(parent, name, flags, Mode::empty()))
+    }
+
+    /// Makes a non-directory `name` in `parent` (`rel` under DIR) with its metadata, or a
+    /// hardlink to the first name it was made under.
+    fn nondir(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        rel: &[u8],
+        ino: &Inode,
+    ) -> anyhow::Result<()> {
+        self.entries += 1;
         if let Some(first) = self.links.get(&ino.nid) {
-            fs::hard_link(first, path).with_context(ctx)?;
-            return Ok(());
+            let (first_dir, first_name) = split_last(first);
+            let src = if first_dir.is_empty() {
+                None
+            } else {
+                let flags = OFlags::PATH | OFlags::DIRECTORY;
+                Some(self.io(
+                    first_dir,
+                    open_beneath(self.root.as_fd(), first_dir, flags, Mode::empty()),
+                )?)
+            };
+            let src = src.as_ref().map_or(self.root.as_fd(), |f| f.as_fd());
+            // Flags 0: a symlink is linked, not followed.
+            let r = rustix::fs::linkat(src, first_name, parent, name, AtFlags::empty());
+            return self.io(rel, r);
         }
-        match ino.mode & S_IFMT {
-            S_IFREG => self.write_file(ino, path).with_context(ctx)?,
+        let made = match ino.mode & S_IFMT {
+            S_IFREG => {
+                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+                let fd = self.io(
+                    rel,
+                    open_beneath(parent, name, flags, Mode::from_raw_mode(0o600)),
+                )?;
+                let file = std::fs::File::from(fd);
+                self.write_file(ino, &file)
+                    .with_context(|| self.shown(rel))?;
+                self.metadata(Handle::Open(file.as_fd()), ino, rel)?;
+                true
+            }
             S_IFLNK => {
-                let target = self.img.readlink(ino)?;
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), path)
-                    .with_context(ctx)?;
+                let target = self.img.readlink(ino).with_context(|| self.shown(rel))?;
+                self.io(rel, rustix::fs::symlinkat(target.as_slice(), parent, name))?;
+                self.special_metadata(parent, name, rel, ino, FileType::Symlink)?;
+                true
             }
-            t => {
-                use rustix::fs::{FileType, Mode};
-                let (ft, dev) = match t {
-                    S_IFCHR => (
-                        FileType::CharacterDevice,
-                        rustix::fs::makedev(ino.rdev.0, ino.rdev.1),
-                    ),
-                    S_IFBLK => (
-                        FileType::BlockDevice,
-                        rustix::fs::makedev(ino.rdev.0, ino.rdev.1),
-                    ),
-                    S_IFIFO => (FileType::Fifo, 0),
-                    _ => (FileType::Socket, 0),
-                };
-                rustix::fs::mknodat(rustix::fs::CWD, path, ft, Mode::from_raw_mode(0o600), dev)
-                    .map_err(std::io::Error::from)
-                    .with_context(ctx)?;
-            }
-        }
-        self.metadata(ino, path)?;
-        if ino.nlink > 1 {
-            self.links.insert(ino.nid, path.to_path_buf());
+            t => self.mknod(parent, name, rel, ino, t)?,
+        };
+        if made && ino.nlink > 1 {
+            self.links.insert(ino.nid, rel.to_vec());
         }
         Ok(())
+    }
+
+    /// A device, FIFO or socket. Devices need CAP_MKNOD; without it (an ordinary user, or
+    /// root in a user namespace) they are skipped and counted (the 0/0 character device,
+    /// overlayfs's whiteout, can be made by anyone, and is).
+    fn mknod(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        rel: &[u8],
+        ino: &Inode,
+        t: u16,
+    ) -> anyhow::Result<bool> {
+        let dev = rustix::fs::makedev(ino.rdev.0, ino.rdev.1);
+        let (ft, dev) = match t {
+            S_IFCHR => (FileType::CharacterDevice, dev),
+            S_IFBLK => (FileType::BlockDevice, dev),
+            S_IFIFO => (FileType::Fifo, 0),
+            S_IFSOCK => (FileType::Socket, 0),
+            _ => bail!("{}: unknown file type {:#o}", self.shown(rel), ino.mode),
+        };
+        // A device node gives access to what it names (0/0 names nothing): made only with
+        // owners restored, as a set-id bit is.
+        let device = matches!(ft, FileType::CharacterDevice | FileType::BlockDevice);
+        if device && dev != 0 && !self.restore_owner {
+            self.skipped.devices += 1;
+            return Ok(false);
+        }
+        match rustix::fs::mknodat(parent, name, ft, Mode::from_raw_mode(0o600), dev) {
+            Err(Errno::PERM) if device => {
+                self.skipped.devices += 1;
+                return Ok(false);
+            }
+            r => self.io(rel, r)?,
+        }
+        self.special_metadata(parent, name, rel, ino, ft)?;
+        Ok(true)
+    }
+
+    /// Metadata of a symlink or special file just made as `name`: through an `O_PATH`
+    /// descriptor of it, once it is checked to still be what was made.
+    fn special_metadata(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        rel: &[u8],
+        ino: &Inode,
+        want: FileType,
+    ) -> anyhow::Result<()> {
+        let fd = self.io(rel, open_beneath(parent, name, OFlags::PATH, Mode::empty()))?;
+        let st = self.io(rel, rustix::fs::fstat(&fd))?;
+        if FileType::from_raw_mode(st.st_mode) != want {
+            bail!(
+                "{}: replaced by another process while extracting",
+                self.shown(rel)
+            );
+        }
+        self.metadata(Handle::Path(fd.as_fd()), ino, rel)
     }
 
     /// Copies data extents only, so holes stay holes.
-    fn write_file(&mut self, ino: &Inode, path: &Path) -> anyhow::Result<()> {
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+    fn write_file(&mut self, ino: &Inode, f: &std::fs::File) -> anyhow::Result<()> {
         f.set_len(ino.size)?;
-        let mut buf = vec![0u8; 1 << 20];
+        let buf = &mut self.buf;
         let mut pos = 0;
         while pos < ino.size {
             let ext = self.img.map(ino, pos)?;
@@ -189,38 +588,55 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    /// Ownership, mode, xattrs (ACLs included) and times, in the order that keeps each.
-    fn metadata(&mut self, ino: &Inode, path: &Path) -> anyhow::Result<()> {
-        let ctx = || path.display().to_string();
-        let symlink = ino.is_symlink();
-        if self.root {
-            std::os::unix::fs::lchown(path, Some(ino.uid), Some(ino.gid)).with_context(ctx)?;
-        } else {
-            self.skipped += 1;
+    /// The mode to give: a set-id bit grants its owner's identity to whoever runs the file,
+    /// so it is restored only with the owner. Without (an ordinary user, `--no-same-owner`)
+    /// it would grant the extracting user's instead, root's if root extracts.
+    fn mode(&mut self, ino: &Inode) -> u32 {
+        let mut mode = u32::from(ino.mode & 0o7777);
+        if !self.restore_owner && !ino.is_dir() && mode & 0o6000 != 0 {
+            mode &= !0o6000;
+            self.skipped.setid += 1;
         }
-        // After chown, which clears set-id bits.
-        if !symlink {
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(path, fs::Permissions::from_mode((ino.mode & 0o7777) as u32))
-                .with_context(ctx)?;
+        mode
+    }
+
+    /// Which xattrs are restored: all with the owner, else only `user.*` and ACLs. The
+    /// others carry privilege or trust (`security.capability`, `security.selinux`,
+    /// `security.ima`, `trusted.overlay.*`) that is the image owner's to grant.
+    fn xattr_allowed(&self, name: &[u8]) -> bool {
+        self.restore_owner
+            || name.starts_with(b"user.")
+            || name == b"system.posix_acl_access"
+            || name == b"system.posix_acl_default"
+    }
+
+    /// Ownership, mode, xattrs (ACLs included) and times, in the order that keeps each:
+    /// chown clears set-id bits and capabilities, and everything before the times changes
+    /// the ctime only.
+    fn metadata(&mut self, h: Handle<'_>, ino: &Inode, rel: &[u8]) -> anyhow::Result<()> {
+        if self.restore_owner {
+            self.io(rel, h.chown(ino.uid, ino.gid))?;
+        } else if (ino.uid, ino.gid) != (self.euid, self.egid) {
+            self.skipped.owners += 1;
         }
-        for (name, value) in self.img.xattrs(ino)? {
-            let cname = std::ffi::CString::new(name.clone())?;
-            match rustix::fs::lsetxattr(
-                path,
-                cname.as_c_str(),
-                &value,
-                rustix::fs::XattrFlags::empty(),
-            ) {
+        if !ino.is_symlink() {
+            let mode = self.mode(ino);
+            self.io(rel, h.chmod(mode))?;
+        }
+        for (name, value) in self.img.xattrs(ino).with_context(|| self.shown(rel))? {
+            if !self.xattr_allowed(&name) {
+                self.skipped.xattrs += 1;
+                continue;
+            }
+            match h.setxattr(&name, &value) {
                 Ok(()) => {}
-                Err(rustix::io::Errno::PERM) | Err(rustix::io::Errno::NOTSUP) if !self.root => {
-                    self.skipped += 1
-                }
+                // Not permitted here (user.* on a symlink, a filesystem without the namespace).
+                Err(Errno::PERM | Errno::NOTSUP) => self.skipped.xattrs += 1,
                 Err(e) => {
                     return Err(std::io::Error::from(e)).with_context(|| {
                         format!(
                             "{}: setting xattr {}",
-                            path.display(),
+                            self.shown(rel),
                             String::from_utf8_lossy(&name)
                         )
                     })
@@ -235,14 +651,26 @@ impl Extractor<'_> {
             last_access: ts,
             last_modification: ts,
         };
-        rustix::fs::utimensat(
-            rustix::fs::CWD,
-            path,
-            &times,
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(std::io::Error::from)
-        .with_context(ctx)?;
+        self.io(rel, h.set_times(&times))
+    }
+
+    /// Gives every directory its metadata, deepest first (a read-only or unsearchable
+    /// directory must not stop its subdirectories getting theirs), each reopened under DIR
+    /// without following links.
+    fn finish_dirs(&mut self) -> anyhow::Result<()> {
+        let dirs = std::mem::take(&mut self.dirs);
+        for (ino, rel) in dirs.iter().rev() {
+            let fd = if rel.is_empty() {
+                self.root.clone()
+            } else {
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY;
+                Arc::new(self.io(
+                    rel,
+                    open_beneath(self.root.as_fd(), rel, flags, Mode::empty()),
+                )?)
+            };
+            self.metadata(Handle::Open(fd.as_fd()), ino, rel)?;
+        }
         Ok(())
     }
 }
