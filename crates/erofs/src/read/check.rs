@@ -388,7 +388,7 @@ impl<S: ByteSource> Fsck<'_, S> {
         }
         let mut found = Vec::new();
         let files = std::mem::take(&mut self.regular);
-        super::claims::check_claims(self.img, &files, &mut |p| found.push(p));
+        super::claims::check_claims(self.img, &files, true, &mut |p| found.push(p));
         for p in found {
             self.problem(p);
         }
@@ -401,7 +401,7 @@ impl<S: ByteSource> Fsck<'_, S> {
             return;
         }
         let mut found = Vec::new();
-        super::claims::namespace_problems(self.img, self.namespaces, &mut |p| found.push(p));
+        super::claims::namespace_problems(self.img, self.namespaces, true, &mut |p| found.push(p));
         for p in found {
             self.problem(p);
         }

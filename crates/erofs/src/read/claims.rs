@@ -36,15 +36,18 @@ pub(crate) fn filter_problems<S: ByteSource>(
 }
 
 /// The footer's record of xattr namespaces, which the mount trusts to answer names in
-/// absent ones without looking, against `seen`, the namespaces of every xattr met.
+/// absent ones without looking, against `seen`, the namespaces of every xattr met. After
+/// a walk that could not reach everything (`complete` false), only a namespace met but
+/// not recorded is a problem.
 pub(crate) fn namespace_problems<S: ByteSource>(
     img: &Image<S>,
     seen: u32,
+    complete: bool,
     problem: &mut dyn FnMut(String),
 ) {
     match img.digest_table() {
         Ok(Some(f)) => match f.namespaces {
-            Some(recorded) if recorded != seen => problem(format!(
+            Some(recorded) if recorded != seen && (complete || seen & !recorded != 0) => problem(format!(
                 "file digest table footer records xattr namespaces {recorded:#x}, but the tree has {seen:#x}"
             )),
             _ => {}
@@ -56,11 +59,13 @@ pub(crate) fn namespace_problems<S: ByteSource>(
 
 /// The regular files of the tree, `(nid, path)`, each once (hardlinks by their first
 /// path), breadth-first, with the namespace bits of every xattr met; every inode's name
-/// filter is checked on the way. What cannot be read is reported and skipped.
+/// filter is checked on the way (a problem goes to `problem`). What cannot be read is
+/// skipped and said to `unwalked`: what lies behind it is not served either.
 pub(crate) fn regular_files<S: ByteSource>(
     img: &Image<S>,
     namespaces: &mut u32,
     problem: &mut dyn FnMut(String),
+    unwalked: &mut dyn FnMut(String),
 ) -> Vec<(u64, String)> {
     let mut out = Vec::new();
     let mut queue = VecDeque::from([(img.root_nid(), b"/".to_vec())]);
@@ -76,7 +81,7 @@ pub(crate) fn regular_files<S: ByteSource>(
         let inode = match img.inode(nid) {
             Ok(i) => i,
             Err(e) => {
-                problem(format!("{shown}: {e}"));
+                unwalked(format!("{shown}: {e}"));
                 continue;
             }
         };
@@ -87,7 +92,7 @@ pub(crate) fn regular_files<S: ByteSource>(
                 }
                 filter_problems(img, &inode, &list, &shown, problem);
             }
-            Err(e) => problem(format!("{shown}: {e}")),
+            Err(e) => unwalked(format!("{shown}: {e}")),
         }
         if inode.is_reg() {
             out.push((nid, shown));
@@ -99,20 +104,20 @@ pub(crate) fn regular_files<S: ByteSource>(
         let dir = match img.readdir(&inode, 0) {
             Ok(d) => d,
             Err(e) => {
-                problem(format!("{shown}: {e}"));
+                unwalked(format!("{shown}: {e}"));
                 continue;
             }
         };
         for e in dir {
             entries += 1;
             if entries > budget {
-                problem("more directory entries than the image can hold; walk stopped".into());
+                unwalked("more directory entries than the image can hold; walk stopped".into());
                 return out;
             }
             let e = match e {
                 Ok(e) => e,
                 Err(e) => {
-                    problem(format!("{shown}: {e}"));
+                    unwalked(format!("{shown}: {e}"));
                     break;
                 }
             };
@@ -130,11 +135,13 @@ pub(crate) fn regular_files<S: ByteSource>(
     out
 }
 
-/// Checks the table's claims for `files` (from [`regular_files`] or fsck's own walk).
-/// Images without a table have no claims to check.
+/// Checks the table's claims for `files` (from [`regular_files`] or fsck's own walk;
+/// `complete` when that walk reached the whole tree, so an entry for any other inode is
+/// a problem). Images without a table have no claims to check.
 pub(crate) fn check_claims<S: ByteSource>(
     img: &Image<S>,
     files: &[(u64, String)],
+    complete: bool,
     problem: &mut dyn FnMut(String),
 ) {
     let footer = match img.digest_table() {
@@ -200,7 +207,7 @@ pub(crate) fn check_claims<S: ByteSource>(
             ));
         }
         prev = Some(nid);
-        if !regular.contains_key(&nid) {
+        if complete && !regular.contains_key(&nid) {
             problem(format!(
                 "file digest table entry {i} at byte {at} names inode {nid}, which is no regular file of the tree"
             ));
@@ -208,11 +215,22 @@ pub(crate) fn check_claims<S: ByteSource>(
     }
 }
 
+/// What [`Image::check_claims`] found.
+#[derive(Debug, Default)]
+pub struct ClaimsReport {
+    /// Claims that do not hold.
+    pub problems: Vec<String>,
+    /// Parts of the tree the reader refuses (structure: see `fsck`), whose claims were not
+    /// checked; nothing there can be served either.
+    pub unchecked: Vec<String>,
+}
+
 impl<S: ByteSource> Image<S> {
     /// Every claim the image makes about itself that does not hold, at most `max` of
     /// them: file digests, the namespace record, name filters (a walk of the tree and its
-    /// xattrs, no file data read). Empty when every claim holds.
-    pub fn check_claims(&self, max: usize) -> Vec<String> {
+    /// xattrs, no file data read).
+    pub fn check_claims(&self, max: usize) -> ClaimsReport {
+        let mut r = ClaimsReport::default();
         let mut problems = Vec::new();
         let mut sink = |p: String| {
             if problems.len() < max {
@@ -220,9 +238,15 @@ impl<S: ByteSource> Image<S> {
             }
         };
         let mut namespaces = 0;
-        let files = regular_files(self, &mut namespaces, &mut sink);
-        namespace_problems(self, namespaces, &mut sink);
-        check_claims(self, &files, &mut sink);
-        problems
+        let files = regular_files(self, &mut namespaces, &mut sink, &mut |p| {
+            if r.unchecked.len() < max {
+                r.unchecked.push(p)
+            }
+        });
+        let complete = r.unchecked.is_empty();
+        namespace_problems(self, namespaces, complete, &mut sink);
+        check_claims(self, &files, complete, &mut sink);
+        r.problems = problems;
+        r
     }
 }

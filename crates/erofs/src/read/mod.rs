@@ -28,6 +28,7 @@ mod source;
 mod xattr;
 
 pub use check::{exercise, fsck, fsck_structure, FsckReport};
+pub use claims::ClaimsReport;
 pub use data::{Extent, LayoutInfo};
 pub use dir::{DirEntry, ReadDir};
 pub use inode::Inode;

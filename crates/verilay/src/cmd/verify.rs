@@ -3,7 +3,7 @@
 
 use super::image::{open_verified, Pin};
 use crate::progress;
-use erofs::read::{ByteSource, FileSource, Image};
+use erofs::read::{ByteSource, ClaimsReport, FileSource, Image};
 use std::path::PathBuf;
 use std::time::Instant;
 use verity::IntegrityError;
@@ -31,8 +31,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     pb.finish_and_clear();
     // Every byte is the pinned one; what the image claims about its files must hold too.
     let claims = match &result {
-        Ok(()) => file_digest_problems(&v),
-        Err(_) => Vec::new(),
+        Ok(()) => claims(&v),
+        Err(_) => ClaimsReport::default(),
     };
     let secs = start.elapsed().as_secs_f64();
     let trust = if v.is_pinned() {
@@ -41,7 +41,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         "not pinned"
     };
     match result {
-        Ok(()) if !claims.is_empty() => {
+        Ok(()) if !claims.problems.is_empty() => {
             if a.json {
                 outln!(
                     "{}",
@@ -50,17 +50,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                         "ok": false,
                         "digest": v.digest_string(),
                         "pinned": v.is_pinned(),
-                        "claims": claims,
+                        "claims": claims.problems,
+                        "unchecked": claims.unchecked,
                     })
                 );
                 return Ok(1);
             }
-            for p in &claims {
+            for p in &claims.problems {
                 eprintln!("{name}: {p}");
             }
             anyhow::bail!(
                 "{name}: every block verifies, but what the image claims about its files does not hold ({} problems above)",
-                claims.len()
+                claims.problems.len()
             )
         }
         Ok(()) => {
@@ -74,9 +75,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                         "pinned": v.is_pinned(),
                         "bytes": v.len(),
                         "seconds": secs,
+                        "unchecked": claims.unchecked,
                     })
                 );
             } else if !a.quiet {
+                for p in &claims.unchecked {
+                    eprintln!("{name}: warning: not walked, so not checked (`verilay fsck` tells more): {p}");
+                }
                 eprintln!(
                     "{name}: OK, {} verified in {secs:.2} s, digest {} ({trust})",
                     progress::human(v.len()),
@@ -120,11 +125,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// What the image claims about itself that does not hold (file digests, the namespace
-/// record, name filters).
-fn file_digest_problems(v: &verity::VerifiedSource<FileSource>) -> Vec<String> {
+/// record, name filters), and what the reader refuses to walk (nothing there is served).
+fn claims(v: &verity::VerifiedSource<FileSource>) -> ClaimsReport {
     match Image::open(v) {
         Ok(img) => img.check_claims(20),
-        Err(e) => vec![format!("its EROFS structure does not open: {e}")],
+        Err(e) => ClaimsReport {
+            unchecked: vec![format!("the EROFS structure does not open: {e}")],
+            ..Default::default()
+        },
     }
 }
 
