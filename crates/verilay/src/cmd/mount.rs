@@ -236,11 +236,9 @@ fn spawn_daemon(a: &Args) -> anyhow::Result<i32> {
 /// Log lines go to --log FILE, else stderr (foreground) or nowhere but syslog.
 fn logger(a: &Args) -> anyhow::Result<imagefs::Logger> {
     let file = match &a.log {
+        // 0600, never through a symlink, refused if someone else could write it.
         Some(p) => Some(std::sync::Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
+            measure::files::open_private_append(p)
                 .with_context(|| format!("log file {}", p.display()))?,
         )),
         None => None,
@@ -298,11 +296,7 @@ fn report_panics(a: &Args) {
         );
         syslog(&line);
         if let Some(p) = &log {
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-            {
+            if let Ok(mut f) = measure::files::open_private_append(p) {
                 let _ = f.write_all(line.as_bytes());
             }
         }
