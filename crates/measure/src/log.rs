@@ -887,9 +887,13 @@ impl Log {
         }
         if let Some((dead, problem)) = dead.map(|d| (d, cut.problem)) {
             // Every PCR the dead writer may have extended, as far as is known: its
-            // policy's (from its marker), those the list has used, and IMA's own.
-            let mut pcrs = dead.pcrs | used | holder_mask(&holder.pcrs) | (1 << DEFAULT_PCR);
-            pcrs &= (1u32 << NUM_PCRS) - 1;
+            // policy's (from its marker; if that names none, this writer's), those the
+            // list has used, and IMA's own.
+            let policy = match dead.pcrs {
+                0 => holder_mask(&holder.pcrs),
+                named => named,
+            };
+            let pcrs = (policy | used | (1 << DEFAULT_PCR)) & ((1u32 << NUM_PCRS) - 1);
             let mut violations = Vec::new();
             for pcr in (0..NUM_PCRS).filter(|p| pcrs & (1 << p) != 0) {
                 log.push(Entry::violation(pcr, UNCLEAN_SHUTDOWN))?;
