@@ -588,9 +588,11 @@ impl Measuring {
         self.cache.pin().remove(&key);
     }
 
-    /// Makes the list durable (at unmount).
+    /// At unmount: writes every entry measured, makes the list durable and closes it
+    /// cleanly (its in-use marker goes, so the next mount continues it without a
+    /// violation). Measured opens fail afterwards.
     pub fn sync(&self) -> io::Result<()> {
-        self.shared.log().sync().map_err(io::Error::other)
+        self.shared.log().close().map_err(io::Error::other)
     }
 
     /// The counters and the list's length, as JSON (what `verilay stats` prints).
@@ -598,13 +600,14 @@ impl Measuring {
         let c = &self.counters;
         let get = |a: &Counter| a.get();
         // Flushed first: the list's files hold every entry counted once this returns.
-        let entries = {
+        let (entries, violations) = {
             let mut log = self.shared.log();
             let _ = log.flush();
-            log.entries()
+            let violations = log.recovery().map_or(0, |r| r.violations.len());
+            (log.entries(), violations)
         };
         format!(
-            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"hashed_at_close\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{}}}",
+            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"hashed_at_close\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{},\"violations\":{}}}",
             self.policy.len(),
             get(&c.checked),
             get(&c.measured),
@@ -618,6 +621,7 @@ impl Measuring {
             get(&c.primed),
             get(&c.bytes_primed),
             entries,
+            violations,
         )
     }
 }

@@ -4,6 +4,7 @@
 //! (`log`: templates, SHA-1 and SHA-256 template banks, PCR extension), which
 //! `evmctl ima_measurement` and `verify` replay.
 
+pub mod files;
 pub mod log;
 pub mod policy;
 pub mod verify;

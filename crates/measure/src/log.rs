@@ -27,19 +27,36 @@
 //! [`Log::flush`] (the mount flushes a batch 10 ms after it starts, off the open path):
 //! its records appended to the four list files, then the count and the PCR files
 //! rewritten in place (the count only grows and the PCR files keep their length), seven
-//! writes however many entries. [`Log::sync`] (at unmount) flushes and makes it all
-//! durable. A crash between syncs can leave the files disagreeing; they then no longer
-//! verify and [`Log::open`] refuses to continue them (a measurement list that lost entries
-//! must not be silently patched up). One writer per directory.
+//! writes however many entries. [`Log::close`] (at unmount) flushes and makes it all
+//! durable.
+//!
+//! So a measured open is answered before its entry is in the files, and a daemon killed
+//! then loses the entry. That gap is never silent: while a [`Log`] has the list open, it
+//! holds an exclusive lock on `verilay.lock` (an OFD lock: two mounts never share a list,
+//! and a dead holder's lock goes with it) and the marker `verilay.in-use` exists, made
+//! durable before the first entry is taken and removed only once a clean close has made
+//! every entry durable. A `Log` that opens a list with the marker there and no holder
+//! knows its last writer died: it keeps the entries all four list files agree on (a batch
+//! being written when the daemon died may be torn; see [`crate::verify`]'s recover mode),
+//! and appends, before anything else, a violation entry as the kernel's
+//! `ima_add_violation` does (template digests zero, the PCR extended with 0xff bytes) on
+//! every PCR the dead mount could have extended. A verifier sees it (`evmctl
+//! ima_measurement` fails on it unless given `--ignore-violations`). Without the marker,
+//! a list that does not verify is refused: it was damaged, not torn.
+//!
+//! Every file is created 0600 (a directory verilay makes, 0700), opened without following
+//! symlinks, and a list someone else could write is not continued ([`crate::files`]).
 
+use crate::files::{self, How, OpenError};
 use crate::policy::Template;
-use crate::verify::{self, VerifyError};
+use crate::verify::{self, Mode, VerifyError};
+use rustix::fd::{AsFd, OwnedFd};
 use sha1::{Digest, Sha1};
 use sha2::{Sha256, Sha512};
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -63,6 +80,15 @@ pub const ASCII_SHA256: &str = "ascii_runtime_measurements_sha256";
 pub const COUNT: &str = "runtime_measurements_count";
 pub const PCRS_SHA1: &str = "pcrs_sha1";
 pub const PCRS_SHA256: &str = "pcrs_sha256";
+/// Locked (OFD, exclusive) by the one writer of the list; holds who that is.
+pub const LOCK: &str = "verilay.lock";
+/// There while a writer has the list open; removed by a clean close.
+pub const IN_USE: &str = "verilay.in-use";
+/// The name of the violation entry that marks a gap left by a writer that died.
+pub const UNCLEAN_SHUTDOWN: &str = "verilay:unclean-shutdown";
+/// How long an open waits for another writer to let go of the list (a mount that was just
+/// unmounted is still closing its list) before it refuses.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The templates verilay writes, for lookups by name.
 pub(crate) const TEMPLATES: [Template; 4] = [
@@ -357,6 +383,48 @@ impl Entry {
         )
     }
 
+    /// A violation entry as `ima_add_violation` makes one: template data of ima-ng (the
+    /// kernel's default template) with the digest field's digest all zero and `name` as
+    /// the file name, and the template digests left zero in both banks.
+    pub fn violation(pcr: u32, name: &str) -> Entry {
+        let mut e = Entry::new(
+            pcr,
+            &Event {
+                template: Template::ImaNg,
+                kind: DigestKind::Ima,
+                algo: HashAlgo::Sha256,
+                digest: &[0; 32],
+                path: name.as_bytes(),
+                sig: None,
+            },
+        );
+        e.sha1 = [0; 20];
+        e.sha256 = [0; 32];
+        e
+    }
+
+    /// Whether this is a violation: its SHA-1 template digest is zero, which no hash of
+    /// template data is (evmctl's test).
+    pub fn is_violation(&self) -> bool {
+        self.sha1 == [0; 20]
+    }
+
+    /// The entry's name field (`n-ng`), without its NUL.
+    pub fn name_field(&self) -> &[u8] {
+        let name = fields(&self.data).nth(1).unwrap_or(&[]);
+        name.strip_suffix(b"\0").unwrap_or(name)
+    }
+
+    /// Extends the PCR banks with this entry: with its template digests, or for a
+    /// violation with all 0xff bytes (`ima_add_template_entry`: "invalidate pcr").
+    pub(crate) fn extend(&self, pcrs: &mut Pcrs) {
+        if self.is_violation() {
+            pcrs.extend(self.pcr, &[0xff; 20], &[0xff; 32]);
+        } else {
+            pcrs.extend(self.pcr, &self.sha1, &self.sha256);
+        }
+    }
+
     /// The template digest for a bank.
     pub fn digest(&self, bank: Bank) -> &[u8] {
         match bank {
@@ -532,21 +600,34 @@ impl Pcrs {
 pub enum LogError {
     /// A file in the list directory could not be read or written.
     Io { path: PathBuf, err: io::Error },
+    /// A file in the list directory is not one to use (a symlink, not a regular file,
+    /// writable by someone else).
+    Refused { path: PathBuf, why: String },
     /// The list already in the directory does not verify, so it is not continued.
-    Corrupt { dir: PathBuf, err: VerifyError },
+    Corrupt { dir: PathBuf, err: Box<VerifyError> },
+    /// Another writer holds the list.
+    InUse { dir: PathBuf, holder: String },
     /// The event cannot be logged.
     Invalid(String),
     /// An earlier append failed part-way; the files on disk may disagree.
     Broken,
+    /// The list was closed; it takes no more entries.
+    Closed,
 }
 
 impl fmt::Display for LogError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LogError::Io { path, err } => write!(f, "{}: {err}", path.display()),
+            LogError::Refused { path, why } => write!(f, "{}: {why}", path.display()),
             LogError::Corrupt { dir, err } => write!(
                 f,
                 "not continuing the measurement list in {}: {err}",
+                dir.display()
+            ),
+            LogError::InUse { dir, holder } => write!(
+                f,
+                "the measurement list in {} is in use by another writer ({holder}); two mounts cannot share a list",
                 dir.display()
             ),
             LogError::Invalid(why) => write!(f, "cannot log measurement: {why}"),
@@ -554,6 +635,7 @@ impl fmt::Display for LogError {
                 f,
                 "an earlier write to the measurement list failed; it takes no more entries"
             ),
+            LogError::Closed => write!(f, "the measurement list was closed"),
         }
     }
 }
@@ -567,9 +649,96 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     }
 }
 
+fn open_err(path: &Path) -> impl FnOnce(OpenError) -> LogError + '_ {
+    move |e| match e {
+        OpenError::Io(err) => io_err(path)(err),
+        OpenError::Refused(why) => LogError::Refused {
+            path: path.to_path_buf(),
+            why,
+        },
+    }
+}
+
+/// Who opens a list, as the lock file and the marker say it, and which PCRs its entries
+/// may extend (where a violation goes if it dies).
+#[derive(Clone, Debug)]
+pub struct Holder {
+    /// What holds it besides the process id, e.g. `mount on /mnt`.
+    pub what: String,
+    /// The PCRs its policy may extend.
+    pub pcrs: Vec<u32>,
+}
+
+impl Default for Holder {
+    fn default() -> Holder {
+        Holder {
+            what: String::new(),
+            pcrs: vec![DEFAULT_PCR],
+        }
+    }
+}
+
+impl Holder {
+    /// One line: `pid N` and what it is.
+    fn text(&self) -> String {
+        let what = self.what.replace(['\n', '\r'], " ");
+        match what.is_empty() {
+            true => format!("pid {}", std::process::id()),
+            false => format!("pid {}, {what}", std::process::id()),
+        }
+    }
+}
+
+/// What opening a list that was not closed cleanly did to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// The dead writer, as its marker named it.
+    pub holder: String,
+    /// Entries kept: all four list files agreed on them.
+    pub kept: u64,
+    /// The first problem past them, if the files disagreed there (a torn batch).
+    pub problem: Option<String>,
+    /// (file, offset, bytes) cut from the end of each list file that held more.
+    pub cut: Vec<(&'static str, u64, u64)>,
+    /// (entry, PCR) of each violation entry added.
+    pub violations: Vec<(u64, u32)>,
+}
+
+impl fmt::Display for Recovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the list was not closed cleanly ({}): events after entry {} may be missing",
+            self.holder, self.kept
+        )?;
+        if let Some(p) = &self.problem {
+            let cut: Vec<String> = self
+                .cut
+                .iter()
+                .map(|(file, at, n)| format!("{n} bytes of {file} from offset {at}"))
+                .collect();
+            write!(
+                f,
+                "; a torn batch was cut ({}; first problem: {p})",
+                cut.join(", ")
+            )?;
+        }
+        let v: Vec<String> = self
+            .violations
+            .iter()
+            .map(|(e, p)| format!("entry {e} on PCR {p}"))
+            .collect();
+        write!(f, "; recorded as violation {}", v.join(", "))
+    }
+}
+
 /// The measurement list in a directory, appended to as entries come, with the PCR values kept beside it.
 pub struct Log {
     dir: PathBuf,
+    /// The directory, which every file is opened in (never by a path again).
+    dirfd: OwnedFd,
+    /// The lock file, locked: held for as long as the list is open.
+    _lock: File,
     /// The files, written a batch at a time (see [`Log::flush_shared`]).
     files: Arc<Writer>,
     /// Entries taken but not yet handed to the files (see [`Log::flush`]).
@@ -585,6 +754,31 @@ pub struct Log {
     broken: Arc<AtomicBool>,
     /// Batches taken so far (the next one's number).
     taken: u64,
+    /// Closed cleanly (the marker is gone): no more entries.
+    closed: bool,
+    /// Let go of as a killed process would (see [`Log::abandon`]).
+    abandoned: bool,
+    recovery: Option<Recovery>,
+}
+
+/// A writer that died with the list open, as its marker tells.
+struct DeadWriter {
+    holder: String,
+    /// Bit i: its policy could extend PCR i.
+    pcrs: u32,
+}
+
+/// What was cut from a recovered list's files.
+#[derive(Default)]
+struct Cut {
+    cut: Vec<(&'static str, u64, u64)>,
+    problem: Option<String>,
+}
+
+fn holder_mask(pcrs: &[u32]) -> u32 {
+    pcrs.iter()
+        .filter(|&&p| p < NUM_PCRS)
+        .fold(0, |m, &p| m | 1 << p)
 }
 
 /// The list's files, and which batch writes next: batches are written in the order they
@@ -624,71 +818,46 @@ const LISTS: [(&str, Bank, bool); 4] = [
 ];
 
 impl Log {
-    /// Opens DIR (created if missing). Empty or new → starts a list with boot_aggregate. Holding a list already
-    /// (a previous mount) → continues it, but only if that list verifies against its PCR files (else an error
-    /// naming the file, the offset and what is wrong, and nothing is written).
+    /// [`Log::open_as`] by this process, for PCR 10.
+    pub fn open(dir: &Path) -> Result<Log, LogError> {
+        Log::open_as(dir, &Holder::default())
+    }
+
+    /// Opens DIR (created 0700 if missing) as the list's one writer, waiting a few seconds
+    /// at most for another writer to let go of it. Empty or new → starts a list with
+    /// boot_aggregate. Holding a list already (a previous mount) → continues it: if the
+    /// last writer closed it, only if it verifies against its PCR files (else an error
+    /// naming the file, the offset and what is wrong, and nothing is written); if the
+    /// last writer died with it open, from the entries its files agree on, with violation
+    /// entries marking the gap (see the module documentation and [`Log::recovery`]).
     ///
     /// "Empty" means none of the four list files holds a byte; anything else must verify.
-    pub fn open(dir: &Path) -> Result<Log, LogError> {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut fresh = true;
-        for (name, _, _) in LISTS {
-            let path = dir.join(name);
-            match std::fs::metadata(&path) {
-                Ok(m) if m.len() == 0 => {}
-                Ok(_) => fresh = false,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&path)(e)),
-            }
-        }
-        let (entries, pcrs, seen) = if fresh {
-            (0, Pcrs::zero(), HashSet::default())
-        } else {
-            let r = verify::replay(dir, true).map_err(|err| LogError::Corrupt {
-                dir: dir.to_path_buf(),
-                err,
-            })?;
-            (r.entries, r.pcrs, r.keys.into_iter().collect())
+    pub fn open_as(dir: &Path, holder: &Holder) -> Result<Log, LogError> {
+        let dirfd = files::open_dir(dir, true, true).map_err(open_err(dir))?;
+        let lock = Log::lock(dir, &dirfd, holder)?;
+        let dead = Log::read_marker(dir, &dirfd)?;
+        let fresh = Log::lists_empty(dir, &dirfd)?;
+        let corrupt = |err| LogError::Corrupt {
+            dir: dir.to_path_buf(),
+            err: Box::new(err),
         };
-        let mut lists = Vec::with_capacity(LISTS.len());
-        for (name, _, _) in LISTS {
-            let path = dir.join(name);
-            let f = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(io_err(&path))?;
-            if fresh {
-                // Empty already; truncating keeps a file created by someone else honest.
-                f.set_len(0).map_err(io_err(&path))?;
+        let replayed = match (&dead, fresh) {
+            (_, true) => None,
+            (None, false) => {
+                Some(verify::replay(dirfd.as_fd(), Mode::Strict, true, true).map_err(corrupt)?)
             }
-            lists.push((path, f));
-        }
-        let mut state = Vec::with_capacity(3);
-        for name in [COUNT, PCRS_SHA1, PCRS_SHA256] {
-            let path = dir.join(name);
-            let f = OpenOptions::new()
-                .create(true)
-                .read(true)
-                .write(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(io_err(&path))?;
-            state.push((path, f));
-        }
-        // The count and PCR files as the list says, whole (they verified, or are new).
-        for (i, text) in [
-            format!("{entries}\n"),
-            pcrs.file_text(Bank::Sha1),
-            pcrs.file_text(Bank::Sha256),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let (path, f) = &state[i];
-            f.write_all_at(text.as_bytes(), 0).map_err(io_err(path))?;
-            f.set_len(text.len() as u64).map_err(io_err(path))?;
-        }
+            (Some(_), false) => {
+                Some(verify::replay(dirfd.as_fd(), Mode::Recover, true, true).map_err(corrupt)?)
+            }
+        };
+        // In use from here on: durable before any entry is taken.
+        Log::write_marker(dir, &dirfd, holder)?;
+        let (lists, cut) = Log::open_lists(dir, &dirfd, replayed.as_ref())?;
+        let (entries, pcrs, seen, used) = match replayed {
+            Some(r) => (r.entries, r.pcrs, r.keys.into_iter().collect(), r.pcrs_used),
+            None => (0, Pcrs::zero(), HashSet::default(), 0),
+        };
+        let state = Log::open_state(dir, &dirfd, entries, &pcrs)?;
         let files = Files {
             lists,
             state,
@@ -697,6 +866,8 @@ impl Log {
         };
         let mut log = Log {
             dir: dir.to_path_buf(),
+            dirfd,
+            _lock: lock,
             files: Arc::new(Writer {
                 files: Mutex::new(files),
                 turn: Condvar::new(),
@@ -707,12 +878,188 @@ impl Log {
             seen,
             broken: Arc::new(AtomicBool::new(false)),
             taken: 0,
+            closed: false,
+            abandoned: false,
+            recovery: None,
         };
-        if fresh {
+        if entries == 0 {
             log.push(Entry::boot_aggregate())?;
-            log.flush()?;
+        }
+        if let Some((dead, problem)) = dead.map(|d| (d, cut.problem)) {
+            // Every PCR the dead writer may have extended, as far as is known: its
+            // policy's (from its marker; if that names none, this writer's), those the
+            // list has used, and IMA's own.
+            let policy = match dead.pcrs {
+                0 => holder_mask(&holder.pcrs),
+                named => named,
+            };
+            let pcrs = (policy | used | (1 << DEFAULT_PCR)) & ((1u32 << NUM_PCRS) - 1);
+            let mut violations = Vec::new();
+            for pcr in (0..NUM_PCRS).filter(|p| pcrs & (1 << p) != 0) {
+                log.push(Entry::violation(pcr, UNCLEAN_SHUTDOWN))?;
+                violations.push((log.entries, pcr));
+            }
+            log.recovery = Some(Recovery {
+                holder: dead.holder,
+                kept: entries,
+                problem,
+                cut: cut.cut,
+                violations,
+            });
+        }
+        log.flush()?;
+        if log.recovery.is_some() {
+            log.sync()?;
         }
         Ok(log)
+    }
+
+    /// Takes the list's lock, waiting up to `LOCK_WAIT` for another holder to let go, and
+    /// records the holder in the lock file.
+    fn lock(dir: &Path, dirfd: &OwnedFd, holder: &Holder) -> Result<File, LogError> {
+        let path = dir.join(LOCK);
+        let f =
+            files::open_in(dirfd.as_fd(), LOCK, How::ReadWrite, true).map_err(open_err(&path))?;
+        let start = std::time::Instant::now();
+        while !files::try_lock(&f, true).map_err(io_err(&path))? {
+            if start.elapsed() >= LOCK_WAIT {
+                let holder = verify::read_note(&f, LOCK).unwrap_or_else(|e| e.to_string());
+                return Err(LogError::InUse {
+                    dir: dir.to_path_buf(),
+                    holder,
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let text = holder.text() + "\n";
+        f.set_len(0)
+            .and_then(|()| f.write_all_at(text.as_bytes(), 0))
+            .map_err(io_err(&path))?;
+        Ok(f)
+    }
+
+    /// The marker a writer that died with the list open left, if there is one.
+    fn read_marker(dir: &Path, dirfd: &OwnedFd) -> Result<Option<DeadWriter>, LogError> {
+        let path = dir.join(IN_USE);
+        let mut f = match files::open_in(dirfd.as_fd(), IN_USE, How::Read, true) {
+            Ok(f) => f,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(open_err(&path)(e)),
+        };
+        // Garbage is a marker too (the writer died): what it says is only a help.
+        let text = files::read_capped(&mut f, verify::MAX_NOTE)
+            .map_err(io_err(&path))?
+            .unwrap_or_default();
+        let mut lines = text.split(|&b| b == b'\n');
+        let first = lines.next().unwrap_or(&[]);
+        let holder = match files::show_text(first) {
+            s if s.is_empty() => "no holder recorded".to_string(),
+            s => s,
+        };
+        let pcrs = lines
+            .find_map(|l| l.strip_prefix(b"pcrs:"))
+            .map(|l| {
+                String::from_utf8_lossy(l)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .filter(|&p| p < NUM_PCRS)
+                    .fold(0u32, |m, p| m | 1 << p)
+            })
+            .unwrap_or(0);
+        Ok(Some(DeadWriter { holder, pcrs }))
+    }
+
+    /// Writes the in-use marker (holder, then its PCRs) and makes it durable.
+    fn write_marker(dir: &Path, dirfd: &OwnedFd, holder: &Holder) -> Result<(), LogError> {
+        let path = dir.join(IN_USE);
+        let f =
+            files::open_in(dirfd.as_fd(), IN_USE, How::ReadWrite, true).map_err(open_err(&path))?;
+        let pcrs: Vec<String> = holder.pcrs.iter().map(u32::to_string).collect();
+        let text = format!("{}\npcrs: {}\n", holder.text(), pcrs.join(" "));
+        f.set_len(0)
+            .and_then(|()| f.write_all_at(text.as_bytes(), 0))
+            .and_then(|()| f.sync_all())
+            .map_err(io_err(&path))?;
+        rustix::fs::fsync(dirfd)
+            .map_err(io::Error::from)
+            .map_err(io_err(dir))
+    }
+
+    /// Whether none of the four list files holds a byte (or exists). A file that is not
+    /// one to read (a symlink, a FIFO...) is something: the replay then refuses it.
+    fn lists_empty(dir: &Path, dirfd: &OwnedFd) -> Result<bool, LogError> {
+        for (name, _, _) in LISTS {
+            let path = dir.join(name);
+            match files::open_in(dirfd.as_fd(), name, How::Read, true) {
+                Ok(f) => {
+                    if f.metadata().map_err(io_err(&path))?.len() != 0 {
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(OpenError::Refused(_)) => return Ok(false),
+                Err(e) => return Err(open_err(&path)(e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The four list files, opened to append to: emptied for a new list, cut back to the
+    /// entries they agree on for a recovered one.
+    fn open_lists(
+        dir: &Path,
+        dirfd: &OwnedFd,
+        replayed: Option<&verify::Replay>,
+    ) -> Result<(Vec<(PathBuf, File)>, Cut), LogError> {
+        let mut lists = Vec::with_capacity(LISTS.len());
+        let mut cut = Cut::default();
+        for (i, (name, _, _)) in LISTS.into_iter().enumerate() {
+            let path = dir.join(name);
+            let f =
+                files::open_in(dirfd.as_fd(), name, How::Append, true).map_err(open_err(&path))?;
+            // Empty already for a new list; truncating keeps a file made by someone else
+            // meanwhile honest.
+            let (end, len) = replayed.map_or((0, 0), |r| r.ends[i]);
+            let now = f.metadata().map_err(io_err(&path))?.len();
+            if now != end {
+                f.set_len(end).map_err(io_err(&path))?;
+                if replayed.is_some() {
+                    cut.cut.push((name, end, len.max(now) - end));
+                }
+            }
+            lists.push((path, f));
+        }
+        cut.problem = replayed.and_then(|r| r.torn.as_ref().map(ToString::to_string));
+        Ok((lists, cut))
+    }
+
+    /// The count and PCR files, rewritten whole as the list says (it verified, was
+    /// recovered, or is new).
+    fn open_state(
+        dir: &Path,
+        dirfd: &OwnedFd,
+        entries: u64,
+        pcrs: &Pcrs,
+    ) -> Result<Vec<(PathBuf, File)>, LogError> {
+        let mut state = Vec::with_capacity(3);
+        for (name, text) in [
+            (COUNT, format!("{entries}\n")),
+            (PCRS_SHA1, pcrs.file_text(Bank::Sha1)),
+            (PCRS_SHA256, pcrs.file_text(Bank::Sha256)),
+        ] {
+            let path = dir.join(name);
+            let f = files::open_in(dirfd.as_fd(), name, How::ReadWrite, true)
+                .map_err(open_err(&path))?;
+            f.write_all_at(text.as_bytes(), 0).map_err(io_err(&path))?;
+            f.set_len(text.len() as u64).map_err(io_err(&path))?;
+            state.push((path, f));
+        }
+        Ok(state)
+    }
+
+    /// What opening the list recovered from, if its last writer died with it open.
+    pub fn recovery(&self) -> Option<&Recovery> {
+        self.recovery.as_ref()
     }
 
     /// Appends unless an entry with the same SHA-256 template digest and PCR is already in the list (then false,
@@ -748,11 +1095,11 @@ impl Log {
     }
 
     /// Appends an entry made by [`Log::entry`], unless the list has it (then false).
+    /// A violation (see [`Entry::violation`]) is always appended: the kernel skips the
+    /// duplicate check for them.
     pub fn append_entry(&mut self, entry: Entry) -> Result<bool, LogError> {
-        if self.broken.load(Ordering::Acquire) {
-            return Err(LogError::Broken);
-        }
-        if self.seen.contains(&(entry.pcr, entry.sha256)) {
+        self.check()?;
+        if !entry.is_violation() && self.seen.contains(&(entry.pcr, entry.sha256)) {
             return Ok(false);
         }
         self.push(entry)?;
@@ -762,9 +1109,11 @@ impl Log {
     /// Takes the entry into the list: the PCRs are extended and the entry waits in memory
     /// for [`Log::flush`], which writes any number of entries with seven writes.
     fn push(&mut self, entry: Entry) -> Result<(), LogError> {
-        self.pcrs.extend(entry.pcr, &entry.sha1, &entry.sha256);
+        entry.extend(&mut self.pcrs);
         self.entries += 1;
-        self.seen.insert((entry.pcr, entry.sha256));
+        if !entry.is_violation() {
+            self.seen.insert((entry.pcr, entry.sha256));
+        }
         self.pending.push(entry);
         Ok(())
     }
@@ -804,6 +1153,9 @@ impl Log {
         if self.broken.load(Ordering::Acquire) {
             return Err(LogError::Broken);
         }
+        if self.closed {
+            return Err(LogError::Closed);
+        }
         Ok(())
     }
 
@@ -833,9 +1185,34 @@ impl Log {
             }
         }
         // The directory holds the files' names (new at the first mount).
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
+        rustix::fs::fsync(&self.dirfd)
+            .map_err(io::Error::from)
             .map_err(io_err(&self.dir))
+    }
+
+    /// Closes the list cleanly: every entry taken is written and durable, then the in-use
+    /// marker is removed (and that made durable), so the next writer continues it without
+    /// a violation. Takes no entries afterwards. A list whose writes failed is not closed
+    /// cleanly: it keeps its marker.
+    pub fn close(&mut self) -> Result<(), LogError> {
+        if self.closed {
+            return Ok(());
+        }
+        self.sync()?;
+        rustix::fs::unlinkat(&self.dirfd, IN_USE, rustix::fs::AtFlags::empty())
+            .map_err(io::Error::from)
+            .map_err(io_err(&self.dir.join(IN_USE)))?;
+        rustix::fs::fsync(&self.dirfd)
+            .map_err(io::Error::from)
+            .map_err(io_err(&self.dir))?;
+        self.closed = true;
+        Ok(())
+    }
+
+    /// Lets go of the list as a killed process would: entries not yet written are lost,
+    /// and the marker stays, so the next writer records the gap. For tests.
+    pub fn abandon(mut self) {
+        self.abandoned = true;
     }
 
     pub fn entries(&self) -> u64 {
@@ -906,9 +1283,11 @@ impl Files {
 }
 
 impl Drop for Log {
-    /// Whatever was taken is written (not synced) when the list is let go.
+    /// A list let go of is closed cleanly ([`Log::close`]), unless it was abandoned.
     fn drop(&mut self) {
-        let _ = self.flush();
+        if !self.abandoned {
+            let _ = self.close();
+        }
     }
 }
 
@@ -1276,7 +1655,8 @@ mod tests {
         let mut log = log.lock().unwrap();
         log.flush().unwrap();
         assert_eq!(log.entries(), 8001);
-        let r = verify::replay(&dir, false).unwrap();
+        let d = files::open_dir(&dir, false, false).unwrap();
+        let r = verify::replay(d.as_fd(), Mode::Strict, false, false).unwrap();
         assert_eq!(r.entries, 8001);
         assert_eq!(
             r.pcrs.get(Bank::Sha256, 10).unwrap(),
@@ -1381,9 +1761,15 @@ mod tests {
                 BINARY_SHA256,
                 PCRS_SHA1,
                 PCRS_SHA256,
-                COUNT
+                COUNT,
+                IN_USE,
+                LOCK
             ]
         );
+        // The marker goes with a clean close; the lock file stays.
+        drop(log);
+        assert!(!dir.join(IN_USE).exists());
+        assert!(dir.join(LOCK).exists());
     }
 
     #[test]
@@ -1463,7 +1849,7 @@ mod tests {
         let mut log2 = Log::open(t2.path()).unwrap();
         log2.append(10, &a).unwrap();
         log2.append(10, &b).unwrap();
-        log2.flush().unwrap();
+        drop(log2);
         assert_eq!(snapshot(t.path()), snapshot(t2.path()));
         let report = crate::verify::verify(t.path()).unwrap();
         assert_eq!(report.entries, 3);

@@ -35,6 +35,16 @@ pub const MAY_APPEND: u32 = 0x8;
 
 /// The PCR IMA extends unless a rule says otherwise (CONFIG_IMA_MEASURE_PCR_IDX).
 const DEFAULT_PCR: u32 = 10;
+
+/// Largest policy accepted, in bytes: real policies are a few KiB; the cap keeps a
+/// hostile or mistaken one (a device, a huge file) from growing the daemon.
+pub const MAX_POLICY_BYTES: u64 = 1 << 20;
+/// Longest line: the kernel parses a policy written in writes of at most PAGE_SIZE - 1
+/// bytes (`ima_write_policy`), so no rule it accepts is longer.
+pub const MAX_LINE: usize = 4095;
+/// Most rules: every open walks the rules in order, so their number is the cost of an
+/// open; a few dozen is a large real policy.
+pub const MAX_RULES: usize = 4096;
 /// A TPM 2.0 PC client has 24 PCRs.
 const PCR_COUNT: u32 = 24;
 
@@ -380,20 +390,70 @@ pub struct Policy {
 
 impl Policy {
     /// Parses a policy in IMA's syntax; the first bad rule refuses the whole policy. An
-    /// empty policy (only blank lines and comments) parses and measures nothing.
+    /// empty policy (only blank lines and comments) parses and measures nothing. Lines
+    /// longer than [`MAX_LINE`] bytes and policies of more than [`MAX_RULES`] rules are
+    /// refused.
     pub fn parse(text: &str) -> Result<Policy, PolicyError> {
         let mut rules = Vec::new();
         // The kernel splits on '\n' only ("\r" would be part of a token there too).
         for (i, line) in text.split('\n').enumerate() {
             let line_no = i + 1;
-            if let Some(rule) = parse_rule(line).map_err(|message| PolicyError {
+            let error = |message| PolicyError {
                 line: line_no,
                 message,
-            })? {
+            };
+            if line.len() > MAX_LINE {
+                return Err(error(format!(
+                    "{} bytes long; a rule has at most {MAX_LINE}",
+                    line.len()
+                )));
+            }
+            if let Some(rule) = parse_rule(line).map_err(error)? {
+                if rules.len() == MAX_RULES {
+                    return Err(error(format!("more than {MAX_RULES} rules")));
+                }
                 rules.push(rule);
             }
         }
         Ok(Policy { rules })
+    }
+
+    /// [`Policy::parse`] of a policy file's bytes, which must be UTF-8 text of at most
+    /// [`MAX_POLICY_BYTES`].
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Policy, PolicyError> {
+        if bytes.len() as u64 > MAX_POLICY_BYTES {
+            return Err(PolicyError {
+                line: 1 + bytes[..MAX_POLICY_BYTES as usize]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count(),
+                message: format!(
+                    "the policy is {} bytes, more than the {MAX_POLICY_BYTES} it may have",
+                    bytes.len()
+                ),
+            });
+        }
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            let at = e.valid_up_to();
+            PolicyError {
+                line: 1 + bytes[..at].iter().filter(|&&b| b == b'\n').count(),
+                message: format!("not UTF-8 text (byte {at} of the file)"),
+            }
+        })?;
+        Policy::parse(text)
+    }
+
+    /// The PCRs its measure rules may extend, ascending (10 unless a rule says `pcr=`).
+    pub fn pcrs(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .rules
+            .iter()
+            .filter(|r| r.action == Action::Measure)
+            .map(|r| r.measure().pcr)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     pub fn is_empty(&self) -> bool {

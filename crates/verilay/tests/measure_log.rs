@@ -288,7 +288,10 @@ fn verilay_log_verify_reports_and_rejects() {
             "pcrs": [
                 {"index": 10, "sha1": p10_1, "sha256": p10_2},
                 {"index": 11, "sha1": p11_1, "sha256": p11_2},
-            ]
+            ],
+            "violations": [],
+            "state": "closed",
+            "holder": null,
         })
     );
 
@@ -337,7 +340,7 @@ fn verilay_log_verify_reports_and_rejects() {
     assert_eq!(
         String::from_utf8_lossy(&o.stderr),
         format!(
-            "verilay: error: measurement list {}: pcrs_sha1: cannot open: No such file or directory (os error 2)\n",
+            "verilay: error: measurement list {}: cannot open the directory: No such file or directory (os error 2)\n",
             missing.display()
         )
     );

@@ -1,9 +1,15 @@
-//! `verilay log verify DIR [--json]`: replays a measurement list written by a measured mount
-//! and checks it against its PCR files (`measure::verify`), stricter than `evmctl
-//! ima_measurement`: every entry must be covered by the PCR values.
+//! `verilay log verify DIR [--json] [--ignore-violations]`: replays a measurement list
+//! written by a measured mount and checks it against its PCR files (`measure::verify`),
+//! stricter than `evmctl ima_measurement`: every entry must be covered by the PCR values.
+//! A list can verify and still not be one to trust as complete: violation entries mark
+//! events that may be missing (like evmctl, they fail the check unless
+//! `--ignore-violations`), and a list whose mount died with it open may have lost the
+//! events measured after its last entry (always a failure: nothing in the list says so
+//! yet).
 
 use anyhow::Context;
 use measure::log::to_hex;
+use measure::verify::{Report, State};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -15,7 +21,8 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Replay a measurement list and check every entry, both template banks, the ascii
-    /// lists and the PCR files; exit 1 with the first problem.
+    /// lists and the PCR files; exit 1 with the first problem, for violation entries
+    /// (unless --ignore-violations), or when the list was not closed cleanly.
     Verify(VerifyArgs),
 }
 
@@ -26,6 +33,9 @@ struct VerifyArgs {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Accept violation entries (they are still reported), as evmctl's option does.
+    #[arg(long)]
+    ignore_violations: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -39,23 +49,81 @@ fn verify(a: VerifyArgs) -> anyhow::Result<i32> {
     let report = measure::verify::verify(&a.dir)
         .with_context(|| format!("measurement list {}", a.dir.display()))?;
     if a.json {
-        let pcrs: Vec<serde_json::Value> = report
-            .pcrs
-            .iter()
-            .map(|(i, s1, s2)| {
-                serde_json::json!({"index": i, "sha1": to_hex(s1), "sha256": to_hex(s2)})
-            })
-            .collect();
-        outln!(
-            "{}",
-            serde_json::json!({"entries": report.entries, "pcrs": pcrs})
-        );
+        outln!("{}", json(&report));
     } else {
-        let mut line = format!("verified {} entries", report.entries);
-        for (i, s1, s2) in &report.pcrs {
-            line += &format!("; PCR {i} sha1 {} sha256 {}", to_hex(s1), to_hex(s2));
-        }
-        outln!("{line}");
+        outln!("{}", text(&report));
+    }
+    let dir = a.dir.display();
+    if let State::Unclean { holder } = &report.state {
+        eprintln!(
+            "verilay: error: measurement list {dir} was not closed cleanly ({holder}): events after entry {} may be missing",
+            report.entries
+        );
+        return Ok(1);
+    }
+    if !report.violations.is_empty() && !a.ignore_violations {
+        eprintln!(
+            "verilay: error: measurement list {dir} holds {} violation(s): events may be missing (--ignore-violations accepts them)",
+            report.violations.len()
+        );
+        return Ok(1);
     }
     Ok(0)
+}
+
+fn state_name(s: &State) -> (&'static str, Option<&str>) {
+    match s {
+        State::Closed => ("closed", None),
+        State::Open { holder } => ("open", Some(holder)),
+        State::Unclean { holder } => ("unclean", Some(holder)),
+    }
+}
+
+fn json(r: &Report) -> serde_json::Value {
+    let pcrs: Vec<serde_json::Value> = r
+        .pcrs
+        .iter()
+        .map(
+            |(i, s1, s2)| serde_json::json!({"index": i, "sha1": to_hex(s1), "sha256": to_hex(s2)}),
+        )
+        .collect();
+    let violations: Vec<serde_json::Value> = r
+        .violations
+        .iter()
+        .map(|v| serde_json::json!({"entry": v.entry, "pcr": v.pcr, "name": v.name}))
+        .collect();
+    let (state, holder) = state_name(&r.state);
+    serde_json::json!({
+        "entries": r.entries,
+        "pcrs": pcrs,
+        "violations": violations,
+        "state": state,
+        "holder": holder,
+    })
+}
+
+fn text(r: &Report) -> String {
+    let mut line = format!("verified {} entries", r.entries);
+    for (i, s1, s2) in &r.pcrs {
+        line += &format!("; PCR {i} sha1 {} sha256 {}", to_hex(s1), to_hex(s2));
+    }
+    if !r.violations.is_empty() {
+        let each: Vec<String> = r
+            .violations
+            .iter()
+            .map(|v| format!("entry {} on PCR {} ({})", v.entry, v.pcr, v.name))
+            .collect();
+        line += &format!("; {} violation(s): {}", r.violations.len(), each.join(", "));
+    }
+    match &r.state {
+        State::Closed => {}
+        State::Open { holder } => line += &format!("; open ({holder}): entries may still be added"),
+        State::Unclean { holder } => {
+            line += &format!(
+                "; not closed cleanly ({holder}): events after entry {} may be missing",
+                r.entries
+            )
+        }
+    }
+    line
 }

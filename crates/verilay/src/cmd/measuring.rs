@@ -4,8 +4,8 @@
 
 use anyhow::{bail, Context};
 use imagefs::measuring::{host_identity, image_identity, Measuring, Setup};
-use measure::log::{HashAlgo, Log};
-use measure::policy::Policy;
+use measure::log::{HashAlgo, Holder, Log};
+use measure::policy::{Policy, MAX_POLICY_BYTES};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,12 +54,12 @@ impl MeasureArgs {
     }
 }
 
-/// Reads and parses a policy file; errors name the file and the line.
+/// Reads and parses a policy file; errors name the file and the line. Only a regular
+/// file of at most `MAX_POLICY_BYTES` is read (a FIFO or device is refused unread).
 pub fn load_policy(path: &Path) -> anyhow::Result<Policy> {
-    let text = std::fs::read(path).with_context(|| format!("policy {}", path.display()))?;
-    let text = String::from_utf8(text)
-        .map_err(|e| anyhow::anyhow!("policy {}: not UTF-8 text ({e})", path.display()))?;
-    Policy::parse(&text).map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))
+    let bytes = measure::files::read_regular(path, MAX_POLICY_BYTES)
+        .map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))?;
+    Policy::parse_bytes(&bytes).map_err(|e| anyhow::anyhow!("policy {}: {e}", path.display()))
 }
 
 /// One image layer as the measurement needs it: its superblock uuid, and its digest
@@ -81,7 +81,18 @@ pub fn setup(
     };
     let policy = load_policy(policy)?;
     let algo = HashAlgo::from_name(&m.measure_hash.0).context("--measure-hash")?;
-    let log = Log::open(dir).with_context(|| format!("measurement list {}", dir.display()))?;
+    let mountpoint = std::fs::canonicalize(mountpoint)
+        .with_context(|| format!("mountpoint {}", mountpoint.display()))?;
+    let holder = Holder {
+        what: format!("mount on {}", mountpoint.display()),
+        pcrs: policy.pcrs(),
+    };
+    let log = Log::open_as(dir, &holder)
+        .with_context(|| format!("measurement list {}", dir.display()))?;
+    if let Some(r) = log.recovery() {
+        // A foreground mount shows it; the list itself records it for every verifier.
+        eprintln!("verilay: measurement list {}: {r}", dir.display());
+    }
     let layers = layers
         .iter()
         .map(|l| image_identity(l.uuid, &l.digest))
@@ -89,8 +100,6 @@ pub fn setup(
     let upper = upper_root
         .map(|fd| host_identity(fd).context("the upper directory's filesystem"))
         .transpose()?;
-    let mountpoint = std::fs::canonicalize(mountpoint)
-        .with_context(|| format!("mountpoint {}", mountpoint.display()))?;
     Ok(Some(Setup {
         measuring: Arc::new(Measuring::new(policy, log, algo)),
         mountpoint: std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str()).to_vec(),

@@ -1,9 +1,856 @@
 //! Measurement: durability of entries, bounded inputs, list permissions (items 9, 11, 13).
+//!
+//! Item 9: a measured open is answered before its entry is written, so a daemon killed
+//! then loses entries; the next mount must mark the gap as the kernel marks a violation
+//! (and `log verify` must say so of the killed list itself). Item 11: a policy or a list
+//! is read within bounds, whatever it is (a device, a FIFO, a huge file, hostile
+//! lengths). Item 13: what a measured mount writes is its owner's alone.
 
+use crate::common::*;
 use crate::Seed;
-use std::path::Path;
+use measure::log::{
+    DigestKind, Event, HashAlgo, Log, ASCII_SHA1, ASCII_SHA256, BINARY_SHA1, BINARY_SHA256, COUNT,
+    IN_USE, PCRS_SHA1, PCRS_SHA256,
+};
+use measure::policy::Template;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The files of a list, in the order the `measure_list` fuzz target reads them.
+const LIST_FILES: [&str; 7] = [
+    BINARY_SHA1,
+    BINARY_SHA256,
+    ASCII_SHA1,
+    ASCII_SHA256,
+    COUNT,
+    PCRS_SHA1,
+    PCRS_SHA256,
+];
+
+/// Peak RSS allowed to a command refusing a hostile input: the CLI itself needs ~10 MiB.
+const RSS_BOUND_KIB: u64 = 64 << 10;
+
+fn mounts() -> bool {
+    skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "needs /dev/fuse")
+}
+
+/// A temporary directory with an image of five small files and a policy measuring every
+/// open (PCR 10).
+fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    for name in ["a", "b", "c", "d", "e"] {
+        fs::write(src.join(name), format!("file {name}\n")).unwrap();
+    }
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let policy = t.path().join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
+    (t, image, policy)
+}
+
+/// `verilay mount IMAGE MNT --policy P --measure-log LOG EXTRA...`, as it ended.
+fn mount(image: &Path, mnt: &Path, policy: &Path, log: &Path, extra: &[&Path]) -> Output {
+    fs::create_dir_all(mnt).unwrap();
+    verilay()
+        .arg("mount")
+        .arg(image)
+        .arg(mnt)
+        .arg("--policy")
+        .arg(policy)
+        .arg("--measure-log")
+        .arg(log)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn mount_ok(image: &Path, mnt: &Path, policy: &Path, log: &Path, extra: &[&Path]) -> Unmount {
+    let out = mount(image, mnt, policy, log, extra);
+    assert!(
+        out.status.success(),
+        "mount failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: true,
+    }
+}
+
+/// The pid of the daemon serving `mnt` (its argv holds the mountpoint and --ready-fd).
+fn daemon_of(mnt: &Path) -> u32 {
+    let want = mnt.as_os_str().as_encoded_bytes();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(argv) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = argv.split(|&b| b == 0).collect();
+        if args.contains(&want) && args.contains(&&b"--ready-fd"[..]) {
+            return pid;
+        }
+    }
+    panic!("no daemon serves {}", mnt.display());
+}
+
+/// Waits (20 s at most) until process `pid` is gone.
+fn wait_gone(pid: u32) {
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        // A zombie's status says so; the daemon's parent (verilay mount) reaped it long ago.
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "process {pid} did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Kills the daemon of `mnt` with SIGKILL, as an OOM kill or a crash would end it, and
+/// detaches the dead mount. Returns its pid.
+fn kill_daemon(mnt: Unmount) -> u32 {
+    let pid = daemon_of(&mnt.dir);
+    run(Command::new("kill").args(["-9", &pid.to_string()]));
+    wait_gone(pid);
+    drop(mnt);
+    pid
+}
+
+/// Unmounts and waits for the daemon to have closed its list and exited.
+fn unmount(mnt: Unmount) {
+    let pid = daemon_of(&mnt.dir);
+    run(verilay().arg("umount").arg(&mnt.dir));
+    std::mem::forget(mnt);
+    wait_gone(pid);
+}
+
+fn read_through(mnt: &Path, names: &[&str]) {
+    for n in names {
+        let got = fs::read(mnt.join(n)).unwrap();
+        assert_eq!(got, format!("file {n}\n").as_bytes());
+    }
+}
+
+fn log_verify(log: &Path, args: &[&str]) -> Output {
+    verilay()
+        .args(["log", "verify"])
+        .args(args)
+        .arg(log)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn evmctl_accepts(log: &Path, ignore_violations: bool) -> bool {
+    let mut cmd = Command::new("evmctl");
+    cmd.arg("ima_measurement");
+    if ignore_violations {
+        cmd.arg("--ignore-violations");
+    }
+    cmd.arg("--pcrs")
+        .arg(format!("sha1,{}", log.join(PCRS_SHA1).display()))
+        .arg("--pcrs")
+        .arg(format!("sha256,{}", log.join(PCRS_SHA256).display()))
+        .arg(log.join(BINARY_SHA1))
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+fn ascii_lines(log: &Path) -> Vec<String> {
+    fs::read_to_string(log.join(ASCII_SHA1))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The ascii line of verilay's violation entry, as the kernel prints a violation.
+fn violation_line() -> String {
+    format!(
+        "10 {} ima-ng sha256:{} verilay:unclean-shutdown",
+        "0".repeat(40),
+        "0".repeat(64)
+    )
+}
+
+#[test]
+fn a_killed_daemons_gap_is_recorded_as_a_violation_that_verifiers_see() {
+    if mounts() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    // Answered opens, whose entries wait up to 10 ms to be written: the kill loses them.
+    read_through(&mnt, &["a", "b", "c"]);
+    let pid = kill_daemon(m);
+
+    // The list as the kill left it: `log verify` must not pass it as a clean list.
+    let out = log_verify(&log, &[]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let holder = format!("pid {pid}, mount on {}", mnt.display());
+    assert!(
+        err.contains(&format!("not closed cleanly ({holder})")),
+        "{err}"
+    );
+    let kept = ascii_lines(&log).len();
+    if out.stdout.starts_with(b"verified") {
+        // The kill did not tear a batch (the common case): the list verifies as it is.
+        assert!(
+            err.contains(&format!("events after entry {kept} may be missing")),
+            "{err}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_slice(&log_verify(&log, &["--json"]).stdout).unwrap();
+        assert_eq!(json["state"], "unclean");
+        assert_eq!(json["holder"], holder.as_str());
+    }
+
+    // The next mount records the gap before anything else, then measures as usual.
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    read_through(&mnt, &["d"]);
+    unmount(m);
+    let lines = ascii_lines(&log);
+    let at = lines
+        .iter()
+        .position(|l| *l == violation_line())
+        .unwrap_or_else(|| panic!("no violation entry in the list:\n{}", lines.join("\n")));
+    assert!(
+        at <= kept,
+        "the violation is not right after the kept entries"
+    );
+    assert_eq!(lines.len(), at + 2, "{lines:?}");
+    assert!(lines[at + 1].ends_with(&format!(" {}/d", mnt.display())));
+    let entry = at + 1;
+
+    // log verify reports it, and fails unless told to accept violations (as evmctl).
+    let out = log_verify(&log, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "; 1 violation(s): entry {entry} on PCR 10 (verilay:unclean-shutdown)"
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stderr).contains("holds 1 violation(s)"));
+    let out = log_verify(&log, &["--ignore-violations", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["state"], "closed");
+    assert_eq!(
+        json["violations"],
+        serde_json::json!([{"entry": entry, "pcr": 10, "name": "verilay:unclean-shutdown"}])
+    );
+    // evmctl, the independent oracle: the PCR was extended with 0xff bytes, which it
+    // replays only when told to ignore violations (a violation invalidates the PCR).
+    assert!(!evmctl_accepts(&log, false), "evmctl missed the violation");
+    assert!(evmctl_accepts(&log, true), "evmctl rejects the list");
+}
+
+#[test]
+fn a_second_mount_on_the_same_list_is_refused_naming_the_holder() {
+    if mounts() {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let (mnt, mnt2, log) = (
+        t.path().join("mnt"),
+        t.path().join("mnt2"),
+        t.path().join("log"),
+    );
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    let pid = daemon_of(&mnt);
+    let out = mount(&image, &mnt2, &policy, &log, &[]);
+    let _m2 = Unmount {
+        dir: mnt2.clone(),
+        fuse: true,
+    };
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a second mount shares the list");
+    assert_eq!(
+        err,
+        format!(
+            "verilay: error: measurement list {}: the measurement list in {} is in use by another writer (pid {pid}, mount on {}); two mounts cannot share a list\n",
+            log.display(),
+            log.display(),
+            mnt.display()
+        )
+    );
+    // The first mount keeps measuring into a list that verifies.
+    read_through(&mnt, &["a"]);
+    unmount(m);
+    let out = log_verify(&log, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// (start of template data, its length) of the last record of a binary list.
+fn last_record_data(list: &[u8], digest_len: usize) -> (usize, usize) {
+    let mut at = 0;
+    let mut last = (0, 0);
+    while at < list.len() {
+        let u32_at = |o: usize| u32::from_le_bytes(list[o..o + 4].try_into().unwrap()) as usize;
+        let name_len = u32_at(at + 4 + digest_len);
+        let len_at = at + 4 + digest_len + 4 + name_len;
+        let data_len = u32_at(len_at);
+        last = (len_at + 4, data_len);
+        at = len_at + 4 + data_len;
+    }
+    last
+}
+
+#[test]
+fn a_list_torn_by_a_kill_is_cut_back_and_marked_a_damaged_one_is_refused() {
+    if mounts() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    read_through(&mnt, &["a", "b"]);
+    // Flushed (stats drains the list): the count and PCR files as they stand after "b".
+    run(verilay().arg("stats").arg(&mnt));
+    let state: Vec<(PathBuf, Vec<u8>)> = [COUNT, PCRS_SHA1, PCRS_SHA256]
+        .iter()
+        .map(|n| (log.join(n), fs::read(log.join(n)).unwrap()))
+        .collect();
+    read_through(&mnt, &["c"]);
+    run(verilay().arg("stats").arg(&mnt));
+    kill_daemon(m);
+    let bin = log.join(BINARY_SHA1);
+    let whole = fs::read(&bin).unwrap();
+    let entries = ascii_lines(&log).len();
+    // The PCR files attest "c", so cutting its record is damage, not a tear: refused,
+    // naming what would be dropped.
+    fs::write(&bin, &whole[..whole.len() - 7]).unwrap();
+    let out = mount(&image, &mnt, &policy, &log, &[]);
+    drop(Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    });
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (data_at, data_len) = last_record_data(&whole, 20);
+    let truncated = format!(
+        "{BINARY_SHA1}: offset {data_at} (entry {entries}): truncated record: the template data needs {data_len} bytes, the file ends after {}",
+        data_len - 7
+    );
+    assert!(
+        err.contains(&format!(
+            "{PCRS_SHA1}: matches the replay after none of the {} entries the list files agree on, so the list cannot be recovered to them (past them: {truncated})",
+            entries - 1
+        )),
+        "{err}"
+    );
+    // Killed as it wrote "c"'s batch: its SHA-1 record cut short, the count and PCR
+    // files not yet rewritten (the flusher writes them after the list files).
+    for (p, bytes) in &state {
+        fs::write(p, bytes).unwrap();
+    }
+    let out = log_verify(&log, &[]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains(&truncated) && err.contains("not closed cleanly"),
+        "{err}"
+    );
+    // The next mount keeps the entries all files agree on and marks the gap after them.
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    read_through(&mnt, &["e"]);
+    unmount(m);
+    let lines = ascii_lines(&log);
+    assert_eq!(lines[entries - 1], violation_line(), "{lines:?}");
+    assert_eq!(lines.len(), entries + 1);
+    assert!(lines[entries].ends_with(&format!(" {}/e", mnt.display())));
+    assert!(log_verify(&log, &["--ignore-violations"]).status.success());
+    assert!(evmctl_accepts(&log, true));
+
+    // The same cut in a list its mount closed cleanly is refused, naming file and offset.
+    let list = fs::read(&bin).unwrap();
+    let (data_at, data_len) = last_record_data(&list, 20);
+    fs::write(&bin, &list[..list.len() - 7]).unwrap();
+    let out = mount(&image, &mnt, &policy, &log, &[]);
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "verilay: error: measurement list {dir}: not continuing the measurement list in {dir}: {BINARY_SHA1}: offset {data_at} (entry {}): truncated record: the template data needs {data_len} bytes, the file ends after {}\n",
+            entries + 1,
+            data_len - 7,
+            dir = log.display()
+        )
+    );
+}
+
+/// Runs `cmd` under GNU time in its own process group, killing the group after
+/// `deadline`: (output, peak RSS in KiB, whether it had to be killed).
+fn bounded(cmd: &mut Command, deadline: Duration) -> (Output, u64, bool) {
+    let rss = tempfile::NamedTempFile::new().unwrap();
+    let program = cmd.get_program().to_owned();
+    let args: Vec<_> = cmd.get_args().map(ToOwned::to_owned).collect();
+    let child = Command::new("/usr/bin/time")
+        .arg("-f")
+        .arg("%M")
+        .arg("-o")
+        .arg(rss.path())
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    let start = Instant::now();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut killed = false;
+    while !waiter.is_finished() {
+        if start.elapsed() > deadline {
+            let _ = Command::new("kill")
+                .args(["-9", "--", &format!("-{pgid}")])
+                .status();
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = waiter.join().unwrap();
+    let kib = fs::read_to_string(rss.path())
+        .unwrap_or_default()
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    (out, kib, killed)
+}
+
+/// `cmd` must fail at once with exactly `want` as its one line, in bounded memory.
+fn refused_fast(cmd: &mut Command, want: &str) {
+    let (out, kib, killed) = bounded(cmd, Duration::from_secs(20));
+    assert!(
+        !killed,
+        "still running after 20 s (peak RSS {kib} KiB): {want}"
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err, format!("{want}\n"));
+    assert!(kib < RSS_BOUND_KIB, "peak RSS {kib} KiB refusing: {want}");
+}
+
+fn have_time() -> bool {
+    skip_unless(
+        Path::new("/usr/bin/time").exists(),
+        "needs GNU time (/usr/bin/time) to measure peak RSS",
+    )
+}
+
+#[test]
+fn hostile_policies_fail_fast_with_one_line_in_bounded_memory() {
+    if have_time() {
+        return;
+    }
+    let (t, image, _) = fixture();
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    fs::create_dir_all(&mnt).unwrap();
+    let fifo = t.path().join("fifo");
+    run(Command::new("mkfifo").arg(&fifo));
+    let huge = t.path().join("huge");
+    fs::File::create(&huge).unwrap().set_len(3 << 30).unwrap();
+    let long = t.path().join("long");
+    fs::write(
+        &long,
+        format!("measure func=FILE_CHECK fsname={}\n", "x".repeat(5000)),
+    )
+    .unwrap();
+    let many = t.path().join("many");
+    fs::write(&many, "measure func=FILE_CHECK\n".repeat(5000)).unwrap();
+    let latin1 = t.path().join("latin1");
+    fs::write(&latin1, b"# policy\n\nmeasure fsname=caf\xe9\n").unwrap();
+    let cases: [(&Path, String); 6] = [
+        (
+            Path::new("/dev/zero"),
+            "is a character device, not a regular file".into(),
+        ),
+        (&fifo, "is a FIFO, not a regular file".into()),
+        (
+            &huge,
+            "3221225472 bytes, more than the 1048576 it may have".into(),
+        ),
+        (
+            &long,
+            "line 1: 5031 bytes long; a rule has at most 4095".into(),
+        ),
+        (&many, "line 4097: more than 4096 rules".into()),
+        (
+            &latin1,
+            "line 3: not UTF-8 text (byte 28 of the file)".into(),
+        ),
+    ];
+    for (policy, why) in cases {
+        refused_fast(
+            verilay()
+                .arg("mount")
+                .arg(&image)
+                .arg(&mnt)
+                .arg("--policy")
+                .arg(policy)
+                .arg("--measure-log")
+                .arg(&log),
+            &format!("verilay: error: policy {}: {why}", policy.display()),
+        );
+    }
+    assert!(!log.exists(), "a refused policy started a list");
+}
+
+/// A list of boot_aggregate and three entries, closed cleanly, in `dir`.
+fn small_list(dir: &Path) {
+    let mut log = Log::open(dir).unwrap();
+    for (i, path) in ["/x/one", "/x/two", "/x/three"].iter().enumerate() {
+        let ev = Event {
+            template: Template::ImaNg,
+            kind: DigestKind::Ima,
+            algo: HashAlgo::Sha256,
+            digest: &[i as u8 + 1; 32],
+            path: path.as_bytes(),
+            sig: None,
+        };
+        log.append(10, &ev).unwrap();
+    }
+}
+
+/// Offset of entry `k` (1-based) in a binary list with `digest_len`-byte digests.
+fn record_at(list: &[u8], digest_len: usize, k: usize) -> usize {
+    let mut at = 0;
+    for _ in 1..k {
+        let u32_at = |o: usize| u32::from_le_bytes(list[o..o + 4].try_into().unwrap()) as usize;
+        let name_len = u32_at(at + 4 + digest_len);
+        let len_at = at + 4 + digest_len + 4 + name_len;
+        at = len_at + 4 + u32_at(len_at);
+    }
+    at
+}
+
+/// The hostile lists: (name, how to damage a good list, the error naming file and offset).
+type Damage = fn(&Path) -> String;
+
+fn damages() -> Vec<(&'static str, Damage)> {
+    vec![
+        ("huge-data-length", |dir| {
+            let p = dir.join(BINARY_SHA1);
+            let mut b = fs::read(&p).unwrap();
+            let at = record_at(&b, 20, 2) + 4 + 20 + 4 + 6;
+            b[at..at + 4].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+            fs::write(&p, b).unwrap();
+            format!("{BINARY_SHA1}: offset {at} (entry 2): template data length 4294967280 is implausible (more than 131072)")
+        }),
+        ("huge-name-length", |dir| {
+            let p = dir.join(BINARY_SHA256);
+            let mut b = fs::read(&p).unwrap();
+            let at = record_at(&b, 32, 3) + 4 + 32;
+            b[at..at + 4].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
+            fs::write(&p, b).unwrap();
+            format!("{BINARY_SHA256}: offset {at} (entry 3): template name length 2147483647 is not 1-255")
+        }),
+        ("truncated-record", |dir| {
+            let p = dir.join(BINARY_SHA1);
+            let b = fs::read(&p).unwrap();
+            let at = record_at(&b, 20, 4);
+            fs::write(&p, &b[..at + 10]).unwrap();
+            format!("{BINARY_SHA1}: offset {} (entry 4): truncated record: the template digest needs 20 bytes, the file ends after 6", at + 4)
+        }),
+        ("fifo", |dir| {
+            let p = dir.join(ASCII_SHA1);
+            fs::remove_file(&p).unwrap();
+            run(Command::new("mkfifo").arg(&p));
+            format!("{ASCII_SHA1}: is a FIFO, not a regular file")
+        }),
+        ("symlink-to-dev-zero", |dir| {
+            let p = dir.join(PCRS_SHA1);
+            fs::remove_file(&p).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+            format!("{PCRS_SHA1}: is a symbolic link, which is not followed")
+        }),
+        ("huge-sparse-list", |dir| {
+            let p = dir.join(BINARY_SHA256);
+            let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(0).unwrap();
+            f.set_len(3 << 30).unwrap();
+            format!("{BINARY_SHA256}: offset 36 (entry 1): template name length 0 is not 1-255")
+        }),
+        ("huge-pcr-file", |dir| {
+            let p = dir.join(PCRS_SHA256);
+            let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(3 << 30).unwrap();
+            format!("{PCRS_SHA256}: offset 16384: 3221225472 bytes, longer than the 16384 such a file can be")
+        }),
+    ]
+}
+
+#[test]
+fn hostile_lists_are_refused_naming_file_and_offset_in_bounded_time_and_memory() {
+    if have_time() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (fix_t, image, policy) = fixture();
+    let mnt = fix_t.path().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    for (name, damage) in damages() {
+        let dir = t.path().join(name);
+        small_list(&dir);
+        let want = damage(&dir);
+        refused_fast(
+            verilay().args(["log", "verify"]).arg(&dir),
+            &format!("verilay: error: measurement list {}: {want}", dir.display()),
+        );
+        if is_root() {
+            // A mount does not continue it either, with the same words.
+            refused_fast(
+                verilay()
+                    .arg("mount")
+                    .arg(&image)
+                    .arg(&mnt)
+                    .arg("--policy")
+                    .arg(&policy)
+                    .arg("--measure-log")
+                    .arg(&dir),
+                &format!(
+                    "verilay: error: measurement list {d}: not continuing the measurement list in {d}: {want}",
+                    d = dir.display()
+                ),
+            );
+        }
+    }
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn every_file_a_measured_mount_creates_is_its_owners_alone() {
+    if mounts() {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let mnt = t.path().join("mnt");
+    let log = t.path().join("new/list");
+    let daemon_log = t.path().join("daemon.log");
+    let m = mount_ok(
+        &image,
+        &mnt,
+        &policy,
+        &log,
+        &[Path::new("--log"), &daemon_log],
+    );
+    read_through(&mnt, &["a"]);
+    // While mounted: the lock, the in-use marker and the list files.
+    let mut names: Vec<String> = fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.contains(&IN_USE.to_string()), "{names:?}");
+    for n in &names {
+        assert_eq!(mode(&log.join(n)), 0o600, "{n}");
+    }
+    unmount(m);
+    assert_eq!(mode(&log), 0o700);
+    assert_eq!(mode(&t.path().join("new")), 0o700);
+    assert_eq!(mode(&daemon_log), 0o600);
+    for e in fs::read_dir(&log).unwrap() {
+        let e = e.unwrap();
+        assert_eq!(mode(&e.path()), 0o600, "{:?}", e.file_name());
+    }
+}
+
+#[test]
+fn a_list_or_log_another_user_can_write_is_refused() {
+    if mounts() {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    let daemon_log = t.path().join("daemon.log");
+    unmount(mount_ok(&image, &mnt, &policy, &log, &[]));
+    let refused = |extra: &[&Path], want: String| {
+        let out = mount(&image, &mnt, &policy, &log, extra);
+        let _m = Unmount {
+            dir: mnt.clone(),
+            fuse: true,
+        };
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "mounted: {want}");
+        assert!(err.contains(&want), "{err}\nwanted: {want}");
+    };
+    let bin = log.join(BINARY_SHA1);
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o620)).unwrap();
+    refused(
+        &[],
+        format!("{BINARY_SHA1}: writable by its group (mode 0620)"),
+    );
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o600)).unwrap();
+    let pcrs = log.join(PCRS_SHA256);
+    std::os::unix::fs::chown(&pcrs, Some(4242), None).unwrap();
+    refused(
+        &[],
+        format!("{PCRS_SHA256}: owned by uid 4242, not by this process's uid 0 or root"),
+    );
+    std::os::unix::fs::chown(&pcrs, Some(0), None).unwrap();
+    fs::set_permissions(&log, fs::Permissions::from_mode(0o757)).unwrap();
+    refused(
+        &[],
+        format!("{}: writable by others (mode 0757)", log.display()),
+    );
+    fs::set_permissions(&log, fs::Permissions::from_mode(0o755)).unwrap();
+    // The --log file: others may not write it, and it is never reached through a symlink.
+    fs::write(&daemon_log, "").unwrap();
+    fs::set_permissions(&daemon_log, fs::Permissions::from_mode(0o646)).unwrap();
+    let flag = Path::new("--log");
+    refused(
+        &[flag, &daemon_log],
+        format!(
+            "log file {}: writable by others (mode 0646)",
+            daemon_log.display()
+        ),
+    );
+    fs::set_permissions(&daemon_log, fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&daemon_log, Some(4242), None).unwrap();
+    refused(
+        &[flag, &daemon_log],
+        format!("log file {}: owned by uid 4242", daemon_log.display()),
+    );
+    let link = t.path().join("link.log");
+    std::os::unix::fs::symlink(&daemon_log, &link).unwrap();
+    refused(
+        &[flag, &link],
+        format!(
+            "log file {}: is a symbolic link, which is not followed",
+            link.display()
+        ),
+    );
+    assert_eq!(fs::metadata(&daemon_log).unwrap().uid(), 4242);
+    // All put right, the list continues.
+    unmount(mount_ok(&image, &mnt, &policy, &log, &[]));
+    assert!(log_verify(&log, &[]).status.success());
+}
+
+/// A list directory in the `measure_list` fuzz target's form (see its documentation).
+fn encode_list(dir: &Path) -> Vec<u8> {
+    let marker = fs::read(dir.join(IN_USE)).ok();
+    let mut out = vec![u8::from(marker.is_some())];
+    for name in LIST_FILES {
+        let b = fs::read(dir.join(name)).unwrap_or_default();
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(&b);
+    }
+    out.extend_from_slice(&marker.unwrap_or_default());
+    out
+}
 
 /// Hostile inputs of this module for the fuzz targets.
-pub fn seeds(_tmp: &Path) -> Vec<Seed> {
-    Vec::new()
+pub fn seeds(tmp: &Path) -> Vec<Seed> {
+    let mut v = Vec::new();
+    let policies: [(&str, Vec<u8>); 8] = [
+        (
+            "talos",
+            b"dont_measure fsmagic=0xe0f5e1e2\nmeasure func=FILE_CHECK mask=^MAY_READ uid=0\nmeasure func=FILE_CHECK mask=^MAY_READ euid=0\n".to_vec(),
+        ),
+        (
+            "verity",
+            b"measure func=FILE_CHECK digest_type=verity\nmeasure func=BPRM_CHECK pcr=11 template=ima-sigv2 fowner>999 fsuuid=5b1c3b4e-8c57-4f0e-9d4a-3a9f0c6d2e71 # c\n".to_vec(),
+        ),
+        ("long-line", format!("measure fsname={}\n", "x".repeat(5000)).into_bytes()),
+        ("many-rules", b"measure\n".repeat(4100)),
+        ("latin1", b"measure fsname=caf\xe9\n".to_vec()),
+        ("control", b"measure\r func=FILE_CHECK\0\n\tdont_measure\x0b\n".to_vec()),
+        (
+            "refused",
+            b"appraise func=MMAP_CHECK template=ima-modsig obj_type=x\n".to_vec(),
+        ),
+        ("pcr-range", b"measure pcr=24\nmeasure uid=4294967295\n".to_vec()),
+    ];
+    for (name, bytes) in policies {
+        v.push(Seed {
+            target: "policy",
+            name: name.into(),
+            bytes,
+        });
+    }
+    let lists = tmp.join("measure-lists");
+    let mut list = |name: &str, make: &dyn Fn(&Path)| {
+        let dir = lists.join(name);
+        make(&dir);
+        v.push(Seed {
+            target: "measure_list",
+            name: name.into(),
+            bytes: encode_list(&dir),
+        });
+    };
+    list("clean", &|d| small_list(d));
+    list("killed", &|d| {
+        small_list(d);
+        let mut log = Log::open(d).unwrap();
+        log.append(
+            11,
+            &Event {
+                template: Template::ImaNgV2,
+                kind: DigestKind::Verity,
+                algo: HashAlgo::Sha256,
+                digest: &[9; 32],
+                path: b"/x/v",
+                sig: None,
+            },
+        )
+        .unwrap();
+        log.flush().unwrap();
+        log.abandon();
+    });
+    list("recovered", &|d| {
+        small_list(d);
+        let log = Log::open(d).unwrap();
+        log.abandon();
+        drop(Log::open(d).unwrap());
+    });
+    list("torn", &|d| {
+        small_list(d);
+        Log::open(d).unwrap().abandon();
+        let p = d.join(BINARY_SHA256);
+        let b = fs::read(&p).unwrap();
+        fs::write(&p, &b[..b.len() - 5]).unwrap();
+    });
+    for (name, damage) in damages() {
+        if matches!(
+            name,
+            "fifo" | "symlink-to-dev-zero" | "huge-sparse-list" | "huge-pcr-file"
+        ) {
+            // Not representable as bytes (the target writes regular files).
+            continue;
+        }
+        list(name, &|d| {
+            small_list(d);
+            damage(d);
+        });
+    }
+    v
 }

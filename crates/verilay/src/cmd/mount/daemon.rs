@@ -186,25 +186,14 @@ fn logger(s: &Settings, to_stderr: bool) -> anyhow::Result<imagefs::Logger> {
     }))
 }
 
-/// Opens the log file for appending: a regular file (a FIFO would block the open, a
-/// device would take the lines), made 0600 if new.
+/// Opens the log file for appending: created 0600 if new, never through a symlink, and
+/// refused unless it is a regular file no one else can write. Asked first by path, so a
+/// FIFO is named as such (its write-only open would fail with ENXIO, not say why).
 fn open_log(p: &Path) -> anyhow::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let not_regular = || anyhow::anyhow!("log file {}: not a regular file", p.display());
-    if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
-        return Err(not_regular());
+    if std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_file() && !m.is_symlink()) {
+        anyhow::bail!("log file {}: not a regular file", p.display());
     }
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(p)
-        .with_context(|| format!("log file {}", p.display()))?;
-    if !f.metadata()?.is_file() {
-        return Err(not_regular());
-    }
-    Ok(f)
+    measure::files::open_private_append(p).with_context(|| format!("log file {}", p.display()))
 }
 
 /// One datagram to the system log socket, if there is one (priority: daemon.err).
