@@ -591,7 +591,7 @@ impl Measuring {
     /// At unmount: writes every entry measured, makes the list durable and closes it
     /// cleanly (its in-use marker goes, so the next mount continues it without a
     /// violation). Measured opens fail afterwards.
-    pub fn sync(&self) -> io::Result<()> {
+    pub fn close(&self) -> io::Result<()> {
         self.shared.log().close().map_err(io::Error::other)
     }
 

@@ -230,7 +230,7 @@ fn finish_measuring<T>(
     measuring: Option<std::sync::Arc<imagefs::measuring::Measuring>>,
 ) -> T {
     if let Some(m) = measuring {
-        if let Err(e) = m.sync() {
+        if let Err(e) = m.close() {
             eprintln!("verilay: error: making the measurement list durable: {e}");
         }
     }
