@@ -83,18 +83,7 @@ impl<S: ByteSource> Image<S> {
     /// call (a FUSE readdir reply holds a few dozen entries). Block `blk`'s other checks
     /// are made whenever it is itself read.
     fn last_name_of_block(&self, dir: &Inode, blk: u64) -> Result<Vec<u8>> {
-        let bs = u64::from(self.block_size());
-        let start = blk
-            .checked_mul(bs)
-            .filter(|&s| s < dir.size)
-            .ok_or_else(|| Error::Corrupt {
-                offset: dir.offset,
-                what: format!(
-                    "directory {}: block {blk} is past its size {}",
-                    dir.nid, dir.size
-                ),
-            })?;
-        let used = (dir.size - start).min(bs) as usize;
+        let (start, used) = self.dir_block_span(dir, blk)?;
         let bad = || Error::Corrupt {
             offset: self.dir_byte(dir, start),
             what: format!("directory {} block {blk}: bad dirent array", dir.nid),
@@ -124,8 +113,9 @@ impl<S: ByteSource> Image<S> {
         Ok(name)
     }
 
-    /// The used bytes of block `blk` of `dir` and their logical start.
-    fn dir_block_bytes(&self, dir: &Inode, blk: u64) -> Result<(Vec<u8>, u64)> {
+    /// Where block `blk` of `dir` starts and how many of its bytes are used: the kernel
+    /// uses min(i_size - pos, bs), so the last block may be partial (an inline tail).
+    fn dir_block_span(&self, dir: &Inode, blk: u64) -> Result<(u64, usize)> {
         let bs = u64::from(self.block_size());
         let start = blk
             .checked_mul(bs)
@@ -137,8 +127,12 @@ impl<S: ByteSource> Image<S> {
                     dir.nid, dir.size
                 ),
             })?;
-        // The kernel uses min(i_size - pos, bs): the last block may be partial (inline tail).
-        let used = (dir.size - start).min(bs) as usize;
+        Ok((start, (dir.size - start).min(bs) as usize))
+    }
+
+    /// The used bytes of block `blk` of `dir` and their logical start.
+    fn dir_block_bytes(&self, dir: &Inode, blk: u64) -> Result<(Vec<u8>, u64)> {
+        let (start, used) = self.dir_block_span(dir, blk)?;
         let mut data = vec![0u8; used];
         let n = self.read(dir, start, &mut data)?;
         if n != used {
