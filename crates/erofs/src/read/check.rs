@@ -203,11 +203,7 @@ impl<S: ByteSource> Fsck<'_, S> {
                     }
                     continue;
                 }
-                let mut child_path = path.clone();
-                if child_path.len() > 1 {
-                    child_path.push(b'/');
-                }
-                child_path.extend_from_slice(&ent.name);
+                let child_path = super::child_path(&path, &ent.name);
                 if let Some(nd) = nondirs.get_mut(&ent.nid) {
                     nd.refs += 1;
                     if nd.file_type != ent.file_type {

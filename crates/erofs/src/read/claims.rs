@@ -124,12 +124,7 @@ pub(crate) fn regular_files<S: ByteSource>(
             if e.name == b"." || e.name == b".." {
                 continue;
             }
-            let mut child = path.clone();
-            if child.len() > 1 {
-                child.push(b'/');
-            }
-            child.extend_from_slice(&e.name);
-            queue.push_back((e.nid, child));
+            queue.push_back((e.nid, super::child_path(&path, &e.name)));
         }
     }
     out

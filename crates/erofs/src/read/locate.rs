@@ -99,12 +99,7 @@ impl<S: ByteSource> Image<S> {
                     if e.name == b"." || e.name == b".." {
                         continue;
                     }
-                    let mut child = path.clone();
-                    if child.len() > 1 {
-                        child.push(b'/');
-                    }
-                    child.extend_from_slice(&e.name);
-                    queue.push_back((e.nid, child));
+                    queue.push_back((e.nid, super::child_path(&path, &e.name)));
                 }
             }
         }

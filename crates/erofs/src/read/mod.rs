@@ -84,6 +84,17 @@ impl Error {
     }
 }
 
+/// `parent/name` for a path from the root (`/` joins without a second slash).
+pub(crate) fn child_path(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    p.extend_from_slice(parent);
+    if p.len() > 1 {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
 pub(crate) fn corrupt<T>(offset: u64, what: impl Into<String>) -> Result<T> {
     Err(Error::Corrupt {
         offset,
