@@ -73,3 +73,36 @@ fn an_inode_whose_xattrs_overflow_its_count_is_refused() {
         vec![b'd'; 60_000]
     );
 }
+
+/// A sparse file of an exbibyte with one byte of data needs a chunk index no image can
+/// hold: refused with its path, not an allocation that aborts the build.
+#[test]
+fn a_chunk_index_no_image_can_hold_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.img");
+    let mut t = Tree::default();
+    t.add(node(
+        Kind::Directory {
+            children: vec![(b"hole".to_vec(), 1)],
+        },
+        Vec::new(),
+    ));
+    let size = 1u64 << 60;
+    let mut f = node(
+        Kind::Regular {
+            content: Content::Bytes(vec![1u8; 1]),
+            extents: Some(vec![(size / 2 + 1, size / 2 + 2)]),
+        },
+        Vec::new(),
+    );
+    f.size = size;
+    t.add(f);
+    let err = build_tree(&t, &BuildOptions::default(), &out, &Silent)
+        .expect_err("an exbibyte sparse file builds");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("/hole") && msg.contains("chunk index"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'), "one line: {msg}");
+}

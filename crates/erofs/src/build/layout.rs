@@ -140,7 +140,11 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
             INODE_COMPACT_SIZE
         } as u64
             + xattrs.per_node[id].ibody_size() as u64;
-        let (data, inline_len) = plan_data(node, size, head, bs, opts.inline_data)?;
+        let (data, inline_len) =
+            plan_data(node, size, head, bs, opts.inline_data).map_err(|e| match e {
+                Error::Input(m) => Error::Input(format!("{}: {m}", tree.path_of(id))),
+                e => e,
+            })?;
         let off = meta.alloc(head + inline_len);
         meta_offsets[id] = off;
         inodes[id] = Some(InodePlan {
@@ -289,7 +293,7 @@ fn plan_data(
         ..
     } = &node.kind
     {
-        return Ok(plan_chunks(extents, size, bs));
+        return plan_chunks(extents, size, bs).map_err(Error::Input);
     }
     let tail = size % bs;
     if inline_data && tail != 0 && head + tail <= bs {
@@ -313,7 +317,7 @@ fn plan_data(
 
 /// Chunk-based layout for a sparse file: the largest chunk size that keeps every
 /// data/hole boundary on a chunk boundary, so no hole is stored as zeros.
-fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> (DataPlan, u64) {
+fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> Result<(DataPlan, u64), String> {
     let blkbits = bs.trailing_zeros();
     let end = size.div_ceil(bs) * bs;
     let mut bits = blkbits + 31;
@@ -330,7 +334,19 @@ fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> (DataPlan, u64) {
     let fit = 64 - (end - 1).leading_zeros();
     let chunk_bits = bits.min(fit.max(blkbits)).max(blkbits);
     let chunks = size.div_ceil(1 << chunk_bits);
-    let mut map = vec![NULL_ADDR; chunks as usize];
+    // 4 bytes of index per chunk: refused when more than an image can hold, or more
+    // than memory can, rather than aborting the build.
+    let index_bytes = 4 * chunks;
+    if index_bytes > u64::from(u32::MAX) * bs {
+        return Err(format!(
+            "a sparse file of {size} bytes needs a chunk index of {index_bytes} bytes, more than an image can hold"
+        ));
+    }
+    let mut map = Vec::new();
+    map.try_reserve_exact(chunks as usize).map_err(|_| {
+        format!("a sparse file of {size} bytes needs a chunk index of {index_bytes} bytes, more than memory holds")
+    })?;
+    map.resize(chunks as usize, NULL_ADDR);
     for &(s, e) in extents {
         let first = s >> chunk_bits;
         let last = (e - 1) >> chunk_bits;
@@ -338,8 +354,7 @@ fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> (DataPlan, u64) {
             map[k as usize] = 0; // has data; the real address is assigned later
         }
     }
-    let index_bytes = 4 * chunks;
-    (
+    Ok((
         DataPlan::Chunked {
             chunk_bits,
             map,
@@ -347,7 +362,7 @@ fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> (DataPlan, u64) {
             blocks: 0,
         },
         index_bytes,
-    )
+    ))
 }
 
 /// Best-fit allocator over metadata blocks, in 32-byte slots.
@@ -424,11 +439,11 @@ mod tests {
     fn chunk_bits_follow_hole_alignment() {
         // 1 MiB file, data only in its last 4 KiB: 4 KiB chunks would need 256 entries,
         // but the boundary at 1 MiB - 4 KiB forces 4 KiB chunks.
-        let (p, idx) = plan_chunks(&[(1020 * 1024, 1024 * 1024)], 1024 * 1024, 4096);
+        let (p, idx) = plan_chunks(&[(1020 * 1024, 1024 * 1024)], 1024 * 1024, 4096).unwrap();
         assert_eq!(idx, 256 * 4);
         assert!(matches!(p, DataPlan::Chunked { chunk_bits: 12, .. }));
         // Data in the first and third 64 KiB of 256 KiB: 64 KiB chunks.
-        let (p, _) = plan_chunks(&[(0, 65536), (131072, 196608)], 262144, 4096);
+        let (p, _) = plan_chunks(&[(0, 65536), (131072, 196608)], 262144, 4096).unwrap();
         match p {
             DataPlan::Chunked {
                 chunk_bits, map, ..

@@ -144,9 +144,11 @@ pub(crate) fn check_claims<S: ByteSource>(
         Ok(None) => return,
         Err(e) => return problem(format!("file digest table: {e}")),
     };
-    // Contents are hashed from the tree's level-0 hashes, 1/128 of each file: bound the
-    // total so files sharing the same blocks cannot multiply the work without limit.
-    let mut budget = img.image_len().saturating_mul(4).saturating_add(1 << 30);
+    // One unit per data block or hole run of each file, each standing for at least 4
+    // bytes of image (a chunk index entry): one unit per image byte lets every honest
+    // image through, while files sharing the same blocks cannot multiply the work
+    // without limit.
+    let mut budget = img.image_len().saturating_add(1 << 20);
     for (nid, path) in files {
         let inode = match img.inode(*nid) {
             Ok(i) => i,
@@ -155,15 +157,17 @@ pub(crate) fn check_claims<S: ByteSource>(
                 continue;
             }
         };
-        let cost = inode.size / 128;
-        if cost > budget {
-            return problem(
-                "files claim more data than the image can hold; digest check stopped".into(),
-            );
-        }
-        budget -= cost;
-        if let Err(e) = img.file_digest(&inode) {
-            problem(format!("{path}: {e}"));
+        let checked = img
+            .content_digest_within(&inode, &mut budget)
+            .and_then(|d| d.map(|d| img.check_claim(&inode, d)).transpose());
+        match checked {
+            Ok(Some(())) => {}
+            Ok(None) => {
+                return problem(
+                    "files share more data than the image can hold; digest check stopped".into(),
+                )
+            }
+            Err(e) => problem(format!("{path}: {e}")),
         }
     }
     // The padding between the last entry and the footer: zeros, and read, so every block

@@ -65,11 +65,18 @@ impl<S: ByteSource> Image<S> {
     /// claim: a missing or different claim is `Corrupt` at the claim's place.
     pub fn file_digest(&self, ino: &Inode) -> Result<[u8; 32]> {
         let digest = self.content_digest(ino)?;
+        self.check_claim(ino, digest)?;
+        Ok(digest)
+    }
+
+    /// `digest` (the contents' own) against the table's claim for `ino`, if the image
+    /// has a table: a missing or different claim is `Corrupt` at the claim's place.
+    pub(crate) fn check_claim(&self, ino: &Inode, digest: [u8; 32]) -> Result<()> {
         let Some(footer) = self.digest_table()? else {
-            return Ok(digest);
+            return Ok(());
         };
         match self.claimed_file_digest(ino.nid)? {
-            Some((claim, _)) if claim == digest => Ok(digest),
+            Some((claim, _)) if claim == digest => Ok(()),
             Some((claim, at)) => corrupt(
                 at,
                 format!(
@@ -92,7 +99,30 @@ impl<S: ByteSource> Image<S> {
     /// the rest (inline tails, short last blocks, images with smaller blocks) is read
     /// through the source, which checks it, and hashed here.
     pub fn content_digest(&self, ino: &Inode) -> Result<[u8; 32]> {
+        let mut unbounded = u64::MAX;
+        let digest = self.content_digest_within(ino, &mut unbounded)?;
+        Ok(digest.expect("an unbounded budget never runs out"))
+    }
+
+    /// [`Image::content_digest`] for at most `budget` units of work (one per block hashed
+    /// or taken from the tree, one per run of holes), taken from `budget`; `None` when it
+    /// runs out: files sharing the same blocks could otherwise multiply the work of a
+    /// check of a whole image without limit, while holes cost almost nothing.
+    pub(crate) fn content_digest_within(
+        &self,
+        ino: &Inode,
+        budget: &mut u64,
+    ) -> Result<Option<[u8; 32]>> {
         const BS: u64 = VERITY_BLOCK;
+        let mut spend = |n: u64| -> bool {
+            match budget.checked_sub(n) {
+                Some(left) => {
+                    *budget = left;
+                    true
+                }
+                None => false,
+            }
+        };
         let params = verity::Params::new(verity::HashAlg::Sha256, BS as u32, Vec::new())
             .expect("valid parameters");
         let mut tree = TreeStream::new(&params);
@@ -118,6 +148,9 @@ impl<S: ByteSource> Image<S> {
                     if ext_end == size && !(ext_end - pos).is_multiple_of(BS) {
                         n += 1;
                     }
+                    if !spend(1) {
+                        return Ok(None);
+                    }
                     tree.push_zeros(n);
                     pos = pos.saturating_add(n * BS);
                 }
@@ -132,6 +165,9 @@ impl<S: ByteSource> Image<S> {
                             .block_hash(at)
                             .map_err(|err| Error::Io { offset: at, err })?;
                         let Some(hash) = hash else { break };
+                        if !spend(1) {
+                            return Ok(None);
+                        }
                         tree.push(&hash);
                         pos += BS;
                     }
@@ -141,6 +177,9 @@ impl<S: ByteSource> Image<S> {
                 continue;
             }
             // One block the slow way: read (the source checks it), zero-pad, hash.
+            if !spend(1) {
+                return Ok(None);
+            }
             let n = BS.min(size - pos) as usize;
             block.fill(0);
             if self.read(ino, pos, &mut block[..n])? != n {
@@ -154,7 +193,7 @@ impl<S: ByteSource> Image<S> {
             tree.push(&hash);
             pos += BS;
         }
-        Ok(tree.digest(size).try_into().expect("32 bytes"))
+        Ok(Some(tree.digest(size).try_into().expect("32 bytes")))
     }
 
     /// What the image's digest table claims for regular file `nid`, and where the entry
