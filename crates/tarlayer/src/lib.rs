@@ -15,11 +15,13 @@
 //!
 //! The tar is parsed here, strictly (`header`, `pax`, `stream`): a layer is untrusted
 //! input, and every reader of the same bytes (GNU tar, Go's archive/tar under containerd
-//! and Docker) must agree with this one on what they mean, or the image is not what was
-//! reviewed. So whatever those readers disagree on, or what the image cannot represent,
-//! is refused with the entry's offset, never guessed: a bad checksum, a truncated or
-//! unterminated archive, bytes after its end, numbers out of range, contradicting
-//! extension headers, data on entries that have none, paths through symlinks.
+//! and Docker, Python's tarfile) must agree with this one on what they mean, or the image
+//! is not what was reviewed. So whatever those readers disagree on, or what the image
+//! cannot represent, is refused with the entry's offset, never guessed: a bad checksum, a
+//! truncated or unterminated archive, bytes after its end, numbers out of range or
+//! written so the readers parse them apart, prefixes one reader joins and another does
+//! not, names ending in a slash on entries that are no directory, contradicting or empty
+//! extension records, data on entries that have none, paths through symlinks.
 
 mod header;
 mod pax;
@@ -137,7 +139,10 @@ pub fn is_archive(path: &Path) -> bool {
         }
     }
     match detect(&head[..n]) {
-        Compression::None => n == 512 && &head[257..262] == b"ustar",
+        // USTAR's magic, or a V7 header's good checksum.
+        Compression::None => {
+            n == 512 && (&head[257..262] == b"ustar" || header::checksum_ok(&head))
+        }
         _ => true,
     }
 }
@@ -150,6 +155,9 @@ struct Pending {
     pax: Option<pax::Local>,
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
+    /// Whether an extension header ('x', 'g', 'L', 'K') came right before the entry:
+    /// newer Python tarfiles then never take a V7 file for a directory.
+    after_extension: bool,
 }
 
 /// The archive, header by header, into `layer`.
@@ -240,6 +248,7 @@ impl<R: Read> Reader<'_, R> {
                     String::from_utf8_lossy(key)
                 )));
             }
+            pending.after_extension = true;
             return Ok(());
         }
         if pending.pax.is_some() {
@@ -248,6 +257,7 @@ impl<R: Read> Reader<'_, R> {
         }
         pending.pax = Some(pax::interpret(records).map_err(bad)?);
         pending.first.get_or_insert(at);
+        pending.after_extension = true;
         Ok(())
     }
 
@@ -283,6 +293,7 @@ impl<R: Read> Reader<'_, R> {
             return Err(bad(format!("a second {what} for one entry")));
         }
         pending.first.get_or_insert(at);
+        pending.after_extension = true;
         Ok(())
     }
 
@@ -305,7 +316,13 @@ impl<R: Read> Reader<'_, R> {
             Some(s) => s,
             None => u64::try_from(h.size).map_err(|_| bad(format!("negative size {}", h.size)))?,
         };
-        let ty = EntryType::of(h.typeflag, &path).map_err(bad)?;
+        let ty = EntryType::of(
+            h.typeflag,
+            &path,
+            h.name_field_ends_in_slash,
+            p.after_extension,
+        )
+        .map_err(bad)?;
         if ty != EntryType::Regular && size != 0 {
             // GNU tar would read the data that Go's archive/tar takes for the next header.
             return Err(bad(format!(
@@ -341,6 +358,13 @@ impl<R: Read> Reader<'_, R> {
             self.layer.set_root(node);
             return Ok(());
         };
+        if ty != EntryType::Dir && names_a_directory(&path) {
+            return Err(bad(format!(
+                "{} named {:?}: a path ending in \"/\" or \"/.\" names a directory (GNU tar makes one of a file so named, or drops the slash, or fails; Go's archive/tar and Python's tarfile keep the name)",
+                ty.name(),
+                String::from_utf8_lossy(&path)
+            )));
+        }
         if let Some(marker) = Marker::of(name).map_err(bad)? {
             if ty == EntryType::Dir {
                 // Its entries would then have to be something.
@@ -391,6 +415,12 @@ impl<R: Read> Reader<'_, R> {
             }
             EntryType::Link => {
                 let target = components(&link).map_err(bad)?;
+                if !target.is_empty() && names_a_directory(&link) {
+                    return Err(bad(format!(
+                        "a hardlink to {:?}: a target ending in \"/\" or \"/.\" names a directory (GNU tar fails on it, containerd drops the slash)",
+                        String::from_utf8_lossy(&link)
+                    )));
+                }
                 return self.layer.link(parent, name.clone(), &target).map_err(bad);
             }
             EntryType::Char | EntryType::Block => {
@@ -480,6 +510,13 @@ fn device(major: i64, minor: i64) -> Result<(u32, u32), String> {
     Ok((major as u32, minor as u32))
 }
 
+/// Whether a path can only name a directory: it ends in "/" or "/." (or is "."). GNU
+/// tar strips trailing slashes and makes a directory of a file so named; Go's
+/// archive/tar and Python's tarfile keep the name as it is (and containerd cleans it).
+fn names_a_directory(path: &[u8]) -> bool {
+    matches!(path.rsplit(|&b| b == b'/').next(), Some(b"" | b"."))
+}
+
 /// The components of an archive path: empty and `.` parts dropped (so a leading `/`
 /// too, as GNU tar and containerd take it); `..` refused.
 fn components(raw: &[u8]) -> Result<Vec<Vec<u8>>, String> {
@@ -516,18 +553,29 @@ enum EntryType {
 }
 
 impl EntryType {
-    /// The type of an entry (not an extension header), from its typeflag; V7's NUL type
-    /// is a directory when the name ends in `/`, as Go's archive/tar reads it.
-    fn of(typeflag: u8, path: &[u8]) -> Result<Self, String> {
+    /// The type of an entry (not an extension header), from its typeflag.
+    /// `name_field_ends_in_slash` is whether the header's own name field does, and
+    /// `after_extension` whether an extension header came just before.
+    fn of(
+        typeflag: u8,
+        path: &[u8],
+        name_field_ends_in_slash: bool,
+        after_extension: bool,
+    ) -> Result<Self, String> {
         Ok(match typeflag {
-            0 if path.ends_with(b"/") => EntryType::Dir,
-            b'0' | 0 | b'7' => EntryType::Regular,
+            0 => Self::v7_file(path, name_field_ends_in_slash, after_extension)?,
+            b'0' => EntryType::Regular,
             b'1' => EntryType::Link,
             b'2' => EntryType::Symlink,
             b'3' => EntryType::Char,
             b'4' => EntryType::Block,
             b'5' => EntryType::Dir,
             b'6' => EntryType::Fifo,
+            b'7' => {
+                return Err(
+                    "typeflag '7' (a contiguous file): GNU tar and Python's tarfile extract a file, containerd and Docker refuse it".into(),
+                )
+            }
             b'S' => return Err("sparse entries (tar -S) are not supported".into()),
             t => {
                 return Err(format!(
@@ -535,6 +583,29 @@ impl EntryType {
                     (t as char).escape_default().to_string()
                 ))
             }
+        })
+    }
+
+    /// V7's typeflag NUL: a file, or a directory when its name ends in '/'. GNU tar and
+    /// Go's archive/tar look at the whole path (a long name's, a PAX path's, the prefix
+    /// joined); Python's tarfile at the header's name field alone, and newer ones not at
+    /// all after an extension header. Where they could differ, the entry is refused.
+    fn v7_file(
+        path: &[u8],
+        name_field_ends_in_slash: bool,
+        after_extension: bool,
+    ) -> Result<Self, String> {
+        let slash = path.ends_with(b"/");
+        if slash != name_field_ends_in_slash || (slash && after_extension) {
+            return Err(format!(
+                "typeflag NUL with a trailing slash in {:?} where GNU tar and Go's archive/tar (by the whole path) and Python's tarfile (by the header's name field, and not after an extension header) would not all make a directory",
+                String::from_utf8_lossy(path)
+            ));
+        }
+        Ok(if slash {
+            EntryType::Dir
+        } else {
+            EntryType::Regular
         })
     }
 
