@@ -155,9 +155,10 @@ struct Pending {
     pax: Option<pax::Local>,
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
-    /// Whether an extension header ('x', 'g', 'L', 'K') came right before the entry:
-    /// newer Python tarfiles then never take a V7 file for a directory.
-    after_extension: bool,
+    /// Offset of the last extension header ('x', 'g', 'L', 'K') since the last entry:
+    /// Python's tarfile fails on one with no entry after it, and newer ones never take
+    /// a V7 file after one for a directory.
+    extension: Option<u64>,
 }
 
 /// The archive, header by header, into `layer`.
@@ -181,7 +182,7 @@ impl<R: Read> Reader<'_, R> {
                 ));
             };
             if block == [0; BLOCK] {
-                if let Some(first) = pending.first {
+                if let Some(first) = pending.first.or(pending.extension) {
                     return Err(Fault::Entry(
                         first,
                         "extension headers with no entry after them".into(),
@@ -248,7 +249,7 @@ impl<R: Read> Reader<'_, R> {
                     String::from_utf8_lossy(key)
                 )));
             }
-            pending.after_extension = true;
+            pending.extension = Some(at);
             return Ok(());
         }
         if pending.pax.is_some() {
@@ -257,7 +258,7 @@ impl<R: Read> Reader<'_, R> {
         }
         pending.pax = Some(pax::interpret(records).map_err(bad)?);
         pending.first.get_or_insert(at);
-        pending.after_extension = true;
+        pending.extension = Some(at);
         Ok(())
     }
 
@@ -293,7 +294,7 @@ impl<R: Read> Reader<'_, R> {
             return Err(bad(format!("a second {what} for one entry")));
         }
         pending.first.get_or_insert(at);
-        pending.after_extension = true;
+        pending.extension = Some(at);
         Ok(())
     }
 
@@ -312,15 +313,15 @@ impl<R: Read> Reader<'_, R> {
             h.linkname,
         )
         .map_err(bad)?;
-        let size = match l.size {
-            Some(s) => s,
-            None => u64::try_from(h.size).map_err(|_| bad(format!("negative size {}", h.size)))?,
-        };
+        // Negative even under a PAX size: GNU tar and Go's archive/tar fail on it.
+        let header_size =
+            u64::try_from(h.size).map_err(|_| bad(format!("negative size {}", h.size)))?;
+        let size = l.size.unwrap_or(header_size);
         let ty = EntryType::of(
             h.typeflag,
             &path,
             h.name_field_ends_in_slash,
-            p.after_extension,
+            p.extension.is_some(),
         )
         .map_err(bad)?;
         if ty != EntryType::Regular && size != 0 {
@@ -489,6 +490,11 @@ fn overridden(
 /// A uid or gid: the PAX record's or the header's. Linux ids are 32 bits, and
 /// 4294967295 is (uid_t)-1, "no id", which chown(2) takes as "leave unchanged".
 fn id(what: &str, pax: Option<u64>, header: i64) -> Result<u32, String> {
+    if pax.is_some() && !(0..=i64::from(u32::MAX)).contains(&header) {
+        return Err(format!(
+            "the header's {what} {header} is beyond uid_t, which GNU tar fails on even under a PAX {what}"
+        ));
+    }
     let v = match pax {
         Some(v) => i128::from(v),
         None => i128::from(header),

@@ -71,9 +71,9 @@ pub fn decimal(v: &[u8]) -> Option<u64> {
 /// Go's archive/tar write it (`-1.5` is 1.5 s before the epoch). Digits past
 /// nanoseconds are dropped. Returns seconds and a non-negative nanosecond part.
 pub fn time(v: &[u8]) -> Option<(i64, u32)> {
+    // No '+': GNU tar refuses it (and keeps the header's time), Go and Python read it.
     let (negative, v) = match v {
         [b'-', rest @ ..] => (true, rest),
-        [b'+', rest @ ..] => (false, rest),
         _ => (false, v),
     };
     let (secs, frac) = match v.iter().position(|&b| b == b'.') {
@@ -156,19 +156,19 @@ pub fn interpret(records: Vec<Record>) -> Result<Local, String> {
         if key.starts_with(b"GNU.sparse.") {
             return Err("sparse entries (tar -S) are not supported".into());
         }
-        let honoured = matches!(
+        let read_apart_when_empty = matches!(
             key.as_slice(),
-            b"path" | b"linkpath" | b"uid" | b"gid" | b"size" | b"mtime"
+            b"path" | b"linkpath" | b"uid" | b"gid" | b"size" | b"mtime" | b"atime" | b"ctime"
         );
-        if honoured && value.is_empty() {
+        if read_apart_when_empty && value.is_empty() {
             // POSIX: the header's field stands. So Go's archive/tar reads it; Python's
-            // tarfile reads 0 or an empty path, GNU tar an empty path or the value before.
+            // tarfile reads 0 or an empty path, GNU tar an empty path, or fails on a
+            // number and keeps the value before.
             return Err(format!(
-                "PAX record {} is empty: Go's archive/tar keeps the header's value, Python's tarfile reads 0 or an empty path",
+                "PAX record {} is empty: Go's archive/tar keeps the header's value, Python's tarfile reads 0 or an empty path, GNU tar an empty path or an error",
                 shown()
             ));
         }
-        let empty = value.is_empty();
         match key.as_slice() {
             b"path" => l.path = Some(value),
             b"linkpath" => l.linkpath = Some(value),
@@ -180,7 +180,7 @@ pub fn interpret(records: Vec<Record>) -> Result<Local, String> {
             }
             b"mtime" => l.mtime = Some(time(&value).ok_or_else(bad)?),
             // EROFS keeps no atime and no ctime of its own; they must still be times.
-            b"atime" | b"ctime" if !empty => {
+            b"atime" | b"ctime" => {
                 time(&value).ok_or_else(bad)?;
             }
             // Container layers own files by number (containerd and podman ignore the
@@ -245,6 +245,7 @@ mod tests {
         assert_eq!(time(b"-"), None);
         assert_eq!(time(b""), None);
         assert_eq!(time(b"1 "), None);
+        assert_eq!(time(b"+1"), None);
     }
 
     #[test]
@@ -279,7 +280,9 @@ mod tests {
         .unwrap();
         assert_eq!(l.uid, Some(3000000));
         assert_eq!(l.xattrs[&b"user.a"[..]], b"2");
-        for key in ["path", "linkpath", "uid", "gid", "size", "mtime"] {
+        for key in [
+            "path", "linkpath", "uid", "gid", "size", "mtime", "atime", "ctime",
+        ] {
             let r = interpret(vec![(key.into(), b"7".to_vec()), (key.into(), vec![])]);
             assert!(r.unwrap_err().contains("is empty"), "{key}");
         }

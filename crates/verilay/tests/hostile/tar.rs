@@ -928,6 +928,48 @@ fn disagreeing_headers() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             Tar::default().pax(&[("size", b"")]).file("f", b"x").end(),
             "PAX record size is empty",
         ),
+        (
+            // All read uid 7, but GNU tar fails on the header's uid ("out of uid_t range").
+            "pax-uid-over-a-header-uid-beyond-32-bits.tar",
+            Tar::default()
+                .pax(&[("uid", b"7")])
+                .entry(f("f").base256(108, 8, 1 << 40), b"x")
+                .end(),
+            "the header's uid 1099511627776 is beyond uid_t",
+        ),
+        (
+            // Python: 1 byte. GNU tar, Go: fail on the header's negative size.
+            "pax-size-over-a-negative-header-size.tar",
+            Tar::default()
+                .pax(&[("size", b"1")])
+                .header(f("f").base256(124, 12, -1))
+                .data(b"x")
+                .end(),
+            "negative size -1",
+        ),
+        (
+            // Go, Python: mtime 1. GNU tar: fails on it and keeps the header's mtime.
+            "pax-mtime-plus-sign.tar",
+            Tar::default().pax(&[("mtime", b"+1")]).file("f", b"x").end(),
+            "PAX record mtime=\"+1\" is malformed",
+        ),
+        (
+            // Not kept, but GNU tar fails on it ("Malformed extended header").
+            "pax-empty-atime.tar",
+            Tar::default().pax(&[("atime", b"")]).file("f", b"x").end(),
+            "PAX record atime is empty",
+        ),
+        (
+            // GNU tar, Go: "f". Python: fails (a global header must have a header
+            // after it).
+            "global-header-at-the-end.tar",
+            Tar::default()
+                .pax_of(b'g', &[("comment", b"git")])
+                .file("f", b"x")
+                .pax_of(b'g', &[("comment", b"git")])
+                .end(),
+            "entry at byte 2048: extension headers with no entry after them",
+        ),
     ]
 }
 
@@ -1575,6 +1617,11 @@ fn readers_disagree_on_each_refused_header() {
         ("pax-empty-gid-after-a-value.tar", vec!["- 644 0/9 1 f", "exit 2"], vec!["f f 0/9", "exit 2"], vec![f]),
         ("pax-empty-path.tar", vec!["- 644 0/0 1 "], vec!["exit 2"], vec!["- 644 0/0 1 "]),
         ("pax-empty-size.tar", vec![f, "exit 2"], vec![f_x, "exit 2"], vec!["- 644 0/0 0 f"]),
+        ("pax-uid-over-a-header-uid-beyond-32-bits.tar", vec!["- 644 7/0 1 f", "exit 2"], vec!["f f 7/0", "exit 2"], vec!["- 644 7/0 1 f"]),
+        ("pax-size-over-a-negative-header-size.tar", vec!["exit 2"], vec!["exit 2"], vec![f]),
+        ("pax-mtime-plus-sign.tar", vec![f, "exit 2"], vec![f_x, "exit 2"], vec![f]),
+        ("pax-empty-atime.tar", vec![f, "exit 2"], vec![f_x, "exit 2"], vec![f]),
+        ("global-header-at-the-end.tar", vec![f], vec![f_x], vec![f, "fails: end of file header"]),
     ];
     let t = tempfile::tempdir().unwrap();
     for (name, gnu_t, gnu_x, python) in cases {
