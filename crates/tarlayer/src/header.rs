@@ -1,9 +1,13 @@
 //! One 512-byte tar header: its checksum, its format (V7, USTAR/PAX, GNU, star) and
-//! every field, parsed strictly. Numeric fields are octal or, as GNU tar and Go's
-//! archive/tar write numbers too large for octal, base-256 (first byte 0x80, or 0xff for
-//! a negative number); a field that is neither is an error, never a guess. Values are
-//! returned as i64 (what both formats can express); whether a value fits what the image
-//! stores is decided where the value is used, after PAX records have overridden it.
+//! every field, parsed strictly. A layer is read by GNU tar, by Go's archive/tar (Docker,
+//! containerd, podman) and by Python's tarfile, and they part ways on odd headers: what
+//! this parser accepts, all three read alike (GNU tar `src/list.c` `read_header`,
+//! `decode_header`, `from_header`; Go `reader.go` `readHeader`, `format.go` `getFormat`,
+//! `strconv.go`; CPython `tarfile.py` `frombuf`, `nti`). Anything else is an error,
+//! never one reading picked. Numbers are octal or, as GNU tar and Go write numbers too
+//! large for octal, base-256 (first byte 0x80, or 0xff for a negative number). Values
+//! are returned as i64; whether a value fits what the image stores is decided where the
+//! value is used, after PAX records have overridden it.
 
 use crate::stream::BLOCK;
 
@@ -20,6 +24,9 @@ pub struct Header {
     pub typeflag: u8,
     /// The name, with the USTAR (or star) prefix joined to it.
     pub name: Vec<u8>,
+    /// Whether the name field alone (no prefix) ends in '/': what Python's tarfile looks
+    /// at to take a V7 file (typeflag NUL) for a directory.
+    pub name_field_ends_in_slash: bool,
     pub linkname: Vec<u8>,
     pub mode: i64,
     pub uid: i64,
@@ -38,17 +45,50 @@ fn string(field: &[u8]) -> &[u8] {
     }
 }
 
-/// An octal field: digits, with leading and trailing spaces or NULs (writers pad both
-/// ways; all-NUL is 0), as GNU tar and Go's archive/tar read them.
+/// An octal field, read only where GNU tar, Go's archive/tar and Python's tarfile read
+/// it alike: spaces, octal digits, then the field's end, a NUL (all three stop there,
+/// whatever follows), or spaces and nothing but NULs and spaces after them; a field of
+/// NULs, or of spaces then NULs, is 0. The rest they read apart: a leading NUL (GNU tar
+/// skips one, Python stops there and reads 0, Go skips them all), a blank field (GNU tar
+/// fails, the others read 0), bytes after digits and a space (GNU tar ignores them, Go
+/// fails), NULs then digits (Go reads the digits, GNU tar and Python 0).
 fn octal(field: &[u8]) -> Result<i64, String> {
-    let pad = |b: &u8| *b == b' ' || *b == 0;
-    let start = field.iter().position(|b| !pad(b)).unwrap_or(field.len());
-    let end = field.iter().rposition(|b| !pad(b)).map_or(start, |i| i + 1);
-    let mut v: i64 = 0;
-    for &c in &field[start..end] {
-        if !(b'0'..=b'7').contains(&c) {
-            return Err(format!("is not an octal number ({:?})", escape(field)));
+    let pads_only = |s: &[u8]| s.iter().all(|&b| b == b' ' || b == 0);
+    if field[0] == 0 {
+        if field.iter().all(|&b| b == 0) {
+            return Ok(0);
         }
+        return Err(format!(
+            "starts with a NUL, then holds \"{}\" (GNU tar and Go's archive/tar skip the NUL, Python's tarfile reads 0)",
+            escape(field)
+        ));
+    }
+    let start = field.iter().take_while(|&&b| b == b' ').count();
+    if start == field.len() {
+        return Err(
+            "is blank (GNU tar fails on it, Go's archive/tar and Python's tarfile read 0)".into(),
+        );
+    }
+    let digits = &field[start..];
+    let digits = &digits[..digits
+        .iter()
+        .take_while(|b| b.is_ascii_digit() && **b < b'8')
+        .count()];
+    let rest = &field[start + digits.len()..];
+    let spaces = rest.iter().take_while(|&&b| b == b' ').count();
+    let tail = &rest[spaces..];
+    let ended = match tail.first() {
+        None => !digits.is_empty(),
+        // Straight after digits a NUL ends the number for all three; after spaces,
+        // Go's archive/tar reads on past it unless nothing but padding follows.
+        Some(0) => (!digits.is_empty() && spaces == 0) || pads_only(tail),
+        Some(_) => false,
+    };
+    if !ended {
+        return Err(format!("is not an octal number (\"{}\")", escape(field)));
+    }
+    let mut v: i64 = 0;
+    for &c in digits {
         v = v
             .checked_mul(8)
             .and_then(|v| v.checked_add((c - b'0') as i64))
@@ -94,6 +134,13 @@ fn checksums(b: &[u8; BLOCK]) -> (i64, i64) {
     (unsigned, signed)
 }
 
+/// Whether a block's checksum is good: what tells a V7 header (which has no magic)
+/// from other data.
+pub fn checksum_ok(b: &[u8; BLOCK]) -> bool {
+    let (unsigned, signed) = checksums(b);
+    octal(&b[148..156]).is_ok_and(|stored| stored == unsigned || stored == signed)
+}
+
 fn field(b: &[u8; BLOCK], name: &str, at: usize, len: usize) -> Result<i64, String> {
     numeric(&b[at..at + len]).map_err(|e| format!("the {name} field {e}"))
 }
@@ -107,15 +154,19 @@ pub fn parse(b: &[u8; BLOCK]) -> Result<Header, String> {
             "bad header checksum: the header says {stored:o}, its bytes sum to {unsigned:o}"
         ));
     }
+    // Go's archive/tar tells the formats apart so; GNU tar and Python's tarfile differ
+    // only where `prefix` refuses.
     let format = match (&b[257..263], &b[263..265], &b[508..512]) {
         (b"ustar\0", _, b"tar\0") => Format::Star,
         (b"ustar\0", _, _) => Format::Ustar,
         (b"ustar ", b" \0", _) => Format::Gnu,
         _ => Format::V7,
     };
+    let name_field = string(&b[0..100]);
     let mut h = Header {
         typeflag: b[156],
-        name: string(&b[0..100]).to_vec(),
+        name: name_field.to_vec(),
+        name_field_ends_in_slash: name_field.ends_with(b"/"),
         linkname: string(&b[157..257]).to_vec(),
         mode: field(b, "mode", 100, 8)?,
         uid: field(b, "uid", 108, 8)?,
@@ -125,41 +176,55 @@ pub fn parse(b: &[u8; BLOCK]) -> Result<Header, String> {
         devmajor: 0,
         devminor: 0,
     };
+    // Python's tarfile reads the device numbers of every header (and fails on a bad
+    // one); GNU tar and Go only of USTAR, GNU and star ones.
+    let devmajor = field(b, "devmajor", 329, 8)?;
+    let devminor = field(b, "devminor", 337, 8)?;
     if format == Format::V7 {
-        // V7 headers end at byte 257; the rest is not theirs to define.
-        return Ok(h);
-    }
-    h.devmajor = field(b, "devmajor", 329, 8)?;
-    h.devminor = field(b, "devminor", 337, 8)?;
-    let prefix: &[u8] = match format {
-        Format::Ustar => string(&b[345..500]),
-        Format::Star => {
-            field(b, "atime", 476, 12)?;
-            field(b, "ctime", 488, 12)?;
-            string(&b[345..476])
+        if matches!(h.typeflag, b'3' | b'4') && (devmajor, devminor) != (0, 0) {
+            return Err(format!(
+                "a V7 device with numbers {devmajor}:{devminor}, which Python's tarfile reads and GNU tar and Go's archive/tar take for 0:0"
+            ));
         }
-        _ => gnu_times_or_prefix(b)?,
-    };
+    } else {
+        (h.devmajor, h.devminor) = (devmajor, devminor);
+    }
+    let prefix = prefix(b, format)?;
     if !prefix.is_empty() {
         h.name = [prefix, b"/", &h.name].concat();
     }
     Ok(h)
 }
 
-/// A GNU header has atime and ctime where USTAR has its prefix (EROFS keeps neither,
-/// but they must be numbers). Go before 1.8 wrote GNU headers with a USTAR prefix
-/// there; as Go's archive/tar does, such a field that is no number but plain ASCII is
-/// read as that prefix. Anything else is refused.
-fn gnu_times_or_prefix(b: &[u8; BLOCK]) -> Result<&[u8], String> {
-    let time = |at: usize| b[at] == 0 || numeric(&b[at..at + 12]).is_ok();
-    if time(345) && time(357) {
-        return Ok(b"");
-    }
-    let prefix = string(&b[345..500]);
-    if prefix.is_ascii() {
-        Ok(prefix)
-    } else {
-        Err("the GNU atime/ctime fields hold neither numbers nor a name prefix".into())
+/// The USTAR prefix of the name, where GNU tar, Go's archive/tar and Python's tarfile
+/// agree on it. GNU tar joins the 155-byte prefix of every header with the USTAR magic
+/// ("ustar\0"), Python that of every header whatever its magic, Go that of USTAR
+/// headers, and of star ones (a "tar\0" trailer at byte 508) only their 131 bytes before
+/// the atime and ctime fields (which must be numbers).
+fn prefix(b: &[u8; BLOCK], format: Format) -> Result<&[u8], String> {
+    let ustar = string(&b[345..500]);
+    match format {
+        Format::Ustar => Ok(ustar),
+        Format::Star => {
+            let star = string(&b[345..476]);
+            if star != ustar {
+                return Err(
+                    "the prefix of a star header (\"tar\\0\" at byte 508) runs past its 131 bytes into the atime field: Go's archive/tar stops there, GNU tar and Python's tarfile read on".into(),
+                );
+            }
+            field(b, "atime", 476, 12)?;
+            field(b, "ctime", 488, 12)?;
+            Ok(star)
+        }
+        // No prefix for GNU tar and Go (but for Go's fallback for pre-1.8 Go headers,
+        // which reads a prefix in GNU atime and ctime fields that are no numbers).
+        Format::Gnu if !ustar.is_empty() => Err(
+            "a GNU header with bytes in its atime field (at byte 345): GNU tar reads a time there, Python's tarfile a path prefix, and so does Go's archive/tar when it is no number".into(),
+        ),
+        Format::V7 if !ustar.is_empty() => Err(
+            "a V7 header (no USTAR magic) with bytes at 345: Python's tarfile reads them as a path prefix, GNU tar and Go's archive/tar ignore them".into(),
+        ),
+        Format::Gnu | Format::V7 => Ok(b""),
     }
 }
 
@@ -177,6 +242,23 @@ mod tests {
         assert!(octal(b"000649\0\0").is_err());
         assert!(octal(b"-1\0\0\0\0\0\0").is_err());
         assert!(octal(b"0+1\0\0\0\0\0").is_err());
+        // A NUL straight after the digits ends them, whatever follows.
+        assert_eq!(octal(b"644\0junk"), Ok(0o644));
+        // Spaces after the digits: then only padding.
+        assert_eq!(octal(b"644  \0\0 "), Ok(0o644));
+        assert!(octal(b"644 \0x\0\0").is_err());
+        assert!(octal(b"644 x\0\0\0").is_err());
+        // Spaces then padding is 0; spaces alone are blank; a leading NUL before more
+        // is read three ways.
+        assert_eq!(octal(b"  \0\0\0 \0\0"), Ok(0));
+        assert!(octal(b"        ").unwrap_err().contains("blank"));
+        assert!(octal(b"\x00\x00000644")
+            .unwrap_err()
+            .starts_with("starts with a NUL"));
+        assert!(octal(b"\0       ").is_err());
+        assert!(octal(b" \0 1750\0").is_err());
+        // No spaces but the ASCII one (GNU tar skips tabs, Go does not).
+        assert!(octal(b"\t644\0\0\0\0").is_err());
     }
 
     /// A header block with a valid (unsigned) checksum.
@@ -213,15 +295,41 @@ mod tests {
     }
 
     #[test]
-    fn gnu_times_or_an_old_go_prefix() {
-        // GNU atime/ctime that are numbers: no prefix.
-        let h = parse(&gnu(b"name", b"14530000000\0")).unwrap();
+    fn gnu_headers_have_no_prefix() {
+        // No atime (a NUL first): no prefix, whatever the ctime field holds.
+        let h = parse(&gnu(b"name", &[&[0u8; 12][..], b"junk"].concat())).unwrap();
         assert_eq!(h.name, b"name");
-        // Go before 1.8 wrote a USTAR prefix there: read as one, as Go does.
-        let h = parse(&gnu(b"name", b"usr/lib")).unwrap();
-        assert_eq!(h.name, b"usr/lib/name");
-        // Neither (a base-256 number past 64 bits, and not ASCII): refused.
-        assert!(parse(&gnu(b"name", b"\xff\x01zz")).is_err());
+        // Text (old Go's prefix) or a time in the atime field: GNU tar reads no prefix,
+        // Python's tarfile one.
+        assert!(parse(&gnu(b"name", b"usr/lib"))
+            .unwrap_err()
+            .contains("atime field"));
+        assert!(parse(&gnu(b"name", b"14530000000\0"))
+            .unwrap_err()
+            .contains("atime field"));
+    }
+
+    fn star(prefix: &[u8]) -> [u8; BLOCK] {
+        let mut b = [0u8; BLOCK];
+        b[0] = b'f';
+        b[156] = b'0';
+        b[257..263].copy_from_slice(b"ustar\0");
+        b[345..345 + prefix.len()].copy_from_slice(prefix);
+        b[508..512].copy_from_slice(b"tar\0");
+        sealed(b)
+    }
+
+    #[test]
+    fn star_prefixes_end_within_131_bytes() {
+        assert_eq!(parse(&star(b"usr")).unwrap().name, b"usr/f");
+        let full = [b'p'; 131];
+        assert_eq!(parse(&star(&full)).unwrap().name.len(), 133);
+        let over = [b'p'; 132];
+        assert!(parse(&star(&over)).unwrap_err().contains("runs past"));
+        // The same bytes without the trailer are a 132-byte USTAR prefix.
+        let mut b = star(&over);
+        b[508..512].fill(0);
+        assert_eq!(parse(&sealed(b)).unwrap().name.len(), 134);
     }
 
     #[test]

@@ -15,11 +15,13 @@
 //!
 //! The tar is parsed here, strictly (`header`, `pax`, `stream`): a layer is untrusted
 //! input, and every reader of the same bytes (GNU tar, Go's archive/tar under containerd
-//! and Docker) must agree with this one on what they mean, or the image is not what was
-//! reviewed. So whatever those readers disagree on, or what the image cannot represent,
-//! is refused with the entry's offset, never guessed: a bad checksum, a truncated or
-//! unterminated archive, bytes after its end, numbers out of range, contradicting
-//! extension headers, data on entries that have none, paths through symlinks.
+//! and Docker, Python's tarfile) must agree with this one on what they mean, or the image
+//! is not what was reviewed. So whatever those readers disagree on, or what the image
+//! cannot represent, is refused with the entry's offset, never guessed: a bad checksum, a
+//! truncated or unterminated archive, bytes after its end, numbers out of range or
+//! written so the readers parse them apart, prefixes one reader joins and another does
+//! not, names ending in a slash on entries that are no directory, contradicting or empty
+//! extension records, data on entries that have none, paths through symlinks.
 
 mod header;
 mod pax;
@@ -137,7 +139,10 @@ pub fn is_archive(path: &Path) -> bool {
         }
     }
     match detect(&head[..n]) {
-        Compression::None => n == 512 && &head[257..262] == b"ustar",
+        // USTAR's magic, or a V7 header's good checksum.
+        Compression::None => {
+            n == 512 && (&head[257..262] == b"ustar" || header::checksum_ok(&head))
+        }
         _ => true,
     }
 }
@@ -150,6 +155,10 @@ struct Pending {
     pax: Option<pax::Local>,
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
+    /// Offset of the last extension header ('x', 'g', 'L', 'K') since the last entry:
+    /// Python's tarfile fails on one with no entry after it, and newer ones never take
+    /// a V7 file after one for a directory.
+    extension: Option<u64>,
 }
 
 /// The archive, header by header, into `layer`.
@@ -173,7 +182,7 @@ impl<R: Read> Reader<'_, R> {
                 ));
             };
             if block == [0; BLOCK] {
-                if let Some(first) = pending.first {
+                if let Some(first) = pending.first.or(pending.extension) {
                     return Err(Fault::Entry(
                         first,
                         "extension headers with no entry after them".into(),
@@ -240,6 +249,7 @@ impl<R: Read> Reader<'_, R> {
                     String::from_utf8_lossy(key)
                 )));
             }
+            pending.extension = Some(at);
             return Ok(());
         }
         if pending.pax.is_some() {
@@ -248,6 +258,7 @@ impl<R: Read> Reader<'_, R> {
         }
         pending.pax = Some(pax::interpret(records).map_err(bad)?);
         pending.first.get_or_insert(at);
+        pending.extension = Some(at);
         Ok(())
     }
 
@@ -283,6 +294,7 @@ impl<R: Read> Reader<'_, R> {
             return Err(bad(format!("a second {what} for one entry")));
         }
         pending.first.get_or_insert(at);
+        pending.extension = Some(at);
         Ok(())
     }
 
@@ -301,11 +313,17 @@ impl<R: Read> Reader<'_, R> {
             h.linkname,
         )
         .map_err(bad)?;
-        let size = match l.size {
-            Some(s) => s,
-            None => u64::try_from(h.size).map_err(|_| bad(format!("negative size {}", h.size)))?,
-        };
-        let ty = EntryType::of(h.typeflag, &path).map_err(bad)?;
+        // Negative even under a PAX size: GNU tar and Go's archive/tar fail on it.
+        let header_size =
+            u64::try_from(h.size).map_err(|_| bad(format!("negative size {}", h.size)))?;
+        let size = l.size.unwrap_or(header_size);
+        let ty = EntryType::of(
+            h.typeflag,
+            &path,
+            h.name_field_ends_in_slash,
+            p.extension.is_some(),
+        )
+        .map_err(bad)?;
         if ty != EntryType::Regular && size != 0 {
             // GNU tar would read the data that Go's archive/tar takes for the next header.
             return Err(bad(format!(
@@ -341,6 +359,13 @@ impl<R: Read> Reader<'_, R> {
             self.layer.set_root(node);
             return Ok(());
         };
+        if ty != EntryType::Dir && names_a_directory(&path) {
+            return Err(bad(format!(
+                "{} named {:?}: a path ending in \"/\" or \"/.\" names a directory (GNU tar makes one of a file so named, or drops the slash, or fails; Go's archive/tar and Python's tarfile keep the name)",
+                ty.name(),
+                String::from_utf8_lossy(&path)
+            )));
+        }
         if let Some(marker) = Marker::of(name).map_err(bad)? {
             if ty == EntryType::Dir {
                 // Its entries would then have to be something.
@@ -391,6 +416,12 @@ impl<R: Read> Reader<'_, R> {
             }
             EntryType::Link => {
                 let target = components(&link).map_err(bad)?;
+                if !target.is_empty() && names_a_directory(&link) {
+                    return Err(bad(format!(
+                        "a hardlink to {:?}: a target ending in \"/\" or \"/.\" names a directory (GNU tar fails on it, containerd drops the slash)",
+                        String::from_utf8_lossy(&link)
+                    )));
+                }
                 return self.layer.link(parent, name.clone(), &target).map_err(bad);
             }
             EntryType::Char | EntryType::Block => {
@@ -459,6 +490,11 @@ fn overridden(
 /// A uid or gid: the PAX record's or the header's. Linux ids are 32 bits, and
 /// 4294967295 is (uid_t)-1, "no id", which chown(2) takes as "leave unchanged".
 fn id(what: &str, pax: Option<u64>, header: i64) -> Result<u32, String> {
+    if pax.is_some() && !(0..=i64::from(u32::MAX)).contains(&header) {
+        return Err(format!(
+            "the header's {what} {header} is beyond uid_t, which GNU tar fails on even under a PAX {what}"
+        ));
+    }
     let v = match pax {
         Some(v) => i128::from(v),
         None => i128::from(header),
@@ -478,6 +514,13 @@ fn device(major: i64, minor: i64) -> Result<(u32, u32), String> {
         ));
     }
     Ok((major as u32, minor as u32))
+}
+
+/// Whether a path can only name a directory: it ends in "/" or "/." (or is "."). GNU
+/// tar strips trailing slashes and makes a directory of a file so named; Go's
+/// archive/tar and Python's tarfile keep the name as it is (and containerd cleans it).
+fn names_a_directory(path: &[u8]) -> bool {
+    matches!(path.rsplit(|&b| b == b'/').next(), Some(b"" | b"."))
 }
 
 /// The components of an archive path: empty and `.` parts dropped (so a leading `/`
@@ -516,18 +559,29 @@ enum EntryType {
 }
 
 impl EntryType {
-    /// The type of an entry (not an extension header), from its typeflag; V7's NUL type
-    /// is a directory when the name ends in `/`, as Go's archive/tar reads it.
-    fn of(typeflag: u8, path: &[u8]) -> Result<Self, String> {
+    /// The type of an entry (not an extension header), from its typeflag.
+    /// `name_field_ends_in_slash` is whether the header's own name field does, and
+    /// `after_extension` whether an extension header came just before.
+    fn of(
+        typeflag: u8,
+        path: &[u8],
+        name_field_ends_in_slash: bool,
+        after_extension: bool,
+    ) -> Result<Self, String> {
         Ok(match typeflag {
-            0 if path.ends_with(b"/") => EntryType::Dir,
-            b'0' | 0 | b'7' => EntryType::Regular,
+            0 => Self::v7_file(path, name_field_ends_in_slash, after_extension)?,
+            b'0' => EntryType::Regular,
             b'1' => EntryType::Link,
             b'2' => EntryType::Symlink,
             b'3' => EntryType::Char,
             b'4' => EntryType::Block,
             b'5' => EntryType::Dir,
             b'6' => EntryType::Fifo,
+            b'7' => {
+                return Err(
+                    "typeflag '7' (a contiguous file): GNU tar and Python's tarfile extract a file, containerd and Docker refuse it".into(),
+                )
+            }
             b'S' => return Err("sparse entries (tar -S) are not supported".into()),
             t => {
                 return Err(format!(
@@ -535,6 +589,29 @@ impl EntryType {
                     (t as char).escape_default().to_string()
                 ))
             }
+        })
+    }
+
+    /// V7's typeflag NUL: a file, or a directory when its name ends in '/'. GNU tar and
+    /// Go's archive/tar look at the whole path (a long name's, a PAX path's, the prefix
+    /// joined); Python's tarfile at the header's name field alone, and newer ones not at
+    /// all after an extension header. Where they could differ, the entry is refused.
+    fn v7_file(
+        path: &[u8],
+        name_field_ends_in_slash: bool,
+        after_extension: bool,
+    ) -> Result<Self, String> {
+        let slash = path.ends_with(b"/");
+        if slash != name_field_ends_in_slash || (slash && after_extension) {
+            return Err(format!(
+                "typeflag NUL with a trailing slash in {:?} where GNU tar and Go's archive/tar (by the whole path) and Python's tarfile (by the header's name field, and not after an extension header) would not all make a directory",
+                String::from_utf8_lossy(path)
+            ));
+        }
+        Ok(if slash {
+            EntryType::Dir
+        } else {
+            EntryType::Regular
         })
     }
 

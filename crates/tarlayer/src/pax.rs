@@ -71,9 +71,9 @@ pub fn decimal(v: &[u8]) -> Option<u64> {
 /// Go's archive/tar write it (`-1.5` is 1.5 s before the epoch). Digits past
 /// nanoseconds are dropped. Returns seconds and a non-negative nanosecond part.
 pub fn time(v: &[u8]) -> Option<(i64, u32)> {
+    // No '+': GNU tar refuses it (and keeps the header's time), Go and Python read it.
     let (negative, v) = match v {
         [b'-', rest @ ..] => (true, rest),
-        [b'+', rest @ ..] => (false, rest),
         _ => (false, v),
     };
     let (secs, frac) = match v.iter().position(|&b| b == b'.') {
@@ -98,7 +98,7 @@ pub fn time(v: &[u8]) -> Option<(i64, u32)> {
 }
 
 /// What the PAX records before an entry say about it; a record given twice takes its
-/// later value. An empty value deletes the record (POSIX), so the header's field stands.
+/// later value (as in GNU tar, Go's archive/tar and Python's tarfile).
 #[derive(Default, Debug)]
 pub struct Local {
     pub path: Option<Vec<u8>>,
@@ -156,41 +156,31 @@ pub fn interpret(records: Vec<Record>) -> Result<Local, String> {
         if key.starts_with(b"GNU.sparse.") {
             return Err("sparse entries (tar -S) are not supported".into());
         }
-        let empty = value.is_empty();
+        let read_apart_when_empty = matches!(
+            key.as_slice(),
+            b"path" | b"linkpath" | b"uid" | b"gid" | b"size" | b"mtime" | b"atime" | b"ctime"
+        );
+        if read_apart_when_empty && value.is_empty() {
+            // POSIX: the header's field stands. So Go's archive/tar reads it; Python's
+            // tarfile reads 0 or an empty path, GNU tar an empty path, or fails on a
+            // number and keeps the value before.
+            return Err(format!(
+                "PAX record {} is empty: Go's archive/tar keeps the header's value, Python's tarfile reads 0 or an empty path, GNU tar an empty path or an error",
+                shown()
+            ));
+        }
         match key.as_slice() {
-            b"path" => l.path = (!empty).then_some(value),
-            b"linkpath" => l.linkpath = (!empty).then_some(value),
-            b"uid" => {
-                l.uid = if empty {
-                    None
-                } else {
-                    Some(decimal(&value).ok_or_else(bad)?)
-                }
-            }
-            b"gid" => {
-                l.gid = if empty {
-                    None
-                } else {
-                    Some(decimal(&value).ok_or_else(bad)?)
-                }
-            }
+            b"path" => l.path = Some(value),
+            b"linkpath" => l.linkpath = Some(value),
+            b"uid" => l.uid = Some(decimal(&value).ok_or_else(bad)?),
+            b"gid" => l.gid = Some(decimal(&value).ok_or_else(bad)?),
             b"size" => {
-                l.size = if empty {
-                    None
-                } else {
-                    let s = decimal(&value).filter(|&s| s <= i64::MAX as u64);
-                    Some(s.ok_or_else(bad)?)
-                }
+                let s = decimal(&value).filter(|&s| s <= i64::MAX as u64);
+                l.size = Some(s.ok_or_else(bad)?);
             }
-            b"mtime" => {
-                l.mtime = if empty {
-                    None
-                } else {
-                    Some(time(&value).ok_or_else(bad)?)
-                }
-            }
+            b"mtime" => l.mtime = Some(time(&value).ok_or_else(bad)?),
             // EROFS keeps no atime and no ctime of its own; they must still be times.
-            b"atime" | b"ctime" if !empty => {
+            b"atime" | b"ctime" => {
                 time(&value).ok_or_else(bad)?;
             }
             // Container layers own files by number (containerd and podman ignore the
@@ -255,6 +245,7 @@ mod tests {
         assert_eq!(time(b"-"), None);
         assert_eq!(time(b""), None);
         assert_eq!(time(b"1 "), None);
+        assert_eq!(time(b"+1"), None);
     }
 
     #[test]
@@ -278,19 +269,23 @@ mod tests {
     }
 
     #[test]
-    fn later_records_win_and_empty_ones_delete() {
+    fn later_records_win_and_empty_ones_are_refused() {
         let l = interpret(vec![
             (b"uid".to_vec(), b"5".to_vec()),
             (b"uid".to_vec(), b"3000000".to_vec()),
-            (b"gid".to_vec(), b"7".to_vec()),
-            (b"gid".to_vec(), b"".to_vec()),
             (b"SCHILY.xattr.user.a".to_vec(), b"1".to_vec()),
             (b"SCHILY.xattr.user.a".to_vec(), b"2".to_vec()),
+            (b"comment".to_vec(), b"".to_vec()),
         ])
         .unwrap();
         assert_eq!(l.uid, Some(3000000));
-        assert_eq!(l.gid, None);
         assert_eq!(l.xattrs[&b"user.a"[..]], b"2");
+        for key in [
+            "path", "linkpath", "uid", "gid", "size", "mtime", "atime", "ctime",
+        ] {
+            let r = interpret(vec![(key.into(), b"7".to_vec()), (key.into(), vec![])]);
+            assert!(r.unwrap_err().contains("is empty"), "{key}");
+        }
     }
 
     #[test]
