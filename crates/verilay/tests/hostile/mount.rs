@@ -29,6 +29,9 @@ pub fn seeds(_tmp: &Path) -> Vec<Seed> {
         ",,,ro,,",
         "remount,bind",
         "upper=,work=",
+        "allow_root",
+        "allow_root,allow_other",
+        "log=-oallow_other,measure_log=--foreground",
         "upper=\"/u/../w\",work=\"/w/verilay\"",
     ]
     .into_iter()
@@ -1021,6 +1024,136 @@ fn the_work_cleanup_never_crosses_into_another_mount() {
     }
 }
 
+/// Copies this build's binary into `base` for the test user, who owns `dirs`.
+fn rootless_rig(base: &Base, dirs: &[&Path]) {
+    std::fs::copy(env!("CARGO_BIN_EXE_verilay"), base.path().join("verilay")).unwrap();
+    for d in dirs {
+        run(Command::new("chown").arg("verilaytest").arg(d));
+    }
+}
+
+#[test]
+fn allow_root_is_roots_alone_on_a_root_mount_and_refused_rootless() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let src = base.dir("src");
+    std::fs::create_dir(src.join("d")).unwrap();
+    std::fs::write(src.join("d/g"), b"world-readable\n").unwrap();
+    std::fs::write(src.join("d/f"), b"root's secret\n").unwrap();
+    std::fs::set_permissions(src.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(src.join("d/g"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let image = base.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let m = base.dir("m");
+    let out = mount_upper_free(&image, &m, &["-o", "allow_root"]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: m.clone(),
+        fuse: true,
+    };
+    // Root reads first, so the kernel has the entries and attributes cached.
+    assert_eq!(std::fs::read(m.join("d/g")).unwrap(), b"world-readable\n");
+    assert_eq!(std::fs::read(m.join("d/f")).unwrap(), b"root's secret\n");
+    for script in ["cat m/d/g", "stat m/d/g", "ls m/d", "cat m/d/f"] {
+        let (code, said) = as_user(base.path(), script);
+        assert_ne!(code, 0, "{script}: the test user got in: {said}");
+        assert!(said.contains("Permission denied"), "{script}: {said}");
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(&format!(" {} ", m.display())))
+        .unwrap();
+    assert!(!line.contains("allow_other"), "{line}");
+    // Rootless, the kernel knows allow_other only: refused, saying so.
+    let m2 = base.dir("m2");
+    rootless_rig(&base, &[&m2]);
+    let out = as_test_user(base.path(), "./verilay mount img m2 -o allow_root");
+    assert_refused(&out, &m2, &["allow_root", "allow_other"]);
+}
+
+/// `verilay mount IMAGE MNT EXTRA...` (no upper), bounded.
+fn mount_upper_free(image: &Path, mnt: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        os("mount"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+        os("--quiet"),
+    ];
+    args.extend(extra.iter().map(|e| os(e)));
+    verilay_bounded(&args).0
+}
+
+#[test]
+fn paths_named_like_options_stay_paths() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    std::fs::copy(&image, base.path().join("-oallow_other")).unwrap();
+    let mnt = base.dir("m");
+    let no_one_else = |how: &str| {
+        let (code, said) = as_user(base.path(), "cat m/f");
+        assert_ne!(code, 0, "{how}: the test user read the mount: {said}");
+        // The superblock's options (after the type and the source, which names the
+        // images).
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = info
+            .lines()
+            .find(|l| l.contains(&format!(" {} ", mnt.display())))
+            .unwrap();
+        let sb = line.split(" - ").nth(1).unwrap().split(' ').nth(2).unwrap();
+        assert!(!sb.contains("allow_other"), "{how}: {sb}");
+    };
+    // Two images, the first named like an option.
+    let out = Command::new("timeout")
+        .args([
+            "60",
+            env!("CARGO_BIN_EXE_verilay"),
+            "mount",
+            "--quiet",
+            "--",
+        ])
+        .args(["-oallow_other", "img", "m"])
+        .current_dir(base.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    no_one_else("verilay mount --");
+    drop(m);
+    wait_daemon_gone(&mnt);
+    // Through mount(8): the helper takes its first two arguments as the image and the
+    // mountpoint, as libmount passes them.
+    let out = mount8(&[
+        os("-t"),
+        os("fuse.verilay"),
+        base.path().join("-oallow_other").as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    no_one_else("mount(8)");
+    // Rootless, where fusermount3 unmounts: a mountpoint named like its flags.
+    let dash = base.dir("-z");
+    rootless_rig(&base, &[&dash]);
+    let out = as_test_user(
+        base.path(),
+        "./verilay mount --quiet img -- -z && ./verilay umount -- -z",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mount_at(&dash), None, "-z is still mounted");
+}
+
 #[test]
 fn a_list_or_log_inside_the_upper_or_work_directory_is_refused() {
     if prerequisites() {
@@ -1113,4 +1246,69 @@ fn a_kernel_overlayfs_mount_in_another_mount_namespace_is_refused() {
     assert_refused(&out, &m, &["upper directory", "upperdir", "overlayfs", &ks]);
     let out = mount_upper(&image, &m, &base.dir("u2"), &w, &[]);
     assert_refused(&out, &m, &["work directory", "workdir", "overlayfs", &ks]);
+}
+
+#[test]
+fn mount8s_fake_flag_mounts_nothing() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    let out = mount8(&[
+        os("-f"),
+        os("-t"),
+        os("fuse.verilay"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mount_at(&mnt), None, "mount -f mounted");
+    assert!(daemons_of(&mnt).is_empty(), "mount -f started a daemon");
+    // What it would refuse, it refuses faked too.
+    let out = mount8(&[
+        os("-f"),
+        os("-t"),
+        os("fuse.verilay"),
+        os("-o"),
+        os("frobnicate"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("frobnicate"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn any_timeout_is_taken_without_a_panic() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    for t in ["1e19", "1e300", "inf", "18446744073709551615"] {
+        let out = mount_upper_free(&image, &mnt, &["--timeout", t]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panic"), "--timeout {t}: {err}");
+        assert!(out.status.success(), "--timeout {t}: {out:?}");
+        run(verilay().arg("umount").arg(&mnt));
+        wait_daemon_gone(&mnt);
+    }
+    for t in ["0", "-1", "nan", "soon"] {
+        let out = mount_upper_free(&image, &mnt, &[&format!("--timeout={t}")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panic"), "--timeout {t}: {err}");
+        assert_eq!(out.status.code(), Some(2), "--timeout {t}: {err}");
+        assert!(err.contains("--timeout"), "{err}");
+        assert_eq!(mount_at(&mnt), None);
+    }
 }

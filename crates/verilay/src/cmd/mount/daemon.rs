@@ -335,7 +335,7 @@ fn wait_for_workers(
     n: usize,
     timeout: Duration,
 ) -> anyhow::Result<fuser::BackgroundSession> {
-    let deadline = Instant::now() + timeout;
+    let deadline = super::deadline_after(timeout);
     loop {
         if bg.guard.is_finished() {
             let e = match bg.join() {

@@ -76,8 +76,10 @@ pub fn mount_flags(o: &MountOptions, writable: bool) -> MountFlags {
 }
 
 /// Opens /dev/fuse and mounts it with mount(2), so the type is "fuse.verilay" as
-/// `mount -t fuse.verilay` and fstab expect. Without allow_other (or allow_root) the
-/// kernel lets only uid 0 in.
+/// `mount -t fuse.verilay` and fstab expect. Without allow_other the kernel lets only
+/// uid 0 in; allow_root is that already (root and the owner, root), and is not turned
+/// into allow_other: FUSE's own check of the caller skips reads, and cached entries
+/// and attributes need no request at all.
 fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -88,7 +90,7 @@ fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
         "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,max_read={MAX_READ}",
         dev.as_raw_fd(),
     );
-    if s.opts.allow_other || s.opts.allow_root {
+    if s.opts.allow_other {
         data.push_str(",allow_other");
     }
     rustix::mount::mount(
@@ -116,8 +118,8 @@ pub fn fusermount_options(o: &MountOptions, writable: bool, source: &str) -> Str
         (said(o.nodiratime), "nodiratime"),
         (said(o.lazytime), "lazytime"),
         (said(o.nosymfollow), "nosymfollow"),
-        // allow_root is FUSE's library's: the kernel sees allow_other, the daemon checks.
-        (o.allow_other || o.allow_root, "allow_other"),
+        // allow_root is refused rootless (`check`): it would be allow_other.
+        (o.allow_other, "allow_other"),
         (true, "default_permissions"),
     ] {
         if on {
@@ -150,7 +152,7 @@ fn mount_fusermount(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
         .arg("-o")
         .arg(fusermount_options(&s.opts, s.writable(), source))
         .arg("--")
-        .arg(&s.mountpoint)
+        .arg(super::operand(&s.mountpoint))
         .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -215,7 +217,8 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
         cmd.arg("-z");
     }
     let out = cmd
-        .arg(mountpoint)
+        .arg("--")
+        .arg(super::operand(mountpoint))
         .stdin(Stdio::null())
         .output()
         .context("running fusermount3 -u")?;
