@@ -115,9 +115,14 @@ fn deadline_after(timeout: Duration) -> Instant {
 #[derive(clap::Args)]
 pub struct UmountArgs {
     mountpoint: PathBuf,
-    /// Detach now and finish when the mount is no longer busy.
+    /// Detach now and finish when the mount is no longer busy (returns at once, without
+    /// waiting for the daemon).
     #[arg(short = 'l', long)]
     lazy: bool,
+    /// Seconds to wait for the mount's daemon to finish (its measurement list closed)
+    /// and exit.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 }
 
 /// What a mount is made from: the images, the mountpoint and every option, checked.
@@ -460,5 +465,9 @@ fn follow_daemon(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow:
 
 pub fn run_umount(a: UmountArgs) -> anyhow::Result<i32> {
     kernel::unmount(&a.mountpoint, a.lazy)?;
+    if !a.lazy {
+        // "The daemon exits": once this returns, its measurement list is closed.
+        kernel::wait_for_daemon(&a.mountpoint, a.timeout)?;
+    }
     Ok(0)
 }

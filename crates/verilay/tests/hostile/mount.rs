@@ -1312,3 +1312,129 @@ fn any_timeout_is_taken_without_a_panic() {
         assert_eq!(mount_at(&mnt), None);
     }
 }
+
+#[test]
+fn stats_of_a_measured_mount_of_many_layers() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let mut args = vec![os("mount")];
+    let mut images = Vec::new();
+    for i in 0..60 {
+        let src = base.dir(&format!("src{i}"));
+        std::fs::write(src.join(format!("f{i}")), format!("{i}\n")).unwrap();
+        let img = base.path().join(format!("img{i}"));
+        build(
+            &src,
+            &img,
+            &[
+                "--quiet",
+                "--uuid",
+                &format!("00000000-0000-0000-0000-{i:012}"),
+            ],
+        );
+        images.push(img);
+    }
+    args.extend(images.iter().map(|i| i.as_os_str()));
+    let mnt = base.dir("m");
+    let policy = base.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let list = base.path().join("list");
+    args.extend([
+        mnt.as_os_str(),
+        os("--policy"),
+        policy.as_os_str(),
+        os("--measure-log"),
+        list.as_os_str(),
+        os("--quiet"),
+    ]);
+    let (out, _) = verilay_bounded(&args);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    assert_eq!(std::fs::read(mnt.join("f7")).unwrap(), b"7\n");
+    let out = run(verilay().arg("stats").arg("--json").arg(&mnt));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["layers"].as_array().map(Vec::len), Some(60), "{v}");
+}
+
+/// Whether process `pid` is gone or exiting (PF_EXITING: its descriptors are being
+/// closed, its work is done; a zombie is too).
+fn exited(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // Fields after the command name, which ends with the last ')': state is the first,
+    // flags the seventh.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    let flags: u64 = f[6].parse().unwrap();
+    f[0] == "Z" || f[0] == "X" || flags & 0x4 != 0
+}
+
+#[test]
+fn umount_returns_once_the_daemon_is_gone() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let src = base.dir("src");
+    for i in 0..300 {
+        std::fs::write(src.join(format!("f{i}")), format!("{i}\n")).unwrap();
+    }
+    let image = base.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let mnt = base.dir("m");
+    let policy = base.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let list = base.path().join("list");
+    let measured = |mnt: &Path| {
+        let out = mount_upper_free(
+            &image,
+            mnt,
+            &[
+                "--policy",
+                policy.to_str().unwrap(),
+                "--measure-log",
+                list.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+    };
+    for round in 0..3 {
+        measured(&mnt);
+        let pid = daemon_pid(&mnt);
+        sh(&format!("cat '{}'/f* > /dev/null", mnt.display()));
+        run(verilay().arg("umount").arg(&mnt));
+        assert!(
+            exited(pid),
+            "round {round}: umount returned with its daemon {pid} still running"
+        );
+        let out = verilay()
+            .args(["log", "verify"])
+            .arg(&list)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "round {round}: {out:?}");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(!said.contains("open"), "round {round}: {said}");
+    }
+    // A daemon that does not exit (stopped here) is waited for a bounded time, and
+    // named when umount gives up.
+    measured(&mnt);
+    let pid = daemon_pid(&mnt).to_string();
+    run(Command::new("kill").args(["-STOP", &pid]));
+    let start = Instant::now();
+    let (out, _) = verilay_bounded(&[os("umount"), mnt.as_os_str(), os("--timeout"), os("1")]);
+    let took = start.elapsed();
+    run(Command::new("kill").args(["-CONT", &pid]));
+    wait_daemon_gone(&mnt);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(err.contains(&pid) && err.contains("not exited"), "{err}");
+    assert!(took >= Duration::from_secs(1), "gave up after {took:?}");
+    assert_eq!(mount_at(&mnt), None, "still mounted");
+}

@@ -84,6 +84,11 @@ pub fn serve(s: Settings, report: Report, timeout: Duration) -> anyhow::Result<i
 }
 
 fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow::Result<()> {
+    // Held until this process exits (never closed before: the kernel lets go of it as
+    // the process ends, after the list is closed), which is what `verilay umount` waits for.
+    if let Some(fd) = kernel::hold_mountpoint(&s.mountpoint) {
+        std::mem::forget(fd);
+    }
     r.step("open the images");
     let read_opts = ReadOpts {
         parallel_hashing: false,

@@ -9,6 +9,7 @@ use rustix::mount::MountFlags;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// FUSE's largest read request, asked for at mount.
 const MAX_READ: u32 = 1 << 20;
@@ -308,4 +309,66 @@ pub fn raise_readahead(mountpoint: &Path) {
         format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"),
         b"1024",
     );
+}
+
+/// The daemon's hold on its mountpoint: a shared flock on the directory under the mount
+/// (opened before mounting), kept until the daemon exits, so `verilay umount` can wait for
+/// that ([`wait_for_daemon`]). Best effort: `None` if the directory cannot be locked.
+pub fn hold_mountpoint(mountpoint: &Path) -> Option<OwnedFd> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let fd = open(
+        mountpoint,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    // An unmount waiting on this directory holds it exclusively for an instant.
+    let deadline = Instant::now() + Duration::from_millis(200);
+    loop {
+        match flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => return Some(fd),
+            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// After an unmount: waits until no daemon holds the directory that was under the mount
+/// ([`hold_mountpoint`]), i.e. until its daemon has finished (its measurement list
+/// closed) and exited; gives up after `timeout`, naming the daemon.
+pub fn wait_for_daemon(mountpoint: &Path, timeout: Duration) -> anyhow::Result<()> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let Ok(dir) = open(
+        mountpoint,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(());
+    };
+    let start = Instant::now();
+    loop {
+        match flock(&dir, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                let _ = flock(&dir, FlockOperation::Unlock);
+                return Ok(());
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {}
+            Err(_) => return Ok(()),
+        }
+        if start.elapsed() >= timeout {
+            let daemon = match upper::flock_holder(std::os::fd::AsFd::as_fd(&dir)) {
+                Some(pid) => format!("its daemon (process {pid})"),
+                None => "its daemon".into(),
+            };
+            bail!(
+                "unmounted {}, but {daemon} has not exited after {:.3} s (--timeout): \
+                 its measurement list may not be closed yet",
+                mountpoint.display(),
+                timeout.as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
