@@ -468,9 +468,17 @@ impl Holder {
         d
     }
 
-    /// A verilay mount, or a process we cannot see (which may be one).
-    fn may_be_verilay(&self) -> bool {
-        self.record.mountpoint.is_some() || self.record.pid.is_none()
+    /// A verilay mount of root's or of our own user's: one whose directories ours must
+    /// stay out of. Another ordinary user's mount can do nothing there its user could not
+    /// do anyway, and must not keep everyone else's mounts out (by holding `/`).
+    fn binds_us(&self) -> bool {
+        let me = rustix::process::geteuid().as_raw();
+        self.record.mountpoint.is_some()
+            && self
+                .record
+                .pid
+                .and_then(euid_of)
+                .is_some_and(|uid| uid == 0 || uid == me)
     }
 }
 
@@ -549,8 +557,9 @@ fn lock_dir(d: &Claimed<'_>) -> io::Result<()> {
 }
 
 /// Takes a shared lock on every directory above the claimed ones (each once), refusing
-/// when one is a directory another verilay mount holds. A directory we may not read
-/// (so cannot lock) is passed over, as is one locked by a process that is not verilay.
+/// when one is a directory another verilay mount (root's, or our user's) holds. A
+/// directory we may not read (so cannot lock) is passed over, as is one locked by any
+/// other process (not verilay, another user's, or one we cannot see).
 fn lock_around(dirs: &[Claimed<'_>; 2]) -> io::Result<Vec<OwnedFd>> {
     let mut held = Vec::new();
     let mut seen = HashSet::new();
@@ -598,7 +607,7 @@ fn lock_above(
         holder_of(dev, ino)
     }) {
         Ok(()) => Ok(Some(fd)),
-        Err(NotLocked::Held(h)) if h.may_be_verilay() => {
+        Err(NotLocked::Held(h)) if h.binds_us() => {
             let link = crate::fd_path(fd.as_fd());
             let shown = std::fs::read_link(std::ffi::OsStr::from_bytes(link.as_bytes()))
                 .unwrap_or_default();
@@ -687,6 +696,13 @@ fn holder_of(dev: u64, ino: u64) -> Holder {
         shared: false,
         exiting: false,
     })
+}
+
+/// The effective uid of process `pid`.
+fn euid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    ids.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// What process `pid` records in the verilay lock file it holds open, if it holds one.

@@ -886,6 +886,48 @@ fn another_live_mounts_directories_are_refused_whole_nested_and_around() {
 }
 
 #[test]
+fn another_users_mount_around_ours_does_not_keep_ours_out() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    // The test user's own things, beside the base (on the same filesystem mount).
+    let theirs = Base::new();
+    rootless_rig(&theirs, &[theirs.path()]);
+    theirs.dir("w");
+    let tm = theirs.dir("m");
+    std::fs::copy(&image, theirs.path().join("img")).unwrap();
+    run(Command::new("chown")
+        .args(["-R", "verilaytest"])
+        .arg(theirs.path()));
+    // Their mount takes the (root-owned, readable) base itself as its upper directory.
+    let out = as_test_user(
+        theirs.path(),
+        &format!(
+            "./verilay mount --quiet img m --upper '{}' --work w",
+            base.path().display()
+        ),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let _theirs = Unmount {
+        dir: tm.clone(),
+        fuse: true,
+    };
+    // Root's mount inside it is not refused: their mount can do nothing there their user
+    // could not do anyway.
+    let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: m.clone(),
+        fuse: true,
+    };
+    std::fs::write(m.join("new"), b"root's\n").unwrap();
+    assert_eq!(std::fs::read(u.join("new")).unwrap(), b"root's\n");
+}
+
+#[test]
 fn a_work_directory_holding_what_verilay_did_not_make_is_refused_and_kept() {
     if prerequisites() {
         return;
