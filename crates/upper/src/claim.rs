@@ -3,14 +3,21 @@
 //! locked for as long as the claim (or an `Upper` made from it) lives.
 //!
 //! Directories are compared by device and inode after the kernel resolved them (symlinks,
-//! `..` and bind mounts cannot alias one into another), never by their names. Two locks:
-//! `flock` on the upper directory itself (nothing is added to the merged tree), and on
-//! `WORK/verilay.lock`, which records the holder (its pid, mountpoint and, once mounted,
-//! the mount's device) so a refusal can name it. Both are `flock`s, held by the open file
-//! description: a killed daemon's descriptors close and its locks go with them.
+//! `..` and bind mounts cannot alias one into another), never by their names. Locks are
+//! `flock`s, held by the open file description, so a killed daemon's go with it:
+//! - exclusive on the upper and the work directory themselves (nothing is added to the
+//!   merged tree), and on `WORK/verilay.lock`, which records the holder (its pid,
+//!   mountpoint and, once mounted, the mount's device) so a refusal can name it;
+//! - shared on every directory above the two, up to the root as `..` leads: another
+//!   mount cannot then take a directory that holds ours (its exclusive lock fails), and
+//!   ours is refused inside a directory another mount holds (our shared lock fails).
+//!
+//! Kernel overlayfs takes none of these locks (its in-use marks are not visible from
+//! userspace); its mounts are found in the mount tables instead.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self as rfs, AtFlags, FlockOperation, Mode, OFlags, StatxFlags};
+use rustix::fs::{self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags, StatxFlags};
+use std::collections::HashSet;
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -27,9 +34,10 @@ pub struct Claim {
     pub(crate) upper: OwnedFd,
     pub(crate) work: OwnedFd,
     record: std::fs::File,
-    upper_path: PathBuf,
-    work_path: PathBuf,
+    pub(crate) work_path: PathBuf,
     ids: [Id; 2],
+    /// The shared locks on the directories above both.
+    _around: Vec<OwnedFd>,
 }
 
 /// (device, inode).
@@ -39,6 +47,13 @@ type Id = (u64, u64);
 struct Place {
     ancestry: Vec<Id>,
     fs_path: Option<(u64, PathBuf)>,
+}
+
+/// One of the claimed directories, for the checks and their messages.
+struct Claimed<'a> {
+    what: &'static str,
+    path: &'a Path,
+    fd: BorrowedFd<'a>,
 }
 
 fn fail(msg: String) -> io::Error {
@@ -54,7 +69,7 @@ fn id(fd: BorrowedFd<'_>) -> io::Result<Id> {
     Ok((st.st_dev, st.st_ino))
 }
 
-fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+pub(crate) fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let st = rfs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)?;
     Ok(st.stx_mnt_id)
 }
@@ -159,92 +174,56 @@ fn place(fd: BorrowedFd<'_>) -> io::Result<Place> {
 
 impl Claim {
     /// Opens and checks `upper` and `work` for a mount on `mountpoint`, and locks them.
-    /// A holder whose mount is gone but whose daemon has not exited yet is waited for (a
-    /// few seconds); a live one is named in the refusal.
-    pub fn take(upper: &Path, work: &Path, mountpoint: &Path) -> io::Result<Claim> {
+    /// `outside` are the other paths the mount uses (images, its log file, its
+    /// measurement list), which must not be in either directory. A holder whose mount is
+    /// gone but whose daemon has not exited yet is waited for (a few seconds); a live one
+    /// is named in the refusal.
+    pub fn take(
+        upper: &Path,
+        work: &Path,
+        mountpoint: &Path,
+        outside: &[(&str, &Path)],
+    ) -> io::Result<Claim> {
         let upper_fd = open_dir("upper directory", upper)?;
         let work_fd = open_dir("work directory", work)?;
-        let (u, w) = (upper.display(), work.display());
-        let (ud, wd) = (id(upper_fd.as_fd())?, id(work_fd.as_fd())?);
-        if ud.0 != wd.0 {
-            return Err(fail(format!(
-                "work directory {w} is on another filesystem than upper directory {u} \
-                 (copy-up renames from one to the other)"
-            )));
+        let dirs = [
+            Claimed {
+                what: "upper directory",
+                path: upper,
+                fd: upper_fd.as_fd(),
+            },
+            Claimed {
+                what: "work directory",
+                path: work,
+                fd: work_fd.as_fd(),
+            },
+        ];
+        let ids = check_apart(&dirs)?;
+        check_outside(&dirs, "mountpoint", mountpoint)?;
+        for (what, path) in outside {
+            check_outside(&dirs, what, path)?;
         }
-        if mount_id(upper_fd.as_fd())? != mount_id(work_fd.as_fd())? {
-            return Err(fail(format!(
-                "work directory {w} and upper directory {u} are on different mounts \
-                 (copy-up renames from one to the other, and rename does not cross mounts)"
-            )));
-        }
-        if ud == wd {
-            return Err(fail(format!(
-                "upper directory {u} and work directory {w} are the same directory"
-            )));
-        }
-        let up = place(upper_fd.as_fd())?;
-        let wp = place(work_fd.as_fd())?;
-        if is_within(&wp, &up) {
-            return Err(fail(format!(
-                "work directory {w} is inside upper directory {u}"
-            )));
-        }
-        if is_within(&up, &wp) {
-            return Err(fail(format!(
-                "upper directory {u} is inside work directory {w}"
-            )));
-        }
-        in_use_by_overlayfs(&[("upper directory", upper, ud), ("work directory", work, wd)])?;
+        in_use_by_overlayfs(&[
+            ("upper directory", upper, ids[0]),
+            ("work directory", work, ids[1]),
+        ])?;
+        // All locks first: nothing in the work directory is looked at or made before
+        // it, and everything around it, is ours.
+        lock_dir(&dirs[1])?;
+        lock_dir(&dirs[0])?;
+        let around = lock_around(&dirs)?;
+        check_work_contents(&dirs[1])?;
+        let record = lock_work(work_fd.as_fd(), work)?;
         let mut claim = Claim {
-            record: lock_work(work_fd.as_fd(), work)?,
+            record,
+            work_path: work.to_path_buf(),
+            ids,
+            _around: around,
             upper: upper_fd,
             work: work_fd,
-            upper_path: upper.to_path_buf(),
-            work_path: work.to_path_buf(),
-            ids: [ud, wd],
         };
-        lock_upper(claim.upper.as_fd(), upper)?;
-        claim.check_outside("mountpoint", mountpoint)?;
         claim.write_record(mountpoint, None)?;
         Ok(claim)
-    }
-
-    /// Refuses `path` (a mountpoint, an image) inside the upper or the work directory.
-    pub fn check_outside(&self, what: &str, path: &Path) -> io::Result<()> {
-        let canon = std::fs::canonicalize(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{what} {}: {e}", path.display())))?;
-        let dir = if canon.is_dir() {
-            canon.as_path()
-        } else {
-            canon.parent().unwrap_or(Path::new("/"))
-        };
-        let fd = rfs::open(
-            dir,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let at = place(fd.as_fd())?;
-        let mut own = id(fd.as_fd())?;
-        if dir != canon {
-            own = rfs::stat(&canon)
-                .map(|s| (s.st_dev, s.st_ino))
-                .unwrap_or(own);
-        }
-        for (name, dir_path, fd) in [
-            ("upper directory", &self.upper_path, &self.upper),
-            ("work directory", &self.work_path, &self.work),
-        ] {
-            let theirs = place(fd.as_fd())?;
-            if own == theirs.ancestry[0] || is_within(&at, &theirs) {
-                return Err(fail(format!(
-                    "{what} {} is inside {name} {}",
-                    path.display(),
-                    dir_path.display()
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Records that the mount now exists, as device `dev` (`st_dev` of its root).
@@ -275,6 +254,152 @@ impl Claim {
     }
 }
 
+/// Refuses what kernel overlayfs refuses: upper and work on different filesystems or
+/// mounts, the same directory, or one inside the other. Returns their ids.
+fn check_apart(dirs: &[Claimed<'_>; 2]) -> io::Result<[Id; 2]> {
+    let (u, w) = (dirs[0].path.display(), dirs[1].path.display());
+    let (ud, wd) = (id(dirs[0].fd)?, id(dirs[1].fd)?);
+    if ud.0 != wd.0 {
+        return Err(fail(format!(
+            "work directory {w} is on another filesystem than upper directory {u} \
+             (copy-up renames from one to the other)"
+        )));
+    }
+    if mount_id(dirs[0].fd)? != mount_id(dirs[1].fd)? {
+        return Err(fail(format!(
+            "work directory {w} and upper directory {u} are on different mounts \
+             (copy-up renames from one to the other, and rename does not cross mounts)"
+        )));
+    }
+    if ud == wd {
+        return Err(fail(format!(
+            "upper directory {u} and work directory {w} are the same directory"
+        )));
+    }
+    let up = place(dirs[0].fd)?;
+    let wp = place(dirs[1].fd)?;
+    if is_within(&wp, &up) {
+        return Err(fail(format!(
+            "work directory {w} is inside upper directory {u}"
+        )));
+    }
+    if is_within(&up, &wp) {
+        return Err(fail(format!(
+            "upper directory {u} is inside work directory {w}"
+        )));
+    }
+    Ok([ud, wd])
+}
+
+/// Refuses `path` (a mountpoint, an image, a log file, a measurement list) inside the
+/// upper or the work directory. A path that does not exist yet is where its nearest
+/// existing parent is.
+fn check_outside(dirs: &[Claimed<'_>; 2], what: &str, path: &Path) -> io::Result<()> {
+    let canon = existing_part(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{what} {}: {e}", path.display())))?;
+    let dir = if canon.is_dir() {
+        canon.as_path()
+    } else {
+        canon.parent().unwrap_or(Path::new("/"))
+    };
+    let fd = rfs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let at = place(fd.as_fd())?;
+    let mut own = id(fd.as_fd())?;
+    if dir != canon {
+        own = rfs::stat(&canon)
+            .map(|s| (s.st_dev, s.st_ino))
+            .unwrap_or(own);
+    }
+    for d in dirs {
+        let theirs = place(d.fd)?;
+        if own == theirs.ancestry[0] || is_within(&at, &theirs) {
+            return Err(fail(format!(
+                "{what} {} is inside {} {}",
+                path.display(),
+                d.what,
+                d.path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` resolved, or its nearest parent that exists.
+fn existing_part(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path;
+    loop {
+        match std::fs::canonicalize(p) {
+            Ok(c) => return Ok(c),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && p != Path::new(".") => {
+                p = match p.parent() {
+                    Some(q) if !q.as_os_str().is_empty() => q,
+                    _ => Path::new("."),
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What a work directory may hold: what verilay made (`verilay.lock`, and `verilay/`,
+/// which every mount empties) and what kernel overlayfs makes (`work/`, `index/`), so a
+/// directory given as `--work` by mistake loses nothing. `verilay/` counts as verilay's
+/// when it is empty or has `verilay.lock` beside it.
+fn check_work_contents(work: &Claimed<'_>) -> io::Result<()> {
+    let refuse = |name: &str, why: &str| {
+        fail(format!(
+            "work directory {} holds {name}, which verilay did not make{why}: give an \
+             empty directory (or one only verilay or kernel overlayfs used)",
+            work.path.display()
+        ))
+    };
+    let (mut lock_file, mut own_dir_used) = (false, false);
+    for entry in rfs::Dir::read_from(work.fd)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let st = rfs::statat(work.fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+        match name.to_bytes() {
+            b"verilay.lock" if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                lock_file = true
+            }
+            b"verilay" if is_dir => own_dir_used = !is_empty_dir(work.fd, name)?,
+            b"work" | b"index" if is_dir => {}
+            other => return Err(refuse(&String::from_utf8_lossy(other), "")),
+        }
+    }
+    if own_dir_used && !lock_file {
+        return Err(refuse(
+            "verilay/",
+            " (it is not empty and has no verilay.lock beside it; every mount empties it)",
+        ));
+    }
+    Ok(())
+}
+
+fn is_empty_dir(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> io::Result<bool> {
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for entry in rfs::Dir::read_from(&fd)? {
+        let n = entry?.file_name().to_bytes().to_vec();
+        if n != b"." && n != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// What a lock file says of its holder.
 #[derive(Debug, Default)]
 struct Record {
@@ -301,7 +426,7 @@ impl Record {
         match (&self.mountpoint, self.pid) {
             (Some(m), Some(p)) => format!("the verilay mount on {m} (process {p})"),
             (None, Some(p)) => format!("process {p}"),
-            _ => "another mount".into(),
+            _ => "another process (not visible from here)".into(),
         }
     }
 
@@ -325,6 +450,44 @@ impl Record {
     }
 }
 
+/// Who holds a lock we could not take.
+struct Holder {
+    record: Record,
+    /// Its lock is shared: the directory holds one of its directories.
+    shared: bool,
+    /// Its mount is gone, but it did not let go within [`EXITING_HOLDER_WAIT`].
+    exiting: bool,
+}
+
+impl Holder {
+    fn describe(&self) -> String {
+        let mut d = self.record.describe();
+        if self.exiting {
+            d += ", unmounted but still busy";
+        }
+        d
+    }
+
+    /// A verilay mount of root's or of our own user's: one whose directories ours must
+    /// stay out of. Another ordinary user's mount can do nothing there its user could not
+    /// do anyway, and must not keep everyone else's mounts out (by holding `/`).
+    fn binds_us(&self) -> bool {
+        let me = rustix::process::geteuid().as_raw();
+        self.record.mountpoint.is_some()
+            && self
+                .record
+                .pid
+                .and_then(euid_of)
+                .is_some_and(|uid| uid == 0 || uid == me)
+    }
+}
+
+/// Why a lock was not taken.
+enum NotLocked {
+    Held(Holder),
+    Failed(rustix::io::Errno),
+}
+
 /// Takes `WORK/verilay.lock`, waiting only for a holder that is exiting.
 fn lock_work(work: BorrowedFd<'_>, path: &Path) -> io::Result<std::fs::File> {
     let fd = rfs::openat(
@@ -340,69 +503,211 @@ fn lock_work(work: BorrowedFd<'_>, path: &Path) -> io::Result<std::fs::File> {
         )
     })?;
     let file = std::fs::File::from(fd);
-    lock_or_wait(file.as_fd(), || {
+    let read_record = || {
         let mut text = String::new();
         let mut f = &file;
         let _ = f.rewind();
         let _ = f.take(4096).read_to_string(&mut text);
-        Record::parse(&text)
-    })
-    .map_err(|holder| {
-        busy(format!(
-            "work directory {} is in use by {holder}",
+        Holder {
+            record: Record::parse(&text),
+            shared: false,
+            exiting: false,
+        }
+    };
+    match lock_or_wait(
+        file.as_fd(),
+        FlockOperation::NonBlockingLockExclusive,
+        read_record,
+    ) {
+        Ok(()) => Ok(file),
+        Err(NotLocked::Held(h)) => Err(busy(format!(
+            "work directory {} is in use by {}",
+            path.display(),
+            h.describe()
+        ))),
+        Err(NotLocked::Failed(e)) => Err(busy(format!(
+            "work directory {}: {LOCK_FILE}: cannot be locked ({e})",
             path.display()
-        ))
-    })?;
-    Ok(file)
+        ))),
+    }
 }
 
-/// Takes the lock on the upper directory itself (the directory's own flock).
-fn lock_upper(upper: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    let (dev, ino) = id(upper)?;
-    lock_or_wait(upper, || holder_of(dev, ino)).map_err(|holder| {
-        busy(format!(
-            "upper directory {} is in use by {holder}",
-            path.display()
-        ))
-    })
+/// Takes the exclusive lock on a claimed directory itself.
+fn lock_dir(d: &Claimed<'_>) -> io::Result<()> {
+    let (dev, ino) = id(d.fd)?;
+    let path = d.path.display();
+    match lock_or_wait(d.fd, FlockOperation::NonBlockingLockExclusive, || {
+        holder_of(dev, ino)
+    }) {
+        Ok(()) => Ok(()),
+        Err(NotLocked::Held(h)) if h.shared => Err(busy(format!(
+            "{} {path} holds a directory {} uses",
+            d.what,
+            h.describe()
+        ))),
+        Err(NotLocked::Held(h)) => Err(busy(format!(
+            "{} {path} is in use by {}",
+            d.what,
+            h.describe()
+        ))),
+        Err(NotLocked::Failed(e)) => {
+            Err(busy(format!("{} {path}: cannot be locked ({e})", d.what)))
+        }
+    }
 }
 
-/// Locks `fd`; while another holds it and that holder's mount is gone, retries until
-/// [`EXITING_HOLDER_WAIT`] passes. Err: the holder, described.
-fn lock_or_wait(fd: BorrowedFd<'_>, holder: impl Fn() -> Record) -> Result<(), String> {
+/// Takes a shared lock on every directory above the claimed ones (each once), refusing
+/// when one is a directory another verilay mount (root's, or our user's) holds. A
+/// directory we may not read (so cannot lock) is passed over, as is one locked by any
+/// other process (not verilay, another user's, or one we cannot see).
+fn lock_around(dirs: &[Claimed<'_>; 2]) -> io::Result<Vec<OwnedFd>> {
+    let mut held = Vec::new();
+    let mut seen = HashSet::new();
+    let up = |fd: BorrowedFd<'_>| {
+        rfs::openat(
+            fd,
+            "..",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    for d in dirs {
+        let mut cur = up(d.fd)?;
+        // Bounded: PATH_MAX allows at most 2048 levels.
+        for _ in 0..4096 {
+            let i = id(cur.as_fd())?;
+            if seen.insert(i) {
+                held.extend(lock_above(d, cur.as_fd(), i)?);
+            }
+            let next = up(cur.as_fd())?;
+            if id(next.as_fd())? == i {
+                break;
+            }
+            cur = next;
+        }
+    }
+    Ok(held)
+}
+
+/// The shared lock on `above` (an `O_PATH` descriptor of a directory above `d`), or why
+/// `d` cannot be claimed.
+fn lock_above(
+    d: &Claimed<'_>,
+    above: BorrowedFd<'_>,
+    (dev, ino): Id,
+) -> io::Result<Option<OwnedFd>> {
+    let Ok(fd) = rfs::open(
+        crate::fd_path(above).as_c_str(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(None);
+    };
+    match lock_or_wait(fd.as_fd(), FlockOperation::NonBlockingLockShared, || {
+        holder_of(dev, ino)
+    }) {
+        Ok(()) => Ok(Some(fd)),
+        Err(NotLocked::Held(h)) if h.binds_us() => {
+            let link = crate::fd_path(fd.as_fd());
+            let shown = std::fs::read_link(std::ffi::OsStr::from_bytes(link.as_bytes()))
+                .unwrap_or_default();
+            Err(busy(format!(
+                "{} {} is inside {}, which is in use by {}",
+                d.what,
+                d.path.display(),
+                shown.display(),
+                h.describe()
+            )))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// Locks `fd` with `op` (non-blocking); while another holds it and that holder's mount
+/// is gone, retries until [`EXITING_HOLDER_WAIT`] passes.
+fn lock_or_wait(
+    fd: BorrowedFd<'_>,
+    op: FlockOperation,
+    holder: impl Fn() -> Holder,
+) -> Result<(), NotLocked> {
     let deadline = Instant::now() + EXITING_HOLDER_WAIT;
     loop {
-        match rfs::flock(fd, FlockOperation::NonBlockingLockExclusive) {
+        match rfs::flock(fd, op) {
             Ok(()) => return Ok(()),
             Err(rustix::io::Errno::WOULDBLOCK) => {}
-            Err(e) => return Err(format!("an unlockable lock ({e})")),
+            Err(e) => return Err(NotLocked::Failed(e)),
         }
-        let h = holder();
-        if h.serving() {
-            return Err(h.describe());
+        let mut h = holder();
+        if h.record.serving() {
+            return Err(NotLocked::Held(h));
         }
         if Instant::now() >= deadline {
-            return Err(format!("{}, unmounted but still busy", h.describe()));
+            h.exiting = true;
+            return Err(NotLocked::Held(h));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-/// The holder of the flock on (dev, ino), from /proc/locks, and its record (the lock file
-/// it holds open).
-fn holder_of(dev: u64, ino: u64) -> Record {
+/// The processes holding a flock on (dev, ino), from /proc/locks (those this process can
+/// see), other than this one: (pid, whether the lock is shared).
+fn flock_holders(dev: u64, ino: u64) -> Vec<(u32, bool)> {
     let want = format!("{:02x}:{:02x}:{ino}", rfs::major(dev), rfs::minor(dev));
+    let me = std::process::id();
     let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    let pid = locks.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
-            .then(|| f.get(4)?.parse::<u32>().ok())
-            .flatten()
-    });
-    let Some(pid) = pid else {
-        return Record::default();
-    };
-    let record = std::fs::read_dir(format!("/proc/{pid}/fd"))
+    locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&want.as_str()) {
+                return None;
+            }
+            let pid = f.get(4)?.parse::<u32>().ok().filter(|&p| p != me)?;
+            Some((pid, f.get(3) == Some(&"READ")))
+        })
+        .collect()
+}
+
+/// The process holding a flock on the file `fd` is open on (one of them, if several do).
+pub fn flock_holder(fd: BorrowedFd<'_>) -> Option<u32> {
+    let (dev, ino) = id(fd).ok()?;
+    flock_holders(dev, ino).first().map(|&(pid, _)| pid)
+}
+
+/// The holder of the flock on (dev, ino), and its record (the lock file it holds open);
+/// a verilay mount is preferred when several processes hold it.
+fn holder_of(dev: u64, ino: u64) -> Holder {
+    let holders = flock_holders(dev, ino);
+    let mut first = None;
+    for &(pid, shared) in &holders {
+        let record = record_of(pid);
+        let h = Holder {
+            record,
+            shared,
+            exiting: false,
+        };
+        if h.record.mountpoint.is_some() {
+            return h;
+        }
+        first.get_or_insert(h);
+    }
+    first.unwrap_or(Holder {
+        record: Record::default(),
+        shared: false,
+        exiting: false,
+    })
+}
+
+/// The effective uid of process `pid`.
+fn euid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    ids.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// What process `pid` records in the verilay lock file it holds open, if it holds one.
+fn record_of(pid: u32) -> Record {
+    let text = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .into_iter()
         .flatten()
         .flatten()
@@ -411,7 +716,7 @@ fn holder_of(dev: u64, ino: u64) -> Record {
                 .is_ok_and(|t| t.file_name() == Some(std::ffi::OsStr::new(LOCK_FILE)))
         })
         .and_then(|e| std::fs::read_to_string(e.path()).ok());
-    match record {
+    match text {
         Some(text) => Record::parse(&text),
         None => Record {
             pid: Some(pid),
@@ -420,36 +725,81 @@ fn holder_of(dev: u64, ino: u64) -> Record {
     }
 }
 
-/// Refuses a directory that a kernel overlayfs mount (in this mount namespace) uses as its
-/// upperdir or workdir; overlayfs shows both in its mount options.
-fn in_use_by_overlayfs(ours: &[(&str, &Path, Id)]) -> io::Result<()> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    for line in info.lines() {
-        let Some((_, after)) = line.split_once(" - ") else {
+/// Every mount table this process can read: its own, then one per other mount namespace
+/// of the processes it may inspect (all of them, as root), each with the directory its
+/// absolute paths resolve from (`/proc/PID/root`).
+fn mount_tables() -> Vec<(String, PathBuf, Option<u32>)> {
+    let mut tables = vec![(
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+        PathBuf::from("/"),
+        None,
+    )];
+    let mut seen = HashSet::new();
+    if let Ok(ns) = std::fs::read_link("/proc/self/ns/mnt") {
+        seen.insert(ns);
+    }
+    let pids = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    for pid in pids {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
             continue;
         };
-        let f: Vec<&str> = after.split(' ').collect();
-        if f.first() != Some(&"overlay") {
+        if !seen.insert(ns) {
             continue;
         }
-        let point = line.split(' ').nth(4).map(unescape).unwrap_or_default();
-        for opt in f.get(2).copied().unwrap_or("").split(',') {
-            let Some((key, value)) = opt.split_once('=') else {
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
+            tables.push((text, PathBuf::from(format!("/proc/{pid}/root")), Some(pid)));
+        }
+    }
+    tables
+}
+
+/// Refuses a directory that a kernel overlayfs mount uses as its upperdir or workdir, in
+/// any mount namespace this process can see: overlayfs shows both in its mount options.
+/// A path it shows relative (as given to mount) is resolved from here in our own
+/// namespace only.
+fn in_use_by_overlayfs(ours: &[(&str, &Path, Id)]) -> io::Result<()> {
+    for (info, root, pid) in mount_tables() {
+        for line in info.lines() {
+            let Some((_, after)) = line.split_once(" - ") else {
                 continue;
             };
-            if key != "upperdir" && key != "workdir" {
+            let f: Vec<&str> = after.split(' ').collect();
+            if f.first() != Some(&"overlay") {
                 continue;
             }
-            let Ok(st) = rfs::stat(unescape(value)) else {
-                continue;
-            };
-            for (what, path, ours) in ours {
-                if (st.st_dev, st.st_ino) == *ours {
-                    return Err(busy(format!(
-                        "{what} {} is in use as the {key} of the overlayfs mount on {}",
-                        path.display(),
-                        point.display()
-                    )));
+            let point = line.split(' ').nth(4).map(unescape).unwrap_or_default();
+            for opt in f.get(2).copied().unwrap_or("").split(',') {
+                let Some((key, value)) = opt.split_once('=') else {
+                    continue;
+                };
+                if key != "upperdir" && key != "workdir" {
+                    continue;
+                }
+                let value = unescape(value);
+                let resolved = match value.strip_prefix("/") {
+                    Ok(rel) => root.join(rel),
+                    Err(_) if pid.is_none() => value,
+                    Err(_) => continue,
+                };
+                let Ok(st) = rfs::stat(&resolved) else {
+                    continue;
+                };
+                for (what, path, ours) in ours {
+                    if (st.st_dev, st.st_ino) == *ours {
+                        let whose = match pid {
+                            Some(p) => format!(" (in the mount namespace of process {p})"),
+                            None => String::new(),
+                        };
+                        return Err(busy(format!(
+                            "{what} {} is in use as the {key} of the overlayfs mount on {}{whose}",
+                            path.display(),
+                            point.display()
+                        )));
+                    }
                 }
             }
         }

@@ -25,7 +25,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod claim;
-pub use claim::{unescape, Claim};
+pub use claim::{flock_holder, unescape, Claim};
 
 /// Our directory inside the work directory (overlayfs uses `work/work`).
 const WORK_SUBDIR: &str = "verilay";
@@ -119,17 +119,7 @@ impl Upper {
     /// mount, and locked by `claim`) and empties our directory in the work one.
     pub fn open(claim: &Claim) -> io::Result<Upper> {
         let root = claim.upper.try_clone()?;
-        let work_root = claim.work.as_fd();
-        match rfs::mkdirat(work_root, WORK_SUBDIR, Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let work = rfs::openat(
-            work_root,
-            WORK_SUBDIR,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        let work = open_work_subdir(claim)?;
         remove_contents(work.as_fd())?;
         let (prefix, opaque_xattr, redirect_xattr) = if rustix::process::geteuid().is_root() {
             (
@@ -397,6 +387,82 @@ impl Upper {
     }
 }
 
+/// Our directory in the claimed work directory, made if missing. Refused when it, or
+/// anything in it, is a mount point: emptying it must never reach into another
+/// filesystem (a bind mount left there, or made by someone else), and nothing is
+/// removed before that is known.
+fn open_work_subdir(claim: &Claim) -> io::Result<OwnedFd> {
+    let work_root = claim.work.as_fd();
+    match rfs::mkdirat(work_root, WORK_SUBDIR, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let work = rfs::openat(
+        work_root,
+        WORK_SUBDIR,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let shown = claim.work_path.join(WORK_SUBDIR);
+    if let Some(mounted) = find_mount(work.as_fd(), claim::mount_id(work_root)?, &shown)? {
+        return Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!(
+                "{}: something is mounted there, and the work directory's cleanup does not \
+                 cross into another filesystem: unmount it",
+                mounted.display()
+            ),
+        ));
+    }
+    Ok(work)
+}
+
+/// The first mount point at or below `dir` (shown as `shown`), whose filesystem mount is
+/// `mount`; found by each entry's mount id, so bind mounts of the same filesystem count.
+fn find_mount(
+    dir: BorrowedFd<'_>,
+    mount: u64,
+    shown: &std::path::Path,
+) -> io::Result<Option<std::path::PathBuf>> {
+    if claim::mount_id(dir)? != mount {
+        return Ok(Some(shown.to_path_buf()));
+    }
+    let mut todo = vec![(dir.try_clone_to_owned()?, shown.to_path_buf())];
+    while let Some((fd, path)) = todo.pop() {
+        for name in entry_names(fd.as_fd())? {
+            let here = path.join(show(name.to_bytes()));
+            let sx = rfs::statx(
+                &fd,
+                name.as_c_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+                rfs::StatxFlags::MNT_ID | rfs::StatxFlags::TYPE,
+            )?;
+            if sx.stx_mnt_id != mount {
+                return Ok(Some(here));
+            }
+            if FileType::from_raw_mode(sx.stx_mode.into()) == FileType::Directory {
+                let sub = rfs::openat(
+                    &fd,
+                    name.as_c_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                todo.push((sub, here));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// A directory's entry names, without `.` and `..`.
+fn entry_names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+    Ok(rfs::Dir::read_from(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.to_bytes() != b"." && n.to_bytes() != b"..")
+        .collect())
+}
+
 fn now() -> (i64, u32) {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -535,18 +601,17 @@ fn remove_named(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
+    // Never into another filesystem mounted here: EBUSY, as rmdir of it would say.
+    if claim::mount_id(sub.as_fd())? != claim::mount_id(dir)? {
+        return Err(rustix::io::Errno::BUSY.into());
+    }
     remove_contents(sub.as_fd())?;
     Ok(rfs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
 }
 
 /// Empties a directory.
 fn remove_contents(dir: BorrowedFd<'_>) -> io::Result<()> {
-    let names: Vec<CString> = rfs::Dir::read_from(dir)?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_owned())
-        .filter(|n| n.to_bytes() != b"." && n.to_bytes() != b"..")
-        .collect();
-    for n in names {
+    for n in entry_names(dir)? {
         remove_named(dir, n.as_c_str())?;
     }
     Ok(())

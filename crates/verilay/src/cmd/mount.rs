@@ -42,8 +42,9 @@ pub struct Args {
     digests: Vec<String>,
     /// Mount options, comma-separated (repeatable): ro, rw, nosuid, nodev, noexec, sync,
     /// dirsync, noatime, relatime, strictatime, nodiratime, lazytime, nosymfollow,
-    /// allow_other, allow_root, and verilay's own digest=, threads=, log=, upper=,
-    /// work=, policy=, measure_log=, measure_hash=.
+    /// allow_other, allow_root (root mounts only: root alone, as without it), and
+    /// verilay's own digest=, threads=, log=, upper=, work=, policy=, measure_log=,
+    /// measure_hash=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<OsString>,
     /// Worker threads, each on its own /dev/fuse descriptor (default: one per CPU; at
@@ -69,10 +70,13 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     upper: Option<PathBuf>,
     /// An empty directory on the same mount as --upper and outside it, for atomic
-    /// copy-up; it is locked while mounted.
+    /// copy-up; it is locked while mounted. It may hold only what verilay (verilay.lock,
+    /// verilay/, emptied at every mount) or kernel overlayfs (work/, index/) made there;
+    /// anything else is refused, never deleted.
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
-    /// Seconds to wait for each step of the daemon's setup before giving up.
+    /// Seconds to wait for each step of the daemon's setup before giving up (at most a
+    /// day: more counts as a day).
     #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_timeout)]
     timeout: Duration,
     #[command(flatten)]
@@ -83,22 +87,42 @@ pub struct Args {
     /// Invoked by mount(8), which says `rw` unless told `ro`.
     #[arg(skip)]
     from_mount8: bool,
+    /// mount(8)'s `-f`: check everything, mount nothing.
+    #[arg(skip)]
+    fake: bool,
 }
 
+/// The longest wait any `--timeout` asks for (a longer one counts as this).
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// A positive number of seconds, capped at [`MAX_TIMEOUT`].
 fn parse_timeout(s: &str) -> Result<Duration, String> {
-    s.parse::<f64>()
-        .ok()
-        .and_then(|f| Duration::try_from_secs_f64(f).ok())
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("{s}: not a positive number of seconds"))
+    match s.parse::<f64>() {
+        // Also false for NaN.
+        Ok(f) if f > 0.0 => Ok(Duration::try_from_secs_f64(f)
+            .unwrap_or(MAX_TIMEOUT)
+            .min(MAX_TIMEOUT)),
+        _ => Err(format!("{s}: not a positive number of seconds")),
+    }
+}
+
+/// `timeout` from now (never overflowing).
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout.min(MAX_TIMEOUT)).unwrap_or(now)
 }
 
 #[derive(clap::Args)]
 pub struct UmountArgs {
     mountpoint: PathBuf,
-    /// Detach now and finish when the mount is no longer busy.
+    /// Detach now and finish when the mount is no longer busy (returns at once, without
+    /// waiting for the daemon).
     #[arg(short = 'l', long)]
     lazy: bool,
+    /// Seconds to wait for the mount's daemon to finish (its measurement list closed)
+    /// and exit.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = parse_timeout)]
+    timeout: Duration,
 }
 
 /// What a mount is made from: the images, the mountpoint and every option, checked.
@@ -219,6 +243,14 @@ fn check(o: &MountOptions, root: bool) -> anyhow::Result<()> {
     if o.allow_other && o.allow_root {
         bail!("allow_other and allow_root: give one (allow_other includes root)");
     }
+    if o.allow_root && !root {
+        // The kernel knows allow_other only, and FUSE's check of the caller skips reads
+        // (and cached entries and attributes need no request): every user would read.
+        bail!(
+            "allow_root: a mount by an ordinary user cannot be limited to root and its \
+             owner, it would amount to allow_other (every user): give allow_other, or neither"
+        );
+    }
     if let Some(t) = o.threads {
         check_threads(t).map_err(|e| anyhow::anyhow!("--threads {t}: {e}"))?;
     }
@@ -239,6 +271,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         return daemon::serve(s, daemon::Report::Pipe(fd), a.timeout);
     }
     let trust = preflight(&s)?;
+    if a.fake {
+        return Ok(0);
+    }
     if a.foreground && !a.quiet {
         // Said before serving: in the foreground, serving ends only at unmount.
         announce(&s, &trust);
@@ -334,22 +369,27 @@ fn spawn_daemon(s: &Settings, digests: &[String], timeout: Duration) -> anyhow::
     rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty()).context("pipe")?;
     let exe = std::env::current_exe().context("finding the verilay binary")?;
     let mut cmd = Command::new(exe);
+    // Nothing the user named can read as a flag to the daemon (an image called
+    // `-oallow_other`): paths never start with `-`, values are attached to their flags.
+    // (The paths stay first: `verilay mount IMAGE... MNT --ready-fd N` is how tools find
+    // a mount's daemon.)
     cmd.arg("mount")
-        .args(&s.images)
-        .arg(&s.mountpoint)
+        .args(s.images.iter().map(|i| operand(i)))
+        .arg(operand(&s.mountpoint))
         .arg("--ready-fd")
         .arg(write_end.as_raw_fd().to_string())
-        .arg("--timeout")
-        .arg(timeout.as_secs_f64().to_string())
+        .arg(format!("--timeout={}", timeout.as_secs_f64()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let rendered = s.opts.render();
     if !rendered.is_empty() {
-        cmd.arg("-o").arg(rendered);
+        let mut o = OsString::from("-o");
+        o.push(rendered);
+        cmd.arg(o);
     }
     for d in digests {
-        cmd.arg("--digest").arg(d);
+        cmd.arg(format!("--digest={d}"));
     }
     let mut child = cmd.spawn().context("starting the mount daemon")?;
     drop(write_end);
@@ -363,13 +403,23 @@ fn spawn_daemon(s: &Settings, digests: &[String], timeout: Duration) -> anyhow::
     result
 }
 
+/// A path as a command-line operand: one starting with `-` gets `./` before it (the same
+/// file), so no parser takes it for a flag.
+pub fn operand(p: &Path) -> PathBuf {
+    if p.as_os_str().as_bytes().starts_with(b"-") {
+        Path::new(".").join(p)
+    } else {
+        p.to_path_buf()
+    }
+}
+
 /// Follows the daemon's setup on its pipe: each step it starts (`step …`) resets the
 /// clock; `ok` means the mount answers; `error …` or the pipe's end means it failed.
 fn follow_daemon(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result<()> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut pipe = std::fs::File::from(pipe);
     let mut step = "start".to_string();
-    let mut deadline = Instant::now() + timeout;
+    let mut deadline = deadline_after(timeout);
     let mut pending = Vec::new();
     loop {
         while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
@@ -378,7 +428,7 @@ fn follow_daemon(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow:
             match daemon::Message::parse(&line) {
                 daemon::Message::Step(s) => {
                     step = s;
-                    deadline = Instant::now() + timeout;
+                    deadline = deadline_after(timeout);
                 }
                 daemon::Message::Ok => return Ok(()),
                 daemon::Message::Error(e) => bail!("{e}"),
@@ -415,5 +465,9 @@ fn follow_daemon(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow:
 
 pub fn run_umount(a: UmountArgs) -> anyhow::Result<i32> {
     kernel::unmount(&a.mountpoint, a.lazy)?;
+    if !a.lazy {
+        // "The daemon exits": once this returns, its measurement list is closed.
+        kernel::wait_for_daemon(&a.mountpoint, a.timeout)?;
+    }
     Ok(0)
 }

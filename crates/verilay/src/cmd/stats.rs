@@ -16,7 +16,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let mp = a.mountpoint.display();
-    let mut buf = vec![0u8; 4096];
+    // XATTR_SIZE_MAX: the most any attribute value can be (the kernel passes no more),
+    // so one call gets it whole, however many layers it describes.
+    let mut buf = vec![0u8; 65536];
     let n = rustix::fs::getxattr(&a.mountpoint, "verilay.stats", &mut buf)
         .map_err(std::io::Error::from)
         .with_context(|| format!("{mp}: not a verilay mount (no statistics)"))?;

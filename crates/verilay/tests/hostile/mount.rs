@@ -29,6 +29,10 @@ pub fn seeds(_tmp: &Path) -> Vec<Seed> {
         ",,,ro,,",
         "remount,bind",
         "upper=,work=",
+        "allow_root",
+        "allow_root,allow_other",
+        "log=-oallow_other,measure_log=--foreground",
+        "upper=\"/u/../w\",work=\"/w/verilay\"",
     ]
     .into_iter()
     .enumerate()
@@ -115,6 +119,11 @@ fn mount_at(dir: &Path) -> Option<(String, String)> {
 /// Asserts a refused mount: exit 1, one line naming every needle, nothing mounted on
 /// `mnt`, no daemon for it.
 fn assert_refused(out: &Output, mnt: &Path, needles: &[&str]) {
+    // A mount wrongly made is taken away however the assertions end.
+    let _made = mount_at(mnt).map(|_| Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: true,
+    });
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
@@ -122,12 +131,8 @@ fn assert_refused(out: &Output, mnt: &Path, needles: &[&str]) {
         assert!(err.contains(n), "expected {n:?} in: {err}");
     }
     assert_eq!(mount_at(mnt), None, "a mount was left on {}", mnt.display());
-    let daemons = Command::new("pgrep")
-        .arg("-f")
-        .arg(format!("verilay mount .*{} --ready-fd", mnt.display()))
-        .output()
-        .unwrap();
-    assert!(daemons.stdout.is_empty(), "a daemon was left: {daemons:?}");
+    let daemons = daemons_of(mnt);
+    assert!(daemons.is_empty(), "a daemon was left: {daemons:?}");
 }
 
 /// Runs `script` as the `verilaytest` user in `dir`: (exit code, stdout and stderr).
@@ -602,14 +607,8 @@ fn a_second_mount_of_the_same_upper_or_work_is_refused_until_the_first_is_gone()
     };
     // A copy-up through the first mount, in its work directory.
     sh(&format!("echo more >> '{}'", m1.join("f").display()));
-    let pid = String::from_utf8(
-        run(Command::new("pgrep")
-            .arg("-f")
-            .arg(format!("verilay mount .*{} --ready-fd", m1.display())))
-        .stdout,
-    )
-    .unwrap();
-    let pid = pid.trim();
+    let pid = daemon_pid(&m1).to_string();
+    let pid = pid.as_str();
     for work in [&w, &w2] {
         let out = mount(&m2, work);
         let m1s = m1.display().to_string();
@@ -744,7 +743,7 @@ fn verilay_mount_never_waits_forever() {
         image.as_os_str(),
         mnt.as_os_str(),
         os("--timeout"),
-        os("0.001"),
+        os("0.000000001"),
     ]);
     assert_refused(&out, &mnt, &["did not", "--timeout", "stopped it"]);
     assert!(took < Duration::from_secs(10), "took {took:?}");
@@ -763,4 +762,721 @@ fn verilay_mount_never_waits_forever() {
     let (out, took) = verilay_bounded(&[os("mount"), fifo.as_os_str(), mnt.as_os_str()]);
     assert_refused(&out, &mnt, &["fifo", "not a regular file"]);
     assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+/// `verilay mount IMAGE MNT --upper U --work W EXTRA...`, bounded.
+fn mount_upper(image: &Path, mnt: &Path, upper: &Path, work: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        os("mount"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+        os("--upper"),
+        upper.as_os_str(),
+        os("--work"),
+        work.as_os_str(),
+        os("--quiet"),
+    ];
+    args.extend(extra.iter().map(|e| os(e)));
+    verilay_bounded(&args).0
+}
+
+/// The pid of the one daemon serving `mnt`.
+fn daemon_pid(mnt: &Path) -> u32 {
+    let pids = daemons_of(mnt);
+    assert_eq!(pids.len(), 1, "daemons of {}: {pids:?}", mnt.display());
+    pids[0]
+}
+
+#[test]
+fn another_live_mounts_directories_are_refused_whole_nested_and_around() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let outer = base.dir("outer");
+    let (ua, wa, ma) = (base.dir("outer/uA"), base.dir("outer/wA"), base.dir("mA"));
+    let out = mount_upper(&image, &ma, &ua, &wa, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let a = Unmount {
+        dir: ma.clone(),
+        fuse: true,
+    };
+    let pid = daemon_pid(&ma).to_string();
+    // A's data, made through A, where another mount's cleanup or copy-ups would land.
+    sh(&format!(
+        "mkdir -p '{0}/verilay' '{0}/sub' && echo precious > '{0}/verilay/userdata' && \
+         echo a > '{0}/sub/file'",
+        ma.display()
+    ));
+    let (kept1, kept2) = (ua.join("verilay/userdata"), ua.join("sub/file"));
+    let files = [(kept1.as_path(), "precious\n"), (kept2.as_path(), "a\n")];
+    assert_intact(&files);
+    let (ub, wb, mb) = (base.dir("uB"), base.dir("wB"), base.dir("mB"));
+    let d = |p: &Path| p.display().to_string();
+    let mas = d(&ma);
+    // (upper, work, what the refusal must say besides A's mountpoint and pid)
+    let cases: Vec<(PathBuf, PathBuf, String)> = vec![
+        // A's upper as B's work: B's cleanup would empty uA/verilay.
+        (
+            ub.clone(),
+            ua.clone(),
+            format!("work directory {} is in use", d(&ua)),
+        ),
+        // A's work as B's upper.
+        (
+            wa.clone(),
+            wb.clone(),
+            format!("upper directory {} is in use", d(&wa)),
+        ),
+        // Inside A's upper, and inside A's work.
+        (
+            ua.join("sub"),
+            wb.clone(),
+            format!(
+                "upper directory {} is inside {}",
+                d(&ua.join("sub")),
+                d(&ua)
+            ),
+        ),
+        (
+            ub.clone(),
+            ua.join("sub"),
+            format!("work directory {} is inside {}", d(&ua.join("sub")), d(&ua)),
+        ),
+        // Around A's directories: B's upper or work holds them.
+        (
+            outer.clone(),
+            wb.clone(),
+            format!("upper directory {} holds a directory", d(&outer)),
+        ),
+        (
+            ub.clone(),
+            outer.clone(),
+            format!("work directory {} holds a directory", d(&outer)),
+        ),
+    ];
+    for (upper, work, said) in cases {
+        let out = mount_upper(&image, &mb, &upper, &work, &[]);
+        assert_refused(&out, &mb, &[&said, &mas, &pid]);
+        assert_intact(&files);
+        for dir in [&ua, &ua.join("sub"), &outer] {
+            assert!(!dir.join("verilay.lock").exists(), "a lock file in {dir:?}");
+        }
+    }
+    // A still works: a copy-up and a new file.
+    sh(&format!(
+        "echo more >> '{0}/f' && echo new > '{0}/g'",
+        ma.display()
+    ));
+    assert_eq!(
+        std::fs::read_to_string(ma.join("f")).unwrap(),
+        "image bytes\nmore\n"
+    );
+    // Once A is gone, a directory inside its upper is anyone's again.
+    drop(a);
+    wait_daemon_gone(&ma);
+    let out = mount_upper(&image, &mb, &ua.join("sub"), &wb, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let _b = Unmount {
+        dir: mb.clone(),
+        fuse: true,
+    };
+    assert_eq!(std::fs::read_to_string(mb.join("file")).unwrap(), "a\n");
+}
+
+#[test]
+fn another_users_mount_around_ours_does_not_keep_ours_out() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    // The test user's own things, beside the base (on the same filesystem mount).
+    let theirs = Base::new();
+    rootless_rig(&theirs, &[theirs.path()]);
+    theirs.dir("w");
+    let tm = theirs.dir("m");
+    std::fs::copy(&image, theirs.path().join("img")).unwrap();
+    run(Command::new("chown")
+        .args(["-R", "verilaytest"])
+        .arg(theirs.path()));
+    // Their mount takes the (root-owned, readable) base itself as its upper directory.
+    let out = as_test_user(
+        theirs.path(),
+        &format!(
+            "./verilay mount --quiet img m --upper '{}' --work w",
+            base.path().display()
+        ),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let _theirs = Unmount {
+        dir: tm.clone(),
+        fuse: true,
+    };
+    // Root's mount inside it is not refused: their mount can do nothing there their user
+    // could not do anyway.
+    let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: m.clone(),
+        fuse: true,
+    };
+    std::fs::write(m.join("new"), b"root's\n").unwrap();
+    assert_eq!(std::fs::read(u.join("new")).unwrap(), b"root's\n");
+}
+
+#[test]
+fn a_work_directory_holding_what_verilay_did_not_make_is_refused_and_kept() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let (u, m) = (base.dir("u"), base.dir("m"));
+    // A checkout named "verilay" in the directory given as --work.
+    let home = base.dir("home");
+    let checkout = home.join("verilay/src/main.rs");
+    let notes = base.path().join("notes/verilay/todo");
+    let empty_sub = base.path().join("emptysub/verilay/keep/me");
+    let files = [
+        (checkout.as_path(), "fn main() {}\n"),
+        (notes.as_path(), "todo\n"),
+        (empty_sub.as_path(), "kept\n"),
+    ];
+    fill(&files);
+    std::fs::write(base.path().join("notes/readme"), b"mine\n").unwrap();
+    let d = |p: &Path| p.display().to_string();
+    for (work, said) in [
+        (
+            home.clone(),
+            format!("work directory {} holds verilay", d(&home)),
+        ),
+        (
+            base.path().join("notes"),
+            format!("work directory {} holds", d(&base.path().join("notes"))),
+        ),
+        (
+            base.path().join("emptysub"),
+            format!(
+                "work directory {} holds verilay",
+                d(&base.path().join("emptysub"))
+            ),
+        ),
+    ] {
+        let out = mount_upper(&image, &m, &u, &work, &[]);
+        assert_refused(&out, &m, &[&said, "did not make"]);
+        assert_intact(&files);
+        assert!(
+            !work.join("verilay.lock").exists(),
+            "a lock file left in {work:?}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&u).unwrap().count(), 0, "upper untouched");
+    // What verilay and kernel overlayfs leave is accepted: a work directory an earlier
+    // verilay mount left (with stray copies in verilay/, as a crash leaves), then one
+    // kernel overlayfs used too.
+    let w = base.dir("w");
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert!(out.status.success(), "{out:?}");
+    run(verilay().arg("umount").arg(&m));
+    wait_daemon_gone(&m);
+    std::fs::write(w.join("verilay/t1.0"), b"a half copy").unwrap();
+    let lower = base.dir("lower");
+    let k = base.dir("k");
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            u.display(),
+            w.display()
+        ))
+        .arg(&k));
+    run(Command::new("umount").arg(&k));
+    assert!(w.join("work").is_dir(), "overlayfs made work/");
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: m.clone(),
+        fuse: true,
+    };
+    assert!(
+        !w.join("verilay/t1.0").exists(),
+        "the stray copy was not cleaned"
+    );
+    assert!(w.join("work").is_dir(), "overlayfs's work/ was removed");
+    // An empty verilay/ with no lock file beside it is taken as it is.
+    let (u2, w2, m2) = (base.dir("u2"), base.dir("w2"), base.dir("m2"));
+    std::fs::create_dir(w2.join("verilay")).unwrap();
+    let out = mount_upper(&image, &m2, &u2, &w2, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let _m2 = Unmount {
+        dir: m2.clone(),
+        fuse: true,
+    };
+}
+
+#[test]
+fn the_work_cleanup_never_crosses_into_another_mount() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
+    let data = base.dir("data");
+    std::fs::write(data.join("file"), b"precious\n").unwrap();
+    std::fs::write(base.path().join("single"), b"one file\n").unwrap();
+    let kept = data.join("file");
+    let single = base.path().join("single");
+    let files = [
+        (kept.as_path(), "precious\n"),
+        (single.as_path(), "one file\n"),
+    ];
+    // An earlier mount's work directory.
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert!(out.status.success(), "{out:?}");
+    run(verilay().arg("umount").arg(&m));
+    wait_daemon_gone(&m);
+    let bind = |from: &Path, to: &Path| {
+        run(Command::new("mount").arg("--bind").arg(from).arg(to));
+        Unmount {
+            dir: to.to_path_buf(),
+            fuse: false,
+        }
+    };
+    let d = |p: &Path| p.display().to_string();
+    // A directory mounted below WORK/verilay, a file mounted on a file there, and a
+    // directory mounted on WORK/verilay itself.
+    let sub = w.join("verilay/mnt");
+    std::fs::create_dir_all(&sub).unwrap();
+    let file = w.join("verilay/t9.9");
+    std::fs::write(&file, b"").unwrap();
+    for (target, source) in [
+        (sub.clone(), data.clone()),
+        (file.clone(), single.clone()),
+        (w.join("verilay"), data.clone()),
+    ] {
+        let _b = bind(&source, &target);
+        let out = mount_upper(&image, &m, &u, &w, &[]);
+        assert_refused(&out, &m, &[&d(&target), "mount"]);
+        assert_intact(&files);
+    }
+}
+
+/// Copies this build's binary into `base` for the test user, who owns `dirs`.
+fn rootless_rig(base: &Base, dirs: &[&Path]) {
+    std::fs::copy(env!("CARGO_BIN_EXE_verilay"), base.path().join("verilay")).unwrap();
+    for d in dirs {
+        run(Command::new("chown").arg("verilaytest").arg(d));
+    }
+}
+
+#[test]
+fn allow_root_is_roots_alone_on_a_root_mount_and_refused_rootless() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let src = base.dir("src");
+    std::fs::create_dir(src.join("d")).unwrap();
+    std::fs::write(src.join("d/g"), b"world-readable\n").unwrap();
+    std::fs::write(src.join("d/f"), b"root's secret\n").unwrap();
+    std::fs::set_permissions(src.join("d/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(src.join("d/g"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let image = base.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let m = base.dir("m");
+    let out = mount_upper_free(&image, &m, &["-o", "allow_root"]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: m.clone(),
+        fuse: true,
+    };
+    // Root reads first, so the kernel has the entries and attributes cached.
+    assert_eq!(std::fs::read(m.join("d/g")).unwrap(), b"world-readable\n");
+    assert_eq!(std::fs::read(m.join("d/f")).unwrap(), b"root's secret\n");
+    for script in ["cat m/d/g", "stat m/d/g", "ls m/d", "cat m/d/f"] {
+        let (code, said) = as_user(base.path(), script);
+        assert_ne!(code, 0, "{script}: the test user got in: {said}");
+        assert!(said.contains("Permission denied"), "{script}: {said}");
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(&format!(" {} ", m.display())))
+        .unwrap();
+    assert!(!line.contains("allow_other"), "{line}");
+    // Rootless, the kernel knows allow_other only: refused, saying so.
+    let m2 = base.dir("m2");
+    rootless_rig(&base, &[&m2]);
+    let out = as_test_user(base.path(), "./verilay mount img m2 -o allow_root");
+    assert_refused(&out, &m2, &["allow_root", "allow_other"]);
+}
+
+/// `verilay mount IMAGE MNT EXTRA...` (no upper), bounded.
+fn mount_upper_free(image: &Path, mnt: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        os("mount"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+        os("--quiet"),
+    ];
+    args.extend(extra.iter().map(|e| os(e)));
+    verilay_bounded(&args).0
+}
+
+#[test]
+fn paths_named_like_options_stay_paths() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    std::fs::copy(&image, base.path().join("-oallow_other")).unwrap();
+    let mnt = base.dir("m");
+    let no_one_else = |how: &str| {
+        let (code, said) = as_user(base.path(), "cat m/f");
+        assert_ne!(code, 0, "{how}: the test user read the mount: {said}");
+        // The superblock's options (after the type and the source, which names the
+        // images).
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = info
+            .lines()
+            .find(|l| l.contains(&format!(" {} ", mnt.display())))
+            .unwrap();
+        let sb = line.split(" - ").nth(1).unwrap().split(' ').nth(2).unwrap();
+        assert!(!sb.contains("allow_other"), "{how}: {sb}");
+    };
+    // Two images, the first named like an option.
+    let out = Command::new("timeout")
+        .args([
+            "60",
+            env!("CARGO_BIN_EXE_verilay"),
+            "mount",
+            "--quiet",
+            "--",
+        ])
+        .args(["-oallow_other", "img", "m"])
+        .current_dir(base.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    no_one_else("verilay mount --");
+    drop(m);
+    wait_daemon_gone(&mnt);
+    // Through mount(8): the helper takes its first two arguments as the image and the
+    // mountpoint, as libmount passes them.
+    let out = mount8(&[
+        os("-t"),
+        os("fuse.verilay"),
+        base.path().join("-oallow_other").as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    no_one_else("mount(8)");
+    // Rootless, where fusermount3 unmounts: a mountpoint named like its flags.
+    let dash = base.dir("-z");
+    rootless_rig(&base, &[&dash]);
+    let out = as_test_user(
+        base.path(),
+        "./verilay mount --quiet img -- -z && ./verilay umount -- -z",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mount_at(&dash), None, "-z is still mounted");
+}
+
+#[test]
+fn a_list_or_log_inside_the_upper_or_work_directory_is_refused() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
+    let policy = base.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let pol = policy.display().to_string();
+    let d = |p: &Path| p.display().to_string();
+    for (flag, path, inside) in [
+        ("--measure-log", w.join("verilay/ima"), "work directory"),
+        ("--measure-log", w.join("ima"), "work directory"),
+        ("--measure-log", u.join("ima"), "upper directory"),
+        ("--measure-log", w.clone(), "work directory"),
+        ("--log", u.join("log"), "upper directory"),
+        ("--log", w.join("verilay/log"), "work directory"),
+    ] {
+        let p = d(&path);
+        let mut extra = vec![flag, p.as_str()];
+        if flag == "--measure-log" {
+            extra.extend(["--policy", pol.as_str()]);
+        }
+        let out = mount_upper(&image, &m, &u, &w, &extra);
+        assert_refused(&out, &m, &[&p, "is inside", inside]);
+        assert!(!path.exists() || path == w, "{} was made", path.display());
+    }
+    assert_eq!(std::fs::read_dir(&u).unwrap().count(), 0, "upper untouched");
+}
+
+/// A process in a mount namespace of its own, holding a kernel overlayfs mount there
+/// until dropped.
+struct OtherNamespace(std::process::Child);
+
+impl Drop for OtherNamespace {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_kernel_overlayfs_mount_in_another_mount_namespace_is_refused() {
+    if prerequisites() || skip_unless(have("unshare"), "unshare missing") {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let (lower, u, w, k) = (
+        base.dir("lower"),
+        base.dir("u"),
+        base.dir("w"),
+        base.dir("k"),
+    );
+    let (w2, m) = (base.dir("w2"), base.dir("m"));
+    let mut child = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t overlay overlay -o lowerdir={},upperdir={},workdir={} {} && echo ready \
+             && read x",
+            lower.display(),
+            u.display(),
+            w.display(),
+            k.display()
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let _ns = OtherNamespace(child);
+    assert_eq!(
+        line, "ready\n",
+        "the overlayfs mount in the other namespace"
+    );
+    assert_eq!(
+        mount_at(&k),
+        None,
+        "the overlayfs mount is in our namespace"
+    );
+    let ks = k.display().to_string();
+    let out = mount_upper(&image, &m, &u, &w2, &[]);
+    assert_refused(&out, &m, &["upper directory", "upperdir", "overlayfs", &ks]);
+    let out = mount_upper(&image, &m, &base.dir("u2"), &w, &[]);
+    assert_refused(&out, &m, &["work directory", "workdir", "overlayfs", &ks]);
+}
+
+#[test]
+fn mount8s_fake_flag_mounts_nothing() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    let out = mount8(&[
+        os("-f"),
+        os("-t"),
+        os("fuse.verilay"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mount_at(&mnt), None, "mount -f mounted");
+    assert!(daemons_of(&mnt).is_empty(), "mount -f started a daemon");
+    // What it would refuse, it refuses faked too.
+    let out = mount8(&[
+        os("-f"),
+        os("-t"),
+        os("fuse.verilay"),
+        os("-o"),
+        os("frobnicate"),
+        image.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("frobnicate"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn any_timeout_is_taken_without_a_panic() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let mnt = base.dir("m");
+    for t in ["1e19", "1e300", "inf", "18446744073709551615"] {
+        let out = mount_upper_free(&image, &mnt, &["--timeout", t]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panic"), "--timeout {t}: {err}");
+        assert!(out.status.success(), "--timeout {t}: {out:?}");
+        run(verilay().arg("umount").arg(&mnt));
+        wait_daemon_gone(&mnt);
+    }
+    for t in ["0", "-1", "nan", "soon"] {
+        let out = mount_upper_free(&image, &mnt, &[&format!("--timeout={t}")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panic"), "--timeout {t}: {err}");
+        assert_eq!(out.status.code(), Some(2), "--timeout {t}: {err}");
+        assert!(err.contains("--timeout"), "{err}");
+        assert_eq!(mount_at(&mnt), None);
+    }
+}
+
+#[test]
+fn stats_of_a_measured_mount_of_many_layers() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let mut args = vec![os("mount")];
+    let mut images = Vec::new();
+    for i in 0..60 {
+        let src = base.dir(&format!("src{i}"));
+        std::fs::write(src.join(format!("f{i}")), format!("{i}\n")).unwrap();
+        let img = base.path().join(format!("img{i}"));
+        build(
+            &src,
+            &img,
+            &[
+                "--quiet",
+                "--uuid",
+                &format!("00000000-0000-0000-0000-{i:012}"),
+            ],
+        );
+        images.push(img);
+    }
+    args.extend(images.iter().map(|i| i.as_os_str()));
+    let mnt = base.dir("m");
+    let policy = base.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let list = base.path().join("list");
+    args.extend([
+        mnt.as_os_str(),
+        os("--policy"),
+        policy.as_os_str(),
+        os("--measure-log"),
+        list.as_os_str(),
+        os("--quiet"),
+    ]);
+    let (out, _) = verilay_bounded(&args);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    };
+    assert_eq!(std::fs::read(mnt.join("f7")).unwrap(), b"7\n");
+    let out = run(verilay().arg("stats").arg("--json").arg(&mnt));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["layers"].as_array().map(Vec::len), Some(60), "{v}");
+}
+
+/// Whether process `pid` is gone or exiting (PF_EXITING: its descriptors are being
+/// closed, its work is done; a zombie is too).
+fn exited(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // Fields after the command name, which ends with the last ')': state is the first,
+    // flags the seventh.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    let flags: u64 = f[6].parse().unwrap();
+    f[0] == "Z" || f[0] == "X" || flags & 0x4 != 0
+}
+
+#[test]
+fn umount_returns_once_the_daemon_is_gone() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let src = base.dir("src");
+    for i in 0..300 {
+        std::fs::write(src.join(format!("f{i}")), format!("{i}\n")).unwrap();
+    }
+    let image = base.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let mnt = base.dir("m");
+    let policy = base.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    let list = base.path().join("list");
+    let measured = |mnt: &Path| {
+        let out = mount_upper_free(
+            &image,
+            mnt,
+            &[
+                "--policy",
+                policy.to_str().unwrap(),
+                "--measure-log",
+                list.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+    };
+    for round in 0..3 {
+        measured(&mnt);
+        let pid = daemon_pid(&mnt);
+        sh(&format!("cat '{}'/f* > /dev/null", mnt.display()));
+        run(verilay().arg("umount").arg(&mnt));
+        assert!(
+            exited(pid),
+            "round {round}: umount returned with its daemon {pid} still running"
+        );
+        let out = verilay()
+            .args(["log", "verify"])
+            .arg(&list)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "round {round}: {out:?}");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(!said.contains("open"), "round {round}: {said}");
+    }
+    // A daemon that does not exit (stopped here) is waited for a bounded time, and
+    // named when umount gives up.
+    measured(&mnt);
+    let pid = daemon_pid(&mnt).to_string();
+    run(Command::new("kill").args(["-STOP", &pid]));
+    let start = Instant::now();
+    let (out, _) = verilay_bounded(&[os("umount"), mnt.as_os_str(), os("--timeout"), os("1")]);
+    let took = start.elapsed();
+    run(Command::new("kill").args(["-CONT", &pid]));
+    wait_daemon_gone(&mnt);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(err.contains(&pid) && err.contains("not exited"), "{err}");
+    assert!(took >= Duration::from_secs(1), "gave up after {took:?}");
+    assert_eq!(mount_at(&mnt), None, "still mounted");
 }

@@ -84,6 +84,11 @@ pub fn serve(s: Settings, report: Report, timeout: Duration) -> anyhow::Result<i
 }
 
 fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow::Result<()> {
+    // Held until this process exits (never closed before: the kernel lets go of it as
+    // the process ends, after the list is closed), which is what `verilay umount` waits for.
+    if let Some(fd) = kernel::hold_mountpoint(&s.mountpoint) {
+        std::mem::forget(fd);
+    }
     r.step("open the images");
     let read_opts = ReadOpts {
         parallel_hashing: false,
@@ -115,17 +120,20 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
         })
         .collect::<Vec<_>>()
         .join(":");
+    // Before anything in them is touched (the log file may be made, the list is): the
+    // upper and work directories, checked, and locked for our life.
+    let claim = match (&s.opts.upper, &s.opts.work) {
+        (Some(u), Some(w)) => {
+            r.step("claim the upper and work directories");
+            Some(upper::Claim::take(u, w, &s.mountpoint, &outside_paths(s))?)
+        }
+        _ => None,
+    };
     r.step("open the log file");
     let log = logger(s, r.0.is_none())?;
     let measure = s.measure();
-    match (&s.opts.upper, &s.opts.work) {
-        (Some(u), Some(w)) => {
-            r.step("claim the upper and work directories");
-            // Before anything in them is touched: checked, and locked for our life.
-            let mut claim = upper::Claim::take(u, w, &s.mountpoint)?;
-            for image in &s.images {
-                claim.check_outside("image", image)?;
-            }
+    match (claim, &s.opts.upper, &s.opts.work) {
+        (Some(mut claim), Some(u), Some(w)) => {
             r.step("empty the work directory");
             let upper = upper::Upper::open(&claim).with_context(|| {
                 format!(
@@ -164,6 +172,19 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
             finish_measuring(session(s, fs, name, slot, r, None, timeout), measuring)
         }
     }
+}
+
+/// The paths a mount uses besides its upper and work directories, which must not be in
+/// either: the work directory's cleanup would delete them, the upper one would show them.
+fn outside_paths(s: &Settings) -> Vec<(&'static str, &Path)> {
+    let mut v: Vec<(&str, &Path)> = s.images.iter().map(|i| ("image", i.as_path())).collect();
+    if let Some(log) = &s.opts.log {
+        v.push(("log file", log));
+    }
+    if let Some(list) = &s.opts.measure_log {
+        v.push(("measurement list", list));
+    }
+    v
 }
 
 /// Log lines go to the log file (`--log`), else stderr (foreground) or nowhere but syslog.
@@ -319,7 +340,7 @@ fn wait_for_workers(
     n: usize,
     timeout: Duration,
 ) -> anyhow::Result<fuser::BackgroundSession> {
-    let deadline = Instant::now() + timeout;
+    let deadline = super::deadline_after(timeout);
     loop {
         if bg.guard.is_finished() {
             let e = match bg.join() {

@@ -9,6 +9,7 @@ use rustix::mount::MountFlags;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// FUSE's largest read request, asked for at mount.
 const MAX_READ: u32 = 1 << 20;
@@ -76,8 +77,10 @@ pub fn mount_flags(o: &MountOptions, writable: bool) -> MountFlags {
 }
 
 /// Opens /dev/fuse and mounts it with mount(2), so the type is "fuse.verilay" as
-/// `mount -t fuse.verilay` and fstab expect. Without allow_other (or allow_root) the
-/// kernel lets only uid 0 in.
+/// `mount -t fuse.verilay` and fstab expect. Without allow_other the kernel lets only
+/// uid 0 in; allow_root is that already (root and the owner, root), and is not turned
+/// into allow_other: FUSE's own check of the caller skips reads, and cached entries
+/// and attributes need no request at all.
 fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -88,7 +91,7 @@ fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
         "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,max_read={MAX_READ}",
         dev.as_raw_fd(),
     );
-    if s.opts.allow_other || s.opts.allow_root {
+    if s.opts.allow_other {
         data.push_str(",allow_other");
     }
     rustix::mount::mount(
@@ -116,8 +119,8 @@ pub fn fusermount_options(o: &MountOptions, writable: bool, source: &str) -> Str
         (said(o.nodiratime), "nodiratime"),
         (said(o.lazytime), "lazytime"),
         (said(o.nosymfollow), "nosymfollow"),
-        // allow_root is FUSE's library's: the kernel sees allow_other, the daemon checks.
-        (o.allow_other || o.allow_root, "allow_other"),
+        // allow_root is refused rootless (`check`): it would be allow_other.
+        (o.allow_other, "allow_other"),
         (true, "default_permissions"),
     ] {
         if on {
@@ -150,7 +153,7 @@ fn mount_fusermount(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
         .arg("-o")
         .arg(fusermount_options(&s.opts, s.writable(), source))
         .arg("--")
-        .arg(&s.mountpoint)
+        .arg(super::operand(&s.mountpoint))
         .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -215,7 +218,8 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
         cmd.arg("-z");
     }
     let out = cmd
-        .arg(mountpoint)
+        .arg("--")
+        .arg(super::operand(mountpoint))
         .stdin(Stdio::null())
         .output()
         .context("running fusermount3 -u")?;
@@ -305,4 +309,66 @@ pub fn raise_readahead(mountpoint: &Path) {
         format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"),
         b"1024",
     );
+}
+
+/// The daemon's hold on its mountpoint: a shared flock on the directory under the mount
+/// (opened before mounting), kept until the daemon exits, so `verilay umount` can wait for
+/// that ([`wait_for_daemon`]). Best effort: `None` if the directory cannot be locked.
+pub fn hold_mountpoint(mountpoint: &Path) -> Option<OwnedFd> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let fd = open(
+        mountpoint,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    // An unmount waiting on this directory holds it exclusively for an instant.
+    let deadline = Instant::now() + Duration::from_millis(200);
+    loop {
+        match flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => return Some(fd),
+            Err(rustix::io::Errno::WOULDBLOCK) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// After an unmount: waits until no daemon holds the directory that was under the mount
+/// ([`hold_mountpoint`]), i.e. until its daemon has finished (its measurement list
+/// closed) and exited; gives up after `timeout`, naming the daemon.
+pub fn wait_for_daemon(mountpoint: &Path, timeout: Duration) -> anyhow::Result<()> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let Ok(dir) = open(
+        mountpoint,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(());
+    };
+    let start = Instant::now();
+    loop {
+        match flock(&dir, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                let _ = flock(&dir, FlockOperation::Unlock);
+                return Ok(());
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {}
+            Err(_) => return Ok(()),
+        }
+        if start.elapsed() >= timeout {
+            let daemon = match upper::flock_holder(std::os::fd::AsFd::as_fd(&dir)) {
+                Some(pid) => format!("its daemon (process {pid})"),
+                None => "its daemon".into(),
+            };
+            bail!(
+                "unmounted {}, but {daemon} has not exited after {:.3} s (--timeout): \
+                 its measurement list may not be closed yet",
+                mountpoint.display(),
+                timeout.as_secs_f64()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
