@@ -96,10 +96,7 @@ fn pjdfstest_passes_on_a_merged_mount_as_on_kernel_overlayfs() {
     run(Command::new("mount")
         .args(["-t", "tmpfs", "tmpfs"])
         .arg(&secondary));
-    let _secondary = Unmount {
-        dir: secondary.clone(),
-        fuse: false,
-    };
+    let _secondary = Unmount::kernel(&secondary);
     let (kernel, kernel_summary) = {
         let lower = Mount::erofs(&image, &t.path().join("erofs"));
         let m = overlay_mount(

@@ -78,10 +78,7 @@ fn mount_measured(
         .arg("--measure-log")
         .arg(log)
         .args(extra));
-    Unmount {
-        dir: mnt.to_path_buf(),
-        fuse: true,
-    }
+    Unmount::fuse(mnt)
 }
 
 /// The list's entries after boot_aggregate: (pcr, template, digest field, path).
@@ -479,10 +476,7 @@ fn verity_digests_are_measured_without_reading_file_data() {
             policy.display(),
             log.display()
         )));
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     let m = fs::canonicalize(&mnt).unwrap().display().to_string();
     // Opened, not read: the measurement itself must not read the file.
     sh_ok(&format!("exec 3<{m}/big; exec 3<&-"));

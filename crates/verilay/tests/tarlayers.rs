@@ -128,10 +128,7 @@ fn container_layers_stack_with_their_whiteouts() {
     let fuse = t.path().join("fuse");
     std::fs::create_dir_all(&fuse).unwrap();
     run(verilay().arg("mount").args(&images).arg(&fuse));
-    let _f = Unmount {
-        dir: fuse.clone(),
-        fuse: true,
-    };
+    let _f = Unmount::fuse(&fuse);
     let read = |p: &str| std::fs::read_to_string(fuse.join(p)).unwrap();
     assert_eq!(read("etc/passwd"), "root:x:0:0\n");
     assert!(!fuse.join("etc/hosts").exists());
@@ -159,10 +156,7 @@ fn container_layers_stack_with_their_whiteouts() {
             kernel[1].dir.display()
         ))
         .arg(&ovl));
-    let _o = Unmount {
-        dir: ovl.clone(),
-        fuse: false,
-    };
+    let _o = Unmount::kernel(&ovl);
     assert_diff_clean(&ovl, &fuse);
     assert_same_stats(&ovl, &fuse);
     assert_eq!(ls_lr(&ovl), ls_lr(&fuse));

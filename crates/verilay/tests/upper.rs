@@ -790,10 +790,7 @@ fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
         .arg(&policy)
         .arg("--measure-log")
         .arg(&list));
-    let m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let m = Unmount::fuse(&mnt);
     // A file opened first and held open through it all keeps working.
     let held = m.dir.join("held");
     let mut f = std::fs::File::create(&held).unwrap();

@@ -266,6 +266,24 @@ pub struct Unmount {
     pub fuse: bool,
 }
 
+impl Unmount {
+    /// Unmounts `dir`, a verilay FUSE mount, when dropped.
+    pub fn fuse(dir: &Path) -> Unmount {
+        Unmount {
+            dir: dir.to_path_buf(),
+            fuse: true,
+        }
+    }
+
+    /// Unmounts `dir`, a kernel mount, when dropped.
+    pub fn kernel(dir: &Path) -> Unmount {
+        Unmount {
+            dir: dir.to_path_buf(),
+            fuse: false,
+        }
+    }
+}
+
 impl Drop for Unmount {
     fn drop(&mut self) {
         let _ = if self.fuse {
@@ -490,10 +508,7 @@ pub fn verilay_mount(image: &Path, d: &Dirs, mnt: &Path) -> Unmount {
         .arg("--work")
         .arg(&d.work)
         .arg(mnt));
-    Unmount {
-        dir: mnt.to_path_buf(),
-        fuse: true,
-    }
+    Unmount::fuse(mnt)
 }
 
 /// Kernel overlayfs of `lower` with the same layout (directories move with redirects, as
@@ -509,10 +524,7 @@ pub fn overlay_mount(lower: &Path, d: &Dirs, mnt: &Path) -> Unmount {
             d.work.display()
         ))
         .arg(mnt));
-    Unmount {
-        dir: mnt.to_path_buf(),
-        fuse: false,
-    }
+    Unmount::kernel(mnt)
 }
 
 /// `setfattr -n NAME -v VALUE FILE`.

@@ -157,10 +157,7 @@ fn a_measured_open_never_logs_a_false_claim() {
         .arg(&list)
         .arg("--log")
         .arg(&log));
-    let _u = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _u = Unmount::fuse(&mnt);
     for f in ["bin/evil", "bin/benign"] {
         let e = fs::read(mnt.join(f)).expect_err("a file whose claim is false opens");
         assert_eq!(
@@ -317,10 +314,7 @@ fn every_byte_of_the_table_is_checked() {
         .arg(&mnt)
         .output()
         .unwrap();
-    let _u = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _u = Unmount::fuse(&mnt);
     assert!(!m.status.success(), "a mount ignores a bad table block");
     assert!(stderr(&m).contains("fails its hash"), "{}", stderr(&m));
 }

@@ -313,10 +313,7 @@ fn mount_of_a_duplicate_name_image_fails_the_listing_and_logs_it() {
         .arg(&mnt)
         .arg("--log")
         .arg(&log));
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     // The kernel's erofs code would list "a" twice; the reader refuses the block: EUCLEAN
     // ("Structure needs cleaning", the kernel's EFSCORRUPTED) for the listing and the name.
     let err = std::fs::read_dir(&mnt)

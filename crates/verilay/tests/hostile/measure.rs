@@ -78,10 +78,7 @@ fn mount_ok(image: &Path, mnt: &Path, policy: &Path, log: &Path, extra: &[&Path]
         "mount failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Unmount {
-        dir: mnt.to_path_buf(),
-        fuse: true,
-    }
+    Unmount::fuse(mnt)
 }
 
 /// The pid of the daemon serving `mnt` (its argv holds the mountpoint and --ready-fd).
@@ -277,10 +274,7 @@ fn a_second_mount_on_the_same_list_is_refused_naming_the_holder() {
     let m = mount_ok(&image, &mnt, &policy, &log, &[]);
     let pid = daemon_of(&mnt);
     let out = mount(&image, &mnt2, &policy, &log, &[]);
-    let _m2 = Unmount {
-        dir: mnt2.clone(),
-        fuse: true,
-    };
+    let _m2 = Unmount::fuse(&mnt2);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "a second mount shares the list");
     assert_eq!(
@@ -339,10 +333,7 @@ fn a_list_torn_by_a_kill_is_cut_back_and_marked_a_damaged_one_is_refused() {
     // naming what would be dropped.
     fs::write(&bin, &whole[..whole.len() - 7]).unwrap();
     let out = mount(&image, &mnt, &policy, &log, &[]);
-    drop(Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    });
+    drop(Unmount::fuse(&mnt));
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     let (data_at, data_len) = last_record_data(&whole, 20);
@@ -385,10 +376,7 @@ fn a_list_torn_by_a_kill_is_cut_back_and_marked_a_damaged_one_is_refused() {
     let (data_at, data_len) = last_record_data(&list, 20);
     fs::write(&bin, &list[..list.len() - 7]).unwrap();
     let out = mount(&image, &mnt, &policy, &log, &[]);
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr),
@@ -695,10 +683,7 @@ fn a_list_or_log_another_user_can_write_is_refused() {
     unmount(mount_ok(&image, &mnt, &policy, &log, &[]));
     let refused = |extra: &[&Path], want: String| {
         let out = mount(&image, &mnt, &policy, &log, extra);
-        let _m = Unmount {
-            dir: mnt.clone(),
-            fuse: true,
-        };
+        let _m = Unmount::fuse(&mnt);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "mounted: {want}");
         assert!(err.contains(&want), "{err}\nwanted: {want}");

@@ -120,10 +120,7 @@ fn mount_at(dir: &Path) -> Option<(String, String)> {
 /// `mnt`, no daemon for it.
 fn assert_refused(out: &Output, mnt: &Path, needles: &[&str]) {
     // A mount wrongly made is taken away however the assertions end.
-    let _made = mount_at(mnt).map(|_| Unmount {
-        dir: mnt.to_path_buf(),
-        fuse: true,
-    });
+    let _made = mount_at(mnt).map(|_| Unmount::fuse(mnt));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
@@ -181,10 +178,7 @@ fn nosuid_nodev_noexec_and_ro_are_honoured() {
         .arg(&image)
         .arg(&open)
         .args(["--allow-other", "--quiet"]));
-    let _open = Unmount {
-        dir: open.clone(),
-        fuse: true,
-    };
+    let _open = Unmount::fuse(&open);
     let (code, said) = as_user(&open, "./suid_id -u; ./prog; head -c 0 null");
     assert_eq!((code, said.as_str()), (0, "0\n"), "control mount");
     assert!(
@@ -203,10 +197,7 @@ fn nosuid_nodev_noexec_and_ro_are_honoured() {
         closed.as_os_str(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    let _closed = Unmount {
-        dir: closed.clone(),
-        fuse: true,
-    };
+    let _closed = Unmount::fuse(&closed);
     let (flags, fstype) = mount_at(&closed).unwrap();
     assert_eq!(fstype, "fuse.verilay");
     for f in ["ro", "nosuid", "nodev", "noexec"] {
@@ -230,10 +221,7 @@ fn nosuid_nodev_noexec_and_ro_are_honoured() {
         nosuid.as_os_str(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    let _nosuid = Unmount {
-        dir: nosuid.clone(),
-        fuse: true,
-    };
+    let _nosuid = Unmount::fuse(&nosuid);
     let (code, said) = as_user(&nosuid, "./suid_id -u");
     assert_eq!(code, 0, "{said}");
     assert_ne!(said, "0\n", "nosuid: the setuid program ran as root");
@@ -252,10 +240,7 @@ fn nosuid_nodev_noexec_and_ro_are_honoured() {
         os("ro,noexec"),
     ]);
     assert!(out.status.success(), "{out:?}");
-    let _rom = Unmount {
-        dir: rom.clone(),
-        fuse: true,
-    };
+    let _rom = Unmount::fuse(&rom);
     let err = std::fs::write(rom.join("new"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(30), "EROFS, got {err}");
     let err = std::fs::OpenOptions::new()
@@ -280,10 +265,7 @@ fn a_root_mount_without_allow_other_is_roots_alone() {
     let image = image(&base);
     let mnt = base.dir("m");
     run(verilay().arg("mount").arg(&image).arg(&mnt).arg("--quiet"));
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"image bytes\n");
     let (code, said) = as_user(base.path(), "cat m/f");
     assert_ne!(code, 0, "verilaytest read a root-only mount: {said}");
@@ -387,10 +369,7 @@ fn overlapping_upper_work_and_mountpoint_are_refused_with_data_intact() {
     let shm = tempfile::tempdir_in("/dev/shm").unwrap();
     let bind = base.dir("bind");
     run(Command::new("mount").arg("--bind").arg(&w).arg(&bind));
-    let _bind = Unmount {
-        dir: bind.clone(),
-        fuse: false,
-    };
+    let _bind = Unmount::kernel(&bind);
     std::fs::copy(&image, u.join("img")).unwrap();
     let p = |s: &str| b.join(s);
     let d = |p: &Path| p.display().to_string();
@@ -601,10 +580,7 @@ fn a_second_mount_of_the_same_upper_or_work_is_refused_until_the_first_is_gone()
     };
     let out = mount(&m1, &w);
     assert!(out.status.success(), "{out:?}");
-    let first = Unmount {
-        dir: m1.clone(),
-        fuse: true,
-    };
+    let first = Unmount::fuse(&m1);
     // A copy-up through the first mount, in its work directory.
     sh(&format!("echo more >> '{}'", m1.join("f").display()));
     let pid = daemon_pid(&m1).to_string();
@@ -636,10 +612,7 @@ fn a_second_mount_of_the_same_upper_or_work_is_refused_until_the_first_is_gone()
     drop(first);
     let out = mount(&m2, &w);
     assert!(out.status.success(), "{out:?}");
-    let second = Unmount {
-        dir: m2.clone(),
-        fuse: true,
-    };
+    let second = Unmount::fuse(&m2);
     assert_eq!(
         std::fs::read_to_string(m2.join("f")).unwrap(),
         "image bytes\nmore\nagain\n"
@@ -651,10 +624,7 @@ fn a_second_mount_of_the_same_upper_or_work_is_refused_until_the_first_is_gone()
     std::mem::forget(second);
     let out = mount(&m1, &w);
     assert!(out.status.success(), "{out:?}");
-    let _again = Unmount {
-        dir: m1.clone(),
-        fuse: true,
-    };
+    let _again = Unmount::fuse(&m1);
 }
 
 #[test]
@@ -675,10 +645,7 @@ fn a_directory_of_a_kernel_overlayfs_mount_is_refused() {
             w.display()
         ))
         .arg(&k));
-    let _k = Unmount {
-        dir: k.clone(),
-        fuse: false,
-    };
+    let _k = Unmount::kernel(&k);
     let w2 = base.dir("w2");
     let (out, _) = verilay_bounded(&[
         os("mount"),
@@ -798,10 +765,7 @@ fn another_live_mounts_directories_are_refused_whole_nested_and_around() {
     let (ua, wa, ma) = (base.dir("outer/uA"), base.dir("outer/wA"), base.dir("mA"));
     let out = mount_upper(&image, &ma, &ua, &wa, &[]);
     assert!(out.status.success(), "{out:?}");
-    let a = Unmount {
-        dir: ma.clone(),
-        fuse: true,
-    };
+    let a = Unmount::fuse(&ma);
     let pid = daemon_pid(&ma).to_string();
     // A's data, made through A, where another mount's cleanup or copy-ups would land.
     sh(&format!(
@@ -878,10 +842,7 @@ fn another_live_mounts_directories_are_refused_whole_nested_and_around() {
     wait_daemon_gone(&ma);
     let out = mount_upper(&image, &mb, &ua.join("sub"), &wb, &[]);
     assert!(out.status.success(), "{out:?}");
-    let _b = Unmount {
-        dir: mb.clone(),
-        fuse: true,
-    };
+    let _b = Unmount::fuse(&mb);
     assert_eq!(std::fs::read_to_string(mb.join("file")).unwrap(), "a\n");
 }
 
@@ -910,19 +871,13 @@ fn another_users_mount_around_ours_does_not_keep_ours_out() {
         ),
     );
     assert!(out.status.success(), "{out:?}");
-    let _theirs = Unmount {
-        dir: tm.clone(),
-        fuse: true,
-    };
+    let _theirs = Unmount::fuse(&tm);
     // Root's mount inside it is not refused: their mount can do nothing there their user
     // could not do anyway.
     let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
     let out = mount_upper(&image, &m, &u, &w, &[]);
     assert!(out.status.success(), "{out:?}");
-    let _m = Unmount {
-        dir: m.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&m);
     std::fs::write(m.join("new"), b"root's\n").unwrap();
     assert_eq!(std::fs::read(u.join("new")).unwrap(), b"root's\n");
 }
@@ -998,10 +953,7 @@ fn a_work_directory_holding_what_verilay_did_not_make_is_refused_and_kept() {
     assert!(w.join("work").is_dir(), "overlayfs made work/");
     let out = mount_upper(&image, &m, &u, &w, &[]);
     assert!(out.status.success(), "{out:?}");
-    let _m = Unmount {
-        dir: m.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&m);
     assert!(
         !w.join("verilay/t1.0").exists(),
         "the stray copy was not cleaned"
@@ -1012,10 +964,7 @@ fn a_work_directory_holding_what_verilay_did_not_make_is_refused_and_kept() {
     std::fs::create_dir(w2.join("verilay")).unwrap();
     let out = mount_upper(&image, &m2, &u2, &w2, &[]);
     assert!(out.status.success(), "{out:?}");
-    let _m2 = Unmount {
-        dir: m2.clone(),
-        fuse: true,
-    };
+    let _m2 = Unmount::fuse(&m2);
 }
 
 #[test]
@@ -1042,10 +991,7 @@ fn the_work_cleanup_never_crosses_into_another_mount() {
     wait_daemon_gone(&m);
     let bind = |from: &Path, to: &Path| {
         run(Command::new("mount").arg("--bind").arg(from).arg(to));
-        Unmount {
-            dir: to.to_path_buf(),
-            fuse: false,
-        }
+        Unmount::kernel(to)
     };
     let d = |p: &Path| p.display().to_string();
     // A directory mounted below WORK/verilay, a file mounted on a file there, and a
@@ -1091,10 +1037,7 @@ fn allow_root_is_roots_alone_on_a_root_mount_and_refused_rootless() {
     let m = base.dir("m");
     let out = mount_upper_free(&image, &m, &["-o", "allow_root"]);
     assert!(out.status.success(), "{out:?}");
-    let _m = Unmount {
-        dir: m.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&m);
     // Root reads first, so the kernel has the entries and attributes cached.
     assert_eq!(std::fs::read(m.join("d/g")).unwrap(), b"world-readable\n");
     assert_eq!(std::fs::read(m.join("d/f")).unwrap(), b"root's secret\n");
@@ -1164,10 +1107,7 @@ fn paths_named_like_options_stay_paths() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let m = Unmount::fuse(&mnt);
     no_one_else("verilay mount --");
     drop(m);
     wait_daemon_gone(&mnt);
@@ -1180,10 +1120,7 @@ fn paths_named_like_options_stay_paths() {
         mnt.as_os_str(),
     ]);
     assert!(out.status.success(), "{out:?}");
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     no_one_else("mount(8)");
     // Rootless, where fusermount3 unmounts: a mountpoint named like its flags.
     let dash = base.dir("-z");
@@ -1305,10 +1242,7 @@ fn mount8s_fake_flag_mounts_nothing() {
         image.as_os_str(),
         mnt.as_os_str(),
     ]);
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(mount_at(&mnt), None, "mount -f mounted");
     assert!(daemons_of(&mnt).is_empty(), "mount -f started a daemon");
@@ -1393,10 +1327,7 @@ fn stats_of_a_measured_mount_of_many_layers() {
     ]);
     let (out, _) = verilay_bounded(&args);
     assert!(out.status.success(), "{out:?}");
-    let _m = Unmount {
-        dir: mnt.clone(),
-        fuse: true,
-    };
+    let _m = Unmount::fuse(&mnt);
     assert_eq!(std::fs::read(mnt.join("f7")).unwrap(), b"7\n");
     let out = run(verilay().arg("stats").arg("--json").arg(&mnt));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -1391,17 +1391,11 @@ fn whiteouts_stack_as_overlayfs_reads_them() {
             kernel[1].dir.display()
         ))
         .arg(&ovl));
-    let _o = Unmount {
-        dir: ovl.clone(),
-        fuse: false,
-    };
+    let _o = Unmount::kernel(&ovl);
     let fuse = t.path().join("fuse");
     std::fs::create_dir_all(&fuse).unwrap();
     run(verilay().arg("mount").args(&images).arg(&fuse));
-    let _f = Unmount {
-        dir: fuse.clone(),
-        fuse: true,
-    };
+    let _f = Unmount::fuse(&fuse);
     for root in [&ovl, &fuse] {
         let ls = |d: &str| {
             let mut v: Vec<String> = std::fs::read_dir(root.join(d))
