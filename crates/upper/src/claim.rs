@@ -385,12 +385,7 @@ fn check_work_contents(work: &Claimed<'_>) -> io::Result<()> {
 }
 
 fn is_empty_dir(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> io::Result<bool> {
-    let fd = rfs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let fd = crate::open_subdir(dir, name)?;
     for entry in rfs::Dir::read_from(&fd)? {
         let n = entry?.file_name().to_bytes().to_vec();
         if n != b"." && n != b".." {

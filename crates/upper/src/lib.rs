@@ -110,6 +110,16 @@ pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
     CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL")
 }
 
+/// Opens directory `name` of `dir` to read, never through a symlink.
+pub(crate) fn open_subdir(dir: impl AsFd, name: impl rustix::path::Arg) -> io::Result<OwnedFd> {
+    Ok(rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
 pub fn is_whiteout(st: &Stat) -> bool {
     FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice && st.st_rdev == 0
 }
@@ -397,12 +407,7 @@ fn open_work_subdir(claim: &Claim) -> io::Result<OwnedFd> {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
         Err(e) => return Err(e.into()),
     }
-    let work = rfs::openat(
-        work_root,
-        WORK_SUBDIR,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let work = open_subdir(work_root, WORK_SUBDIR)?;
     let shown = claim.work_path.join(WORK_SUBDIR);
     if let Some(mounted) = find_mount(work.as_fd(), claim::mount_id(work_root)?, &shown)? {
         return Err(io::Error::new(
@@ -441,12 +446,7 @@ fn find_mount(
                 return Ok(Some(here));
             }
             if FileType::from_raw_mode(sx.stx_mode.into()) == FileType::Directory {
-                let sub = rfs::openat(
-                    &fd,
-                    name.as_c_str(),
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
+                let sub = open_subdir(&fd, name.as_c_str())?;
                 todo.push((sub, here));
             }
         }
@@ -595,12 +595,7 @@ fn remove_named(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let sub = rfs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let sub = open_subdir(dir, name)?;
     // Never into another filesystem mounted here: EBUSY, as rmdir of it would say.
     if claim::mount_id(sub.as_fd())? != claim::mount_id(dir)? {
         return Err(rustix::io::Errno::BUSY.into());
