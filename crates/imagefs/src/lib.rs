@@ -16,6 +16,9 @@
 //! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
 //! without it permission checks use the mode alone, which is all such a tree has.
 //!
+//! A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
+//! the parents kept for measured paths and merged listings form a tree.
+//!
 //! Several images are stacked with overlayfs's rules (see `stack`); one image is served
 //! as the kernel's erofs shows it.
 //!
@@ -241,9 +244,16 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
     }
 
-    /// With a policy: remembers that `child` is `name` in `parent`.
+    /// With a policy: remembers that `child` is `name` in `parent`. The root and an
+    /// object as its own child are never recorded (lookups refuse a directory out of its
+    /// place, so none should come here).
     fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
-        if self.measure.is_some() && name != b"." && name != b".." {
+        if self.measure.is_some()
+            && name != b"."
+            && name != b".."
+            && child != parent
+            && child != INodeNo::ROOT
+        {
             // Looked up again after the kernel forgot it, it usually has the same name: then
             // nothing is allocated or replaced.
             let names = self.names.pin();
@@ -323,9 +333,24 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     fn fail(&self, what: &str, e: erofs::read::Error) -> Errno {
         let errno = e.errno();
         if errno != rustix::io::Errno::NOENT.raw_os_error() {
-            (self.log)(&format!("{}: {what}: {e}", self.name));
+            (self.log)(&format!("{}: {what}: {}", self.name, stack::describe(&e)));
         }
         Errno::from_i32(errno)
+    }
+
+    /// Checks a single image's entry `name` of directory `dir` (its place) before the
+    /// kernel learns it.
+    fn check_entry(&self, dir: Obj, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
+        self.stack
+            .check_placement(o.layer, dir.nid, name, i)
+            .map_err(|e| self.fail("lookup", e))
+    }
+
+    /// Checks a stack's entry `name` of the merged directory `parent` (listed unchecked).
+    fn check_merged(&self, parent: &[Dir], name: &[u8], r: &Resolved) -> Result<(), Errno> {
+        self.stack
+            .check_resolved(parent, name, r)
+            .map_err(|e| self.fail("lookup", e))
     }
 
     fn inode(&self, ino: INodeNo) -> Result<(Obj, Inode), Errno> {
@@ -463,7 +488,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
         let start = offset.saturating_sub(2) as usize;
         for (i, (name, r)) in list.iter().enumerate().skip(start) {
-            if add(Listed::Merged(name, r, ino, &guard), i as u64 + 3)? {
+            if add(Listed::Merged(name, r, ino, &d.chain, &guard), i as u64 + 3)? {
                 break;
             }
         }
@@ -486,8 +511,51 @@ enum Listed<'a> {
     /// `.` or `..` of a stack's directory.
     Dot(&'a [u8], INodeNo),
     /// From a stack's merged listing: name, what it resolves to, the directory's inode
-    /// number and the guard of the directory map (to register subdirectories).
-    Merged(&'a [u8], &'a Resolved, INodeNo, &'a papaya::LocalGuard<'a>),
+    /// number and layers' directories, and the guard of the directory map (to register
+    /// subdirectories).
+    Merged(
+        &'a [u8],
+        &'a Resolved,
+        INodeNo,
+        &'a [Dir],
+        &'a papaya::LocalGuard<'a>,
+    ),
+}
+
+/// The kernel's PATH_MAX: IMA names a file by `d_absolute_path` into a buffer this big.
+const PATH_MAX: usize = 4096;
+
+/// The path a measurement names object `start` by: `setup.path` of the names from the
+/// root (1) down, found by walking `up` (an object's parent and name). Bounded as the
+/// kernel's is: a path `d_absolute_path` cannot fit in PATH_MAX bytes (which also ends a
+/// walk around any cycle) is named as `ima_d_path` names it then, by the object's own
+/// name alone (at most NAME_MAX - 1 bytes, what its `strscpy` keeps).
+pub(crate) fn measured_path<'a>(
+    setup: &measuring::Setup,
+    start: u64,
+    up: impl Fn(u64) -> Option<(u64, &'a [u8])>,
+) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut len = 0;
+    let mut at = start;
+    while at != 1 {
+        let Some((parent, name)) = up(at) else {
+            break;
+        };
+        parts.push(name);
+        len += name.len() + 1;
+        if len >= PATH_MAX {
+            break;
+        }
+        at = parent;
+    }
+    let own = parts.first().copied().unwrap_or_default();
+    parts.reverse();
+    let path = setup.path(&parts);
+    if path.len() >= PATH_MAX {
+        return own[..own.len().min(254)].to_vec();
+    }
+    path
 }
 
 /// The inode number of an image object: 1 for the root, else `(layer << 48 | nid) + 2`.
@@ -675,7 +743,10 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     layer: o.layer,
                     nid: e.nid,
                 };
-                match self.obj_inode(child) {
+                match self
+                    .obj_inode(child)
+                    .and_then(|i| self.check_entry(o, name.as_bytes(), child, &i).map(|()| i))
+                {
                     Ok(i) => {
                         let a = self.attr(child, &i);
                         self.learn(parent, name.as_bytes(), a.ino);
@@ -809,7 +880,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     kind_of_dirent(e.file_type),
                 ),
                 Listed::Dot(name, ino) => (*name, *ino, FileType::Directory),
-                Listed::Merged(name, r, _, _) => {
+                Listed::Merged(name, r, _, _, _) => {
                     (*name, self.ino(r.top), kind(r.inode.mode.into()))
                 }
             };
@@ -836,6 +907,14 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             a.kind = FileType::Directory;
             a
         };
+        // An entry refused (`check_entry`, `check_merged`) is listed with no inode, as a
+        // plain readdir would list it: the kernel links no dentry, and a lookup of the name
+        // gets the refusal.
+        let refused = |kind| {
+            let mut a = negative();
+            a.kind = kind;
+            a
+        };
         let filled = self.fill_dir(ino, offset, |e, next| {
             let (name, attr) = match &e {
                 Listed::Plain(e) => {
@@ -846,14 +925,26 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     let attr = if e.name == b"." || e.name == b".." {
                         dot(self.ino(o))
                     } else {
-                        self.attr(o, &self.obj_inode(o)?)
+                        let i = self.obj_inode(o)?;
+                        match self.check_entry(self.obj(ino)?, &e.name, o, &i) {
+                            Ok(()) => self.attr(o, &i),
+                            Err(_) => refused(kind(i.mode.into())),
+                        }
                     };
                     (&e.name[..], attr)
                 }
                 Listed::Dot(name, ino) => (*name, dot(*ino)),
-                Listed::Merged(name, r, dir, guard) => (*name, self.child_attr(r, *dir, *guard)),
+                Listed::Merged(name, r, dir, chain, guard) => {
+                    let attr = match self.check_merged(chain, name, r) {
+                        Ok(()) => self.child_attr(r, *dir, *guard),
+                        Err(_) => refused(kind(r.inode.mode.into())),
+                    };
+                    (*name, attr)
+                }
             };
-            self.learn(ino, name, attr.ino);
+            if attr.ino != INodeNo(0) {
+                self.learn(ino, name, attr.ino);
+            }
             let name = OsStr::from_bytes(name);
             Ok(reply.add(attr.ino, next, name, &FOREVER, &attr, Generation(0)))
         });
@@ -927,17 +1018,9 @@ struct ImageContent<'a, S: ByteSource> {
 impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
     fn path(&self) -> Vec<u8> {
         let names = self.fs.names.pin();
-        let mut parts = Vec::new();
-        let mut at = u64::from(self.ino);
-        while at != 1 {
-            let Some((parent, name)) = names.get(&at) else {
-                break;
-            };
-            parts.push(&name[..]);
-            at = *parent;
-        }
-        parts.reverse();
-        self.setup.path(&parts)
+        measured_path(self.setup, self.ino.into(), |at| {
+            names.get(&at).map(|(parent, name)| (*parent, &name[..]))
+        })
     }
 
     fn reader(&self, _size: Option<u64>) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
