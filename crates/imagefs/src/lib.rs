@@ -15,6 +15,10 @@
 //! answers both ACL names with EOPNOTSUPP: the kernel would otherwise fetch every inode's
 //! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
 //! without it permission checks use the mode alone, which is all such a tree has.
+//! That record is the builder's claim: each inode handed to the kernel (lookup,
+//! readdirplus, the root at mount) is checked against it first (`check_claims`), so a
+//! false record makes the inode it hides an xattr of EIO (the root: no mount) instead of
+//! served as the kernel's erofs would not serve it (an ACL ignored, a label dropped).
 //!
 //! A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
 //! the parents kept for measured paths and merged listings form a tree.
@@ -152,6 +156,17 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 chain: Vec::new(),
             }
         };
+        if let Some(hidden) = hidden_xattr(
+            stack.image(root.top.layer),
+            &root.inode,
+            aclless,
+            unlabelled,
+        )? {
+            return Err(erofs::read::Error::Corrupt {
+                offset: root.inode.offset(),
+                what: false_record(root.top, &root.inode, &hidden, overlay),
+            });
+        }
         Ok(ImageFs {
             unlabelled,
             aclless,
@@ -338,19 +353,40 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         Errno::from_i32(errno)
     }
 
-    /// Checks a single image's entry `name` of directory `dir` (its place) before the
-    /// kernel learns it.
+    /// Whether inode `i` of `o` may be handed to the kernel as the image's namespace
+    /// record has the mount serve it: with ACLs off, it must have none, and answering
+    /// `security.*` with EOPNOTSUPP, it must have no such name. The ACL names are asked
+    /// as the kernel's erofs asks them (through the inode's name filter), so a filter
+    /// that lies too hides the ACL from both alike; `security.*` names are listed. A
+    /// false record is EIO for that inode and one log line: the image lies about itself.
+    /// Images recording every namespace present (or none) pay nothing here.
+    fn check_claims(&self, o: Obj, i: &Inode) -> Result<(), Errno> {
+        match hidden_xattr(self.image(o), i, self.aclless, self.unlabelled) {
+            Ok(None) => Ok(()),
+            Ok(Some(name)) => {
+                let what = false_record(o, i, &name, self.overlay);
+                (self.log)(&format!("{}: {what}", self.name));
+                Err(Errno::EIO)
+            }
+            Err(e) => Err(self.fail(&format!("xattrs of inode {}", i.nid), e)),
+        }
+    }
+
+    /// Checks a single image's entry `name` of directory `dir` (its place, and what the
+    /// namespace record says of it) before the kernel learns it.
     fn check_entry(&self, dir: Obj, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
         self.stack
             .check_placement(o.layer, dir.nid, name, i)
-            .map_err(|e| self.fail("lookup", e))
+            .map_err(|e| self.fail("lookup", e))?;
+        self.check_claims(o, i)
     }
 
     /// Checks a stack's entry `name` of the merged directory `parent` (listed unchecked).
     fn check_merged(&self, parent: &[Dir], name: &[u8], r: &Resolved) -> Result<(), Errno> {
         self.stack
             .check_resolved(parent, name, r)
-            .map_err(|e| self.fail("lookup", e))
+            .map_err(|e| self.fail("lookup", e))?;
+        self.check_claims(r.top, &r.inode)
     }
 
     fn inode(&self, ino: INodeNo) -> Result<(Obj, Inode), Errno> {
@@ -520,6 +556,53 @@ enum Listed<'a> {
         &'a [Dir],
         &'a papaya::LocalGuard<'a>,
     ),
+}
+
+/// An xattr of inode `i` in a namespace the image records as absent (ACLs when
+/// `aclless`, `security.*` when `unlabelled`), if it has one; see `ImageFs::check_claims`.
+fn hidden_xattr<S: ByteSource>(
+    img: &Image<S>,
+    i: &Inode,
+    aclless: bool,
+    unlabelled: bool,
+) -> Result<Option<Vec<u8>>, erofs::read::Error> {
+    // A header-only body (icount 1) holds nothing (the kernel answers EOPNOTSUPP).
+    if !(aclless || unlabelled) || i.xattr_icount <= 1 {
+        return Ok(None);
+    }
+    if aclless {
+        for acl in [ACL_ACCESS, ACL_DEFAULT] {
+            if img.getxattr(i, acl)?.is_some() {
+                return Ok(Some(acl.to_vec()));
+            }
+        }
+    }
+    if unlabelled {
+        let names = img.listxattr(i)?;
+        if let Some(n) = names.into_iter().find(|n| n.starts_with(b"security.")) {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}
+
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// The log line (after the image's name) for inode `i` of `o` holding `xattr` in a
+/// namespace its image records as absent.
+fn false_record(o: Obj, i: &Inode, xattr: &[u8], overlay: bool) -> String {
+    let layer = if overlay {
+        format!("layer {}: ", o.layer)
+    } else {
+        String::new()
+    };
+    format!(
+        "{layer}inode {} (byte {}) has xattr {}, a namespace the image's footer records as absent: refused (the image's record is false)",
+        i.nid,
+        i.offset(),
+        String::from_utf8_lossy(xattr)
+    )
 }
 
 /// The kernel's PATH_MAX: IMA names a file by `d_absolute_path` into a buffer this big.
@@ -720,6 +803,10 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     .lookup(&d.chain, name.as_bytes())
                     .map_err(|e| self.fail("lookup", e))
             });
+            let found = found.and_then(|r| match r {
+                Some(r) => self.check_claims(r.top, &r.inode).map(|()| Some(r)),
+                None => Ok(None),
+            });
             return match found {
                 Ok(Some(r)) => {
                     let a = self.child_attr(&r, parent, &guard);
@@ -907,9 +994,9 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             a.kind = FileType::Directory;
             a
         };
-        // An entry refused (`check_entry`, `check_merged`) is listed with no inode, as a
-        // plain readdir would list it: the kernel links no dentry, and a lookup of the name
-        // gets the refusal.
+        // An entry refused (`check_entry`, `check_merged`) is listed without an inode
+        // (nodeid 0, which readdir(3) skips): the kernel links no dentry, and a lookup of
+        // the name gets the refusal.
         let refused = |kind| {
             let mut a = negative();
             a.kind = kind;
