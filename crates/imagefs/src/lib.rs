@@ -164,7 +164,10 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         )? {
             return Err(erofs::read::Error::Corrupt {
                 offset: root.inode.offset(),
-                what: false_record(root.top, &root.inode, &hidden, overlay),
+                what: format!(
+                    "{name}: {}",
+                    false_record(root.top, &root.inode, &hidden, overlay)
+                ),
             });
         }
         Ok(ImageFs {
