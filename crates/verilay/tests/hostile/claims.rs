@@ -392,26 +392,7 @@ pub fn seeds(tmp: &Path) -> Vec<Seed> {
     let raw = sealed[..layout(&swapped).erofs as usize].to_vec();
     let small = base.join("small.img");
     build(&source(&base.join("s")), &small, &["--block-size", "512"]);
-    let mut more = Vec::new();
-    if have("setfacl") {
-        // An ACL the footer's namespace record hides.
-        let src = source(&base.join("a"));
-        sh(&format!(
-            "setfacl -m u:4242:--- {}",
-            src.join("big").display()
-        ));
-        let (image, _) = false_record_image(&base.join("a"), &src, "acl", 0b1100);
-        let sealed = fs::read(&image).unwrap();
-        let raw = sealed[..layout(&image).erofs as usize].to_vec();
-        for (target, bytes) in [("read_image", raw), ("verified_source", sealed)] {
-            more.push(Seed {
-                target,
-                name: "false-namespace-record".into(),
-                bytes,
-            });
-        }
-    }
-    more.extend(vec![
+    let mut seeds = vec![
         Seed {
             target: "read_image",
             name: "swapped-claims".into(),
@@ -427,8 +408,34 @@ pub fn seeds(tmp: &Path) -> Vec<Seed> {
             name: "padded-512".into(),
             bytes: fs::read(&small).unwrap(),
         },
-    ]);
-    more
+    ];
+    seeds.extend(false_record_seeds(&base.join("a")));
+    seeds
+}
+
+/// An image whose namespace record hides an ACL, raw and sealed; none where the
+/// filesystem under `base` takes no ACL.
+fn false_record_seeds(base: &Path) -> Vec<Seed> {
+    let src = source(base);
+    let acl = Command::new("setfacl")
+        .args(["-m", "u:4242:---"])
+        .arg(src.join("big"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !acl {
+        return Vec::new();
+    }
+    let (image, _) = false_record_image(base, &src, "acl", 0b1100);
+    let sealed = fs::read(&image).unwrap();
+    let raw = sealed[..layout(&image).erofs as usize].to_vec();
+    [("read_image", raw), ("verified_source", sealed)]
+        .into_iter()
+        .map(|(target, bytes)| Seed {
+            target,
+            name: "false-namespace-record".into(),
+            bytes,
+        })
+        .collect()
 }
 
 /// `src` built into `<name>.img` with the namespace bits `clear` cleared from its
