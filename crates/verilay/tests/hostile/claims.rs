@@ -657,3 +657,42 @@ fn a_false_namespace_record_about_the_root_fails_the_mount() {
         "the mount serves a root whose ACL its record hides: {err}"
     );
 }
+
+/// A directory's default ACL alone (record bit 3, ACL bit 2 never set) hidden by the
+/// record: the kernel's erofs shows it, so the mount refuses the directory (EIO) rather
+/// than answer that it has none.
+#[test]
+fn a_false_namespace_record_hides_no_default_acl() {
+    if skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(
+            have("setfacl") && have("getfacl"),
+            "needs setfacl and getfacl",
+        )
+    {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let base = tmp.path();
+    let src = base.join("src");
+    fs::create_dir_all(src.join("dir")).unwrap();
+    fs::create_dir_all(src.join("other")).unwrap();
+    sh(&format!("setfacl -d -m u:4242:r-x {}/dir", src.display()));
+    let (image, digest) = false_record_image(base, &src, "default", 1 << 3);
+    let k = Mount::erofs(&image, &base.join("k"));
+    let acl = run(Command::new("getfacl")
+        .args(["-d", "-p", "-n"])
+        .arg(k.dir.join("dir")));
+    assert!(String::from_utf8_lossy(&acl.stdout).contains("user:4242:r-x"));
+    drop(k);
+    let mnt = base.join("m");
+    let log = base.join("m.log");
+    let _u = pinned_mount(&[(&image, &digest)], &mnt, &log);
+    let e = fs::metadata(mnt.join("dir")).expect_err("a directory whose ACL is hidden");
+    assert_eq!(e.raw_os_error(), Some(rustix::io::Errno::IO.raw_os_error()));
+    assert!(fs::metadata(mnt.join("other")).unwrap().is_dir());
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("default.img") && logged.contains("system.posix_acl_default"),
+        "{logged}"
+    );
+}
