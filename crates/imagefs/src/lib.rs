@@ -15,6 +15,13 @@
 //! answers both ACL names with EOPNOTSUPP: the kernel would otherwise fetch every inode's
 //! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
 //! without it permission checks use the mode alone, which is all such a tree has.
+//! That record is the builder's claim: each inode handed to the kernel (lookup,
+//! readdirplus, the root at mount) is checked against it first (`check_claims`), so a
+//! false record makes the inode it hides an xattr of EIO (the root: no mount) instead of
+//! served as the kernel's erofs would not serve it (an ACL ignored, a label dropped).
+//!
+//! A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
+//! the parents kept for measured paths and merged listings form a tree.
 //!
 //! Several images are stacked with overlayfs's rules (see `stack`); one image is served
 //! as the kernel's erofs shows it.
@@ -149,6 +156,20 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 chain: Vec::new(),
             }
         };
+        if let Some(hidden) = hidden_xattr(
+            stack.image(root.top.layer),
+            &root.inode,
+            aclless,
+            unlabelled,
+        )? {
+            return Err(erofs::read::Error::Corrupt {
+                offset: root.inode.offset(),
+                what: format!(
+                    "{name}: {}",
+                    false_record(root.top, &root.inode, &hidden, overlay)
+                ),
+            });
+        }
         Ok(ImageFs {
             unlabelled,
             aclless,
@@ -241,9 +262,16 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
     }
 
-    /// With a policy: remembers that `child` is `name` in `parent`.
+    /// With a policy: remembers that `child` is `name` in `parent`. The root and an
+    /// object as its own child are never recorded (lookups refuse a directory out of its
+    /// place, so none should come here).
     fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
-        if self.measure.is_some() && name != b"." && name != b".." {
+        if self.measure.is_some()
+            && name != b"."
+            && name != b".."
+            && child != parent
+            && child != INodeNo::ROOT
+        {
             // Looked up again after the kernel forgot it, it usually has the same name: then
             // nothing is allocated or replaced.
             let names = self.names.pin();
@@ -323,9 +351,45 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     fn fail(&self, what: &str, e: erofs::read::Error) -> Errno {
         let errno = e.errno();
         if errno != rustix::io::Errno::NOENT.raw_os_error() {
-            (self.log)(&format!("{}: {what}: {e}", self.name));
+            (self.log)(&format!("{}: {what}: {}", self.name, stack::describe(&e)));
         }
         Errno::from_i32(errno)
+    }
+
+    /// Whether inode `i` of `o` may be handed to the kernel as the image's namespace
+    /// record has the mount serve it: with ACLs off, it must have none, and answering
+    /// `security.*` with EOPNOTSUPP, it must have no such name. The ACL names are asked
+    /// as the kernel's erofs asks them (through the inode's name filter), so a filter
+    /// that lies too hides the ACL from both alike; `security.*` names are listed. A
+    /// false record is EIO for that inode and one log line: the image lies about itself.
+    /// Images recording every namespace present (or none) pay nothing here.
+    fn check_claims(&self, o: Obj, i: &Inode) -> Result<(), Errno> {
+        match hidden_xattr(self.image(o), i, self.aclless, self.unlabelled) {
+            Ok(None) => Ok(()),
+            Ok(Some(name)) => {
+                let what = false_record(o, i, &name, self.overlay);
+                (self.log)(&format!("{}: {what}", self.name));
+                Err(Errno::EIO)
+            }
+            Err(e) => Err(self.fail(&format!("xattrs of inode {}", i.nid), e)),
+        }
+    }
+
+    /// Checks a single image's entry `name` of directory `dir` (its place, and what the
+    /// namespace record says of it) before the kernel learns it.
+    fn check_entry(&self, dir: Obj, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
+        self.stack
+            .check_placement(o.layer, dir.nid, name, i)
+            .map_err(|e| self.fail("lookup", e))?;
+        self.check_claims(o, i)
+    }
+
+    /// Checks a stack's entry `name` of the merged directory `parent` (listed unchecked).
+    fn check_merged(&self, parent: &[Dir], name: &[u8], r: &Resolved) -> Result<(), Errno> {
+        self.stack
+            .check_resolved(parent, name, r)
+            .map_err(|e| self.fail("lookup", e))?;
+        self.check_claims(r.top, &r.inode)
     }
 
     fn inode(&self, ino: INodeNo) -> Result<(Obj, Inode), Errno> {
@@ -463,7 +527,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
         let start = offset.saturating_sub(2) as usize;
         for (i, (name, r)) in list.iter().enumerate().skip(start) {
-            if add(Listed::Merged(name, r, ino, &guard), i as u64 + 3)? {
+            if add(Listed::Merged(name, r, ino, &d.chain, &guard), i as u64 + 3)? {
                 break;
             }
         }
@@ -486,8 +550,98 @@ enum Listed<'a> {
     /// `.` or `..` of a stack's directory.
     Dot(&'a [u8], INodeNo),
     /// From a stack's merged listing: name, what it resolves to, the directory's inode
-    /// number and the guard of the directory map (to register subdirectories).
-    Merged(&'a [u8], &'a Resolved, INodeNo, &'a papaya::LocalGuard<'a>),
+    /// number and layers' directories, and the guard of the directory map (to register
+    /// subdirectories).
+    Merged(
+        &'a [u8],
+        &'a Resolved,
+        INodeNo,
+        &'a [Dir],
+        &'a papaya::LocalGuard<'a>,
+    ),
+}
+
+/// An xattr of inode `i` in a namespace the image records as absent (ACLs when
+/// `aclless`, `security.*` when `unlabelled`), if it has one; see `ImageFs::check_claims`.
+fn hidden_xattr<S: ByteSource>(
+    img: &Image<S>,
+    i: &Inode,
+    aclless: bool,
+    unlabelled: bool,
+) -> Result<Option<Vec<u8>>, erofs::read::Error> {
+    // A header-only body (icount 1) holds nothing (the kernel answers EOPNOTSUPP).
+    if !(aclless || unlabelled) || i.xattr_icount <= 1 {
+        return Ok(None);
+    }
+    if aclless {
+        for acl in [ACL_ACCESS, ACL_DEFAULT] {
+            if img.getxattr(i, acl)?.is_some() {
+                return Ok(Some(acl.to_vec()));
+            }
+        }
+    }
+    if unlabelled {
+        let names = img.listxattr(i)?;
+        if let Some(n) = names.into_iter().find(|n| n.starts_with(b"security.")) {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}
+
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// The log line (after the image's name) for inode `i` of `o` holding `xattr` in a
+/// namespace its image records as absent.
+fn false_record(o: Obj, i: &Inode, xattr: &[u8], overlay: bool) -> String {
+    let layer = if overlay {
+        format!("layer {}: ", o.layer)
+    } else {
+        String::new()
+    };
+    format!(
+        "{layer}inode {} (byte {}) has xattr {}, a namespace the image's footer records as absent: refused (the image's record is false)",
+        i.nid,
+        i.offset(),
+        String::from_utf8_lossy(xattr)
+    )
+}
+
+/// The kernel's PATH_MAX: IMA names a file by `d_absolute_path` into a buffer this big.
+const PATH_MAX: usize = 4096;
+
+/// The path a measurement names object `start` by: `setup.path` of the names from the
+/// root (1) down, found by walking `up` (an object's parent and name). Bounded as the
+/// kernel's is: a path `d_absolute_path` cannot fit in PATH_MAX bytes (which also ends a
+/// walk around any cycle) is named as `ima_d_path` names it then, by the object's own
+/// name alone (at most NAME_MAX - 1 bytes, what its `strscpy` keeps).
+pub(crate) fn measured_path<'a>(
+    setup: &measuring::Setup,
+    start: u64,
+    up: impl Fn(u64) -> Option<(u64, &'a [u8])>,
+) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut len = 0;
+    let mut at = start;
+    while at != 1 {
+        let Some((parent, name)) = up(at) else {
+            break;
+        };
+        parts.push(name);
+        len += name.len() + 1;
+        if len >= PATH_MAX {
+            break;
+        }
+        at = parent;
+    }
+    let own = parts.first().copied().unwrap_or_default();
+    parts.reverse();
+    let path = setup.path(&parts);
+    if path.len() >= PATH_MAX {
+        return own[..own.len().min(254)].to_vec();
+    }
+    path
 }
 
 /// The inode number of an image object: 1 for the root, else `(layer << 48 | nid) + 2`.
@@ -652,6 +806,10 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     .lookup(&d.chain, name.as_bytes())
                     .map_err(|e| self.fail("lookup", e))
             });
+            let found = found.and_then(|r| match r {
+                Some(r) => self.check_claims(r.top, &r.inode).map(|()| Some(r)),
+                None => Ok(None),
+            });
             return match found {
                 Ok(Some(r)) => {
                     let a = self.child_attr(&r, parent, &guard);
@@ -675,7 +833,10 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     layer: o.layer,
                     nid: e.nid,
                 };
-                match self.obj_inode(child) {
+                match self
+                    .obj_inode(child)
+                    .and_then(|i| self.check_entry(o, name.as_bytes(), child, &i).map(|()| i))
+                {
                     Ok(i) => {
                         let a = self.attr(child, &i);
                         self.learn(parent, name.as_bytes(), a.ino);
@@ -809,7 +970,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     kind_of_dirent(e.file_type),
                 ),
                 Listed::Dot(name, ino) => (*name, *ino, FileType::Directory),
-                Listed::Merged(name, r, _, _) => {
+                Listed::Merged(name, r, _, _, _) => {
                     (*name, self.ino(r.top), kind(r.inode.mode.into()))
                 }
             };
@@ -836,6 +997,14 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             a.kind = FileType::Directory;
             a
         };
+        // An entry refused (`check_entry`, `check_merged`) is listed without an inode
+        // (nodeid 0, which readdir(3) skips): the kernel links no dentry, and a lookup of
+        // the name gets the refusal.
+        let refused = |kind| {
+            let mut a = negative();
+            a.kind = kind;
+            a
+        };
         let filled = self.fill_dir(ino, offset, |e, next| {
             let (name, attr) = match &e {
                 Listed::Plain(e) => {
@@ -846,14 +1015,26 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     let attr = if e.name == b"." || e.name == b".." {
                         dot(self.ino(o))
                     } else {
-                        self.attr(o, &self.obj_inode(o)?)
+                        let i = self.obj_inode(o)?;
+                        match self.check_entry(self.obj(ino)?, &e.name, o, &i) {
+                            Ok(()) => self.attr(o, &i),
+                            Err(_) => refused(kind(i.mode.into())),
+                        }
                     };
                     (&e.name[..], attr)
                 }
                 Listed::Dot(name, ino) => (*name, dot(*ino)),
-                Listed::Merged(name, r, dir, guard) => (*name, self.child_attr(r, *dir, *guard)),
+                Listed::Merged(name, r, dir, chain, guard) => {
+                    let attr = match self.check_merged(chain, name, r) {
+                        Ok(()) => self.child_attr(r, *dir, *guard),
+                        Err(_) => refused(kind(r.inode.mode.into())),
+                    };
+                    (*name, attr)
+                }
             };
-            self.learn(ino, name, attr.ino);
+            if attr.ino != INodeNo(0) {
+                self.learn(ino, name, attr.ino);
+            }
             let name = OsStr::from_bytes(name);
             Ok(reply.add(attr.ino, next, name, &FOREVER, &attr, Generation(0)))
         });
@@ -927,17 +1108,9 @@ struct ImageContent<'a, S: ByteSource> {
 impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
     fn path(&self) -> Vec<u8> {
         let names = self.fs.names.pin();
-        let mut parts = Vec::new();
-        let mut at = u64::from(self.ino);
-        while at != 1 {
-            let Some((parent, name)) = names.get(&at) else {
-                break;
-            };
-            parts.push(&name[..]);
-            at = *parent;
-        }
-        parts.reverse();
-        self.setup.path(&parts)
+        measured_path(self.setup, self.ino.into(), |at| {
+            names.get(&at).map(|(parent, name)| (*parent, &name[..]))
+        })
     }
 
     fn reader(&self, _size: Option<u64>) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {

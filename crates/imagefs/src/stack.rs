@@ -9,10 +9,15 @@
 //! - a non-directory ends the merge: a directory below a file is ignored, and a file below a
 //!   directory is too.
 //!
+//! A directory has one place: a lookup that finds one where its own `..` entry says it is
+//! not (a cycle, a directory under two parents, a root under a name) refuses it
+//! ([`Misplaced`]), so the tree the mount shows is a tree, whatever the image holds.
+//!
 //! Pure functions over the images: no state, so any thread may call them.
 
 use erofs::format::{S_IFCHR, S_IFMT};
-use erofs::read::{ByteSource, Image, Inode, Result};
+use erofs::read::{ByteSource, Error, Image, Inode, Result};
+use std::fmt;
 
 /// The most layers a stack takes (overlayfs's limit too).
 pub const MAX_LAYERS: usize = 500;
@@ -66,6 +71,65 @@ pub struct Stack<S: ByteSource> {
     pub layers: Vec<Image<S>>,
 }
 
+/// A directory found as `name` in directory `parent` whose own `..` names another
+/// directory (`dotdot`; `None`: it has none, or it is the layer's root). The kernel's
+/// erofs never reads `..` (the VFS keeps parents), so it would serve such a directory
+/// under both names, or refuse a loop with ELOOP; a mount that keeps parents for
+/// paths and copy-up would walk the loop forever. `fsck` reports the same problem.
+#[derive(Debug)]
+pub struct Misplaced {
+    /// Named only in a stack of several images.
+    pub layer: Option<u16>,
+    pub nid: u64,
+    /// Byte offset of the directory's inode.
+    pub offset: u64,
+    pub parent: u64,
+    pub name: Vec<u8>,
+    pub dotdot: Option<u64>,
+}
+
+impl fmt::Display for Misplaced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(l) = self.layer {
+            write!(f, "layer {l}: ")?;
+        }
+        write!(
+            f,
+            "directory inode {} (byte {}) is {:?} in directory inode {}, but ",
+            self.nid,
+            self.offset,
+            String::from_utf8_lossy(&self.name),
+            self.parent
+        )?;
+        match self.dotdot {
+            Some(d) => write!(f, "its \"..\" names inode {d}")?,
+            None => write!(f, "it is the root or has no \"..\"")?,
+        }
+        write!(
+            f,
+            " (a directory cycle or a directory under two parents): refused"
+        )
+    }
+}
+
+impl std::error::Error for Misplaced {}
+
+/// A reader error as one log line: a [`Misplaced`] directory says so itself.
+pub fn describe(e: &Error) -> String {
+    match misplaced(e) {
+        Some(m) => m.to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// The [`Misplaced`] directory an error reports, if that is what it is.
+pub fn misplaced(e: &Error) -> Option<&Misplaced> {
+    match e {
+        Error::Io { err, .. } => err.get_ref()?.downcast_ref::<Misplaced>(),
+        _ => None,
+    }
+}
+
 impl<S: ByteSource> Stack<S> {
     pub fn image(&self, layer: u16) -> &Image<S> {
         &self.layers[usize::from(layer)]
@@ -73,6 +137,59 @@ impl<S: ByteSource> Stack<S> {
 
     pub fn inode(&self, o: Obj) -> Result<Inode> {
         self.image(o.layer).inode(o.nid)
+    }
+
+    /// Checks that `child`, found as `name` in directory `parent` of `layer`, is there:
+    /// a directory must not be the layer's root, and its `..` must name `parent`. As an
+    /// error it is EIO (the image contradicts itself), with [`Misplaced`] inside.
+    pub fn check_placement(
+        &self,
+        layer: u16,
+        parent: u64,
+        name: &[u8],
+        child: &Inode,
+    ) -> Result<()> {
+        if !child.is_dir() {
+            return Ok(());
+        }
+        let img = self.image(layer);
+        let dotdot = if child.nid == img.root_nid() {
+            None
+        } else {
+            img.lookup(child, b"..")?.map(|e| e.nid)
+        };
+        if dotdot == Some(parent) {
+            return Ok(());
+        }
+        let m = Misplaced {
+            layer: (self.layers.len() > 1).then_some(layer),
+            nid: child.nid,
+            offset: child.offset(),
+            parent,
+            name: name.to_vec(),
+            dotdot,
+        };
+        Err(Error::Io {
+            offset: m.offset,
+            err: std::io::Error::other(m),
+        })
+    }
+
+    /// [`Stack::check_placement`] for every layer's directory of `r`, found as `name` in
+    /// the merged directory `parent` (a merged listing is resolved unchecked).
+    pub fn check_resolved(&self, parent: &[Dir], name: &[u8], r: &Resolved) -> Result<()> {
+        for (i, d) in r.chain.iter().enumerate() {
+            let Some(p) = parent.iter().find(|p| p.obj.layer == d.obj.layer) else {
+                continue;
+            };
+            let inode = if i == 0 {
+                r.inode.clone()
+            } else {
+                self.inode(d.obj)?
+            };
+            self.check_placement(d.obj.layer, p.obj.nid, name, &inode)?;
+        }
+        Ok(())
     }
 
     fn opacity(&self, layer: u16, dir: &Inode) -> Result<Opacity> {
@@ -131,8 +248,13 @@ impl<S: ByteSource> Stack<S> {
     }
 
     /// Resolves `name` in the merged directory made of `chain` (top first); `None` when no
-    /// layer has it or a whiteout hides it.
+    /// layer has it or a whiteout hides it. Every directory taking part is checked to be
+    /// in its place ([`Stack::check_placement`]).
     pub fn lookup(&self, chain: &[Dir], name: &[u8]) -> Result<Option<Resolved>> {
+        self.resolve(chain, name, true)
+    }
+
+    fn resolve(&self, chain: &[Dir], name: &[u8], checked: bool) -> Result<Option<Resolved>> {
         let mut found: Option<Resolved> = None;
         for d in chain {
             let img = self.image(d.obj.layer);
@@ -161,6 +283,9 @@ impl<S: ByteSource> Stack<S> {
                 Some(_) if !is_dir => break,
                 _ => {}
             }
+            if checked {
+                self.check_placement(o.layer, d.obj.nid, name, &inode)?;
+            }
             let opacity = self.opacity(o.layer, &inode)?;
             let dir = Dir {
                 obj: o,
@@ -184,7 +309,9 @@ impl<S: ByteSource> Stack<S> {
     }
 
     /// The merged directory's entries (without `.` and `..`), each resolved: the top layer's
-    /// names in its order, then each lower layer's names not seen above.
+    /// names in its order, then each lower layer's names not seen above. Unchecked, so one
+    /// misplaced directory does not hide its siblings: whoever hands an entry's directory
+    /// to the kernel checks it first ([`Stack::check_resolved`]).
     pub fn list(&self, chain: &[Dir]) -> Result<Vec<(Vec<u8>, Resolved)>> {
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
@@ -197,7 +324,7 @@ impl<S: ByteSource> Stack<S> {
                     continue;
                 }
                 // First met in this layer: layers above do not have it.
-                if let Some(r) = self.lookup(&chain[i..], &e.name)? {
+                if let Some(r) = self.resolve(&chain[i..], &e.name, false)? {
                     out.push((e.name, r));
                 }
             }

@@ -49,6 +49,9 @@ const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 const FIRST_UPPER_ID: u64 = 1 << 62;
 
+/// The longest absolute redirect overlayfs writes (its `redirect_max` parameter's default).
+const REDIRECT_MAX: usize = 256;
+
 #[derive(Clone)]
 struct Node {
     parent: u64,
@@ -273,20 +276,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     /// The path the measurement list names for node `id`: the mountpoint joined with the
-    /// names from the root down (borrowed from the nodes, joined once).
+    /// names from the root down (borrowed from the nodes, joined once; bounded as the
+    /// kernel's, see `crate::measured_path`).
     fn measured_path(&self, setup: &Setup, id: u64) -> Vec<u8> {
         let guard = self.nodes.guard();
-        let mut parts = Vec::new();
-        let mut at = id;
-        while at != 1 {
-            let Some(n) = self.nodes.get(&at, &guard) else {
-                break;
-            };
-            parts.push(&n.name[..]);
-            at = n.parent;
-        }
-        parts.reverse();
-        setup.path(&parts)
+        crate::measured_path(setup, id, |at| {
+            self.nodes.get(&at, &guard).map(|n| (n.parent, &n.name[..]))
+        })
     }
 
     /// What a node's content is measured as: its layer's identity, and its content key
@@ -491,8 +487,38 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     fn lower_err(&self, what: &str, e: erofs::read::Error) -> Errno {
         let errno = e.errno();
-        (self.log)(&format!("{}: {what}: {e}", self.name));
+        (self.log)(&format!(
+            "{}: {what}: {}",
+            self.name,
+            crate::stack::describe(&e)
+        ));
         Errno::from_i32(errno)
+    }
+
+    /// A directory has one place. One that a lookup finds while the kernel knows it under
+    /// another name or parent (a directory of the images under two names, two upper
+    /// directories redirected to one image directory, a bind mount inside the upper
+    /// directory) is EIO and one log line: the kernel would otherwise show one inode in
+    /// two places, and the parents kept for copy-up and paths would stop being a tree.
+    /// That covers a directory found inside itself too: the ancestors of a node the
+    /// kernel knows are known. Renames move a node before the kernel looks it up again.
+    fn check_one_place(&self, id: u64, n: &Node) -> Result<(), Errno> {
+        let guard = self.nodes.guard();
+        let Some(known) = self.nodes.get(&id, &guard) else {
+            return Ok(());
+        };
+        if (known.parent, &known.name) == (n.parent, &n.name) || !is_dir_node(n) {
+            return Ok(());
+        }
+        (self.log)(&format!(
+            "{}: directory {id} is {:?} in directory {}, and was found again as {:?} in directory {}: refused (one directory in two places)",
+            self.name,
+            String::from_utf8_lossy(&known.name),
+            known.parent,
+            String::from_utf8_lossy(&n.name),
+            n.parent
+        ));
+        Err(Errno::EIO)
     }
 
     /// The id an upper object goes by: the one it already has, else `fallback` (its image
@@ -650,16 +676,21 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         if same_parent {
             return Ok(Some(n.name.clone()));
         }
+        // Built as overlayfs builds it (`ovl_get_redirect`), within its limit: longer
+        // is EXDEV, and `mv` copies instead. Every step adds a byte, so this ends.
         let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut len = 0;
         let mut cur = (id, n);
         while cur.0 != 1 {
-            match own(&cur.1) {
-                Some(r) if r.starts_with(b"/") => {
-                    parts.push(r);
-                    break;
-                }
-                Some(r) => parts.push(r),
-                None => parts.push(cur.1.name.clone()),
+            let part = own(&cur.1).unwrap_or_else(|| cur.1.name.clone());
+            let absolute = part.starts_with(b"/");
+            len += part.len() + usize::from(!absolute);
+            if len > REDIRECT_MAX {
+                return Err(Errno::EXDEV);
+            }
+            parts.push(part);
+            if absolute {
+                break;
             }
             let parent = cur.1.parent;
             cur = (parent, self.node(parent)?);
@@ -816,14 +847,40 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         self.copy_up(id)
     }
 
-    /// Makes `id` an upper object (a no-op when it is one): parents first, then the
-    /// object with its metadata, xattrs and contents, atomically. Callers hold `change`.
+    /// Makes `id` an upper object (a no-op when it is one): the ancestors it lacks first,
+    /// from the topmost down, then the object. A loop, not recursion: a tree may be
+    /// thousands of levels deep. Callers hold `change`.
     fn copy_up(&self, id: u64) -> Result<Arc<OwnedFd>, Errno> {
-        let n = self.node(id)?;
-        if let Some(fd) = &n.upper {
-            return Ok(fd.clone());
+        let mut missing = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut at = id;
+        let mut pfd = loop {
+            let n = self.node(at)?;
+            if let Some(fd) = &n.upper {
+                break fd.clone();
+            }
+            // Lookups keep the parents a tree (`check_one_place`); should that ever fail,
+            // this is an error, not a walk around a loop.
+            if !seen.insert(at) {
+                (self.log)(&format!(
+                    "{}: copy-up of {id}: its parents loop at directory {at}",
+                    self.name
+                ));
+                return Err(Errno::EIO);
+            }
+            let parent = n.parent;
+            missing.push((at, n));
+            at = parent;
+        };
+        for (id, n) in missing.into_iter().rev() {
+            pfd = self.copy_up_one(id, n, &pfd)?;
         }
-        let pfd = self.copy_up(n.parent)?;
+        Ok(pfd)
+    }
+
+    /// Copies node `id` (`n`, not yet in the upper directory) into `pfd`, its parent's
+    /// upper directory: with its metadata, xattrs and contents, atomically.
+    fn copy_up_one(&self, id: u64, n: Node, pfd: &OwnedFd) -> Result<Arc<OwnedFd>, Errno> {
         let r = n.lower.as_ref().ok_or(Errno::ESTALE)?;
         let img = self.stack.image(r.top.layer);
         let inode: &Inode = &r.inode;
@@ -956,7 +1013,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     /// For one layer: every path of each regular file with more than one link, by nid.
-    /// Walked once, on the first copy-up of such a file.
+    /// Walked once, on the first copy-up of such a file; a directory out of its place
+    /// (which no lookup shows) is not entered.
     fn hardlink_paths(&self, layer: u16) -> Result<&LinkPaths, Errno> {
         let slot = &self.hardlinks[usize::from(layer)];
         if let Some(m) = slot.get() {
@@ -984,7 +1042,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 let mut p = path.clone();
                 p.push(e.name.clone());
                 if e.file_type == erofs::format::FT_DIR {
-                    stack.push((e.nid, p));
+                    let child = img
+                        .inode(e.nid)
+                        .map_err(|e| self.lower_err("hardlink walk", e))?;
+                    match self.stack.check_placement(layer, nid, &e.name, &child) {
+                        Ok(()) => stack.push((e.nid, p)),
+                        Err(e) if crate::stack::misplaced(&e).is_some() => {}
+                        Err(e) => return Err(self.lower_err("hardlink walk", e)),
+                    }
                 } else if e.file_type == erofs::format::FT_REG_FILE {
                     let i = img
                         .inode(e.nid)
@@ -1425,7 +1490,13 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.resolve(parent.into(), name.as_bytes()) {
+        let found = self
+            .resolve(parent.into(), name.as_bytes())
+            .and_then(|f| match f {
+                Some((id, n)) => self.check_one_place(id, &n).map(|()| Some((id, n))),
+                None => Ok(None),
+            });
+        match found {
             Ok(Some((id, n))) => match self.attr(id, &n) {
                 Ok(a) => {
                     self.remember(id, n);

@@ -406,7 +406,7 @@ pub fn seeds(tmp: &Path) -> Vec<Seed> {
     let raw = sealed[..layout(&swapped).erofs as usize].to_vec();
     let small = base.join("small.img");
     build(&source(&base.join("s")), &small, &["--block-size", "512"]);
-    vec![
+    let mut seeds = vec![
         Seed {
             target: "read_image",
             name: "swapped-claims".into(),
@@ -422,5 +422,291 @@ pub fn seeds(tmp: &Path) -> Vec<Seed> {
             name: "padded-512".into(),
             bytes: fs::read(&small).unwrap(),
         },
-    ]
+    ];
+    seeds.extend(false_record_seeds(&base.join("a")));
+    seeds
+}
+
+/// An image whose namespace record hides an ACL, raw and sealed; none where the
+/// filesystem under `base` takes no ACL.
+fn false_record_seeds(base: &Path) -> Vec<Seed> {
+    let src = source(base);
+    let acl = Command::new("setfacl")
+        .args(["-m", "u:4242:---"])
+        .arg(src.join("big"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !acl {
+        return Vec::new();
+    }
+    let (image, _) = false_record_image(base, &src, "acl", 0b1100);
+    let sealed = fs::read(&image).unwrap();
+    let raw = sealed[..layout(&image).erofs as usize].to_vec();
+    [("read_image", raw), ("verified_source", sealed)]
+        .into_iter()
+        .map(|(target, bytes)| Seed {
+            target,
+            name: "false-namespace-record".into(),
+            bytes,
+        })
+        .collect()
+}
+
+/// `src` built into `<name>.img` with the namespace bits `clear` cleared from its
+/// footer's record, sealed again (every block verifies, only the record lies); the image
+/// and its digest.
+fn false_record_image(base: &Path, src: &Path, name: &str, clear: u32) -> (PathBuf, String) {
+    let image = base.join(format!("{name}.img"));
+    build(src, &image, &["--quiet"]);
+    let l = layout(&image);
+    let mut b = fs::read(&image).unwrap();
+    b.truncate(l.erofs as usize);
+    let word = l.erofs as usize - 64 + 32;
+    let ns = u32::from_le_bytes(b[word..word + 4].try_into().unwrap());
+    assert_ne!(ns & clear, 0, "{name}: the image records what it holds");
+    b[word..word + 4].copy_from_slice(&(ns & !clear).to_le_bytes());
+    fs::write(&image, &b).unwrap();
+    let out = run(verilay().args(["seal", "--quiet"]).arg(&image));
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    (image, digest)
+}
+
+/// A directory the test user can enter.
+fn shared_tempdir() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    tmp
+}
+
+/// A mount of `images` (top first) the test user may use, pinned, logging to `log`.
+fn pinned_mount(images: &[(&Path, &str)], mnt: &Path, log: &Path) -> Unmount {
+    fs::create_dir_all(mnt).unwrap();
+    let mut cmd = verilay();
+    cmd.args(["mount", "--quiet", "--allow-other"]);
+    for (image, digest) in images {
+        cmd.arg(image).args(["--digest", digest]);
+    }
+    run(cmd.arg(mnt).arg("--log").arg(log));
+    Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: true,
+    }
+}
+
+/// The footer's record says no ACL occurs, but a 0644 file has one denying the test user:
+/// the kernel's erofs enforces it, so the mount must not let that user read the file (the
+/// record would have it leave ACLs off and check the mode alone). The inode is EIO, one
+/// log line names the image and inode, and the rest of the tree is served; also with the
+/// image under another one in a stack.
+#[test]
+fn a_false_namespace_record_never_lets_a_user_read_what_the_kernel_denies() {
+    if skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(
+            have("setfacl") && have("setfattr"),
+            "needs setfacl and setfattr",
+        )
+        || lacks_test_user()
+    {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let base = tmp.path();
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("secret"), "top secret\n").unwrap();
+    fs::write(src.join("open"), "open\n").unwrap();
+    // `open` has an xattr too, so the check reads its body rather than skipping it.
+    sh(&format!(
+        "chmod 644 {0}/secret {0}/open && setfacl -m u:verilaytest:--- {0}/secret \
+         && setfattr -n user.note -v x {0}/open",
+        src.display()
+    ));
+    let (image, digest) = false_record_image(base, &src, "acl", 0b1100);
+    // The oracle: the kernel's erofs, which reads the ACL whatever the record says.
+    let k = Mount::erofs(&image, &base.join("k"));
+    let kernel = as_test_user(base, "cat k/secret");
+    assert!(
+        !kernel.status.success(),
+        "the kernel lets the user read the file"
+    );
+    assert!(as_test_user(base, "cat k/open").status.success());
+    drop(k);
+    let other = base.join("other-src");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("t"), "t\n").unwrap();
+    let top = base.join("other.img");
+    let top_digest = String::from_utf8(build(&other, &top, &["--quiet"]).stdout).unwrap();
+    let stacks: [&[(&Path, &str)]; 2] = [
+        &[(&image, &digest)],
+        &[(&top, top_digest.trim()), (&image, &digest)],
+    ];
+    // Each stack twice: the file found by a lookup, and handed over by readdirplus first.
+    let cases = stacks
+        .into_iter()
+        .flat_map(|stack| [(stack, ""), (stack, "ls -l M >/dev/null; ")]);
+    for (i, (stack, list)) in cases.enumerate() {
+        let mnt = base.join(format!("m{i}"));
+        let log = base.join(format!("m{i}.log"));
+        let _u = pinned_mount(stack, &mnt, &log);
+        let script = format!("{list}cat M/secret").replace('M', &format!("m{i}"));
+        let user = as_test_user(base, &script);
+        assert!(
+            !user.status.success(),
+            "mount {i} ({script}): the test user reads the file its ACL denies it: {}",
+            String::from_utf8_lossy(&user.stdout)
+        );
+        let e = fs::read(mnt.join("secret")).expect_err("root reads a refused inode");
+        assert_eq!(e.raw_os_error(), Some(rustix::io::Errno::IO.raw_os_error()));
+        assert_eq!(fs::read_to_string(mnt.join("open")).unwrap(), "open\n");
+        assert!(as_test_user(base, &format!("cat m{i}/open"))
+            .status
+            .success());
+        let logged = fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            logged.lines().any(|l| l.contains("acl.img")
+                && l.contains("system.posix_acl_access")
+                && l.contains("inode ")
+                && l.contains("refused")),
+            "mount {i}: no log line names the image and inode: {logged}"
+        );
+    }
+}
+
+/// The same for `security.*`: the record says the image is unlabelled (so the mount
+/// answers every `security.*` name with EOPNOTSUPP), but one file carries a label the
+/// kernel's erofs serves. That inode is EIO; its unlabelled siblings are served.
+#[test]
+fn a_false_namespace_record_hides_no_security_label() {
+    if skip_unless(is_root(), "needs root (mounts, security.* xattrs)")
+        || skip_unless(have("setfattr"), "needs setfattr")
+    {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let base = tmp.path();
+    let src = base.join("src");
+    fs::create_dir_all(src.join("dir")).unwrap();
+    fs::write(src.join("dir/labelled"), "l\n").unwrap();
+    fs::write(src.join("dir/plain"), "p\n").unwrap();
+    sh(&format!(
+        "setfattr -n security.selinux -v system_u:object_r:usr_t:s0 {0}/dir/labelled \
+         && setfattr -n user.note -v x {0}/dir/plain",
+        src.display()
+    ));
+    let (image, digest) = false_record_image(base, &src, "label", 1 << 6);
+    let k = Mount::erofs(&image, &base.join("k"));
+    let label = run(Command::new("getfattr")
+        .args(["--only-values", "-n", "security.selinux"])
+        .arg(k.dir.join("dir/labelled")));
+    assert_eq!(label.stdout, b"system_u:object_r:usr_t:s0");
+    drop(k);
+    let mnt = base.join("m");
+    let log = base.join("m.log");
+    let _u = pinned_mount(&[(&image, &digest)], &mnt, &log);
+    let got = Command::new("getfattr")
+        .args(["--only-values", "-n", "security.selinux"])
+        .arg(mnt.join("dir/labelled"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&got.stderr).contains("Input/output error"),
+        "the label is hidden, not refused: {}{}",
+        String::from_utf8_lossy(&got.stdout),
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert_eq!(fs::read_to_string(mnt.join("dir/plain")).unwrap(), "p\n");
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("label.img") && logged.contains("security.selinux"),
+        "{logged}"
+    );
+}
+
+/// The root's ACL hidden by the record: the mount has nothing to serve and refuses,
+/// naming the root inode and the ACL, where the kernel's erofs denies the test user.
+#[test]
+fn a_false_namespace_record_about_the_root_fails_the_mount() {
+    if skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("setfacl"), "needs setfacl (acl)")
+        || lacks_test_user()
+    {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let base = tmp.path();
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), "f\n").unwrap();
+    sh(&format!(
+        "chmod 755 {0} && setfacl -m u:verilaytest:--- {0}",
+        src.display()
+    ));
+    let (image, digest) = false_record_image(base, &src, "root", 0b1100);
+    let k = Mount::erofs(&image, &base.join("k"));
+    assert!(!as_test_user(base, "ls k").status.success());
+    drop(k);
+    let mnt = base.join("m");
+    fs::create_dir_all(&mnt).unwrap();
+    let out = verilay()
+        .args(["mount", "--quiet", "--allow-other"])
+        .arg(&image)
+        .args(["--digest", &digest])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let _u = out.status.success().then(|| Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("root.img")
+            && err.contains("system.posix_acl_access")
+            && err.contains("inode "),
+        "the mount serves a root whose ACL its record hides: {err}"
+    );
+}
+
+/// A directory's default ACL alone (record bit 3, ACL bit 2 never set) hidden by the
+/// record: the kernel's erofs shows it, so the mount refuses the directory (EIO) rather
+/// than answer that it has none.
+#[test]
+fn a_false_namespace_record_hides_no_default_acl() {
+    if skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(
+            have("setfacl") && have("getfacl"),
+            "needs setfacl and getfacl",
+        )
+    {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let base = tmp.path();
+    let src = base.join("src");
+    fs::create_dir_all(src.join("dir")).unwrap();
+    fs::create_dir_all(src.join("other")).unwrap();
+    sh(&format!("setfacl -d -m u:4242:r-x {}/dir", src.display()));
+    let (image, digest) = false_record_image(base, &src, "default", 1 << 3);
+    let k = Mount::erofs(&image, &base.join("k"));
+    let acl = run(Command::new("getfacl")
+        .args(["-d", "-p", "-n"])
+        .arg(k.dir.join("dir")));
+    assert!(String::from_utf8_lossy(&acl.stdout).contains("user:4242:r-x"));
+    drop(k);
+    let mnt = base.join("m");
+    let log = base.join("m.log");
+    let _u = pinned_mount(&[(&image, &digest)], &mnt, &log);
+    let e = fs::metadata(mnt.join("dir")).expect_err("a directory whose ACL is hidden");
+    assert_eq!(e.raw_os_error(), Some(rustix::io::Errno::IO.raw_os_error()));
+    assert!(fs::metadata(mnt.join("other")).unwrap().is_dir());
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("default.img") && logged.contains("system.posix_acl_default"),
+        "{logged}"
+    );
 }

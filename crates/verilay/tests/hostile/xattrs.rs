@@ -12,18 +12,20 @@ use std::process::{Command, Output};
 /// Hostile inputs of this module for the fuzz targets: the image whose objects carry the
 /// names a mount keeps for itself (`planted_tree`).
 pub fn seeds(tmp: &Path) -> Vec<Seed> {
+    let mut seeds = cycle_seeds(tmp);
     if !is_root() || !have("setfattr") {
-        return Vec::new(); // the tree needs chown and user.* xattrs set by root
+        return seeds; // the tree needs chown and user.* xattrs set by root
     }
     let src = tmp.join("xattrs-planted-src");
     let image = tmp.join("xattrs-planted.img");
     planted_tree(&src, 1001);
     build(&src, &image, &["--quiet"]);
-    vec![Seed {
+    seeds.push(Seed {
         target: "read_image",
         name: "xattrs-planted".into(),
         bytes: std::fs::read(&image).unwrap(),
-    }]
+    });
+    seeds
 }
 
 fn prerequisites() -> bool {
@@ -473,4 +475,387 @@ fn a_rootless_user_cannot_take_ownership_or_privileges_another_way() {
     );
     assert_eq!(rig.host_xattr("shared/mine", "security.capability"), None);
     assert!(!rig.base.join("up/shared/whiteout").exists());
+}
+
+// Directory cycles and deep trees. A mount keeps each directory's parent (for measured
+// paths, copy-up and redirects), so an image whose dirents make a cycle, or put one
+// directory under two parents, must not reach those walks: such a directory is EIO with
+// a log line, everything else is served, and every walk up is bounded and iterative.
+
+/// The EROFS part of a sealed image (its trailer's data size).
+fn erofs_part(image: &Path) -> Vec<u8> {
+    let mut b = std::fs::read(image).unwrap();
+    let t = b.len() - 64;
+    assert_eq!(&b[t..t + 8], b"VLVERITY");
+    let len = u64::from_le_bytes(b[t + 16..t + 24].try_into().unwrap());
+    b.truncate(len as usize);
+    b
+}
+
+/// The inode number of `path` in the EROFS bytes `raw`.
+fn nid_at(raw: &[u8], path: &str) -> u64 {
+    let img = erofs::read::Image::open(raw).unwrap();
+    let mut nid = img.root_nid();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        let dir = img.inode(nid).unwrap();
+        nid = img.lookup(&dir, part.as_bytes()).unwrap().unwrap().nid;
+    }
+    nid
+}
+
+/// Points entry `name` of directory `dir` of the EROFS bytes `raw` at inode `nid`,
+/// keeping the superblock checksum (block 0 may hold the dirent) right.
+fn repoint_entry(raw: &mut [u8], dir: &str, name: &str, nid: u64) {
+    let at = {
+        let img = erofs::read::Image::open(&*raw).unwrap();
+        let d = img.inode(nid_at(raw, dir)).unwrap();
+        let e = img
+            .readdir(&d, 0)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.name == name.as_bytes())
+            .unwrap_or_else(|| panic!("{dir} has no {name}"));
+        let ext = img.map(&d, e.offset).unwrap();
+        (ext.physical.unwrap() + (e.offset - ext.logical)) as usize
+    };
+    raw[at..at + 8].copy_from_slice(&nid.to_le_bytes());
+    let bs = 1usize << raw[1024 + 12];
+    if let Some(crc) = erofs::format::superblock_checksum(&raw[..bs.max(2048)], bs) {
+        raw[1028..1032].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// Writes the EROFS bytes `raw` to `image` and seals it: every block verifies.
+fn seal_raw(raw: &[u8], image: &Path) {
+    std::fs::write(image, raw).unwrap();
+    crate::common::run(
+        crate::common::verilay()
+            .args(["seal", "--quiet"])
+            .arg(image),
+    );
+}
+
+/// An image whose dirents make `/a/b` the directory `/a` itself, `/y/d` the directory
+/// `/x/d` (a second parent), and `/z/up` the root; `/a/f` and `/x/d/in` are plain files.
+/// Every block verifies; `fsck` reports the cycle.
+fn cyclic_image(base: &Path) -> PathBuf {
+    let src = base.join("cyclic-src");
+    sh(&format!(
+        "set -e; mkdir -p {0}/a/b {0}/x/d {0}/y/d {0}/z/up; echo data > {0}/a/f; echo in > {0}/x/d/in",
+        src.display()
+    ));
+    let built = base.join("cyclic-built.img");
+    build(&src, &built, &["--quiet"]);
+    let mut raw = erofs_part(&built);
+    let (a, xd, root) = (nid_at(&raw, "/a"), nid_at(&raw, "/x/d"), nid_at(&raw, "/"));
+    repoint_entry(&mut raw, "/a", "b", a);
+    repoint_entry(&mut raw, "/y", "d", xd);
+    repoint_entry(&mut raw, "/z", "up", root);
+    let image = base.join("cyclic.img");
+    seal_raw(&raw, &image);
+    image
+}
+
+/// `verilay mount ARGS` with the daemon's address space capped (2 GB), so a daemon that
+/// grows without bound fails instead of taking the machine; unmounted when dropped.
+fn capped_mount(mnt: &Path, args: &str) -> crate::common::Unmount {
+    std::fs::create_dir_all(mnt).unwrap();
+    sh(&format!(
+        "ulimit -v 2000000 && {} mount --quiet {args} {}",
+        env!("CARGO_BIN_EXE_verilay"),
+        mnt.display()
+    ));
+    crate::common::Unmount {
+        dir: mnt.to_path_buf(),
+        fuse: true,
+    }
+}
+
+fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+/// Mounts `cyclic_image` in each way the mount keeps parents (read-only measured, the
+/// same stacked on another image, and writable), each capped and logging, and hands
+/// `check` the mode's name, mountpoint and log file.
+fn each_mount_of_the_cyclic_image(check: impl Fn(&str, &Path, &Path)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let image = cyclic_image(base);
+    let fsck = crate::common::verilay()
+        .arg("fsck")
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert_eq!(fsck.status.code(), Some(1), "fsck finds the cycle");
+    // A second image to stack it under (overlayfs's rules: another code path).
+    let other = base.join("other-src");
+    sh(&format!(
+        "mkdir -p {0}/top && echo t > {0}/top/t",
+        other.display()
+    ));
+    build(&other, &base.join("other.img"), &["--quiet"]);
+    std::fs::write(base.join("policy"), "measure func=FILE_CHECK\n").unwrap();
+    sh(&format!("mkdir -p {0}/up {0}/work", base.display()));
+    let b = base.display();
+    let modes = [
+        (
+            "measured",
+            format!("{b}/cyclic.img --policy {b}/policy --measure-log {b}/list1"),
+        ),
+        (
+            "stacked",
+            format!("{b}/other.img {b}/cyclic.img --policy {b}/policy --measure-log {b}/list2"),
+        ),
+        (
+            "writable",
+            format!("{b}/cyclic.img --upper {b}/up --work {b}/work"),
+        ),
+    ];
+    for (mode, args) in modes {
+        let log = base.join(format!("{mode}.log"));
+        let mnt = base.join(format!("mnt-{mode}"));
+        let _u = capped_mount(&mnt, &format!("{args} --log {}", log.display()));
+        // The kernel meets the misplaced names first (listings), as the attack did: what
+        // the mount keeps must not change because of them.
+        for dir in ["a", "y", "z"] {
+            let listed =
+                std::fs::read_dir(mnt.join(dir)).and_then(|d| d.collect::<Result<Vec<_>, _>>());
+            assert!(listed.is_ok(), "{mode}: listing /{dir}: {listed:?}");
+        }
+        check(mode, &mnt, &log);
+        assert!(
+            !crate::common::daemons_of(&mnt).is_empty(),
+            "{mode}: the daemon died"
+        );
+    }
+}
+
+/// Whether `log` has the line refusing entry `name` of `/dir`.
+fn logs_refusal(log: &Path, dir: &str, name: &str) -> bool {
+    let logged = std::fs::read_to_string(log).unwrap_or_default();
+    let entry = format!("is \"{name}\" in directory inode");
+    let found = logged
+        .lines()
+        .any(|l| l.contains(&entry) && l.contains("refused"));
+    if !found {
+        eprintln!("no log line refuses /{dir}/{name}: {logged}");
+    }
+    found
+}
+
+fn mount_prerequisites() -> bool {
+    skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+}
+
+/// `/a/b` is `/a` and `/z/up` the root: looking them up is EIO and a log line, while a
+/// measured open (which walks the parents for its path) and a write (which copies the
+/// parents up) of `/a/f` work, and the daemon lives on, in every mode.
+#[test]
+fn a_directory_cycle_is_eio_and_the_daemon_serves_on() {
+    if mount_prerequisites() {
+        return;
+    }
+    each_mount_of_the_cyclic_image(|mode, mnt, log| {
+        let tries = ["a/b", "z/up", "a/b/f", "a/b/b/b", "z/up/a"];
+        let got: Vec<_> = tries
+            .iter()
+            .map(|p| errno_of(std::fs::symlink_metadata(mnt.join(p))))
+            .collect();
+        if mode == "writable" {
+            sh(&format!("echo more >> {}/a/f", mnt.display()));
+        }
+        let f = std::fs::read_to_string(mnt.join("a/f"));
+        assert!(
+            f.is_ok(),
+            "{mode}: /a/f after the cycle was looked up: {f:?}"
+        );
+        let eio = Some(rustix::io::Errno::IO.raw_os_error());
+        assert_eq!(got, vec![eio; tries.len()], "{mode}: {tries:?}");
+        if mode == "stacked" {
+            assert_eq!(std::fs::read_to_string(mnt.join("top/t")).unwrap(), "t\n");
+        }
+        assert!(
+            logs_refusal(log, "a", "b") && logs_refusal(log, "z", "up"),
+            "{mode}"
+        );
+    });
+}
+
+/// `/y/d` names the directory `/x/d` (a directory hardlinked under two parents): the
+/// name its `..` does not name is EIO and a log line, whichever is looked up first; the
+/// other serves its files.
+#[test]
+fn a_directory_under_two_parents_is_eio_at_the_second() {
+    if mount_prerequisites() {
+        return;
+    }
+    each_mount_of_the_cyclic_image(|mode, mnt, log| {
+        let second = errno_of(std::fs::symlink_metadata(mnt.join("y/d")));
+        let first = std::fs::read_to_string(mnt.join("x/d/in"));
+        let again = errno_of(std::fs::read_to_string(mnt.join("y/d/in")));
+        let eio = Some(rustix::io::Errno::IO.raw_os_error());
+        assert_eq!((second, again), (eio, eio), "{mode}: /y/d");
+        assert_eq!(first.unwrap(), "in\n", "{mode}");
+        assert!(logs_refusal(log, "y", "d"), "{mode}");
+    });
+}
+
+/// `depth` directories `d` nested in one another, the deepest holding `f` ("deep\n").
+/// Built from an in-memory tree: a directory tree this deep has paths longer than
+/// PATH_MAX, which `verilay build` cannot scan.
+fn deep_image(image: &Path, depth: usize) {
+    use erofs::build::{Content, Kind, Node, Tree};
+    let node = |kind, size| Node {
+        kind,
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+        mtime: 1_700_000_000,
+        mtime_nsec: 0,
+        size,
+        xattrs: Vec::new(),
+    };
+    let dir = || {
+        node(
+            Kind::Directory {
+                children: Vec::new(),
+            },
+            0,
+        )
+    };
+    let mut tree = Tree::default();
+    let mut at = tree.add(dir());
+    for _ in 0..depth {
+        let child = tree.add(dir());
+        if let Kind::Directory { children } = &mut tree.nodes[at].kind {
+            children.push((b"d".to_vec(), child));
+        }
+        at = child;
+    }
+    let file = Kind::Regular {
+        content: Content::Bytes(b"deep\n".to_vec()),
+        extents: None,
+    };
+    let f = tree.add(node(file, 5));
+    if let Kind::Directory { children } = &mut tree.nodes[at].kind {
+        children.push((b"f".to_vec(), f));
+    }
+    erofs::build::build_tree(
+        &tree,
+        &erofs::build::BuildOptions::default(),
+        image,
+        &erofs::build::Silent,
+    )
+    .unwrap();
+}
+
+/// The deepest directory of a `deep_image` tree under `root`, opened one level at a time.
+fn open_deep(root: &Path, depth: usize) -> rustix::fd::OwnedFd {
+    use rustix::fs::{open, openat, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut fd = open(root, flags, Mode::empty()).unwrap();
+    for level in 0..depth {
+        fd = openat(&fd, "d", flags, Mode::empty())
+            .unwrap_or_else(|e| panic!("level {level} under {}: {e}", root.display()));
+    }
+    fd
+}
+
+fn read_deep(root: &Path, depth: usize) -> String {
+    use rustix::fs::{openat, Mode, OFlags};
+    let dir = open_deep(root, depth);
+    let f = openat(&dir, "f", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+    std::io::read_to_string(std::fs::File::from(f)).unwrap()
+}
+
+/// A legitimate tree 10,000 levels deep: appending to its deepest file copies up every
+/// directory above it (kernel overlayfs reads the result), and a measured open there works.
+#[test]
+fn a_ten_thousand_level_tree_is_copied_up_and_measured_without_recursion() {
+    if mount_prerequisites() {
+        return;
+    }
+    const DEPTH: usize = 10_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let image = base.join("deep.img");
+    deep_image(&image, DEPTH);
+    let d = crate::common::dirs(base, "deep");
+    {
+        // Appending to the deepest file copies up all 10,000 directories above it.
+        let mnt = base.join("mnt");
+        let _u = capped_mount(
+            &mnt,
+            &format!(
+                "{} --upper {} --work {}",
+                image.display(),
+                d.upper.display(),
+                d.work.display()
+            ),
+        );
+        use rustix::fs::{openat, Mode, OFlags};
+        let dir = open_deep(&mnt, DEPTH);
+        let wrote = openat(&dir, "f", OFlags::WRONLY | OFlags::APPEND, Mode::empty())
+            .map_err(std::io::Error::from)
+            .and_then(|f| std::io::Write::write_all(&mut std::fs::File::from(f), b"more\n"));
+        assert!(wrote.is_ok(), "append at depth {DEPTH}: {wrote:?}");
+        assert_eq!(read_deep(&mnt, DEPTH), "deep\nmore\n");
+        assert!(
+            !crate::common::daemons_of(&mnt).is_empty(),
+            "the daemon died"
+        );
+    }
+    crate::common::wait_daemon_gone(&base.join("mnt"));
+    // The kernel's overlayfs reads the same copy from the upper directory.
+    let lower = crate::common::Mount::erofs(&image, &base.join("lower"));
+    {
+        let _o = crate::common::overlay_mount(&lower.dir, &d, &base.join("ovl"));
+        assert_eq!(read_deep(&base.join("ovl"), DEPTH), "deep\nmore\n");
+    }
+    // A measured open that deep: its path is longer than PATH_MAX, so the list names the
+    // file as the kernel's IMA does then, by its name alone.
+    let policy = base.join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
+    let mnt = base.join("mnt-measured");
+    let list = base.join("list");
+    let _u = capped_mount(
+        &mnt,
+        &format!(
+            "{} --policy {} --measure-log {}",
+            image.display(),
+            policy.display(),
+            list.display()
+        ),
+    );
+    assert_eq!(read_deep(&mnt, DEPTH), "deep\n");
+    crate::common::run(crate::common::verilay().arg("stats").arg(&mnt));
+    let ascii = std::fs::read_to_string(list.join("ascii_runtime_measurements")).unwrap();
+    assert!(
+        ascii.lines().any(|l| l.ends_with(" f")),
+        "no entry names the deep file: {ascii}"
+    );
+}
+
+/// The cyclic image (a directory inside itself, one under two parents, the root under a
+/// name), raw and sealed.
+fn cycle_seeds(tmp: &Path) -> Vec<Seed> {
+    let base = tmp.join("xattrs-cycle");
+    std::fs::create_dir_all(&base).unwrap();
+    let image = cyclic_image(&base);
+    let sealed = std::fs::read(&image).unwrap();
+    let raw = erofs_part(&image);
+    vec![
+        Seed {
+            target: "read_image",
+            name: "directory-cycle".into(),
+            bytes: raw,
+        },
+        Seed {
+            target: "verified_source",
+            name: "directory-cycle".into(),
+            bytes: sealed,
+        },
+    ]
 }
