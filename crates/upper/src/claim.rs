@@ -328,13 +328,21 @@ fn check_outside(dirs: &[Claimed<'_>; 2], what: &str, path: &Path) -> io::Result
     Ok(())
 }
 
-/// `path` resolved, or its nearest parent that exists.
+/// `path` resolved, or its nearest parent that exists. The part that does not exist yet
+/// may not go up (`..`): it would be resolved only once made, perhaps into the upper
+/// directory.
 fn existing_part(path: &Path) -> io::Result<PathBuf> {
     let mut p = path;
     loop {
         match std::fs::canonicalize(p) {
             Ok(c) => return Ok(c),
             Err(e) if e.kind() == io::ErrorKind::NotFound && p != Path::new(".") => {
+                if p.file_name().is_none() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "`..` after a directory that does not exist",
+                    ));
+                }
                 p = match p.parent() {
                     Some(q) if !q.as_os_str().is_empty() => q,
                     _ => Path::new("."),
@@ -497,12 +505,19 @@ fn lock_work(work: BorrowedFd<'_>, path: &Path) -> io::Result<std::fs::File> {
             format!("work directory {}: {LOCK_FILE}: {e}", path.display()),
         )
     })?;
+    let st = rfs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(fail(format!(
+            "work directory {}: {LOCK_FILE} is not a regular file",
+            path.display()
+        )));
+    }
     let file = std::fs::File::from(fd);
     let read_record = || {
         let mut text = String::new();
         let mut f = &file;
         let _ = f.rewind();
-        let _ = f.take(4096).read_to_string(&mut text);
+        let _ = f.take(RECORD_MAX).read_to_string(&mut text);
         Holder {
             record: Record::parse(&text),
             shared: false,
@@ -700,24 +715,55 @@ fn euid_of(pid: u32) -> Option<u32> {
     ids.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// What process `pid` records in the verilay lock file it holds open, if it holds one.
+/// What process `pid` records in the verilay lock file it holds, if it holds one: a
+/// regular file named `verilay.lock` it has open and holds the exclusive flock of (as a
+/// verilay mount holds its own), read up to [`RECORD_MAX`] bytes. Anything else (a file of
+/// that name another user merely keeps open, a FIFO, a record naming another process) is
+/// no record: the holder is then only its pid, so nobody can pose as another's mount.
 fn record_of(pid: u32) -> Record {
-    let text = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| {
-            std::fs::read_link(e.path())
-                .is_ok_and(|t| t.file_name() == Some(std::ffi::OsStr::new(LOCK_FILE)))
-        })
-        .and_then(|e| std::fs::read_to_string(e.path()).ok());
-    match text {
-        Some(text) => Record::parse(&text),
-        None => Record {
+    let own = || {
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+        fds.flatten().find_map(|e| held_record(pid, &e.path()))
+    };
+    match own() {
+        Some(r) if r.pid == Some(pid) => r,
+        _ => Record {
             pid: Some(pid),
             ..Record::default()
         },
     }
+}
+
+/// The most of a lock file read: a record is three short lines.
+const RECORD_MAX: u64 = 4096;
+
+/// The record in `fd` (a `/proc/PID/fd/N` link), if it is a regular file named
+/// `verilay.lock` whose exclusive flock `pid` holds.
+fn held_record(pid: u32, fd: &Path) -> Option<Record> {
+    let target = std::fs::read_link(fd).ok()?;
+    if target.file_name() != Some(std::ffi::OsStr::new(LOCK_FILE)) {
+        return None;
+    }
+    // Opened without blocking (a FIFO's open would wait for a writer) and checked to be
+    // the regular file whose lock `pid` holds before a byte is read.
+    let f = rfs::open(
+        fd,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = rfs::fstat(&f).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+        || !flock_holders(st.st_dev, st.st_ino).contains(&(pid, false))
+    {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::from(f)
+        .take(RECORD_MAX)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(Record::parse(&text))
 }
 
 /// Every mount table this process can read: its own, then one per other mount namespace

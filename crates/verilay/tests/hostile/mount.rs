@@ -1152,6 +1152,12 @@ fn a_list_or_log_inside_the_upper_or_work_directory_is_refused() {
         ("--measure-log", w.clone(), "work directory"),
         ("--log", u.join("log"), "upper directory"),
         ("--log", w.join("verilay/log"), "work directory"),
+        // Resolved only once `nx` is made: into the upper directory.
+        (
+            "--measure-log",
+            base.path().join("nx/../u/ima"),
+            "`..` after a directory that does not exist",
+        ),
     ] {
         let p = d(&path);
         let mut extra = vec![flag, p.as_str()];
@@ -1159,9 +1165,15 @@ fn a_list_or_log_inside_the_upper_or_work_directory_is_refused() {
             extra.extend(["--policy", pol.as_str()]);
         }
         let out = mount_upper(&image, &m, &u, &w, &extra);
-        assert_refused(&out, &m, &[&p, "is inside", inside]);
+        let why = if inside.ends_with("directory") {
+            "is inside"
+        } else {
+            inside
+        };
+        assert_refused(&out, &m, &[&p, why]);
         assert!(!path.exists() || path == w, "{} was made", path.display());
     }
+    assert!(!base.path().join("nx").exists(), "nx was made");
     assert_eq!(std::fs::read_dir(&u).unwrap().count(), 0, "upper untouched");
 }
 
@@ -1410,4 +1422,94 @@ fn umount_returns_once_the_daemon_is_gone() {
     assert!(err.contains(&pid) && err.contains("not exited"), "{err}");
     assert!(took >= Duration::from_secs(1), "gave up after {took:?}");
     assert_eq!(mount_at(&mnt), None, "still mounted");
+}
+
+/// The test user holding `lock` (a flock) on `dir` and, open in its own directory `own`,
+/// a regular file and a FIFO named `verilay.lock`, each claiming to be the record of
+/// root's mount on `/` (process 1), until dropped.
+struct ForgedHolder {
+    child: std::process::Child,
+}
+
+impl ForgedHolder {
+    fn start(own: &Path, dir: &Path, lock: &str) -> ForgedHolder {
+        let script = format!(
+            r#"
+import fcntl, os, time
+own, d = {own:?}, {dir:?}
+os.makedirs(own + "/a", exist_ok=True); os.makedirs(own + "/b", exist_ok=True)
+with open(own + "/a/verilay.lock", "w") as f: f.write("pid 1\nmountpoint /\n")
+rec = open(own + "/a/verilay.lock")
+fcntl.flock(rec, fcntl.LOCK_EX)
+os.mkfifo(own + "/b/verilay.lock")
+fifo = os.open(own + "/b/verilay.lock", os.O_RDWR)
+fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.{lock} | fcntl.LOCK_NB)
+open(own + "/ready", "w").close()
+time.sleep(120)
+"#,
+            own = own.display().to_string(),
+            dir = dir.display().to_string(),
+        );
+        let child = Command::new("runuser")
+            .args(["-u", "verilaytest", "--", "python3", "-c", &script])
+            .spawn()
+            .unwrap();
+        let ready = own.join("ready");
+        wait_until("the test user holds its locks", || ready.exists());
+        ForgedHolder { child }
+    }
+}
+
+impl Drop for ForgedHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Another user can flock any directory it can read and keep open any file named
+/// `verilay.lock`: that must neither keep root's mount out of a directory below (the
+/// record is not believed: it is not the holder's own, locked lock file), nor stall it
+/// (a FIFO of that name is never read), nor name root's mount as the holder.
+#[test]
+fn a_forged_lock_record_poses_as_no_mount_and_stalls_none() {
+    if prerequisites() || lacks_test_user() || skip_unless(have("python3"), "needs python3") {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let own = base.dir("theirs");
+    run(Command::new("chown").arg("verilaytest").arg(&own));
+    let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
+    // An exclusive lock on a directory above root's upper and work: passed over.
+    let holder = ForgedHolder::start(&own, base.path(), "LOCK_EX");
+    let start = Instant::now();
+    let out = mount_upper(&image, &m, &u, &w, &["--timeout", "20"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(Unmount::fuse(&m));
+    drop(holder);
+    // A lock on the upper directory itself refuses the mount, naming the real holder.
+    std::fs::remove_dir_all(&own).unwrap();
+    let own = base.dir("theirs");
+    run(Command::new("chown").arg("verilaytest").arg(&own));
+    let holder = ForgedHolder::start(&own, &u, "LOCK_EX");
+    let out = mount_upper(&image, &m, &u, &w, &["--timeout", "20"]);
+    let pid = holder.child.id();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !err.contains("mount on /"),
+        "a forged record was believed: {err}"
+    );
+    assert_refused(&out, &m, &["upper directory", "is in use by process"]);
+    // runuser's child (python) holds the lock: its pid, not the record's 1.
+    assert!(
+        !err.contains("process 1)") && !err.contains("process 1 "),
+        "{err} (runuser {pid})"
+    );
 }
