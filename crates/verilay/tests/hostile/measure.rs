@@ -755,6 +755,132 @@ fn a_list_or_log_another_user_can_write_is_refused() {
     assert!(log_verify(&log, &[]).status.success());
 }
 
+/// Whether a FUSE filesystem is mounted on `mnt`.
+fn mounted(mnt: &Path) -> bool {
+    let want = mnt.as_os_str().as_encoded_bytes();
+    fs::read("/proc/self/mountinfo")
+        .unwrap()
+        .split(|&b| b == b'\n')
+        .any(|l| {
+            let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
+            f.get(4) == Some(&want) && f.iter().any(|x| x.starts_with(b"fuse"))
+        })
+}
+
+/// The marker of a writer that died with a list open, measuring into PCR 11 only.
+fn dead_pcr11_marker(dir: &Path) {
+    fs::write(dir.join(IN_USE), "pid 1, mount on /gone\npcrs: 11\n").unwrap();
+}
+
+/// A mount continuing a list whose last writer died, itself killed while it records the
+/// gap (at each fsync in turn, as `strace` injects): the next mount must still record a
+/// violation on every PCR the first dead writer could extend, not only the second's.
+#[test]
+fn a_death_while_recording_a_gap_still_leaves_it_owed_on_the_first_writers_pcrs() {
+    if mounts() || skip_unless(have("strace"), "needs strace (fault injection)") {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let mnt = t.path().join("mnt");
+    let mut killed = 0;
+    for when in 1..=12 {
+        let log = t.path().join(format!("log{when}"));
+        small_list(&log);
+        dead_pcr11_marker(&log);
+        fs::create_dir_all(&mnt).unwrap();
+        // strace follows the daemon too, so it ends only when the daemon does: a mount
+        // that came up (past the recovery's fsyncs) is unmounted to end it.
+        let mut strace = Command::new("strace")
+            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "-e"])
+            .arg(format!("inject=fsync:signal=KILL:when={when}"))
+            .arg(env!("CARGO_BIN_EXE_verilay"))
+            .arg("mount")
+            .arg(&image)
+            .arg(&mnt)
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--measure-log")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut ended = None;
+        wait_until(
+            Duration::from_secs(20),
+            "the mount to end or come up",
+            || {
+                ended = strace.try_wait().unwrap();
+                ended.is_some() || mounted(&mnt)
+            },
+        );
+        if ended.is_none() {
+            unmount(Unmount {
+                dir: mnt.clone(),
+                fuse: true,
+            });
+            strace.wait().unwrap();
+            break;
+        }
+        killed += 1;
+        drop(Unmount {
+            dir: mnt.clone(),
+            fuse: true,
+        });
+        wait_daemon_gone(&mnt);
+        let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+        unmount(m);
+        let pcr11 = format!(
+            "11 {} ima-ng sha256:{} verilay:unclean-shutdown",
+            "0".repeat(40),
+            "0".repeat(64)
+        );
+        let lines = ascii_lines(&log);
+        assert!(
+            lines.contains(&pcr11),
+            "killed at fsync {when}: PCR 11 of the first dead writer got no violation:\n{}",
+            lines.join("\n")
+        );
+        assert!(log_verify(&log, &["--ignore-violations"]).status.success());
+    }
+    assert!(killed > 0, "no fsync was injected into");
+}
+
+/// A mount that fails once it has marked its list in use (a FIFO where a PCR file goes,
+/// refused) puts the list back as it was: the next mount records no violation.
+#[test]
+fn a_mount_that_fails_opening_its_list_leaves_no_false_gap() {
+    if mounts() {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    fs::create_dir_all(&log).unwrap();
+    run(Command::new("mkfifo").arg(log.join(PCRS_SHA1)));
+    let out = mount(&image, &mnt, &policy, &log, &[]);
+    drop(Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    });
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains(&format!("{PCRS_SHA1}: is a FIFO, not a regular file")),
+        "{err}"
+    );
+    assert!(
+        !log.join(IN_USE).exists(),
+        "the failed mount left its marker"
+    );
+    fs::remove_file(log.join(PCRS_SHA1)).unwrap();
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    read_through(&mnt, &["a"]);
+    unmount(m);
+    let out = log_verify(&log, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ascii_lines(&log).len(), 2);
+}
+
 /// A list directory in the `measure_list` fuzz target's form (see its documentation).
 fn encode_list(dir: &Path) -> Vec<u8> {
     let marker = fs::read(dir.join(IN_USE)).ok();
