@@ -52,6 +52,13 @@ pub const HASH_AT_CLOSE: std::ops::RangeInclusive<u64> = (8 << 10)..=(256 << 10)
 /// How long a measured open waits for a hash begun at close before it hashes itself.
 const HASH_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a measured reader of a file with a writer waits for that writer's RELEASE
+/// before recording open_writers (and a writer for the measured readers', before
+/// ToMToU). The kernel sends RELEASE after close(2) has returned, so a file written,
+/// closed and at once opened to read can still count its writer here (another worker
+/// handling the RELEASE meanwhile): in the kernel it no longer would.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 #[derive(Clone)]
 struct Cached {
     cookie: Option<Cookie>,
@@ -172,8 +179,13 @@ impl Opens {
     }
 
     /// A handle [`Measured::reader`] counted closed.
-    pub fn reader_closed(&self) {
-        self.readers.fetch_sub(1, Ordering::SeqCst);
+    /// True when it was the last.
+    pub fn reader_closed(&self) -> bool {
+        self.readers.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    fn readers(&self) -> bool {
+        self.readers.load(Ordering::SeqCst) > 0
     }
 
     fn writers(&self) -> bool {
@@ -340,6 +352,8 @@ pub struct Measuring {
     /// Wakes measured opens waiting for a hash begun at close, and how many wait (no
     /// wake-up call when none does).
     hashed: (Mutex<()>, Condvar),
+    /// Signalled when a file's last writer closed (see [`RELEASE_WAIT`]).
+    released: (Mutex<()>, Condvar),
     waiting: AtomicU64,
     pub counters: Arc<Counters>,
     /// The mount measured, which a long hash watches (see [`Watched`]).
@@ -394,6 +408,7 @@ impl Measuring {
             cache: papaya::HashMap::new(),
             tokens: AtomicU64::new(1),
             hashed: (Mutex::new(()), Condvar::new()),
+            released: (Mutex::new(()), Condvar::new()),
             waiting: AtomicU64::new(0),
             counters,
             mount: MountWatch {
@@ -448,6 +463,7 @@ impl Measuring {
             // ima_rdwr_violation_check runs for FILE_CHECK: a measured reader of a file
             // a writer has open.
             if let Some(opens) = o.opens.filter(|_| func == Func::FileCheck && !writes) {
+                self.wait_for_release(opens, Opens::writers);
                 let open_writers;
                 (reader, open_writers) = opens.measured_reader();
                 if open_writers {
@@ -506,6 +522,24 @@ impl Measuring {
         Ok(done)
     }
 
+    /// Waits (at most [`RELEASE_WAIT`]) while the file has `open` handles (writers, or
+    /// measured readers), whose RELEASE may be on its way (see there).
+    fn wait_for_release(&self, opens: &Opens, open: fn(&Opens) -> bool) {
+        if !open(opens) {
+            return;
+        }
+        let (lock, cv) = &self.released;
+        let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = cv.wait_timeout_while(guard, RELEASE_WAIT, |_| open(opens));
+    }
+
+    /// A file's last writer or last measured reader closed ([`Opens::writer_closed`] or
+    /// [`Opens::reader_closed`] said so): wakes the opens waiting for it.
+    pub fn released(&self) {
+        drop(self.released.0.lock().unwrap_or_else(|p| p.into_inner()));
+        self.released.1.notify_all();
+    }
+
     /// A write open of a file whose layer no rule can measure (so [`Measuring::open`] is
     /// not asked): the kernel still records ToMToU for it, whatever the policy says of
     /// the writer (a file copied up from a measured image layer can have measured
@@ -523,6 +557,7 @@ impl Measuring {
         opens: &Opens,
         path: impl FnOnce() -> Vec<u8>,
     ) -> io::Result<Option<&'static str>> {
+        self.wait_for_release(opens, Opens::readers);
         if !opens.time_of_use() {
             return Ok(None);
         }

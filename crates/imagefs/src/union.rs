@@ -464,7 +464,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         };
         let Handle::Writer { key, hash_at_close } = h else {
             let _ = self.with_node(id, |n| {
-                n.io.opens.reader_closed();
+                if n.io.opens.reader_closed() {
+                    s.measuring.released();
+                }
                 Ok(())
             });
             return;
@@ -472,6 +474,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         s.measuring.changed(key);
         let _ = self.with_node(id, |n| {
             let last = n.io.opens.writer_closed();
+            if last {
+                s.measuring.released();
+            }
             let Some(fd) = n.upper.as_ref().filter(|_| last && hash_at_close) else {
                 return Ok(());
             };
