@@ -311,7 +311,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 nid: o.nid,
             },
             cookie: None,
-            writers: false,
+            opens: None,
         };
         let content = ImageContent {
             fs: self,

@@ -13,11 +13,11 @@
 //!
 //! Nothing here runs without a policy: the per-request paths stay as they are.
 
-use measure::log::{DigestKind, Entry, Event, HashAlgo, Log, LogError};
+use measure::log::{DigestKind, Entry, Event, HashAlgo, Log, LogError, DEFAULT_PCR, MAX_PATH};
 use measure::policy::{Access, FsIdentity, Func, Policy, TaskIds, Template};
 use measure::policy::{MAY_APPEND, MAY_EXEC, MAY_READ, MAY_WRITE};
 use std::io::{self, Read as _};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// How long a new entry may wait in memory before it is written to the list's files.
@@ -52,6 +52,13 @@ pub const HASH_AT_CLOSE: std::ops::RangeInclusive<u64> = (8 << 10)..=(256 << 10)
 /// How long a measured open waits for a hash begun at close before it hashes itself.
 const HASH_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a measured reader of a file with a writer waits for that writer's RELEASE
+/// before recording open_writers (and a writer for the measured readers', before
+/// ToMToU). The kernel sends RELEASE after close(2) has returned, so a file written,
+/// closed and at once opened to read can still count its writer here (another worker
+/// handling the RELEASE meanwhile): in the kernel it no longer would.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 #[derive(Clone)]
 struct Cached {
     cookie: Option<Cookie>,
@@ -83,6 +90,8 @@ pub struct Counters {
     /// drained, which `verilay stats` does first).
     pub logged: Counter,
     pub duplicates: Counter,
+    /// Violations recorded while mounted (open_writers, ToMToU), also counted as drained.
+    pub violations: Counter,
     /// Read-only mounts: image files whose bytes an open handed to the kernel's page cache
     /// (see `ImageFs::prime`), and those bytes.
     pub primed: Counter,
@@ -127,9 +136,114 @@ pub struct Opening<'a> {
     pub key: ContentKey,
     /// Upper files: the host inode's cookie now; `None` for image files.
     pub cookie: Option<Cookie>,
-    /// Whether someone has the file open for writing through the mount right now: then
-    /// a digest is not kept, as the content can change at any moment.
-    pub writers: bool,
+    /// How the file is open through the mount now (a writable mount's files; `None` for
+    /// a read-only mount's, which nobody writes). While a writer has it, a digest is not
+    /// kept, as the content can change at any moment; and IMA's violations are decided
+    /// from it (see [`Opens`]).
+    pub opens: Option<&'a Opens>,
+}
+
+/// How one file (a FUSE inode) is open through a writable mount, as IMA's
+/// `ima_rdwr_violation_check` needs it: the handles that can write (the kernel's
+/// `i_writecount`), the read-only handles whose open the policy measured, and the iint's
+/// two bits that let each violation be recorded once per event. Only opens of layers the
+/// policy can measure touch it; a mount without a policy never does.
+#[derive(Default)]
+pub struct Opens {
+    writers: AtomicU32,
+    readers: AtomicU32,
+    bits: AtomicU8,
+}
+
+/// A measured reader opened the file since the last ToMToU (`IMA_MAY_EMIT_TOMTOU`).
+const MAY_EMIT_TOMTOU: u8 = 1;
+/// An open_writers violation was recorded since the last writer closed
+/// (`IMA_EMITTED_OPENWRITERS`).
+const EMITTED_OPEN_WRITERS: u8 = 2;
+
+impl Opens {
+    /// A handle that can write is being opened: counted before its measurement, so that
+    /// keeps no digest.
+    pub fn writer_opened(&self) {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A handle that can write closed (or its open failed). True when it was the last:
+    /// then a measured reader records open_writers again (`ima_check_last_writer`).
+    pub fn writer_closed(&self) -> bool {
+        let last = self.writers.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last {
+            self.bits.fetch_and(!EMITTED_OPEN_WRITERS, Ordering::SeqCst);
+        }
+        last
+    }
+
+    /// A handle [`Measured::reader`] counted closed.
+    /// True when it was the last.
+    pub fn reader_closed(&self) -> bool {
+        self.readers.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    fn readers(&self) -> bool {
+        self.readers.load(Ordering::SeqCst) > 0
+    }
+
+    fn writers(&self) -> bool {
+        self.writers.load(Ordering::SeqCst) > 0
+    }
+
+    /// A write open: whether it makes a ToMToU violation, as in the kernel: a measured
+    /// reader has the file open, and one opened it since the last ToMToU.
+    fn time_of_use(&self) -> bool {
+        self.readers.load(Ordering::SeqCst) > 0
+            && self.bits.fetch_and(!MAY_EMIT_TOMTOU, Ordering::SeqCst) & MAY_EMIT_TOMTOU != 0
+    }
+
+    /// A read-only open the policy measures: counted (the returned guard takes the count
+    /// back unless kept), and whether it makes an open_writers violation: a writer has the
+    /// file open, and none was recorded since the last writer closed. Counted before the
+    /// writers are looked at (and a writer counts itself before looking at the readers),
+    /// so of a reader and a writer opening at once, at least one sees the other.
+    fn measured_reader(&self) -> (ReaderCount<'_>, bool) {
+        self.bits.fetch_or(MAY_EMIT_TOMTOU, Ordering::SeqCst);
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        let open_writers = self.writers()
+            && self.bits.fetch_or(EMITTED_OPEN_WRITERS, Ordering::SeqCst) & EMITTED_OPEN_WRITERS
+                == 0;
+        (ReaderCount(Some(self)), open_writers)
+    }
+}
+
+/// A measured reader's count, taken back when dropped unless [`ReaderCount::keep`] says
+/// the open succeeded.
+struct ReaderCount<'a>(Option<&'a Opens>);
+
+impl ReaderCount<'_> {
+    fn keep(mut self) -> bool {
+        self.0.take().is_some()
+    }
+}
+
+impl Drop for ReaderCount<'_> {
+    fn drop(&mut self) {
+        if let Some(o) = self.0 {
+            o.reader_closed();
+        }
+    }
+}
+
+/// What measuring an open did, for its filesystem.
+#[derive(Debug, Default)]
+pub struct Measured {
+    /// An open that can write: whether the same task opening the file to read would be
+    /// measured by its content (what makes hashing it after its close worthwhile, see
+    /// [`Measuring::closed`]).
+    pub hash_at_close: bool,
+    /// A read-only open the policy measured, counted in its [`Opens`]: its close must
+    /// call [`Opens::reader_closed`].
+    pub reader: bool,
+    /// The violation it recorded (IMA's cause: `ToMToU` or `open_writers`), if any.
+    pub violation: Option<&'static str>,
 }
 
 /// Where a measured file's bytes and digests come from.
@@ -147,6 +261,8 @@ pub trait Content {
 
 /// A measured open's event, owned, until it becomes an entry of the list.
 struct Raw {
+    /// A violation (`ima_add_violation`): only `path` counts.
+    violation: bool,
     pcr: u32,
     template: Template,
     kind: DigestKind,
@@ -179,6 +295,11 @@ impl Shared {
     fn drain(inbox: &Mutex<Vec<Raw>>, counters: &Counters, log: &mut Log) -> Result<(), LogError> {
         let raws = std::mem::take(&mut *inbox.lock().unwrap_or_else(|p| p.into_inner()));
         for r in raws {
+            if r.violation {
+                log.append_entry(Entry::violation(DEFAULT_PCR, &r.path))?;
+                counters.violations.add(1);
+                continue;
+            }
             let ev = Event {
                 template: r.template,
                 kind: r.kind,
@@ -231,12 +352,18 @@ pub struct Measuring {
     /// Wakes measured opens waiting for a hash begun at close, and how many wait (no
     /// wake-up call when none does).
     hashed: (Mutex<()>, Condvar),
+    /// Signalled when a file's last writer closed (see [`RELEASE_WAIT`]).
+    released: (Mutex<()>, Condvar),
     waiting: AtomicU64,
     pub counters: Arc<Counters>,
+    /// The mount measured, which a long hash watches (see [`Watched`]).
+    mount: MountWatch,
 }
 
 impl Measuring {
-    pub fn new(policy: Policy, log: Log, algo: HashAlgo) -> Measuring {
+    /// Measures the opens of the mount on `mountpoint` (absolute, as mountinfo shows it)
+    /// into `log`.
+    pub fn new(policy: Policy, log: Log, algo: HashAlgo, mountpoint: &[u8]) -> Measuring {
         let counters = Arc::new(Counters::default());
         let shared = Arc::new(Shared {
             broken: log.broken_flag(),
@@ -281,8 +408,13 @@ impl Measuring {
             cache: papaya::HashMap::new(),
             tokens: AtomicU64::new(1),
             hashed: (Mutex::new(()), Condvar::new()),
+            released: (Mutex::new(()), Condvar::new()),
             waiting: AtomicU64::new(0),
             counters,
+            mount: MountWatch {
+                mountpoint: mountpoint.to_vec(),
+                id: std::sync::OnceLock::new(),
+            },
         }
     }
 
@@ -294,13 +426,20 @@ impl Measuring {
 
     /// Measures an open if the policy says so. An error (the file could not be read, or
     /// failed verification, or the list could not be written) fails the open: a measured
-    /// open never succeeds unmeasured. For an open that can write, also says whether
-    /// the same task opening the file to read would be measured by its content (what
-    /// makes hashing it after its close worthwhile, see `closed`).
-    pub fn open(&self, o: &Opening<'_>, content: &dyn Content) -> io::Result<bool> {
+    /// open never succeeds unmeasured. Records the violations IMA records for it (see
+    /// [`Opens`]), before its own entry as the kernel does.
+    pub fn open(&self, o: &Opening<'_>, content: &dyn Content) -> io::Result<Measured> {
         let exec = o.flags & FMODE_EXEC != 0;
+        let writes = writes(o.flags);
         let mut task_ids = None;
         let mut task = || *task_ids.get_or_insert_with(|| task_ids_of(o.pid));
+        let mut done = Measured::default();
+        if writes {
+            if let Some(opens) = o.opens {
+                done.violation = self.time_of_use(opens, || content.path())?;
+            }
+        }
+        let mut reader = ReaderCount(None);
         // An exec is checked twice, as the kernel does: BPRM_CHECK, and FILE_CHECK with
         // the exec's access mask.
         let checks: &[(Func, u32)] = if exec {
@@ -321,6 +460,17 @@ impl Measuring {
                 continue;
             };
             self.counters.measured.add(1);
+            // ima_rdwr_violation_check runs for FILE_CHECK: a measured reader of a file
+            // a writer has open.
+            if let Some(opens) = o.opens.filter(|_| func == Func::FileCheck && !writes) {
+                self.wait_for_release(opens, Opens::writers);
+                let open_writers;
+                (reader, open_writers) = opens.measured_reader();
+                if open_writers {
+                    self.violation(content.path())?;
+                    done.violation = Some("open_writers");
+                }
+            }
             let digest = self.digest(o, m.verity, content)?;
             let (kind, algo) = if m.verity {
                 (DigestKind::Verity, HashAlgo::Sha256)
@@ -344,10 +494,8 @@ impl Measuring {
             // Checked now, made an entry by the flusher (`Shared`): what could fail
             // fails this open.
             Log::check_event(m.pcr, &ev).map_err(io::Error::other)?;
-            if self.shared.broken.load(Ordering::Acquire) {
-                return Err(io::Error::other(LogError::Broken));
-            }
-            let raw = Raw {
+            self.push(Raw {
+                violation: false,
                 pcr: m.pcr,
                 template: m.template,
                 kind,
@@ -355,27 +503,99 @@ impl Measuring {
                 digest,
                 path,
                 sig,
+            })?;
+        }
+        done.reader = reader.keep();
+        if writes {
+            let access = Access {
+                func: Func::FileCheck,
+                mask: MAY_READ,
+                fowner: o.owner.0,
+                fgroup: o.owner.1,
+                fs: o.fs,
             };
-            let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            inbox.push(raw);
-            if inbox.len() == 1 {
-                self.shared.wake.notify_one();
-            }
+            done.hash_at_close = self
+                .policy
+                .decide(&access, &mut task)
+                .is_some_and(|m| !m.verity);
         }
-        if !writes(o.flags) {
-            return Ok(false);
+        Ok(done)
+    }
+
+    /// Waits (at most [`RELEASE_WAIT`]) while the file has `open` handles (writers, or
+    /// measured readers), whose RELEASE may be on its way (see there).
+    fn wait_for_release(&self, opens: &Opens, open: fn(&Opens) -> bool) {
+        if !open(opens) {
+            return;
         }
-        let access = Access {
-            func: Func::FileCheck,
-            mask: MAY_READ,
-            fowner: o.owner.0,
-            fgroup: o.owner.1,
-            fs: o.fs,
-        };
-        Ok(self
-            .policy
-            .decide(&access, &mut task)
-            .is_some_and(|m| !m.verity))
+        let (lock, cv) = &self.released;
+        let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = cv.wait_timeout_while(guard, RELEASE_WAIT, |_| open(opens));
+    }
+
+    /// A file's last writer or last measured reader closed ([`Opens::writer_closed`] or
+    /// [`Opens::reader_closed`] said so): wakes the opens waiting for it.
+    pub fn released(&self) {
+        drop(self.released.0.lock().unwrap_or_else(|p| p.into_inner()));
+        self.released.1.notify_all();
+    }
+
+    /// A write open of a file whose layer no rule can measure (so [`Measuring::open`] is
+    /// not asked): the kernel still records ToMToU for it, whatever the policy says of
+    /// the writer (a file copied up from a measured image layer can have measured
+    /// readers). Returns the violation recorded, if any.
+    pub fn write_opened(
+        &self,
+        opens: &Opens,
+        path: impl FnOnce() -> Vec<u8>,
+    ) -> io::Result<Option<&'static str>> {
+        self.time_of_use(opens, path)
+    }
+
+    fn time_of_use(
+        &self,
+        opens: &Opens,
+        path: impl FnOnce() -> Vec<u8>,
+    ) -> io::Result<Option<&'static str>> {
+        self.wait_for_release(opens, Opens::readers);
+        if !opens.time_of_use() {
+            return Ok(None);
+        }
+        self.violation(path())?;
+        Ok(Some("ToMToU"))
+    }
+
+    /// Records a violation as `ima_add_violation` does (on PCR 10, named by the file's
+    /// path, or its last component when the path is too long, as `ima_d_path` falls back
+    /// to the dentry's name). An event that cannot be recorded fails the open.
+    fn violation(&self, mut path: Vec<u8>) -> io::Result<()> {
+        if path.len() > MAX_PATH {
+            let last = path.rsplit(|&b| b == b'/').next().unwrap_or(&[]);
+            path = last[..last.len().min(255)].to_vec();
+        }
+        self.push(Raw {
+            violation: true,
+            pcr: DEFAULT_PCR,
+            template: Template::ImaNg,
+            kind: DigestKind::Ima,
+            algo: HashAlgo::Sha256,
+            digest: Vec::new(),
+            path,
+            sig: None,
+        })
+    }
+
+    /// Hands an event to the flusher (`Shared`), unless the list is broken.
+    fn push(&self, raw: Raw) -> io::Result<()> {
+        if self.shared.broken.load(Ordering::Acquire) {
+            return Err(io::Error::other(LogError::Broken));
+        }
+        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        inbox.push(raw);
+        if inbox.len() == 1 {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
     }
 
     /// The file's digest for this measurement: reused while the content cannot have
@@ -383,7 +603,7 @@ impl Measuring {
     fn digest(&self, o: &Opening<'_>, verity: bool, content: &dyn Content) -> io::Result<Vec<u8>> {
         if let Some(c) = self.settled(&o.key) {
             if let Some(d) = c.digest {
-                if c.verity == verity && c.cookie == o.cookie && !o.writers {
+                if c.verity == verity && c.cookie == o.cookie && !writing(o) {
                     self.counters.reused.add(1);
                     return Ok(d);
                 }
@@ -401,9 +621,7 @@ impl Measuring {
             None if verity => {
                 // An upper file has no stored fs-verity digest: compute one from its bytes.
                 let (r, size) = content.reader(o.cookie.map(|c| c.4))?;
-                let params = verity::Params::new(verity::HashAlg::Sha256, 4096, Vec::new())
-                    .map_err(io::Error::other)?;
-                let (d, _) = verity::digest_reader(&params, r, size)?;
+                let d = verity_digest(self.watched(r.take(size), o.pid), size)?;
                 self.count_hash(size);
                 d
             }
@@ -416,10 +634,10 @@ impl Measuring {
             // i_size bytes (also saving the read that would find the end).
             None => {
                 let (r, size) = content.reader(o.cookie.map(|c| c.4))?;
-                self.hash(Box::new(r.take(size)), size)?
+                self.hash(Box::new(self.watched(r.take(size), o.pid)), size)?
             }
         };
-        if !o.writers {
+        if !writing(o) {
             self.cache.pin().insert(
                 o.key,
                 Cached {
@@ -431,6 +649,19 @@ impl Measuring {
             );
         }
         Ok(digest)
+    }
+
+    /// `r`, read for a measured open by `pid`: a hash long enough to be worth stopping
+    /// stops when the mount is gone or the opener is being killed (see [`Watched`]).
+    fn watched<'r, R: io::Read + 'r>(&'r self, r: R, pid: u32) -> Watched<'r, R> {
+        self.mount.learn();
+        Watched {
+            inner: r,
+            mount: &self.mount,
+            pid,
+            read: 0,
+            next: WATCH_EVERY,
+        }
     }
 
     /// The file's bytes hashed with the list's algorithm.
@@ -603,8 +834,8 @@ impl Measuring {
         let (entries, violations) = {
             let mut log = self.shared.log();
             let _ = log.flush();
-            let violations = log.recovery().map_or(0, |r| r.violations.len());
-            (log.entries(), violations)
+            let recovered = log.recovery().map_or(0, |r| r.violations.len() as u64);
+            (log.entries(), recovered + c.violations.get())
         };
         format!(
             "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"hashed_at_close\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{},\"violations\":{}}}",
@@ -626,6 +857,162 @@ impl Measuring {
     }
 }
 
+/// How many bytes a measured open's hash reads between looks at whether to stop: at the
+/// 1-2 GB/s a hash runs, a few looks a second, each a read of two small /proc files.
+const WATCH_EVERY: u64 = 64 << 20;
+
+/// A file's bytes read for a measured open's hash. IMA hashes the whole file, and so does
+/// verilay, however long that takes (a sparse file of 2^50 bytes: days); but the daemon
+/// must stay stoppable. Every `WATCH_EVERY` bytes it looks whether the mount is gone (a
+/// lazy unmount, which the daemon also does on SIGTERM) or the opener is being killed
+/// (FUSE would send INTERRUPT, but fuser answers it ENOSYS itself, so the daemon never
+/// sees one: the opener's pending signals tell instead). Then the read fails, and with
+/// it the open (EIO, and a log line).
+struct Watched<'a, R> {
+    inner: R,
+    mount: &'a MountWatch,
+    pid: u32,
+    read: u64,
+    next: u64,
+}
+
+impl<R: io::Read> io::Read for Watched<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.read >= self.next {
+            self.next = self.read.saturating_add(WATCH_EVERY);
+            let why = if self.mount.gone() {
+                Some("the mount was unmounted")
+            } else if being_killed(self.pid) {
+                Some("the opener is being killed")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(io::Error::other(format!(
+                    "hash stopped after {} bytes: {why}",
+                    self.read
+                )));
+            }
+        }
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Tells whether the mount measured is still attached: by its mount id in
+/// /proc/self/mountinfo, learnt before the first hash starts (the topmost FUSE mount on
+/// the mountpoint then: a request came through it, so it is there unless already
+/// detached). If none is found then, it is never taken for gone.
+struct MountWatch {
+    mountpoint: Vec<u8>,
+    id: std::sync::OnceLock<Option<u64>>,
+}
+
+impl MountWatch {
+    /// Learns the mount's id, once.
+    fn learn(&self) {
+        self.id.get_or_init(|| {
+            let info = std::fs::read("/proc/self/mountinfo").ok()?;
+            fuse_mount_on(&info, &self.mountpoint)
+        });
+    }
+
+    fn gone(&self) -> bool {
+        let Some(Some(id)) = self.id.get() else {
+            return false;
+        };
+        std::fs::read("/proc/self/mountinfo").is_ok_and(|info| !mount_listed(&info, *id))
+    }
+}
+
+/// The id of the last (topmost) FUSE mount on `mountpoint` in a mountinfo text.
+fn fuse_mount_on(info: &[u8], mountpoint: &[u8]) -> Option<u64> {
+    info.split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            let sep = fields.iter().position(|f| *f == b"-")?;
+            let fstype = fields.get(sep + 1)?;
+            let fuse = *fstype == b"fuse" || fstype.starts_with(b"fuse.");
+            (fuse && unescape(fields.get(4)?) == mountpoint)
+                .then(|| std::str::from_utf8(fields[0]).ok()?.parse().ok())
+                .flatten()
+        })
+        .next_back()
+}
+
+/// Whether mount `id` is in a mountinfo text.
+fn mount_listed(info: &[u8], id: u64) -> bool {
+    let id = id.to_string();
+    info.split(|&b| b == b'\n')
+        .any(|line| line.split(|&b| b == b' ').next() == Some(id.as_bytes()))
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space...) undone.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Whether task `pid` (a thread) has SIGKILL pending: it is being killed, by SIGKILL or
+/// by any signal it does not handle (the kernel turns those into SIGKILL for each
+/// thread), and waits only for its request's answer.
+fn being_killed(pid: u32) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (9 - 1);
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status.lines().any(|l| {
+        let pending = l
+            .strip_prefix("SigPnd:")
+            .or_else(|| l.strip_prefix("ShdPnd:"));
+        pending
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|v| v & SIGKILL_BIT != 0)
+    })
+}
+
+/// The fs-verity digest (SHA-256, 4 KiB blocks, no salt) of `size` bytes read from `r`,
+/// in memory bounded by the tree's height (`verity::TreeStream`), not its size.
+fn verity_digest(mut r: impl io::Read, size: u64) -> io::Result<Vec<u8>> {
+    const BS: usize = 4096;
+    let params = verity::Params::new(verity::HashAlg::Sha256, BS as u32, Vec::new())
+        .map_err(io::Error::other)?;
+    let salt = params.padded_salt();
+    let mut tree = verity::TreeStream::new(&params);
+    let mut buf = vec![0u8; 256 * BS];
+    let mut hashes = vec![0u8; 256 * 32];
+    let mut left = size;
+    while left > 0 {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        r.read_exact(&mut buf[..want])?;
+        let blocks = want.div_ceil(BS);
+        verity::hash_blocks(&params, &salt, &buf[..want], &mut hashes[..blocks * 32]);
+        for h in hashes[..blocks * 32].chunks(32) {
+            tree.push(h);
+        }
+        left -= want as u64;
+    }
+    Ok(tree.digest(size))
+}
+
 /// The access mask IMA's FILE_CHECK sees for an open with these flags (fs/namei.c's
 /// acc_mode, limited to read, write, exec and append).
 pub fn access_mask(flags: i32) -> u32 {
@@ -641,6 +1028,11 @@ pub fn access_mask(flags: i32) -> u32 {
         mask |= MAY_APPEND;
     }
     mask
+}
+
+/// Whether someone has the file open for writing through the mount now.
+fn writing(o: &Opening<'_>) -> bool {
+    o.opens.is_some_and(Opens::writers)
 }
 
 /// Whether opening with these flags can change the file.
@@ -808,21 +1200,58 @@ impl Setup {
     }
 
     /// Measures an open (see [`Measuring::open`]); a failure is one log line and EIO,
-    /// which fails the open.
+    /// which fails the open. A violation recorded is a log line too (the kernel audits
+    /// each).
     pub fn measure(
         &self,
         o: &Opening<'_>,
         content: &dyn Content,
         log: &crate::Logger,
         name: &str,
-    ) -> Result<bool, fuser::Errno> {
-        self.measuring.open(o, content).map_err(|e| {
-            log(&format!(
-                "{name}: measuring {}: {e}",
-                String::from_utf8_lossy(&content.path())
-            ));
-            fuser::Errno::EIO
-        })
+    ) -> Result<Measured, fuser::Errno> {
+        let r = self.measuring.open(o, content);
+        Self::report(
+            r.as_ref().map(|m| m.violation),
+            || content.path(),
+            log,
+            name,
+        )?;
+        r.map_err(|_| fuser::Errno::EIO)
+    }
+
+    /// [`Measuring::write_opened`], reported as [`Setup::measure`] reports.
+    pub fn write_opened(
+        &self,
+        opens: &Opens,
+        path: impl Fn() -> Vec<u8>,
+        log: &crate::Logger,
+        name: &str,
+    ) -> Result<(), fuser::Errno> {
+        let r = self.measuring.write_opened(opens, &path);
+        Self::report(r.as_ref().copied(), path, log, name)
+    }
+
+    fn report(
+        r: Result<Option<&'static str>, &io::Error>,
+        path: impl FnOnce() -> Vec<u8>,
+        log: &crate::Logger,
+        name: &str,
+    ) -> Result<(), fuser::Errno> {
+        match r {
+            Ok(None) => Ok(()),
+            Ok(Some(cause)) => {
+                let path = String::from_utf8_lossy(&path()).escape_debug().to_string();
+                log(&format!(
+                    "{name}: {path}: violation recorded (invalid_pcr, {cause})"
+                ));
+                Ok(())
+            }
+            Err(e) => {
+                let path = String::from_utf8_lossy(&path()).escape_debug().to_string();
+                log(&format!("{name}: measuring {path}: {e}"));
+                Err(fuser::Errno::EIO)
+            }
+        }
     }
 
     /// `mountpoint` joined with `inside` (components from the root down).

@@ -79,9 +79,9 @@ struct FileIo {
     /// The upper file registered with the kernel for passthrough (one per inode, as the
     /// kernel wants); `None` inside when refused.
     backing: OnceLock<Option<fuser::BackingId>>,
-    /// With measuring only: how many handles can write the file now (its digest is not
-    /// reused while any can).
-    writers: std::sync::atomic::AtomicU32,
+    /// With measuring only: how the file is open now (its digest is not reused while a
+    /// writer has it; IMA's violations are decided from it).
+    opens: crate::measuring::Opens,
     /// With measuring only: the object was made through the mount and no digest of its
     /// content can be kept yet (cleared before a reading open's measurement or a hash at
     /// close could keep one). While set, a change of attributes has no digest to carry
@@ -91,6 +91,24 @@ struct FileIo {
     fresh: std::sync::atomic::AtomicBool,
     /// The reaper's clock when the kernel last looked the node up.
     seen: AtomicU64,
+}
+
+/// With a policy, what a handle is remembered as (`UnionFs::measured_fhs`).
+#[derive(Clone, Copy)]
+enum Handle {
+    Writer {
+        key: ContentKey,
+        hash_at_close: bool,
+    },
+    Reader,
+}
+
+/// Marks a measured reader's handle served from the image, as handle 0 is (`measured`).
+const IMAGE_HANDLE: u64 = 1 << 63;
+
+/// Whether handle `fh` is served from the node (an image file's), not a descriptor.
+fn from_node(fh: u64) -> bool {
+    fh == 0 || fh & IMAGE_HANDLE != 0
 }
 
 const IO_UNDECIDED: u8 = 0;
@@ -152,9 +170,10 @@ pub struct UnionFs<S: ByteSource> {
     /// With a policy: opens are measured (see `measuring`), and the handles that can write
     /// are known, so a writer's close marks its file changed.
     measure: Option<Setup>,
-    /// With a policy: the handles that can write, with their node, its content key,
-    /// and whether the file is worth hashing after its close (`Measuring::open`).
-    writer_fhs: papaya::HashMap<u64, (u64, ContentKey, bool)>,
+    /// With a policy: the handles that can write (with their node, its content key, and
+    /// whether the file is worth hashing after its close, see `Measuring::open`) and the
+    /// read-only ones the policy measured (with their node).
+    measured_fhs: papaya::HashMap<u64, (u64, Handle)>,
     name: String,
     log: Logger,
 }
@@ -242,7 +261,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             hardlinks,
             passthrough: false,
             measure: None,
-            writer_fhs: papaya::HashMap::new(),
+            measured_fhs: papaya::HashMap::new(),
             upper,
             name,
             log,
@@ -327,8 +346,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }))
     }
 
-    /// With a policy: measures the open of node `id` by `pid` with `flags`, and when the
-    /// handle `fh` can write, counts it as a writer (its close marks the file changed).
+    /// With a policy: measures the open of node `id` by `pid` with `flags`, and says what
+    /// its handle must be remembered as: a writer (its close marks the file changed) or
+    /// a measured reader (its close is counted, for IMA's violations).
     fn measure_open(
         &self,
         id: u64,
@@ -336,25 +356,29 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         pid: u32,
         fh: u64,
         made: Option<&rustix::fs::Stat>,
-    ) -> Result<(), Errno> {
+    ) -> Result<Option<Handle>, Errno> {
         let Some(s) = &self.measure else {
-            return Ok(());
+            return Ok(None);
         };
         let guard = self.nodes.guard();
         let n = self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?;
+        let writes = crate::measuring::writes(flags);
         let Some((fs, key, cookie, owner)) = self.measured_as(s, n, made)? else {
-            return Ok(());
+            if writes {
+                let path = || self.measured_path(s, id);
+                s.write_opened(&n.io.opens, path, &self.log, &self.name)?;
+            }
+            return Ok(None);
         };
         let owner = match owner {
             Some(o) => o,
             None => self.attr(id, n).map(|a| (a.uid, a.gid))?,
         };
-        let writes = crate::measuring::writes(flags);
         if writes {
             // Counted before measuring, so the measurement keeps no digest; the handle is
-            // entered in `writer_fhs` (for its close) once measured. Nothing below fails
-            // before that but the measurement, which undoes the count.
-            n.io.writers.fetch_add(1, Ordering::AcqRel);
+            // remembered (for its close) once measured. Nothing below fails before that
+            // but the measurement, which undoes the count.
+            n.io.opens.writer_opened();
             s.measuring.changed(key);
         } else {
             n.io.fresh.store(false, Ordering::Release);
@@ -366,7 +390,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             fs,
             key,
             cookie,
-            writers: n.io.writers.load(Ordering::Acquire) > 0,
+            opens: Some(&n.io.opens),
         };
         let files = self.files.pin();
         let content = UnionContent {
@@ -379,21 +403,24 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 .map(|f| f.as_fd())
                 .filter(|_| flags & libc::O_ACCMODE != libc::O_WRONLY),
         };
-        let measured = s.measure(&o, &content, &self.log, &self.name);
-        if writes {
-            match measured {
-                Ok(hash_at_close) => {
-                    self.writer_fhs.pin().insert(fh, (id, key, hash_at_close));
+        match s.measure(&o, &content, &self.log, &self.name) {
+            Ok(m) if writes => Ok(Some(Handle::Writer {
+                key,
+                hash_at_close: m.hash_at_close,
+            })),
+            Ok(m) => Ok(m.reader.then_some(Handle::Reader)),
+            Err(e) => {
+                if writes {
+                    n.io.opens.writer_closed();
                 }
-                Err(_) => {
-                    n.io.writers.fetch_sub(1, Ordering::AcqRel);
-                }
+                Err(e)
             }
         }
-        measured.map(|_| ())
     }
 
     /// `measure_open` for a handle just opened: on failure the handle is closed again.
+    /// A measured reader served from the image (no descriptor, `fh` 0) gets a handle of
+    /// its own, so its close can be counted.
     fn measured(
         &self,
         id: u64,
@@ -403,11 +430,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         made: Option<&rustix::fs::Stat>,
     ) -> Result<u64, Errno> {
         match self.measure_open(id, flags, pid, fh, made) {
-            Ok(()) => Ok(fh),
+            Ok(None) => Ok(fh),
+            Ok(Some(h)) => {
+                let fh = match fh {
+                    0 => IMAGE_HANDLE | self.next_fh.fetch_add(1, Ordering::Relaxed),
+                    fh => fh,
+                };
+                self.measured_fhs.pin().insert(fh, (id, h));
+                Ok(fh)
+            }
             Err(e) => {
                 if fh != 0 {
                     self.files.pin().remove(&fh);
-                    self.measure_release(fh, None);
                 }
                 Err(e)
             }
@@ -421,12 +455,24 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let Some(s) = &self.measure else {
             return;
         };
-        let Some((id, key, hash_at_close)) = self.writer_fhs.pin().remove(&fh).copied() else {
+        let Some((id, h)) = self.measured_fhs.pin().remove(&fh).copied() else {
+            return;
+        };
+        let Handle::Writer { key, hash_at_close } = h else {
+            let _ = self.with_node(id, |n| {
+                if n.io.opens.reader_closed() {
+                    s.measuring.released();
+                }
+                Ok(())
+            });
             return;
         };
         s.measuring.changed(key);
         let _ = self.with_node(id, |n| {
-            let last = n.io.writers.fetch_sub(1, Ordering::AcqRel) == 1;
+            let last = n.io.opens.writer_closed();
+            if last {
+                s.measuring.released();
+            }
             let Some(fd) = n.upper.as_ref().filter(|_| last && hash_at_close) else {
                 return Ok(());
             };
@@ -1613,7 +1659,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                 .map_err(rerrno)?;
             }
             if let Some(len) = size {
-                match fh.filter(|f| u64::from(*f) != 0) {
+                match fh.filter(|f| !from_node(u64::from(*f))) {
                     Some(f) => self.with_file(f, |fd| rfs::ftruncate(fd, len).map_err(rerrno))?,
                     None => {
                         let f = rfs::open(
@@ -2065,7 +2111,10 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             )
             .map_err(rerrno)?;
             let id = u64::from(ino);
-            let n = self.node(id)?;
+            let mut n = self.node(id)?;
+            // OPEN carries no path: a file with several names is measured under the one
+            // learnt last, by a lookup or, as here, a link (see docs/SECURITY.md).
+            (n.parent, n.name) = (newparent.into(), newname.to_vec());
             self.remember(id, n.clone());
             self.attr(id, &n)
         };
@@ -2099,7 +2148,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             })
         };
         match run().and_then(|fh| self.measured(id, flags, req.pid(), fh, None)) {
-            Ok(0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(fh) if from_node(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Ok(fh) => {
                 let guard = self.nodes.guard();
                 let files = self.files.pin();
@@ -2128,7 +2177,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         reply: ReplyData,
     ) {
         let mut buf = vec![0u8; size as usize];
-        let r = if u64::from(fh) != 0 {
+        let r = if !from_node(fh.into()) {
             self.with_file(fh, |fd| {
                 rustix::io::pread(fd, &mut buf, offset).map_err(rerrno)
             })
@@ -2224,7 +2273,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if u64::from(fh) == 0 {
+        if from_node(fh.into()) {
             return reply.ok();
         }
         let synced = self.with_file(fh, |fd| {

@@ -386,7 +386,7 @@ impl Entry {
     /// A violation entry as `ima_add_violation` makes one: template data of ima-ng (the
     /// kernel's default template) with the digest field's digest all zero and `name` as
     /// the file name, and the template digests left zero in both banks.
-    pub fn violation(pcr: u32, name: &str) -> Entry {
+    pub fn violation(pcr: u32, name: &[u8]) -> Entry {
         let mut e = Entry::new(
             pcr,
             &Event {
@@ -394,7 +394,7 @@ impl Entry {
                 kind: DigestKind::Ima,
                 algo: HashAlgo::Sha256,
                 digest: &[0; 32],
-                path: name.as_bytes(),
+                path: name,
                 sig: None,
             },
         );
@@ -850,14 +850,32 @@ impl Log {
                 Some(verify::replay(dirfd.as_fd(), Mode::Recover, true, true).map_err(corrupt)?)
             }
         };
-        // In use from here on: durable before any entry is taken.
-        Log::write_marker(dir, &dirfd, holder)?;
-        let (lists, cut) = Log::open_lists(dir, &dirfd, replayed.as_ref())?;
+        // In use from here on: durable before any entry is taken. A list whose last
+        // writer died keeps that writer's marker until the gap is recorded durably
+        // (below): killed before then, this mount leaves the next one owing violations
+        // to every PCR the dead writer could extend, not to this one's alone.
+        if dead.is_none() {
+            Log::write_marker(dir, &dirfd, holder)?;
+        }
+        let opened = Log::open_lists(dir, &dirfd, replayed.as_ref());
         let (entries, pcrs, seen, used) = match replayed {
             Some(r) => (r.entries, r.pcrs, r.keys.into_iter().collect(), r.pcrs_used),
             None => (0, Pcrs::zero(), HashSet::default(), 0),
         };
-        let state = Log::open_state(dir, &dirfd, entries, &pcrs)?;
+        let opened = opened.and_then(|(lists, cut)| {
+            Ok((lists, cut, Log::open_state(dir, &dirfd, entries, &pcrs)?))
+        });
+        let (lists, cut, state) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                // Nothing was taken: the list is as it was, and so is its marker (none,
+                // or the dead writer's), so the next mount records no false gap.
+                if dead.is_none() {
+                    Log::remove_marker(&dirfd);
+                }
+                return Err(e);
+            }
+        };
         let files = Files {
             lists,
             state,
@@ -896,7 +914,7 @@ impl Log {
             let pcrs = (policy | used | (1 << DEFAULT_PCR)) & ((1u32 << NUM_PCRS) - 1);
             let mut violations = Vec::new();
             for pcr in (0..NUM_PCRS).filter(|p| pcrs & (1 << p) != 0) {
-                log.push(Entry::violation(pcr, UNCLEAN_SHUTDOWN))?;
+                log.push(Entry::violation(pcr, UNCLEAN_SHUTDOWN.as_bytes()))?;
                 violations.push((log.entries, pcr));
             }
             log.recovery = Some(Recovery {
@@ -909,9 +927,19 @@ impl Log {
         }
         log.flush()?;
         if log.recovery.is_some() {
+            // The gap is recorded for good: the marker becomes this writer's.
             log.sync()?;
+            Log::write_marker(dir, &log.dirfd, holder)?;
         }
         Ok(log)
+    }
+
+    /// Removes the in-use marker (as it was before a failed open) and makes that durable;
+    /// a failure leaves it, which costs at worst a violation no event needed.
+    fn remove_marker(dirfd: &OwnedFd) {
+        if rustix::fs::unlinkat(dirfd, IN_USE, rustix::fs::AtFlags::empty()).is_ok() {
+            let _ = rustix::fs::fsync(dirfd);
+        }
     }
 
     /// Takes the list's lock, waiting up to `LOCK_WAIT` for another holder to let go, and

@@ -111,7 +111,14 @@ fn text(r: &Report) -> String {
         let each: Vec<String> = r
             .violations
             .iter()
-            .map(|v| format!("entry {} on PCR {} ({})", v.entry, v.pcr, v.name))
+            .map(|v| {
+                format!(
+                    "entry {} on PCR {} ({})",
+                    v.entry,
+                    v.pcr,
+                    printable(&v.name)
+                )
+            })
             .collect();
         line += &format!("; {} violation(s): {}", r.violations.len(), each.join(", "));
     }
@@ -126,4 +133,19 @@ fn text(r: &Report) -> String {
         }
     }
     line
+}
+
+/// A name on the one line this prints: control characters (a newline a file's name may
+/// hold, which the list itself keeps raw as the kernel does) and backslashes escaped, so
+/// the line stays one and reads back unambiguously (`--json` gives the name as it is).
+fn printable(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_control() || c == '\\' {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }

@@ -100,9 +100,10 @@ pub fn setup(
     let upper = upper_root
         .map(|fd| host_identity(fd).context("the upper directory's filesystem"))
         .transpose()?;
+    let mountpoint = std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str()).to_vec();
     Ok(Some(Setup {
-        measuring: Arc::new(Measuring::new(policy, log, algo)),
-        mountpoint: std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str()).to_vec(),
+        measuring: Arc::new(Measuring::new(policy, log, algo, &mountpoint)),
+        mountpoint,
         layers,
         upper,
     }))

@@ -740,6 +740,596 @@ fn a_list_or_log_another_user_can_write_is_refused() {
     assert!(log_verify(&log, &[]).status.success());
 }
 
+/// A writable mount of `image` (upper and work directories in `base`) measured as
+/// `policy` says into `log`, with the daemon's log in `base/daemon.log`.
+fn mount_upper(base: &Path, image: &Path, policy: &str, log: &Path) -> (PathBuf, Unmount) {
+    let (mnt, upper, work) = (base.join("mnt"), base.join("upper"), base.join("work"));
+    fs::create_dir_all(&upper).unwrap();
+    fs::create_dir_all(&work).unwrap();
+    let pol = base.join("upper.policy");
+    fs::write(&pol, policy).unwrap();
+    let daemon_log = base.join("daemon.log");
+    let m = mount_ok(
+        image,
+        &mnt,
+        &pol,
+        log,
+        &[
+            Path::new("--upper"),
+            &upper,
+            Path::new("--work"),
+            &work,
+            Path::new("--log"),
+            &daemon_log,
+        ],
+    );
+    (mnt, m)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let mut h = HashAlgo::Sha256.hasher();
+    h.update(bytes);
+    measure::log::to_hex(&h.finish())
+}
+
+/// A list's entries after boot_aggregate as (what, name): `violation` for a violation
+/// entry (checked to be written exactly as the kernel writes one: PCR 10, zero template
+/// digest, ima-ng with a zero sha256 digest), else the file digest's hex.
+fn entries_after_boot(log: &Path) -> Vec<(String, String)> {
+    let lines = ascii_lines(log);
+    assert!(lines[0].ends_with(" boot_aggregate"), "{lines:?}");
+    let violation = format!("10 {} ima-ng sha256:{} ", "0".repeat(40), "0".repeat(64));
+    lines[1..]
+        .iter()
+        .map(|l| match l.strip_prefix(&violation) {
+            Some(name) => ("violation".to_string(), name.to_string()),
+            None => {
+                let f: Vec<&str> = l.split(' ').collect();
+                assert_eq!(f.len(), 5, "{l}");
+                assert_eq!((f[0], f[2]), ("10", "ima-ng"), "{l}");
+                assert_ne!(
+                    f[1],
+                    "0".repeat(40),
+                    "a violation not written as the kernel's: {l}"
+                );
+                let digest = f[3].strip_prefix("sha256:").unwrap();
+                (digest.to_string(), f[4].to_string())
+            }
+        })
+        .collect()
+}
+
+fn open_write(p: &Path) -> fs::File {
+    fs::OpenOptions::new().write(true).open(p).unwrap()
+}
+
+/// IMA's `ima_rdwr_violation_check`: a measured open of a file a writer holds
+/// ("open_writers"), and a write open of a file a measured reader holds ("ToMToU"), each
+/// recorded once per event as a violation named by the file's path; then the list fails
+/// `log verify` and evmctl unless violations are accepted.
+#[test]
+fn open_writers_and_tomtou_are_recorded_as_the_kernel_records_them() {
+    if mounts() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("prog"), b"original\n").unwrap();
+    fs::write(src.join("other"), b"other\n").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let log = t.path().join("log");
+    let (mnt, m) = mount_upper(
+        t.path(),
+        &image,
+        "measure func=FILE_CHECK mask=^MAY_READ\n",
+        &log,
+    );
+    let (prog, other) = (mnt.join("prog"), mnt.join("other"));
+
+    // open_writers: a writer (not measured: it cannot read) holds the file, then two
+    // measured readers open it: one violation (the kernel's IMA_EMITTED_OPENWRITERS),
+    // and the digest measured is of bytes the writer then replaces.
+    let w = open_write(&prog);
+    let r1 = fs::File::open(&prog).unwrap();
+    let r2 = fs::File::open(&prog).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&w, b"EVIL!!!!\n", 0).unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &r1, &mut got).unwrap();
+    assert_eq!(got, b"EVIL!!!!\n");
+    drop((w, r1, r2));
+
+    // ToMToU: a measured reader holds the file, then two writers open it: one violation
+    // (IMA_MAY_EMIT_TOMTOU, set again by the next measured reader); a third writer after
+    // another measured open records another.
+    let r = fs::File::open(&prog).unwrap();
+    let (w1, w2) = (open_write(&prog), open_write(&prog));
+    drop((w1, w2));
+    let r2 = fs::File::open(&prog).unwrap();
+    let w3 = open_write(&prog);
+    drop((r, r2, w3));
+
+    // A file served from the image: its measured reader is counted too, so the write open
+    // that copies it up records ToMToU; a reader that has closed counts no more.
+    let r = fs::File::open(&other).unwrap();
+    let w = open_write(&other);
+    drop((r, w));
+    drop(fs::File::open(&other).unwrap());
+    drop(open_write(&other));
+    unmount(m);
+
+    let (p, o) = (prog.display().to_string(), other.display().to_string());
+    let v = |n: &str| ("violation".to_string(), n.to_string());
+    let d = |c: &[u8], n: &str| (sha256_hex(c), n.to_string());
+    assert_eq!(
+        entries_after_boot(&log),
+        [
+            v(&p),
+            d(b"original\n", &p),
+            d(b"EVIL!!!!\n", &p),
+            v(&p),
+            v(&p),
+            d(b"other\n", &o),
+            v(&o),
+        ]
+    );
+    let out = log_verify(&log, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "; 4 violation(s): entry 2 on PCR 10 ({p}), entry 5 on PCR 10 ({p}), entry 6 on PCR 10 ({p}), entry 8 on PCR 10 ({o})"
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(log_verify(&log, &["--ignore-violations"]).status.success());
+    assert!(!evmctl_accepts(&log, false), "evmctl missed the violations");
+    assert!(evmctl_accepts(&log, true), "evmctl rejects the list");
+    let daemon_log = fs::read_to_string(t.path().join("daemon.log")).unwrap();
+    for cause in ["open_writers", "ToMToU"] {
+        let line = format!("{p}: violation recorded (invalid_pcr, {cause})");
+        assert!(daemon_log.contains(&line), "{daemon_log}");
+    }
+}
+
+/// The writer's own policy does not matter to ToMToU (the kernel checks every write open
+/// when the policy measures anything): a file measured from the image and copied up by
+/// its writer into an upper layer no rule measures still records it.
+#[test]
+fn tomtou_is_recorded_when_the_writer_copies_up_into_an_unmeasured_layer() {
+    if mounts() {
+        return;
+    }
+    let (t, image, _) = fixture();
+    let log = t.path().join("log");
+    let (mnt, m) = mount_upper(
+        t.path(),
+        &image,
+        "measure func=FILE_CHECK fsmagic=0xe0f5e1e2\n",
+        &log,
+    );
+    let r = fs::File::open(mnt.join("a")).unwrap();
+    let w = open_write(&mnt.join("a"));
+    drop((r, w));
+    // Upper files are not measured: no violation for them.
+    let r = fs::File::open(mnt.join("a")).unwrap();
+    drop((r, open_write(&mnt.join("a"))));
+    unmount(m);
+    let a = mnt.join("a").display().to_string();
+    assert_eq!(
+        entries_after_boot(&log),
+        [
+            (sha256_hex(b"file a\n"), a.clone()),
+            ("violation".to_string(), a)
+        ]
+    );
+}
+
+/// A hardlink made through the mount and then executed: OPEN carries no path, so the
+/// list names the name learnt last, which a link is (before, it named the file's first
+/// name, a path other than the one executed).
+#[test]
+fn an_exec_through_a_new_hardlink_is_listed_under_that_name() {
+    if mounts() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("usr/bin")).unwrap();
+    fs::create_dir_all(src.join("var/tmp")).unwrap();
+    fs::write(src.join("usr/bin/tool"), "#!/bin/sh\necho benign\n").unwrap();
+    fs::set_permissions(src.join("usr/bin/tool"), fs::Permissions::from_mode(0o755)).unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let log = t.path().join("log");
+    let (mnt, m) = mount_upper(t.path(), &image, "measure func=BPRM_CHECK\n", &log);
+    let scratch = mnt.join("var/tmp/scratch.log");
+    let evil = b"#!/bin/sh\necho EVIL\n";
+    fs::write(&scratch, evil).unwrap();
+    fs::set_permissions(&scratch, fs::Permissions::from_mode(0o755)).unwrap();
+    let tool = mnt.join("usr/bin/tool");
+    fs::remove_file(&tool).unwrap();
+    fs::hard_link(&scratch, &tool).unwrap();
+    let out = run(&mut Command::new(&tool));
+    assert_eq!(out.stdout, b"EVIL\n");
+    unmount(m);
+    assert_eq!(
+        entries_after_boot(&log),
+        [(sha256_hex(evil), tool.display().to_string())]
+    );
+}
+
+/// A file name holding a newline: the ascii lists print it as the kernel's `%s` does
+/// (`ima_show_template_string`), raw, so the entry's line spans two; the binary lists
+/// hold it as is; verilay's own one-line report escapes it.
+#[test]
+fn a_name_with_a_newline_is_listed_as_the_kernel_lists_it() {
+    if mounts() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let (t, image, _) = fixture();
+    let log = t.path().join("log");
+    let (mnt, m) = mount_upper(
+        t.path(),
+        &image,
+        "measure func=FILE_CHECK mask=^MAY_READ\n",
+        &log,
+    );
+    let odd = mnt.join("two\nlines");
+    fs::write(&odd, b"x\n").unwrap();
+    drop(fs::File::open(&odd).unwrap());
+    // A violation on it too, so `log verify` has its name to report.
+    let w = open_write(&odd);
+    drop((fs::File::open(&odd).unwrap(), w));
+    unmount(m);
+    let name = odd.display().to_string();
+    let ascii = fs::read_to_string(log.join(ASCII_SHA256)).unwrap();
+    assert!(
+        ascii.contains(&format!(" sha256:{} {name}\n", sha256_hex(b"x\n"))),
+        "{ascii}"
+    );
+    assert!(ascii.contains(&format!(" sha256:{} {name}\n", "0".repeat(64))));
+    let bin = fs::read(log.join(BINARY_SHA1)).unwrap();
+    assert!(bin
+        .windows(name.len() + 1)
+        .any(|w| w == format!("{name}\0").as_bytes()));
+    let out = log_verify(&log, &["--ignore-violations"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    assert_eq!(report.lines().count(), 1, "{report}");
+    assert!(report.contains(&name.replace('\n', "\\n")), "{report}");
+    assert!(evmctl_accepts(&log, true));
+}
+
+/// Whether a FUSE filesystem is mounted on `mnt`.
+fn mounted(mnt: &Path) -> bool {
+    let want = mnt.as_os_str().as_encoded_bytes();
+    fs::read("/proc/self/mountinfo")
+        .unwrap()
+        .split(|&b| b == b'\n')
+        .any(|l| {
+            let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
+            f.get(4) == Some(&want) && f.iter().any(|x| x.starts_with(b"fuse"))
+        })
+}
+
+/// The marker of a writer that died with a list open, measuring into PCR 11 only.
+fn dead_pcr11_marker(dir: &Path) {
+    fs::write(dir.join(IN_USE), "pid 1, mount on /gone\npcrs: 11\n").unwrap();
+}
+
+/// A mount continuing a list whose last writer died, itself killed while it records the
+/// gap (at each fsync in turn, as `strace` injects): the next mount must still record a
+/// violation on every PCR the first dead writer could extend, not only the second's.
+#[test]
+fn a_death_while_recording_a_gap_still_leaves_it_owed_on_the_first_writers_pcrs() {
+    if mounts() || skip_unless(have("strace"), "needs strace (fault injection)") {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let mnt = t.path().join("mnt");
+    let mut killed = 0;
+    for when in 1..=12 {
+        let log = t.path().join(format!("log{when}"));
+        small_list(&log);
+        dead_pcr11_marker(&log);
+        fs::create_dir_all(&mnt).unwrap();
+        // strace follows the daemon too, so it ends only when the daemon does: a mount
+        // that came up (past the recovery's fsyncs) is unmounted to end it.
+        let mut strace = Command::new("strace")
+            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync", "-e"])
+            .arg(format!("inject=fsync:signal=KILL:when={when}"))
+            .arg(env!("CARGO_BIN_EXE_verilay"))
+            .arg("mount")
+            .arg(&image)
+            .arg(&mnt)
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--measure-log")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut ended = None;
+        wait_until(
+            Duration::from_secs(20),
+            "the mount to end or come up",
+            || {
+                ended = strace.try_wait().unwrap();
+                ended.is_some() || mounted(&mnt)
+            },
+        );
+        if ended.is_none() {
+            unmount(Unmount {
+                dir: mnt.clone(),
+                fuse: true,
+            });
+            strace.wait().unwrap();
+            break;
+        }
+        killed += 1;
+        drop(Unmount {
+            dir: mnt.clone(),
+            fuse: true,
+        });
+        wait_daemon_gone(&mnt);
+        let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+        unmount(m);
+        let pcr11 = format!(
+            "11 {} ima-ng sha256:{} verilay:unclean-shutdown",
+            "0".repeat(40),
+            "0".repeat(64)
+        );
+        let lines = ascii_lines(&log);
+        assert!(
+            lines.contains(&pcr11),
+            "killed at fsync {when}: PCR 11 of the first dead writer got no violation:\n{}",
+            lines.join("\n")
+        );
+        assert!(log_verify(&log, &["--ignore-violations"]).status.success());
+    }
+    assert!(killed > 0, "no fsync was injected into");
+}
+
+/// A mount that fails once it has marked its list in use (a FIFO where a PCR file goes,
+/// refused) puts the list back as it was: the next mount records no violation.
+#[test]
+fn a_mount_that_fails_opening_its_list_leaves_no_false_gap() {
+    if mounts() {
+        return;
+    }
+    let (t, image, policy) = fixture();
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    fs::create_dir_all(&log).unwrap();
+    run(Command::new("mkfifo").arg(log.join(PCRS_SHA1)));
+    let out = mount(&image, &mnt, &policy, &log, &[]);
+    drop(Unmount {
+        dir: mnt.clone(),
+        fuse: true,
+    });
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains(&format!("{PCRS_SHA1}: is a FIFO, not a regular file")),
+        "{err}"
+    );
+    assert!(
+        !log.join(IN_USE).exists(),
+        "the failed mount left its marker"
+    );
+    fs::remove_file(log.join(PCRS_SHA1)).unwrap();
+    let m = mount_ok(&image, &mnt, &policy, &log, &[]);
+    read_through(&mnt, &["a"]);
+    unmount(m);
+    let out = log_verify(&log, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ascii_lines(&log).len(), 2);
+}
+
+/// An image whose file `sparse` is 2^50 bytes of holes (and `a`, a small file) (a chunk-based inode patched, the image
+/// sealed again): a valid image whose ima-ng measurement would hash zeros for days, as
+/// the kernel's IMA would too.
+fn huge_sparse_image(base: &Path) -> PathBuf {
+    let src = base.join("sparse-src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a"), "file a\n").unwrap();
+    let f = fs::File::create(src.join("sparse")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[b'A'; 4096], 0).unwrap();
+    f.set_len(512 << 10).unwrap();
+    // An owner past 16 bits makes the inode extended, whose size field has 64 bits.
+    std::os::unix::fs::chown(src.join("sparse"), Some(70000), None).unwrap();
+    let image = base.join("huge.img");
+    build(&src, &image, &["--quiet"]);
+    let out = run(verilay()
+        .args(["inspect", "--json"])
+        .arg(&image)
+        .arg("/sparse"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["layout"]["kind"], "chunk_based", "{v}");
+    assert_eq!(v["layout"]["chunks"], 128, "{v}");
+    let at = v["inode"]["offset"].as_u64().unwrap() as usize;
+    let mut b = fs::read(&image).unwrap();
+    let trailer = &b[b.len() - 64..];
+    let erofs = u64::from_le_bytes(trailer[16..24].try_into().unwrap()) as usize;
+    b.truncate(erofs);
+    b[at + 8..at + 16].copy_from_slice(&(1u64 << 50).to_le_bytes());
+    // Chunks of 2^31 blocks: 128 of them cover 2^50 bytes; every one a hole.
+    b[at + 16..at + 18].copy_from_slice(&31u16.to_le_bytes());
+    let index = (at + 64).next_multiple_of(4);
+    for i in 0..128 {
+        b[index + 4 * i..index + 4 * i + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    }
+    let block_size = 1usize << b[1024 + 12];
+    if u32::from_le_bytes(b[1032..1036].try_into().unwrap()) & 1 != 0 {
+        let sum = erofs::format::superblock_checksum(&b, block_size).unwrap();
+        b[1028..1032].copy_from_slice(&sum.to_le_bytes());
+    }
+    fs::write(&image, &b).unwrap();
+    run(verilay().args(["seal", "--quiet"]).arg(&image));
+    image
+}
+
+/// Kills a process this test started if it is still there when dropped (a daemon that
+/// did not stop must not spin on after the test).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if Path::new(&format!("/proc/{}", self.0)).exists() {
+            let _ = Command::new("kill")
+                .args(["-9", &self.0.to_string()])
+                .status();
+        }
+    }
+}
+
+fn stats_measured(mnt: &Path) -> u64 {
+    let out = verilay()
+        .args(["stats", "--json"])
+        .arg(mnt)
+        .output()
+        .unwrap();
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .ok()
+        .and_then(|v| v["measured"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Starts `head -c 1 FILE` (an open the policy measures) and waits until the daemon is
+/// measuring it.
+fn start_opener(mnt: &Path, file: &Path, measured: u64) -> std::process::Child {
+    let child = Command::new("head")
+        .args(["-c", "1"])
+        .arg(file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the open to be measured", || {
+        stats_measured(mnt) >= measured
+    });
+    child
+}
+
+/// Waits (10 s at most) for `child` to end; its status.
+fn ended(mut child: std::process::Child, what: &str) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: the opener is still waiting for its open after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A measured open hashing a 2^50-byte file keeps the daemon stoppable: the hash stops
+/// (the open fails with EIO, and the daemon says why) when the opener is killed, when the
+/// mount is lazily unmounted, and when the daemon gets SIGTERM.
+#[test]
+fn a_hash_that_would_take_days_stops_at_unmount_sigterm_or_the_openers_kill() {
+    if mounts() {
+        return;
+    }
+    let (t, _, policy) = fixture();
+    let image = huge_sparse_image(t.path());
+    let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
+    let daemon_log = t.path().join("daemon.log");
+    let flag = Path::new("--log");
+    let file = mnt.join("sparse");
+
+    // The opener killed: its open is answered (EIO), so it dies; the mount serves on.
+    let m = mount_ok(&image, &mnt, &policy, &log, &[flag, &daemon_log]);
+    let daemon = KillOnDrop(daemon_of(&mnt));
+    let opener = start_opener(&mnt, &file, 1);
+    run(Command::new("kill").args(["-9", &opener.id().to_string()]));
+    let status = ended(opener, "SIGKILL");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    read_through(&mnt, &["a"]);
+
+    // A lazy unmount: the open fails, the daemon finishes and exits.
+    let opener = start_opener(&mnt, &file, 3);
+    run(verilay().args(["umount", "--lazy"]).arg(&mnt));
+    std::mem::forget(m);
+    let out = ended(opener, "lazy unmount");
+    assert_eq!(out.code(), Some(1));
+    wait_gone(daemon.0);
+
+    // SIGTERM to the daemon: the same.
+    let m = mount_ok(&image, &mnt, &policy, &log, &[flag, &daemon_log]);
+    let daemon = KillOnDrop(daemon_of(&mnt));
+    let opener = start_opener(&mnt, &file, 1);
+    run(Command::new("kill").args(["-TERM", &daemon.0.to_string()]));
+    std::mem::forget(m);
+    let out = ended(opener, "SIGTERM");
+    assert_eq!(out.code(), Some(1));
+    wait_gone(daemon.0);
+
+    let said = fs::read_to_string(&daemon_log).unwrap();
+    let path = file.display();
+    for why in [
+        "the opener is being killed",
+        "the mount was unmounted",
+        "the mount was unmounted",
+    ] {
+        let line = format!("measuring {path}: hash stopped after ");
+        assert!(
+            said.lines().any(|l| l.contains(&line) && l.ends_with(why)),
+            "no line says the hash stopped because {why}:\n{said}"
+        );
+    }
+    // Both lists were closed cleanly: nothing measured was lost.
+    assert!(log_verify(&log, &[]).status.success());
+}
+
+/// The same for an upper file of 2^43 bytes of holes (what ext4 allows), made through a
+/// writable mount: killing the opener stops its hash, and SIGTERM stops the daemon.
+#[test]
+fn a_hash_of_a_huge_sparse_upper_file_stops_at_sigterm_or_the_openers_kill() {
+    if mounts() {
+        return;
+    }
+    let (t, image, _) = fixture();
+    let log = t.path().join("log");
+    let policy = "measure func=FILE_CHECK mask=^MAY_READ\n";
+    let (mnt, m) = mount_upper(t.path(), &image, policy, &log);
+    let daemon = KillOnDrop(daemon_of(&mnt));
+    let file = mnt.join("huge");
+    fs::File::create(&file).unwrap().set_len(1 << 43).unwrap();
+
+    let opener = start_opener(&mnt, &file, 1);
+    run(Command::new("kill").args(["-9", &opener.id().to_string()]));
+    let status = ended(opener, "SIGKILL");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    read_through(&mnt, &["a"]);
+
+    let opener = start_opener(&mnt, &file, 3);
+    run(Command::new("kill").args(["-TERM", &daemon.0.to_string()]));
+    std::mem::forget(m);
+    assert_eq!(ended(opener, "SIGTERM").code(), Some(1));
+    wait_gone(daemon.0);
+    let said = fs::read_to_string(t.path().join("daemon.log")).unwrap();
+    for why in ["the opener is being killed", "the mount was unmounted"] {
+        let line = format!("measuring {}: hash stopped after ", file.display());
+        assert!(
+            said.lines().any(|l| l.contains(&line) && l.ends_with(why)),
+            "no line says the hash stopped because {why}:\n{said}"
+        );
+    }
+    assert!(log_verify(&log, &[]).status.success());
+}
+
 /// A list directory in the `measure_list` fuzz target's form (see its documentation).
 fn encode_list(dir: &Path) -> Vec<u8> {
     let marker = fs::read(dir.join(IN_USE)).ok();
