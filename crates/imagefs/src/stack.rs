@@ -221,7 +221,9 @@ impl<S: ByteSource> Stack<S> {
             && self.image(layer).getxattr(inode, WHITEOUT_XATTR)?.is_some())
     }
 
-    /// The root: every layer's root, top first, down to the first opaque one.
+    /// The root: every layer's root, top first. An opaque root ends nothing: overlayfs
+    /// never reads `opaque` on its root ("Root is always merge", `ovl_get_root`), only
+    /// the `x` that marks xattr whiteouts.
     pub fn root(&self) -> Result<Resolved> {
         let mut chain = Vec::new();
         for layer in 0..self.layers.len() as u16 {
@@ -235,9 +237,6 @@ impl<S: ByteSource> Stack<S> {
                 obj: o,
                 xwhiteouts: opacity == Opacity::XWhiteouts,
             });
-            if opacity == Opacity::Opaque {
-                break;
-            }
         }
         let top = chain[0].obj;
         Ok(Resolved {

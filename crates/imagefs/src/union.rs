@@ -244,7 +244,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             offset: 0,
             err: e.into(),
         })?;
-        let merge = upper.opacity(root_fd.as_fd()) != upper::Opacity::Opaque;
+        // The root always merges, whatever its `opaque` says (see `Stack::root`).
+        let merge = true;
         let fs = UnionFs {
             root_top: root.top,
             stack,

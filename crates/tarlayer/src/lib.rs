@@ -434,8 +434,7 @@ impl<R: Read> Reader<'_, R> {
             }
             EntryType::Fifo => Kind::Fifo,
         };
-        self.layer.add(parent, name.clone(), node);
-        Ok(())
+        self.layer.add(parent, name.clone(), node).map_err(bad)
     }
 }
 

@@ -161,14 +161,37 @@ impl Layer {
                 kind_name(node)
             ));
         }
+        self.check_replace(parent, &name, false)?;
         self.items[parent].children.insert(name, t);
         Ok(())
     }
 
-    /// Any other entry: a path given again takes the later entry, except that a
+    /// A non-directory given where this layer already has a directory with entries is
+    /// refused: GNU tar fails on it and keeps the directory's files, Python fails, and
+    /// containerd removes the whole directory, so there is no one reading of it. (An empty
+    /// one is replaced by all that extract it.)
+    fn check_replace(&self, parent: usize, name: &[u8], dir: bool) -> Result<(), String> {
+        match self.items[parent].children.get(name) {
+            Some(&old) if !dir && self.items[old].node.is_dir() => {
+                if self.items[old].children.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{:?} replaces a directory of this layer that has entries (GNU tar keeps them, containerd drops them)",
+                        String::from_utf8_lossy(name)
+                    ))
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Any other entry: a path given again takes the later entry (but see
+    /// `check_replace`), except that a
     /// directory given again keeps its contents (and stays opaque if it was), and a
     /// directory replacing a whiteout of this layer is opaque (see `dir`).
-    pub fn add(&mut self, parent: usize, name: Vec<u8>, node: Node) {
+    pub fn add(&mut self, parent: usize, name: Vec<u8>, node: Node) -> Result<(), String> {
+        self.check_replace(parent, &name, node.is_dir())?;
         match self.items[parent].children.get(&name) {
             Some(&old) if node.is_dir() && self.items[old].node.is_dir() => {
                 self.items[old].node = node;
@@ -180,6 +203,7 @@ impl Layer {
                 self.items[parent].children.insert(name, id);
             }
         }
+        Ok(())
     }
 
     /// The tree reachable from the root, hardlinks shared, names sorted.

@@ -1513,3 +1513,34 @@ fn a_forged_lock_record_poses_as_no_mount_and_stalls_none() {
         "{err} (runuser {pid})"
     );
 }
+
+/// An upper directory whose root says opaque (written on the host) hides nothing:
+/// overlayfs never reads `opaque` on its root ("Root is always merge"), so verilay's mount
+/// shows the image's files as kernel overlayfs does over the same directories.
+#[test]
+fn an_opaque_upper_root_hides_nothing_as_in_overlayfs() {
+    if prerequisites() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let k = Mount::erofs(&image, &base.dir("k"));
+    let ours = dirs(base.path(), "ours");
+    let kernels = dirs(base.path(), "kernel");
+    for d in [&ours, &kernels] {
+        std::fs::write(d.upper.join("new"), b"upper\n").unwrap();
+        setfattr(&d.upper, "trusted.overlay.opaque", "y");
+    }
+    let (m, o) = (base.dir("m"), base.dir("o"));
+    let _m = verilay_mount(&image, &ours, &m);
+    let _o = overlay_mount(&k.dir, &kernels, &o);
+    for root in [&o, &m] {
+        assert_eq!(
+            std::fs::read_to_string(root.join("f")).unwrap(),
+            "image bytes\n",
+            "{}",
+            root.display()
+        );
+        assert_eq!(std::fs::read_to_string(root.join("new")).unwrap(), "upper\n");
+    }
+}

@@ -587,6 +587,30 @@ fn bad_entries() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "hardlink to \"s/f\", which is not an earlier file",
         ),
         (
+            // GNU tar: "Cannot open: File exists", d/x kept. containerd: d/x gone.
+            "file-over-a-full-directory.tar",
+            Tar::default()
+                .dir("d")
+                .file("d/x", b"x")
+                .file("d", b"f")
+                .end(),
+            "\"d\" replaces a directory of this layer that has entries",
+        ),
+        (
+            "symlink-over-a-full-directory.tar",
+            Tar::default().file("d/x", b"x").symlink("d", "/etc").end(),
+            "\"d\" replaces a directory of this layer that has entries",
+        ),
+        (
+            "hardlink-over-a-full-directory.tar",
+            Tar::default()
+                .file("f", b"f")
+                .file("d/x", b"x")
+                .hardlink("d", "f")
+                .end(),
+            "\"d\" replaces a directory of this layer that has entries",
+        ),
+        (
             "hardlink-to-later.tar",
             Tar::default().hardlink("h", "f").file("f", b"x").end(),
             "hardlink to \"f\", which is not an earlier file",
@@ -1337,6 +1361,9 @@ fn huge_headers_fail_fast_in_little_memory() {
 /// The top layer of `whiteouts_stack_as_overlayfs_reads_them`.
 fn whiteouts_top() -> Vec<u8> {
     Tar::default()
+        // The layer's root says opaque: overlayfs never reads that on a root.
+        .pax(&[("SCHILY.xattr.trusted.overlay.opaque", b"y")])
+        .dir("./")
         // Deleted, then made again as a directory (its parent implied): only the new.
         .file(".wh.d", b"")
         .file("d/new", b"new")
@@ -1367,6 +1394,7 @@ fn whiteouts_stack_as_overlayfs_reads_them() {
         .file("e/lower", b"lower")
         .file("f", b"base f")
         .file("g/bottom", b"bottom")
+        .file("only-below", b"below")
         .end();
     let mut images = Vec::new();
     let mut kernel = Vec::new();
@@ -1409,6 +1437,7 @@ fn whiteouts_stack_as_overlayfs_reads_them() {
         assert_eq!(ls("e"), ["mine"], "{}", root.display());
         assert_eq!(ls("g"), ["top"], "{}", root.display());
         assert_eq!(std::fs::read(root.join("f")).unwrap(), b"top f");
+        assert_eq!(std::fs::read(root.join("only-below")).unwrap(), b"below");
     }
     assert_diff_clean(&ovl, &fuse);
 }
@@ -1455,6 +1484,12 @@ fn accepted_oddities_keep_their_meaning() {
     )
     .unwrap();
     assert_eq!(lookup(&tree, "l").unwrap().perm, 0o777);
+    // An empty directory replaced by a file is the file (every reader replaces it).
+    let tree = import(&Tar::default().dir("d").file("d", b"f").end()).unwrap();
+    assert!(matches!(
+        lookup(&tree, "d").unwrap().kind,
+        Kind::Regular { .. }
+    ));
 }
 
 /// What GNU tar lists (`tar -tv --numeric-owner`): a line "TYPE MODE UID/GID SIZE NAME" per
