@@ -1541,6 +1541,9 @@ fn an_opaque_upper_root_hides_nothing_as_in_overlayfs() {
             "{}",
             root.display()
         );
-        assert_eq!(std::fs::read_to_string(root.join("new")).unwrap(), "upper\n");
+        assert_eq!(
+            std::fs::read_to_string(root.join("new")).unwrap(),
+            "upper\n"
+        );
     }
 }
