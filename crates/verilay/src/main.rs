@@ -47,6 +47,10 @@ enum Command {
     Fsck(cmd::fsck::Args),
     /// Write an image's tree back out to a directory.
     Extract(cmd::extract::Args),
+    /// Store an image in an OCI registry; prints the manifest digest.
+    Push(cmd::push::Args),
+    /// Fetch an image from an OCI registry whole, and verify it against its pinned digest.
+    Pull(cmd::pull::Args),
     /// Check every block of an image against its Merkle tree (and a pinned digest).
     Verify(cmd::verify::Args),
     /// Print files from an image, verified.
@@ -78,6 +82,8 @@ fn main() {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Extract(a) => cmd::extract::run(a),
+        Command::Push(a) => cmd::push::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Cat(a) => cmd::cat::run(a),
         Command::Mount(a) => cmd::mount::run(*a),

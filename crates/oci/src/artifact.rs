@@ -1,0 +1,140 @@
+//! How a verilay image is stored in a registry: an OCI image manifest (artifact form:
+//! `artifactType`, the empty config) whose one layer is the image file, with the image's
+//! fs-verity digest in an annotation of the manifest and of the layer, so a pull by tag
+//! can still be pinned.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// The artifact's type, and its layer's media type: a sealed EROFS image.
+pub const ARTIFACT_TYPE: &str = "application/vnd.verilay.image.v1";
+pub const LAYER_TYPE: &str = "application/vnd.verilay.image.erofs.v1";
+/// The image digest (`sha256:…`, as `verilay build` prints it).
+pub const DIGEST_ANNOTATION: &str = "dev.verilay.image.digest";
+pub const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
+/// OCI's empty descriptor: the config of an artifact.
+pub const EMPTY_TYPE: &str = "application/vnd.oci.empty.v1+json";
+pub const EMPTY_BLOB: &[u8] = b"{}";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Descriptor {
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    pub schema_version: u32,
+    #[serde(default)]
+    pub media_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The config descriptor every verilay artifact has.
+pub fn empty_config() -> Descriptor {
+    Descriptor {
+        media_type: EMPTY_TYPE.into(),
+        digest: crate::registry::sha256_digest(EMPTY_BLOB),
+        size: EMPTY_BLOB.len() as u64,
+        annotations: BTreeMap::new(),
+    }
+}
+
+/// The manifest of an image blob (`blob_digest`, `size`) whose image digest is
+/// `image_digest`, titled `title` (its file name).
+pub fn manifest(blob_digest: &str, size: u64, image_digest: &str, title: &str) -> Vec<u8> {
+    let digest = BTreeMap::from([(DIGEST_ANNOTATION.to_string(), image_digest.to_string())]);
+    let mut layer_notes = digest.clone();
+    layer_notes.insert(TITLE_ANNOTATION.into(), title.into());
+    let m = Manifest {
+        schema_version: 2,
+        media_type: Some(MANIFEST_TYPE.into()),
+        artifact_type: Some(ARTIFACT_TYPE.into()),
+        config: empty_config(),
+        layers: vec![Descriptor {
+            media_type: LAYER_TYPE.into(),
+            digest: blob_digest.into(),
+            size,
+            annotations: layer_notes,
+        }],
+        annotations: digest,
+    };
+    serde_json::to_vec_pretty(&m).expect("a manifest serialises")
+}
+
+/// What a pull needs from a manifest: the image blob, and the image digest the manifest
+/// records (if it records one).
+#[derive(Debug)]
+pub struct Image {
+    pub blob: Descriptor,
+    pub digest: Option<String>,
+}
+
+/// The verilay image a manifest describes; an error says why this is not one.
+pub fn image_of(bytes: &[u8], media_type: &str) -> Result<Image, String> {
+    if media_type.contains("index") || media_type.contains("manifest.list") {
+        return Err(format!(
+            "the reference names an index ({media_type}), not a verilay image"
+        ));
+    }
+    let m: Manifest = serde_json::from_slice(bytes)
+        .map_err(|e| format!("the manifest is not an OCI image manifest: {e}"))?;
+    let mine: Vec<&Descriptor> = m
+        .layers
+        .iter()
+        .filter(|l| l.media_type == LAYER_TYPE)
+        .collect();
+    let blob = match mine.as_slice() {
+        [one] => (*one).clone(),
+        [] => {
+            return Err(format!(
+            "the manifest holds no verilay image (no layer of type {LAYER_TYPE}; artifactType {})",
+            m.artifact_type.as_deref().unwrap_or("none")
+        ))
+        }
+        _ => return Err("the manifest holds more than one verilay image".into()),
+    };
+    if !crate::reference::valid_digest(&blob.digest) {
+        return Err(format!(
+            "the image layer's digest {:?} is not sha256",
+            blob.digest
+        ));
+    }
+    let digest = m.annotations.get(DIGEST_ANNOTATION).cloned();
+    if let (Some(d), Some(l)) = (&digest, blob.annotations.get(DIGEST_ANNOTATION)) {
+        if d != l {
+            return Err(format!(
+                "the manifest's {DIGEST_ANNOTATION} ({d}) and its layer's ({l}) differ"
+            ));
+        }
+    }
+    let digest = digest.or_else(|| blob.annotations.get(DIGEST_ANNOTATION).cloned());
+    Ok(Image { blob, digest })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_round_trips_and_others_are_named() {
+        let d = format!("sha256:{}", "b".repeat(64));
+        let bytes = manifest(&d, 12, "sha256:00", "x.img");
+        let img = image_of(&bytes, MANIFEST_TYPE).unwrap();
+        assert_eq!(img.blob.digest, d);
+        assert_eq!(img.digest.as_deref(), Some("sha256:00"));
+        assert!(image_of(b"{}", MANIFEST_TYPE).is_err());
+        assert!(image_of(&bytes, "application/vnd.oci.image.index.v1+json").is_err());
+    }
+}

@@ -1,0 +1,35 @@
+//! OCI distribution for verilay images: where an image lives (`reference`), who may fetch
+//! it (`auth`), the registry's HTTP API (`registry`), and how an image is stored there
+//! (`artifact`: one blob of an OCI image manifest, its digest in an annotation).
+
+pub mod artifact;
+pub mod auth;
+pub mod reference;
+pub mod registry;
+
+pub use reference::Reference;
+pub use registry::{Error, Registry};
+
+/// `sha256:HEX` of everything `r` yields, and how many bytes that was; `progress` is told
+/// each chunk's size.
+pub fn sha256_of(
+    mut r: impl std::io::Read,
+    progress: &dyn Fn(u64),
+) -> std::io::Result<(String, u64)> {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        h.update(&buf[..n]);
+        total += n as u64;
+        progress(n as u64);
+    }
+    Ok((format!("sha256:{}", hex::encode(h.finalize())), total))
+}

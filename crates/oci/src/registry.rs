@@ -1,0 +1,403 @@
+//! The distribution spec's HTTP API, as much of it as verilay needs: manifests and blobs,
+//! pushed and fetched, with the auth flows registries use (anonymous, Basic, and Bearer
+//! tokens from the registry's token server).
+
+use crate::auth::{self, Challenge, Credentials};
+use crate::reference::{host_of, Reference};
+use sha2::{Digest as _, Sha256};
+use std::io::Read;
+use std::sync::Mutex;
+use std::time::Duration;
+use ureq::http::{Response, StatusCode};
+
+/// One line saying what failed, naming the registry and what was asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Error(pub String);
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The manifests verilay reads (OCI, and what an index or a docker manifest would be, to
+/// name them in an error).
+pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// The most of a manifest read (distribution's own limit is 4 MiB).
+const MANIFEST_MAX: u64 = 4 << 20;
+/// The most of an error body or token answer read.
+const SMALL_MAX: u64 = 64 << 10;
+
+/// A connection to one registry, for one repository's operations.
+pub struct Registry {
+    agent: ureq::Agent,
+    base: String,
+    name: String,
+    credentials: Option<Credentials>,
+    /// The `Authorization` header that last worked (a token, or Basic).
+    authorization: Mutex<Option<String>>,
+}
+
+/// What a request sends.
+pub enum Body<'a> {
+    Empty,
+    Bytes(&'a [u8]),
+    /// A reader of `len` bytes, made afresh for each attempt.
+    Reader(u64, &'a dyn Fn() -> std::io::Result<Box<dyn Read + 'a>>),
+}
+
+/// Whether plain HTTP may be used with `host`: only on this machine.
+pub fn is_local(host: &str) -> bool {
+    host == "localhost"
+        || host == "::1"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
+impl Registry {
+    /// A client for `r`'s registry: HTTPS with the system's roots, or plain HTTP when
+    /// `insecure` (refused unless the registry is on this machine). Credentials come from
+    /// the auth files (see [`auth::auth_files`]).
+    pub fn connect(r: &Reference, insecure: bool, timeout: Duration) -> Result<Registry> {
+        if insecure && !is_local(r.host()) {
+            return Err(Error(format!(
+                "{r}: --insecure (plain HTTP) is only for a registry on this machine, not {}",
+                r.host()
+            )));
+        }
+        let credentials = auth::lookup(&r.registry).map_err(|e| Error(format!("{r}: {e}")))?;
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+            .build();
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(timeout))
+            .timeout_recv_response(Some(timeout))
+            .timeout_per_read(Some(timeout))
+            .timeout_per_write(Some(timeout))
+            .tls_config(tls)
+            .user_agent(concat!("verilay/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        let scheme = if insecure { "http" } else { "https" };
+        Ok(Registry {
+            agent,
+            base: format!("{scheme}://{}", r.registry),
+            name: r.registry.clone(),
+            credentials,
+            authorization: Mutex::new(None),
+        })
+    }
+
+    /// Sends a request, answering one auth challenge (401) and trying again.
+    pub fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &Body<'_>,
+    ) -> Result<Response<ureq::Body>> {
+        let mut challenged = false;
+        loop {
+            let auth = self.authorization.lock().unwrap().clone();
+            let resp = self.attempt(method, url, headers, body, auth.as_deref())?;
+            if resp.status() != StatusCode::UNAUTHORIZED || challenged {
+                return Ok(resp);
+            }
+            challenged = true;
+            let challenge = resp
+                .headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok())
+                .and_then(auth::parse_challenge);
+            let header = match challenge {
+                Some(Challenge::Basic) => match &self.credentials {
+                    Some(c) => c.basic(),
+                    None => return Ok(resp),
+                },
+                Some(Challenge::Bearer {
+                    realm,
+                    service,
+                    scope,
+                }) => format!(
+                    "Bearer {}",
+                    self.token(&realm, service.as_deref(), scope.as_deref())?
+                ),
+                None => return Ok(resp),
+            };
+            *self.authorization.lock().unwrap() = Some(header);
+        }
+    }
+
+    fn attempt(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &Body<'_>,
+        auth: Option<&str>,
+    ) -> Result<Response<ureq::Body>> {
+        let mut req = ureq::http::Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(a) = auth {
+            req = req.header("Authorization", a);
+        }
+        let failed = |e: &dyn std::fmt::Display| {
+            Error(format!("registry {}: {method} {url}: {e}", self.name))
+        };
+        let result = match body {
+            Body::Empty => {
+                let req = req.body(()).map_err(|e| failed(&e))?;
+                self.agent.run(req)
+            }
+            Body::Bytes(b) => {
+                let req = req
+                    .header("Content-Length", b.len().to_string())
+                    .body(*b)
+                    .map_err(|e| failed(&e))?;
+                self.agent.run(req)
+            }
+            Body::Reader(len, open) => {
+                let mut r = open().map_err(|e| failed(&e))?;
+                let req = req
+                    .header("Content-Length", len.to_string())
+                    .body(ureq::SendBody::from_reader(&mut r))
+                    .map_err(|e| failed(&e))?;
+                self.agent.run(req)
+            }
+        };
+        result.map_err(|e| failed(&reachability(e)))
+    }
+
+    /// A Bearer token from the registry's token server (with Basic credentials when the
+    /// auth files have some).
+    fn token(&self, realm: &str, service: Option<&str>, scope: Option<&str>) -> Result<String> {
+        let mut url = realm.to_string();
+        let mut sep = if url.contains('?') { '&' } else { '?' };
+        for (k, v) in [("service", service), ("scope", scope)] {
+            if let Some(v) = v {
+                url.push(sep);
+                url.push_str(k);
+                url.push('=');
+                url.push_str(&percent_encode(v));
+                sep = '&';
+            }
+        }
+        // Plain HTTP only for the token server of a registry already reached so.
+        let plain_ok = url.starts_with("http://") && self.base.starts_with("http://");
+        if !(url.starts_with("https://") || plain_ok) {
+            return Err(Error(format!(
+                "registry {}: token server {realm:?} is not https",
+                self.name
+            )));
+        }
+        let basic = self.credentials.as_ref().map(|c| c.basic());
+        let mut req = self.agent.get(&url);
+        if let Some(b) = &basic {
+            req = req.header("Authorization", b);
+        }
+        let mut resp = req
+            .call()
+            .map_err(|e| Error(format!("token server {realm}: {}", reachability(e))))?;
+        if !resp.status().is_success() {
+            let what = if basic.is_some() {
+                "the credentials from the auth file were refused"
+            } else {
+                "anonymous access refused; log in (auth.json or ~/.docker/config.json)"
+            };
+            return Err(Error(format!(
+                "token server {realm}: {} ({what})",
+                resp.status()
+            )));
+        }
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(SMALL_MAX)
+            .read_to_string()
+            .map_err(|e| Error(format!("token server {realm}: answer: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error(format!("token server {realm}: answer is not JSON: {e}")))?;
+        v.get("token")
+            .or_else(|| v.get("access_token"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| Error(format!("token server {realm}: no token in its answer")))
+    }
+
+    fn url(&self, repo: &str, rest: &str) -> String {
+        format!("{}/v2/{repo}/{rest}", self.base)
+    }
+
+    /// Whether the repository has the blob.
+    pub fn has_blob(&self, repo: &str, digest: &str) -> Result<bool> {
+        let url = self.url(repo, &format!("blobs/{digest}"));
+        let resp = self.send("HEAD", &url, &[], &Body::Empty)?;
+        match resp.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.refused("HEAD", &url, resp)),
+        }
+    }
+
+    /// Uploads a blob of `len` bytes (one monolithic PUT), unless the repository has it.
+    pub fn push_blob(&self, repo: &str, digest: &str, body: &Body<'_>) -> Result<()> {
+        if self.has_blob(repo, digest)? {
+            return Ok(());
+        }
+        let start = self.url(repo, "blobs/uploads/");
+        let resp = self.send("POST", &start, &[], &Body::Empty)?;
+        if resp.status() != StatusCode::ACCEPTED {
+            return Err(self.refused("POST", &start, resp));
+        }
+        let location = resp
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .ok_or_else(|| Error(format!("registry {}: upload without a Location", self.name)))?;
+        let mut url = if location.starts_with("http://") || location.starts_with("https://") {
+            location.to_string()
+        } else {
+            format!("{}{location}", self.base)
+        };
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(&format!("digest={}", percent_encode(digest)));
+        let resp = self.send(
+            "PUT",
+            &url,
+            &[("Content-Type", "application/octet-stream")],
+            body,
+        )?;
+        if resp.status() != StatusCode::CREATED {
+            return Err(self.refused("PUT", &url, resp));
+        }
+        Ok(())
+    }
+
+    /// Stores a manifest under `tag`; returns its digest.
+    pub fn put_manifest(
+        &self,
+        repo: &str,
+        tag: &str,
+        bytes: &[u8],
+        media_type: &str,
+    ) -> Result<String> {
+        let url = self.url(repo, &format!("manifests/{tag}"));
+        let resp = self.send(
+            "PUT",
+            &url,
+            &[("Content-Type", media_type)],
+            &Body::Bytes(bytes),
+        )?;
+        if resp.status() != StatusCode::CREATED {
+            return Err(self.refused("PUT", &url, resp));
+        }
+        Ok(sha256_digest(bytes))
+    }
+
+    /// A manifest and its media type.
+    pub fn get_manifest(&self, repo: &str, target: &str) -> Result<(Vec<u8>, String)> {
+        let url = self.url(repo, &format!("manifests/{target}"));
+        let mut resp = self.send("GET", &url, &[("Accept", MANIFEST_ACCEPT)], &Body::Empty)?;
+        if !resp.status().is_success() {
+            return Err(self.refused("GET", &url, resp));
+        }
+        let media_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(MANIFEST_MAX)
+            .read_to_vec()
+            .map_err(|e| Error(format!("registry {}: GET {url}: {e}", self.name)))?;
+        Ok((bytes, media_type))
+    }
+
+    /// A blob's bytes, as a reader (the caller checks them against the digest).
+    pub fn get_blob(&self, repo: &str, digest: &str) -> Result<Box<dyn Read + Send>> {
+        let url = self.url(repo, &format!("blobs/{digest}"));
+        let resp = self.send("GET", &url, &[], &Body::Empty)?;
+        if !resp.status().is_success() {
+            return Err(self.refused("GET", &url, resp));
+        }
+        Ok(Box::new(resp.into_body().into_reader()))
+    }
+
+    /// An error for an answer that was not the one expected: the status and the
+    /// registry's own error code and message, if it sent them.
+    fn refused(&self, method: &str, url: &str, mut resp: Response<ureq::Body>) -> Error {
+        let status = resp.status();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(SMALL_MAX)
+            .read_to_string()
+            .unwrap_or_default();
+        let detail = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| {
+                let e = v.get("errors")?.get(0)?.clone();
+                Some(format!(
+                    "{} {}",
+                    e.get("code")?.as_str()?,
+                    e.get("message").and_then(|m| m.as_str()).unwrap_or("")
+                ))
+            })
+            .unwrap_or_default();
+        let hint = match status {
+            StatusCode::UNAUTHORIZED if self.credentials.is_none() => {
+                " (no credentials for this registry in $REGISTRY_AUTH_FILE, containers' auth.json or ~/.docker/config.json)"
+            }
+            StatusCode::UNAUTHORIZED => " (the credentials from the auth file were refused)",
+            _ => "",
+        };
+        let path = url.strip_prefix(&self.base).unwrap_or(url);
+        Error(format!(
+            "registry {}: {method} {path}: {status}{}{hint}",
+            self.name,
+            if detail.trim().is_empty() {
+                String::new()
+            } else {
+                format!(": {}", detail.trim())
+            }
+        ))
+    }
+}
+
+/// ureq's error in words a user acts on.
+fn reachability(e: ureq::Error) -> String {
+    match e {
+        ureq::Error::HostNotFound => "host not found".into(),
+        ureq::Error::Io(io) => format!("{io}"),
+        ureq::Error::Timeout(t) => format!("timed out ({t})"),
+        other => other.to_string(),
+    }
+}
+
+/// `sha256:HEX` of `bytes`.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters pass).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The registry a reference's host names, for messages.
+pub fn shown(r: &Reference) -> &str {
+    host_of(&r.registry)
+}

@@ -1,0 +1,448 @@
+//! `verilay push` and `pull` against a real registry: Debian's `docker-registry` (CNCF
+//! distribution) started on 127.0.0.1 by each test, with `skopeo` as the independent
+//! client that checks what was stored.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+/// A `docker-registry` on 127.0.0.1, stopped when dropped.
+struct Registry {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Registry {
+    /// A registry storing in a fresh directory; with `htpasswd`, Basic auth for user `u`
+    /// with password `secret`.
+    fn start(htpasswd: bool) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut auth = String::new();
+        if htpasswd {
+            let file = dir.path().join("htpasswd");
+            sh(&format!(
+                "htpasswd -Bbc '{}' u secret 2>/dev/null",
+                file.display()
+            ));
+            auth = format!(
+                "auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
+                file.display()
+            );
+        }
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}/data\n\
+                 http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n{auth}",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .spawn()
+            .unwrap();
+        let r = Registry { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_status(port, "/v2/").is_none() {
+            assert!(Instant::now() < deadline, "the registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        r
+    }
+
+    fn reference(&self, repo_tag: &str) -> String {
+        format!("oci://127.0.0.1:{}/{repo_tag}", self.port)
+    }
+
+    fn docker(&self, repo_tag: &str) -> String {
+        format!("docker://127.0.0.1:{}/{repo_tag}", self.port)
+    }
+
+    /// The stored blob file of `digest` (`sha256:HEX`) in the registry's storage.
+    fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        self.dir.path().join(format!(
+            "data/docker/registry/v2/blobs/sha256/{}/{hex}/data",
+            &hex[..2]
+        ))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The status code of `GET PATH` on 127.0.0.1:`port`, if it answers.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+fn prerequisites() -> bool {
+    skip_unless(
+        have("docker-registry"),
+        "needs docker-registry (scripts/setup)",
+    ) || skip_unless(have("skopeo"), "needs skopeo (scripts/setup)")
+        || skip_unless(have("htpasswd"), "needs htpasswd (apache2-utils)")
+}
+
+/// A tree with a few files, an xattr and a symlink, built into `image`; its digest.
+fn image_of_tree(base: &Path) -> (PathBuf, PathBuf, String) {
+    let src = base.join("src");
+    std::fs::create_dir_all(src.join("etc")).unwrap();
+    std::fs::write(src.join("etc/os-release"), "ID=verilay\n").unwrap();
+    std::fs::write(src.join("big"), vec![7u8; 300_000]).unwrap();
+    std::os::unix::fs::symlink("etc/os-release", src.join("link")).unwrap();
+    let image = base.join("app.img");
+    let out = build(&src, &image, &["--quiet"]);
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    (src, image, digest)
+}
+
+/// `sha256:HEX` of `bytes`, by sha256sum (an independent hasher).
+fn sha256_of(bytes: &[u8]) -> String {
+    let mut c = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(bytes).unwrap();
+    let o = c.wait_with_output().unwrap();
+    let out = String::from_utf8(o.stdout).unwrap();
+    format!("sha256:{}", out.split(' ').next().unwrap())
+}
+
+fn verilay_out(args: &[&str]) -> Output {
+    verilay().args(args).output().unwrap()
+}
+
+/// Asserts a failed command: exit 1, one line on stderr holding every needle.
+fn assert_one_line(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "expected {n:?} in: {err}");
+    }
+}
+
+#[test]
+fn push_then_pull_by_tag_and_by_digest_gives_back_the_image_skopeo_sees() {
+    if prerequisites() {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src, image, digest) = image_of_tree(t.path());
+    let r = reg.reference("apps/demo:1");
+    let out = run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r));
+    let manifest_digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    // The oracle: skopeo reads the manifest we stored, and copies the artifact whole.
+    let raw = run(Command::new("skopeo").args([
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &reg.docker("apps/demo:1"),
+    ]))
+    .stdout;
+    let got = sha256_of(&raw);
+    assert_eq!(
+        got, manifest_digest,
+        "push printed another digest than skopeo's"
+    );
+    let m: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(m["artifactType"], "application/vnd.verilay.image.v1");
+    assert_eq!(
+        m["annotations"]["dev.verilay.image.digest"],
+        digest.as_str()
+    );
+    let layer = &m["layers"][0];
+    assert_eq!(layer["mediaType"], "application/vnd.verilay.image.erofs.v1");
+    let oci = t.path().join("oci");
+    run(Command::new("skopeo")
+        .args([
+            "copy",
+            "--quiet",
+            "--src-tls-verify=false",
+            &reg.docker("apps/demo:1"),
+        ])
+        .arg(format!("oci:{}:x", oci.display())));
+    let blob = layer["digest"].as_str().unwrap();
+    let copied = oci
+        .join("blobs/sha256")
+        .join(blob.strip_prefix("sha256:").unwrap());
+    assert_eq!(
+        std::fs::read(&copied).unwrap(),
+        std::fs::read(&image).unwrap(),
+        "the stored blob is not the image"
+    );
+    // Pulled by tag (pinned by the annotation) and by manifest digest: the same bytes.
+    let by_tag = t.path().join("by-tag.img");
+    run(verilay()
+        .args(["pull", "--insecure", "--quiet", &r, "-o"])
+        .arg(&by_tag));
+    let by_digest = t.path().join("by-digest.img");
+    let pinned = reg.reference(&format!("apps/demo@{manifest_digest}"));
+    run(verilay()
+        .args([
+            "pull",
+            "--insecure",
+            "--quiet",
+            &pinned,
+            "--digest",
+            &digest,
+            "-o",
+        ])
+        .arg(&by_digest));
+    for pulled in [&by_tag, &by_digest] {
+        assert_eq!(
+            std::fs::read(pulled).unwrap(),
+            std::fs::read(&image).unwrap()
+        );
+    }
+    // And the pulled image mounts with the kernel's erofs, the tree the source's.
+    if is_root() {
+        let k = Mount::erofs(&by_tag, &t.path().join("k"));
+        assert_diff_clean(&src, &k.dir);
+    }
+    // A second push of the same image uploads nothing new and names the same manifest.
+    let again = run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r));
+    assert_eq!(
+        String::from_utf8(again.stdout).unwrap().trim(),
+        manifest_digest
+    );
+}
+
+/// PUTs `body` as the manifest `repo:tag` (what a hostile or foreign pusher stores).
+fn put_manifest(reg: &Registry, repo_tag: &str, body: &str) {
+    let (repo, tag) = repo_tag.split_once(':').unwrap();
+    run(Command::new("curl").args([
+        "-sf",
+        "-X",
+        "PUT",
+        "-H",
+        "Content-Type: application/vnd.oci.image.manifest.v1+json",
+        "--data-binary",
+        body,
+        &format!("http://127.0.0.1:{}/v2/{repo}/manifests/{tag}", reg.port),
+    ]));
+}
+
+#[test]
+fn bad_references_and_hostile_answers_get_one_line_and_no_image() {
+    if prerequisites() || skip_unless(have("curl"), "needs curl") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, image, digest) = image_of_tree(t.path());
+    let r = reg.reference("apps/demo:1");
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r));
+    let raw = run(Command::new("skopeo").args([
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &reg.docker("apps/demo:1"),
+    ]))
+    .stdout;
+    let m: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    let blob = m["layers"][0]["digest"].as_str().unwrap().to_string();
+    // A manifest without the annotation, and one whose blob is not an image (the empty
+    // config's bytes, with the annotation).
+    let mut bare = m.clone();
+    bare["annotations"] = serde_json::json!({});
+    bare["layers"][0]["annotations"] = serde_json::json!({});
+    put_manifest(&reg, "apps/demo:bare", &bare.to_string());
+    let mut not_image = m.clone();
+    not_image["layers"][0]["digest"] = m["config"]["digest"].clone();
+    not_image["layers"][0]["size"] = m["config"]["size"].clone();
+    put_manifest(&reg, "apps/demo:notimage", &not_image.to_string());
+    let out = t.path().join("out.img");
+    let o = out.to_str().unwrap();
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (
+            vec!["oci://nohost.invalid/a:1".into()],
+            vec!["nohost.invalid"],
+        ),
+        (
+            vec![reg.reference("apps/demo:2"), "--insecure".into()],
+            vec!["MANIFEST_UNKNOWN"],
+        ),
+        (
+            vec![reg.reference("nothing/here:1"), "--insecure".into()],
+            vec!["404"],
+        ),
+        (
+            vec![reg.reference("apps/demo:bare"), "--insecure".into()],
+            vec!["records no image digest", "--digest"],
+        ),
+        (
+            vec![reg.reference("apps/demo:notimage"), "--insecure".into()],
+            vec!["not the pinned verilay image"],
+        ),
+        (
+            vec![
+                r.clone(),
+                "--insecure".into(),
+                "--digest".into(),
+                format!("sha256:{}", "0".repeat(64)),
+            ],
+            vec!["records image digest", &digest],
+        ),
+        (
+            vec![
+                format!(
+                    "oci://127.0.0.1:{}/apps/demo@sha256:{}",
+                    reg.port,
+                    "1".repeat(64)
+                ),
+                "--insecure".into(),
+            ],
+            vec!["404"],
+        ),
+        (
+            vec!["oci://example.com/a:1".into(), "--insecure".into()],
+            vec!["only for a registry on this machine"],
+        ),
+        (
+            vec!["oci://127.0.0.1/Bad:1".into()],
+            vec!["not a repository name"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut full = vec!["pull", "-o", o, "--timeout", "10"];
+        full.extend(args.iter().map(String::as_str));
+        let res = verilay_out(&full);
+        assert_one_line(&res, &needles);
+        assert!(!out.exists(), "{args:?} left an image");
+        assert_eq!(
+            std::fs::read_dir(t.path())
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .ends_with(".partial")
+                })
+                .count(),
+            0,
+            "{args:?} left a partial file"
+        );
+    }
+    // A registry whose storage was tampered with: the bytes fail their digest.
+    let stored = reg.blob_file(&blob);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[5000] ^= 1;
+    std::fs::write(&stored, &bytes).unwrap();
+    let res = verilay_out(&["pull", "-o", o, "--insecure", &r]);
+    assert_one_line(&res, &["whose digest is", &blob]);
+    assert!(!out.exists());
+    // A manifest pinned by digest that the registry answers differently is refused too.
+    let push_to_digest = verilay_out(&[
+        "push",
+        "--insecure",
+        image.to_str().unwrap(),
+        &format!(
+            "oci://127.0.0.1:{}/apps/demo@sha256:{}",
+            reg.port,
+            "2".repeat(64)
+        ),
+    ]);
+    assert_one_line(&push_to_digest, &["push to a tag"]);
+}
+
+#[test]
+fn basic_auth_comes_from_the_auth_file() {
+    if prerequisites() {
+        return;
+    }
+    let reg = Registry::start(true);
+    let t = tempfile::tempdir().unwrap();
+    let (_, image, _) = image_of_tree(t.path());
+    let r = reg.reference("private/app:1");
+    let no_file = t.path().join("none.json");
+    let denied = verilay()
+        .env("REGISTRY_AUTH_FILE", &no_file)
+        .env("HOME", t.path())
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r)
+        .output()
+        .unwrap();
+    assert_one_line(&denied, &["401", "no credentials"]);
+    let wrong = t.path().join("wrong.json");
+    std::fs::write(
+        &wrong,
+        format!(
+            r#"{{"auths":{{"127.0.0.1:{}":{{"auth":"dTpiYWQ="}}}}}}"#,
+            reg.port
+        ),
+    )
+    .unwrap();
+    let refused = verilay()
+        .env("REGISTRY_AUTH_FILE", &wrong)
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r)
+        .output()
+        .unwrap();
+    assert_one_line(&refused, &["401", "refused"]);
+    // u:secret, as `podman login` writes it.
+    let good = t.path().join("auth.json");
+    std::fs::write(
+        &good,
+        format!(
+            r#"{{"auths":{{"127.0.0.1:{}":{{"auth":"dTpzZWNyZXQ="}}}}}}"#,
+            reg.port
+        ),
+    )
+    .unwrap();
+    run(verilay()
+        .env("REGISTRY_AUTH_FILE", &good)
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r));
+    let out = t.path().join("pulled.img");
+    run(verilay()
+        .env("REGISTRY_AUTH_FILE", &good)
+        .args(["pull", "--insecure", "--quiet", &r, "-o"])
+        .arg(&out));
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&image).unwrap());
+    // skopeo, given the same file, sees the artifact.
+    run(Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false", "--authfile"])
+        .arg(&good)
+        .arg(reg.docker("private/app:1")));
+}
