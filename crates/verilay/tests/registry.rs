@@ -22,24 +22,28 @@ impl Registry {
     /// A registry storing in a fresh directory; with `htpasswd`, Basic auth for user `u`
     /// with password `secret`.
     fn start(htpasswd: bool) -> Registry {
-        let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut auth = String::new();
-        if htpasswd {
-            let file = dir.path().join("htpasswd");
+        Registry::start_with(|dir| {
+            if !htpasswd {
+                return String::new();
+            }
+            let file = dir.join("htpasswd");
             sh(&format!(
                 "htpasswd -Bbc '{}' u secret 2>/dev/null",
                 file.display()
             ));
-            auth = format!(
+            format!(
                 "auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
                 file.display()
-            );
-        }
+            )
+        })
+    }
+
+    /// A registry whose configuration ends with what `auth` makes (an `auth:` section,
+    /// or nothing) in the registry's own directory.
+    fn start_with(auth: impl FnOnce(&Path) -> String) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let auth = auth(dir.path());
         let config = dir.path().join("config.yml");
         std::fs::write(
             &config,
@@ -445,4 +449,130 @@ fn basic_auth_comes_from_the_auth_file() {
         .args(["inspect", "--raw", "--tls-verify=false", "--authfile"])
         .arg(&good)
         .arg(reg.docker("private/app:1")));
+}
+
+/// A token server for the registry's `auth: token` (the Bearer flow Docker Hub, GHCR and
+/// Harbor use): it gives user `u` (password `secret`) a JWT, signed with a key whose
+/// self-signed certificate the registry trusts, for the scope asked; anyone else 401.
+const TOKEN_SERVER: &str = r#"
+import base64, json, subprocess, sys, time, http.server, urllib.parse
+key, cert, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+der = subprocess.run(["openssl", "x509", "-in", cert, "-outform", "DER"], capture_output=True, check=True).stdout
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"u:secret").decode():
+            self.send_response(401); self.end_headers(); return
+        access = []
+        for s in q.get("scope", []):
+            kind, name, actions = s.split(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        head = {"typ": "JWT", "alg": "RS256", "x5c": [base64.b64encode(der).decode()]}
+        claims = {"iss": "test-issuer", "sub": "u", "aud": q["service"][0], "exp": now + 300,
+                  "nbf": now - 10, "iat": now, "jti": str(now), "access": access}
+        signing = (b64(json.dumps(head).encode()) + "." + b64(json.dumps(claims).encode())).encode()
+        sig = subprocess.run(["openssl", "dgst", "-sha256", "-sign", key], input=signing,
+                             capture_output=True, check=True).stdout
+        body = json.dumps({"token": signing.decode() + "." + b64(sig)}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn bearer_tokens_come_from_the_registrys_token_server() {
+    if prerequisites() || skip_unless(have("openssl"), "needs openssl") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (key, cert) = (t.path().join("key.pem"), t.path().join("cert.pem"));
+    run(Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", "/CN=verilay-test-token"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null()));
+    let token_port = free_port();
+    let script = t.path().join("token.py");
+    std::fs::write(&script, TOKEN_SERVER).unwrap();
+    let _tokens = Killed(
+        Command::new("/usr/bin/python3")
+            .arg(&script)
+            .arg(&key)
+            .arg(&cert)
+            .arg(token_port.to_string())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_status(token_port, "/token").is_none() {
+        assert!(Instant::now() < deadline, "the token server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let auth = format!(
+        "auth:\n  token:\n    realm: http://127.0.0.1:{token_port}/token\n    service: test-registry\n    issuer: test-issuer\n    rootcertbundle: {}\n",
+        cert.display()
+    );
+    let reg = Registry::start_with(|_| auth);
+    let (_, image, _) = image_of_tree(t.path());
+    let r = reg.reference("team/app:1");
+    let anonymous = verilay()
+        .env("REGISTRY_AUTH_FILE", t.path().join("none.json"))
+        .env("HOME", t.path())
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r)
+        .output()
+        .unwrap();
+    assert_one_line(&anonymous, &["token server", "401", "anonymous"]);
+    let good = t.path().join("auth.json");
+    std::fs::write(
+        &good,
+        format!(
+            r#"{{"auths":{{"127.0.0.1:{}":{{"auth":"dTpzZWNyZXQ="}}}}}}"#,
+            reg.port
+        ),
+    )
+    .unwrap();
+    run(verilay()
+        .env("REGISTRY_AUTH_FILE", &good)
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&r));
+    let out = t.path().join("pulled.img");
+    run(verilay()
+        .env("REGISTRY_AUTH_FILE", &good)
+        .args(["pull", "--insecure", "--quiet", &r, "-o"])
+        .arg(&out));
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&image).unwrap());
+    // skopeo goes through the same token server with the same file.
+    run(Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false", "--authfile"])
+        .arg(&good)
+        .arg(reg.docker("team/app:1")));
 }
