@@ -11,6 +11,7 @@
 //!   `nodev`/`dev`, `noexec`/`exec`, `sync`/`async`, `dirsync`, the atime family
 //!   (`noatime`, `atime`, `relatime`, `norelatime`, `strictatime`, `nostrictatime`,
 //!   `nodiratime`, `diratime`), `lazytime`/`nolazytime`, `nosymfollow`/`symfollow`;
+//! - `insecure` (remote images over plain HTTP, this machine only);
 //! - FUSE's access options: `allow_other`, `allow_root`, `default_permissions` (always on);
 //! - what mount(8) passes to a helper without asking the filesystem anything (`defaults`,
 //!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
@@ -62,6 +63,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Root may use the mount too (FUSE's `allow_root`).
     pub allow_root: bool,
+    /// `insecure`: remote images over plain HTTP, from a registry on this machine only.
+    pub insecure: bool,
     /// `digest=`: the one image's pinned digest.
     pub digest: Option<String>,
     pub threads: Option<usize>,
@@ -219,6 +222,7 @@ impl MountOptions {
             }
             "allow_other" => self.allow_other = true,
             "allow_root" => self.allow_root = true,
+            "insecure" => self.insecure = true,
             "default_permissions" => {}
             w if FOR_MOUNT8.contains(&w) || w.starts_with("x-") || w.starts_with("X-") => {}
             w => {
@@ -252,6 +256,9 @@ impl MountOptions {
         }
         if self.allow_root {
             out.push(b"allow_root".to_vec());
+        }
+        if self.insecure {
+            out.push(b"insecure".to_vec());
         }
         let mut value = |key: &str, v: &[u8]| {
             let mut o = format!("{key}=").into_bytes();

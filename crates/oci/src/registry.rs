@@ -328,6 +328,75 @@ impl Registry {
         Ok(Box::new(resp.into_body().into_reader()))
     }
 
+    /// A client for a plain URL (`http(s)://HOST[:PORT]/PATH`) of an image file: the same
+    /// transport and auth flows, with no repository. Plain HTTP is the URL's own choice.
+    pub fn for_url(url: &str, timeout: Duration) -> Result<Registry> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .filter(|(s, _)| *s == "http" || *s == "https")
+            .ok_or_else(|| Error(format!("{url}: not an http(s) URL")))?;
+        let host = rest.split('/').next().unwrap_or("");
+        if host.is_empty() || host.contains('@') {
+            return Err(Error(format!("{url}: no host (or credentials in the URL)")));
+        }
+        let r = Reference {
+            registry: host.to_string(),
+            repository: "x".into(),
+            target: crate::reference::Target::Tag("x".into()),
+        };
+        let mut reg = Registry::connect(&r, false, timeout)?;
+        reg.base = format!("{scheme}://{host}");
+        Ok(reg)
+    }
+
+    /// The URL of a blob of `repo`.
+    pub fn blob_url(&self, repo: &str, digest: &str) -> String {
+        self.url(repo, &format!("blobs/{digest}"))
+    }
+
+    /// The size of what `url` serves (a HEAD's Content-Length).
+    pub fn size_of(&self, url: &str) -> Result<u64> {
+        let resp = self.send("HEAD", url, &[], &Body::Empty)?;
+        if !resp.status().is_success() {
+            return Err(self.refused("HEAD", url, resp));
+        }
+        resp.headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Error(format!("{url}: the server gives no Content-Length")))
+    }
+
+    /// Bytes `offset..offset + len` of what `url` serves, by a range request; exactly
+    /// that many, or an error.
+    pub fn get_range(&self, url: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let range = format!("bytes={}-{}", offset, offset + len - 1);
+        let mut resp = self.send("GET", url, &[("Range", &range)], &Body::Empty)?;
+        match resp.status() {
+            StatusCode::PARTIAL_CONTENT => {}
+            StatusCode::OK if offset == 0 => {}
+            s if s.is_success() => {
+                return Err(Error(format!(
+                    "{url}: the server answers a range request with {s}: it must serve ranges"
+                )))
+            }
+            _ => return Err(self.refused("GET", url, resp)),
+        }
+        let mut body = Vec::with_capacity(len as usize);
+        resp.body_mut()
+            .as_reader()
+            .take(len)
+            .read_to_end(&mut body)
+            .map_err(|e| Error(format!("{url}: bytes {offset}+{len}: {e}")))?;
+        if body.len() as u64 != len {
+            return Err(Error(format!(
+                "{url}: bytes {offset}+{len}: the server sent {}",
+                body.len()
+            )));
+        }
+        Ok(body)
+    }
+
     /// An error for an answer that was not the one expected: the status and the
     /// registry's own error code and message, if it sent them.
     fn refused(&self, method: &str, url: &str, mut resp: Response<ureq::Body>) -> Error {

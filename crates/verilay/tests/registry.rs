@@ -576,3 +576,202 @@ fn bearer_tokens_come_from_the_registrys_token_server() {
         .arg(&good)
         .arg(reg.docker("team/app:1")));
 }
+
+/// A proxy in front of the registry: counts the body bytes it forwards (in `STATE/bytes`)
+/// and, while `STATE/flip` exists, flips one byte in every 4 KiB block of each range it
+/// forwards (a hostile network or mirror).
+const PROXY: &str = r#"
+import http.server, os, sys, threading, urllib.error, urllib.request
+port, upstream, state = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+lock = threading.Lock()
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def forward(self, head):
+        req = urllib.request.Request(upstream + self.path, method="HEAD" if head else "GET")
+        for k in ("Range", "Accept", "Authorization"):
+            if self.headers.get(k): req.add_header(k, self.headers[k])
+        try:
+            r = urllib.request.urlopen(req); status, headers, body = r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            status, headers, body = e.code, e.headers, e.read()
+        if status == 206 and os.path.exists(state + "/flip"):
+            b = bytearray(body)
+            for i in range(100, len(b), 4096): b[i] ^= 1
+            body = bytes(b)
+        if not head:
+            with lock:
+                f = state + "/bytes"
+                n = int(open(f).read()) if os.path.exists(f) else 0
+                open(f, "w").write(str(n + len(body)))
+        self.send_response(status)
+        for k, v in headers.items():
+            if k.lower() in ("content-type", "content-range", "docker-content-digest", "www-authenticate"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", headers.get("Content-Length", "0") if head else str(len(body)))
+        self.end_headers()
+        if not head: self.wfile.write(body)
+    def do_GET(self): self.forward(False)
+    def do_HEAD(self): self.forward(True)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+/// Starts [`PROXY`] in front of `reg`; its port.
+fn proxy(reg: &Registry, state: &Path) -> (Killed, u16) {
+    let port = free_port();
+    let script = state.join("proxy.py");
+    std::fs::write(&script, PROXY).unwrap();
+    let child = Command::new("/usr/bin/python3")
+        .arg(&script)
+        .arg(port.to_string())
+        .arg(format!("http://127.0.0.1:{}", reg.port))
+        .arg(state)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_status(port, "/v2/").is_none() {
+        assert!(Instant::now() < deadline, "the proxy did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Killed(child), port)
+}
+
+fn fetched(state: &Path) -> u64 {
+    std::fs::read_to_string(state.join("bytes"))
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_mount_from_the_registry_fetches_little_and_never_serves_a_flipped_byte() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src, image, digest) = {
+        let src = t.path().join("src");
+        std::fs::create_dir_all(src.join("etc")).unwrap();
+        std::fs::write(src.join("etc/os-release"), "ID=verilay\n").unwrap();
+        // 16 MiB no block of which repeats (so no two blocks share a hash).
+        let big: Vec<u8> = (0..16u64 << 20)
+            .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8 ^ (i >> 12) as u8)
+            .collect();
+        std::fs::write(src.join("big"), &big).unwrap();
+        let image = t.path().join("app.img");
+        let out = build(&src, &image, &["--quiet"]);
+        (
+            src,
+            image,
+            String::from_utf8(out.stdout).unwrap().trim().to_string(),
+        )
+    };
+    let size = std::fs::metadata(&image).unwrap().len();
+    let out = run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference("apps/demo:1")));
+    let manifest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    let via = |target: &str| format!("oci://127.0.0.1:{port}/apps/demo{target}");
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let log = t.path().join("log");
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--insecure",
+            &via(":1"),
+            "--digest",
+            &digest,
+        ])
+        .arg(&m)
+        .arg("--log")
+        .arg(&log));
+    let _m = Unmount::fuse(&m);
+    // A file read right after mounting costs a small part of the image.
+    assert_eq!(
+        std::fs::read_to_string(m.join("etc/os-release")).unwrap(),
+        "ID=verilay\n"
+    );
+    let first = fetched(&state);
+    assert!(
+        first * 8 < size,
+        "mounting and reading one small file fetched {first} of {size} bytes"
+    );
+    // Flipped bytes on the wire: EIO and a log line, never wrong bytes.
+    std::fs::write(state.join("flip"), b"").unwrap();
+    let e = std::fs::read(m.join("big")).expect_err("a flipped block was served");
+    assert_eq!(e.raw_os_error(), Some(5), "{e}");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.lines().count() >= 1, "no log line for the bad block");
+    // The proxy gone honest, the same read fetches the blocks again and succeeds.
+    std::fs::remove_file(state.join("flip")).unwrap();
+    assert!(
+        std::fs::read(m.join("big")).unwrap() == std::fs::read(src.join("big")).unwrap(),
+        "the file read back differs"
+    );
+    assert_diff_clean(&src, &m);
+    drop(_m);
+    wait_daemon_gone(&m);
+    // The manifest named by its digest pins the image by itself.
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--insecure",
+            &via(&format!("@{manifest}")),
+        ])
+        .arg(&m));
+    let _m = Unmount::fuse(&m);
+    assert_diff_clean(&src, &m);
+}
+
+#[test]
+fn a_remote_mount_refuses_what_is_not_pinned_or_not_there() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, image, digest) = image_of_tree(t.path());
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference("apps/demo:1")));
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let mnt = m.to_str().unwrap();
+    let r = reg.reference("apps/demo:1");
+    let zero = format!("sha256:{}", "0".repeat(64));
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec![&r, "--insecure"], vec!["pinned only"]),
+        (
+            vec![&r, "--insecure", "--digest", &zero],
+            vec!["pinned", "sha256:0000"],
+        ),
+        (
+            vec!["oci://nohost.invalid/a:1", "--digest", &digest],
+            vec!["nohost.invalid"],
+        ),
+        (vec![&r, "--digest", &digest], vec!["127.0.0.1"]),
+        (
+            vec!["oci://example.com/a:1", "--insecure", "--digest", &digest],
+            vec!["only for a registry on this machine"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut full = vec!["mount", "--timeout", "10"];
+        full.extend(args.iter().copied());
+        full.push(mnt);
+        let out = verilay_out(&full);
+        assert_one_line(&out, &needles);
+        assert!(
+            std::fs::read_dir(&m).unwrap().next().is_none(),
+            "{args:?}: something is mounted"
+        );
+    }
+}

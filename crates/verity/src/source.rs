@@ -35,6 +35,12 @@ pub trait ByteSource: Send + Sync {
         let _ = offset;
         Ok(None)
     }
+
+    /// The `len` bytes at `offset` failed their hash: a source that keeps fetched bytes
+    /// (a remote image's cache) drops them, so the next read fetches them again.
+    fn forget(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
 }
 
 fn out_of_range(offset: u64, len: usize, total: u64) -> io::Error {
@@ -83,6 +89,10 @@ impl<T: ByteSource + ?Sized> ByteSource for &T {
     fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
         (**self).block_hash(offset)
     }
+
+    fn forget(&self, offset: u64, len: u64) {
+        (**self).forget(offset, len)
+    }
 }
 
 impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
@@ -97,6 +107,10 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
     fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
         (**self).block_hash(offset)
     }
+
+    fn forget(&self, offset: u64, len: u64) {
+        (**self).forget(offset, len)
+    }
 }
 
 impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
@@ -110,6 +124,10 @@ impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
 
     fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
         (**self).block_hash(offset)
+    }
+
+    fn forget(&self, offset: u64, len: u64) {
+        (**self).forget(offset, len)
     }
 }
 

@@ -297,6 +297,7 @@ impl<S: ByteSource> VerifiedSource<S> {
     }
 
     fn integrity(&self, offset: u64, what: String, data: bool) -> io::Error {
+        self.inner.forget(offset, self.bs());
         io::Error::new(
             io::ErrorKind::InvalidData,
             IntegrityError { offset, what, data },

@@ -22,7 +22,7 @@ pub struct Pin {
 pub struct Opened {
     pub img: Img,
     /// The verified source under `img`, `None` for a plain EROFS image.
-    pub verified: Option<Arc<VerifiedSource<FileSource>>>,
+    pub verified: Option<Arc<VerifiedSource<Box<dyn ByteSource>>>>,
 }
 
 impl Opened {
@@ -76,6 +76,10 @@ pub struct ReadOpts {
     /// Hash large reads on several threads (off for the mount daemon, whose requests
     /// already run in parallel).
     pub parallel_hashing: bool,
+    /// A remote image (`oci://`) over plain HTTP, from this machine only.
+    pub insecure: bool,
+    /// How long a remote image's server may take to connect or answer.
+    pub timeout: std::time::Duration,
 }
 
 impl Default for ReadOpts {
@@ -84,6 +88,8 @@ impl Default for ReadOpts {
             readahead: true,
             direct: false,
             parallel_hashing: true,
+            insecure: false,
+            timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -95,9 +101,15 @@ pub fn open_with(
     allow_plain: bool,
     opts: &ReadOpts,
 ) -> anyhow::Result<Opened> {
-    let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
     let name = path.display();
-    match VerifiedSource::open(file_source(path, opts.direct)?, pin_bytes.as_deref()) {
+    let (source, pin_bytes) = match path.to_str().filter(|p| remote::is_remote(p)) {
+        Some(spec) => remote_source(spec, pin, opts)?,
+        None => (
+            Box::new(file_source(path, opts.direct)?) as Box<dyn ByteSource>,
+            pin.digest.as_deref().map(parse_digest).transpose()?,
+        ),
+    };
+    match VerifiedSource::open(source, pin_bytes.as_deref()) {
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
             v.set_parallel_hashing(opts.parallel_hashing);
@@ -122,6 +134,32 @@ pub fn open_with(
         }
         Err(e) => Err(open_error(path, e)),
     }
+}
+
+/// A digest to pin, as bytes.
+type PinBytes = Vec<u8>;
+
+/// A remote image's source and its pin: `--digest`, or what a manifest named by its own
+/// digest records. A remote image is never mounted unpinned: nothing else says which bytes
+/// the network may bring.
+fn remote_source(
+    spec: &str,
+    pin: &Pin,
+    opts: &ReadOpts,
+) -> anyhow::Result<(Box<dyn ByteSource>, Option<PinBytes>)> {
+    let opened = remote::RemoteSource::open(spec, opts.insecure, opts.timeout)
+        .map_err(anyhow::Error::msg)?;
+    let digest = match (pin.digest.as_deref(), opened.pinned.as_deref()) {
+        (Some(given), Some(noted)) if !given.eq_ignore_ascii_case(noted) => {
+            bail!("{spec}: the pinned manifest records image digest {noted}, not --digest {given}")
+        }
+        (Some(given), _) => given.to_string(),
+        (None, Some(noted)) => noted.to_string(),
+        (None, None) => bail!(
+            "{spec}: a remote image is mounted pinned only: give --digest, or name the manifest by its digest (…@sha256:…)"
+        ),
+    };
+    Ok((Box::new(opened.source), Some(parse_digest(&digest)?)))
 }
 
 /// The verified source alone, without parsing the EROFS image on top (for `verify`, which

@@ -18,7 +18,7 @@ mod kernel;
 
 pub use helper::mount_helper;
 
-use super::image::{open, Pin};
+use super::image::{open_with, Pin, ReadOpts};
 use super::measuring::{HashName, MeasureArgs};
 use anyhow::{bail, Context};
 use imagefs::stack::MAX_LAYERS;
@@ -65,6 +65,10 @@ pub struct Args {
     /// user_allow_other in /etc/fuse.conf.
     #[arg(long)]
     allow_other: bool,
+    /// Remote images (`oci://`) over plain HTTP: only from a registry on this machine
+    /// (`-o insecure`).
+    #[arg(long)]
+    insecure: bool,
     /// A writable upper directory over the images, with overlayfs's semantics (copy-up,
     /// whiteouts); kernel overlayfs can mount the same directory. Needs --work.
     #[arg(long, value_name = "DIR")]
@@ -148,6 +152,14 @@ impl Settings {
             .min(mountopts::MAX_THREADS)
     }
 
+    /// How the images are read (remote ones: plain HTTP when asked, the setup timeout).
+    fn read_opts(&self) -> ReadOpts {
+        ReadOpts {
+            insecure: self.opts.insecure,
+            ..ReadOpts::default()
+        }
+    }
+
     fn measure(&self) -> MeasureArgs {
         MeasureArgs {
             policy: self.opts.policy.clone(),
@@ -193,6 +205,7 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
         opts.measure_hash = Some(a.measure.measure_hash.0.clone());
     }
     opts.allow_other |= a.allow_other;
+    opts.insecure |= a.insecure;
     if a.from_mount8 && opts.upper.is_none() && opts.read_only == Some(false) {
         // mount(8)'s implicit `rw`: images alone mount read-only, as `mount -t erofs` does.
         opts.read_only = None;
@@ -318,7 +331,7 @@ fn preflight(s: &Settings) -> anyhow::Result<Vec<String>> {
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device");
     }
-    for image in &s.images {
+    for image in s.images.iter().filter(|i| !is_remote(i)) {
         check_image_file(image)?;
     }
     s.measure().check()?;
@@ -329,8 +342,13 @@ fn preflight(s: &Settings) -> anyhow::Result<Vec<String>> {
     s.images
         .iter()
         .zip(&s.pins)
-        .map(|(image, pin)| Ok(open(image, pin, false)?.trust()))
+        .map(|(image, pin)| Ok(open_with(image, pin, false, &s.read_opts())?.trust()))
         .collect()
+}
+
+/// Whether an image operand is a remote image (`oci://`, `http(s)://`), not a file.
+pub fn is_remote(image: &Path) -> bool {
+    image.to_str().is_some_and(remote::is_remote)
 }
 
 /// An image is a regular file or a block device: opening a FIFO would wait forever.

@@ -92,7 +92,7 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     r.step("open the images");
     let read_opts = ReadOpts {
         parallel_hashing: false,
-        ..ReadOpts::default()
+        ..s.read_opts()
     };
     let mut layers = Vec::new();
     let mut ids = Vec::new();
@@ -177,7 +177,12 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
 /// The paths a mount uses besides its upper and work directories, which must not be in
 /// either: the work directory's cleanup would delete them, the upper one would show them.
 fn outside_paths(s: &Settings) -> Vec<(&'static str, &Path)> {
-    let mut v: Vec<(&str, &Path)> = s.images.iter().map(|i| ("image", i.as_path())).collect();
+    let mut v: Vec<(&str, &Path)> = s
+        .images
+        .iter()
+        .filter(|i| !super::is_remote(i))
+        .map(|i| ("image", i.as_path()))
+        .collect();
     if let Some(log) = &s.opts.log {
         v.push(("log file", log));
     }

@@ -1,0 +1,210 @@
+//! A remote image as a [`ByteSource`]: `oci://HOST/REPO:TAG` (or `@sha256:MANIFEST`), or
+//! an `http(s)://` URL of an image file, read with HTTP range requests in aligned chunks,
+//! one fetch in flight per chunk, kept in memory up to a bound. Nothing here trusts a
+//! byte: the verified source above checks every block against the pinned tree, and what
+//! fails is forgotten here (`ByteSource::forget`), so the next read fetches it again.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use verity::source::ByteSource;
+
+/// A fetch's size and alignment: a 4 KiB read costs one request of this, and a reader
+/// going through a file needs a request per this many bytes.
+pub const CHUNK: u64 = 256 << 10;
+/// Chunks kept in memory (128 MiB).
+const KEPT: usize = 512;
+/// Attempts per chunk, and the wait before the first retry (then four times longer).
+const ATTEMPTS: u32 = 3;
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// What fetching has cost, for `verilay stats` and the tests.
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub fetched: AtomicU64,
+    pub retries: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+/// Where a remote image's bytes come from.
+pub struct RemoteSource {
+    registry: oci::Registry,
+    url: String,
+    /// For messages: the reference or URL as given.
+    name: String,
+    len: u64,
+    chunks: Mutex<Chunks>,
+    pub counters: Arc<Counters>,
+}
+
+type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
+
+#[derive(Default)]
+struct Chunks {
+    slots: HashMap<u64, Slot>,
+    order: VecDeque<u64>,
+}
+
+/// Whether `s` names a remote image rather than a file.
+pub fn is_remote(s: &str) -> bool {
+    s.starts_with("oci://") || s.starts_with("http://") || s.starts_with("https://")
+}
+
+/// What a remote image's reference pins, besides `--digest`.
+pub struct Opened {
+    pub source: RemoteSource,
+    /// The image digest a manifest named by its own digest records (it pins the image).
+    pub pinned: Option<String>,
+}
+
+impl RemoteSource {
+    /// Opens `spec`: an `oci://` reference (its manifest fetched now; a verilay image
+    /// artifact, see `oci::artifact`) or an `http(s)://` URL of an image file.
+    /// `insecure`: plain HTTP to a registry on this machine.
+    pub fn open(spec: &str, insecure: bool, timeout: Duration) -> Result<Opened, String> {
+        if spec.starts_with("oci://") {
+            let r = oci::Reference::parse(spec)?;
+            let registry =
+                oci::Registry::connect(&r, insecure, timeout).map_err(|e| e.to_string())?;
+            let (manifest, media_type) = registry
+                .get_manifest(&r.repository, r.target_str())
+                .map_err(|e| e.to_string())?;
+            let by_digest = matches!(r.target, oci::reference::Target::Digest(_));
+            if by_digest && oci::registry::sha256_digest(&manifest) != r.target_str() {
+                return Err(format!(
+                    "{r}: the registry sent another manifest than the one pinned"
+                ));
+            }
+            let image =
+                oci::artifact::image_of(&manifest, &media_type).map_err(|e| format!("{r}: {e}"))?;
+            let url = registry.blob_url(&r.repository, &image.blob.digest);
+            let source = RemoteSource::new(registry, url, spec, image.blob.size);
+            Ok(Opened {
+                source,
+                pinned: image.digest.filter(|_| by_digest),
+            })
+        } else {
+            let registry = oci::Registry::for_url(spec, timeout).map_err(|e| e.to_string())?;
+            let len = registry.size_of(spec).map_err(|e| e.to_string())?;
+            Ok(Opened {
+                source: RemoteSource::new(registry, spec.to_string(), spec, len),
+                pinned: None,
+            })
+        }
+    }
+
+    fn new(registry: oci::Registry, url: String, name: &str, len: u64) -> RemoteSource {
+        RemoteSource {
+            registry,
+            url,
+            name: name.to_string(),
+            len,
+            chunks: Mutex::new(Chunks::default()),
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    /// Chunk `i`, from memory or fetched (one fetch per chunk at a time: a second reader
+    /// of the same chunk waits for the first's).
+    fn chunk(&self, i: u64) -> io::Result<Arc<Vec<u8>>> {
+        let slot = {
+            let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = c.slots.get(&i) {
+                s.clone()
+            } else {
+                let s: Slot = Arc::default();
+                c.slots.insert(i, s.clone());
+                c.order.push_back(i);
+                while c.order.len() > KEPT {
+                    if let Some(old) = c.order.pop_front() {
+                        c.slots.remove(&old);
+                    }
+                }
+                s
+            }
+        };
+        let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = &*held {
+            return Ok(b.clone());
+        }
+        let start = i * CHUNK;
+        let len = CHUNK.min(self.len - start);
+        let bytes = Arc::new(self.fetch(start, len)?);
+        *held = Some(bytes.clone());
+        Ok(bytes)
+    }
+
+    /// One range, retried with backoff; an error names the image and the range.
+    fn fetch(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let mut wait = FIRST_RETRY;
+        let mut attempt = 1;
+        loop {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            match self.registry.get_range(&self.url, offset, len) {
+                Ok(b) => {
+                    self.counters.fetched.fetch_add(len, Ordering::Relaxed);
+                    return Ok(b);
+                }
+                Err(e) if attempt >= ATTEMPTS => {
+                    self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(io::Error::other(format!(
+                        "{}: bytes {offset}+{len}: {e}",
+                        self.name
+                    )));
+                }
+                Err(_) => {
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(wait);
+                    wait *= 4;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+}
+
+impl ByteSource for RemoteSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "{}: range {offset}+{} outside {} bytes",
+                        self.name,
+                        buf.len(),
+                        self.len
+                    ),
+                )
+            })?;
+        let mut at = offset;
+        while at < end {
+            let i = at / CHUNK;
+            let chunk = self.chunk(i)?;
+            let from = (at - i * CHUNK) as usize;
+            let n = (Vec::len(&chunk) - from).min((end - at) as usize);
+            let into = (at - offset) as usize;
+            buf[into..into + n].copy_from_slice(&chunk[from..from + n]);
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    fn forget(&self, offset: u64, len: u64) {
+        let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let last = (offset + len.max(1) - 1) / CHUNK;
+        for i in offset / CHUNK..=last {
+            c.slots.remove(&i);
+            c.order.retain(|&o| o != i);
+        }
+    }
+}
