@@ -140,7 +140,9 @@ impl Registry {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        if let Some(a) = auth {
+        // Credentials go to the registry alone, not to a host an answer points at
+        // (an upload's Location, a blob's redirect).
+        if let Some(a) = auth.filter(|_| self.is_ours(url)) {
             req = req.header("Authorization", a);
         }
         let failed = |e: &dyn std::fmt::Display| {
@@ -224,6 +226,12 @@ impl Registry {
             .and_then(|t| t.as_str())
             .map(str::to_string)
             .ok_or_else(|| Error(format!("token server {realm}: no token in its answer")))
+    }
+
+    /// Whether `url` is on this registry (scheme, host and port).
+    fn is_ours(&self, url: &str) -> bool {
+        url.strip_prefix(&self.base)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     }
 
     fn url(&self, repo: &str, rest: &str) -> String {
