@@ -54,20 +54,36 @@ impl Registry {
             ),
         )
         .unwrap();
+        let child = Registry::serve(dir.path(), port);
+        Registry { child, port, dir }
+    }
+
+    /// `docker-registry serve` of the configuration in `dir`, once it answers.
+    fn serve(dir: &Path, port: u16) -> Child {
         let child = Command::new("docker-registry")
             .arg("serve")
-            .arg(&config)
+            .arg(dir.join("config.yml"))
             .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .stderr(std::fs::File::create(dir.join("log")).unwrap())
             .spawn()
             .unwrap();
-        let r = Registry { child, port, dir };
         let deadline = Instant::now() + Duration::from_secs(20);
         while http_status(port, "/v2/").is_none() {
             assert!(Instant::now() < deadline, "the registry did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        r
+        child
+    }
+
+    /// Kills the registry (as a crash would) until [`Registry::restart`].
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The same registry again, on the same port and storage.
+    fn restart(&mut self) {
+        self.child = Registry::serve(self.dir.path(), self.port);
     }
 
     fn reference(&self, repo_tag: &str) -> String {
@@ -878,4 +894,58 @@ fn an_image_on_a_plain_web_server_mounts_pinned_and_stacks_under_an_upper_direct
     let mut want = std::fs::read(src.join("big")).unwrap();
     want.extend_from_slice(b"appended");
     assert_eq!(std::fs::read(u.join("big")).unwrap(), want);
+}
+
+#[test]
+fn a_registry_that_dies_fails_uncached_reads_at_once_and_serves_again_when_back() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let mut reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Two files far apart in the image: reading one fetches nothing of the other.
+    let file = |seed: u64| -> Vec<u8> {
+        (0..4u64 << 20)
+            .map(|i| ((i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8)
+            .collect()
+    };
+    std::fs::write(src.join("a"), file(1)).unwrap();
+    std::fs::write(src.join("b"), file(2)).unwrap();
+    let image = t.path().join("app.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference("apps/demo:1")));
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--insecure",
+            &reg.reference("apps/demo:1"),
+        ])
+        .args(["--digest", digest.trim()])
+        .arg(&m)
+        .arg("--log")
+        .arg(t.path().join("log")));
+    let _m = Unmount::fuse(&m);
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), file(1));
+    reg.kill();
+    // What was read still is; what was not fails with EIO, soon (no wait for a timeout:
+    // the connection is refused).
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), file(1));
+    let start = Instant::now();
+    let e = std::fs::read(m.join("b")).expect_err("read b with the registry gone");
+    assert_eq!(e.raw_os_error(), Some(5), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "EIO took {:?}",
+        start.elapsed()
+    );
+    reg.restart();
+    assert_eq!(std::fs::read(m.join("b")).unwrap(), file(2));
 }
