@@ -87,6 +87,8 @@ pub struct ImageFs<S: ByteSource> {
     /// and every name the kernel learns is kept (object → parent, name) for the paths the
     /// measurement list names.
     measure: Option<measuring::Setup>,
+    /// More for `verilay stats` (a remote image's fetching).
+    extra_stats: Option<crate::measuring::ExtraStats>,
     names: papaya::HashMap<u64, (u64, Vec<u8>)>,
     /// When the kernel sends OPEN (with a policy): per inode, the handles open on it and
     /// whether its bytes were handed to the kernel since it last learnt the inode; and the
@@ -182,6 +184,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             no_open: false,
             no_opendir: false,
             measure: None,
+            extra_stats: None,
             names: papaya::HashMap::new(),
             opens: papaya::HashMap::new(),
             notifier: Arc::new(OnceLock::new()),
@@ -191,6 +194,11 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// Measures opens from now on (before mounting).
     pub fn set_measuring(&mut self, setup: measuring::Setup) {
         self.measure = Some(setup);
+    }
+
+    /// Adds members to what `verilay stats` prints.
+    pub fn set_extra_stats(&mut self, extra: crate::measuring::ExtraStats) {
+        self.extra_stats = Some(extra);
     }
 
     /// Where the mount code puts the session's notifier.
@@ -1059,7 +1067,12 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
-        if let Some(v) = measuring::stats_xattr(self.measure.as_ref(), ino.into(), name) {
+        if let Some(v) = measuring::stats_xattr(
+            self.measure.as_ref(),
+            self.extra_stats.as_ref(),
+            ino.into(),
+            name,
+        ) {
             return xattr_reply(reply, size, &v);
         }
         // overlayfs refuses its own xattrs outright.

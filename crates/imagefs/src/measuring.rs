@@ -1269,16 +1269,33 @@ impl Setup {
     }
 }
 
+/// More members for `verilay stats` from outside this crate (a remote image's fetching):
+/// a JSON object's members, `"key":value,…`, or nothing.
+pub type ExtraStats = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
 /// `verilay stats`: what the mount root answers for [`STATS_XATTR`] (`None` for any other
 /// inode or name).
-pub fn stats_xattr(setup: Option<&Setup>, ino: u64, name: &[u8]) -> Option<Vec<u8>> {
+pub fn stats_xattr(
+    setup: Option<&Setup>,
+    extra: Option<&ExtraStats>,
+    ino: u64,
+    name: &[u8],
+) -> Option<Vec<u8>> {
     if ino != 1 || name != STATS_XATTR {
         return None;
     }
-    Some(match setup {
-        Some(s) => s.stats_json().into_bytes(),
-        None => b"{\"policy_rules\":0}".to_vec(),
-    })
+    let mut json = match setup {
+        Some(s) => s.stats_json(),
+        None => "{\"policy_rules\":0}".to_string(),
+    };
+    let more = extra.map(|f| f()).unwrap_or_default();
+    if !more.is_empty() && json.ends_with('}') {
+        json.pop();
+        json.push(',');
+        json.push_str(&more);
+        json.push('}');
+    }
+    Some(json.into_bytes())
 }
 
 /// The identity an image layer reports: the EROFS magic, `erofs`, and the image's uuid

@@ -170,6 +170,8 @@ pub struct UnionFs<S: ByteSource> {
     /// With a policy: opens are measured (see `measuring`), and the handles that can write
     /// are known, so a writer's close marks its file changed.
     measure: Option<Setup>,
+    /// More for `verilay stats` (a remote image's fetching).
+    extra_stats: Option<crate::measuring::ExtraStats>,
     /// With a policy: the handles that can write (with their node, its content key, and
     /// whether the file is worth hashing after its close, see `Measuring::open`) and the
     /// read-only ones the policy measured (with their node).
@@ -262,6 +264,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             hardlinks,
             passthrough: false,
             measure: None,
+            extra_stats: None,
             measured_fhs: papaya::HashMap::new(),
             upper,
             name,
@@ -293,6 +296,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// Measures opens from now on (before mounting).
     pub fn set_measuring(&mut self, setup: Setup) {
         self.measure = Some(setup);
+    }
+
+    /// Adds members to what `verilay stats` prints.
+    pub fn set_extra_stats(&mut self, extra: crate::measuring::ExtraStats) {
+        self.extra_stats = Some(extra);
     }
 
     /// The path the measurement list names for node `id`: the mountpoint joined with the
@@ -2437,7 +2445,12 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes();
-        if let Some(v) = crate::measuring::stats_xattr(self.measure.as_ref(), ino.into(), name) {
+        if let Some(v) = crate::measuring::stats_xattr(
+            self.measure.as_ref(),
+            self.extra_stats.as_ref(),
+            ino.into(),
+            name,
+        ) {
             return xattr_reply(reply, size, &v);
         }
         if self.overlay_xattr(name) {

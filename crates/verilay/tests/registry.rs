@@ -722,6 +722,16 @@ fn a_mount_from_the_registry_fetches_little_and_never_serves_a_flipped_byte() {
         first * 8 < size,
         "mounting and reading one small file fetched {first} of {size} bytes"
     );
+    // `verilay stats` says what the daemon fetched: some of what crossed the proxy (which
+    // also carried the manifest, and the checks `verilay mount` made before the daemon).
+    let stats = run(verilay().args(["stats", "--json"]).arg(&m));
+    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let daemon = v["remote_bytes_fetched"].as_u64().unwrap();
+    assert!(
+        daemon > 0 && daemon <= first,
+        "stats {v} vs {first} through the proxy"
+    );
+    assert!(v["remote_requests"].as_u64().unwrap() >= 1, "{v}");
     // Flipped bytes on the wire: EIO and a log line, never wrong bytes.
     std::fs::write(state.join("flip"), b"").unwrap();
     let e = std::fs::read(m.join("big")).expect_err("a flipped block was served");

@@ -21,6 +21,8 @@ pub struct Pin {
 
 pub struct Opened {
     pub img: Img,
+    /// What fetching a remote image has cost (`None` for a file).
+    pub remote: Option<Arc<remote::Counters>>,
     /// The verified source under `img`, `None` for a plain EROFS image.
     pub verified: Option<Arc<VerifiedSource<Box<dyn ByteSource>>>>,
 }
@@ -102,11 +104,15 @@ pub fn open_with(
     opts: &ReadOpts,
 ) -> anyhow::Result<Opened> {
     let name = path.display();
-    let (source, pin_bytes) = match path.to_str().filter(|p| remote::is_remote(p)) {
-        Some(spec) => remote_source(spec, pin, opts)?,
+    let (source, pin_bytes, remote) = match path.to_str().filter(|p| remote::is_remote(p)) {
+        Some(spec) => {
+            let (source, pin, counters) = remote_source(spec, pin, opts)?;
+            (source, Some(pin), Some(counters))
+        }
         None => (
             Box::new(file_source(path, opts.direct)?) as Box<dyn ByteSource>,
             pin.digest.as_deref().map(parse_digest).transpose()?,
+            None,
         ),
     };
     match VerifiedSource::open(source, pin_bytes.as_deref()) {
@@ -121,6 +127,7 @@ pub fn open_with(
             v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
             Ok(Opened {
                 img,
+                remote,
                 verified: Some(v),
             })
         }
@@ -129,6 +136,7 @@ pub fn open_with(
                 .with_context(|| format!("{name}"))?;
             Ok(Opened {
                 img,
+                remote: None,
                 verified: None,
             })
         }
@@ -146,7 +154,7 @@ fn remote_source(
     spec: &str,
     pin: &Pin,
     opts: &ReadOpts,
-) -> anyhow::Result<(Box<dyn ByteSource>, Option<PinBytes>)> {
+) -> anyhow::Result<(Box<dyn ByteSource>, PinBytes, Arc<remote::Counters>)> {
     let opened = remote::RemoteSource::open(spec, opts.insecure, opts.timeout)
         .map_err(anyhow::Error::msg)?;
     let digest = match (pin.digest.as_deref(), opened.pinned.as_deref()) {
@@ -159,7 +167,8 @@ fn remote_source(
             "{spec}: a remote image is mounted pinned only: give --digest, or name the manifest by its digest (…@sha256:…)"
         ),
     };
-    Ok((Box::new(opened.source), Some(parse_digest(&digest)?)))
+    let counters = opened.source.counters.clone();
+    Ok((Box::new(opened.source), parse_digest(&digest)?, counters))
 }
 
 /// The verified source alone, without parsing the EROFS image on top (for `verify`, which

@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where the daemon reports its setup.
@@ -96,6 +97,7 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     };
     let mut layers = Vec::new();
     let mut ids = Vec::new();
+    let mut remotes = Vec::new();
     for (image, pin) in s.images.iter().zip(&s.pins) {
         let opened = open_with(image, pin, false, &read_opts)?;
         ids.push(LayerId {
@@ -106,8 +108,10 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
                 .map(|v| v.digest().to_vec())
                 .unwrap_or_default(),
         });
+        remotes.extend(opened.remote);
         layers.push(opened.img);
     }
+    let extra = remote_stats(remotes);
     // The source shown in mount tables: the images, top first, as overlayfs lists layers.
     let name = s
         .images
@@ -148,6 +152,9 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
             r.step("read the root directories");
             let mut fs = imagefs::union::UnionFs::new(layers, upper, name.clone(), log)
                 .context("reading the root directories")?;
+            if let Some(e) = &extra {
+                fs.set_extra_stats(e.clone());
+            }
             let measuring = setup.as_ref().map(|s| s.measuring.clone());
             if let Some(setup) = setup {
                 fs.set_measuring(setup);
@@ -164,6 +171,9 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
             r.step("read the root directories");
             let mut fs = imagefs::ImageFs::new(layers, name.clone(), log)
                 .context("reading the root directories")?;
+            if let Some(e) = &extra {
+                fs.set_extra_stats(e.clone());
+            }
             let measuring = setup.as_ref().map(|s| s.measuring.clone());
             if let Some(setup) = setup {
                 fs.set_measuring(setup);
@@ -172,6 +182,26 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
             finish_measuring(session(s, fs, name, slot, r, None, timeout), measuring)
         }
     }
+}
+
+/// `verilay stats` members for the remote images' fetching (summed), if any is remote.
+fn remote_stats(remotes: Vec<Arc<remote::Counters>>) -> Option<imagefs::measuring::ExtraStats> {
+    use std::sync::atomic::Ordering::Relaxed;
+    if remotes.is_empty() {
+        return None;
+    }
+    Some(Arc::new(move || {
+        let sum = |f: fn(&remote::Counters) -> &std::sync::atomic::AtomicU64| -> u64 {
+            remotes.iter().map(|c| f(c).load(Relaxed)).sum()
+        };
+        format!(
+            "\"remote_requests\":{},\"remote_bytes_fetched\":{},\"remote_retries\":{},\"remote_failures\":{}",
+            sum(|c| &c.requests),
+            sum(|c| &c.fetched),
+            sum(|c| &c.retries),
+            sum(|c| &c.failures)
+        )
+    }))
 }
 
 /// The paths a mount uses besides its upper and work directories, which must not be in
