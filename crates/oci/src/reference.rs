@@ -98,23 +98,43 @@ pub(crate) fn host_of(registry: &str) -> &str {
 }
 
 fn valid_host(h: &str) -> bool {
-    let (host, port) = if h.starts_with('[') {
-        match h.split_once(']') {
-            Some((v6, rest)) => (&v6[1..], rest.strip_prefix(':')),
+    let (host_ok, port) = match h.strip_prefix('[') {
+        // `[V6]` or `[V6]:PORT`, and nothing else after the bracket.
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) => (
+                v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                match after {
+                    "" => None,
+                    a => match a.strip_prefix(':') {
+                        Some(p) => Some(p),
+                        None => return false,
+                    },
+                },
+            ),
             None => return false,
-        }
-    } else {
-        match h.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (h, None),
+        },
+        None => {
+            let (host, port) = match h.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (h, None),
+            };
+            let ok = !host.is_empty()
+                && host.len() <= 253
+                && host.split('.').all(|label| {
+                    !label.is_empty()
+                        && !label.starts_with('-')
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            (ok, port)
         }
     };
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || (b == b':' && h.starts_with('['))
-        });
-    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|n| n > 0));
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok_and(|n| n > 0)
+    });
     host_ok && port_ok
 }
 
@@ -197,6 +217,12 @@ mod tests {
             "oci://h/a?x",
             "oci://h o/r",
             "oci://h/r:t#x",
+            "oci://[::1]@192.0.2.2:80/r:t",
+            "oci://[::1]x/r",
+            "oci://[nothex]/r",
+            "oci://a..b/r",
+            "oci://h:+80/r",
+            "oci://user@h/r",
         ] {
             assert!(Reference::parse(bad).is_err(), "{bad}");
         }

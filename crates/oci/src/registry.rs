@@ -34,6 +34,7 @@ pub struct Registry {
     credentials: Option<Credentials>,
     /// The `Authorization` header that last worked (a token, or Basic).
     authorization: Mutex<Option<String>>,
+    timeout: Duration,
 }
 
 /// What a request sends.
@@ -85,10 +86,13 @@ impl Registry {
             name: r.registry.clone(),
             credentials,
             authorization: Mutex::new(None),
+            timeout,
         })
     }
 
-    /// Sends a request, answering one auth challenge (401) and trying again.
+    /// Sends a request, answering one auth challenge (401) and trying again. A bodiless
+    /// request is bounded as a whole (twice the timeout), so a server trickling bytes
+    /// cannot hold a reader forever; an upload is bounded per read and write.
     pub fn send(
         &self,
         method: &str,
@@ -96,14 +100,36 @@ impl Registry {
         headers: &[(&str, &str)],
         body: &Body<'_>,
     ) -> Result<Response<ureq::Body>> {
+        self.send_bounded(method, url, headers, body, true)
+    }
+
+    /// A bodiless request whose answer (a whole blob) may rightly take long: bounded per
+    /// read only.
+    fn send_streamed(&self, method: &str, url: &str) -> Result<Response<ureq::Body>> {
+        self.send_bounded(method, url, &[], &Body::Empty, false)
+    }
+
+    fn send_bounded(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &Body<'_>,
+        whole: bool,
+    ) -> Result<Response<ureq::Body>> {
         let mut challenged = false;
         loop {
             let auth = self.authorization.lock().unwrap().clone();
-            let resp = self.attempt(method, url, headers, body, auth.as_deref())?;
+            let resp = self.attempt(method, url, headers, body, auth.as_deref(), whole)?;
             if resp.status() != StatusCode::UNAUTHORIZED || challenged {
                 return Ok(resp);
             }
             challenged = true;
+            // A challenge from another host (one a redirect led to) is not answered:
+            // it would name a token server of its choosing for our credentials.
+            if !self.is_ours(&ureq::ResponseExt::get_uri(&resp).to_string()) {
+                return Ok(resp);
+            }
             let challenge = resp
                 .headers()
                 .get("www-authenticate")
@@ -135,6 +161,7 @@ impl Registry {
         headers: &[(&str, &str)],
         body: &Body<'_>,
         auth: Option<&str>,
+        whole: bool,
     ) -> Result<Response<ureq::Body>> {
         let mut req = ureq::http::Request::builder().method(method).uri(url);
         for (k, v) in headers {
@@ -151,6 +178,14 @@ impl Registry {
         let result = match body {
             Body::Empty => {
                 let req = req.body(()).map_err(|e| failed(&e))?;
+                let req = if whole {
+                    self.agent
+                        .configure_request(req)
+                        .timeout_global(Some(self.timeout * 2))
+                        .build()
+                } else {
+                    req
+                };
                 self.agent.run(req)
             }
             Body::Bytes(b) => {
@@ -329,7 +364,7 @@ impl Registry {
     /// A blob's bytes, as a reader (the caller checks them against the digest).
     pub fn get_blob(&self, repo: &str, digest: &str) -> Result<Box<dyn Read + Send>> {
         let url = self.url(repo, &format!("blobs/{digest}"));
-        let resp = self.send("GET", &url, &[], &Body::Empty)?;
+        let resp = self.send_streamed("GET", &url)?;
         if !resp.status().is_success() {
             return Err(self.refused("GET", &url, resp));
         }

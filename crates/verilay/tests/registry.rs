@@ -381,6 +381,28 @@ fn bad_references_and_hostile_answers_get_one_line_and_no_image() {
             "{args:?} left a partial file"
         );
     }
+    // A partial file (or link) someone planted beside the output is never written through,
+    // and an output that exists survives a failed pull.
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, t.path().join(".out.img.partial")).unwrap();
+    std::fs::write(&out, b"old image").unwrap();
+    let res = verilay_out(&[
+        "pull",
+        "-o",
+        o,
+        "--insecure",
+        &reg.reference("apps/demo:notimage"),
+    ]);
+    assert_one_line(&res, &["not the pinned verilay image"]);
+    assert_eq!(std::fs::read(&out).unwrap(), b"old image");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    run(verilay().args(["pull", "-o", o, "--insecure", "--quiet", &r]));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&out).unwrap().is_file());
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&image).unwrap());
+    std::fs::remove_file(&out).unwrap();
+    std::fs::remove_file(t.path().join(".out.img.partial")).unwrap();
     // A registry whose storage was tampered with: the bytes fail their digest.
     let stored = reg.blob_file(&blob);
     let mut bytes = std::fs::read(&stored).unwrap();
@@ -958,4 +980,78 @@ fn a_registry_that_dies_fails_uncached_reads_at_once_and_serves_again_when_back(
     );
     reg.restart();
     assert_eq!(std::fs::read(m.join("b")).unwrap(), file(2));
+}
+
+/// One server on every loopback address: 127.0.0.1 redirects to 127.0.0.2, which answers
+/// 401 with a Bearer realm on 127.0.0.3; what reaches 127.0.0.3 is logged to `LOG`.
+const REDIRECTOR: &str = r#"
+import http.server, sys
+port, log = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def do_HEAD(self): self.do_GET()
+    def do_GET(self):
+        host = self.headers.get("Host", "").split(":")[0]
+        if host == "127.0.0.1":
+            self.send_response(302); self.send_header("Location", f"http://127.0.0.2:{port}/img")
+        elif host == "127.0.0.2":
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.3:{port}/token",service="x"')
+        else:
+            with open(log, "a") as f: f.write(repr(self.headers.get("Authorization")) + "\n")
+            self.send_response(200)
+            body = b'{"token":"t"}'
+            self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body); return
+        self.send_header("Content-Length", "0"); self.end_headers()
+class S(http.server.ThreadingHTTPServer):
+    def handle_error(self, *a): pass
+S(("0.0.0.0", port), H).serve_forever()
+"#;
+
+#[test]
+fn credentials_never_answer_a_challenge_from_a_host_a_redirect_led_to() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let script = t.path().join("redirector.py");
+    std::fs::write(&script, REDIRECTOR).unwrap();
+    let log = t.path().join("realm.log");
+    let _server = Killed(
+        Command::new("/usr/bin/python3")
+            .arg(&script)
+            .arg(port.to_string())
+            .arg(&log)
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_status(port, "/").is_none() {
+        assert!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let auth = t.path().join("auth.json");
+    std::fs::write(
+        &auth,
+        format!(r#"{{"auths":{{"127.0.0.1:{port}":{{"auth":"dTpzZWNyZXQ="}}}}}}"#),
+    )
+    .unwrap();
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let out = verilay()
+        .env("REGISTRY_AUTH_FILE", &auth)
+        .args(["mount", "--timeout", "10"])
+        .arg(format!("http://127.0.0.1:{port}/img"))
+        .args(["--digest", &format!("sha256:{}", "0".repeat(64))])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let seen = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !seen.contains("Basic"),
+        "the credentials for 127.0.0.1 reached the realm 127.0.0.2 named: {seen}"
+    );
 }

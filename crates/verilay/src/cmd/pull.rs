@@ -8,6 +8,8 @@ use crate::progress;
 use anyhow::Context as _;
 use erofs::read::ByteSource as _;
 use std::io::{Read as _, Write as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -42,17 +44,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let image =
         oci::artifact::image_of(&manifest, &media_type).map_err(|e| anyhow::anyhow!("{r}: {e}"))?;
     let pin = pin_of(&r, &a.pin, image.digest.as_deref())?;
-    let tmp = partial_path(&a.output)?;
-    let result = fetch(&a, &r, &reg, &image.blob, &tmp).and_then(|()| {
-        let v = open_verified(&tmp, &pin)
-            .map_err(|e| anyhow::anyhow!("{r}: the blob is not the pinned verilay image: {e:#}"))?;
-        let pb = progress::bar(a.quiet || a.json);
-        progress::bytes(&pb, "verifying", v.len());
-        v.verify_all(&|n| pb.inc(n))
-            .map_err(|e| anyhow::anyhow!("{r}: {e}"))?;
-        pb.finish_and_clear();
-        Ok(v.digest_string())
-    });
+    let (tmp, file) = create_partial(&a.output)?;
+    let result = fetch(&a, &r, &reg, &image.blob, &file)
+        .and_then(|()| verify(&a, &r, &pin, &file))
+        .and_then(|digest| {
+            // Our file, still under its name (nobody swapped it), takes the output's name.
+            let ours = file.metadata()?;
+            let named = std::fs::symlink_metadata(&tmp)?;
+            if (ours.dev(), ours.ino()) != (named.dev(), named.ino()) {
+                anyhow::bail!("{}: replaced by someone else while pulling", tmp.display());
+            }
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            std::fs::rename(&tmp, &a.output)
+                .with_context(|| format!("naming {} {}", tmp.display(), a.output.display()))?;
+            Ok(digest)
+        });
     let digest = match result {
         Ok(d) => d,
         Err(e) => {
@@ -60,8 +66,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             return Err(e);
         }
     };
-    std::fs::rename(&tmp, &a.output)
-        .with_context(|| format!("naming {} {}", tmp.display(), a.output.display()))?;
     if a.json {
         outln!(
             "{}",
@@ -109,38 +113,72 @@ fn pin_of(r: &oci::Reference, pin: &Pin, annotated: Option<&str>) -> anyhow::Res
     }
 }
 
-/// `DIR/.NAME.partial`, beside the output so the rename is atomic.
-fn partial_path(out: &Path) -> anyhow::Result<PathBuf> {
+/// A new file `DIR/.NAME.partial.RANDOM` beside the output (so the rename is atomic),
+/// created exclusively and 0600: never a file or link someone else put there.
+fn create_partial(out: &Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
     let name = out
         .file_name()
         .with_context(|| format!("-o {}: not a file name", out.display()))?;
-    let mut tmp = std::ffi::OsString::from(".");
-    tmp.push(name);
-    tmp.push(".partial");
-    Ok(out.with_file_name(tmp))
+    let mut seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    for _ in 0..16 {
+        let mut tmp = std::ffi::OsString::from(".");
+        tmp.push(name);
+        tmp.push(format!(".partial.{:016x}", seed));
+        let path = out.with_file_name(tmp);
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                seed = seed.rotate_left(17).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 1;
+            }
+            Err(e) => return Err(anyhow::anyhow!("creating {}: {e}", path.display())),
+        }
+    }
+    anyhow::bail!(
+        "{}: no free name for a partial file beside it",
+        out.display()
+    )
 }
 
-/// The blob into `tmp`, exactly its size, checked against its digest.
+/// Every block of the fetched file (read through its descriptor, whatever its name now
+/// is) against the pinned digest; the image digest.
+fn verify(a: &Args, r: &oci::Reference, pin: &Pin, file: &std::fs::File) -> anyhow::Result<String> {
+    let own = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let v = open_verified(&own, pin).map_err(|e| {
+        let why = format!("{e:#}").replace(&format!("{}: ", own.display()), "");
+        anyhow::anyhow!("{r}: the blob is not the pinned verilay image: {why}")
+    })?;
+    let pb = progress::bar(a.quiet || a.json);
+    progress::bytes(&pb, "verifying", v.len());
+    v.verify_all(&|n| pb.inc(n))
+        .map_err(|e| anyhow::anyhow!("{r}: {e}"))?;
+    pb.finish_and_clear();
+    Ok(v.digest_string())
+}
+
+/// The blob into `file`, exactly its size, checked against its digest.
 fn fetch(
     a: &Args,
     r: &oci::Reference,
     reg: &oci::Registry,
     blob: &oci::artifact::Descriptor,
-    tmp: &Path,
+    file: &std::fs::File,
 ) -> anyhow::Result<()> {
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
     let body = reg.get_blob(&r.repository, &blob.digest)?;
     let pb = progress::bar(a.quiet || a.json);
     progress::bytes(&pb, "pulling", blob.size);
     // One byte more than announced is read, to see a blob that runs on.
     let tee = Tee {
-        from: body.take(blob.size + 1),
-        to: &mut out,
+        from: body.take(blob.size.saturating_add(1)),
+        to: file,
     };
     let (digest, n) = oci::sha256_of(tee, &|n| pb.inc(n))
         .map_err(|e| anyhow::anyhow!("{r}: fetching blob {}: {e}", blob.digest))?;
@@ -158,20 +196,20 @@ fn fetch(
             blob.digest
         );
     }
-    out.sync_all()?;
+    file.sync_all()?;
     Ok(())
 }
 
 /// A reader that writes what it reads to `to`.
 struct Tee<'a, R> {
     from: R,
-    to: &'a mut std::fs::File,
+    to: &'a std::fs::File,
 }
 
 impl<R: std::io::Read> std::io::Read for Tee<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.from.read(buf)?;
-        self.to.write_all(&buf[..n])?;
+        (&mut &*self.to).write_all(&buf[..n])?;
         Ok(n)
     }
 }
