@@ -461,8 +461,13 @@ fn basic_auth_comes_from_the_auth_file() {
         .output()
         .unwrap();
     assert_one_line(&refused, &["401", "refused"]);
-    // u:secret, as `podman login` writes it.
-    let good = t.path().join("auth.json");
+    logged_in_round_trip(t.path(), &reg, &image, "private/app:1");
+}
+
+/// With user `u`'s credentials in an auth file (as `podman login` writes them): push, pull
+/// back the same bytes, and skopeo, given the same file, sees the artifact.
+fn logged_in_round_trip(dir: &Path, reg: &Registry, image: &Path, repo_tag: &str) {
+    let good = dir.join("auth.json");
     std::fs::write(
         &good,
         format!(
@@ -471,22 +476,22 @@ fn basic_auth_comes_from_the_auth_file() {
         ),
     )
     .unwrap();
+    let r = reg.reference(repo_tag);
     run(verilay()
         .env("REGISTRY_AUTH_FILE", &good)
         .args(["push", "--insecure", "--quiet"])
-        .arg(&image)
+        .arg(image)
         .arg(&r));
-    let out = t.path().join("pulled.img");
+    let out = dir.join("pulled.img");
     run(verilay()
         .env("REGISTRY_AUTH_FILE", &good)
         .args(["pull", "--insecure", "--quiet", &r, "-o"])
         .arg(&out));
-    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&image).unwrap());
-    // skopeo, given the same file, sees the artifact.
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(image).unwrap());
     run(Command::new("skopeo")
         .args(["inspect", "--raw", "--tls-verify=false", "--authfile"])
         .arg(&good)
-        .arg(reg.docker("private/app:1")));
+        .arg(reg.docker(repo_tag)));
 }
 
 /// A token server for the registry's `auth: token` (the Bearer flow Docker Hub, GHCR and
@@ -521,6 +526,28 @@ class S(http.server.HTTPServer):
     def handle_error(self, *a): pass  # a probe that hangs up is not news
 S(("127.0.0.1", port), H).serve_forever()
 "#;
+
+/// `script` (Python) run with `args`, once it answers on `port`; killed when dropped.
+fn python_server(dir: &Path, script: &str, args: &[&std::ffi::OsStr], port: u16) -> Killed {
+    let file = dir.join(format!("server-{port}.py"));
+    std::fs::write(&file, script).unwrap();
+    let child = Command::new("/usr/bin/python3")
+        .arg(&file)
+        .args(args)
+        .spawn()
+        .unwrap();
+    let server = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_status(port, "/v2/").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not start",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
 
 /// A child process killed when dropped.
 struct Killed(Child);
@@ -558,22 +585,13 @@ fn bearer_tokens_come_from_the_registrys_token_server() {
         .arg(&cert)
         .stderr(std::process::Stdio::null()));
     let token_port = free_port();
-    let script = t.path().join("token.py");
-    std::fs::write(&script, TOKEN_SERVER).unwrap();
-    let _tokens = Killed(
-        Command::new("/usr/bin/python3")
-            .arg(&script)
-            .arg(&key)
-            .arg(&cert)
-            .arg(token_port.to_string())
-            .spawn()
-            .unwrap(),
+    let port_arg = token_port.to_string();
+    let _tokens = python_server(
+        t.path(),
+        TOKEN_SERVER,
+        &[key.as_os_str(), cert.as_os_str(), port_arg.as_ref()],
+        token_port,
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_status(token_port, "/token").is_none() {
-        assert!(Instant::now() < deadline, "the token server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let auth = format!(
         "auth:\n  token:\n    realm: http://127.0.0.1:{token_port}/token\n    service: test-registry\n    issuer: test-issuer\n    rootcertbundle: {}\n",
         cert.display()
@@ -590,31 +608,7 @@ fn bearer_tokens_come_from_the_registrys_token_server() {
         .output()
         .unwrap();
     assert_one_line(&anonymous, &["token server", "401", "anonymous"]);
-    let good = t.path().join("auth.json");
-    std::fs::write(
-        &good,
-        format!(
-            r#"{{"auths":{{"127.0.0.1:{}":{{"auth":"dTpzZWNyZXQ="}}}}}}"#,
-            reg.port
-        ),
-    )
-    .unwrap();
-    run(verilay()
-        .env("REGISTRY_AUTH_FILE", &good)
-        .args(["push", "--insecure", "--quiet"])
-        .arg(&image)
-        .arg(&r));
-    let out = t.path().join("pulled.img");
-    run(verilay()
-        .env("REGISTRY_AUTH_FILE", &good)
-        .args(["pull", "--insecure", "--quiet", &r, "-o"])
-        .arg(&out));
-    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&image).unwrap());
-    // skopeo goes through the same token server with the same file.
-    run(Command::new("skopeo")
-        .args(["inspect", "--raw", "--tls-verify=false", "--authfile"])
-        .arg(&good)
-        .arg(reg.docker("team/app:1")));
+    logged_in_round_trip(t.path(), &reg, &image, "team/app:1");
 }
 
 /// A proxy in front of the registry: counts the body bytes it forwards (in `STATE/bytes`)
@@ -661,21 +655,10 @@ S(("127.0.0.1", port), H).serve_forever()
 /// Starts [`PROXY`] in front of `reg`; its port.
 fn proxy(reg: &Registry, state: &Path) -> (Killed, u16) {
     let port = free_port();
-    let script = state.join("proxy.py");
-    std::fs::write(&script, PROXY).unwrap();
-    let child = Command::new("/usr/bin/python3")
-        .arg(&script)
-        .arg(port.to_string())
-        .arg(format!("http://127.0.0.1:{}", reg.port))
-        .arg(state)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_status(port, "/v2/").is_none() {
-        assert!(Instant::now() < deadline, "the proxy did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (Killed(child), port)
+    let upstream = format!("http://127.0.0.1:{}", reg.port);
+    let port_arg = port.to_string();
+    let args = [port_arg.as_ref(), upstream.as_ref(), state.as_os_str()];
+    (python_server(state, PROXY, &args, port), port)
 }
 
 fn fetched(state: &Path) -> u64 {
@@ -864,21 +847,13 @@ fn an_image_on_a_plain_web_server_mounts_pinned_and_stacks_under_an_upper_direct
     let t = tempfile::tempdir().unwrap();
     let (src, _, digest) = image_of_tree(t.path());
     let port = free_port();
-    let script = t.path().join("static.py");
-    std::fs::write(&script, STATIC).unwrap();
-    let _server = Killed(
-        Command::new("/usr/bin/python3")
-            .arg(&script)
-            .arg(port.to_string())
-            .arg(t.path())
-            .spawn()
-            .unwrap(),
+    let port_arg = port.to_string();
+    let _server = python_server(
+        t.path(),
+        STATIC,
+        &[port_arg.as_ref(), t.path().as_os_str()],
+        port,
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_status(port, "/").is_none() {
-        assert!(Instant::now() < deadline, "the web server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let url = format!("http://127.0.0.1:{port}/app.img");
     let m = t.path().join("m");
     std::fs::create_dir_all(&m).unwrap();
@@ -1016,22 +991,14 @@ fn credentials_never_answer_a_challenge_from_a_host_a_redirect_led_to() {
     }
     let t = tempfile::tempdir().unwrap();
     let port = free_port();
-    let script = t.path().join("redirector.py");
-    std::fs::write(&script, REDIRECTOR).unwrap();
     let log = t.path().join("realm.log");
-    let _server = Killed(
-        Command::new("/usr/bin/python3")
-            .arg(&script)
-            .arg(port.to_string())
-            .arg(&log)
-            .spawn()
-            .unwrap(),
+    let port_arg = port.to_string();
+    let _server = python_server(
+        t.path(),
+        REDIRECTOR,
+        &[port_arg.as_ref(), log.as_os_str()],
+        port,
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_status(port, "/").is_none() {
-        assert!(Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let auth = t.path().join("auth.json");
     std::fs::write(
         &auth,
