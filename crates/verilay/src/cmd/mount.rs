@@ -80,7 +80,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
     /// Seconds to wait for each step of the daemon's setup before giving up (at most a
-    /// day: more counts as a day).
+    /// day: more counts as a day), and for each request to a remote image's server (a
+    /// read tries three times before it is EIO).
     #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_timeout)]
     timeout: Duration,
     #[command(flatten)]
@@ -152,10 +153,12 @@ impl Settings {
             .min(mountopts::MAX_THREADS)
     }
 
-    /// How the images are read (remote ones: plain HTTP when asked, the setup timeout).
-    fn read_opts(&self) -> ReadOpts {
+    /// How the images are read (remote ones: plain HTTP when asked, and each request
+    /// bounded by `timeout` in all).
+    fn read_opts(&self, timeout: Duration) -> ReadOpts {
         ReadOpts {
             insecure: self.opts.insecure,
+            timeout: timeout.min(MAX_TIMEOUT) / 2,
             ..ReadOpts::default()
         }
     }
@@ -283,7 +286,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if let Some(fd) = a.ready_fd {
         return daemon::serve(s, daemon::Report::Pipe(fd), a.timeout);
     }
-    let trust = preflight(&s)?;
+    let trust = preflight(&s, a.timeout)?;
     if a.fake {
         return Ok(0);
     }
@@ -313,7 +316,7 @@ fn announce(s: &Settings, trust: &[String]) {
 
 /// Everything that can be checked before a daemon exists, so its errors come out here.
 /// Returns how far each image is trusted ("sha256:… (pinned)" or "… (not pinned)").
-fn preflight(s: &Settings) -> anyhow::Result<Vec<String>> {
+fn preflight(s: &Settings, timeout: Duration) -> anyhow::Result<Vec<String>> {
     let mp = s.mountpoint.display();
     if s.images.len() > MAX_LAYERS {
         bail!(
@@ -342,7 +345,7 @@ fn preflight(s: &Settings) -> anyhow::Result<Vec<String>> {
     s.images
         .iter()
         .zip(&s.pins)
-        .map(|(image, pin)| Ok(open_with(image, pin, false, &s.read_opts())?.trust()))
+        .map(|(image, pin)| Ok(open_with(image, pin, false, &s.read_opts(timeout))?.trust()))
         .collect()
 }
 

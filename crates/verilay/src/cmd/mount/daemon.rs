@@ -93,7 +93,7 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     r.step("open the images");
     let read_opts = ReadOpts {
         parallel_hashing: false,
-        ..s.read_opts()
+        ..s.read_opts(timeout)
     };
     let mut layers = Vec::new();
     let mut ids = Vec::new();
