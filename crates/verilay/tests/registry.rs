@@ -814,7 +814,7 @@ fn a_remote_mount_refuses_what_is_not_pinned_or_not_there() {
 /// A static file server with range support (what nginx or any CDN serves): `GET`/`HEAD`
 /// of files under a directory, `Range: bytes=A-B` answered 206.
 const STATIC: &str = r#"
-import http.server, os, re, sys
+import http.server, os, re, sys, time
 port, root = int(sys.argv[1]), sys.argv[2]
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -831,7 +831,11 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start + 1)); self.end_headers()
         if not head:
             with open(path, "rb") as f:
-                f.seek(start); self.wfile.write(f.read(end - start + 1))
+                f.seek(start); data = f.read(end - start + 1)
+            if os.path.exists(os.path.join(root, "slow")):  # a slow-loris: five bytes a second
+                for i in range(len(data)):
+                    self.wfile.write(data[i:i + 1]); self.wfile.flush(); time.sleep(0.2)
+            self.wfile.write(data)
     def do_GET(self): self.serve(False)
     def do_HEAD(self): self.serve(True)
 class S(http.server.ThreadingHTTPServer):
@@ -1020,5 +1024,64 @@ fn credentials_never_answer_a_challenge_from_a_host_a_redirect_led_to() {
     assert!(
         !seen.contains("Basic"),
         "the credentials for 127.0.0.1 reached the realm 127.0.0.2 named: {seen}"
+    );
+}
+
+#[test]
+fn a_server_trickling_bytes_fails_a_read_within_the_timeout() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    // A file far from everything a mount reads: 4 MiB with no repeating block.
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let far: Vec<u8> = (0..4u64 << 20)
+        .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8 ^ (i >> 12) as u8)
+        .collect();
+    std::fs::write(src.join("far"), &far).unwrap();
+    let image = t.path().join("app.img");
+    let out = build(&src, &image, &["--quiet"]);
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let port = free_port();
+    let port_arg = port.to_string();
+    let _server = python_server(
+        t.path(),
+        STATIC,
+        &[port_arg.as_ref(), t.path().as_os_str()],
+        port,
+    );
+    let url = format!("http://127.0.0.1:{port}/app.img");
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--timeout",
+            "2",
+            &url,
+            "--digest",
+            &digest,
+        ])
+        .arg(&m));
+    let _m = Unmount::fuse(&m);
+    // From now on five bytes a second: a read of what was not fetched is EIO after about
+    // three attempts of --timeout each, not the days a whole chunk would take.
+    std::fs::write(t.path().join("slow"), b"").unwrap();
+    let start = Instant::now();
+    let read = std::fs::read(m.join("far"));
+    let took = start.elapsed();
+    assert_eq!(
+        read.as_ref().err().and_then(|e| e.raw_os_error()),
+        Some(5),
+        "a read through a trickle gave {:?}",
+        read.as_ref().map(|b| b.len())
+    );
+    assert!(took < Duration::from_secs(40), "EIO took {took:?}");
+    std::fs::remove_file(t.path().join("slow")).unwrap();
+    assert!(
+        std::fs::read(m.join("far")).unwrap() == far,
+        "read back differs"
     );
 }
