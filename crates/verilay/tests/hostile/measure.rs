@@ -1062,10 +1062,17 @@ fn a_death_while_recording_a_gap_still_leaves_it_owed_on_the_first_writers_pcrs(
             },
         );
         if ended.is_none() {
-            unmount(Unmount {
-                dir: mnt.clone(),
-                fuse: true,
+            // Under strace the daemon may still be finishing its setup as the mount
+            // appears (the mount is busy a moment): unmounted once it lets go.
+            let pid = daemon_of(&mnt);
+            wait_until(Duration::from_secs(20), "the mount to unmount", || {
+                verilay()
+                    .arg("umount")
+                    .arg(&mnt)
+                    .output()
+                    .is_ok_and(|o| o.status.success())
             });
+            wait_gone(pid);
             strace.wait().unwrap();
             break;
         }
