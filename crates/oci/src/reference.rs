@@ -97,7 +97,8 @@ pub(crate) fn host_of(registry: &str) -> &str {
     registry.split(':').next().unwrap_or(registry)
 }
 
-fn valid_host(h: &str) -> bool {
+/// `HOST[:PORT]` or `[IPv6][:PORT]`, and nothing else (no userinfo, path or junk).
+pub(crate) fn valid_host(h: &str) -> bool {
     let (host_ok, port) = match h.strip_prefix('[') {
         // `[V6]` or `[V6]:PORT`, and nothing else after the bracket.
         Some(rest) => match rest.split_once(']') {

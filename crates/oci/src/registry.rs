@@ -3,7 +3,7 @@
 //! tokens from the registry's token server).
 
 use crate::auth::{self, Challenge, Credentials};
-use crate::reference::{host_of, Reference};
+use crate::reference::Reference;
 use sha2::{Digest as _, Sha256};
 use std::io::Read;
 use std::sync::Mutex;
@@ -65,7 +65,15 @@ impl Registry {
                 r.host()
             )));
         }
-        let credentials = auth::lookup(&r.registry).map_err(|e| Error(format!("{r}: {e}")))?;
+        let scheme = if insecure { "http" } else { "https" };
+        Registry::new(&r.registry, format!("{scheme}://{}", r.registry), timeout)
+            .map_err(|e| Error(format!("{r}: {e}")))
+    }
+
+    /// A client for `base` (`SCHEME://HOST[:PORT]`), with the credentials filed under
+    /// `name` (`HOST[:PORT]`).
+    fn new(name: &str, base: String, timeout: Duration) -> Result<Registry> {
+        let credentials = auth::lookup(name).map_err(Error)?;
         let tls = ureq::tls::TlsConfig::builder()
             .root_certs(ureq::tls::RootCerts::PlatformVerifier)
             .build();
@@ -79,11 +87,10 @@ impl Registry {
             .user_agent(concat!("verilay/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        let scheme = if insecure { "http" } else { "https" };
         Ok(Registry {
             agent,
-            base: format!("{scheme}://{}", r.registry),
-            name: r.registry.clone(),
+            base,
+            name: name.to_string(),
             credentials,
             authorization: Mutex::new(None),
             timeout,
@@ -379,17 +386,11 @@ impl Registry {
             .filter(|(s, _)| *s == "http" || *s == "https")
             .ok_or_else(|| Error(format!("{url}: not an http(s) URL")))?;
         let host = rest.split('/').next().unwrap_or("");
-        if host.is_empty() || host.contains('@') {
-            return Err(Error(format!("{url}: no host (or credentials in the URL)")));
+        if !crate::reference::valid_host(host) {
+            return Err(Error(format!("{url}: {host:?} is not a host[:port]")));
         }
-        let r = Reference {
-            registry: host.to_string(),
-            repository: "x".into(),
-            target: crate::reference::Target::Tag("x".into()),
-        };
-        let mut reg = Registry::connect(&r, false, timeout)?;
-        reg.base = format!("{scheme}://{host}");
-        Ok(reg)
+        Registry::new(host, format!("{scheme}://{host}"), timeout)
+            .map_err(|e| Error(format!("{url}: {e}")))
     }
 
     /// The URL of a blob of `repo`.
@@ -507,9 +508,4 @@ fn percent_encode(s: &str) -> String {
             }
         })
         .collect()
-}
-
-/// The registry a reference's host names, for messages.
-pub fn shown(r: &Reference) -> &str {
-    host_of(&r.registry)
 }
