@@ -843,6 +843,14 @@ class S(http.server.ThreadingHTTPServer):
 S(("127.0.0.1", port), H).serve_forever()
 "#;
 
+/// [`STATIC`] serving `dir`; the URL of its `app.img`.
+fn web_server(dir: &Path) -> (Killed, String) {
+    let port = free_port();
+    let port_arg = port.to_string();
+    let server = python_server(dir, STATIC, &[port_arg.as_ref(), dir.as_os_str()], port);
+    (server, format!("http://127.0.0.1:{port}/app.img"))
+}
+
 #[test]
 fn an_image_on_a_plain_web_server_mounts_pinned_and_stacks_under_an_upper_directory() {
     if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
@@ -850,15 +858,7 @@ fn an_image_on_a_plain_web_server_mounts_pinned_and_stacks_under_an_upper_direct
     }
     let t = tempfile::tempdir().unwrap();
     let (src, _, digest) = image_of_tree(t.path());
-    let port = free_port();
-    let port_arg = port.to_string();
-    let _server = python_server(
-        t.path(),
-        STATIC,
-        &[port_arg.as_ref(), t.path().as_os_str()],
-        port,
-    );
-    let url = format!("http://127.0.0.1:{port}/app.img");
+    let (_server, url) = web_server(t.path());
     let m = t.path().join("m");
     std::fs::create_dir_all(&m).unwrap();
     // Unpinned, refused; pinned, the tree is the source's.
@@ -1043,15 +1043,7 @@ fn a_server_trickling_bytes_fails_a_read_within_the_timeout() {
     let image = t.path().join("app.img");
     let out = build(&src, &image, &["--quiet"]);
     let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let port = free_port();
-    let port_arg = port.to_string();
-    let _server = python_server(
-        t.path(),
-        STATIC,
-        &[port_arg.as_ref(), t.path().as_os_str()],
-        port,
-    );
-    let url = format!("http://127.0.0.1:{port}/app.img");
+    let (_server, url) = web_server(t.path());
     let m = t.path().join("m");
     std::fs::create_dir_all(&m).unwrap();
     run(verilay()
