@@ -1204,6 +1204,19 @@ fn stats_measured(mnt: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// An opener of `file` killed while its measured open hashes: it dies of SIGKILL (its open
+/// answered), and the mount still serves.
+fn opener_killed_mount_serves_on(mnt: &Path, file: &Path) {
+    let opener = start_opener(mnt, file, 1);
+    run(Command::new("kill").args(["-9", &opener.id().to_string()]));
+    let status = ended(opener, "SIGKILL");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    read_through(mnt, &["a"]);
+}
+
 /// Starts `head -c 1 FILE` (an open the policy measures) and waits until the daemon is
 /// measuring it.
 fn start_opener(mnt: &Path, file: &Path, measured: u64) -> std::process::Child {
@@ -1253,14 +1266,7 @@ fn a_hash_that_would_take_days_stops_at_unmount_sigterm_or_the_openers_kill() {
     // The opener killed: its open is answered (EIO), so it dies; the mount serves on.
     let m = mount_ok(&image, &mnt, &policy, &log, &[flag, &daemon_log]);
     let daemon = KillOnDrop(daemon_of(&mnt));
-    let opener = start_opener(&mnt, &file, 1);
-    run(Command::new("kill").args(["-9", &opener.id().to_string()]));
-    let status = ended(opener, "SIGKILL");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(9)
-    );
-    read_through(&mnt, &["a"]);
+    opener_killed_mount_serves_on(&mnt, &file);
 
     // A lazy unmount: the open fails, the daemon finishes and exits.
     let opener = start_opener(&mnt, &file, 3);
@@ -1312,14 +1318,7 @@ fn a_hash_of_a_huge_sparse_upper_file_stops_at_sigterm_or_the_openers_kill() {
     let file = mnt.join("huge");
     fs::File::create(&file).unwrap().set_len(1 << 43).unwrap();
 
-    let opener = start_opener(&mnt, &file, 1);
-    run(Command::new("kill").args(["-9", &opener.id().to_string()]));
-    let status = ended(opener, "SIGKILL");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(9)
-    );
-    read_through(&mnt, &["a"]);
+    opener_killed_mount_serves_on(&mnt, &file);
 
     let opener = start_opener(&mnt, &file, 3);
     run(Command::new("kill").args(["-TERM", &daemon.0.to_string()]));
