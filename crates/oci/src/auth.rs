@@ -71,10 +71,17 @@ pub fn lookup(registry: &str) -> Result<Option<Credentials>, String> {
 
 fn read_bounded(file: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Without blocking (a FIFO's open would wait for a writer), and a regular file only.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(file)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mut text = String::new();
-    std::fs::File::open(file)?
-        .take(AUTH_FILE_MAX + 1)
-        .read_to_string(&mut text)?;
+    f.take(AUTH_FILE_MAX + 1).read_to_string(&mut text)?;
     if text.len() as u64 > AUTH_FILE_MAX {
         return Err(std::io::Error::other("larger than 1 MiB"));
     }
@@ -212,5 +219,22 @@ mod tests {
         assert_eq!(from_auth_json(text, "127.0.0.1:5001").unwrap(), None);
         assert!(from_auth_json("{", "x").is_err());
         assert!(from_auth_json(r#"{"auths":{"x":{"auth":"!!"}}}"#, "x").is_err());
+    }
+
+    #[test]
+    fn an_auth_file_that_is_no_file_is_refused_at_once() {
+        assert!(read_bounded(std::path::Path::new("/dev/zero")).is_err());
+        let dir = std::env::temp_dir().join(format!("verilay-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let err = read_bounded(&fifo).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
