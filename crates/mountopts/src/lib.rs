@@ -11,7 +11,8 @@
 //!   `nodev`/`dev`, `noexec`/`exec`, `sync`/`async`, `dirsync`, the atime family
 //!   (`noatime`, `atime`, `relatime`, `norelatime`, `strictatime`, `nostrictatime`,
 //!   `nodiratime`, `diratime`), `lazytime`/`nolazytime`, `nosymfollow`/`symfollow`;
-//! - `insecure` (remote images over plain HTTP, this machine only);
+//! - `insecure` (remote images over plain HTTP, this machine only), and a remote image's
+//!   cache: `cache=DIR`, `nocache`, `cache_size=SIZE`, `prefetch`;
 //! - FUSE's access options: `allow_other`, `allow_root`, `default_permissions` (always on);
 //! - what mount(8) passes to a helper without asking the filesystem anything (`defaults`,
 //!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
@@ -65,6 +66,14 @@ pub struct MountOptions {
     pub allow_root: bool,
     /// `insecure`: remote images over plain HTTP, from a registry on this machine only.
     pub insecure: bool,
+    /// `cache=DIR`: where remote images' verified bytes are kept.
+    pub cache: Option<PathBuf>,
+    /// `nocache`: remote images are kept in memory only.
+    pub nocache: bool,
+    /// `cache_size=SIZE`: the cache directory's limit, in bytes.
+    pub cache_size: Option<u64>,
+    /// `prefetch`: fetch the rest of each remote image in the background.
+    pub prefetch: bool,
     /// `digest=`: the one image's pinned digest.
     pub digest: Option<String>,
     pub threads: Option<usize>,
@@ -191,6 +200,11 @@ impl MountOptions {
             "digest" => self.digest = Some(text_value(opt, value)?.to_string()),
             "threads" => self.threads = Some(parse_threads(opt, value)?),
             "log" => self.log = Some(path()),
+            "cache" => self.cache = Some(path()),
+            "cache_size" => {
+                self.cache_size =
+                    Some(parse_size(text_value(opt, value)?).map_err(|why| refuse(opt, why))?)
+            }
             "upper" => self.upper = Some(path()),
             "work" => self.work = Some(path()),
             "policy" => self.policy = Some(path()),
@@ -223,6 +237,8 @@ impl MountOptions {
             "allow_other" => self.allow_other = true,
             "allow_root" => self.allow_root = true,
             "insecure" => self.insecure = true,
+            "nocache" => self.nocache = true,
+            "prefetch" => self.prefetch = true,
             "default_permissions" => {}
             w if FOR_MOUNT8.contains(&w) || w.starts_with("x-") || w.starts_with("X-") => {}
             w => {
@@ -257,8 +273,14 @@ impl MountOptions {
         if self.allow_root {
             out.push(b"allow_root".to_vec());
         }
-        if self.insecure {
-            out.push(b"insecure".to_vec());
+        for (on, word) in [
+            (self.insecure, "insecure"),
+            (self.nocache, "nocache"),
+            (self.prefetch, "prefetch"),
+        ] {
+            if on {
+                out.push(word.as_bytes().to_vec());
+            }
         }
         let mut value = |key: &str, v: &[u8]| {
             let mut o = format!("{key}=").into_bytes();
@@ -278,8 +300,12 @@ impl MountOptions {
         if let Some(t) = self.threads {
             value("threads", t.to_string().as_bytes());
         }
+        if let Some(n) = self.cache_size {
+            value("cache_size", n.to_string().as_bytes());
+        }
         for (key, p) in [
             ("log", &self.log),
+            ("cache", &self.cache),
             ("upper", &self.upper),
             ("work", &self.work),
             ("policy", &self.policy),
@@ -342,6 +368,22 @@ fn parse_threads(opt: &[u8], value: &[u8]) -> Result<usize, OptionError> {
         .parse()
         .map_err(|_| refuse(opt, "not a number"))?;
     check_threads(n).map_err(|why| refuse(opt, why))
+}
+
+/// A size in bytes: a number, optionally with K, M, G or T (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        Some(b'T' | b't') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or a number with K, M, G or T)"))
 }
 
 /// Whether `n` worker threads is a number a mount can have (see [`MAX_THREADS`]).
@@ -413,5 +455,22 @@ mod tests {
         assert_eq!(o.log, Some(PathBuf::from("/a,b")));
         let again = MountOptions::parse(o.render().as_bytes()).unwrap();
         assert_eq!(again, o);
+    }
+
+    #[test]
+    fn cache_options_round_trip_and_sizes_are_checked() {
+        let o = parse("cache=/c,cache_size=2G,prefetch,insecure").unwrap();
+        assert_eq!(o.cache_size, Some(2 << 30));
+        assert!(o.prefetch && !o.nocache);
+        assert_eq!(MountOptions::parse(o.render().as_bytes()).unwrap(), o);
+        assert!(parse("nocache").unwrap().nocache);
+        for bad in [
+            "cache_size=",
+            "cache_size=1X",
+            "cache_size=99999999999T",
+            "cache_size=-1",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -3,6 +3,15 @@
 //! one fetch in flight per chunk, kept in memory up to a bound. Nothing here trusts a
 //! byte: the verified source above checks every block against the pinned tree, and what
 //! fails is forgotten here (`ByteSource::forget`), so the next read fetches it again.
+//! What passed is kept in a persistent [`cache::Cache`] when the mount has one.
+//!
+//! A reader going through the image in order gets growing requests: a miss right after
+//! chunks already here fetches as many chunks again as lie behind it (up to
+//! [`MAX_RUN`]), so a sequential stream costs few round trips. Misses of other chunks
+//! are fetched at the same time by the mount's other threads.
+
+pub mod cache;
+pub mod prefetch;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -16,6 +25,8 @@ use verity::source::ByteSource;
 pub const CHUNK: u64 = 256 << 10;
 /// Chunks kept in memory (128 MiB).
 const KEPT: usize = 512;
+/// The most chunks one request fetches (4 MiB).
+pub const MAX_RUN: u64 = 16;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 const ATTEMPTS: u32 = 3;
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -27,6 +38,13 @@ pub struct Counters {
     pub fetched: AtomicU64,
     pub retries: AtomicU64,
     pub failures: AtomicU64,
+    /// Fetches under way for readers (not the prefetcher), which it yields to.
+    pub demand: AtomicU64,
+}
+
+thread_local! {
+    /// Set on the prefetcher's thread: its fetches do not count as demand.
+    pub(crate) static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Where a remote image's bytes come from.
@@ -38,6 +56,7 @@ pub struct RemoteSource {
     len: u64,
     chunks: Mutex<Chunks>,
     pub counters: Arc<Counters>,
+    cache: Option<cache::Cache>,
 }
 
 type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
@@ -104,41 +123,101 @@ impl RemoteSource {
             len,
             chunks: Mutex::new(Chunks::default()),
             counters: Arc::new(Counters::default()),
+            cache: None,
         }
+    }
+
+    /// Keeps verified bytes in (and serves them from) `cache`, the entry for this image.
+    pub fn with_cache(mut self, cache: cache::Cache) -> RemoteSource {
+        self.cache = Some(cache);
+        self
+    }
+
+    pub fn cache(&self) -> Option<&cache::Cache> {
+        self.cache.as_ref()
+    }
+
+    /// Whether `[offset, offset + len)` is in the persistent cache.
+    pub fn cached(&self, offset: u64, len: u64) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.has(offset, len))
     }
 
     /// Chunk `i`, from memory or fetched (one fetch per chunk at a time: a second reader
     /// of the same chunk waits for the first's).
     fn chunk(&self, i: u64) -> io::Result<Arc<Vec<u8>>> {
-        let slot = {
-            let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(s) = c.slots.get(&i) {
-                s.clone()
-            } else {
-                let s: Slot = Arc::default();
-                c.slots.insert(i, s.clone());
-                c.order.push_back(i);
-                while c.order.len() > KEPT {
-                    if let Some(old) = c.order.pop_front() {
-                        c.slots.remove(&old);
-                    }
-                }
-                s
-            }
-        };
+        let slot = self.slot(i);
         let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(b) = &*held {
             return Ok(b.clone());
         }
+        // The chunks after this one that this request fetches too: free (no fetch under
+        // way), missing, and as many as the run of chunks already here behind it.
+        let run = self.run_behind(i);
+        let ahead: Vec<Slot> = (i + 1..(i + run).min(self.len.div_ceil(CHUNK)))
+            .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
+            .map(|j| self.slot(j))
+            .collect();
+        let mut guards: Vec<_> = ahead
+            .iter()
+            .map_while(|s| s.try_lock().ok().filter(|g| g.is_none()))
+            .collect();
         let start = i * CHUNK;
-        let len = CHUNK.min(self.len - start);
-        let bytes = Arc::new(self.fetch(start, len)?);
-        *held = Some(bytes.clone());
-        Ok(bytes)
+        let len = (CHUNK * (1 + guards.len() as u64)).min(self.len - start);
+        let bytes = self.fetch(start, len)?;
+        let mut pieces = bytes.chunks(CHUNK as usize).map(|c| Arc::new(c.to_vec()));
+        let first = pieces.next().expect("a run holds its first chunk");
+        *held = Some(first.clone());
+        for (g, piece) in guards.iter_mut().zip(pieces) {
+            **g = Some(piece);
+        }
+        Ok(first)
+    }
+
+    /// The slot of chunk `i`, made (and the oldest dropped) if missing.
+    fn slot(&self, i: u64) -> Slot {
+        let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = c.slots.get(&i) {
+            return s.clone();
+        }
+        let s: Slot = Arc::default();
+        c.slots.insert(i, s.clone());
+        c.order.push_back(i);
+        while c.order.len() > KEPT {
+            if let Some(old) = c.order.pop_front() {
+                c.slots.remove(&old);
+            }
+        }
+        s
+    }
+
+    /// How many chunks to fetch at `i`: one more than the chunks right before it that
+    /// are here or being fetched (a sequential reader's), at most [`MAX_RUN`].
+    fn run_behind(&self, i: u64) -> u64 {
+        let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let here = |j: u64| {
+            c.slots
+                .get(&j)
+                .is_some_and(|s| s.try_lock().map_or(true, |g| g.is_some()))
+        };
+        1 + (1..MAX_RUN)
+            .take_while(|&k| i >= k && (here(i - k) || self.cached((i - k) * CHUNK, CHUNK)))
+            .count() as u64
     }
 
     /// One range, retried with backoff; an error names the image and the range.
     fn fetch(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let demand = !BACKGROUND.with(|b| b.get());
+        if demand {
+            self.counters.demand.fetch_add(1, Ordering::Relaxed);
+        }
+        let r = self.fetch_retrying(offset, len);
+        if demand {
+            self.counters.demand.fetch_sub(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn fetch_retrying(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
         let mut wait = FIRST_RETRY;
         let mut attempt = 1;
         loop {
@@ -189,6 +268,19 @@ impl ByteSource for RemoteSource {
         let mut at = offset;
         while at < end {
             let i = at / CHUNK;
+            let seg_end = end.min((i + 1) * CHUNK);
+            if let Some(c) = self.cache.as_ref().filter(|c| c.has(at, seg_end - at)) {
+                let into = (at - offset) as usize;
+                let part = &mut buf[into..into + (seg_end - at) as usize];
+                match c.read(part, at) {
+                    Ok(()) => {
+                        at = seg_end;
+                        continue;
+                    }
+                    // A cache file cut short under us: fetch instead.
+                    Err(_) => c.forget(at, seg_end - at),
+                }
+            }
             let chunk = self.chunk(i)?;
             let from = (at - i * CHUNK) as usize;
             let n = (Vec::len(&chunk) - from).min((end - at) as usize);
@@ -199,7 +291,20 @@ impl ByteSource for RemoteSource {
         Ok(())
     }
 
+    fn refetches(&self) -> bool {
+        true
+    }
+
+    fn verified(&self, offset: u64, bytes: &[u8]) {
+        if let Some(c) = &self.cache {
+            c.store(offset, bytes);
+        }
+    }
+
     fn forget(&self, offset: u64, len: u64) {
+        if let Some(c) = &self.cache {
+            c.forget(offset, len);
+        }
         let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
         let last = (offset + len.max(1) - 1) / CHUNK;
         for i in offset / CHUNK..=last {

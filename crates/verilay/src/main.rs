@@ -51,6 +51,8 @@ enum Command {
     Push(cmd::push::Args),
     /// Fetch an image from an OCI registry whole, and verify it against its pinned digest.
     Pull(cmd::pull::Args),
+    /// The cache of remote images' verified bytes: `ls`, `prune`.
+    Cache(cmd::cache::Args),
     /// Check every block of an image against its Merkle tree (and a pinned digest).
     Verify(cmd::verify::Args),
     /// Print files from an image, verified.
@@ -84,6 +86,7 @@ fn main() {
         Command::Extract(a) => cmd::extract::run(a),
         Command::Push(a) => cmd::push::run(a),
         Command::Pull(a) => cmd::pull::run(a),
+        Command::Cache(a) => cmd::cache::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Cat(a) => cmd::cat::run(a),
         Command::Mount(a) => cmd::mount::run(*a),

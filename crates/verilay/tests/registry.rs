@@ -916,13 +916,15 @@ fn a_registry_that_dies_fails_uncached_reads_at_once_and_serves_again_when_back(
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    // Two files far apart in the image: reading one fetches nothing of the other.
+    // Two files far apart in the image: reading one fetches nothing of the other, even
+    // with the growing requests of a sequential reader (at most 4 MiB ahead).
     let file = |seed: u64| -> Vec<u8> {
         (0..4u64 << 20)
             .map(|i| ((i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8)
             .collect()
     };
     std::fs::write(src.join("a"), file(1)).unwrap();
+    std::fs::write(src.join("a_gap"), [file(3), file(4)].concat()).unwrap();
     std::fs::write(src.join("b"), file(2)).unwrap();
     let image = t.path().join("app.img");
     let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
@@ -1076,4 +1078,260 @@ fn a_server_trickling_bytes_fails_a_read_within_the_timeout() {
         std::fs::read(m.join("far")).unwrap() == far,
         "read back differs"
     );
+}
+
+/// `len` bytes no 4 KiB block of which repeats another's, different for each `seed`.
+fn noise(seed: u64, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            ((i ^ (seed << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8 ^ (i >> 12) as u8
+        })
+        .collect()
+}
+
+/// A source tree of a small file and three big ones (`a`, then 8 MiB, then `b`), built
+/// and pushed as `repo_tag`; the tree and the image's digest.
+fn pushed_tree(base: &Path, reg: &Registry, repo_tag: &str, seed: u64) -> (PathBuf, String) {
+    let src = base.join(format!("src{seed}"));
+    std::fs::create_dir_all(src.join("etc")).unwrap();
+    std::fs::write(src.join("etc/os-release"), format!("ID=verilay{seed}\n")).unwrap();
+    std::fs::write(src.join("a"), noise(seed, 4 << 20)).unwrap();
+    std::fs::write(src.join("a_gap"), noise(seed + 1, 8 << 20)).unwrap();
+    std::fs::write(src.join("b"), noise(seed + 2, 4 << 20)).unwrap();
+    let image = base.join(format!("image{seed}.img"));
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference(repo_tag)));
+    (src, digest.trim().to_string())
+}
+
+/// `verilay stats --json` of a mount.
+fn stats(m: &Path) -> serde_json::Value {
+    serde_json::from_slice(&run(verilay().args(["stats", "--json"]).arg(m)).stdout).unwrap()
+}
+
+/// `verilay cache ls --json` of `cache`.
+fn cache_ls(cache: &Path) -> Vec<serde_json::Value> {
+    let out = run(verilay()
+        .args(["cache", "ls", "--json", "--cache"])
+        .arg(cache));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Mounts `reference` pinned to `digest` on `m` with a cache in `cache`, plus `extra`.
+fn mount_cached(reference: &str, digest: &str, cache: &Path, m: &Path, extra: &[&str]) -> Unmount {
+    std::fs::create_dir_all(m).unwrap();
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--insecure",
+            reference,
+            "--digest",
+            digest,
+        ])
+        .arg("--cache")
+        .arg(cache)
+        .args(extra)
+        .arg(m));
+    Unmount::fuse(m)
+}
+
+/// Kills the daemon of `m` with SIGKILL and detaches the dead mount.
+fn kill_9(m: Unmount) {
+    let pids = daemons_of(&m.dir);
+    assert_eq!(pids.len(), 1, "daemons of {}: {pids:?}", m.dir.display());
+    run(Command::new("kill").args(["-9", &pids[0].to_string()]));
+    wait_until(Duration::from_secs(20), "the killed daemon to go", || {
+        !Path::new(&format!("/proc/{}", pids[0])).exists()
+    });
+    let dir = m.dir.clone();
+    drop(m);
+    wait_daemon_gone(&dir);
+}
+
+#[test]
+fn the_cache_survives_kill_9_is_reused_and_once_complete_is_the_image() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src, digest) = pushed_tree(t.path(), &reg, "apps/cached:1", 1);
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    let reference = format!("oci://127.0.0.1:{port}/apps/cached:1");
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    let log = t.path().join("log");
+    let log_arg = format!("--log={}", log.display());
+
+    // A first mount reads `a`, and dies by SIGKILL while a reader goes through `b`.
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &[&log_arg]);
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(1, 4 << 20));
+    let held = stats(&m)["cache_bytes_verified"].as_u64().unwrap();
+    assert!(
+        held >= 4 << 20,
+        "cache holds {held} bytes after reading 4 MiB"
+    );
+    let reader = Command::new("cat")
+        .arg(m.join("b"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    kill_9(mounted);
+    let _ = Killed(reader);
+    wait_daemon_gone(&m);
+
+    // The next mount finds it: reading `a` again costs (nearly) nothing on the wire.
+    let before = fetched(&state);
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &[&log_arg]);
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(1, 4 << 20));
+    let cost = fetched(&state) - before;
+    assert!(
+        cost < 64 << 10,
+        "remounting and reading a cached 4 MiB file fetched {cost} bytes"
+    );
+    let served = stats(&m)["cache_bytes_served"].as_u64().unwrap();
+    assert!(served >= 4 << 20, "{served} bytes served from the cache");
+    assert_eq!(std::fs::read(m.join("b")).unwrap(), noise(3, 4 << 20));
+
+    // A cache file changed behind the mount's back: the block fails its check, is
+    // fetched again, and the read still gives the right bytes.
+    let file = cache.join(format!("{}.img", digest.replace(':', "-")));
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[4096 + 100] ^= 1; // inside `a` (its data starts at block 1)
+    std::fs::write(&file, &bytes).unwrap();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let before = fetched(&state);
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(1, 4 << 20));
+    assert!(
+        fetched(&state) > before,
+        "the damaged block was not fetched again"
+    );
+    drop(mounted);
+    wait_daemon_gone(&m);
+
+    // --prefetch completes the cache in the background, with progress in stats.
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &["--prefetch"]);
+    wait_until(Duration::from_secs(60), "the prefetch to finish", || {
+        let v = stats(&m);
+        v["prefetch_bytes_done"] == v["prefetch_bytes_total"]
+            && v["cache_bytes_verified"] == v["remote_image_bytes"]
+    });
+    let entries = cache_ls(&cache);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["complete"], true, "{entries:?}");
+    assert_eq!(entries[0]["in_use"], true, "{entries:?}");
+    drop(mounted);
+    wait_daemon_gone(&m);
+    assert_eq!(cache_ls(&cache)[0]["in_use"], false);
+
+    // The complete cache is the image: the kernel mounts it, verilay verifies it.
+    run(verilay()
+        .args(["verify", "--quiet", "--digest", &digest])
+        .arg(&file));
+    let k = t.path().join("k");
+    std::fs::create_dir_all(&k).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "erofs", "-o", "ro"])
+        .arg(&file)
+        .arg(&k));
+    let unmount_k = Unmount::kernel(&k);
+    assert_diff_clean(&src, &k);
+    drop(unmount_k);
+
+    // prune removes what no mount uses.
+    run(verilay().args(["cache", "prune", "--cache"]).arg(&cache));
+    assert!(cache_ls(&cache).is_empty());
+    assert!(!file.exists());
+}
+
+#[test]
+fn the_cache_keeps_to_its_size_and_refuses_a_directory_others_may_write() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src1, d1) = pushed_tree(t.path(), &reg, "apps/one:1", 1);
+    let (src2, d2) = pushed_tree(t.path(), &reg, "apps/two:1", 7);
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    // Each image (~16 MiB) fits in 20 MiB, two do not: the second mount removes the
+    // first, unused, to make room.
+    for (repo, digest, src) in [("apps/one:1", &d1, &src1), ("apps/two:1", &d2, &src2)] {
+        let mounted = mount_cached(
+            &reg.reference(repo),
+            digest,
+            &cache,
+            &m,
+            &["--cache-size=20M"],
+        );
+        assert_diff_clean(src, &m);
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+    let entries = cache_ls(&cache);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["digest"], d2.as_str());
+    assert!(
+        entries[0]["disk_bytes"].as_u64().unwrap() <= 20 << 20,
+        "{entries:?}"
+    );
+    // A limit smaller than the image: reads work, the cache stops at the limit.
+    let small = t.path().join("small");
+    let mounted = mount_cached(
+        &reg.reference("apps/one:1"),
+        &d1,
+        &small,
+        &m,
+        &["--cache-size=1M"],
+    );
+    assert_diff_clean(&src1, &m);
+    let held = stats(&m)["cache_bytes_verified"].as_u64().unwrap();
+    assert!(held <= 1 << 20, "a 1 MiB cache holds {held} bytes");
+    drop(mounted);
+    wait_daemon_gone(&m);
+
+    // A directory another user may write is refused; a link planted in ours is never
+    // written through.
+    use std::os::unix::fs::PermissionsExt;
+    let open = t.path().join("open");
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mount = |cache: &Path| {
+        verilay()
+            .args([
+                "mount",
+                "--insecure",
+                &reg.reference("apps/one:1"),
+                "--digest",
+                &d1,
+            ])
+            .arg("--cache")
+            .arg(cache)
+            .arg(&m)
+            .output()
+            .unwrap()
+    };
+    assert_one_line(&mount(&open), &["cache directory", "writable by you alone"]);
+    let planted = t.path().join("planted");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, "keep me").unwrap();
+    let stem = d1.replace(':', "-");
+    std::os::unix::fs::symlink(&victim, planted.join(format!("{stem}.img"))).unwrap();
+    assert_one_line(&mount(&planted), &["cache", &stem]);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert!(daemons_of(&m).is_empty());
 }

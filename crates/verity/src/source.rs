@@ -41,6 +41,19 @@ pub trait ByteSource: Send + Sync {
     fn forget(&self, offset: u64, len: u64) {
         let _ = (offset, len);
     }
+
+    /// Whether a forgotten range is read afresh next time (a remote image's copy, or the
+    /// network), so a read that failed its check is worth trying once more.
+    fn refetches(&self) -> bool {
+        false
+    }
+
+    /// `bytes` at `offset` passed their check against the pinned tree (data blocks, tree
+    /// blocks, the descriptor and trailer): a source with a persistent cache may keep
+    /// exactly these bytes. Never called for bytes that failed.
+    fn verified(&self, offset: u64, bytes: &[u8]) {
+        let _ = (offset, bytes);
+    }
 }
 
 fn out_of_range(offset: u64, len: usize, total: u64) -> io::Error {
@@ -93,6 +106,14 @@ impl<T: ByteSource + ?Sized> ByteSource for &T {
     fn forget(&self, offset: u64, len: u64) {
         (**self).forget(offset, len)
     }
+
+    fn verified(&self, offset: u64, bytes: &[u8]) {
+        (**self).verified(offset, bytes)
+    }
+
+    fn refetches(&self) -> bool {
+        (**self).refetches()
+    }
 }
 
 impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
@@ -111,6 +132,14 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
     fn forget(&self, offset: u64, len: u64) {
         (**self).forget(offset, len)
     }
+
+    fn verified(&self, offset: u64, bytes: &[u8]) {
+        (**self).verified(offset, bytes)
+    }
+
+    fn refetches(&self) -> bool {
+        (**self).refetches()
+    }
 }
 
 impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
@@ -128,6 +157,14 @@ impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
 
     fn forget(&self, offset: u64, len: u64) {
         (**self).forget(offset, len)
+    }
+
+    fn verified(&self, offset: u64, bytes: &[u8]) {
+        (**self).verified(offset, bytes)
+    }
+
+    fn refetches(&self) -> bool {
+        (**self).refetches()
     }
 }
 

@@ -225,6 +225,11 @@ impl<S: ByteSource> VerifiedSource<S> {
                 blocks: (0..n).map(|_| OnceLock::new()).collect(),
             });
         }
+        if pin.is_some() {
+            // Checked now: the descriptor hashes to the pin, and the trailer is the one
+            // layout the descriptor allows.
+            inner.verified(section.descriptor_offset, &[&d[..], &t[..]].concat());
+        }
         Ok(VerifiedSource {
             inner,
             salt: parsed.params.padded_salt(),
@@ -341,6 +346,8 @@ impl<S: ByteSource> VerifiedSource<S> {
                 false,
             ));
         }
+        self.inner
+            .verified(self.levels[level].offset + index * self.bs(), &block);
         Ok(slot.get_or_init(|| block.into_boxed_slice()))
     }
 
@@ -418,11 +425,27 @@ impl<S: ByteSource> VerifiedSource<S> {
         if self.parallel && span.len() >= PARALLEL_BYTES {
             span.par_chunks(bs)
                 .enumerate()
-                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))
+                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))?;
         } else {
             span.chunks(bs)
                 .enumerate()
-                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))
+                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))?;
+        }
+        self.report_verified(first, span);
+        Ok(())
+    }
+
+    /// Hands verified data blocks to the source. The short last block goes with the zero
+    /// padding after it (checked at open), so the source sees whole blocks of the file.
+    fn report_verified(&self, first: u64, span: &[u8]) {
+        let offset = first * self.bs();
+        let end = offset + span.len() as u64;
+        if end == self.section.data_size && end < self.section.tree_offset {
+            let mut whole = span.to_vec();
+            whole.resize((self.section.tree_offset - offset) as usize, 0);
+            self.inner.verified(offset, &whole);
+        } else {
+            self.inner.verified(offset, span);
         }
     }
 
@@ -465,6 +488,19 @@ impl<S: ByteSource> ByteSource for VerifiedSource<S> {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self.read_once(buf, offset) {
+            // The bad bytes are forgotten below us: a copy (a remote image's cache, or
+            // the network) may give the right ones.
+            Err(e) if IntegrityError::find(&e).is_some() && self.inner.refetches() => {
+                self.read_once(buf, offset)
+            }
+            r => r,
+        }
+    }
+}
+
+impl<S: ByteSource> VerifiedSource<S> {
+    fn read_once(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if buf.is_empty() {
             return Ok(());
         }

@@ -275,3 +275,83 @@ fn dense_prefix_group_reads_never_spread_a_bad_block() {
         assert_eq!(IntegrityError::find(&err).unwrap().offset, 20 * 4096);
     }
 }
+
+/// A file in memory that flips a byte of block `bad` until told to forget it, and
+/// records what it is told passed.
+struct Flaky {
+    file: Vec<u8>,
+    bad: std::sync::Mutex<Option<u64>>,
+    refetches: bool,
+    verified: std::sync::Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+impl ByteSource for Flaky {
+    fn len(&self) -> u64 {
+        self.file.len() as u64
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        buf.copy_from_slice(&self.file[offset as usize..][..buf.len()]);
+        if let Some(b) = *self.bad.lock().unwrap() {
+            let at = b * 4096 + 9;
+            if (offset..offset + buf.len() as u64).contains(&at) {
+                buf[(at - offset) as usize] ^= 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&self, offset: u64, len: u64) {
+        let mut bad = self.bad.lock().unwrap();
+        if bad.is_some_and(|b| (offset..offset + len).contains(&(b * 4096))) {
+            *bad = None;
+        }
+    }
+
+    fn refetches(&self) -> bool {
+        self.refetches
+    }
+
+    fn verified(&self, offset: u64, bytes: &[u8]) {
+        self.verified.lock().unwrap().push((offset, bytes.to_vec()));
+    }
+}
+
+#[test]
+fn a_source_is_told_exactly_the_bytes_that_passed_and_a_refetching_one_gets_a_second_try() {
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    let bytes = data(300 * 4096 + 123, 5);
+    let (f, digest) = sealed(&bytes, &params);
+    let file = std::fs::read(f.path()).unwrap();
+    for refetches in [true, false] {
+        let flaky = Flaky {
+            file: file.clone(),
+            bad: std::sync::Mutex::new(Some(20)),
+            refetches,
+            verified: Default::default(),
+        };
+        let v = VerifiedSource::open(&flaky, Some(&digest)).unwrap();
+        let mut got = vec![0u8; bytes.len()];
+        let r = v.read_exact_at(&mut got, 0);
+        if !refetches {
+            assert_eq!(
+                IntegrityError::find(&r.unwrap_err()).unwrap().offset,
+                20 * 4096
+            );
+            continue;
+        }
+        r.unwrap();
+        assert!(got == bytes, "read back differs");
+        // Every byte of the file was reported once it passed, and only as the file has it.
+        let mut covered = vec![false; file.len()];
+        for (offset, b) in flaky.verified.lock().unwrap().iter() {
+            let at = *offset as usize;
+            assert!(
+                b[..] == file[at..at + b.len()],
+                "reported bytes at {at} differ"
+            );
+            covered[at..at + b.len()].iter_mut().for_each(|c| *c = true);
+        }
+        assert_eq!(covered.iter().position(|c| !c), None, "not all reported");
+    }
+}

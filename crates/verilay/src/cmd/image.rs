@@ -21,8 +21,8 @@ pub struct Pin {
 
 pub struct Opened {
     pub img: Img,
-    /// What fetching a remote image has cost (`None` for a file).
-    pub remote: Option<Arc<remote::Counters>>,
+    /// A remote image's source: what fetching cost, its cache (`None` for a file).
+    pub remote: Option<Arc<remote::RemoteSource>>,
     /// The verified source under `img`, `None` for a plain EROFS image.
     pub verified: Option<Arc<VerifiedSource<Box<dyn ByteSource>>>>,
 }
@@ -82,6 +82,8 @@ pub struct ReadOpts {
     pub insecure: bool,
     /// How long a remote image's server may take to connect or answer.
     pub timeout: std::time::Duration,
+    /// Where a remote image's verified bytes are kept, and the directory's size limit.
+    pub cache: Option<(std::path::PathBuf, u64)>,
 }
 
 impl Default for ReadOpts {
@@ -92,6 +94,7 @@ impl Default for ReadOpts {
             parallel_hashing: true,
             insecure: false,
             timeout: std::time::Duration::from_secs(30),
+            cache: None,
         }
     }
 }
@@ -106,8 +109,12 @@ pub fn open_with(
     let name = path.display();
     let (source, pin_bytes, remote) = match path.to_str().filter(|p| remote::is_remote(p)) {
         Some(spec) => {
-            let (source, pin, counters) = remote_source(spec, pin, opts)?;
-            (source, Some(pin), Some(counters))
+            let (remote, pin) = remote_source(spec, pin, opts)?;
+            (
+                Box::new(remote.clone()) as Box<dyn ByteSource>,
+                Some(pin),
+                Some(remote),
+            )
         }
         None => (
             Box::new(file_source(path, opts.direct)?) as Box<dyn ByteSource>,
@@ -154,7 +161,7 @@ fn remote_source(
     spec: &str,
     pin: &Pin,
     opts: &ReadOpts,
-) -> anyhow::Result<(Box<dyn ByteSource>, PinBytes, Arc<remote::Counters>)> {
+) -> anyhow::Result<(Arc<remote::RemoteSource>, PinBytes)> {
     let opened = remote::RemoteSource::open(spec, opts.insecure, opts.timeout)
         .map_err(anyhow::Error::msg)?;
     let digest = match (pin.digest.as_deref(), opened.pinned.as_deref()) {
@@ -167,8 +174,19 @@ fn remote_source(
             "{spec}: a remote image is mounted pinned only: give --digest, or name the manifest by its digest (…@sha256:…)"
         ),
     };
-    let counters = opened.source.counters.clone();
-    Ok((Box::new(opened.source), parse_digest(&digest)?, counters))
+    let pin = parse_digest(&digest)?;
+    let mut source = opened.source;
+    if let Some((dir, limit)) = &opts.cache {
+        let key = format!(
+            "{}:{}",
+            if pin.len() == 64 { "sha512" } else { "sha256" },
+            hex::encode(&pin)
+        );
+        let cache = remote::cache::Cache::open(dir, &key, source.len(), *limit)
+            .map_err(anyhow::Error::msg)?;
+        source = source.with_cache(cache);
+    }
+    Ok((Arc::new(source), pin))
 }
 
 /// The verified source alone, without parsing the EROFS image on top (for `verify`, which

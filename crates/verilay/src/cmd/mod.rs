@@ -1,4 +1,5 @@
 pub mod build;
+pub mod cache;
 pub mod cat;
 pub mod digest;
 pub mod extract;

@@ -69,6 +69,21 @@ pub struct Args {
     /// (`-o insecure`).
     #[arg(long)]
     insecure: bool,
+    /// Keep remote images' verified bytes in DIR, for later mounts (`-o cache=`; default
+    /// $VERILAY_CACHE, else /var/cache/verilay for root, else ~/.cache/verilay).
+    #[arg(long, value_name = "DIR")]
+    cache: Option<PathBuf>,
+    /// Keep remote images' bytes in memory only (`-o nocache`).
+    #[arg(long)]
+    no_cache: bool,
+    /// The cache directory's size limit (`-o cache_size=`; bytes, or K, M, G, T; default
+    /// 10G): unused images are removed, least recently used first, to make room.
+    #[arg(long, value_name = "SIZE", value_parser = mountopts::parse_size)]
+    cache_size: Option<u64>,
+    /// Fetch the rest of each remote image into the cache in the background, yielding to
+    /// reads (`-o prefetch`; progress in `verilay stats`).
+    #[arg(long)]
+    prefetch: bool,
     /// A writable upper directory over the images, with overlayfs's semantics (copy-up,
     /// whiteouts); kernel overlayfs can mount the same directory. Needs --work.
     #[arg(long, value_name = "DIR")]
@@ -96,6 +111,9 @@ pub struct Args {
     #[arg(skip)]
     fake: bool,
 }
+
+/// The cache directory's size limit unless `--cache-size` says otherwise.
+const DEFAULT_CACHE_SIZE: u64 = 10 << 30;
 
 /// The longest wait any `--timeout` asks for (a longer one counts as this).
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -156,9 +174,14 @@ impl Settings {
     /// How the images are read (remote ones: plain HTTP when asked, and each request
     /// bounded by `timeout` in all).
     fn read_opts(&self, timeout: Duration) -> ReadOpts {
+        let dir = match self.opts.nocache {
+            true => None,
+            false => self.opts.cache.clone().or_else(remote::cache::default_dir),
+        };
         ReadOpts {
             insecure: self.opts.insecure,
             timeout: timeout.min(MAX_TIMEOUT) / 2,
+            cache: dir.map(|d| (d, self.opts.cache_size.unwrap_or(DEFAULT_CACHE_SIZE))),
             ..ReadOpts::default()
         }
     }
@@ -200,6 +223,10 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     }
     fold(&mut opts.threads, &a.threads, "threads")?;
     fold(&mut opts.log, &a.log, "log")?;
+    fold(&mut opts.cache, &a.cache, "cache")?;
+    fold(&mut opts.cache_size, &a.cache_size, "cache-size")?;
+    opts.nocache |= a.no_cache;
+    opts.prefetch |= a.prefetch;
     fold(&mut opts.upper, &a.upper, "upper")?;
     fold(&mut opts.work, &a.work, "work")?;
     fold(&mut opts.policy, &a.measure.policy, "policy")?;
@@ -216,6 +243,9 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     let images = a.paths[..a.paths.len() - 1].to_vec();
     let mountpoint = a.paths[a.paths.len() - 1].clone();
     let pins = pins(&a.digests, opts.digest.as_deref(), images.len())?;
+    if opts.prefetch && !images.iter().any(|i| is_remote(i)) {
+        bail!("prefetch: no image is remote (oci://, http://, https://)");
+    }
     let root = rustix::process::geteuid().is_root();
     check(&opts, root)?;
     // The daemon gets the options as one string: it must read back as the same value.
@@ -255,6 +285,12 @@ fn check(o: &MountOptions, root: bool) -> anyhow::Result<()> {
             bail!("rw: a writable mount needs --upper and --work (images are read-only)")
         }
         _ => {}
+    }
+    if o.nocache && (o.cache.is_some() || o.cache_size.is_some()) {
+        bail!("nocache with cache= or cache_size=: give one");
+    }
+    if o.prefetch && o.nocache {
+        bail!("prefetch fills the cache: it cannot go with nocache");
     }
     if o.allow_other && o.allow_root {
         bail!("allow_other and allow_root: give one (allow_other includes root)");

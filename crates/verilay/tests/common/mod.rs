@@ -8,7 +8,13 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 pub fn verilay() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_verilay"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_verilay"));
+    // Remote images are cached here unless a test says otherwise, not in /var/cache.
+    c.env(
+        "VERILAY_CACHE",
+        concat!(env!("CARGO_TARGET_TMPDIR"), "/verilay-cache"),
+    );
+    c
 }
 
 pub fn is_root() -> bool {

@@ -108,7 +108,16 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
                 .map(|v| v.digest().to_vec())
                 .unwrap_or_default(),
         });
-        remotes.extend(opened.remote);
+        if let Some(remote) = opened.remote {
+            let progress = match (&opened.verified, s.opts.prefetch) {
+                (Some(v), true) => Some(remote::prefetch::start(
+                    remote.clone(),
+                    v.clone() as Arc<dyn erofs::read::ByteSource>,
+                )),
+                _ => None,
+            };
+            remotes.push((remote, progress));
+        }
         layers.push(opened.img);
     }
     let extra = remote_stats(remotes);
@@ -184,23 +193,55 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     }
 }
 
-/// `verilay stats` members for the remote images' fetching (summed), if any is remote.
-fn remote_stats(remotes: Vec<Arc<remote::Counters>>) -> Option<imagefs::measuring::ExtraStats> {
+/// A remote image of the mount, and its prefetch's progress if `--prefetch`.
+type Remote = (
+    Arc<remote::RemoteSource>,
+    Option<Arc<remote::prefetch::Progress>>,
+);
+
+/// `verilay stats` members for the remote images' fetching and caching (summed over the
+/// remote images), if any is remote.
+fn remote_stats(remotes: Vec<Remote>) -> Option<imagefs::measuring::ExtraStats> {
     use std::sync::atomic::Ordering::Relaxed;
     if remotes.is_empty() {
         return None;
     }
     Some(Arc::new(move || {
-        let sum = |f: fn(&remote::Counters) -> &std::sync::atomic::AtomicU64| -> u64 {
-            remotes.iter().map(|c| f(c).load(Relaxed)).sum()
+        let sum = |f: &dyn Fn(&Remote) -> u64| -> u64 { remotes.iter().map(f).sum() };
+        let cache =
+            |f: fn(&remote::cache::Cache) -> u64| move |(r, _): &Remote| r.cache().map_or(0, f);
+        let prefetch = |f: fn(&remote::prefetch::Progress) -> u64| {
+            move |(_, p): &Remote| p.as_deref().map_or(0, f)
         };
-        format!(
-            "\"remote_requests\":{},\"remote_bytes_fetched\":{},\"remote_retries\":{},\"remote_failures\":{}",
-            sum(|c| &c.requests),
-            sum(|c| &c.fetched),
-            sum(|c| &c.retries),
-            sum(|c| &c.failures)
-        )
+        let c = |(r, _): &Remote| r.counters.clone();
+        let members = [
+            ("remote_requests", sum(&|r| c(r).requests.load(Relaxed))),
+            ("remote_bytes_fetched", sum(&|r| c(r).fetched.load(Relaxed))),
+            ("remote_retries", sum(&|r| c(r).retries.load(Relaxed))),
+            ("remote_failures", sum(&|r| c(r).failures.load(Relaxed))),
+            (
+                "remote_image_bytes",
+                sum(&|(r, _)| erofs::read::ByteSource::len(&**r)),
+            ),
+            ("cache_bytes_verified", sum(&cache(|c| c.held()))),
+            (
+                "cache_bytes_served",
+                sum(&cache(|c| c.served.load(Relaxed))),
+            ),
+            (
+                "prefetch_bytes_done",
+                sum(&prefetch(|p| p.done.load(Relaxed))),
+            ),
+            (
+                "prefetch_bytes_total",
+                sum(&prefetch(|p| p.total.load(Relaxed))),
+            ),
+        ];
+        members
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect::<Vec<_>>()
+            .join(",")
     }))
 }
 

@@ -1,0 +1,472 @@
+//! The persistent cache of remote images: for each pinned image, a sparse file laid out
+//! like the image (`ALG-HEX.img`) and a record of which 4 KiB units of it hold verified
+//! bytes (`ALG-HEX.map`: a header, then one bit per unit).
+//!
+//! Only bytes the verified source has just checked against the pinned tree are written
+//! (`ByteSource::verified`), data first, then the record, so a crash or `kill -9` leaves at
+//! worst verified bytes the record does not know of. The record is a hint that saves a
+//! fetch, never a proof: every byte read back from the cache is checked again by the
+//! verified source, and a unit that fails (a cache file someone changed) is dropped and
+//! fetched again. Once every unit is there the `.img` file is the image itself.
+//!
+//! A mount holds a shared `flock` on its entry's record; `prune` removes only entries it
+//! can lock exclusively, least recently used first.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
+
+/// The cache's unit: a bit of the record.
+pub const UNIT: u64 = 4096;
+const MAGIC: [u8; 8] = *b"VLCACHE1";
+/// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
+const HEADER: u64 = 8 + 8 + 8 + 160;
+
+/// The largest image cached (16 TiB; its record is then 64 MiB, held in memory).
+const MAX_IMAGE: u64 = 1 << 44;
+
+/// The default directory: `$VERILAY_CACHE`, else `/var/cache/verilay` for root, else
+/// `$XDG_CACHE_HOME/verilay` or `~/.cache/verilay`.
+pub fn default_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("VERILAY_CACHE").filter(|d| !d.is_empty()) {
+        return Some(d.into());
+    }
+    if rustix::process::geteuid().is_root() {
+        return Some("/var/cache/verilay".into());
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("verilay"));
+    }
+    std::env::var_os("HOME")
+        .filter(|d| !d.is_empty())
+        .map(|h| PathBuf::from(h).join(".cache/verilay"))
+}
+
+/// One image's entry, open for a mount.
+pub struct Cache {
+    name: String,
+    data: File,
+    record: File,
+    len: u64,
+    units: Vec<AtomicU64>,
+    /// Serialises writes of the record (the bits themselves are atomics).
+    writing: Mutex<()>,
+    /// Bytes this mount may still add before the directory passes its size limit.
+    budget: AtomicU64,
+    full_said: AtomicBool,
+    /// Bytes of verified units held, and bytes served from the cache.
+    pub held: AtomicU64,
+    pub served: AtomicU64,
+}
+
+/// An entry as `verilay cache ls` shows it.
+#[derive(Debug, serde::Serialize)]
+pub struct Entry {
+    pub digest: String,
+    pub path: PathBuf,
+    pub image_bytes: u64,
+    pub cached_bytes: u64,
+    /// Bytes the `.img` file takes on disk.
+    pub disk_bytes: u64,
+    pub complete: bool,
+    pub in_use: bool,
+    /// Seconds since the epoch of the last mount that used it.
+    pub last_used: i64,
+}
+
+/// `alg:hex` as a file name stem, refusing anything else (the name is made from it).
+fn stem(digest: &str) -> io::Result<String> {
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{digest:?} is not a digest (ALG:HEX)"),
+        )
+    };
+    let (alg, hex) = digest.split_once(':').ok_or_else(bad)?;
+    let alg_ok = !alg.is_empty() && alg.bytes().all(|b| b.is_ascii_alphanumeric());
+    let hex_ok = (2..=128).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    if !alg_ok || !hex_ok {
+        return Err(bad());
+    }
+    Ok(format!("{alg}-{}", hex.to_ascii_lowercase()))
+}
+
+/// Opens (making it, 0700, if missing) the cache directory, which must be ours and
+/// writable by nobody else: its files decide what is fetched, and a planted link would
+/// have a mount write through it.
+pub fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
+    let ctx =
+        |e: io::Error| io::Error::new(e.kind(), format!("cache directory {}: {e}", dir.display()));
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ctx(e)),
+    }
+    let fd = rfs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| ctx(e.into()))?;
+    let st = rfs::fstat(&fd).map_err(|e| ctx(e.into()))?;
+    if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o022 != 0 {
+        return Err(ctx(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "owned by uid {} with mode {:o}: it must be yours and writable by you alone",
+                st.st_uid,
+                st.st_mode & 0o7777
+            ),
+        )));
+    }
+    Ok(fd)
+}
+
+/// Opens `name` in `dir` for reading and writing, a regular file, never through a link.
+fn open_file(dir: &OwnedFd, name: &str, create: bool) -> io::Result<File> {
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if create {
+        flags |= OFlags::CREATE;
+    }
+    let fd = rfs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?;
+    let st = rfs::fstat(&fd)?;
+    if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{name} is not a regular file"),
+        ));
+    }
+    Ok(File::from(fd))
+}
+
+/// The header a record for this image must start with.
+fn header(digest: &str, len: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEADER as usize);
+    h.extend_from_slice(&MAGIC);
+    h.extend_from_slice(&len.to_le_bytes());
+    h.extend_from_slice(&(digest.len() as u64).to_le_bytes());
+    h.extend_from_slice(digest.as_bytes());
+    h.resize(HEADER as usize, 0);
+    h
+}
+
+fn words_for(len: u64) -> u64 {
+    len.div_ceil(UNIT).div_ceil(64)
+}
+
+/// Whether `record` (not yet read) is this image's, and its bits if so.
+fn load_record(record: &File, digest: &str, len: u64) -> io::Result<Option<Vec<u64>>> {
+    let words = words_for(len);
+    if record.metadata()?.len() != HEADER + words * 8 {
+        return Ok(None);
+    }
+    let mut h = vec![0u8; HEADER as usize];
+    record.read_exact_at(&mut h, 0)?;
+    if h != header(digest, len) {
+        return Ok(None);
+    }
+    let mut raw = vec![0u8; (words * 8) as usize];
+    record.read_exact_at(&mut raw, HEADER)?;
+    Ok(Some(
+        raw.chunks(8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+            .collect(),
+    ))
+}
+
+impl Cache {
+    /// Opens the entry for the image `digest` (`alg:hex`) of `len` bytes in `dir`, making
+    /// it if missing or not this image's, after pruning unused entries so that this
+    /// image fits under `limit` bytes in all if it can.
+    pub fn open(dir: &Path, digest: &str, len: u64, limit: u64) -> io::Result<Cache> {
+        let stem = stem(digest)?;
+        if len > MAX_IMAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("an image of {len} bytes is too large to cache (at most {MAX_IMAGE})"),
+            ));
+        }
+        let dfd = open_dir(dir)?;
+        let name = dir.join(format!("{stem}.img")).display().to_string();
+        let ctx = |e: io::Error| io::Error::new(e.kind(), format!("cache {name}: {e}"));
+        let record = lock_shared(&dfd, &format!("{stem}.map")).map_err(ctx)?;
+        let data = open_file(&dfd, &format!("{stem}.img"), true).map_err(ctx)?;
+        let bits = match load_record(&record, digest, len).map_err(ctx)? {
+            Some(bits) if data.metadata().map_err(ctx)?.len() == len => bits,
+            _ => {
+                // A new entry (or one for other bytes): start empty.
+                data.set_len(0).map_err(ctx)?;
+                data.set_len(len).map_err(ctx)?;
+                record.set_len(0).map_err(ctx)?;
+                record.set_len(HEADER + words_for(len) * 8).map_err(ctx)?;
+                record.write_all_at(&header(digest, len), 0).map_err(ctx)?;
+                vec![0; words_for(len) as usize]
+            }
+        };
+        // Its use is recorded, for least-recently-used pruning.
+        rfs::futimens(
+            &record,
+            &rfs::Timestamps {
+                last_access: now(),
+                last_modification: now(),
+            },
+        )
+        .map_err(|e| ctx(e.into()))?;
+        let held = bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>() * UNIT;
+        let mine = data.metadata().map_err(ctx)?;
+        let mine = std::os::unix::fs::MetadataExt::blocks(&mine) * 512;
+        let want = len.saturating_sub(held);
+        let others = prune_dir(&dfd, dir, limit.saturating_sub(want), Some(&stem))?
+            .iter()
+            .map(|e| e.disk_bytes)
+            .sum::<u64>();
+        Ok(Cache {
+            name,
+            data,
+            record,
+            len,
+            units: bits.into_iter().map(AtomicU64::new).collect(),
+            writing: Mutex::new(()),
+            budget: AtomicU64::new(limit.saturating_sub(others + mine)),
+            full_said: AtomicBool::new(false),
+            held: AtomicU64::new(held.min(len)),
+            served: AtomicU64::new(0),
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.name
+    }
+
+    fn has_unit(&self, u: u64) -> bool {
+        self.units[(u / 64) as usize].load(Ordering::Relaxed) & (1 << (u % 64)) != 0
+    }
+
+    /// Whether every unit that `[offset, offset + len)` touches is held.
+    pub fn has(&self, offset: u64, len: u64) -> bool {
+        let last = (offset + len.max(1) - 1) / UNIT;
+        (offset / UNIT..=last).all(|u| self.has_unit(u))
+    }
+
+    /// Reads held bytes (the caller checked [`Cache::has`]).
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.data.read_exact_at(buf, offset)?;
+        self.served.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The units `[offset, offset + len)` covers whole (the image's short last unit
+    /// counts as whole when the range reaches the image's end).
+    fn whole_units(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
+        let end = offset + len;
+        let first = offset.div_ceil(UNIT);
+        let last = if end == self.len {
+            end.div_ceil(UNIT)
+        } else {
+            end / UNIT
+        };
+        first..last.max(first)
+    }
+
+    /// Keeps `bytes` at `offset`, which the verified source has just checked.
+    pub fn store(&self, offset: u64, bytes: &[u8]) {
+        let units = self.whole_units(offset, bytes.len() as u64);
+        if units.clone().all(|u| self.has_unit(u)) {
+            return;
+        }
+        let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let new = units.clone().filter(|&u| !self.has_unit(u)).count() as u64 * UNIT;
+        if self
+            .budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
+            .is_err()
+        {
+            if !self.full_said.swap(true, Ordering::Relaxed) {
+                eprintln!("cache {}: size limit reached, caching no more", self.name);
+            }
+            return;
+        }
+        let from = (units.start * UNIT - offset) as usize;
+        let to = ((units.end * UNIT).min(self.len) - offset) as usize;
+        // Data first, then the record: a crash in between leaves bytes unrecorded.
+        if self
+            .data
+            .write_all_at(&bytes[from..to], units.start * UNIT)
+            .is_err()
+        {
+            return;
+        }
+        for u in units.clone() {
+            self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
+        }
+        self.held.fetch_add(new, Ordering::Relaxed);
+        self.write_record(units);
+    }
+
+    /// Drops the units `[offset, offset + len)` touches: they failed their check.
+    pub fn forget(&self, offset: u64, len: u64) {
+        let last = (offset + len.max(1) - 1) / UNIT;
+        let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        for u in offset / UNIT..=last.min(self.len.div_ceil(UNIT) - 1) {
+            let old = self.units[(u / 64) as usize].fetch_and(!(1 << (u % 64)), Ordering::Relaxed);
+            if old & (1 << (u % 64)) != 0 {
+                self.held.fetch_sub(UNIT, Ordering::Relaxed);
+            }
+        }
+        self.write_record(offset / UNIT..last + 1);
+    }
+
+    /// Writes the record's words that hold `units` (the caller holds `writing`).
+    fn write_record(&self, units: std::ops::Range<u64>) {
+        if units.is_empty() {
+            return;
+        }
+        let w0 = units.start / 64;
+        let w1 = ((units.end - 1) / 64).min(self.units.len() as u64 - 1);
+        let raw: Vec<u8> = (w0..=w1)
+            .flat_map(|w| self.units[w as usize].load(Ordering::Relaxed).to_le_bytes())
+            .collect();
+        // A record that cannot be written only costs fetches later.
+        let _ = self.record.write_all_at(&raw, HEADER + w0 * 8);
+    }
+
+    /// Bytes of the image held (verified) in the cache.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed).min(self.len)
+    }
+}
+
+fn now() -> rfs::Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rfs::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: d.subsec_nanos() as _,
+    }
+}
+
+/// Opens (making it) a record and takes a shared lock on it, reopening if `prune`
+/// removed the file while we waited.
+fn lock_shared(dir: &OwnedFd, name: &str) -> io::Result<File> {
+    loop {
+        let f = open_file(dir, name, true)?;
+        rfs::flock(&f, FlockOperation::LockShared)?;
+        let ours = rfs::fstat(&f)?;
+        match rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_ino == ours.st_ino && st.st_dev == ours.st_dev => return Ok(f),
+            Ok(_) | Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Every entry in `dir`, oldest use first.
+pub fn list(dir: &Path) -> io::Result<Vec<Entry>> {
+    let dfd = open_dir(dir)?;
+    entries(&dfd, dir)
+}
+
+fn entries(dfd: &OwnedFd, dir: &Path) -> io::Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".map")) else {
+            continue;
+        };
+        let Some((alg, hex)) = stem.split_once('-') else {
+            continue;
+        };
+        let digest = format!("{alg}:{hex}");
+        if self::stem(&digest).ok().as_deref() != Some(stem) {
+            continue;
+        }
+        let Ok(record) = open_file(dfd, &format!("{stem}.map"), false) else {
+            continue;
+        };
+        let in_use = rfs::flock(&record, FlockOperation::NonBlockingLockExclusive).is_err();
+        let _ = rfs::flock(&record, FlockOperation::Unlock);
+        let mut h = [0u8; 16];
+        let len = match record.read_exact_at(&mut h, 0) {
+            Ok(()) if h[..8] == MAGIC => u64::from_le_bytes(h[8..16].try_into().expect("8")),
+            _ => 0,
+        };
+        let bits = load_record(&record, &digest, len)?.unwrap_or_default();
+        let cached = (bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>() * UNIT).min(len);
+        let img = dir.join(format!("{stem}.img"));
+        let disk = std::fs::symlink_metadata(&img)
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+            .unwrap_or(0);
+        let last_used = std::os::unix::fs::MetadataExt::mtime(&record.metadata()?);
+        out.push(Entry {
+            digest,
+            path: img,
+            image_bytes: len,
+            cached_bytes: cached,
+            disk_bytes: disk,
+            complete: len > 0 && cached == len,
+            in_use,
+            last_used,
+        });
+    }
+    out.sort_by_key(|e| (e.last_used, e.digest.clone()));
+    Ok(out)
+}
+
+/// Removes entries not in use, least recently used first, until the rest take at most
+/// `keep` bytes on disk; returns what is left. `spare`: a stem never removed.
+fn prune_dir(dfd: &OwnedFd, dir: &Path, keep: u64, spare: Option<&str>) -> io::Result<Vec<Entry>> {
+    let mut left = Vec::new();
+    let all = entries(dfd, dir)?;
+    let mut total: u64 = all.iter().map(|e| e.disk_bytes).sum();
+    for e in all {
+        let stem = stem(&e.digest)?;
+        if total > keep && Some(stem.as_str()) != spare && !e.in_use && remove(dfd, &stem) {
+            total -= e.disk_bytes;
+            continue;
+        }
+        if Some(stem.as_str()) != spare {
+            left.push(e);
+        }
+    }
+    Ok(left)
+}
+
+/// Removes an entry if no mount holds it (its record locked exclusively meanwhile).
+fn remove(dfd: &OwnedFd, stem: &str) -> bool {
+    let Ok(record) = open_file(dfd, &format!("{stem}.map"), false) else {
+        return false;
+    };
+    if rfs::flock(&record, FlockOperation::NonBlockingLockExclusive).is_err() {
+        return false;
+    }
+    let _ = rfs::unlinkat(dfd, format!("{stem}.img"), rfs::AtFlags::empty());
+    rfs::unlinkat(dfd, format!("{stem}.map"), rfs::AtFlags::empty()).is_ok()
+}
+
+/// `verilay cache prune`: removes entries not in use, oldest use first, until the rest
+/// take at most `keep` bytes (0: every entry not in use); returns the removed ones.
+pub fn prune(dir: &Path, keep: u64) -> io::Result<Vec<Entry>> {
+    let dfd = open_dir(dir)?;
+    let before = entries(&dfd, dir)?;
+    let left: Vec<String> = prune_dir(&dfd, dir, keep, None)?
+        .into_iter()
+        .map(|e| e.digest)
+        .collect();
+    Ok(before
+        .into_iter()
+        .filter(|e| !left.contains(&e.digest))
+        .collect())
+}

@@ -1,0 +1,64 @@
+//! `--prefetch`: one background thread reads the whole image through the verified source,
+//! so every block is checked and lands in the persistent cache, while readers come first:
+//! it waits whenever a reader's fetch is under way, and runs at the lowest CPU priority.
+
+use crate::{RemoteSource, BACKGROUND};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use verity::source::ByteSource;
+
+/// Bytes read per step (a whole run of chunks).
+const STEP: u64 = crate::CHUNK * crate::MAX_RUN;
+/// How long to wait after a failed step, at first and at most (it doubles in between).
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// How far a prefetch has come, for `verilay stats`.
+#[derive(Default, Debug)]
+pub struct Progress {
+    /// Bytes of the verified data in the cache or read so far, of `total`.
+    pub done: AtomicU64,
+    pub total: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+/// Starts prefetching `verified` (the checked view of `remote`'s image, whose data is its
+/// first `verified.len()` bytes); returns its progress.
+pub fn start(remote: Arc<RemoteSource>, verified: Arc<dyn ByteSource>) -> Arc<Progress> {
+    let progress = Arc::new(Progress::default());
+    progress.total.store(verified.len(), Ordering::Relaxed);
+    let p = progress.clone();
+    std::thread::Builder::new()
+        .name("prefetch".into())
+        .spawn(move || run(&remote, &*verified, &p))
+        .expect("spawning the prefetch thread");
+    progress
+}
+
+fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress) {
+    BACKGROUND.with(|b| b.set(true));
+    // Lowest priority for this thread's hashing (Linux: per thread).
+    let _ = rustix::process::setpriority_process(None, 19);
+    let len = verified.len();
+    let mut buf = vec![0u8; STEP as usize];
+    let mut at = 0;
+    let mut backoff = FIRST_BACKOFF;
+    while at < len {
+        let n = STEP.min(len - at);
+        if !remote.cached(at, n) {
+            while remote.counters.demand.load(Ordering::Relaxed) > 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if verified.read_exact_at(&mut buf[..n as usize], at).is_err() {
+                progress.failures.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+            backoff = FIRST_BACKOFF;
+        }
+        at += n;
+        progress.done.store(at, Ordering::Relaxed);
+    }
+}
