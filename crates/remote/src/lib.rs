@@ -144,15 +144,16 @@ impl RemoteSource {
 
     /// Chunk `i`, from memory or fetched (one fetch per chunk at a time: a second reader
     /// of the same chunk waits for the first's).
-    fn chunk(&self, i: u64) -> io::Result<Arc<Vec<u8>>> {
+    fn chunk(&self, i: u64, wanted: u64) -> io::Result<Arc<Vec<u8>>> {
         let slot = self.slot(i);
         let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(b) = &*held {
             return Ok(b.clone());
         }
         // The chunks after this one that this request fetches too: free (no fetch under
-        // way), missing, and as many as the run of chunks already here behind it.
-        let run = self.run_behind(i);
+        // way), missing, and as many as the read still wants or the run of chunks
+        // already here behind it, whichever is more.
+        let run = self.run_behind(i).max(wanted).min(MAX_RUN);
         let ahead: Vec<Slot> = (i + 1..(i + run).min(self.len.div_ceil(CHUNK)))
             .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
             .map(|j| self.slot(j))
@@ -281,7 +282,7 @@ impl ByteSource for RemoteSource {
                     Err(_) => c.forget(at, seg_end - at),
                 }
             }
-            let chunk = self.chunk(i)?;
+            let chunk = self.chunk(i, (end - 1) / CHUNK - i + 1)?;
             let from = (at - i * CHUNK) as usize;
             let n = (Vec::len(&chunk) - from).min((end - at) as usize);
             let into = (at - offset) as usize;

@@ -449,6 +449,27 @@ impl<S: ByteSource> VerifiedSource<S> {
         }
     }
 
+    /// Reads the whole Merkle tree in one request and verifies it, top level first, when
+    /// it is at most `max_bytes`: for a source where each read is a round trip (a remote
+    /// image), every later read then needs its data blocks alone.
+    pub fn load_tree(&self, max_bytes: u64) -> io::Result<()> {
+        if self.section.tree_size == 0 || self.section.tree_size > max_bytes {
+            return Ok(());
+        }
+        let mut tree = vec![0u8; self.section.tree_size as usize];
+        self.inner
+            .read_exact_at(&mut tree, self.section.tree_offset)?;
+        let bs = self.bs() as usize;
+        for level in (0..self.levels.len()).rev() {
+            let from = (self.levels[level].offset - self.section.tree_offset) as usize;
+            for index in 0..self.levels[level].blocks.len() {
+                let at = from + index * bs;
+                self.install(level, index as u64, tree[at..at + bs].to_vec())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Verifies every data and tree block, in order, calling `progress` with the bytes done.
     pub fn verify_all(&self, progress: &dyn Fn(u64)) -> io::Result<()> {
         const CHUNK: u64 = 8 << 20;

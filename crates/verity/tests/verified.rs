@@ -355,3 +355,61 @@ fn a_source_is_told_exactly_the_bytes_that_passed_and_a_refetching_one_gets_a_se
         assert_eq!(covered.iter().position(|c| !c), None, "not all reported");
     }
 }
+
+/// A file in memory that records the ranges read from it.
+struct Counting {
+    file: Vec<u8>,
+    reads: std::sync::Mutex<Vec<(u64, usize)>>,
+}
+
+impl ByteSource for Counting {
+    fn len(&self) -> u64 {
+        self.file.len() as u64
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.lock().unwrap().push((offset, buf.len()));
+        buf.copy_from_slice(&self.file[offset as usize..][..buf.len()]);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_loaded_tree_leaves_reads_of_data_blocks_alone_and_a_bad_one_is_refused() {
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    // Three levels: 2^15 data blocks, 256 level-0 blocks, 2 level-1 blocks, 1 top.
+    let bytes = data((1 << 15) * 4096, 8);
+    let (f, digest) = sealed(&bytes, &params);
+    let file = std::fs::read(f.path()).unwrap();
+    let src = Counting {
+        file: file.clone(),
+        reads: Default::default(),
+    };
+    let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
+    let section = *v.section();
+    v.load_tree(u64::MAX).unwrap();
+    src.reads.lock().unwrap().clear();
+    let mut buf = [0u8; 100];
+    for block in [0u64, 5000, (1 << 15) - 1] {
+        v.read_exact_at(&mut buf, block * 4096 + 7).unwrap();
+        assert_eq!(buf[..], bytes[(block * 4096 + 7) as usize..][..100]);
+    }
+    let reads = src.reads.lock().unwrap().clone();
+    assert!(
+        reads.iter().all(|&(o, _)| o < section.data_size),
+        "tree read again after loading it: {reads:?}"
+    );
+    // A tree block that fails its parent's hash fails the load.
+    let mut bad = file.clone();
+    bad[(section.tree_offset + section.tree_size - 4096 + 3) as usize] ^= 1;
+    let src = Counting {
+        file: bad,
+        reads: Default::default(),
+    };
+    let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
+    let e = v.load_tree(u64::MAX).unwrap_err();
+    assert!(IntegrityError::find(&e).is_some(), "{e}");
+    // Too big a tree is left to be read as needed.
+    let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
+    v.load_tree(4096).unwrap();
+}

@@ -126,6 +126,12 @@ pub fn open_with(
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
             v.set_parallel_hashing(opts.parallel_hashing);
+            if remote.is_some() {
+                // One request for the whole tree (1/128 of the image) instead of one
+                // per tree block a read needs. Only a head start: what fails here is
+                // fetched and checked again when a read needs it.
+                let _ = v.load_tree(REMOTE_TREE_AT_ONCE);
+            }
             let v = Arc::new(v);
             let img =
                 Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;
@@ -150,6 +156,9 @@ pub fn open_with(
         Err(e) => Err(open_error(path, e)),
     }
 }
+
+/// The largest Merkle tree of a remote image fetched whole at open (an 8 GiB image's).
+const REMOTE_TREE_AT_ONCE: u64 = 64 << 20;
 
 /// A digest to pin, as bytes.
 type PinBytes = Vec<u8>;
