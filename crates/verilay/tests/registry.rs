@@ -1551,3 +1551,108 @@ fn a_measuring_mount_of_a_remote_image_logs_what_one_of_the_local_image_logs() {
     assert_eq!(lists[0], want, "the local image's list");
     assert_eq!(lists[1], lists[0], "the remote image's list differs");
 }
+
+#[test]
+fn a_failed_fetch_fails_one_measured_open_or_copy_up_and_the_next_try_succeeds() {
+    if prerequisites()
+        || skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)")
+    {
+        return;
+    }
+    let mut reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Files far apart in the image: hashing or copying one fetches nothing of another.
+    let (a, b, c) = (
+        unrepeating(4 << 20, 1),
+        unrepeating(4 << 20, 2),
+        unrepeating(4 << 20, 3),
+    );
+    for (name, bytes) in [("a", &a), ("b", &b), ("c", &c)] {
+        std::fs::write(src.join(name), bytes).unwrap();
+    }
+    let image = t.path().join("app.img");
+    build(&src, &image, &["--quiet"]);
+    let manifest = push(&reg, &image, "apps/app:1");
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    let policy = t.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=MAY_READ\n").unwrap();
+    let (log, mlog, m) = (
+        t.path().join("log"),
+        t.path().join("mlog"),
+        t.path().join("m"),
+    );
+    let d = dirs(t.path(), "rw");
+    let remote = format!("oci://127.0.0.1:{port}/apps/app@{manifest}");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        remote.as_ref(),
+        "--policy".as_ref(),
+        policy.as_ref(),
+        "--measure-log".as_ref(),
+        mlog.as_ref(),
+        "--log".as_ref(),
+        log.as_ref(),
+        "--upper".as_ref(),
+        d.upper.as_ref(),
+        "--work".as_ref(),
+        d.work.as_ref(),
+    ];
+    let mounted = mount_stack(&args, &m);
+    let eio = |r: std::io::Result<std::fs::File>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(5), "{what}: {e}");
+    };
+    // Flipped bytes on the wire: the measured open fails, with a log line, and the next
+    // one (the network honest again) succeeds: what the failed hash fetched is not kept.
+    std::fs::write(state.join("flip"), b"").unwrap();
+    eio(
+        std::fs::File::open(m.join("a")),
+        "a measured open of flipped bytes",
+    );
+    assert!(
+        std::fs::read_to_string(&log).unwrap().contains("/a: "),
+        "no log line naming a"
+    );
+    std::fs::remove_file(state.join("flip")).unwrap();
+    assert!(
+        std::fs::read(m.join("a")).unwrap() == a,
+        "a read back differs"
+    );
+    // The same for a copy-up, which leaves nothing half copied in the upper directory.
+    std::fs::write(state.join("flip"), b"").unwrap();
+    let append = || std::fs::OpenOptions::new().append(true).open(m.join("c"));
+    eio(append(), "a copy-up of flipped bytes");
+    assert!(!d.upper.join("c").exists(), "a failed copy-up left c");
+    std::fs::remove_file(state.join("flip")).unwrap();
+    append().unwrap().write_all(b"appended").unwrap();
+    // The registry gone: a measured open of what was never fetched fails; back, it works.
+    reg.kill();
+    eio(
+        std::fs::File::open(m.join("b")),
+        "a measured open, registry gone",
+    );
+    reg.restart();
+    assert!(
+        std::fs::read(m.join("b")).unwrap() == b,
+        "b read back differs"
+    );
+    drop(mounted);
+    wait_daemon_gone(&m);
+    let mut c_after = c.clone();
+    c_after.extend_from_slice(b"appended");
+    assert!(
+        std::fs::read(d.upper.join("c")).unwrap() == c_after,
+        "the copied-up c in the upper directory is not c whole, appended"
+    );
+    // The list holds each file once, with its right digest, and nothing of the failures.
+    assert!(evmctl_accepts(&mlog), "evmctl rejects the list");
+    let want = vec![
+        (10, "ima-ng".to_string(), sha256_of(&a), "a".to_string()),
+        (10, "ima-ng".to_string(), sha256_of(&b), "b".to_string()),
+    ];
+    assert_eq!(measured(&mlog, &m), want);
+}
