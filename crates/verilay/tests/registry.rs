@@ -1,6 +1,7 @@
 //! `verilay push` and `pull` against a real registry: Debian's `docker-registry` (CNCF
 //! distribution) started on 127.0.0.1 by each test, with `skopeo` as the independent
-//! client that checks what was stored.
+//! client that checks what was stored; and mounts of what it holds, alone, stacked with
+//! local images, under an upper directory and measuring, against the same local images.
 
 mod common;
 
@@ -1080,24 +1081,15 @@ fn a_server_trickling_bytes_fails_a_read_within_the_timeout() {
     );
 }
 
-/// `len` bytes no 4 KiB block of which repeats another's, different for each `seed`.
-fn noise(seed: u64, len: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            ((i ^ (seed << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8 ^ (i >> 12) as u8
-        })
-        .collect()
-}
-
 /// A source tree of a small file and three big ones (`a`, then 8 MiB, then `b`), built
 /// and pushed as `repo_tag`; the tree and the image's digest.
 fn pushed_tree(base: &Path, reg: &Registry, repo_tag: &str, seed: u64) -> (PathBuf, String) {
     let src = base.join(format!("src{seed}"));
     std::fs::create_dir_all(src.join("etc")).unwrap();
     std::fs::write(src.join("etc/os-release"), format!("ID=verilay{seed}\n")).unwrap();
-    std::fs::write(src.join("a"), noise(seed, 4 << 20)).unwrap();
-    std::fs::write(src.join("a_gap"), noise(seed + 1, 8 << 20)).unwrap();
-    std::fs::write(src.join("b"), noise(seed + 2, 4 << 20)).unwrap();
+    std::fs::write(src.join("a"), unrepeating(4 << 20, seed << 40)).unwrap();
+    std::fs::write(src.join("a_gap"), unrepeating(8 << 20, (seed + 1) << 40)).unwrap();
+    std::fs::write(src.join("b"), unrepeating(4 << 20, (seed + 2) << 40)).unwrap();
     let image = base.join(format!("image{seed}.img"));
     let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
     run(verilay()
@@ -1175,7 +1167,10 @@ fn the_cache_survives_kill_9_is_reused_and_once_complete_is_the_image() {
 
     // A first mount reads `a`, and dies by SIGKILL while a reader goes through `b`.
     let mounted = mount_cached(&reference, &digest, &cache, &m, &[&log_arg]);
-    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(1, 4 << 20));
+    assert_eq!(
+        std::fs::read(m.join("a")).unwrap(),
+        unrepeating(4 << 20, 1 << 40)
+    );
     let held = stats(&m)["cache_bytes_verified"].as_u64().unwrap();
     assert!(
         held >= 4 << 20,
@@ -1194,7 +1189,10 @@ fn the_cache_survives_kill_9_is_reused_and_once_complete_is_the_image() {
     // The next mount finds it: reading `a` again costs (nearly) nothing on the wire.
     let before = fetched(&state);
     let mounted = mount_cached(&reference, &digest, &cache, &m, &[&log_arg]);
-    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(1, 4 << 20));
+    assert_eq!(
+        std::fs::read(m.join("a")).unwrap(),
+        unrepeating(4 << 20, 1 << 40)
+    );
     let cost = fetched(&state) - before;
     assert!(
         cost < 64 << 10,
@@ -1202,7 +1200,10 @@ fn the_cache_survives_kill_9_is_reused_and_once_complete_is_the_image() {
     );
     let served = stats(&m)["cache_bytes_served"].as_u64().unwrap();
     assert!(served >= 4 << 20, "{served} bytes served from the cache");
-    assert_eq!(std::fs::read(m.join("b")).unwrap(), noise(3, 4 << 20));
+    assert_eq!(
+        std::fs::read(m.join("b")).unwrap(),
+        unrepeating(4 << 20, 3 << 40)
+    );
 
     // A cache file changed behind the mount's back: the block fails its check, is
     // fetched again, and the read still gives the right bytes.
@@ -1212,7 +1213,10 @@ fn the_cache_survives_kill_9_is_reused_and_once_complete_is_the_image() {
     std::fs::write(&file, &bytes).unwrap();
     std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
     let before = fetched(&state);
-    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(1, 4 << 20));
+    assert_eq!(
+        std::fs::read(m.join("a")).unwrap(),
+        unrepeating(4 << 20, 1 << 40)
+    );
     assert!(
         fetched(&state) > before,
         "the damaged block was not fetched again"
@@ -1334,4 +1338,582 @@ fn the_cache_keeps_to_its_size_and_refuses_a_directory_others_may_write() {
     assert_one_line(&mount(&planted), &["cache", &stem]);
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     assert!(daemons_of(&m).is_empty());
+}
+
+/// `len` bytes no 4 KiB block of which repeats (so no two blocks share a hash), by `seed`.
+fn unrepeating(len: u64, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8 ^ (i >> 12) as u8)
+        .collect()
+}
+
+/// `verilay push --insecure IMAGE` to `repo_tag` of `reg`; the manifest digest it prints.
+fn push(reg: &Registry, image: &Path, repo_tag: &str) -> String {
+    let out = run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(image)
+        .arg(reg.reference(repo_tag)));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Two layers as an application's image has them, built into `app.img` and `base.img`:
+/// app replaces a file of base (and its xattr), adds files, deletes one (a whiteout) and
+/// hides a directory's content (an opaque directory). (image, digest) of each, top first.
+fn app_over_base(dir: &Path) -> [(PathBuf, String); 2] {
+    let (app, base) = (dir.join("app"), dir.join("base"));
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::create_dir_all(&base).unwrap();
+    sh(&format!(
+        "set -e; cd {}
+         mkdir -p etc opt/keep var/cache bin
+         echo ID=base > etc/os-release; setfattr -n user.origin -v base etc/os-release
+         echo keep > opt/keep/k; echo old > var/cache/old; echo gone > gone
+         ln -s etc/os-release link; cp /bin/true bin/tool; chmod 4755 bin/tool
+         echo owned > owned; chown 1234:2345 owned; chmod 0750 opt
+         setfattr -n user.dir -v base opt; touch -d '2001-02-03 04:05:06.123456789' owned",
+        base.display()
+    ));
+    std::fs::write(base.join("big"), unrepeating(2 << 20, 3)).unwrap();
+    sh(&format!(
+        "set -e; cd {}
+         mkdir -p etc var/cache srv
+         echo ID=app > etc/os-release; setfattr -n user.origin -v app etc/os-release
+         echo new > srv/new; mknod gone c 0 0
+         setfattr -n trusted.overlay.opaque -v y var/cache; echo fresh > var/cache/fresh",
+        app.display()
+    ));
+    [app, base].map(|tree| {
+        let image = dir.join(format!(
+            "{}.img",
+            tree.file_name().unwrap().to_string_lossy()
+        ));
+        let out = build(&tree, &image, &["--quiet"]);
+        (
+            image,
+            String::from_utf8(out.stdout).unwrap().trim().to_string(),
+        )
+    })
+}
+
+/// `verilay mount --quiet --insecure ARGS... MNT` (images, pins, an upper directory...),
+/// unmounted when dropped.
+fn mount_stack<S: AsRef<std::ffi::OsStr>>(args: &[S], mnt: &Path) -> Unmount {
+    std::fs::create_dir_all(mnt).unwrap();
+    run(verilay()
+        .args(["mount", "--quiet", "--insecure"])
+        .args(args)
+        .arg(mnt));
+    Unmount::fuse(mnt)
+}
+
+/// Asserts that two mounts show the same tree: contents, every stat field, `ls -lR`, and
+/// xattrs.
+fn assert_same_tree(want: &Path, got: &Path) {
+    assert_diff_clean(want, got);
+    assert_same_stats(want, got);
+    assert_eq!(ls_lr(want), ls_lr(got), "ls -lR");
+    assert_eq!(xattr_dump(want), xattr_dump(got), "getfattr");
+}
+
+/// What app over base adds up to, checked by hand (so that a comparison of two mounts
+/// that both show nothing cannot pass).
+fn assert_app_over_base(m: &Path) {
+    let read = |p: &str| std::fs::read_to_string(m.join(p)).unwrap();
+    assert_eq!(read("etc/os-release"), "ID=app\n");
+    assert_eq!(read("srv/new"), "new\n");
+    assert_eq!(read("opt/keep/k"), "keep\n");
+    assert_eq!(read("link"), "ID=app\n");
+    assert!(!m.join("gone").exists(), "the whiteout hides gone");
+    let cache: Vec<_> = std::fs::read_dir(m.join("var/cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(cache, ["fresh"], "the opaque directory hides base's");
+    assert!(std::fs::read(m.join("big")).unwrap() == unrepeating(2 << 20, 3));
+}
+
+/// Changes made through a writable mount: a new file, bytes patched in the middle of a
+/// large file of the bottom layer (a copy-up), a file of the bottom layer deleted, an
+/// xattr set on a file of the top layer, a mode changed, a directory made.
+const STACK_CHANGES: &str = "set -e
+    echo hello > hello
+    printf patched | dd of=big bs=1 seek=1048581 conv=notrunc status=none
+    rm opt/keep/k; setfattr -n user.note -v set etc/os-release; chmod 0600 owned
+    mkdir srv/sub";
+
+/// The merged tree without times (the two runs change it at different moments): `ls`,
+/// each file's sha256, xattrs.
+fn view_without_times(root: &Path) -> String {
+    let ls = run(Command::new("ls")
+        .args(["-lRAn", "--time-style=+", "."])
+        .current_dir(root));
+    let sums = sh(&format!(
+        "cd '{}' && find . -type f -print0 | sort -z | xargs -0 sha256sum",
+        root.display()
+    ));
+    format!(
+        "{}\n{}\n{:?}",
+        String::from_utf8_lossy(&ls.stdout),
+        String::from_utf8_lossy(&sums.stdout),
+        xattr_dump(root)
+    )
+}
+
+/// An upper directory's entries (type, mode, owner, size, device numbers) and xattrs.
+fn upper_entries(upper: &Path) -> String {
+    let out = sh(&format!(
+        "cd '{}' && find . -mindepth 1 -printf '%P %y %m %U:%G %s\\n' | sort && \
+         find . -type c -exec stat -c '%n %t:%T' {{}} + | sort",
+        upper.display()
+    ));
+    format!(
+        "{}\n{:?}",
+        String::from_utf8_lossy(&out.stdout),
+        xattr_dump(upper)
+    )
+}
+
+#[test]
+fn a_stack_of_remote_images_under_an_upper_directory_is_the_stack_of_local_ones() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts, whiteouts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let [(app, _), (base, _)] = app_over_base(t.path());
+    let app_ref = reg.reference(&format!("apps/app@{}", push(&reg, &app, "apps/app:2")));
+    let base_ref = reg.reference(&format!("apps/base@{}", push(&reg, &base, "apps/base:1")));
+    // The same two images, local and remote (pinned by their manifests), each with an
+    // empty upper directory of the same mode and times.
+    let (ld, rd) = (dirs(t.path(), "local"), dirs(t.path(), "remote"));
+    for d in [&ld, &rd] {
+        sh(&format!(
+            "touch -d '2020-01-01 00:00:00' '{}'",
+            d.upper.display()
+        ));
+    }
+    let stack = |top: &std::ffi::OsStr, bottom: &std::ffi::OsStr, d: &Dirs| {
+        let (upper, work) = (d.upper.as_os_str(), d.work.as_os_str());
+        [
+            top,
+            bottom,
+            "--upper".as_ref(),
+            upper,
+            "--work".as_ref(),
+            work,
+        ]
+        .map(|s| s.to_os_string())
+    };
+    let local_args = stack(app.as_os_str(), base.as_os_str(), &ld);
+    let remote_args = stack(app_ref.as_ref(), base_ref.as_ref(), &rd);
+    let (lm, rm) = (t.path().join("lm"), t.path().join("rm"));
+    {
+        let _l = mount_stack(&local_args, &lm);
+        let _r = mount_stack(&remote_args, &rm);
+        assert_app_over_base(&rm);
+        assert_same_tree(&lm, &rm);
+        let v: serde_json::Value =
+            serde_json::from_slice(&run(verilay().args(["stats", "--json"]).arg(&rm)).stdout)
+                .unwrap();
+        assert!(
+            v["remote_bytes_fetched"].as_u64().unwrap() > 2 << 20,
+            "the remote mount fetched less than big: {v}"
+        );
+        // The same changes through both.
+        for m in [&lm, &rm] {
+            sh(&format!("cd '{}' && {STACK_CHANGES}", m.display()));
+        }
+        assert_eq!(view_without_times(&lm), view_without_times(&rm));
+    }
+    wait_daemon_gone(&lm);
+    wait_daemon_gone(&rm);
+    // What landed in the remote mount's upper directory: the copied-up file whole, the
+    // new file, a whiteout for the deleted one; the same as the local mount's.
+    let u = &rd.upper;
+    let mut big = unrepeating(2 << 20, 3);
+    big[1048581..1048581 + 7].copy_from_slice(b"patched");
+    assert!(
+        std::fs::read(u.join("big")).unwrap() == big,
+        "the copied-up file in the upper directory is not the patched file whole"
+    );
+    assert_eq!(std::fs::read_to_string(u.join("hello")).unwrap(), "hello\n");
+    assert_eq!(
+        std::fs::read_to_string(u.join("etc/os-release")).unwrap(),
+        "ID=app\n"
+    );
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let k = std::fs::symlink_metadata(u.join("opt/keep/k")).unwrap();
+    assert!(
+        k.file_type().is_char_device() && k.rdev() == 0,
+        "no whiteout for opt/keep/k"
+    );
+    assert_eq!(upper_entries(&ld.upper), upper_entries(u));
+    // The kernel's overlayfs, over the kernel's erofs mounts of the local images, reads
+    // the upper directory the remote mount wrote as the remote stack does again.
+    let (ka, kb) = (
+        Mount::erofs(&app, &t.path().join("ka")),
+        Mount::erofs(&base, &t.path().join("kb")),
+    );
+    let ko = Unmount::kernel(&t.path().join("ko"));
+    std::fs::create_dir_all(&ko.dir).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "ro,lowerdir={}:{}:{}",
+            u.display(),
+            ka.dir.display(),
+            kb.dir.display()
+        ))
+        .arg(&ko.dir));
+    let _r = mount_stack(&remote_args, &rm);
+    assert_eq!(view_without_times(&ko.dir), view_without_times(&rm));
+    assert_eq!(
+        std::fs::read_to_string(rm.join("hello")).unwrap(),
+        "hello\n"
+    );
+}
+
+#[test]
+fn remote_and_local_layers_stack_together_and_each_remote_layer_is_pinned_on_its_own() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts, whiteouts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let [(app, app_digest), (base, base_digest)] = app_over_base(t.path());
+    push(&reg, &app, "apps/app:2");
+    let base_manifest = push(&reg, &base, "apps/base:1");
+    let (app_tag, base_tag) = (reg.reference("apps/app:2"), reg.reference("apps/base:1"));
+    let base_pinned = reg.reference(&format!("apps/base@{base_manifest}"));
+    let local = t.path().join("local");
+    let _local = mount_stack(&[&app, &base], &local);
+    assert_app_over_base(&local);
+    let m = t.path().join("m");
+    // A remote top by tag over a local bottom, each pinned by --digest; a local top over
+    // a remote bottom pinned by its manifest (and the local image, unpinned); two remote
+    // layers by tag, each pinned by its own --digest.
+    let app_s = app.to_str().unwrap();
+    let base_s = base.to_str().unwrap();
+    let stacks: [Vec<&str>; 3] = [
+        vec![
+            &app_tag,
+            "--digest",
+            &app_digest,
+            base_s,
+            "--digest",
+            &base_digest,
+        ],
+        vec![app_s, &base_pinned],
+        vec![
+            &app_tag,
+            &base_tag,
+            "--digest",
+            &app_digest,
+            "--digest",
+            &base_digest,
+        ],
+    ];
+    for args in &stacks {
+        let mounted = mount_stack(args, &m);
+        assert_same_tree(&local, &m);
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+    // Pins go to the layers in order: swapped, or one for two layers, they are refused.
+    let mnt = m.to_str().unwrap();
+    let cases: [(Vec<&str>, Vec<&str>); 3] = [
+        (
+            vec![
+                &app_tag,
+                &base_tag,
+                "--digest",
+                &base_digest,
+                "--digest",
+                &app_digest,
+            ],
+            vec!["apps/app:2", "pinned", &base_digest],
+        ),
+        (
+            vec![&app_tag, &base_tag, "--digest", &app_digest],
+            vec!["1 --digest for 2 images"],
+        ),
+        (
+            // The manifest records base's digest: a --digest naming another is refused.
+            vec![
+                app_s,
+                &base_pinned,
+                "--digest",
+                &app_digest,
+                "--digest",
+                &app_digest,
+            ],
+            vec!["records image digest", &base_digest, &app_digest],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut full = vec!["mount", "--insecure", "--timeout", "10"];
+        full.extend(args.iter().copied());
+        full.push(mnt);
+        assert_one_line(&verilay_out(&full), &needles);
+        assert!(
+            std::fs::read_dir(&m).unwrap().next().is_none(),
+            "{args:?}: something is mounted"
+        );
+    }
+}
+
+/// The measurement list's entries after boot_aggregate, sorted: (pcr, template, digest
+/// field, path below the mountpoint `mnt`).
+fn measured(log: &Path, mnt: &Path) -> Vec<(u32, String, String, String)> {
+    let text = std::fs::read_to_string(log.join("ascii_runtime_measurements")).unwrap();
+    let mut lines = text.lines();
+    assert!(
+        lines.next().unwrap().ends_with(" boot_aggregate"),
+        "the list starts with boot_aggregate: {text}"
+    );
+    let prefix = format!("{}/", std::fs::canonicalize(mnt).unwrap().display());
+    let mut all: Vec<_> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = f[4].strip_prefix(&prefix).unwrap_or(f[4]);
+            (
+                f[0].parse().unwrap(),
+                f[2].to_string(),
+                f[3].to_string(),
+                path.to_string(),
+            )
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+/// Whether `evmctl ima_measurement` (ima-evm-utils, the reference verifier) replays the
+/// binary list in `log` to the PCR values beside it.
+fn evmctl_accepts(log: &Path) -> bool {
+    Command::new("evmctl")
+        .arg("ima_measurement")
+        .arg("--pcrs")
+        .arg(format!("sha1,{}", log.join("pcrs_sha1").display()))
+        .arg("--pcrs")
+        .arg(format!("sha256,{}", log.join("pcrs_sha256").display()))
+        .arg(log.join("binary_runtime_measurements"))
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// Opens, reads and runs files of a measuring mount, in the same order each time.
+const MEASURED_OPENS: &str = "set -e
+    cat a big owned >/dev/null; ./tool; cat tool >/dev/null
+    exec 3<v; exec 3<&-
+    echo hello > new; cat new >/dev/null";
+
+#[test]
+fn a_measuring_mount_of_a_remote_image_logs_what_one_of_the_local_image_logs() {
+    if prerequisites()
+        || skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)")
+        || skip_unless(have("fsverity"), "needs fsverity")
+    {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), "alpha\n").unwrap();
+    let big = unrepeating((1 << 20) + 12345, 5);
+    std::fs::write(src.join("big"), &big).unwrap();
+    std::fs::write(src.join("owned"), "owned by 1234\n").unwrap();
+    std::fs::write(src.join("v"), unrepeating(100_000, 6)).unwrap();
+    std::fs::copy("/bin/true", src.join("tool")).unwrap();
+    sh(&format!(
+        "cd '{0}' && chown 1234 owned && chown 4321 v && chmod 0755 tool",
+        src.display()
+    ));
+    let image = t.path().join("app.img");
+    build(&src, &image, &["--quiet"]);
+    let remote = reg.reference(&format!("apps/app@{}", push(&reg, &image, "apps/app:1")));
+    let info = run(verilay().args(["inspect", "--json"]).arg(&image)).stdout;
+    let uuid = serde_json::from_slice::<serde_json::Value>(&info).unwrap()["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // By the image's uuid (so the remote layer must report the local image's), by owner
+    // and by hook; verity digests for what 4321 owns; anything else opened to read only,
+    // as in the upper directory (its write-only creation is not).
+    let policy = t.path().join("policy");
+    std::fs::write(
+        &policy,
+        format!(
+            "dont_measure fowner=1234\n\
+             measure func=BPRM_CHECK pcr=11\n\
+             measure func=FILE_CHECK fowner=4321 digest_type=verity template=ima-ngv2 pcr=13\n\
+             measure func=FILE_CHECK mask=MAY_READ fsuuid={uuid} pcr=12\n\
+             measure func=FILE_CHECK mask=MAY_READ pcr=14\n"
+        ),
+    )
+    .unwrap();
+    let mut lists = Vec::new();
+    for (name, layer) in [("local", image.as_os_str()), ("remote", remote.as_ref())] {
+        let (log, mnt, d) = (
+            t.path().join(format!("{name}-log")),
+            t.path().join(format!("{name}-m")),
+            dirs(t.path(), name),
+        );
+        let args: Vec<&std::ffi::OsStr> = vec![
+            layer,
+            "--upper".as_ref(),
+            d.upper.as_ref(),
+            "--work".as_ref(),
+            d.work.as_ref(),
+            "--policy".as_ref(),
+            policy.as_ref(),
+            "--measure-log".as_ref(),
+            log.as_ref(),
+        ];
+        let mounted = mount_stack(&args, &mnt);
+        sh(&format!("cd '{}' && {MEASURED_OPENS}", mnt.display()));
+        let v: serde_json::Value =
+            serde_json::from_slice(&run(verilay().args(["stats", "--json"]).arg(&mnt)).stdout)
+                .unwrap();
+        assert_eq!(v["layers"][0]["fsuuid"], uuid.as_str(), "{name}: {v}");
+        if name == "remote" {
+            assert!(
+                v["remote_bytes_fetched"].as_u64().unwrap() > big.len() as u64,
+                "the remote mount fetched less than big: {v}"
+            );
+        }
+        drop(mounted);
+        wait_daemon_gone(&mnt);
+        assert!(evmctl_accepts(&log), "evmctl rejects the {name} list");
+        lists.push(measured(&log, &mnt));
+    }
+    // Each file's digest, by independent tools: sha256sum, and fsverity for v.
+    let verity = run(Command::new("fsverity").arg("digest").arg(src.join("v"))).stdout;
+    let verity = String::from_utf8(verity).unwrap();
+    let tool = std::fs::read(src.join("tool")).unwrap();
+    let mut want: Vec<(u32, String, String, String)> = vec![
+        (12, "ima-ng".into(), sha256_of(b"alpha\n"), "a".into()),
+        (12, "ima-ng".into(), sha256_of(&big), "big".into()),
+        (11, "ima-ng".into(), sha256_of(&tool), "tool".into()),
+        (12, "ima-ng".into(), sha256_of(&tool), "tool".into()),
+        (
+            13,
+            "ima-ngv2".into(),
+            format!("verity:{}", verity.split_whitespace().next().unwrap()),
+            "v".into(),
+        ),
+        (14, "ima-ng".into(), sha256_of(b"hello\n"), "new".into()),
+    ];
+    want.sort();
+    assert_eq!(lists[0], want, "the local image's list");
+    assert_eq!(lists[1], lists[0], "the remote image's list differs");
+}
+
+#[test]
+fn a_failed_fetch_fails_one_measured_open_or_copy_up_and_the_next_try_succeeds() {
+    if prerequisites()
+        || skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)")
+    {
+        return;
+    }
+    let mut reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Files far apart in the image: hashing or copying one fetches nothing of another.
+    let (a, b, c) = (
+        unrepeating(4 << 20, 1),
+        unrepeating(4 << 20, 2),
+        unrepeating(4 << 20, 3),
+    );
+    for (name, bytes) in [("a", &a), ("b", &b), ("c", &c)] {
+        std::fs::write(src.join(name), bytes).unwrap();
+    }
+    let image = t.path().join("app.img");
+    build(&src, &image, &["--quiet"]);
+    let manifest = push(&reg, &image, "apps/app:1");
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    let policy = t.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=MAY_READ\n").unwrap();
+    let (log, mlog, m) = (
+        t.path().join("log"),
+        t.path().join("mlog"),
+        t.path().join("m"),
+    );
+    let d = dirs(t.path(), "rw");
+    let remote = format!("oci://127.0.0.1:{port}/apps/app@{manifest}");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        remote.as_ref(),
+        "--policy".as_ref(),
+        policy.as_ref(),
+        "--measure-log".as_ref(),
+        mlog.as_ref(),
+        "--log".as_ref(),
+        log.as_ref(),
+        "--upper".as_ref(),
+        d.upper.as_ref(),
+        "--work".as_ref(),
+        d.work.as_ref(),
+    ];
+    let mounted = mount_stack(&args, &m);
+    let eio = |r: std::io::Result<std::fs::File>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(5), "{what}: {e}");
+    };
+    // Flipped bytes on the wire: the measured open fails, with a log line, and the next
+    // one (the network honest again) succeeds: what the failed hash fetched is not kept.
+    std::fs::write(state.join("flip"), b"").unwrap();
+    eio(
+        std::fs::File::open(m.join("a")),
+        "a measured open of flipped bytes",
+    );
+    assert!(
+        std::fs::read_to_string(&log).unwrap().contains("/a: "),
+        "no log line naming a"
+    );
+    std::fs::remove_file(state.join("flip")).unwrap();
+    assert!(
+        std::fs::read(m.join("a")).unwrap() == a,
+        "a read back differs"
+    );
+    // The same for a copy-up, which leaves nothing half copied in the upper directory.
+    std::fs::write(state.join("flip"), b"").unwrap();
+    let append = || std::fs::OpenOptions::new().append(true).open(m.join("c"));
+    eio(append(), "a copy-up of flipped bytes");
+    assert!(!d.upper.join("c").exists(), "a failed copy-up left c");
+    std::fs::remove_file(state.join("flip")).unwrap();
+    append().unwrap().write_all(b"appended").unwrap();
+    // The registry gone: a measured open of what was never fetched fails; back, it works.
+    reg.kill();
+    eio(
+        std::fs::File::open(m.join("b")),
+        "a measured open, registry gone",
+    );
+    reg.restart();
+    assert!(
+        std::fs::read(m.join("b")).unwrap() == b,
+        "b read back differs"
+    );
+    drop(mounted);
+    wait_daemon_gone(&m);
+    let mut c_after = c.clone();
+    c_after.extend_from_slice(b"appended");
+    assert!(
+        std::fs::read(d.upper.join("c")).unwrap() == c_after,
+        "the copied-up c in the upper directory is not c whole, appended"
+    );
+    // The list holds each file once, with its right digest, and nothing of the failures.
+    assert!(evmctl_accepts(&mlog), "evmctl rejects the list");
+    let want = vec![
+        (10, "ima-ng".to_string(), sha256_of(&a), "a".to_string()),
+        (10, "ima-ng".to_string(), sha256_of(&b), "b".to_string()),
+    ];
+    assert_eq!(measured(&mlog, &m), want);
 }

@@ -388,7 +388,13 @@ impl<S: ByteSource> VerifiedSource<S> {
                 match self.install(0, i, chunk.to_vec()) {
                     Ok(_) => {}
                     Err(e) if i > last / per => drop(e),
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        // As in read_blocks: the unchecked rest of the fetch may be bad
+                        // too (the blocks before it passed, and stay).
+                        let at = level0.offset + i * bs as u64;
+                        self.inner.forget(at, (m1 - i + 1) * bs as u64);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -422,14 +428,21 @@ impl<S: ByteSource> VerifiedSource<S> {
         self.inner.read_exact_at(span, first * self.bs())?;
         self.fetch_level0(first, last)?;
         let bs = self.bs() as usize;
-        if self.parallel && span.len() >= PARALLEL_BYTES {
+        let checked = if self.parallel && span.len() >= PARALLEL_BYTES {
             span.par_chunks(bs)
                 .enumerate()
-                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))?;
+                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))
         } else {
             span.chunks(bs)
                 .enumerate()
-                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))?;
+                .try_for_each(|(k, b)| self.check_block(first + k as u64, b))
+        };
+        if checked.is_err() {
+            // The checks stop at the first bad block; the blocks after it came in the same
+            // fetches and may be bad too: the source drops them all, so the next read
+            // fetches the whole span again rather than failing on each in turn.
+            self.inner.forget(first * self.bs(), span.len() as u64);
+            return checked;
         }
         self.report_verified(first, span);
         Ok(())

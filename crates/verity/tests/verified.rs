@@ -413,3 +413,65 @@ fn a_loaded_tree_leaves_reads_of_data_blocks_alone_and_a_bad_one_is_refused() {
     let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
     v.load_tree(4096).unwrap();
 }
+
+/// `bytes` with the bytes at `stale` offsets flipped until the verified source forgets
+/// them: a remote image's chunks, fetched through a bad network and kept in memory.
+struct Stale {
+    bytes: Vec<u8>,
+    stale: std::sync::Mutex<Vec<u64>>,
+}
+
+impl ByteSource for Stale {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        buf.copy_from_slice(&self.bytes[offset as usize..][..buf.len()]);
+        for &o in self.stale.lock().unwrap().iter() {
+            if (offset..offset + buf.len() as u64).contains(&o) {
+                buf[(o - offset) as usize] ^= 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&self, offset: u64, len: u64) {
+        self.stale
+            .lock()
+            .unwrap()
+            .retain(|o| !(offset..offset + len).contains(o));
+    }
+}
+
+#[test]
+fn a_failed_read_forgets_every_block_it_fetched_so_the_next_read_fetches_them_again() {
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    let n = 2 << 20;
+    let bytes = data(n, 13);
+    let (f, digest) = sealed(&bytes, &params);
+    let whole = std::fs::read(f.path()).unwrap();
+    let tree = VerifiedSource::open(FileSource::open(f.path()).unwrap(), None)
+        .unwrap()
+        .section()
+        .tree_offset;
+    // 512 data blocks: level 1 is one block, then level 0's four (top level first).
+    let level0 = tree + 4096;
+    for bad in [
+        vec![5 * 4096 + 1, 100 * 4096 + 1, 200 * 4096 + 1],
+        vec![level0 + 1, level0 + 4096 + 1],
+    ] {
+        let source = Stale {
+            bytes: whole.clone(),
+            stale: std::sync::Mutex::new(bad.clone()),
+        };
+        let mut v = VerifiedSource::open(source, Some(&digest)).unwrap();
+        v.set_parallel_hashing(false);
+        let mut buf = vec![0u8; 1 << 20];
+        let err = v.read_exact_at(&mut buf, 0).unwrap_err();
+        assert!(IntegrityError::find(&err).is_some(), "{err}");
+        v.read_exact_at(&mut buf, 0)
+            .unwrap_or_else(|e| panic!("bad bytes at {bad:?} outlived the failed read: {e}"));
+        assert!(buf == bytes[..1 << 20]);
+    }
+}
