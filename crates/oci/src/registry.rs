@@ -416,22 +416,35 @@ impl Registry {
     pub fn get_range(&self, url: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
         let range = format!("bytes={}-{}", offset, offset + len - 1);
         let mut resp = self.send("GET", url, &[("Range", &range)], &Body::Empty)?;
-        match resp.status() {
-            StatusCode::PARTIAL_CONTENT => {}
-            StatusCode::OK if offset == 0 => {}
+        let whole = match resp.status() {
+            StatusCode::PARTIAL_CONTENT => false,
+            StatusCode::OK if offset == 0 => true,
             s if s.is_success() => {
                 return Err(Error(format!(
                     "{url}: the server answers a range request with {s}: it must serve ranges"
                 )))
             }
             _ => return Err(self.refused("GET", url, resp)),
-        }
-        let mut body = Vec::with_capacity(len as usize);
-        resp.body_mut()
-            .as_reader()
-            .take(len)
-            .read_to_end(&mut body)
-            .map_err(|e| Error(format!("{url}: bytes {offset}+{len}: {e}")))?;
+        };
+        let failed = |e: &dyn std::fmt::Display| Error(format!("{url}: bytes {offset}+{len}: {e}"));
+        let body = if whole {
+            // The whole file for a range at its start: its first `len` bytes will do.
+            let mut body = Vec::with_capacity(len as usize);
+            resp.body_mut()
+                .as_reader()
+                .take(len)
+                .read_to_end(&mut body)
+                .map_err(|e| failed(&e))?;
+            body
+        } else {
+            // Read to the body's end (no further than `len`, plus one to see a longer
+            // one), so the connection goes back to the pool for the next range.
+            resp.body_mut()
+                .with_config()
+                .limit(len + 1)
+                .read_to_vec()
+                .map_err(|e| failed(&e))?
+        };
         if body.len() as u64 != len {
             return Err(Error(format!(
                 "{url}: bytes {offset}+{len}: the server sent {}",

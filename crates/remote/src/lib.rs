@@ -1,5 +1,5 @@
 //! A remote image as a [`ByteSource`]: `oci://HOST/REPO:TAG` (or `@sha256:MANIFEST`), or
-//! an `http(s)://` URL of an image file, read with HTTP range requests in aligned chunks,
+//! an `http(s)://` URL of an image file, read with HTTP range requests in aligned 4 KiB chunks,
 //! one fetch in flight per chunk, kept in memory up to a bound. Nothing here trusts a
 //! byte: the verified source above checks every block against the pinned tree, and what
 //! fails is forgotten here (`ByteSource::forget`), so the next read fetches it again.
@@ -20,13 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use verity::source::ByteSource;
 
-/// A fetch's size and alignment: a 4 KiB read costs one request of this, and a reader
-/// going through a file needs a request per this many bytes.
-pub const CHUNK: u64 = 256 << 10;
+/// The unit of fetching and of the memory cache: a random 4 KiB read fetches one block
+/// (so a sparse reader fetches little more than it reads), a sequential one gets runs
+/// of them (see [`MAX_RUN`]).
+pub const CHUNK: u64 = 4096;
 /// Chunks kept in memory (128 MiB).
-const KEPT: usize = 512;
+const KEPT: usize = 32768;
 /// The most chunks one request fetches (4 MiB).
-pub const MAX_RUN: u64 = 16;
+pub const MAX_RUN: u64 = 1024;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 const ATTEMPTS: u32 = 3;
 const FIRST_RETRY: Duration = Duration::from_millis(100);

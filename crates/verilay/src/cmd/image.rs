@@ -135,9 +135,12 @@ pub fn open_with(
             let v = Arc::new(v);
             let img =
                 Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;
-            // The inode area (everything before the shared xattrs) is read in groups.
-            let sb = img.superblock();
-            v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
+            // The inode area (everything before the shared xattrs) is read in groups, from
+            // a file; over the network each block is fetched when needed.
+            if remote.is_none() {
+                let sb = img.superblock();
+                v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
+            }
             Ok(Opened {
                 img,
                 remote,
