@@ -1335,3 +1335,93 @@ fn the_cache_keeps_to_its_size_and_refuses_a_directory_others_may_write() {
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     assert!(daemons_of(&m).is_empty());
 }
+
+/// The cache entry files (`.img`, `.map`) of `digest` in `cache`.
+fn entry_files(cache: &Path, digest: &str) -> (PathBuf, PathBuf) {
+    let stem = digest.replace(':', "-");
+    (
+        cache.join(format!("{stem}.img")),
+        cache.join(format!("{stem}.map")),
+    )
+}
+
+#[test]
+fn the_cache_refetches_a_damaged_descriptor_trailer_or_padding_instead_of_refusing_to_mount() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    // 1 KiB EROFS blocks: the data ends inside a 4 KiB unit, so zeros pad it to the tree.
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), noise(31, 1 << 20)).unwrap();
+    std::fs::write(src.join("small"), "hello\n").unwrap();
+    let image = t.path().join("app.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet", "-b", "1024"]).stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let bytes = std::fs::read(&image).unwrap();
+    let len = bytes.len();
+    let data_size = u64::from_le_bytes(bytes[len - 48..len - 40].try_into().unwrap()) as usize;
+    assert!(
+        !data_size.is_multiple_of(4096),
+        "no padding after {data_size} bytes"
+    );
+    let reference = reg.reference("apps/padded:1");
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&reference));
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &["--prefetch"]);
+    wait_until(Duration::from_secs(60), "the prefetch to finish", || {
+        let v = stats(&m);
+        v["cache_bytes_verified"] == v["remote_image_bytes"]
+    });
+    drop(mounted);
+    wait_daemon_gone(&m);
+    let (file, _) = entry_files(&cache, &digest);
+    assert!(
+        std::fs::read(&file).unwrap() == bytes,
+        "the complete cache is the image"
+    );
+    // What a power cut leaves (the record on disk, not the data: zeros), or another
+    // process's writes: the record still marks the units, their bytes are wrong.
+    let flipped = [bytes[len - 300] ^ 1];
+    let damages: [(&str, usize, &[u8]); 3] = [
+        ("a descriptor byte", len - 300, &flipped),
+        ("the tail zeroed", len - 320, &[0; 320]),
+        ("a padding byte", data_size + 10, &[1]),
+    ];
+    for (what, at, damage) in damages {
+        let mut cached = std::fs::read(&file).unwrap();
+        cached[at..at + damage.len()].copy_from_slice(damage);
+        std::fs::write(&file, &cached).unwrap();
+        let out = verilay()
+            .args([
+                "mount",
+                "--quiet",
+                "--insecure",
+                &reference,
+                "--digest",
+                &digest,
+            ])
+            .arg("--cache")
+            .arg(&cache)
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what} in the cache file: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mounted = Unmount::fuse(&m);
+        assert_diff_clean(&src, &m);
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+}
