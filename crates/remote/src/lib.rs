@@ -137,6 +137,12 @@ impl RemoteSource {
         self.cache.as_ref()
     }
 
+    /// `[offset, offset + len)` fetched in one request, around memory and the cache: for
+    /// checks made before a cache is chosen (the length the server claims, say).
+    pub fn fetch_fresh(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.fetch(offset, len)
+    }
+
     /// Whether `[offset, offset + len)` is in the persistent cache.
     pub fn cached(&self, offset: u64, len: u64) -> bool {
         self.cache.as_ref().is_some_and(|c| c.has(offset, len))

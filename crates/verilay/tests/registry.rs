@@ -1425,3 +1425,65 @@ fn the_cache_refetches_a_damaged_descriptor_trailer_or_padding_instead_of_refusi
         wait_daemon_gone(&m);
     }
 }
+
+#[test]
+fn a_server_lying_about_the_length_neither_wipes_nor_prunes_the_cache() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, d1) = pushed_tree(t.path(), &reg, "apps/one:1", 21);
+    let (_, d2) = pushed_tree(t.path(), &reg, "apps/two:1", 23);
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    // Two entries: image two's, unused, and image one's with its file `a`.
+    for (repo, digest, file) in [
+        ("apps/two:1", &d2, "etc/os-release"),
+        ("apps/one:1", &d1, "a"),
+    ] {
+        let mounted = mount_cached(&reg.reference(repo), digest, &cache, &m, &[]);
+        std::fs::read(m.join(file)).unwrap();
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+    let before = cache_ls(&cache);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let summary = |entries: &[serde_json::Value]| -> Vec<String> {
+        entries
+            .iter()
+            .map(|e| format!("{} {}/{}", e["digest"], e["cached_bytes"], e["image_bytes"]))
+            .collect()
+    };
+    // A web server with image one's bytes, pinned right, but a length of its own: longer
+    // by some garbage, then a sparse 8 TiB (which a size limit of 10G cannot hold).
+    let www = t.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let (_server, url) = web_server(&www);
+    let mut bytes = std::fs::read(t.path().join("image21.img")).unwrap();
+    bytes.extend_from_slice(&noise(5, 1 << 20));
+    std::fs::write(www.join("app.img"), &bytes).unwrap();
+    for len in [None, Some(8u64 << 40)] {
+        if let Some(len) = len {
+            std::fs::File::options()
+                .write(true)
+                .open(www.join("app.img"))
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+        }
+        let out = verilay()
+            .args(["mount", "--timeout", "10", &url, "--digest", &d1, "--cache"])
+            .arg(&cache)
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert_one_line(&out, &["app.img"]);
+        assert!(daemons_of(&m).is_empty());
+        assert_eq!(
+            summary(&cache_ls(&cache)),
+            summary(&before),
+            "a {len:?}-byte answer changed the cache"
+        );
+    }
+}

@@ -177,6 +177,9 @@ fn remote_source(
     let pin = parse_digest(&digest)?;
     let mut source = opened.source;
     if let Some((dir, limit)) = &opts.cache {
+        // The server's length sizes (or resets) the entry and decides what is pruned for
+        // it: it must be the one the pinned descriptor allows before the cache hears it.
+        check_length(spec, &source, &pin)?;
         let key = format!(
             "{}:{}",
             if pin.len() == 64 { "sha512" } else { "sha256" },
@@ -187,6 +190,23 @@ fn remote_source(
         source = source.with_cache(cache);
     }
     Ok((Arc::new(source), pin))
+}
+
+/// Whether the remote image's length is the one its pinned descriptor allows, by its
+/// tail fetched on its own (one small request).
+fn check_length(spec: &str, source: &remote::RemoteSource, pin: &[u8]) -> anyhow::Result<()> {
+    use verity::verified::{check_tail, TAIL_SIZE};
+    let len = source.len();
+    if len < TAIL_SIZE {
+        return Err(open_error(Path::new(spec), OpenError::NoSection));
+    }
+    let tail = source
+        .fetch_fresh(len - TAIL_SIZE, TAIL_SIZE)
+        .map_err(anyhow::Error::msg)?;
+    let tail = tail.try_into().expect("a fetch gives the bytes asked for");
+    check_tail(&tail, len, Some(pin))
+        .map(drop)
+        .map_err(|e| open_error(Path::new(spec), e))
 }
 
 /// The verified source alone, without parsing the EROFS image on top (for `verify`, which
