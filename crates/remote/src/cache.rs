@@ -28,7 +28,7 @@ const MAGIC: [u8; 8] = *b"VLCACHE1";
 /// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
 const HEADER: u64 = 8 + 8 + 8 + 160;
 
-/// The largest image cached (16 TiB; its record is then 64 MiB, held in memory).
+/// The largest image cached (16 TiB; its record is then 512 MiB, held in memory).
 const MAX_IMAGE: u64 = 1 << 44;
 
 /// The default directory: `$VERILAY_CACHE`, else `/var/cache/verilay` for root, else
@@ -167,6 +167,11 @@ fn words_for(len: u64) -> u64 {
 
 /// Whether `record` (not yet read) is this image's, and its bits if so.
 fn load_record(record: &File, digest: &str, len: u64) -> io::Result<Option<Vec<u64>>> {
+    // A length no entry can have (a damaged or planted record) is not loaded: the
+    // bitmap it asks for could be any size.
+    if len > MAX_IMAGE {
+        return Ok(None);
+    }
     let words = words_for(len);
     if record.metadata()?.len() != HEADER + words * 8 {
         return Ok(None);
@@ -469,4 +474,28 @@ pub fn prune(dir: &Path, keep: u64) -> io::Result<Vec<Entry>> {
         .into_iter()
         .filter(|e| !left.contains(&e.digest))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_claiming_a_huge_image_is_listed_not_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let len = 1u64 << 56;
+        let name = format!("{}.map", stem(&digest).unwrap());
+        let record = File::create(dir.path().join(name)).unwrap();
+        record.write_all_at(&header(&digest, len), 0).unwrap();
+        // Sparse: the length its header asks for (2 TiB).
+        record.set_len(HEADER + words_for(len) * 8).unwrap();
+        let entries = list(dir.path()).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].cached_bytes, 0);
+        assert!(!entries[0].complete);
+        // A mount's opening (which lists the entries, to prune) is not stopped either.
+        let other = format!("sha256:{}", "cd".repeat(32));
+        Cache::open(dir.path(), &other, 1 << 20, 1 << 30).unwrap();
+    }
 }
