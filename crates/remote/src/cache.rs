@@ -198,7 +198,7 @@ impl Cache {
         let stem = stem(digest)?;
         if len > MAX_IMAGE {
             return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
+                io::ErrorKind::FileTooLarge,
                 format!("an image of {len} bytes is too large to cache (at most {MAX_IMAGE})"),
             ));
         }

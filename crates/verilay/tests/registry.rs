@@ -1487,3 +1487,44 @@ fn a_server_lying_about_the_length_neither_wipes_nor_prunes_the_cache() {
         );
     }
 }
+
+#[test]
+fn a_full_cache_filesystem_mounts_without_caching() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src, digest) = pushed_tree(t.path(), &reg, "apps/full:1", 41);
+    let cache = t.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=700", "tmpfs"])
+        .arg(&cache));
+    let _tmpfs = Unmount::kernel(&cache);
+    // Filled to the last byte.
+    let fill = std::fs::File::create(cache.join("fill")).unwrap();
+    let mut w = std::io::BufWriter::new(fill);
+    while w.write_all(&[0u8; 4096]).and_then(|_| w.flush()).is_ok() {}
+    drop(w);
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let out = verilay()
+        .args([
+            "mount",
+            "--insecure",
+            &reg.reference("apps/full:1"),
+            "--digest",
+            &digest,
+        ])
+        .arg("--cache")
+        .arg(&cache)
+        .arg(&m)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let _m = Unmount::fuse(&m);
+    assert!(err.contains("without a cache"), "{err}");
+    assert_diff_clean(&src, &m);
+}

@@ -185,11 +185,24 @@ fn remote_source(
             if pin.len() == 64 { "sha512" } else { "sha256" },
             hex::encode(&pin)
         );
-        let cache = remote::cache::Cache::open(dir, &key, source.len(), *limit)
-            .map_err(anyhow::Error::msg)?;
-        source = source.with_cache(cache);
+        match remote::cache::Cache::open(dir, &key, source.len(), *limit) {
+            Ok(cache) => source = source.with_cache(cache),
+            // A cache only saves fetches: with no room for it, the mount goes on without.
+            Err(e) if no_room(&e) => eprintln!("verilay: warning: {e}: mounting without a cache"),
+            Err(e) => return Err(anyhow::Error::msg(e)),
+        }
     }
     Ok((Arc::new(source), pin))
+}
+
+/// Whether opening a cache entry failed for want of room (a full or read-only
+/// filesystem, a quota, an image larger than a file there may be), not for a refusal.
+fn no_room(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        StorageFull | QuotaExceeded | ReadOnlyFilesystem | FileTooLarge
+    )
 }
 
 /// Whether the remote image's length is the one its pinned descriptor allows, by its
