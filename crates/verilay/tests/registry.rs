@@ -1528,3 +1528,35 @@ fn a_full_cache_filesystem_mounts_without_caching() {
     assert!(err.contains("without a cache"), "{err}");
     assert_diff_clean(&src, &m);
 }
+
+#[test]
+fn a_read_next_to_cached_bytes_fetches_a_chunk_not_a_run() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest) = pushed_tree(t.path(), &reg, "apps/next:1", 51);
+    let reference = reg.reference("apps/next:1");
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &[]);
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), noise(51, 4 << 20));
+    drop(mounted);
+    wait_daemon_gone(&m);
+    // A later mount: `a` is in the cache, 4 KiB of the file after it are read. The
+    // cached chunks behind say nothing about this reader: one chunk, not a 4 MiB run.
+    let _mounted = mount_cached(&reference, &digest, &cache, &m, &[]);
+    let before = stats(&m)["remote_bytes_fetched"].as_u64().unwrap();
+    let mut head = [0u8; 4096];
+    std::fs::File::open(m.join("a_gap"))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(head[..], noise(52, 4096)[..]);
+    let cost = stats(&m)["remote_bytes_fetched"].as_u64().unwrap() - before;
+    assert!(
+        cost <= 1 << 20,
+        "reading 4 KiB next to cached bytes fetched {cost} bytes"
+    );
+}
