@@ -346,6 +346,11 @@ impl Cache {
         let _ = self.record.write_all_at(&raw, HEADER + w0 * 8);
     }
 
+    /// Whether the size limit has refused bytes: the cache takes no more.
+    pub fn full(&self) -> bool {
+        self.full_said.load(Ordering::Relaxed)
+    }
+
     /// Bytes of the image held (verified) in the cache.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed).min(self.len)

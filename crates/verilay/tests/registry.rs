@@ -1560,3 +1560,45 @@ fn a_read_next_to_cached_bytes_fetches_a_chunk_not_a_run() {
         "reading 4 KiB next to cached bytes fetched {cost} bytes"
     );
 }
+
+/// Whether the daemon of `m` still runs its prefetch thread.
+fn prefetching(m: &Path) -> bool {
+    daemons_of(m).iter().any(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "prefetch")
+                })
+            })
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn a_prefetch_stops_when_the_cache_is_full() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest) = pushed_tree(t.path(), &reg, "apps/limit:1", 61);
+    let reference = reg.reference("apps/limit:1");
+    let m = t.path().join("m");
+    for limit in ["--cache-size=0", "--cache-size=1M"] {
+        let cache = t.path().join(format!("cache{limit}"));
+        let mounted = mount_cached(&reference, &digest, &cache, &m, &["--prefetch", limit]);
+        wait_until(Duration::from_secs(60), "the prefetch to stop", || {
+            !prefetching(&m)
+        });
+        let v = stats(&m);
+        let fetched = v["remote_bytes_fetched"].as_u64().unwrap();
+        let image = v["remote_image_bytes"].as_u64().unwrap();
+        assert!(
+            fetched < image / 2,
+            "{limit}: the prefetch fetched {fetched} of {image} bytes it could not keep"
+        );
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+}
