@@ -205,7 +205,9 @@ impl Cache {
         let dfd = open_dir(dir)?;
         let name = dir.join(format!("{stem}.img")).display().to_string();
         let ctx = |e: io::Error| io::Error::new(e.kind(), format!("cache {name}: {e}"));
-        let record = lock_shared(&dfd, &format!("{stem}.map")).map_err(ctx)?;
+        let map = dir.join(format!("{stem}.map"));
+        let record = lock_shared(&dfd, &format!("{stem}.map"))
+            .map_err(|e| io::Error::new(e.kind(), format!("cache {}: {e}", map.display())))?;
         let data = open_file(&dfd, &format!("{stem}.img"), true).map_err(ctx)?;
         let bits = match load_record(&record, digest, len).map_err(ctx)? {
             Some(bits) if data.metadata().map_err(ctx)?.len() == len => bits,
@@ -502,5 +504,23 @@ mod tests {
         // A mount's opening (which lists the entries, to prune) is not stopped either.
         let other = format!("sha256:{}", "cd".repeat(32));
         Cache::open(dir.path(), &other, 1 << 20, 1 << 30).unwrap();
+    }
+
+    #[test]
+    fn a_record_that_is_no_file_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = format!("sha256:{}", "ef".repeat(32));
+        let map = dir.path().join(format!("{}.map", stem(&digest).unwrap()));
+        let plant: [&dyn Fn(); 2] = [&|| std::fs::create_dir(&map).unwrap(), &|| {
+            std::os::unix::fs::symlink("/etc/passwd", &map).unwrap()
+        }];
+        for plant in plant {
+            plant();
+            let e = Cache::open(dir.path(), &digest, 1 << 20, 1 << 30)
+                .err()
+                .unwrap();
+            assert!(e.to_string().contains(&*map.to_string_lossy()), "{e}");
+            let _ = std::fs::remove_dir(&map).or_else(|_| std::fs::remove_file(&map));
+        }
     }
 }
