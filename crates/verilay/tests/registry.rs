@@ -1602,3 +1602,37 @@ fn a_prefetch_stops_when_the_cache_is_full() {
         wait_daemon_gone(&m);
     }
 }
+
+#[test]
+fn an_ordinary_user_whose_home_is_not_there_mounts_without_a_cache() {
+    if prerequisites() || lacks_test_user() || skip_unless(is_root(), "needs root (runuser)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest) = pushed_tree(t.path(), &reg, "apps/nohome:1", 71);
+    let base = t.path().join("user");
+    std::fs::create_dir_all(base.join("m")).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_verilay"), base.join("verilay")).unwrap();
+    sh(&format!(
+        "chmod 755 '{}' && chown -R verilaytest '{}'",
+        t.path().display(),
+        base.display()
+    ));
+    // As for `nobody` and many service accounts: no cache directory was asked for, and
+    // the default one (~/.cache/verilay) cannot be made.
+    let out = as_test_user(
+        &base,
+        &format!(
+            "env -u VERILAY_CACHE -u XDG_CACHE_HOME HOME=/nonexistent ./verilay mount \
+             --insecure {} --digest {digest} m",
+            reg.reference("apps/nohome:1")
+        ),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let _m = Unmount::fuse(&base.join("m"));
+    assert!(err.contains("without a cache"), "{err}");
+    let read = as_test_user(&base, "cat m/etc/os-release");
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "ID=verilay71\n");
+}

@@ -84,6 +84,9 @@ pub struct ReadOpts {
     pub timeout: std::time::Duration,
     /// Where a remote image's verified bytes are kept, and the directory's size limit.
     pub cache: Option<(std::path::PathBuf, u64)>,
+    /// `cache` is the default directory, not one asked for: when it cannot be used (a
+    /// home that is not there, say), the mount goes on without it.
+    pub default_cache: bool,
 }
 
 impl Default for ReadOpts {
@@ -95,6 +98,7 @@ impl Default for ReadOpts {
             insecure: false,
             timeout: std::time::Duration::from_secs(30),
             cache: None,
+            default_cache: false,
         }
     }
 }
@@ -188,7 +192,9 @@ fn remote_source(
         match remote::cache::Cache::open(dir, &key, source.len(), *limit) {
             Ok(cache) => source = source.with_cache(cache),
             // A cache only saves fetches: with no room for it, the mount goes on without.
-            Err(e) if no_room(&e) => eprintln!("verilay: warning: {e}: mounting without a cache"),
+            Err(e) if no_room(&e) || opts.default_cache => {
+                eprintln!("verilay: warning: {e}: mounting without a cache")
+            }
             Err(e) => return Err(anyhow::Error::msg(e)),
         }
     }
