@@ -28,7 +28,7 @@ const MAGIC: [u8; 8] = *b"VLCACHE1";
 /// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
 const HEADER: u64 = 8 + 8 + 8 + 160;
 
-/// The largest image cached (16 TiB; its record is then 64 MiB, held in memory).
+/// The largest image cached (16 TiB; its record is then 512 MiB, held in memory).
 const MAX_IMAGE: u64 = 1 << 44;
 
 /// The default directory: `$VERILAY_CACHE`, else `/var/cache/verilay` for root, else
@@ -167,6 +167,11 @@ fn words_for(len: u64) -> u64 {
 
 /// Whether `record` (not yet read) is this image's, and its bits if so.
 fn load_record(record: &File, digest: &str, len: u64) -> io::Result<Option<Vec<u64>>> {
+    // A length no entry can have (a damaged or planted record) is not loaded: the
+    // bitmap it asks for could be any size.
+    if len > MAX_IMAGE {
+        return Ok(None);
+    }
     let words = words_for(len);
     if record.metadata()?.len() != HEADER + words * 8 {
         return Ok(None);
@@ -193,14 +198,16 @@ impl Cache {
         let stem = stem(digest)?;
         if len > MAX_IMAGE {
             return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
+                io::ErrorKind::FileTooLarge,
                 format!("an image of {len} bytes is too large to cache (at most {MAX_IMAGE})"),
             ));
         }
         let dfd = open_dir(dir)?;
         let name = dir.join(format!("{stem}.img")).display().to_string();
         let ctx = |e: io::Error| io::Error::new(e.kind(), format!("cache {name}: {e}"));
-        let record = lock_shared(&dfd, &format!("{stem}.map")).map_err(ctx)?;
+        let map = dir.join(format!("{stem}.map"));
+        let record = lock_shared(&dfd, &format!("{stem}.map"))
+            .map_err(|e| io::Error::new(e.kind(), format!("cache {}: {e}", map.display())))?;
         let data = open_file(&dfd, &format!("{stem}.img"), true).map_err(ctx)?;
         let bits = match load_record(&record, digest, len).map_err(ctx)? {
             Some(bits) if data.metadata().map_err(ctx)?.len() == len => bits,
@@ -341,6 +348,11 @@ impl Cache {
         let _ = self.record.write_all_at(&raw, HEADER + w0 * 8);
     }
 
+    /// Whether the size limit has refused bytes: the cache takes no more.
+    pub fn full(&self) -> bool {
+        self.full_said.load(Ordering::Relaxed)
+    }
+
     /// Bytes of the image held (verified) in the cache.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed).min(self.len)
@@ -469,4 +481,46 @@ pub fn prune(dir: &Path, keep: u64) -> io::Result<Vec<Entry>> {
         .into_iter()
         .filter(|e| !left.contains(&e.digest))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_claiming_a_huge_image_is_listed_not_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let len = 1u64 << 56;
+        let name = format!("{}.map", stem(&digest).unwrap());
+        let record = File::create(dir.path().join(name)).unwrap();
+        record.write_all_at(&header(&digest, len), 0).unwrap();
+        // Sparse: the length its header asks for (2 TiB).
+        record.set_len(HEADER + words_for(len) * 8).unwrap();
+        let entries = list(dir.path()).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].cached_bytes, 0);
+        assert!(!entries[0].complete);
+        // A mount's opening (which lists the entries, to prune) is not stopped either.
+        let other = format!("sha256:{}", "cd".repeat(32));
+        Cache::open(dir.path(), &other, 1 << 20, 1 << 30).unwrap();
+    }
+
+    #[test]
+    fn a_record_that_is_no_file_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = format!("sha256:{}", "ef".repeat(32));
+        let map = dir.path().join(format!("{}.map", stem(&digest).unwrap()));
+        let plant: [&dyn Fn(); 2] = [&|| std::fs::create_dir(&map).unwrap(), &|| {
+            std::os::unix::fs::symlink("/etc/passwd", &map).unwrap()
+        }];
+        for plant in plant {
+            plant();
+            let e = Cache::open(dir.path(), &digest, 1 << 20, 1 << 30)
+                .err()
+                .unwrap();
+            assert!(e.to_string().contains(&*map.to_string_lossy()), "{e}");
+            let _ = std::fs::remove_dir(&map).or_else(|_| std::fs::remove_file(&map));
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! What passed is kept in a persistent [`cache::Cache`] when the mount has one.
 //!
 //! A reader going through the image in order gets growing requests: a miss right after
-//! chunks already here fetches as many chunks again as lie behind it (up to
+//! chunks in memory (or being fetched) fetches as many chunks again as lie behind it (up to
 //! [`MAX_RUN`]), so a sequential stream costs few round trips. Misses of other chunks
 //! are fetched at the same time by the mount's other threads.
 
@@ -138,6 +138,12 @@ impl RemoteSource {
         self.cache.as_ref()
     }
 
+    /// `[offset, offset + len)` fetched in one request, around memory and the cache: for
+    /// checks made before a cache is chosen (the length the server claims, say).
+    pub fn fetch_fresh(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        self.fetch(offset, len)
+    }
+
     /// Whether `[offset, offset + len)` is in the persistent cache.
     pub fn cached(&self, offset: u64, len: u64) -> bool {
         self.cache.as_ref().is_some_and(|c| c.has(offset, len))
@@ -193,7 +199,9 @@ impl RemoteSource {
     }
 
     /// How many chunks to fetch at `i`: one more than the chunks right before it that
-    /// are here or being fetched (a sequential reader's), at most [`MAX_RUN`].
+    /// are in memory or being fetched (a sequential reader's), at most [`MAX_RUN`].
+    /// Chunks in the persistent cache do not count: earlier mounts read them, which says
+    /// nothing of where this reader goes next.
     fn run_behind(&self, i: u64) -> u64 {
         let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
         let here = |j: u64| {
@@ -201,9 +209,7 @@ impl RemoteSource {
                 .get(&j)
                 .is_some_and(|s| s.try_lock().map_or(true, |g| g.is_some()))
         };
-        1 + (1..MAX_RUN)
-            .take_while(|&k| i >= k && (here(i - k) || self.cached((i - k) * CHUNK, CHUNK)))
-            .count() as u64
+        1 + (1..MAX_RUN).take_while(|&k| i >= k && here(i - k)).count() as u64
     }
 
     /// One range, retried with backoff; an error names the image and the range.

@@ -1,6 +1,7 @@
 //! `--prefetch`: one background thread reads the whole image through the verified source,
 //! so every block is checked and lands in the persistent cache, while readers come first:
 //! it waits whenever a reader's fetch is under way, and runs at the lowest CPU priority.
+//! It stops when the cache reaches its size limit (or there is no cache).
 
 use crate::{RemoteSource, BACKGROUND};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,10 @@ fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress) {
     let mut at = 0;
     let mut backoff = FIRST_BACKOFF;
     while at < len {
+        if remote.cache().is_none_or(|c| c.full()) {
+            // What it fetches could not be kept: the rest is left to readers.
+            return;
+        }
         let n = STEP.min(len - at);
         if !remote.cached(at, n) {
             while remote.counters.demand.load(Ordering::Relaxed) > 0 {

@@ -1917,3 +1917,307 @@ fn a_failed_fetch_fails_one_measured_open_or_copy_up_and_the_next_try_succeeds()
     ];
     assert_eq!(measured(&mlog, &m), want);
 }
+
+/// The cache entry files (`.img`, `.map`) of `digest` in `cache`.
+fn entry_files(cache: &Path, digest: &str) -> (PathBuf, PathBuf) {
+    let stem = digest.replace(':', "-");
+    (
+        cache.join(format!("{stem}.img")),
+        cache.join(format!("{stem}.map")),
+    )
+}
+
+#[test]
+fn the_cache_refetches_a_damaged_descriptor_trailer_or_padding_instead_of_refusing_to_mount() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    // 1 KiB EROFS blocks: the data ends inside a 4 KiB unit, so zeros pad it to the tree.
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), unrepeating(1 << 20, 31 << 40)).unwrap();
+    std::fs::write(src.join("small"), "hello\n").unwrap();
+    let image = t.path().join("app.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet", "-b", "1024"]).stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let bytes = std::fs::read(&image).unwrap();
+    let len = bytes.len();
+    let data_size = u64::from_le_bytes(bytes[len - 48..len - 40].try_into().unwrap()) as usize;
+    assert!(
+        !data_size.is_multiple_of(4096),
+        "no padding after {data_size} bytes"
+    );
+    let reference = reg.reference("apps/padded:1");
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(&reference));
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &["--prefetch"]);
+    wait_until(Duration::from_secs(60), "the prefetch to finish", || {
+        let v = stats(&m);
+        v["cache_bytes_verified"] == v["remote_image_bytes"]
+    });
+    drop(mounted);
+    wait_daemon_gone(&m);
+    let (file, _) = entry_files(&cache, &digest);
+    assert!(
+        std::fs::read(&file).unwrap() == bytes,
+        "the complete cache is the image"
+    );
+    // What a power cut leaves (the record on disk, not the data: zeros), or another
+    // process's writes: the record still marks the units, their bytes are wrong.
+    let flipped = [bytes[len - 300] ^ 1];
+    let damages: [(&str, usize, &[u8]); 3] = [
+        ("a descriptor byte", len - 300, &flipped),
+        ("the tail zeroed", len - 320, &[0; 320]),
+        ("a padding byte", data_size + 10, &[1]),
+    ];
+    for (what, at, damage) in damages {
+        let mut cached = std::fs::read(&file).unwrap();
+        cached[at..at + damage.len()].copy_from_slice(damage);
+        std::fs::write(&file, &cached).unwrap();
+        let out = verilay()
+            .args([
+                "mount",
+                "--quiet",
+                "--insecure",
+                &reference,
+                "--digest",
+                &digest,
+            ])
+            .arg("--cache")
+            .arg(&cache)
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what} in the cache file: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mounted = Unmount::fuse(&m);
+        assert_diff_clean(&src, &m);
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+}
+
+#[test]
+fn a_server_lying_about_the_length_neither_wipes_nor_prunes_the_cache() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, d1) = pushed_tree(t.path(), &reg, "apps/one:1", 21);
+    let (_, d2) = pushed_tree(t.path(), &reg, "apps/two:1", 23);
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    // Two entries: image two's, unused, and image one's with its file `a`.
+    for (repo, digest, file) in [
+        ("apps/two:1", &d2, "etc/os-release"),
+        ("apps/one:1", &d1, "a"),
+    ] {
+        let mounted = mount_cached(&reg.reference(repo), digest, &cache, &m, &[]);
+        std::fs::read(m.join(file)).unwrap();
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+    let before = cache_ls(&cache);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let summary = |entries: &[serde_json::Value]| -> Vec<String> {
+        entries
+            .iter()
+            .map(|e| format!("{} {}/{}", e["digest"], e["cached_bytes"], e["image_bytes"]))
+            .collect()
+    };
+    // A web server with image one's bytes, pinned right, but a length of its own: longer
+    // by some garbage, then a sparse 8 TiB (which a size limit of 10G cannot hold).
+    let www = t.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let (_server, url) = web_server(&www);
+    let mut bytes = std::fs::read(t.path().join("image21.img")).unwrap();
+    bytes.extend_from_slice(&unrepeating(1 << 20, 5 << 40));
+    std::fs::write(www.join("app.img"), &bytes).unwrap();
+    for len in [None, Some(8u64 << 40)] {
+        if let Some(len) = len {
+            std::fs::File::options()
+                .write(true)
+                .open(www.join("app.img"))
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+        }
+        let out = verilay()
+            .args(["mount", "--timeout", "10", &url, "--digest", &d1, "--cache"])
+            .arg(&cache)
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert_one_line(&out, &["app.img"]);
+        assert!(daemons_of(&m).is_empty());
+        assert_eq!(
+            summary(&cache_ls(&cache)),
+            summary(&before),
+            "a {len:?}-byte answer changed the cache"
+        );
+    }
+}
+
+#[test]
+fn a_full_cache_filesystem_mounts_without_caching() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src, digest) = pushed_tree(t.path(), &reg, "apps/full:1", 41);
+    let cache = t.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=700", "tmpfs"])
+        .arg(&cache));
+    let _tmpfs = Unmount::kernel(&cache);
+    // Filled to the last byte.
+    let fill = std::fs::File::create(cache.join("fill")).unwrap();
+    let mut w = std::io::BufWriter::new(fill);
+    while w.write_all(&[0u8; 4096]).and_then(|_| w.flush()).is_ok() {}
+    drop(w);
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let out = verilay()
+        .args([
+            "mount",
+            "--insecure",
+            &reg.reference("apps/full:1"),
+            "--digest",
+            &digest,
+        ])
+        .arg("--cache")
+        .arg(&cache)
+        .arg(&m)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let _m = Unmount::fuse(&m);
+    assert!(err.contains("without a cache"), "{err}");
+    assert_diff_clean(&src, &m);
+}
+
+#[test]
+fn a_read_next_to_cached_bytes_fetches_a_chunk_not_a_run() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest) = pushed_tree(t.path(), &reg, "apps/next:1", 51);
+    let reference = reg.reference("apps/next:1");
+    let cache = t.path().join("cache");
+    let m = t.path().join("m");
+    let mounted = mount_cached(&reference, &digest, &cache, &m, &[]);
+    assert_eq!(
+        std::fs::read(m.join("a")).unwrap(),
+        unrepeating(4 << 20, 51 << 40)
+    );
+    drop(mounted);
+    wait_daemon_gone(&m);
+    // A later mount: `a` is in the cache, 4 KiB of the file after it are read. The
+    // cached chunks behind say nothing about this reader: one chunk, not a 4 MiB run.
+    let _mounted = mount_cached(&reference, &digest, &cache, &m, &[]);
+    let before = stats(&m)["remote_bytes_fetched"].as_u64().unwrap();
+    let mut head = [0u8; 4096];
+    std::fs::File::open(m.join("a_gap"))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(head[..], unrepeating(4096, 52 << 40)[..]);
+    let cost = stats(&m)["remote_bytes_fetched"].as_u64().unwrap() - before;
+    assert!(
+        cost <= 1 << 20,
+        "reading 4 KiB next to cached bytes fetched {cost} bytes"
+    );
+}
+
+/// Whether the daemon of `m` still runs its prefetch thread.
+fn prefetching(m: &Path) -> bool {
+    daemons_of(m).iter().any(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "prefetch")
+                })
+            })
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn a_prefetch_stops_when_the_cache_is_full() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest) = pushed_tree(t.path(), &reg, "apps/limit:1", 61);
+    let reference = reg.reference("apps/limit:1");
+    let m = t.path().join("m");
+    for limit in ["--cache-size=0", "--cache-size=1M"] {
+        let cache = t.path().join(format!("cache{limit}"));
+        let mounted = mount_cached(&reference, &digest, &cache, &m, &["--prefetch", limit]);
+        wait_until(Duration::from_secs(60), "the prefetch to stop", || {
+            !prefetching(&m)
+        });
+        let v = stats(&m);
+        let fetched = v["remote_bytes_fetched"].as_u64().unwrap();
+        let image = v["remote_image_bytes"].as_u64().unwrap();
+        assert!(
+            fetched < image / 2,
+            "{limit}: the prefetch fetched {fetched} of {image} bytes it could not keep"
+        );
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
+}
+
+#[test]
+fn an_ordinary_user_whose_home_is_not_there_mounts_without_a_cache() {
+    if prerequisites() || lacks_test_user() || skip_unless(is_root(), "needs root (runuser)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest) = pushed_tree(t.path(), &reg, "apps/nohome:1", 71);
+    let base = t.path().join("user");
+    std::fs::create_dir_all(base.join("m")).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_verilay"), base.join("verilay")).unwrap();
+    sh(&format!(
+        "chmod 755 '{}' && chown -R verilaytest '{}'",
+        t.path().display(),
+        base.display()
+    ));
+    // As for `nobody` and many service accounts: no cache directory was asked for, and
+    // the default one (~/.cache/verilay) cannot be made.
+    let out = as_test_user(
+        &base,
+        &format!(
+            "env -u VERILAY_CACHE -u XDG_CACHE_HOME HOME=/nonexistent ./verilay mount \
+             --insecure {} --digest {digest} m",
+            reg.reference("apps/nohome:1")
+        ),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let _m = Unmount::fuse(&base.join("m"));
+    assert!(err.contains("without a cache"), "{err}");
+    let read = as_test_user(&base, "cat m/etc/os-release");
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "ID=verilay71\n");
+}

@@ -18,7 +18,7 @@
 //! [`IntegrityError`] (as `io::ErrorKind::InvalidData`) naming the byte offset.
 
 use crate::appended::{Section, TRAILER_SIZE};
-use crate::descriptor::{Descriptor, DESCRIPTOR_SIZE};
+use crate::descriptor::{Descriptor, Parsed, DESCRIPTOR_SIZE};
 use crate::source::ByteSource;
 use crate::{level_blocks, Params};
 use rayon::prelude::*;
@@ -153,66 +153,113 @@ impl SmallReadCache {
     }
 }
 
+/// Bytes at the end of an image: the fs-verity descriptor, then the trailer.
+pub const TAIL_SIZE: u64 = DESCRIPTOR_SIZE as u64 + TRAILER_SIZE;
+
+/// The end of an image, checked: the trailer and the descriptor (hashing to the pin, when
+/// there is one) agree on the one layout a file of this length may have.
+pub struct Tail {
+    pub section: Section,
+    pub parsed: Parsed,
+    pub digest: Vec<u8>,
+}
+
+/// Checks `tail`, the last [`TAIL_SIZE`] bytes of a file of `len` bytes. A length that
+/// passes is the one the descriptor (so the pin) allows.
+pub fn check_tail(
+    tail: &[u8; TAIL_SIZE as usize],
+    len: u64,
+    pin: Option<&[u8]>,
+) -> Result<Tail, OpenError> {
+    let (d, t) = tail.split_at(DESCRIPTOR_SIZE);
+    let section = Section::decode_trailer(t.try_into().expect("the trailer's size"))
+        .map_err(OpenError::Bad)?
+        .ok_or(OpenError::NoSection)?;
+    if section.descriptor_offset.checked_add(TAIL_SIZE) != Some(len) {
+        return Err(OpenError::Bad(format!(
+            "verity trailer puts the descriptor at byte {} in a file of {len} bytes",
+            section.descriptor_offset
+        )));
+    }
+    let d: [u8; DESCRIPTOR_SIZE] = d.try_into().expect("the descriptor's size");
+    let parsed = Descriptor::parse(&d).map_err(|e| OpenError::Bad(e.to_string()))?;
+    let digest = Descriptor { bytes: d }.digest(parsed.params.alg);
+    if let Some(pin) = pin {
+        if pin != digest.as_slice() {
+            return Err(OpenError::PinMismatch {
+                found: format!("{}:{}", parsed.params.alg.name(), hex(&digest)),
+                pinned: format!("{}:{}", parsed.params.alg.name(), hex(pin)),
+            });
+        }
+    }
+    // Bounded by the file before any arithmetic or allocation depends on it.
+    if parsed.data_size >= len {
+        return Err(OpenError::Bad(format!(
+            "fs-verity descriptor: data size {} does not fit a file of {len} bytes",
+            parsed.data_size
+        )));
+    }
+    let expect = Section::plan(&parsed.params, parsed.data_size);
+    if expect != section {
+        return Err(OpenError::Bad(format!(
+            "verity trailer {section:?} does not match the descriptor's layout {expect:?}"
+        )));
+    }
+    Ok(Tail {
+        section,
+        parsed,
+        digest,
+    })
+}
+
+/// Reads and checks the tail of `inner`, and the padding between the data and its tree;
+/// bytes that fail are forgotten by `inner` (see [`ByteSource::forget`]).
+fn read_tail<S: ByteSource>(
+    inner: &S,
+    pin: Option<&[u8]>,
+) -> Result<(Tail, [u8; TAIL_SIZE as usize]), OpenError> {
+    let len = inner.len();
+    if len < TAIL_SIZE {
+        return Err(OpenError::NoSection);
+    }
+    let mut bytes = [0u8; TAIL_SIZE as usize];
+    inner.read_exact_at(&mut bytes, len - TAIL_SIZE)?;
+    let tail =
+        check_tail(&bytes, len, pin).inspect_err(|_| inner.forget(len - TAIL_SIZE, TAIL_SIZE))?;
+    // The padding between the data and its tree is in no block the tree covers (the last
+    // data block is hashed zero-padded, not with the file's bytes): it must be zeros, or
+    // bytes no check covers would sit inside the image.
+    let s = &tail.section;
+    let mut pad = vec![0u8; (s.tree_offset - s.data_size) as usize];
+    inner.read_exact_at(&mut pad, s.data_size)?;
+    if let Some(i) = pad.iter().position(|&b| b != 0) {
+        inner.forget(s.data_size, pad.len() as u64);
+        return Err(OpenError::Bad(format!(
+            "byte {} between the data and its Merkle tree is not zero",
+            s.data_size + i as u64
+        )));
+    }
+    Ok((tail, bytes))
+}
+
 impl<S: ByteSource> VerifiedSource<S> {
     /// Opens the section at the end of `inner`. With `pin`, the descriptor's hash must equal
     /// it before anything is read; without, the stored descriptor is believed (and
     /// [`Self::is_pinned`] says so).
     pub fn open(inner: S, pin: Option<&[u8]>) -> Result<Self, OpenError> {
-        let len = inner.len();
-        if len < TRAILER_SIZE + DESCRIPTOR_SIZE as u64 {
-            return Err(OpenError::NoSection);
-        }
-        let mut t = [0u8; TRAILER_SIZE as usize];
-        inner.read_exact_at(&mut t, len - TRAILER_SIZE)?;
-        let section = Section::decode_trailer(&t)
-            .map_err(OpenError::Bad)?
-            .ok_or(OpenError::NoSection)?;
-        let mut d = [0u8; DESCRIPTOR_SIZE];
-        if section
-            .descriptor_offset
-            .checked_add(DESCRIPTOR_SIZE as u64 + TRAILER_SIZE)
-            != Some(len)
-        {
-            return Err(OpenError::Bad(format!(
-                "verity trailer puts the descriptor at byte {} in a file of {len} bytes",
-                section.descriptor_offset
-            )));
-        }
-        inner.read_exact_at(&mut d, section.descriptor_offset)?;
-        let parsed = Descriptor::parse(&d).map_err(|e| OpenError::Bad(e.to_string()))?;
-        let digest = Descriptor { bytes: d }.digest(parsed.params.alg);
-        if let Some(pin) = pin {
-            if pin != digest.as_slice() {
-                return Err(OpenError::PinMismatch {
-                    found: format!("{}:{}", parsed.params.alg.name(), hex(&digest)),
-                    pinned: format!("{}:{}", parsed.params.alg.name(), hex(pin)),
-                });
+        let (tail, bytes) = match read_tail(&inner, pin) {
+            // What failed was forgotten below us: a copy that keeps bytes (a remote
+            // image's cache) may have held wrong ones, and the network the right ones.
+            Err(e) if inner.refetches() && !matches!(e, OpenError::Io(_)) => {
+                read_tail(&inner, pin)?
             }
-        }
-        // Bounded by the file before any arithmetic or allocation depends on it.
-        if parsed.data_size >= len {
-            return Err(OpenError::Bad(format!(
-                "fs-verity descriptor: data size {} does not fit a file of {len} bytes",
-                parsed.data_size
-            )));
-        }
-        let expect = Section::plan(&parsed.params, parsed.data_size);
-        if expect != section {
-            return Err(OpenError::Bad(format!(
-                "verity trailer {section:?} does not match the descriptor's layout {expect:?}"
-            )));
-        }
-        // The padding between the data and its tree is in no block the tree covers (the
-        // last data block is hashed zero-padded, not with the file's bytes): it must be
-        // zeros, or bytes no check covers would sit inside the image.
-        let mut pad = vec![0u8; (section.tree_offset - section.data_size) as usize];
-        inner.read_exact_at(&mut pad, section.data_size)?;
-        if let Some(i) = pad.iter().position(|&b| b != 0) {
-            return Err(OpenError::Bad(format!(
-                "byte {} between the data and its Merkle tree is not zero",
-                section.data_size + i as u64
-            )));
-        }
+            r => r?,
+        };
+        let Tail {
+            section,
+            parsed,
+            digest,
+        } = tail;
         let bs = parsed.params.block_size as u64;
         let mut levels = Vec::new();
         let sizes = level_blocks(&parsed.params, parsed.data_size);
@@ -228,7 +275,7 @@ impl<S: ByteSource> VerifiedSource<S> {
         if pin.is_some() {
             // Checked now: the descriptor hashes to the pin, and the trailer is the one
             // layout the descriptor allows.
-            inner.verified(section.descriptor_offset, &[&d[..], &t[..]].concat());
+            inner.verified(section.descriptor_offset, &bytes);
         }
         Ok(VerifiedSource {
             inner,

@@ -475,3 +475,30 @@ fn a_failed_read_forgets_every_block_it_fetched_so_the_next_read_fetches_them_ag
         assert!(buf == bytes[..1 << 20]);
     }
 }
+
+#[test]
+fn a_refetching_source_gets_a_second_try_at_the_descriptor_too() {
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    let bytes = data(300 * 4096 + 123, 6);
+    let (f, digest) = sealed(&bytes, &params);
+    let file = std::fs::read(f.path()).unwrap();
+    // The descriptor starts a block: a byte flipped in it fails the pin.
+    let descriptor_block = (file.len() as u64 - 320) / 4096;
+    for refetches in [true, false] {
+        let flaky = Flaky {
+            file: file.clone(),
+            bad: std::sync::Mutex::new(Some(descriptor_block)),
+            refetches,
+            verified: Default::default(),
+        };
+        match VerifiedSource::open(&flaky, Some(&digest)) {
+            Ok(v) if refetches => {
+                let mut got = vec![0u8; bytes.len()];
+                v.read_exact_at(&mut got, 0).unwrap();
+                assert!(got == bytes, "read back differs");
+            }
+            Err(verity::OpenError::PinMismatch { .. }) if !refetches => {}
+            r => panic!("refetches {refetches}: {:?}", r.map(|_| ())),
+        }
+    }
+}

@@ -84,6 +84,9 @@ pub struct ReadOpts {
     pub timeout: std::time::Duration,
     /// Where a remote image's verified bytes are kept, and the directory's size limit.
     pub cache: Option<(std::path::PathBuf, u64)>,
+    /// `cache` is the default directory, not one asked for: when it cannot be used (a
+    /// home that is not there, say), the mount goes on without it.
+    pub default_cache: bool,
 }
 
 impl Default for ReadOpts {
@@ -95,6 +98,7 @@ impl Default for ReadOpts {
             insecure: false,
             timeout: std::time::Duration::from_secs(30),
             cache: None,
+            default_cache: false,
         }
     }
 }
@@ -189,16 +193,51 @@ fn remote_source(
     let pin = parse_digest(&digest)?;
     let mut source = opened.source;
     if let Some((dir, limit)) = &opts.cache {
+        // The server's length sizes (or resets) the entry and decides what is pruned for
+        // it: it must be the one the pinned descriptor allows before the cache hears it.
+        check_length(spec, &source, &pin)?;
         let key = format!(
             "{}:{}",
             if pin.len() == 64 { "sha512" } else { "sha256" },
             hex::encode(&pin)
         );
-        let cache = remote::cache::Cache::open(dir, &key, source.len(), *limit)
-            .map_err(anyhow::Error::msg)?;
-        source = source.with_cache(cache);
+        match remote::cache::Cache::open(dir, &key, source.len(), *limit) {
+            Ok(cache) => source = source.with_cache(cache),
+            // A cache only saves fetches: with no room for it, the mount goes on without.
+            Err(e) if no_room(&e) || opts.default_cache => {
+                eprintln!("verilay: warning: {e}: mounting without a cache")
+            }
+            Err(e) => return Err(anyhow::Error::msg(e)),
+        }
     }
     Ok((Arc::new(source), pin))
+}
+
+/// Whether opening a cache entry failed for want of room (a full or read-only
+/// filesystem, a quota, an image larger than a file there may be), not for a refusal.
+fn no_room(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        StorageFull | QuotaExceeded | ReadOnlyFilesystem | FileTooLarge
+    )
+}
+
+/// Whether the remote image's length is the one its pinned descriptor allows, by its
+/// tail fetched on its own (one small request).
+fn check_length(spec: &str, source: &remote::RemoteSource, pin: &[u8]) -> anyhow::Result<()> {
+    use verity::verified::{check_tail, TAIL_SIZE};
+    let len = source.len();
+    if len < TAIL_SIZE {
+        return Err(open_error(Path::new(spec), OpenError::NoSection));
+    }
+    let tail = source
+        .fetch_fresh(len - TAIL_SIZE, TAIL_SIZE)
+        .map_err(anyhow::Error::msg)?;
+    let tail = tail.try_into().expect("a fetch gives the bytes asked for");
+    check_tail(&tail, len, Some(pin))
+        .map(drop)
+        .map_err(|e| open_error(Path::new(spec), e))
 }
 
 /// The verified source alone, without parsing the EROFS image on top (for `verify`, which

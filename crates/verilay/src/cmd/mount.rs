@@ -70,7 +70,8 @@ pub struct Args {
     #[arg(long)]
     insecure: bool,
     /// Keep remote images' verified bytes in DIR, for later mounts (`-o cache=`; default
-    /// $VERILAY_CACHE, else /var/cache/verilay for root, else ~/.cache/verilay).
+    /// $VERILAY_CACHE, else /var/cache/verilay for root, else ~/.cache/verilay; a default
+    /// one that cannot be used is skipped with a warning).
     #[arg(long, value_name = "DIR")]
     cache: Option<PathBuf>,
     /// Keep remote images' bytes in memory only (`-o nocache`).
@@ -182,6 +183,7 @@ impl Settings {
             insecure: self.opts.insecure,
             timeout: timeout.min(MAX_TIMEOUT) / 2,
             cache: dir.map(|d| (d, self.opts.cache_size.unwrap_or(DEFAULT_CACHE_SIZE))),
+            default_cache: self.opts.cache.is_none(),
             ..ReadOpts::default()
         }
     }
