@@ -10,7 +10,7 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, fallocate, ima, meta, mount, read, storm
+from . import build, digest, fallocate, ima, meta, mount, read, remote, storm
 
 BENCHES = {
     "build": build,
@@ -21,4 +21,5 @@ BENCHES = {
     "storm": storm,
     "meta": meta,
     "ima": ima,
+    "remote": remote,
 }

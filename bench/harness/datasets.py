@@ -88,6 +88,59 @@ def small_files():
                    " + ".join(f"{LINUX_PACKAGE}/{p}" for p in SMALL_FILES_PARTS))
 
 
+def python_install():
+    """A Python installation that runs chrooted, as a container image's would: the host's
+    /usr/bin/python3.X (and the python3 link), its standard library /usr/lib/python3.X
+    without dist-packages, /etc/python3.X, every shared library the interpreter and its
+    extension modules load (ldd, symlink chains kept), the merged-/usr links (/lib, ...)
+    and /etc/os-release. ~60 MiB, ~1k files."""
+    exe = os.path.realpath("/usr/bin/python3")
+    name = os.path.basename(exe)
+    stdlib = f"/usr/lib/{name}"
+
+    def fill(tmp):
+        for d in ("usr/bin", "usr/lib", "usr/lib64", "usr/sbin", "etc"):
+            os.makedirs(os.path.join(tmp, d))
+        for top in ("/bin", "/sbin", "/lib", "/lib64"):
+            if os.path.islink(top):
+                os.symlink(os.readlink(top), os.path.join(tmp, top[1:]))
+        shutil.copy2(exe, os.path.join(tmp, "usr/bin", name))
+        os.symlink(name, os.path.join(tmp, "usr/bin/python3"))
+        shutil.copytree(stdlib, os.path.join(tmp, stdlib[1:]), symlinks=True,
+                        ignore=shutil.ignore_patterns("dist-packages"))
+        if os.path.isdir(f"/etc/{name}"):
+            shutil.copytree(f"/etc/{name}", os.path.join(tmp, "etc", name), symlinks=True)
+        shutil.copyfile("/etc/os-release", os.path.join(tmp, "etc/os-release"))
+        modules = os.path.join(stdlib, "lib-dynload")
+        for binary in [exe] + [os.path.join(modules, m) for m in sorted(os.listdir(modules))]:
+            for lib in _shared_libraries(binary):
+                _copy_chain(lib, tmp)
+
+    return Dataset("python", _prepare(f"python-{name}", fill),
+                   f"{exe}, {stdlib} (no dist-packages), /etc/{name}, their libraries")
+
+
+def _shared_libraries(binary):
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    return [w for line in out.splitlines() for w in line.split() if w.startswith("/")]
+
+
+def _copy_chain(path, root):
+    """Copies path into root at the same place, and if it is a symlink, what it points
+    to as well (each link kept as a link)."""
+    while True:
+        dest = os.path.join(root, path.lstrip("/"))
+        if os.path.lexists(dest):
+            return
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        if not os.path.islink(path):
+            shutil.copy2(path, dest)
+            return
+        target = os.readlink(path)
+        os.symlink(target, dest)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+
+
 def for_run(quick):
     """The datasets a run uses: the small tree only with --quick."""
     return [usr_share()] if quick else [linux(), usr_share()]

@@ -1,0 +1,629 @@
+"""remote: mounting an image straight from a registry, lazily, against pulling it first
+(issue 20).
+
+The image: a Python installation that runs chrooted (the python dataset: the host's
+python3, its standard library and libraries, /etc/os-release) with the Linux 6.1 source
+under /usr/src (small-files with --quick), ~1.3 GiB (~150 MiB). It is pushed to Debian's
+`docker-registry` on 127.0.0.1 (`verilay push`) and served as a file by Python's
+range-capable http.server as well.
+
+Latency: this kernel may have no netem (the bench checks, `tc qdisc add dev lo root netem`
+in a new network namespace, and prints what it found). The clients reach both servers
+through the bench's own TCP proxy on 127.0.0.1 (harness/net.py: DelayProxy), which holds
+every chunk of bytes RTT/2 in each direction and a connection's first bytes one RTT
+more (the handshake), with at most the host's largest TCP window in flight; it is itself
+a Python program (its throughput against a direct GET is printed).
+
+At 0, 10 and 50 ms RTT, each run cold (caches dropped, a fresh mount, a fresh empty
+`--cache` directory when `verilay mount` has that option), the modes taking turns at
+going first:
+
+  lazy-oci    `verilay mount oci://PROXY/bench/tree@sha256:MANIFEST DIR --insecure`
+  lazy-http   `verilay mount http://PROXY/tree.img DIR --digest D`
+  pull        `verilay pull oci://PROXY/... -o IMAGE --insecure`, then `verilay mount IMAGE DIR`
+  skopeo      `skopeo copy docker://PROXY/bench/tree:1 dir:DIR` (the same blob, whole)
+
+timing, from the start: the mount being usable; `etc/os-release` read in full (first
+file); `chroot DIR /usr/bin/python3 -c "import json"` done (program, after the first
+file); bytes fetched (`verilay stats`; the proxy's count for pull and skopeo) and
+requests. Then a sparse reader on a fresh lazy-oci mount: 200 files of the tree picked at
+random (seed 0; the same every run), each read whole, checked against the source's bytes:
+bytes fetched / bytes read, counting the mount's own fetches (and without them). Runs: N
+at 10 ms, at most 3 (SLOW_RUNS) at 0 and 50 ms; the sparse reader at most 3 times at 0
+ms and once at 10 and 50 ms (it fetches the same bytes every run; at 50 ms one run takes
+~45 s); read-all at most 3 times.
+
+Read-all: mount and `cat` of every regular file, the registry reached directly (no
+proxy, no added latency) against the same image file mounted local (`verilay mount
+IMAGE`), both cold, taking turns.
+
+Targets: at 10 ms RTT, lazy-oci's first file in under 0.5 s and at least 10x sooner than
+pull's first file and than skopeo's copy; sparse bytes fetched / bytes read <= 1.5;
+read-all remote at least 0.8x local's speed.
+"""
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import stat
+import statistics
+import subprocess
+import time
+
+from harness import datasets, net, report, timing, tools
+
+DESCRIPTION = "lazy mounts from a registry (0/10/50 ms RTT) vs verilay pull and skopeo copy"
+
+RTTS_MS = (0, 10, 50)
+TARGET_RTT_MS = 10
+FIRST_FILE = "etc/os-release"
+PROGRAM = ["/usr/bin/python3", "-c", "import json"]
+SPARSE_FILES = 200
+FIRST_LIMIT_S = 0.5
+SPEEDUP = 10.0
+AMPLIFICATION = 1.5
+READ_ALL_RATIO = 0.8
+MODES = ("lazy-oci", "lazy-http", "pull", "skopeo")
+REPO, TAG = "bench/tree", "1"
+# The full run's budget (~10 min): N runs at the targets' RTT, at most this many at the
+# others and of read-all; sparse reads this many at 0 ms and one at the others (they fetch
+# the same bytes every run, only their time changes with the RTT).
+SLOW_RUNS = 3
+READ_ALL = "find . -type f -print0 | xargs -0 -r cat > /dev/null"
+
+
+class Mounts:
+    """verilay mounts made by the bench, each unmounted by `down` (and by `close`, on any
+    error), waiting for the daemon to exit so a cache directory can go."""
+
+    def __init__(self, verilay):
+        self.verilay, self.up = verilay, set()
+
+    def mount(self, argv, mnt):
+        os.makedirs(mnt, exist_ok=True)
+        self.up.add(mnt)
+        subprocess.run([self.verilay, "mount", *argv, mnt, "--quiet"], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def down(self, mnt):
+        if subprocess.run([self.verilay, "umount", mnt], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+        self.up.discard(mnt)
+
+    def close(self):
+        for mnt in list(self.up):
+            self.down(mnt)
+
+
+def stats(verilay, mnt):
+    out = subprocess.run([verilay, "stats", mnt, "--json"], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out)
+
+
+def build_tree(scratch, quick):
+    """scratch/tree: the Python installation with the Linux source (small-files with
+    --quick) at usr/src/NAME, both hard-linked from the datasets (nothing copied)."""
+    py = datasets.python_install()
+    src = datasets.small_files() if quick else datasets.linux()
+    tree = os.path.join(scratch, "tree")
+    subprocess.run(["cp", "-al", py.path, tree], check=True)
+    os.makedirs(os.path.join(tree, "usr/src"), exist_ok=True)
+    subprocess.run(["cp", "-al", src.path, os.path.join(tree, "usr/src", src.name)], check=True)
+    return tree, f"{py.name} ({py.origin}) + {src.name} at usr/src/{src.name}"
+
+
+def tree_files(tree):
+    """(relative path, size) of every non-empty regular file, sorted."""
+    out = []
+    for root, _, files in os.walk(tree):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size:
+                out.append((os.path.relpath(path, tree), st.st_size))
+    return sorted(out)
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Bench:
+    """Everything one run of the benchmark sets up; `close()` takes it all down."""
+
+    def __init__(self, ctx, verilay, registry_bin, skopeo, scratch, cache_option):
+        self.ctx, self.verilay, self.skopeo = ctx, verilay, skopeo
+        self.scratch, self.cache_option = scratch, cache_option
+        self.registry_bin = registry_bin
+        self.stack = contextlib.ExitStack()
+        self.mounts = Mounts(verilay)
+        self.stack.callback(self.mounts.close)
+        self.mnt = os.path.join(scratch, "mnt")
+        self.serial = 0
+
+    def close(self):
+        self.stack.close()
+
+    def setup(self, data):
+        tree, origin = build_tree(self.scratch, self.ctx.quick)
+        self.tree = tree
+        self.files = tree_files(tree)
+        data["dataset"] = {"origin": origin, "files": len(self.files),
+                           "bytes": sum(s for _, s in self.files)}
+        self.image = os.path.join(self.scratch, "tree.img")
+        start = time.perf_counter()
+        out = subprocess.run([self.verilay, "build", tree, "-o", self.image, "--quiet"],
+                             check=True, capture_output=True, text=True,
+                             env=dict(os.environ, SOURCE_DATE_EPOCH="1700000000"))
+        self.digest = out.stdout.strip()
+        data["image"] = {"bytes": os.path.getsize(self.image), "digest": self.digest,
+                         "build_s": time.perf_counter() - start}
+        print(f"image: {data['dataset']['files']:,} files, "
+              f"{data['image']['bytes'] / 2**20:,.0f} MiB, {self.digest}", flush=True)
+
+        reg_dir = os.path.join(self.scratch, "registry")
+        os.makedirs(reg_dir)
+        self.registry = self.stack.enter_context(net.registry(self.registry_bin, reg_dir))
+        start = time.perf_counter()
+        out = subprocess.run([self.verilay, "push", self.image,
+                              f"oci://127.0.0.1:{self.registry.port}/{REPO}:{TAG}",
+                              "--insecure", "--quiet"], check=True, capture_output=True,
+                             text=True)
+        self.manifest = out.stdout.strip()
+        data["image"]["push_s"] = time.perf_counter() - start
+        data["image"]["manifest"] = self.manifest
+        web_dir = os.path.join(self.scratch, "web")
+        os.makedirs(web_dir)
+        os.link(self.image, os.path.join(web_dir, "tree.img"))
+        self.web = self.stack.enter_context(
+            net.static_server(web_dir, os.path.join(self.scratch, "web.log")))
+        self.reg_proxy = self.stack.enter_context(net.DelayProxy(self.registry.port))
+        self.web_proxy = self.stack.enter_context(net.DelayProxy(self.web.port))
+        rnd = random.Random(0)
+        self.sparse = rnd.sample(self.files, min(SPARSE_FILES, len(self.files)))
+
+    # --- one cold run of each mode -------------------------------------------------
+
+    def fresh_cache(self):
+        """`--cache DIR` with a new empty DIR, if verilay mount has the option."""
+        if not self.cache_option:
+            return [], None
+        self.serial += 1
+        d = os.path.join(self.scratch, f"cache-{self.serial}")
+        os.makedirs(d)
+        return ["--cache", d], d
+
+    def oci_ref(self, port, by_digest=True):
+        target = f"@{self.manifest}" if by_digest else f":{TAG}"
+        return f"oci://127.0.0.1:{port}/{REPO}{target}"
+
+    def lazy_argv(self, mode, port):
+        if mode == "lazy-oci":
+            return [self.oci_ref(port), "--insecure"]
+        return [f"http://127.0.0.1:{port}/tree.img", "--digest", self.digest]
+
+    def first_and_program(self, start, sample):
+        body = read_file(os.path.join(self.mnt, FIRST_FILE))
+        sample["first_s"] = time.perf_counter() - start
+        if body != read_file(os.path.join(self.tree, FIRST_FILE)):
+            raise RuntimeError(f"{FIRST_FILE} read through the mount differs from the source")
+        subprocess.run(["chroot", self.mnt, *PROGRAM], check=True)
+        sample["program_s"] = time.perf_counter() - start
+
+    def run_lazy(self, mode):
+        proxy = self.reg_proxy if mode == "lazy-oci" else self.web_proxy
+        cache, cache_dir = self.fresh_cache()
+        timing.drop_caches()
+        proxy.reset()
+        sample = {}
+        try:
+            start = time.perf_counter()
+            self.mounts.mount([*self.lazy_argv(mode, proxy.port), *cache], self.mnt)
+            sample["mount_s"] = time.perf_counter() - start
+            s = stats(self.verilay, self.mnt)
+            sample["mount_fetched"], sample["mount_requests"] = (s["remote_bytes_fetched"],
+                                                                 s["remote_requests"])
+            self.first_and_program(start, sample)
+            s = stats(self.verilay, self.mnt)
+            sample["fetched"], sample["requests"] = s["remote_bytes_fetched"], s["remote_requests"]
+        finally:
+            self.mounts.down(self.mnt)
+            if cache_dir:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+        sample["proxy"] = dict(proxy.counts)
+        return sample
+
+    def run_pull(self):
+        pulled = os.path.join(self.scratch, "pulled.img")
+        timing.drop_caches()
+        self.reg_proxy.reset()
+        sample = {}
+        try:
+            start = time.perf_counter()
+            subprocess.run([self.verilay, "pull", self.oci_ref(self.reg_proxy.port), "-o", pulled,
+                            "--insecure", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            sample["pull_s"] = time.perf_counter() - start
+            self.mounts.mount([pulled], self.mnt)
+            sample["mount_s"] = time.perf_counter() - start
+            self.first_and_program(start, sample)
+        finally:
+            self.mounts.down(self.mnt)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pulled)
+        sample["proxy"] = dict(self.reg_proxy.counts)
+        sample["fetched"] = sample["proxy"]["bytes_down"]
+        sample["requests"] = sample["proxy"]["requests"]
+        return sample
+
+    def run_skopeo(self):
+        dest = os.path.join(self.scratch, "skopeo-copy")
+        timing.drop_caches()
+        self.reg_proxy.reset()
+        try:
+            start = time.perf_counter()
+            subprocess.run([self.skopeo, "copy", "--quiet", "--src-tls-verify=false",
+                            f"docker://127.0.0.1:{self.reg_proxy.port}/{REPO}:{TAG}",
+                            f"dir:{dest}"], check=True, stdout=subprocess.DEVNULL)
+            copy_s = time.perf_counter() - start
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+        counts = dict(self.reg_proxy.counts)
+        return {"copy_s": copy_s, "proxy": counts, "fetched": counts["bytes_down"],
+                "requests": counts["requests"]}
+
+    def run_sparse(self, check):
+        """A fresh lazy-oci mount, then SPARSE_FILES random files read whole."""
+        cache, cache_dir = self.fresh_cache()
+        timing.drop_caches()
+        self.reg_proxy.reset()
+        sample = {}
+        try:
+            start = time.perf_counter()
+            self.mounts.mount([*self.lazy_argv("lazy-oci", self.reg_proxy.port), *cache],
+                              self.mnt)
+            sample["mount_s"] = time.perf_counter() - start
+            before = stats(self.verilay, self.mnt)
+            start = time.perf_counter()
+            bodies = [read_file(os.path.join(self.mnt, p)) for p, _ in self.sparse]
+            sample["read_s"] = time.perf_counter() - start
+            after = stats(self.verilay, self.mnt)
+        finally:
+            self.mounts.down(self.mnt)
+            if cache_dir:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+        if check:
+            for (p, _), body in zip(self.sparse, bodies):
+                if body != read_file(os.path.join(self.tree, p)):
+                    raise RuntimeError(f"{p} read through the lazy mount differs from the source")
+        sample["bytes_read"] = sum(len(b) for b in bodies)
+        sample["mount_fetched"] = before["remote_bytes_fetched"]
+        sample["fetched"] = after["remote_bytes_fetched"]
+        sample["requests"] = after["remote_requests"]
+        sample["read_requests"] = after["remote_requests"] - before["remote_requests"]
+        sample["proxy"] = dict(self.reg_proxy.counts)
+        return sample
+
+    def run_read_all(self, mode):
+        """Mount (the registry directly, or the local image file) and read every file."""
+        cache, cache_dir = self.fresh_cache() if mode == "remote" else ([], None)
+        argv = ([self.oci_ref(self.registry.port), "--insecure", *cache] if mode == "remote"
+                else [self.image])
+        timing.drop_caches()
+        sample = {}
+        try:
+            start = time.perf_counter()
+            self.mounts.mount(argv, self.mnt)
+            sample["mount_s"] = time.perf_counter() - start
+            subprocess.run(["sh", "-c", READ_ALL], cwd=self.mnt, check=True)
+            sample["wall_s"] = time.perf_counter() - start
+            if mode == "remote":
+                s = stats(self.verilay, self.mnt)
+                sample["fetched"], sample["requests"] = (s["remote_bytes_fetched"],
+                                                         s["remote_requests"])
+        finally:
+            self.mounts.down(self.mnt)
+            if cache_dir:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+        return sample
+
+    # --- the schedule ---------------------------------------------------------------
+
+    def sweep(self, data):
+        for rtt_ms in RTTS_MS:
+            self.reg_proxy.rtt = self.web_proxy.rtt = rtt_ms / 1000
+            runs = self.ctx.runs if rtt_ms == TARGET_RTT_MS else min(self.ctx.runs, SLOW_RUNS)
+            sparse_runs = min(self.ctx.runs, SLOW_RUNS) if rtt_ms == 0 else 1
+            res = {m: [] for m in MODES}
+            res["sparse"] = []
+            modes = [m for m in MODES if m != "skopeo" or self.skopeo]
+            for i in range(runs):
+                print(f"  rtt {rtt_ms} ms: run {i + 1}/{runs}", flush=True)
+                r = i % len(modes)
+                for mode in modes[r:] + modes[:r]:
+                    if mode.startswith("lazy"):
+                        res[mode].append(self.run_lazy(mode))
+                    elif mode == "pull":
+                        res[mode].append(self.run_pull())
+                    else:
+                        res[mode].append(self.run_skopeo())
+                if i < sparse_runs:
+                    res["sparse"].append(self.run_sparse(check=(i == 0)))
+            data["rtt"][str(rtt_ms)] = res
+
+    def read_all(self, data):
+        res = {"local": [], "remote": []}
+        runs = min(self.ctx.runs, SLOW_RUNS)
+        for i in range(runs):
+            print(f"  read-all: run {i + 1}/{runs}", flush=True)
+            order = ["local", "remote"] if i % 2 == 0 else ["remote", "local"]
+            for mode in order:
+                res[mode].append(self.run_read_all(mode))
+        data["read_all"] = res
+
+    def proxy_throughput(self, data):
+        """A GET of the whole blob with curl, directly and through the proxy at 0 ms."""
+        curl = shutil.which("curl")
+        if not curl:
+            return
+        blob = json.loads(subprocess.run(
+            [curl, "-s", "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
+             f"http://127.0.0.1:{self.registry.port}/v2/{REPO}/manifests/{TAG}"],
+            check=True, capture_output=True, text=True).stdout)["layers"][0]["digest"]
+        self.reg_proxy.rtt = 0
+        out = {}
+        for via, port in (("direct", self.registry.port), ("proxy", self.reg_proxy.port)):
+            samples = []
+            for _ in range(3):
+                start = time.perf_counter()
+                subprocess.run([curl, "-s", "-f", "-o", "/dev/null",
+                                f"http://127.0.0.1:{port}/v2/{REPO}/blobs/{blob}"], check=True)
+                samples.append(time.perf_counter() - start)
+            out[via] = samples
+        data["proxy_throughput"] = out
+
+
+def median(samples, key):
+    values = [s[key] for s in samples if s.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def run(ctx):
+    scratch = datasets.scratch_dir("remote")
+    verilay, why = tools.verilay(scratch)
+    registry_bin = tools.find("DOCKER_REGISTRY", "docker-registry")
+    skopeo = tools.find("SKOPEO", "skopeo")
+    data = {"bench": "remote", "host": report.host_info(),
+            "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, "rtts_ms": list(RTTS_MS),
+                         "first_file": FIRST_FILE, "program": PROGRAM,
+                         "sparse_files": SPARSE_FILES},
+            "peers": {"docker-registry": registry_bin, "skopeo": skopeo,
+                      "skopeo_version": tools.version(skopeo) if skopeo else None},
+            "rtt": {}, "targets": []}
+    reason = why
+    if not reason and (os.geteuid() != 0 or timing.drop_caches() is not None):
+        reason = "needs root (mounts, chroot, dropping caches)"
+    if not reason and not registry_bin:
+        reason = "needs docker-registry (apt-get install docker-registry)"
+    if reason:
+        print(f"remote bench skipped: {reason}")
+        data["targets"].append(report.target("remote", None, reason))
+        shutil.rmtree(scratch, ignore_errors=True)
+        return data
+    print(f"docker-registry: {registry_bin}")
+    print(f"skopeo: {skopeo or 'not available (apt-get install skopeo); its rows are skipped'}")
+
+    netem, evidence = net.netem_check()
+    data["latency"] = {"netem": netem, "evidence": evidence,
+                       "method": "userspace delaying TCP proxy (harness/net.py DelayProxy)"}
+    print(f"netem: {'available' if netem else 'NOT available in this kernel'}")
+    for line in evidence:
+        print(f"  {line}")
+    print("  latency is added by the bench's own TCP proxy on 127.0.0.1 instead "
+          "(RTT/2 each way per chunk, +1 RTT per new connection)")
+
+    help_text = subprocess.run([verilay, "mount", "--help"], capture_output=True,
+                               text=True).stdout
+    cache_option = "--cache" in help_text
+    data["settings"]["cache_used"] = cache_option
+    data["settings"]["cache"] = ("--cache with a fresh empty directory for every cold mount"
+                                 if cache_option else
+                                 "none: `verilay mount` has no --cache option in this build "
+                                 "(fetched chunks are kept in the daemon's memory only)")
+    print(f"cache: {data['settings']['cache']}", flush=True)
+
+    bench = Bench(ctx, verilay, registry_bin, skopeo, scratch, cache_option)
+    try:
+        bench.setup(data)
+        bench.proxy_throughput(data)
+        bench.sweep(data)
+        bench.read_all(data)
+    finally:
+        bench.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_results(data)
+    data["targets"] = check_targets(data)
+    return data
+
+
+def fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def print_results(data):
+    if "proxy_throughput" in data:
+        size = data["image"]["bytes"]
+        pt = {k: size / statistics.median(v) / 2**20 for k, v in data["proxy_throughput"].items()}
+        data["proxy_mib_s"] = pt
+        print(f"\nproxy calibration, GET of the whole blob with curl: direct {pt['direct']:,.0f} "
+              f"MiB/s, through the proxy at 0 ms {pt['proxy']:,.0f} MiB/s")
+    print(f"\nimage {data['image']['bytes'] / 2**20:,.0f} MiB; times in s from the start "
+          f"(medians of n runs); first = {FIRST_FILE} read; "
+          f"program = chroot python3 -c 'import json' after it")
+    rows = []
+    for rtt, res in data["rtt"].items():
+        lazy_first = median(res["lazy-oci"], "first_s")
+        for mode in MODES:
+            s = res.get(mode)
+            if not s:
+                continue
+            first = median(s, "first_s") if mode != "skopeo" else median(s, "copy_s")
+            conns = statistics.median(x["proxy"]["connections"] for x in s)
+            rows.append([f"{rtt} ms", mode, str(len(s)), fmt(median(s, "mount_s")),
+                         fmt(median(s, "first_s")),
+                         fmt(median(s, "program_s")), fmt(median(s, "copy_s")),
+                         fmt(median(s, "fetched") / 2**20, ",.1f"),
+                         fmt(median(s, "mount_requests"), ".0f"),
+                         fmt(median(s, "requests"), ".0f"), f"{conns:.0f}",
+                         fmt(first / lazy_first, ".1f") if mode in ("pull", "skopeo") else ""])
+    report.print_table(["rtt", "mode", "n", "mount", "first", "program", "copy", "fetched MiB",
+                        "mount req", "requests", "connections", "x lazy-oci first"], rows,
+                       left=2)
+    print("(requests: verilay stats' remote_requests for lazy mounts, HTTP request lines "
+          "the proxy saw for pull and skopeo; connections: TCP connections through the "
+          "proxy)")
+    print(f"\nsparse: {SPARSE_FILES} random files read whole on a fresh lazy-oci mount "
+          "(medians of n runs)")
+    rows = []
+    for rtt, res in data["rtt"].items():
+        s = res["sparse"]
+        read = median(s, "bytes_read")
+        rows.append([f"{rtt} ms", str(len(s)), fmt(median(s, "read_s")), fmt(read / 2**20, ",.2f"),
+                     fmt(median(s, "mount_fetched") / 2**20, ",.2f"),
+                     fmt(median(s, "fetched") / 2**20, ",.2f"),
+                     fmt(median(s, "read_requests"), ".0f"),
+                     f"{statistics.median(x['proxy']['connections'] for x in s):.0f}",
+                     fmt(median(s, "fetched") / read, ".2f"),
+                     fmt((median(s, "fetched") - median(s, "mount_fetched")) / read, ".2f")])
+    report.print_table(["rtt", "n", "read s", "read MiB", "mount fetched MiB", "fetched MiB",
+                        "read requests", "connections", "fetched/read", "without mount's"], rows)
+    ra = data["read_all"]
+    print(f"\nread-all (mount + cat of every file, cold; medians of {len(ra['local'])}), "
+          "registry reached directly on loopback:")
+    rows = [[mode, fmt(median(ra[mode], "mount_s")), fmt(median(ra[mode], "wall_s")),
+             fmt(min(s["wall_s"] for s in ra[mode])), fmt(max(s["wall_s"] for s in ra[mode])),
+             fmt(median(ra[mode], "fetched") and median(ra[mode], "fetched") / 2**20, ",.0f"),
+             fmt(median(ra[mode], "requests"), ".0f")] for mode in ("local", "remote")]
+    report.print_table(["mode", "mount s", "wall s", "min", "max", "fetched MiB", "requests"],
+                       rows)
+    print()
+
+
+def check_targets(data):
+    t = []
+    size_mib = data["image"]["bytes"] / 2**20
+    res = data["rtt"].get(str(TARGET_RTT_MS))
+    if res and res["lazy-oci"]:
+        first = median(res["lazy-oci"], "first_s")
+        t.append(report.target(
+            f"first file at {TARGET_RTT_MS} ms RTT", first < FIRST_LIMIT_S,
+            f"{first:.3f} s from `verilay mount` to {FIRST_FILE} read, image {size_mib:,.0f} MiB "
+            f"(target < {FIRST_LIMIT_S} s for ~1 GiB)"))
+        pull = median(res["pull"], "first_s")
+        t.append(report.target(
+            f"first file vs verilay pull at {TARGET_RTT_MS} ms RTT", pull / first >= SPEEDUP,
+            f"{pull / first:.1f}x sooner ({pull:.3f} s pull + mount + read; "
+            f"target >= {SPEEDUP:g}x)"))
+        if res.get("skopeo"):
+            copy = median(res["skopeo"], "copy_s")
+            t.append(report.target(
+                f"first file vs skopeo copy at {TARGET_RTT_MS} ms RTT", copy / first >= SPEEDUP,
+                f"{copy / first:.1f}x sooner ({copy:.3f} s skopeo copy alone; "
+                f"target >= {SPEEDUP:g}x)"))
+        print(f"INFO  program at {TARGET_RTT_MS} ms RTT: lazy-oci "
+              f"{median(res['lazy-oci'], 'program_s'):.3f} s, pull "
+              f"{median(res['pull'], 'program_s'):.3f} s to `python3 -c 'import json'` done")
+    base = data["rtt"].get("0", {}).get("lazy-oci")
+    for rtt, r in data["rtt"].items():
+        lazy = r["lazy-oci"]
+        if base and lazy and int(rtt):
+            reqs = median(lazy, "requests")
+            conns = statistics.median(x["proxy"]["connections"] for x in lazy)
+            extra = median(lazy, "program_s") - median(base, "program_s")
+            print(f"INFO  lazy-oci at {rtt} ms: {reqs:.0f} requests over {conns:.0f} TCP "
+                  f"connections to the program's end; the latency added {extra:.2f} s, "
+                  f"{extra / reqs / (int(rtt) / 1000):.2f} RTT per request")
+    sparse = [s for r in data["rtt"].values() for s in r["sparse"]]
+    if sparse:
+        ratios = [s["fetched"] / s["bytes_read"] for s in sparse]
+        ratio = statistics.median(ratios)
+        bare = statistics.median((s["fetched"] - s["mount_fetched"]) / s["bytes_read"]
+                                 for s in sparse)
+        t.append(report.target(
+            "sparse bytes fetched / bytes read", ratio <= AMPLIFICATION,
+            f"{ratio:.2f} (range {min(ratios):.2f}..{max(ratios):.2f} over every RTT; "
+            f"{bare:.2f} without the mount's own fetches; target <= {AMPLIFICATION})"))
+    ra = data.get("read_all")
+    if ra and ra["local"] and ra["remote"]:
+        speed = median(ra["local"], "wall_s") / median(ra["remote"], "wall_s")
+        t.append(report.target(
+            "read-all remote (loopback, no latency) vs local", speed >= READ_ALL_RATIO,
+            f"{speed:.2f}x local's speed (target >= {READ_ALL_RATIO}x)"))
+    return t
+
+
+def plot(data, png):
+    if not data.get("rtt"):
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rtts = [int(r) for r in data["rtt"]]
+    fig, (ax_t, ax_b, ax_r) = plt.subplots(1, 3, figsize=(17, 4.8))
+    lines = [("lazy-oci", "first_s", "lazy-oci: first file", "tab:red", "o-"),
+             ("lazy-oci", "program_s", "lazy-oci: program", "tab:red", "s--"),
+             ("lazy-http", "first_s", "lazy-http: first file", "tab:orange", "o-"),
+             ("lazy-http", "program_s", "lazy-http: program", "tab:orange", "s--"),
+             ("pull", "first_s", "pull + mount: first file", "tab:blue", "o-"),
+             ("pull", "program_s", "pull + mount: program", "tab:blue", "s--"),
+             ("skopeo", "copy_s", "skopeo copy", "tab:green", "^-")]
+    for mode, key, label, color, style in lines:
+        ys = [median(data["rtt"][str(r)].get(mode) or [], key) for r in rtts]
+        if all(y is not None for y in ys):
+            ax_t.plot(rtts, ys, style, color=color, label=label)
+    ax_t.set_yscale("log")
+    ax_t.set_xlabel("RTT, ms")
+    ax_t.set_ylabel("seconds from start (median)")
+    ax_t.set_title("time to first byte")
+    ax_t.legend(fontsize="small")
+
+    bars = [("lazy-oci", "lazy-oci: first + program", "tab:red", "o-"),
+            ("lazy-http", "lazy-http: first + program", "tab:orange", "x--"),
+            ("sparse", f"sparse: {SPARSE_FILES} random files", "tab:purple", "o-"),
+            ("pull", "pull", "tab:blue", "o-"), ("skopeo", "skopeo copy", "tab:green", "x--")]
+    for mode, label, color, style in bars:
+        ys = [median(data["rtt"][str(r)].get(mode) or [], "fetched") for r in rtts]
+        if all(y is not None for y in ys):
+            ax_b.plot(rtts, [y / 2**20 for y in ys], style, color=color, label=label)
+    sparse_read = median(data["rtt"][str(rtts[0])]["sparse"], "bytes_read")
+    ax_b.axhline(sparse_read / 2**20, color="tab:purple", ls=":", label="sparse: bytes read")
+    ax_b.set_yscale("log")
+    ax_b.set_xlabel("RTT, ms")
+    ax_b.set_ylabel("MiB fetched (median)")
+    ax_b.set_title(f"bytes fetched (image {data['image']['bytes'] / 2**20:,.0f} MiB)")
+    ax_b.legend(fontsize="small")
+
+    ra = data.get("read_all") or {}
+    modes = [m for m in ("local", "remote") if ra.get(m)]
+    vals = [median(ra[m], "wall_s") for m in modes]
+    lo = [v - min(s["wall_s"] for s in ra[m]) for m, v in zip(modes, vals)]
+    hi = [max(s["wall_s"] for s in ra[m]) - v for m, v in zip(modes, vals)]
+    ax_r.bar(range(len(modes)), vals, yerr=[lo, hi], capsize=4,
+             color=["tab:blue", "tab:red"][:len(modes)])
+    for x, v in enumerate(vals):
+        ax_r.annotate(f"{v:.3g}", (x, v), xytext=(0, 2), textcoords="offset points",
+                      ha="center", va="bottom", fontsize=8)
+    ax_r.set_xticks(range(len(modes)), ["local image", "registry, no latency"][:len(modes)])
+    ax_r.set_ylabel("s, mount + cat of every file (cold)")
+    ax_r.set_title("read-all")
+    fig.suptitle("remote: lazy mount vs pull, medians "
+                 "(latency from the bench's delaying TCP proxy)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
