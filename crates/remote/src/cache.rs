@@ -28,6 +28,9 @@ const MAGIC: [u8; 8] = *b"VLCACHE1";
 /// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
 const HEADER: u64 = 8 + 8 + 8 + 160;
 
+/// The least room made at a time when a mount's entry outgrows its budget (64 MiB).
+const ROOM_STEP: u64 = 64 << 20;
+
 /// The largest image cached (16 TiB; its record is then 512 MiB, held in memory).
 const MAX_IMAGE: u64 = 1 << 44;
 
@@ -51,6 +54,11 @@ pub fn default_dir() -> Option<PathBuf> {
 /// One image's entry, open for a mount.
 pub struct Cache {
     name: String,
+    /// The directory (open, and its path), this entry's stem and the size limit, for
+    /// making room when the budget runs out.
+    dir: (OwnedFd, PathBuf),
+    stem: String,
+    limit: u64,
     data: File,
     record: File,
     len: u64,
@@ -101,17 +109,24 @@ fn stem(digest: &str) -> io::Result<String> {
 /// writable by nobody else: its files decide what is fetched, and a planted link would
 /// have a mount write through it.
 pub fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
+    open_dir_making(dir, true)
+}
+
+/// [`open_dir`], making the directory only when `make` (a mount may; `ls` and `prune`
+/// report a missing one rather than make it).
+fn open_dir_making(dir: &Path, make: bool) -> io::Result<OwnedFd> {
     let ctx =
         |e: io::Error| io::Error::new(e.kind(), format!("cache directory {}: {e}", dir.display()));
     use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-    {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(ctx(e)),
+    if make {
+        let made = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir);
+        match made {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(ctx(e)),
+            _ => {}
+        }
     }
     let fd = rfs::open(
         dir,
@@ -193,7 +208,8 @@ fn load_record(record: &File, digest: &str, len: u64) -> io::Result<Option<Vec<u
 impl Cache {
     /// Opens the entry for the image `digest` (`alg:hex`) of `len` bytes in `dir`, making
     /// it if missing or not this image's, after pruning unused entries so that this
-    /// image fits under `limit` bytes in all if it can.
+    /// directory fits under `limit` bytes in all if it can (more room is made, the same
+    /// way, as the mount fills its entry).
     pub fn open(dir: &Path, digest: &str, len: u64, limit: u64) -> io::Result<Cache> {
         let stem = stem(digest)?;
         if len > MAX_IMAGE {
@@ -233,13 +249,15 @@ impl Cache {
         let held = bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>() * UNIT;
         let mine = data.metadata().map_err(ctx)?;
         let mine = std::os::unix::fs::MetadataExt::blocks(&mine) * 512;
-        let want = len.saturating_sub(held);
-        let others = prune_dir(&dfd, dir, limit.saturating_sub(want), Some(&stem))?
+        let others = prune_dir(&dfd, dir, limit.saturating_sub(mine), Some(&stem))?
             .iter()
             .map(|e| e.disk_bytes)
             .sum::<u64>();
         Ok(Cache {
             name,
+            dir: (dfd, dir.to_path_buf()),
+            stem,
+            limit,
             data,
             record,
             len,
@@ -294,11 +312,12 @@ impl Cache {
         }
         let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         let new = units.clone().filter(|&u| !self.has_unit(u)).count() as u64 * UNIT;
-        if self
-            .budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
-            .is_err()
-        {
+        let take = |c: &Cache| {
+            c.budget
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
+                .is_ok()
+        };
+        if self.full() || !(take(self) || self.make_room(new) && take(self)) {
             if !self.full_said.swap(true, Ordering::Relaxed) {
                 eprintln!("cache {}: size limit reached, caching no more", self.name);
             }
@@ -317,8 +336,34 @@ impl Cache {
         for u in units.clone() {
             self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
         }
-        self.held.fetch_add(new, Ordering::Relaxed);
+        let held = self.held.fetch_add(new, Ordering::Relaxed) + new;
+        if held >= self.len.div_ceil(UNIT) * UNIT {
+            // Complete: the file is now the image, and `cache ls` will say so. The record's
+            // last bits go to disk after the data, so no power cut can leave "complete"
+            // over bytes that never reached the disk.
+            let _ = self.data.sync_data();
+        }
         self.write_record(units);
+    }
+
+    /// Prunes other unused entries, least recently used first, so this one can grow by
+    /// `need` bytes (at least [`ROOM_STEP`], so pruning is rare); resets the budget to
+    /// what the directory then allows. The caller holds `writing`.
+    fn make_room(&self, need: u64) -> bool {
+        let mine = self
+            .data
+            .metadata()
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+            .unwrap_or(self.len);
+        let want = need.max(ROOM_STEP).min(self.len);
+        let keep = self.limit.saturating_sub(mine + want);
+        let Ok(left) = prune_dir(&self.dir.0, &self.dir.1, keep, Some(&self.stem)) else {
+            return false;
+        };
+        let others: u64 = left.iter().map(|e| e.disk_bytes).sum();
+        let budget = self.limit.saturating_sub(others + mine);
+        self.budget.store(budget, Ordering::Relaxed);
+        budget >= need
     }
 
     /// Drops the units `[offset, offset + len)` touches: they failed their check.
@@ -386,7 +431,7 @@ fn lock_shared(dir: &OwnedFd, name: &str) -> io::Result<File> {
 
 /// Every entry in `dir`, oldest use first.
 pub fn list(dir: &Path) -> io::Result<Vec<Entry>> {
-    let dfd = open_dir(dir)?;
+    let dfd = open_dir_making(dir, false)?;
     entries(&dfd, dir)
 }
 
@@ -471,7 +516,7 @@ fn remove(dfd: &OwnedFd, stem: &str) -> bool {
 /// `verilay cache prune`: removes entries not in use, oldest use first, until the rest
 /// take at most `keep` bytes (0: every entry not in use); returns the removed ones.
 pub fn prune(dir: &Path, keep: u64) -> io::Result<Vec<Entry>> {
-    let dfd = open_dir(dir)?;
+    let dfd = open_dir_making(dir, false)?;
     let before = entries(&dfd, dir)?;
     let left: Vec<String> = prune_dir(&dfd, dir, keep, None)?
         .into_iter()

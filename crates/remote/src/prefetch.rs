@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use verity::source::ByteSource;
 
-/// Bytes read per step (a whole run of chunks).
-const STEP: u64 = crate::CHUNK * crate::MAX_RUN;
+/// Bytes read per step: one request, small enough that a reader needing one of its
+/// chunks does not wait long for it.
+const STEP: u64 = 1 << 20;
 /// How long to wait after a failed step, at first and at most (it doubles in between).
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -26,15 +27,18 @@ pub struct Progress {
 
 /// Starts prefetching `verified` (the checked view of `remote`'s image, whose data is its
 /// first `verified.len()` bytes); returns its progress.
-pub fn start(remote: Arc<RemoteSource>, verified: Arc<dyn ByteSource>) -> Arc<Progress> {
+/// A thread that cannot be made leaves the image to be fetched as read (`Err`).
+pub fn start(
+    remote: Arc<RemoteSource>,
+    verified: Arc<dyn ByteSource>,
+) -> std::io::Result<Arc<Progress>> {
     let progress = Arc::new(Progress::default());
     progress.total.store(verified.len(), Ordering::Relaxed);
     let p = progress.clone();
     std::thread::Builder::new()
         .name("prefetch".into())
-        .spawn(move || run(&remote, &*verified, &p))
-        .expect("spawning the prefetch thread");
-    progress
+        .spawn(move || run(&remote, &*verified, &p))?;
+    Ok(progress)
 }
 
 fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress) {

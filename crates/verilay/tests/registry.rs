@@ -1271,22 +1271,48 @@ fn the_cache_keeps_to_its_size_and_refuses_a_directory_others_may_write() {
     let cache = t.path().join("cache");
     let m = t.path().join("m");
     // Each image (~16 MiB) fits in 20 MiB, two do not: the second mount removes the
-    // first, unused, to make room.
-    for (repo, digest, src) in [("apps/one:1", &d1, &src1), ("apps/two:1", &d2, &src2)] {
-        let mounted = mount_cached(
+    // first, unused, once it needs the room, not before.
+    let mount = |repo: &str, digest: &str| {
+        mount_cached(
             &reg.reference(repo),
             digest,
             &cache,
             &m,
             &["--cache-size=20M"],
-        );
-        assert_diff_clean(src, &m);
-        drop(mounted);
-        wait_daemon_gone(&m);
-    }
+        )
+    };
+    let mounted = mount("apps/one:1", &d1);
+    assert_diff_clean(&src1, &m);
+    drop(mounted);
+    wait_daemon_gone(&m);
+    let mounted = mount("apps/two:1", &d2);
+    assert_eq!(
+        std::fs::read_to_string(m.join("etc/os-release")).unwrap(),
+        "ID=verilay7\n"
+    );
+    let entries = cache_ls(&cache);
+    assert_eq!(
+        entries.len(),
+        2,
+        "pruned before the room was needed: {entries:?}"
+    );
+    assert_diff_clean(&src2, &m);
+    drop(mounted);
+    wait_daemon_gone(&m);
     let entries = cache_ls(&cache);
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0]["digest"], d2.as_str());
+    // A cache directory that is not there is named, not made, by `ls` and `prune`.
+    let typo = t.path().join("cahce");
+    for action in ["ls", "prune"] {
+        let out = verilay()
+            .args(["cache", action, "--cache"])
+            .arg(&typo)
+            .output()
+            .unwrap();
+        assert_one_line(&out, &["cache directory", "No such file"]);
+    }
+    assert!(!typo.exists());
     assert!(
         entries[0]["disk_bytes"].as_u64().unwrap() <= 20 << 20,
         "{entries:?}"

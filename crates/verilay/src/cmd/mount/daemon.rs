@@ -110,10 +110,13 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
         });
         if let Some(remote) = opened.remote {
             let progress = match (&opened.verified, s.opts.prefetch) {
-                (Some(v), true) => Some(remote::prefetch::start(
-                    remote.clone(),
-                    v.clone() as Arc<dyn erofs::read::ByteSource>,
-                )),
+                (Some(v), true) => Some(
+                    remote::prefetch::start(
+                        remote.clone(),
+                        v.clone() as Arc<dyn erofs::read::ByteSource>,
+                    )
+                    .context("starting the prefetch thread")?,
+                ),
                 _ => None,
             };
             remotes.push((remote, progress));
