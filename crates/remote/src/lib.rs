@@ -28,6 +28,9 @@ pub const CHUNK: u64 = 4096;
 const KEPT: usize = 32768;
 /// The most chunks one request fetches (4 MiB).
 pub const MAX_RUN: u64 = 1024;
+/// A neighbourhood (256 KiB) read densely once [`DENSE`] of its chunks are here.
+const WINDOW: u64 = 64;
+const DENSE: u64 = 8;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 const ATTEMPTS: u32 = 3;
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -160,7 +163,11 @@ impl RemoteSource {
         // The chunks after this one that this request fetches too: free (no fetch under
         // way), missing, and as many as the read still wants or the run of chunks
         // already here behind it, whichever is more.
-        let run = self.run_behind(i).max(wanted).min(MAX_RUN);
+        let run = self
+            .run_behind(i)
+            .max(wanted)
+            .max(self.dense_run(i))
+            .min(MAX_RUN);
         let ahead: Vec<Slot> = (i + 1..(i + run).min(self.len.div_ceil(CHUNK)))
             .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
             .map(|j| self.slot(j))
@@ -204,12 +211,31 @@ impl RemoteSource {
     /// nothing of where this reader goes next.
     fn run_behind(&self, i: u64) -> u64 {
         let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        let here = |j: u64| {
-            c.slots
-                .get(&j)
-                .is_some_and(|s| s.try_lock().map_or(true, |g| g.is_some()))
-        };
-        1 + (1..MAX_RUN).take_while(|&k| i >= k && here(i - k)).count() as u64
+        1 + (1..MAX_RUN)
+            .take_while(|&k| i >= k && Self::here(&c, i - k))
+            .count() as u64
+    }
+
+    /// How many chunks to fetch at `i` when the reader goes over its neighbourhood in no
+    /// particular order (a walk of the inode area, a directory's small files): up to the
+    /// end of the aligned [`WINDOW`] if at least [`DENSE`] of its chunks are already in
+    /// memory or coming; else 1 (a sparse reader's miss).
+    fn dense_run(&self, i: u64) -> u64 {
+        let w0 = i / WINDOW * WINDOW;
+        let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let here = (w0..w0 + WINDOW).filter(|&j| Self::here(&c, j)).count() as u64;
+        if here >= DENSE {
+            w0 + WINDOW - i
+        } else {
+            1
+        }
+    }
+
+    /// Whether chunk `j` is in memory or being fetched.
+    fn here(c: &Chunks, j: u64) -> bool {
+        c.slots
+            .get(&j)
+            .is_some_and(|s| s.try_lock().map_or(true, |g| g.is_some()))
     }
 
     /// One range, retried with backoff; an error names the image and the range.
