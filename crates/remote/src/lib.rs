@@ -16,7 +16,7 @@ pub mod prefetch;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 use verity::source::ByteSource;
 
@@ -31,6 +31,10 @@ pub const MAX_RUN: u64 = 1024;
 /// A neighbourhood (256 KiB) read densely once [`DENSE`] of its chunks are here.
 const WINDOW: u64 = 64;
 const DENSE: u64 = 8;
+/// A reader with at least this many chunks right behind a miss is sequential: the
+/// readahead threads fetch the next window while it reads this one.
+const SEQUENTIAL: u64 = 16;
+const READAHEAD_THREADS: usize = 2;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 const ATTEMPTS: u32 = 3;
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -61,6 +65,8 @@ pub struct RemoteSource {
     chunks: Mutex<Chunks>,
     pub counters: Arc<Counters>,
     cache: Option<cache::Cache>,
+    /// Windows for the readahead threads to fetch (see [`RemoteSource::shared`]).
+    ahead: OnceLock<Mutex<mpsc::Sender<(u64, u64)>>>,
 }
 
 type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
@@ -69,6 +75,9 @@ type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
 struct Chunks {
     slots: HashMap<u64, Slot>,
     order: VecDeque<u64>,
+    /// The first chunk of each window readahead fetched, and the window's length: a
+    /// reader reaching it asks for the next window, twice as long.
+    marks: HashMap<u64, u64>,
 }
 
 /// Whether `s` names a remote image rather than a file.
@@ -128,6 +137,82 @@ impl RemoteSource {
             chunks: Mutex::new(Chunks::default()),
             counters: Arc::new(Counters::default()),
             cache: None,
+            ahead: OnceLock::new(),
+        }
+    }
+
+    /// The source, shared, with [`READAHEAD_THREADS`] threads fetching ahead of
+    /// sequential readers (a reader then finds its next chunks fetched while it worked
+    /// on the last ones). The threads end with the source.
+    pub fn shared(self) -> Arc<RemoteSource> {
+        let (tx, rx) = mpsc::channel::<(u64, u64)>();
+        let me = Arc::new(self);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..READAHEAD_THREADS {
+            let (weak, rx) = (Arc::downgrade(&me), rx.clone());
+            let worker = std::thread::Builder::new()
+                .name("readahead".into())
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    match (job, weak.upgrade()) {
+                        (Ok((start, n)), Some(src)) => src.fill(start, n),
+                        _ => return,
+                    }
+                });
+            if worker.is_err() {
+                return me; // no readahead: readers fetch for themselves
+            }
+        }
+        let _ = me.ahead.set(Mutex::new(tx));
+        me
+    }
+
+    /// Asks the readahead threads for chunks `start..start + n`.
+    fn schedule(&self, start: u64, n: u64) {
+        if start < self.len.div_ceil(CHUNK) {
+            if let Some(tx) = self.ahead.get() {
+                let _ = tx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .send((start, n));
+            }
+        }
+    }
+
+    /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
+    /// and marks the window so the reader reaching it asks for the next one.
+    fn fill(&self, start: u64, n: u64) {
+        let end = (start + n).min(self.len.div_ceil(CHUNK));
+        let slots: Vec<Slot> = (start..end)
+            .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
+            .map(|j| self.slot(j))
+            .collect();
+        let mut guards: Vec<_> = slots
+            .iter()
+            .map_while(|s| s.try_lock().ok().filter(|g| g.is_none()))
+            .collect();
+        if guards.is_empty() {
+            return;
+        }
+        let len = (CHUNK * guards.len() as u64).min(self.len - start * CHUNK);
+        let Ok(bytes) = self.fetch(start * CHUNK, len) else {
+            return; // the reader will fetch for itself, and report what fails
+        };
+        for (g, piece) in guards.iter_mut().zip(bytes.chunks(CHUNK as usize)) {
+            **g = Some(Arc::new(piece.to_vec()));
+        }
+        let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        c.marks.insert(start, guards.len() as u64);
+    }
+
+    /// A reader got chunk `i` from memory: if readahead marked it, the next window.
+    fn reached(&self, i: u64) {
+        let mark = {
+            let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+            c.marks.remove(&i)
+        };
+        if let Some(n) = mark {
+            self.schedule(i + n, (2 * n).min(MAX_RUN));
         }
     }
 
@@ -158,16 +243,16 @@ impl RemoteSource {
         let slot = self.slot(i);
         let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(b) = &*held {
-            return Ok(b.clone());
+            let b = b.clone();
+            drop(held);
+            self.reached(i);
+            return Ok(b);
         }
         // The chunks after this one that this request fetches too: free (no fetch under
         // way), missing, and as many as the read still wants or the run of chunks
         // already here behind it, whichever is more.
-        let run = self
-            .run_behind(i)
-            .max(wanted)
-            .max(self.dense_run(i))
-            .min(MAX_RUN);
+        let behind = self.run_behind(i);
+        let run = behind.max(wanted).max(self.dense_run(i)).min(MAX_RUN);
         let ahead: Vec<Slot> = (i + 1..(i + run).min(self.len.div_ceil(CHUNK)))
             .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
             .map(|j| self.slot(j))
@@ -185,6 +270,13 @@ impl RemoteSource {
         for (g, piece) in guards.iter_mut().zip(pieces) {
             **g = Some(piece);
         }
+        let n = 1 + guards.len() as u64;
+        drop(guards);
+        drop(held);
+        if behind >= SEQUENTIAL {
+            // A sequential reader: the next window is fetched while it reads this one.
+            self.schedule(i + n, (2 * n).min(MAX_RUN));
+        }
         Ok(first)
     }
 
@@ -200,6 +292,7 @@ impl RemoteSource {
         while c.order.len() > KEPT {
             if let Some(old) = c.order.pop_front() {
                 c.slots.remove(&old);
+                c.marks.remove(&old);
             }
         }
         s

@@ -1851,13 +1851,21 @@ fn a_failed_fetch_fails_one_measured_open_or_copy_up_and_the_next_try_succeeds()
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    // Files far apart in the image: hashing or copying one fetches nothing of another.
+    // Files far apart in the image (8 MiB between them, more than a sequential reader's
+    // readahead reaches): hashing or copying one fetches nothing of another.
     let (a, b, c) = (
         unrepeating(4 << 20, 1),
         unrepeating(4 << 20, 2),
         unrepeating(4 << 20, 3),
     );
-    for (name, bytes) in [("a", &a), ("b", &b), ("c", &c)] {
+    let gap = unrepeating(8 << 20, 4);
+    for (name, bytes) in [
+        ("a", &a),
+        ("a_gap", &gap),
+        ("b", &b),
+        ("b_gap", &gap),
+        ("c", &c),
+    ] {
         std::fs::write(src.join(name), bytes).unwrap();
     }
     let image = t.path().join("app.img");

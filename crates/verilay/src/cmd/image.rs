@@ -210,7 +210,7 @@ fn remote_source(
             Err(e) => return Err(anyhow::Error::msg(e)),
         }
     }
-    Ok((Arc::new(source), pin))
+    Ok((source.shared(), pin))
 }
 
 /// Whether opening a cache entry failed for want of room (a full or read-only
