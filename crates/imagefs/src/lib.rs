@@ -1,11 +1,12 @@
 //! An EROFS image served read-only over FUSE.
 //!
-//! The filesystem holds nothing but the image reader: every request is answered from the
-//! image through its byte source (the verified block source in verilay), so no per-inode
-//! state, lock or counter is shared between the worker threads. Images are immutable, so
-//! every reply is cacheable forever: entries, attributes, negative lookups, symlinks,
-//! directory listings and file pages (zero-message open and opendir, which default to
-//! kept caches).
+//! The filesystem holds little but the image reader: every request is answered from the
+//! image through its byte source (the verified block source in verilay). Per inode it
+//! keeps only the parent and name the kernel last learnt it under (`Names`, filled by
+//! lookups and READDIRPLUS), so that a log line or a measurement can name a file by its
+//! path; a READ touches no shared state. Images are immutable, so every reply is
+//! cacheable forever: entries, attributes, negative lookups, symlinks, directory listings
+//! and file pages (zero-message open and opendir, which default to kept caches).
 //!
 //! An image without a single `security.*` xattr answers every `security.*` name with
 //! EOPNOTSUPP rather than ENODATA, as filesystems without security labels do. FUSE cannot
@@ -49,7 +50,7 @@ use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache anything we say: the image never changes.
@@ -83,13 +84,12 @@ pub struct ImageFs<S: ByteSource> {
     unlabelled: bool,
     /// No layer holds a POSIX ACL (see the module comment).
     aclless: bool,
-    /// With a policy: opens are measured (see `measuring`), so the kernel must send them,
-    /// and every name the kernel learns is kept (object → parent, name) for the paths the
-    /// measurement list names.
+    /// With a policy: opens are measured (see `measuring`), so the kernel must send them.
     measure: Option<measuring::Setup>,
     /// More for `verilay stats` (a remote image's fetching).
     extra_stats: Option<crate::measuring::ExtraStats>,
-    names: papaya::HashMap<u64, (u64, Vec<u8>)>,
+    /// Every name the kernel learns, for the paths the measurement list and log lines name.
+    names: Names,
     /// When the kernel sends OPEN (with a policy): per inode, the handles open on it and
     /// whether its bytes were handed to the kernel since it last learnt the inode; and the
     /// session's notifier to hand them over (see `prime`).
@@ -97,6 +97,55 @@ pub struct ImageFs<S: ByteSource> {
     /// an open or a release allocates nothing once the inode has an entry.
     opens: papaya::HashMap<u64, AtomicU64>,
     notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+/// Object → (parent, name) for every name the kernel learnt. Never emptied: at most one
+/// entry per object of the images. A cold walk of a big tree learns every entry once, so
+/// this is shards of plain maps under mutexes (held for one map operation), which fill at
+/// about half the cost of a lock-free map.
+struct Names {
+    shards: Box<[Mutex<NameMap>]>,
+}
+
+type NameMap = std::collections::HashMap<u64, (u64, Box<[u8]>), foldhash::fast::RandomState>;
+
+impl Names {
+    /// 64 shards: threads rarely meet on one.
+    const SHARD_BITS: u32 = 6;
+
+    fn new() -> Names {
+        Names {
+            shards: (0..1 << Self::SHARD_BITS)
+                .map(|_| Mutex::default())
+                .collect(),
+        }
+    }
+
+    fn shard(&self, id: u64) -> std::sync::MutexGuard<'_, NameMap> {
+        // Fibonacci hashing: numbers a stride apart (inode slots) spread over the shards.
+        let i = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - Self::SHARD_BITS);
+        self.shards[i as usize]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records `id` as `name` in `parent`. Looked up again after the kernel forgot it, an
+    /// object usually has the same name: then nothing is allocated or replaced.
+    fn learn(&self, id: u64, parent: u64, name: &[u8]) {
+        use std::collections::hash_map::Entry;
+        match self.shard(id).entry(id) {
+            Entry::Occupied(e) if e.get().0 == parent && e.get().1[..] == *name => {}
+            Entry::Occupied(mut e) => *e.get_mut() = (parent, name.into()),
+            Entry::Vacant(e) => {
+                e.insert((parent, name.into()));
+            }
+        }
+    }
+
+    /// The parent and name `id` was last learnt under.
+    fn get(&self, id: u64) -> Option<(u64, Box<[u8]>)> {
+        self.shard(id).get(&id).cloned()
+    }
 }
 
 /// An inode's open handles (the low bits of its `opens` value), and whether the kernel
@@ -185,7 +234,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             no_opendir: false,
             measure: None,
             extra_stats: None,
-            names: papaya::HashMap::new(),
+            names: Names::new(),
             opens: papaya::HashMap::new(),
             notifier: Arc::new(OnceLock::new()),
         })
@@ -270,25 +319,15 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
     }
 
-    /// With a policy: remembers that `child` is `name` in `parent`. The root and an
-    /// object as its own child are never recorded (lookups refuse a directory out of its
-    /// place, so none should come here).
+    /// Remembers that `child` is `name` in `parent`, for the paths that measurements and
+    /// log lines name. The root and an object as its own child are never recorded
+    /// (lookups refuse a directory out of its place, so none should come here).
     fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
-        if self.measure.is_some()
-            && name != b"."
-            && name != b".."
-            && child != parent
-            && child != INodeNo::ROOT
-        {
-            // Looked up again after the kernel forgot it, it usually has the same name: then
-            // nothing is allocated or replaced.
-            let names = self.names.pin();
-            let known = names
-                .get(&u64::from(child))
-                .is_some_and(|(p, n)| *p == u64::from(parent) && n == name);
-            if !known {
-                names.insert(u64::from(child), (u64::from(parent), name.to_vec()));
-            }
+        if name == b"." || name == b".." || child == parent || child == INodeNo::ROOT {
+            return;
+        }
+        self.names.learn(child.into(), parent.into(), name);
+        if self.measure.is_some() {
             self.forget_primed(child);
         }
     }
@@ -355,13 +394,30 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         })
     }
 
-    /// The errno for a reader error; integrity failures and corruption are logged.
-    fn fail(&self, what: &str, e: erofs::read::Error) -> Errno {
+    /// The errno for a reader error; integrity failures and corruption are logged, one
+    /// line naming `what` was done to which file (`read of /usr/bin/ls (inode 1234)`).
+    fn fail(&self, what: &str, about: About<'_>, e: erofs::read::Error) -> Errno {
         let errno = e.errno();
         if errno != rustix::io::Errno::NOENT.raw_os_error() {
-            (self.log)(&format!("{}: {what}: {}", self.name, stack::describe(&e)));
+            let subject = self.subject(about);
+            (self.log)(&format!(
+                "{}: {what} of {subject}: {}",
+                self.name,
+                stack::describe(&e)
+            ));
         }
         Errno::from_i32(errno)
+    }
+
+    /// How a log line names what `about` stands for (see `logged_subject`).
+    fn subject(&self, about: About<'_>) -> String {
+        let (start, name, obj) = match about {
+            About::Known(ino) => (ino, None, self.obj(ino).ok()),
+            About::Entry { dir, name, obj } => (dir, Some(name), obj),
+        };
+        logged_subject(start.into(), name, obj.map(|o| (o, self.overlay)), |at| {
+            self.names.get(at)
+        })
     }
 
     /// Whether inode `i` of `o` may be handed to the kernel as the image's namespace
@@ -371,7 +427,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// that lies too hides the ACL from both alike; `security.*` names are listed. A
     /// false record is EIO for that inode and one log line: the image lies about itself.
     /// Images recording every namespace present (or none) pay nothing here.
-    fn check_claims(&self, o: Obj, i: &Inode) -> Result<(), Errno> {
+    fn check_claims(&self, o: Obj, i: &Inode, about: About<'_>) -> Result<(), Errno> {
         match hidden_xattr(self.image(o), i, self.aclless, self.unlabelled) {
             Ok(None) => Ok(()),
             Ok(Some(name)) => {
@@ -379,40 +435,50 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 (self.log)(&format!("{}: {what}", self.name));
                 Err(Errno::EIO)
             }
-            Err(e) => Err(self.fail(&format!("xattrs of inode {}", i.nid), e)),
+            Err(e) => Err(self.fail("xattrs", about, e)),
         }
     }
 
     /// Checks a single image's entry `name` of directory `dir` (its place, and what the
     /// namespace record says of it) before the kernel learns it.
-    fn check_entry(&self, dir: Obj, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
+    fn check_entry(&self, dir: INodeNo, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
+        let about = About::entry(dir, name, Some(o));
         self.stack
-            .check_placement(o.layer, dir.nid, name, i)
-            .map_err(|e| self.fail("lookup", e))?;
-        self.check_claims(o, i)
+            .check_placement(o.layer, self.obj(dir)?.nid, name, i)
+            .map_err(|e| self.fail("lookup", about, e))?;
+        self.check_claims(o, i, about)
     }
 
-    /// Checks a stack's entry `name` of the merged directory `parent` (listed unchecked).
-    fn check_merged(&self, parent: &[Dir], name: &[u8], r: &Resolved) -> Result<(), Errno> {
+    /// Checks a stack's entry `name` of the merged directory `dir` (whose layers'
+    /// directories are `chain`; listed unchecked).
+    fn check_merged(
+        &self,
+        dir: INodeNo,
+        chain: &[Dir],
+        name: &[u8],
+        r: &Resolved,
+    ) -> Result<(), Errno> {
+        let about = About::entry(dir, name, Some(r.top));
         self.stack
-            .check_resolved(parent, name, r)
-            .map_err(|e| self.fail("lookup", e))?;
-        self.check_claims(r.top, &r.inode)
+            .check_resolved(chain, name, r)
+            .map_err(|e| self.fail("lookup", about, e))?;
+        self.check_claims(r.top, &r.inode, about)
     }
 
     fn inode(&self, ino: INodeNo) -> Result<(Obj, Inode), Errno> {
         let o = self.obj(ino)?;
-        self.obj_inode(o).map(|i| (o, i))
+        self.obj_inode(o, About::Known(ino)).map(|i| (o, i))
     }
 
-    fn obj_inode(&self, o: Obj) -> Result<Inode, Errno> {
+    /// The inode of `o` (which `about` names for a log line).
+    fn obj_inode(&self, o: Obj, about: About<'_>) -> Result<Inode, Errno> {
         // A nid too large for an inode number cannot be given out unambiguously.
         if o.nid >= 1 << LAYER_SHIFT {
             return Err(Errno::EIO);
         }
         self.stack
             .inode(o)
-            .map_err(|e| self.fail(&format!("inode {} of layer {}", o.nid, o.layer), e))
+            .map_err(|e| self.fail("inode", about, e))
     }
 
     fn image(&self, o: Obj) -> &Image<S> {
@@ -448,7 +514,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             vec![self
                 .stack
                 .dir(o, &inode)
-                .map_err(|e| self.fail("opaque xattr", e))?]
+                .map_err(|e| self.fail("opaque xattr", About::Known(ino), e))?]
         };
         Ok(self.remember(ino, chain, INodeNo::ROOT, guard))
     }
@@ -480,13 +546,17 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         self.resolved_attr(r)
     }
 
-    /// The merged listing of a stack's directory, read once.
-    fn listing<'g>(&self, d: &'g DirNode) -> Result<&'g [(Vec<u8>, Resolved)], Errno> {
+    /// The merged listing of a stack's directory `ino`, read once.
+    fn listing<'g>(
+        &self,
+        ino: INodeNo,
+        d: &'g DirNode,
+    ) -> Result<&'g [(Vec<u8>, Resolved)], Errno> {
         if d.listing.get().is_none() {
             let l = self
                 .stack
                 .list(&d.chain)
-                .map_err(|e| self.fail("readdir", e))?;
+                .map_err(|e| self.fail("readdir", About::Known(ino), e))?;
             let _ = d.listing.set(l);
         }
         Ok(d.listing.get().expect("just set"))
@@ -514,9 +584,9 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             let entries = self
                 .image(o)
                 .readdir(&dir, offset)
-                .map_err(|e| self.fail("readdir", e))?;
+                .map_err(|e| self.fail("readdir", About::Known(ino), e))?;
             for e in entries {
-                let e = e.map_err(|e| self.fail("readdir", e))?;
+                let e = e.map_err(|e| self.fail("readdir", About::Known(ino), e))?;
                 let next = e.next_offset;
                 if add(Listed::Plain(e), next)? {
                     break;
@@ -526,7 +596,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
         let guard = self.dirs.guard();
         let d = self.dir_node(ino, &guard)?;
-        let list = self.listing(d)?;
+        let list = self.listing(ino, d)?;
         let dots: [(&[u8], INodeNo); 2] = [(b".", ino), (b"..", d.parent)];
         for (i, (name, dot)) in dots.into_iter().enumerate().skip(offset as usize) {
             if add(Listed::Dot(name, dot), i as u64 + 1)? {
@@ -548,6 +618,26 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     fn visible(&self, req: &Request, name: &[u8]) -> bool {
         (!name.starts_with(b"trusted.") || req.uid() == 0)
             && !(self.overlay && name.starts_with(stack::PRIVATE_XATTR_PREFIX))
+    }
+}
+
+/// What a failed request was about, as its log line names it (`ImageFs::subject`).
+#[derive(Clone, Copy)]
+enum About<'a> {
+    /// An object the kernel knows by this number.
+    Known(INodeNo),
+    /// Entry `name` of directory `dir`, before the kernel knows it; the object found
+    /// there, once found.
+    Entry {
+        dir: INodeNo,
+        name: &'a [u8],
+        obj: Option<Obj>,
+    },
+}
+
+impl<'a> About<'a> {
+    fn entry(dir: INodeNo, name: &'a [u8], obj: Option<Obj>) -> About<'a> {
+        About::Entry { dir, name, obj }
     }
 }
 
@@ -619,35 +709,91 @@ fn false_record(o: Obj, i: &Inode, xattr: &[u8], overlay: bool) -> String {
 /// The kernel's PATH_MAX: IMA names a file by `d_absolute_path` into a buffer this big.
 const PATH_MAX: usize = 4096;
 
-/// The path a measurement names object `start` by: `setup.path` of the names from the
-/// root (1) down, found by walking `up` (an object's parent and name). Bounded as the
-/// kernel's is: a path `d_absolute_path` cannot fit in PATH_MAX bytes (which also ends a
-/// walk around any cycle) is named as `ima_d_path` names it then, by the object's own
-/// name alone (at most NAME_MAX - 1 bytes, what its `strscpy` keeps).
-pub(crate) fn measured_path<'a>(
-    setup: &measuring::Setup,
+/// The names from the root (1) down to object `start`, found by walking `up` (an
+/// object's parent and name), and whether the walk reached the root. It stops early at an
+/// object `up` does not know, or once the names fill PATH_MAX (which also ends a walk
+/// around any cycle).
+fn names_from_root<N: AsRef<[u8]>>(
     start: u64,
-    up: impl Fn(u64) -> Option<(u64, &'a [u8])>,
-) -> Vec<u8> {
-    let mut parts: Vec<&[u8]> = Vec::new();
+    up: impl Fn(u64) -> Option<(u64, N)>,
+) -> (Vec<N>, bool) {
+    let mut parts = Vec::new();
     let mut len = 0;
     let mut at = start;
     while at != 1 {
         let Some((parent, name)) = up(at) else {
             break;
         };
+        len += name.as_ref().len() + 1;
         parts.push(name);
-        len += name.len() + 1;
         if len >= PATH_MAX {
             break;
         }
         at = parent;
     }
-    let own = parts.first().copied().unwrap_or_default();
     parts.reverse();
+    (parts, at == 1)
+}
+
+/// The path a measurement names object `start` by: `setup.path` of the names from the
+/// root (1) down, found by walking `up` (an object's parent and name). Bounded as the
+/// kernel's is: a path `d_absolute_path` cannot fit in PATH_MAX bytes is named as
+/// `ima_d_path` names it then, by the object's own name alone (at most NAME_MAX - 1
+/// bytes, what its `strscpy` keeps).
+pub(crate) fn measured_path<N: AsRef<[u8]>>(
+    setup: &measuring::Setup,
+    start: u64,
+    up: impl Fn(u64) -> Option<(u64, N)>,
+) -> Vec<u8> {
+    let (parts, _) = names_from_root(start, up);
+    let parts: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
+    let own = parts.last().copied().unwrap_or_default();
     let path = setup.path(&parts);
     if path.len() >= PATH_MAX {
         return own[..own.len().min(254)].to_vec();
+    }
+    path
+}
+
+/// How a log line names object `start`: its path inside the mount (`/usr/bin/ls`, from
+/// the names `up` gives, as `measured_path` walks them), with `name` appended when given
+/// (an entry of directory `start` not yet known), escaped so that it stays one line; and
+/// then the image object, if known (`inode 1234`, `inode 1234 of layer 1` in a stack).
+/// Without a whole path (an ancestor the mount never learnt, or one past PATH_MAX) the
+/// object alone names it.
+pub(crate) fn logged_subject<N: AsRef<[u8]>>(
+    start: u64,
+    name: Option<&[u8]>,
+    obj: Option<(Obj, bool)>,
+    up: impl Fn(u64) -> Option<(u64, N)>,
+) -> String {
+    let (parts, whole) = names_from_root(start, up);
+    let mut parts: Vec<&[u8]> = parts.iter().map(AsRef::as_ref).collect();
+    parts.extend(name);
+    let obj = obj.map(|(o, stacked)| match stacked {
+        true => format!("inode {} of layer {}", o.nid, o.layer),
+        false => format!("inode {}", o.nid),
+    });
+    if !whole {
+        return obj.unwrap_or_else(|| "an object whose path is unknown".into());
+    }
+    let path = logged_path(&parts);
+    match obj {
+        Some(o) => format!("{path} ({o})"),
+        None => path,
+    }
+}
+
+/// Names from the root down as a log line shows them: `/a/b`, each escaped so that the
+/// line stays one line (`\n`, `\"`, invalid UTF-8 as U+FFFD).
+pub(crate) fn logged_path(parts: &[impl AsRef<[u8]>]) -> String {
+    let mut path = String::new();
+    for p in parts {
+        path.push('/');
+        path.extend(String::from_utf8_lossy(p.as_ref()).escape_debug());
+    }
+    if path.is_empty() {
+        path.push('/');
     }
     path
 }
@@ -810,12 +956,15 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         if self.overlay {
             let guard = self.dirs.guard();
             let found = self.dir_node(parent, &guard).and_then(|d| {
-                self.stack
-                    .lookup(&d.chain, name.as_bytes())
-                    .map_err(|e| self.fail("lookup", e))
+                self.stack.lookup(&d.chain, name.as_bytes()).map_err(|e| {
+                    self.fail("lookup", About::entry(parent, name.as_bytes(), None), e)
+                })
             });
             let found = found.and_then(|r| match r {
-                Some(r) => self.check_claims(r.top, &r.inode).map(|()| Some(r)),
+                Some(r) => {
+                    let about = About::entry(parent, name.as_bytes(), Some(r.top));
+                    self.check_claims(r.top, &r.inode, about).map(|()| Some(r))
+                }
                 None => Ok(None),
             });
             return match found {
@@ -841,10 +990,11 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     layer: o.layer,
                     nid: e.nid,
                 };
-                match self
-                    .obj_inode(child)
-                    .and_then(|i| self.check_entry(o, name.as_bytes(), child, &i).map(|()| i))
-                {
+                let about = About::entry(parent, name.as_bytes(), Some(child));
+                match self.obj_inode(child, about).and_then(|i| {
+                    self.check_entry(parent, name.as_bytes(), child, &i)
+                        .map(|()| i)
+                }) {
                     Ok(i) => {
                         let a = self.attr(child, &i);
                         self.learn(parent, name.as_bytes(), a.ino);
@@ -854,7 +1004,10 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                 }
             }
             Ok(None) => reply.entry(&FOREVER, &negative(), Generation(0)),
-            Err(e) => reply.error(self.fail("lookup", e)),
+            Err(e) => {
+                let about = About::entry(parent, name.as_bytes(), None);
+                reply.error(self.fail("lookup", about, e))
+            }
         }
     }
 
@@ -878,7 +1031,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         match self.inode(ino).and_then(|(o, i)| {
             self.image(o)
                 .readlink(&i)
-                .map_err(|e| self.fail("readlink", e))
+                .map_err(|e| self.fail("readlink", About::Known(ino), e))
         }) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e),
@@ -940,7 +1093,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             }
             match self.image(o).read(&inode, offset, &mut buf[..want]) {
                 Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(self.fail(&format!("read of inode {}", inode.nid), e)),
+                Err(e) => reply.error(self.fail("read", About::Known(ino), e)),
             }
         })
     }
@@ -1023,8 +1176,8 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     let attr = if e.name == b"." || e.name == b".." {
                         dot(self.ino(o))
                     } else {
-                        let i = self.obj_inode(o)?;
-                        match self.check_entry(self.obj(ino)?, &e.name, o, &i) {
+                        let i = self.obj_inode(o, About::entry(ino, &e.name, Some(o)))?;
+                        match self.check_entry(ino, &e.name, o, &i) {
                             Ok(()) => self.attr(o, &i),
                             Err(_) => refused(kind(i.mode.into())),
                         }
@@ -1033,7 +1186,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                 }
                 Listed::Dot(name, ino) => (*name, dot(*ino)),
                 Listed::Merged(name, r, dir, chain, guard) => {
-                    let attr = match self.check_merged(chain, name, r) {
+                    let attr = match self.check_merged(*dir, chain, name, r) {
                         Ok(()) => self.child_attr(r, *dir, *guard),
                         Err(_) => refused(kind(r.inode.mode.into())),
                     };
@@ -1094,7 +1247,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         match self.image(o).getxattr(&inode, name) {
             Ok(Some(v)) => xattr_reply(reply, size, &v),
             Ok(None) => reply.error(Errno::NO_XATTR),
-            Err(e) => reply.error(self.fail("getxattr", e)),
+            Err(e) => reply.error(self.fail("getxattr", About::Known(ino), e)),
         }
     }
 
@@ -1105,7 +1258,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
         };
         match self.image(o).listxattr(&inode) {
             Ok(names) => names_reply(reply, size, &names, |n| self.visible(req, n)),
-            Err(e) => reply.error(self.fail("listxattr", e)),
+            Err(e) => reply.error(self.fail("listxattr", About::Known(ino), e)),
         }
     }
 }
@@ -1120,10 +1273,7 @@ struct ImageContent<'a, S: ByteSource> {
 
 impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
     fn path(&self) -> Vec<u8> {
-        let names = self.fs.names.pin();
-        measured_path(self.setup, self.ino.into(), |at| {
-            names.get(&at).map(|(parent, name)| (*parent, &name[..]))
-        })
+        measured_path(self.setup, self.ino.into(), |at| self.fs.names.get(at))
     }
 
     fn reader(&self, _size: Option<u64>) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {
@@ -1136,5 +1286,67 @@ impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
 
     fn ima_xattr(&self) -> Option<Vec<u8>> {
         self.file.ima_xattr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// `up` over a table of (object → parent, name).
+    fn subject(
+        table: &HashMap<u64, (u64, Vec<u8>)>,
+        start: u64,
+        name: Option<&[u8]>,
+        obj: Option<(Obj, bool)>,
+    ) -> String {
+        logged_subject(start, name, obj, |at| {
+            table.get(&at).map(|(p, n)| (*p, &n[..]))
+        })
+    }
+
+    #[test]
+    fn a_logged_subject_is_the_path_in_the_mount_then_the_object() {
+        let table = HashMap::from([
+            (10, (1, b"usr".to_vec())),
+            (11, (10, b"bin".to_vec())),
+            (12, (11, b"ls".to_vec())),
+        ]);
+        let o = Obj { layer: 1, nid: 42 };
+        assert_eq!(
+            subject(&table, 12, None, Some((o, false))),
+            "/usr/bin/ls (inode 42)"
+        );
+        assert_eq!(
+            subject(&table, 12, None, Some((o, true))),
+            "/usr/bin/ls (inode 42 of layer 1)"
+        );
+        assert_eq!(subject(&table, 11, Some(b"cat"), None), "/usr/bin/cat");
+        assert_eq!(subject(&table, 1, None, None), "/");
+        assert_eq!(subject(&table, 1, Some(b"etc"), None), "/etc");
+    }
+
+    #[test]
+    fn an_unknown_ancestor_or_a_loop_falls_back_to_the_object() {
+        // 21's parent 20 was never learnt; 30 and 31 are each other's parent.
+        let table = HashMap::from([
+            (21, (20, b"f".to_vec())),
+            (30, (31, b"a".to_vec())),
+            (31, (30, b"b".to_vec())),
+        ]);
+        let o = Obj { layer: 0, nid: 7 };
+        assert_eq!(subject(&table, 21, None, Some((o, false))), "inode 7");
+        assert_eq!(subject(&table, 30, None, Some((o, false))), "inode 7");
+        assert_eq!(
+            subject(&table, 21, Some(b"x"), None),
+            "an object whose path is unknown"
+        );
+    }
+
+    #[test]
+    fn a_logged_path_stays_one_line() {
+        let table = HashMap::from([(10, (1, b"a\nb\"c\xff".to_vec()))]);
+        assert_eq!(subject(&table, 10, None, None), "/a\\nb\\\"c\u{fffd}");
     }
 }

@@ -111,6 +111,18 @@ fn from_node(fh: u64) -> bool {
     fh == 0 || fh & IMAGE_HANDLE != 0
 }
 
+/// What a failed read of the images was about, as its log line names it
+/// (`UnionFs::subject`).
+#[derive(Clone, Copy)]
+enum Lower<'a> {
+    /// A node the kernel knows.
+    Node(u64),
+    /// Entry `name` of directory node `dir`, before the kernel knows it.
+    Entry(u64, &'a [u8]),
+    /// A directory of one layer, by its path there (the walk for hardlinks).
+    Walk(u16, &'a [Vec<u8>]),
+}
+
 const IO_UNDECIDED: u8 = 0;
 const IO_CACHED: u8 = 1;
 const IO_PASSTHROUGH: u8 = 2;
@@ -540,14 +552,36 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         f(self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?)
     }
 
-    fn lower_err(&self, what: &str, e: erofs::read::Error) -> Errno {
+    /// The errno for an error reading the images, logged in one line naming `what` was
+    /// done to which file (`read of /usr/bin/ls (inode 1234)`).
+    fn lower_err(&self, what: &str, about: Lower<'_>, e: erofs::read::Error) -> Errno {
         let errno = e.errno();
+        let subject = self.subject(about);
         (self.log)(&format!(
-            "{}: {what}: {}",
+            "{}: {what} of {subject}: {}",
             self.name,
             crate::stack::describe(&e)
         ));
         Errno::from_i32(errno)
+    }
+
+    /// How a log line names what `about` stands for: its path in the mount, from the
+    /// nodes' parents and names, as `measured_path` finds it (see `logged_subject`).
+    fn subject(&self, about: Lower<'_>) -> String {
+        let stacked = self.stack.layers.len() > 1;
+        let guard = self.nodes.guard();
+        let up = |at| self.nodes.get(&at, &guard).map(|n| (n.parent, &n.name[..]));
+        match about {
+            Lower::Node(id) => {
+                let obj = self.nodes.get(&id, &guard).and_then(|n| n.lower.as_ref());
+                crate::logged_subject(id, None, obj.map(|r| (r.top, stacked)), up)
+            }
+            Lower::Entry(dir, name) => crate::logged_subject(dir, Some(name), None, up),
+            Lower::Walk(layer, path) => {
+                let p = crate::logged_path(path);
+                format!("{p} of layer {layer}")
+            }
+        }
     }
 
     /// A directory has one place. One that a lookup finds while the kernel knows it under
@@ -640,7 +674,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         } else {
             self.stack
                 .lookup(chain, name)
-                .map_err(|e| self.lower_err("lookup", e))?
+                .map_err(|e| self.lower_err("lookup", Lower::Entry(parent, name), e))?
         };
         let node = |lower, upper, merge| Node {
             parent,
@@ -660,7 +694,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let merge = is_dir && self.upper.opacity(fd.as_fd()) != upper::Opacity::Opaque;
         // A directory moved here merges with the image directories it was moved from.
         let lower = match merge.then(|| self.upper.redirect(fd.as_fd())).flatten() {
-            Some(to) => self.lower_at(chain, &to)?,
+            Some(to) => self.lower_at(chain, &to, Lower::Entry(parent, name))?,
             None => lower,
         };
         // An upper directory merges with image directories only.
@@ -677,11 +711,17 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// What the images have where a redirect points: a name in `chain` (the parent's
     /// image directories), or a path from the image root when it starts with `/`.
-    fn lower_at(&self, chain: &[crate::stack::Dir], to: &[u8]) -> Result<Option<Resolved>, Errno> {
+    /// `about` is the directory redirected, for a log line.
+    fn lower_at(
+        &self,
+        chain: &[crate::stack::Dir],
+        to: &[u8],
+        about: Lower<'_>,
+    ) -> Result<Option<Resolved>, Errno> {
         let look = |chain: &[crate::stack::Dir], name: &[u8]| {
             self.stack
                 .lookup(chain, name)
-                .map_err(|e| self.lower_err("lookup", e))
+                .map_err(|e| self.lower_err("redirect lookup", about, e))
         };
         // overlayfs's rules for a valid redirect: a relative one is one name, an absolute
         // one has no empty part; and no part is `.` or `..`, which could make a directory
@@ -941,7 +981,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let inode: &Inode = &r.inode;
         let xattrs = img
             .xattrs(inode)
-            .map_err(|e| self.lower_err("copy-up xattrs", e))?
+            .map_err(|e| self.lower_err("copy-up xattrs", Lower::Node(id), e))?
             .into_iter()
             .filter(|(k, _)| !self.own_xattr(k))
             .collect();
@@ -983,9 +1023,12 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             ));
         }
         let target;
+        // A failure is logged here, where the file is known, and keeps its errno.
         let mut read = |off: u64, buf: &mut [u8]| {
-            img.read(inode, off, buf)
-                .map_err(|e| std::io::Error::other(e.to_string()))
+            img.read(inode, off, buf).map_err(|e| {
+                let errno = self.lower_err("copy-up read", Lower::Node(id), e);
+                std::io::Error::from_raw_os_error(errno.code())
+            })
         };
         let contents = if inode.is_dir() {
             Contents::Dir
@@ -997,7 +1040,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         } else if inode.is_symlink() {
             target = img
                 .readlink(inode)
-                .map_err(|e| self.lower_err("copy-up readlink", e))?;
+                .map_err(|e| self.lower_err("copy-up readlink", Lower::Node(id), e))?;
             Contents::Symlink(&target)
         } else {
             Contents::Special
@@ -1085,12 +1128,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             }
             let dir = img
                 .inode(nid)
-                .map_err(|e| self.lower_err("hardlink walk", e))?;
+                .map_err(|e| self.lower_err("hardlink walk", Lower::Walk(layer, &path), e))?;
             for e in img
                 .readdir(&dir, 0)
-                .map_err(|e| self.lower_err("hardlink walk", e))?
+                .map_err(|e| self.lower_err("hardlink walk", Lower::Walk(layer, &path), e))?
             {
-                let e = e.map_err(|e| self.lower_err("hardlink walk", e))?;
+                let e =
+                    e.map_err(|e| self.lower_err("hardlink walk", Lower::Walk(layer, &path), e))?;
                 if e.name == b"." || e.name == b".." {
                     continue;
                 }
@@ -1099,16 +1143,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 if e.file_type == erofs::format::FT_DIR {
                     let child = img
                         .inode(e.nid)
-                        .map_err(|e| self.lower_err("hardlink walk", e))?;
+                        .map_err(|e| self.lower_err("hardlink walk", Lower::Walk(layer, &p), e))?;
                     match self.stack.check_placement(layer, nid, &e.name, &child) {
                         Ok(()) => stack.push((e.nid, p)),
                         Err(e) if crate::stack::misplaced(&e).is_some() => {}
-                        Err(e) => return Err(self.lower_err("hardlink walk", e)),
+                        Err(e) => {
+                            return Err(self.lower_err("hardlink walk", Lower::Walk(layer, &p), e))
+                        }
                     }
                 } else if e.file_type == erofs::format::FT_REG_FILE {
                     let i = img
                         .inode(e.nid)
-                        .map_err(|e| self.lower_err("hardlink walk", e))?;
+                        .map_err(|e| self.lower_err("hardlink walk", Lower::Walk(layer, &p), e))?;
                     if i.nlink > 1 {
                         map.entry(e.nid).or_default().push(p);
                     }
@@ -1247,7 +1293,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             Ok(self
                 .stack
                 .lookup(chain, name)
-                .map_err(|e| self.lower_err("lookup", e))?
+                .map_err(|e| self.lower_err("lookup", Lower::Entry(parent, name), e))?
                 .is_some())
         })
     }
@@ -1291,7 +1337,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             for (name, r) in self
                 .stack
                 .list(chain)
-                .map_err(|e| self.lower_err("readdir", e))?
+                .map_err(|e| self.lower_err("readdir", Lower::Node(id), e))?
             {
                 if seen.insert(name.clone()) {
                     out.push((name, self.lower_id(r.top), kind(r.inode.mode.into())));
@@ -1735,7 +1781,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .stack
                     .image(r.top.layer)
                     .readlink(&r.inode)
-                    .map_err(|e| self.lower_err("readlink", e)),
+                    .map_err(|e| self.lower_err("readlink", Lower::Node(ino.into()), e)),
                 _ => Err(Errno::ESTALE),
             })
         };
@@ -2207,7 +2253,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .stack
                     .image(r.top.layer)
                     .read(&r.inode, offset, &mut buf)
-                    .map_err(|e| self.lower_err("read", e)),
+                    .map_err(|e| self.lower_err("read", Lower::Node(ino.into()), e)),
                 (None, None) => Err(Errno::EBADF),
             })
         };
@@ -2469,7 +2515,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .stack
                     .image(r.top.layer)
                     .getxattr(&r.inode, name)
-                    .map_err(|e| self.lower_err("getxattr", e)),
+                    .map_err(|e| self.lower_err("getxattr", Lower::Node(ino.into()), e)),
                 _ => Err(Errno::ESTALE),
             })
         };
@@ -2496,7 +2542,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     .stack
                     .image(r.top.layer)
                     .listxattr(&r.inode)
-                    .map_err(|e| self.lower_err("listxattr", e)),
+                    .map_err(|e| self.lower_err("listxattr", Lower::Node(ino.into()), e)),
                 _ => Err(Errno::ESTALE),
             })
         };

@@ -23,10 +23,15 @@ struct FuseMount {
 
 impl FuseMount {
     fn new(image: &Path, dir: &Path, extra: &[&str]) -> FuseMount {
+        FuseMount::stack(&[image.to_path_buf()], dir, extra)
+    }
+
+    /// A mount of several images, the first on top.
+    fn stack(images: &[PathBuf], dir: &Path, extra: &[&str]) -> FuseMount {
         std::fs::create_dir_all(dir).unwrap();
         let log = (!extra.contains(&"--log")).then(|| dir.with_extension("daemon.log"));
         let mut cmd = verilay();
-        cmd.arg("mount").arg(image).arg(dir).args(extra);
+        cmd.arg("mount").args(images).arg(dir).args(extra);
         if let Some(l) = &log {
             cmd.arg("--log").arg(l);
         }
@@ -181,33 +186,105 @@ fn acls_and_trusted_xattrs_are_enforced_like_the_kernel() {
     }
 }
 
+/// How `tampered_reads` mounts the image it tampers with.
+#[derive(Clone, Copy, PartialEq)]
+enum Served {
+    /// `verilay mount IMAGE DIR`.
+    Plain,
+    /// On top of a second image (overlayfs's rules, the same read-only filesystem).
+    Stacked,
+    /// With an upper directory (the writable filesystem).
+    Upper,
+}
+
 #[test]
 fn a_tampered_image_gives_eio_for_that_file_only() {
+    tampered_reads(Served::Plain);
+}
+
+#[test]
+fn a_tampered_stacked_image_gives_eio_for_that_file_only() {
+    tampered_reads(Served::Stacked);
+}
+
+#[test]
+fn a_tampered_image_under_an_upper_directory_gives_eio_for_that_file_only() {
+    tampered_reads(Served::Upper);
+}
+
+/// Flips a byte of two files' data under a live mount (one at the root, one two
+/// directories down) and of a directory's last block: reading either file or listing
+/// the directory is EIO, the rest of the tree reads fine, and each failure is one log line
+/// that names the bad block and the file by its path in the mount (and its inode, as
+/// `inspect` shows it); with an upper directory, so is a copy-up.
+fn tampered_reads(served: Served) {
     if prerequisites() {
         return;
     }
-    let victim: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let content = |seed: u32| -> Vec<u8> {
+        (0..300_000u32)
+            .map(|i| ((i ^ seed) * 7 % 251) as u8)
+            .collect()
+    };
+    let victims = ["victim", "sub/deeper/victim"];
     let (t, _src, image, _) = fixture(|src| {
-        std::fs::write(src.join("victim"), &victim).unwrap();
+        std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+        for (i, v) in victims.iter().enumerate() {
+            std::fs::write(src.join(v), content(i as u32)).unwrap();
+        }
         std::fs::write(src.join("bystander"), b"still fine").unwrap();
+        // Several blocks of entries: a lookup of `..` (its place is checked) searches the
+        // first half, the last block is only listed.
+        std::fs::create_dir_all(src.join("sub/many")).unwrap();
+        for i in 0..600 {
+            std::fs::write(src.join(format!("sub/many/a-longish-name-{i}")), b"").unwrap();
+        }
     });
-    let info: serde_json::Value = serde_json::from_slice(
-        &run(verilay()
-            .args(["inspect", "--json"])
-            .arg(&image)
-            .arg("victim"))
-        .stdout,
-    )
-    .unwrap();
-    let start = info["layout"]["start_block"].as_u64().unwrap() * 4096;
-    let log = t.path().join("log");
-    let fuse = FuseMount::new(
-        &image,
-        &t.path().join("fuse"),
-        &["--log", log.to_str().unwrap()],
+    let inspect = |file: &str| -> serde_json::Value {
+        let out = run(verilay().args(["inspect", "--json"]).arg(&image).arg(file));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let victims: Vec<(&str, u64, u64)> = victims
+        .iter()
+        .map(|v| {
+            let info = inspect(v);
+            let start = info["layout"]["start_block"].as_u64().unwrap() * 4096;
+            (*v, start + 100_000, info["nid"].as_u64().unwrap())
+        })
+        .collect();
+    let many = inspect("sub/many");
+    let blocks = many["layout"]["blocks"].as_u64().unwrap();
+    assert!(blocks >= 3, "{many}");
+    let listing = (
+        "sub/many",
+        (many["layout"]["start_block"].as_u64().unwrap() + blocks - 1) * 4096 + 100,
+        many["nid"].as_u64().unwrap(),
     );
-    // Flip one byte of the victim's data in the image file under the live mount (the
-    // file has not been read, so nothing of it is cached yet).
+    let log = t.path().join("log");
+    let mut args = vec!["--log".to_string(), log.to_str().unwrap().to_string()];
+    let mut images = vec![image.clone()];
+    match served {
+        Served::Plain => {}
+        Served::Stacked => {
+            let base = t.path().join("base");
+            std::fs::create_dir_all(base.join("sub")).unwrap();
+            std::fs::write(base.join("sub/from-base"), b"base").unwrap();
+            let base_image = t.path().join("base.img");
+            build(&base, &base_image, &["--quiet"]);
+            images.push(base_image);
+        }
+        Served::Upper => {
+            let d = dirs(t.path(), "rw");
+            for (flag, dir) in [("--upper", &d.upper), ("--work", &d.work)] {
+                args.push(flag.to_string());
+                args.push(dir.to_str().unwrap().to_string());
+            }
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let fuse = FuseMount::stack(&images, &t.path().join("fuse"), &args);
+    // Flip one byte of each victim's data and of the listing's block in the image file
+    // under the live mount (none has been read, so nothing of them is cached yet).
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new()
@@ -215,28 +292,71 @@ fn a_tampered_image_gives_eio_for_that_file_only() {
             .read(true)
             .open(&image)
             .unwrap();
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, start + 100_000).unwrap();
-        f.write_all_at(&[b[0] ^ 0x10], start + 100_000).unwrap();
+        for &(_, at, _) in victims.iter().chain([&listing]) {
+            let mut b = [0u8; 1];
+            f.read_exact_at(&mut b, at).unwrap();
+            f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+        }
     }
-    let err = std::fs::read(fuse.dir.join("victim")).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(5), "EIO, got {err}");
+    for (i, &(v, _, _)) in victims.iter().enumerate() {
+        let err = std::fs::read(fuse.dir.join(v)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(5), "{v}: EIO, got {err}");
+        // Blocks before the bad one read fine; none of the bad block's bytes come out.
+        use std::io::Read;
+        let mut f = std::fs::File::open(fuse.dir.join(v)).unwrap();
+        let mut head = vec![0u8; 64 * 1024];
+        f.read_exact(&mut head).unwrap();
+        assert_eq!(head, content(i as u32)[..head.len()], "{v}");
+    }
+    let err = std::fs::read_dir(fuse.dir.join(listing.0))
+        .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+        .expect_err("a listing with a bad block");
+    assert_eq!(err.raw_os_error(), Some(5), "listing: EIO, got {err}");
     assert_eq!(
         std::fs::read(fuse.dir.join("bystander")).unwrap(),
         b"still fine"
     );
-    // Blocks before the bad one read fine; none of the bad block's bytes come out.
-    use std::io::Read;
-    let mut f = std::fs::File::open(fuse.dir.join("victim")).unwrap();
-    let mut head = vec![0u8; 64 * 1024];
-    f.read_exact(&mut head).unwrap();
-    assert_eq!(head, victim[..head.len()]);
+    let inode = |nid: u64| match served {
+        Served::Stacked => format!("inode {nid} of layer 0"),
+        _ => format!("inode {nid}"),
+    };
+    let mut wanted: Vec<(String, u64)> = victims
+        .iter()
+        .map(|&(v, at, nid)| (format!("read of /{v} ({}): ", inode(nid)), at))
+        .collect();
+    let (dir, at, nid) = listing;
+    wanted.push((format!("readdir of /{dir} ({}): ", inode(nid)), at));
+    if served == Served::Upper {
+        // Copying it up (an open for writing) reads the bad block too.
+        let (v, at, nid) = victims[1];
+        let err = std::fs::OpenOptions::new()
+            .append(true)
+            .open(fuse.dir.join(v))
+            .expect_err("a copy-up of a tampered file");
+        assert_eq!(
+            err.raw_os_error(),
+            Some(5),
+            "copy-up of {v}: EIO, got {err}"
+        );
+        wanted.push((format!("copy-up read of /{v} ({}): ", inode(nid)), at));
+    }
     let logged = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        logged.contains("integrity error")
-            && logged.contains(&format!("{}", (start + 100_000) / 4096 * 4096)),
-        "log names the bad block: {logged}"
-    );
+    for (what, at) in &wanted {
+        let block = at / 4096 * 4096;
+        assert!(
+            logged.lines().any(|l| l.contains(what)
+                && l.contains("integrity error")
+                && l.contains(&format!(" at byte {block} fails its hash"))),
+            "no line \"{what}…\" naming block {block}: {logged}"
+        );
+    }
+    // Each line is one failure, naming its file: none without a path.
+    for l in logged.lines() {
+        assert!(
+            wanted.iter().any(|(what, _)| l.contains(what)),
+            "a line naming no victim: {l}\n{logged}"
+        );
+    }
 }
 
 #[test]

@@ -743,7 +743,16 @@ fn a_mount_from_the_registry_fetches_little_and_never_serves_a_flipped_byte() {
     let e = std::fs::read(m.join("big")).expect_err("a flipped block was served");
     assert_eq!(e.raw_os_error(), Some(5), "{e}");
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(logged.lines().count() >= 1, "no log line for the bad block");
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains(": read of /big (inode ") && l.contains("integrity error")),
+        "no log line naming big for the bad block: {logged}"
+    );
+    assert!(
+        logged.lines().all(|l| l.contains(" of /big ")),
+        "a log line naming another file: {logged}"
+    );
     // The proxy gone honest, the same read fetches the blocks again and succeeds.
     std::fs::remove_file(state.join("flip")).unwrap();
     assert!(

@@ -324,10 +324,9 @@ fn mount_of_a_duplicate_name_image_fails_the_listing_and_logs_it() {
     assert_eq!(err.raw_os_error(), Some(117), "{err}");
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(
-        logged
-            .lines()
-            .any(|l| l.contains("readdir: corrupt image at byte")
-                && l.contains("name \"a\" does not sort after \"a\"")),
+        logged.lines().any(|l| l.contains("readdir of / (inode ")
+            && l.contains(": corrupt image at byte")
+            && l.contains("name \"a\" does not sort after \"a\"")),
         "{logged}"
     );
     assert_untouched(&out);
