@@ -122,20 +122,6 @@ fn wait_counter(mnt: &Path, name: &str, want: u64) {
     assert_eq!(got, want, "{name}");
 }
 
-fn evmctl_accepts(log: &Path) -> bool {
-    Command::new("evmctl")
-        .arg("ima_measurement")
-        .arg("--pcrs")
-        .arg(format!("sha1,{}", log.join("pcrs_sha1").display()))
-        .arg("--pcrs")
-        .arg(format!("sha256,{}", log.join("pcrs_sha256").display()))
-        .arg(log.join("binary_runtime_measurements"))
-        .output()
-        .unwrap()
-        .status
-        .success()
-}
-
 fn log_verify(log: &Path) -> serde_json::Value {
     let out = run(verilay().args(["log", "verify", "--json"]).arg(log));
     serde_json::from_slice(&out.stdout).unwrap()

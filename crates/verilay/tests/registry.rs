@@ -1723,22 +1723,6 @@ fn measured(log: &Path, mnt: &Path) -> Vec<(u32, String, String, String)> {
     all
 }
 
-/// Whether `evmctl ima_measurement` (ima-evm-utils, the reference verifier) replays the
-/// binary list in `log` to the PCR values beside it.
-fn evmctl_accepts(log: &Path) -> bool {
-    Command::new("evmctl")
-        .arg("ima_measurement")
-        .arg("--pcrs")
-        .arg(format!("sha1,{}", log.join("pcrs_sha1").display()))
-        .arg("--pcrs")
-        .arg(format!("sha256,{}", log.join("pcrs_sha256").display()))
-        .arg(log.join("binary_runtime_measurements"))
-        .output()
-        .unwrap()
-        .status
-        .success()
-}
-
 /// Opens, reads and runs files of a measuring mount, in the same order each time.
 const MEASURED_OPENS: &str = "set -e
     cat a big owned >/dev/null; ./tool; cat tool >/dev/null

@@ -539,3 +539,19 @@ pub fn setfattr(file: &Path, name: &str, value: &str) {
         .args(["-n", name, "-v", value])
         .arg(file));
 }
+
+/// Whether `evmctl ima_measurement` (ima-evm-utils, the reference verifier) replays the
+/// binary list in `log` to the PCR values beside it.
+pub fn evmctl_accepts(log: &Path) -> bool {
+    Command::new("evmctl")
+        .arg("ima_measurement")
+        .arg("--pcrs")
+        .arg(format!("sha1,{}", log.join("pcrs_sha1").display()))
+        .arg("--pcrs")
+        .arg(format!("sha256,{}", log.join("pcrs_sha256").display()))
+        .arg(log.join("binary_runtime_measurements"))
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
