@@ -1045,10 +1045,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         } else {
             Contents::Special
         };
-        let st = self
-            .upper
-            .create(pfd.as_fd(), &n.name, &meta, contents)
-            .map_err(errno)?;
+        let st = self.keeping_times(n.parent, pfd, || {
+            self.upper
+                .create(pfd.as_fd(), &n.name, &meta, contents)
+                .map_err(errno)
+        })?;
         let fd = Arc::new(self.open_entry(pfd.as_fd(), &n.name, &st)?);
         self.upper_ids.pin().insert((st.st_dev, st.st_ino), id);
         let mut up = n.clone();
@@ -1068,6 +1069,42 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             self.link_other_names(r.top, &fd)?;
         }
         Ok(fd)
+    }
+
+    /// Runs `copy`, a copy-up into `pfd` (the upper directory of node `parent`), and then
+    /// gives that directory back its access and modification times, as overlayfs does
+    /// (`ovl_set_timestamps` on the parent in copy_up.c): a copy-up is no change of the
+    /// merged directory. Its ctime still moves, so the kernel's cached attributes of
+    /// `parent` are dropped, for the merged directory to show the upper one's times.
+    fn keeping_times<T>(
+        &self,
+        parent: u64,
+        pfd: &OwnedFd,
+        copy: impl FnOnce() -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let before = rfs::fstat(pfd).map_err(rerrno)?;
+        let done = copy()?;
+        let t = rfs::Timestamps {
+            last_access: rfs::Timespec {
+                tv_sec: before.st_atime as _,
+                tv_nsec: before.st_atime_nsec as _,
+            },
+            last_modification: rfs::Timespec {
+                tv_sec: before.st_mtime as _,
+                tv_nsec: before.st_mtime_nsec as _,
+            },
+        };
+        // Best effort, as in overlayfs: the copy-up itself has succeeded.
+        let _ = rfs::utimensat(
+            rfs::CWD,
+            Self::real_path(pfd.as_fd()).as_c_str(),
+            &t,
+            AtFlags::empty(),
+        );
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(parent), -1, 0);
+        }
+        Ok(done)
     }
 
     /// Keeps an image file's hardlinks together when it is copied up: every other name
@@ -1098,14 +1135,16 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 continue;
             }
             let pfd = self.copy_up(parent)?;
-            rfs::linkat(
-                rfs::CWD,
-                Self::real_path(fd.as_fd()).as_c_str(),
-                pfd.as_fd(),
-                cname(name)?.as_c_str(),
-                AtFlags::SYMLINK_FOLLOW,
-            )
-            .map_err(rerrno)?;
+            self.keeping_times(parent, &pfd, || {
+                rfs::linkat(
+                    rfs::CWD,
+                    Self::real_path(fd.as_fd()).as_c_str(),
+                    pfd.as_fd(),
+                    cname(name)?.as_c_str(),
+                    AtFlags::SYMLINK_FOLLOW,
+                )
+                .map_err(rerrno)
+            })?;
         }
         Ok(())
     }
