@@ -176,6 +176,16 @@ fn header(digest: &str, len: u64) -> Vec<u8> {
     h
 }
 
+/// Bytes the units marked in `bits` stand for (the short last unit counted whole).
+fn held_bytes(bits: &[u64]) -> u64 {
+    bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>() * UNIT
+}
+
+/// Bytes a file takes on disk (a sparse entry takes what it holds).
+fn on_disk(m: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(m) * 512
+}
+
 fn words_for(len: u64) -> u64 {
     len.div_ceil(UNIT).div_ceil(64)
 }
@@ -246,9 +256,8 @@ impl Cache {
             },
         )
         .map_err(|e| ctx(e.into()))?;
-        let held = bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>() * UNIT;
-        let mine = data.metadata().map_err(ctx)?;
-        let mine = std::os::unix::fs::MetadataExt::blocks(&mine) * 512;
+        let held = held_bytes(&bits);
+        let mine = on_disk(&data.metadata().map_err(ctx)?);
         let others = prune_dir(&dfd, dir, limit.saturating_sub(mine), Some(&stem))?
             .iter()
             .map(|e| e.disk_bytes)
@@ -350,11 +359,7 @@ impl Cache {
     /// `need` bytes (at least [`ROOM_STEP`], so pruning is rare); resets the budget to
     /// what the directory then allows. The caller holds `writing`.
     fn make_room(&self, need: u64) -> bool {
-        let mine = self
-            .data
-            .metadata()
-            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-            .unwrap_or(self.len);
+        let mine = self.data.metadata().map_or(self.len, |m| on_disk(&m));
         let want = need.max(ROOM_STEP).min(self.len);
         let keep = self.limit.saturating_sub(mine + want);
         let Ok(left) = prune_dir(&self.dir.0, &self.dir.1, keep, Some(&self.stem)) else {
@@ -461,11 +466,9 @@ fn entries(dfd: &OwnedFd, dir: &Path) -> io::Result<Vec<Entry>> {
             _ => 0,
         };
         let bits = load_record(&record, &digest, len)?.unwrap_or_default();
-        let cached = (bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>() * UNIT).min(len);
+        let cached = held_bytes(&bits).min(len);
         let img = dir.join(format!("{stem}.img"));
-        let disk = std::fs::symlink_metadata(&img)
-            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-            .unwrap_or(0);
+        let disk = std::fs::symlink_metadata(&img).map_or(0, |m| on_disk(&m));
         let last_used = std::os::unix::fs::MetadataExt::mtime(&record.metadata()?);
         out.push(Entry {
             digest,

@@ -80,6 +80,20 @@ struct Chunks {
     marks: HashMap<u64, u64>,
 }
 
+/// Locks the slots of `slots` that are free (no fetch under way) and empty, up to the
+/// first that is not: the chunks a request may fill.
+fn free(slots: &[Slot]) -> Vec<std::sync::MutexGuard<'_, Option<Arc<Vec<u8>>>>> {
+    slots
+        .iter()
+        .map_while(|s| s.try_lock().ok().filter(|g| g.is_none()))
+        .collect()
+}
+
+/// A fetched run cut into its chunks.
+fn pieces(bytes: &[u8]) -> impl Iterator<Item = Arc<Vec<u8>>> + '_ {
+    bytes.chunks(CHUNK as usize).map(|c| Arc::new(c.to_vec()))
+}
+
 /// Whether `s` names a remote image rather than a file.
 pub fn is_remote(s: &str) -> bool {
     s.starts_with("oci://") || s.starts_with("http://") || s.starts_with("https://")
@@ -182,15 +196,8 @@ impl RemoteSource {
     /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
     /// and marks the window so the reader reaching it asks for the next one.
     fn fill(&self, start: u64, n: u64) {
-        let end = (start + n).min(self.len.div_ceil(CHUNK));
-        let slots: Vec<Slot> = (start..end)
-            .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
-            .map(|j| self.slot(j))
-            .collect();
-        let mut guards: Vec<_> = slots
-            .iter()
-            .map_while(|s| s.try_lock().ok().filter(|g| g.is_none()))
-            .collect();
+        let slots = self.missing_slots(start, start + n);
+        let mut guards = free(&slots);
         if guards.is_empty() {
             return;
         }
@@ -198,22 +205,24 @@ impl RemoteSource {
         let Ok(bytes) = self.fetch(start * CHUNK, len) else {
             return; // the reader will fetch for itself, and report what fails
         };
-        for (g, piece) in guards.iter_mut().zip(bytes.chunks(CHUNK as usize)) {
-            **g = Some(Arc::new(piece.to_vec()));
+        for (g, piece) in guards.iter_mut().zip(pieces(&bytes)) {
+            **g = Some(piece);
         }
-        let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        c.marks.insert(start, guards.len() as u64);
+        self.lock_chunks().marks.insert(start, guards.len() as u64);
     }
 
-    /// A reader got chunk `i` from memory: if readahead marked it, the next window.
-    fn reached(&self, i: u64) {
-        let mark = {
-            let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-            c.marks.remove(&i)
-        };
-        if let Some(n) = mark {
-            self.schedule(i + n, (2 * n).min(MAX_RUN));
-        }
+    /// The slots of chunks `from..to` (within the image), up to the first one the
+    /// persistent cache holds: what a request starting at `from` may fetch.
+    fn missing_slots(&self, from: u64, to: u64) -> Vec<Slot> {
+        let mut c = self.lock_chunks();
+        (from..to.min(self.len.div_ceil(CHUNK)))
+            .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
+            .map(|j| Self::slot_in(&mut c, j))
+            .collect()
+    }
+
+    fn lock_chunks(&self) -> std::sync::MutexGuard<'_, Chunks> {
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps verified bytes in (and serves them from) `cache`, the entry for this image.
@@ -240,12 +249,19 @@ impl RemoteSource {
     /// Chunk `i`, from memory or fetched (one fetch per chunk at a time: a second reader
     /// of the same chunk waits for the first's).
     fn chunk(&self, i: u64, wanted: u64) -> io::Result<Arc<Vec<u8>>> {
-        let slot = self.slot(i);
+        // One look at the table: the slot, and whether readahead marked it (a reader
+        // reaching a window's first chunk asks for the next window).
+        let (slot, mark) = {
+            let mut c = self.lock_chunks();
+            (Self::slot_in(&mut c, i), c.marks.remove(&i))
+        };
         let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(b) = &*held {
             let b = b.clone();
             drop(held);
-            self.reached(i);
+            if let Some(n) = mark {
+                self.schedule(i + n, (2 * n).min(MAX_RUN));
+            }
             return Ok(b);
         }
         // The chunks after this one that this request fetches too: free (no fetch under
@@ -253,18 +269,12 @@ impl RemoteSource {
         // already here behind it, whichever is more.
         let behind = self.run_behind(i);
         let run = behind.max(wanted).max(self.dense_run(i)).min(MAX_RUN);
-        let ahead: Vec<Slot> = (i + 1..(i + run).min(self.len.div_ceil(CHUNK)))
-            .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
-            .map(|j| self.slot(j))
-            .collect();
-        let mut guards: Vec<_> = ahead
-            .iter()
-            .map_while(|s| s.try_lock().ok().filter(|g| g.is_none()))
-            .collect();
+        let ahead = self.missing_slots(i + 1, i + run);
+        let mut guards = free(&ahead);
         let start = i * CHUNK;
         let len = (CHUNK * (1 + guards.len() as u64)).min(self.len - start);
         let bytes = self.fetch(start, len)?;
-        let mut pieces = bytes.chunks(CHUNK as usize).map(|c| Arc::new(c.to_vec()));
+        let mut pieces = pieces(&bytes);
         let first = pieces.next().expect("a run holds its first chunk");
         *held = Some(first.clone());
         for (g, piece) in guards.iter_mut().zip(pieces) {
@@ -280,9 +290,8 @@ impl RemoteSource {
         Ok(first)
     }
 
-    /// The slot of chunk `i`, made (and the oldest dropped) if missing.
-    fn slot(&self, i: u64) -> Slot {
-        let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+    /// The slot of chunk `i` in the table `c`, made (and the oldest dropped) if missing.
+    fn slot_in(c: &mut Chunks, i: u64) -> Slot {
         if let Some(s) = c.slots.get(&i) {
             return s.clone();
         }
@@ -303,7 +312,7 @@ impl RemoteSource {
     /// Chunks in the persistent cache do not count: earlier mounts read them, which says
     /// nothing of where this reader goes next.
     fn run_behind(&self, i: u64) -> u64 {
-        let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let c = self.lock_chunks();
         1 + (1..MAX_RUN)
             .take_while(|&k| i >= k && Self::here(&c, i - k))
             .count() as u64
@@ -315,7 +324,7 @@ impl RemoteSource {
     /// memory or coming; else 1 (a sparse reader's miss).
     fn dense_run(&self, i: u64) -> u64 {
         let w0 = i / WINDOW * WINDOW;
-        let c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let c = self.lock_chunks();
         let here = (w0..w0 + WINDOW).filter(|&j| Self::here(&c, j)).count() as u64;
         if here >= DENSE {
             w0 + WINDOW - i
@@ -432,7 +441,7 @@ impl ByteSource for RemoteSource {
         if let Some(c) = &self.cache {
             c.forget(offset, len);
         }
-        let mut c = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.lock_chunks();
         let last = (offset + len.max(1) - 1) / CHUNK;
         for i in offset / CHUNK..=last {
             c.slots.remove(&i);
