@@ -37,6 +37,10 @@ const SEQUENTIAL: u64 = 16;
 const READAHEAD_THREADS: usize = 2;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 const ATTEMPTS: u32 = 3;
+/// `VERILAY_FETCH_EXACT=1`: no runs, no readahead, one request per 4 KiB chunk a read
+/// touches. Slow, but what it fetches is the least any fetcher that checks 4 KiB blocks
+/// can fetch for the same reads: the floor the benchmark holds the real policy against.
+pub const EXACT_ENV: &str = "VERILAY_FETCH_EXACT";
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// What fetching has cost, for `verilay stats` and the tests.
@@ -67,6 +71,8 @@ pub struct RemoteSource {
     cache: Option<cache::Cache>,
     /// Windows for the readahead threads to fetch (see [`RemoteSource::shared`]).
     ahead: OnceLock<Mutex<mpsc::Sender<(u64, u64)>>>,
+    /// Fetch only the chunks reads touch, one request each ([`EXACT_ENV`]).
+    exact: bool,
 }
 
 type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
@@ -80,18 +86,50 @@ struct Chunks {
     marks: HashMap<u64, u64>,
 }
 
-/// Locks the slots of `slots` that are free (no fetch under way) and empty, up to the
-/// first that is not: the chunks a request may fill.
-fn free(slots: &[Slot]) -> Vec<std::sync::MutexGuard<'_, Option<Arc<Vec<u8>>>>> {
-    slots
-        .iter()
-        .map_while(|s| s.try_lock().ok().filter(|g| g.is_none()))
-        .collect()
+/// The chunks one request fills: `Some` (a held lock) for each missing chunk it claims,
+/// `None` for a chunk already here that it spans, fetched again and dropped. A request
+/// costs a server far more than a few spare KiB (docker-registry: ~3 ms of CPU each, the
+/// price of 4 MiB of body), so a run goes on past chunks another reader took, as long as
+/// what it claims outweighs what it spans; it stops at a chunk being fetched.
+type Claim<'a> = Vec<Option<std::sync::MutexGuard<'a, Option<Arc<Vec<u8>>>>>>;
+
+/// Claims from `slots` (`None`: in the persistent cache) for a request that has already
+/// claimed `got` chunks before them; never ends with a spanned chunk. Only a sequential
+/// reader's runs and readahead `span`: a sparse reader's would fetch what it has.
+fn claim(slots: &[Option<Slot>], mut got: usize, span: bool) -> Claim<'_> {
+    let mut out = Vec::new();
+    let mut spanned = 0;
+    for s in slots {
+        let guard = match s.as_ref().map(|s| s.try_lock()) {
+            Some(Ok(g)) if g.is_none() => Some(g),
+            Some(Err(std::sync::TryLockError::WouldBlock)) => break,
+            _ => None, // here already
+        };
+        match guard {
+            Some(g) => {
+                got += 1;
+                out.push(Some(g));
+            }
+            None if span && spanned < got => {
+                spanned += 1;
+                out.push(None);
+            }
+            None => break,
+        }
+    }
+    while matches!(out.last(), Some(None)) {
+        out.pop();
+    }
+    out
 }
 
-/// A fetched run cut into its chunks.
-fn pieces(bytes: &[u8]) -> impl Iterator<Item = Arc<Vec<u8>>> + '_ {
-    bytes.chunks(CHUNK as usize).map(|c| Arc::new(c.to_vec()))
+/// Puts each fetched chunk of `bytes` in the slot the request claimed for it.
+fn fill_claimed(claimed: &mut Claim<'_>, bytes: &[u8]) {
+    for (g, piece) in claimed.iter_mut().zip(bytes.chunks(CHUNK as usize)) {
+        if let Some(g) = g {
+            **g = Some(Arc::new(piece.to_vec()));
+        }
+    }
 }
 
 /// Whether `s` names a remote image rather than a file.
@@ -152,6 +190,7 @@ impl RemoteSource {
             counters: Arc::new(Counters::default()),
             cache: None,
             ahead: OnceLock::new(),
+            exact: std::env::var_os(EXACT_ENV).is_some_and(|v| v == "1"),
         }
     }
 
@@ -196,28 +235,39 @@ impl RemoteSource {
     /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
     /// and marks the window so the reader reaching it asks for the next one.
     fn fill(&self, start: u64, n: u64) {
-        let slots = self.missing_slots(start, start + n);
-        let mut guards = free(&slots);
-        if guards.is_empty() {
+        let slots = self.slots(start, start + n);
+        // Chunks here already at the window's start are skipped, not spanned.
+        let lead = slots
+            .iter()
+            .take_while(|s| {
+                s.as_ref()
+                    .is_none_or(|s| s.try_lock().is_ok_and(|g| g.is_some()))
+            })
+            .count();
+        let mut claimed = claim(&slots[lead..], 0, true);
+        if claimed.is_empty() {
             return;
         }
-        let len = (CHUNK * guards.len() as u64).min(self.len - start * CHUNK);
-        let Ok(bytes) = self.fetch(start * CHUNK, len) else {
+        let from = start + lead as u64;
+        let len = (CHUNK * claimed.len() as u64).min(self.len - from * CHUNK);
+        let Ok(bytes) = self.fetch(from * CHUNK, len) else {
             return; // the reader will fetch for itself, and report what fails
         };
-        for (g, piece) in guards.iter_mut().zip(pieces(&bytes)) {
-            **g = Some(piece);
-        }
-        self.lock_chunks().marks.insert(start, guards.len() as u64);
+        fill_claimed(&mut claimed, &bytes);
+        let n = claimed.len() as u64;
+        drop(claimed);
+        self.lock_chunks().marks.insert(from, n);
     }
 
-    /// The slots of chunks `from..to` (within the image), up to the first one the
-    /// persistent cache holds: what a request starting at `from` may fetch.
-    fn missing_slots(&self, from: u64, to: u64) -> Vec<Slot> {
+    /// The slots of chunks `from..to` (within the image), `None` for those the persistent
+    /// cache holds: what a request starting at `from` may fetch.
+    fn slots(&self, from: u64, to: u64) -> Vec<Option<Slot>> {
         let mut c = self.lock_chunks();
         (from..to.min(self.len.div_ceil(CHUNK)))
-            .take_while(|&j| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
-            .map(|j| Self::slot_in(&mut c, j))
+            .map(|j| {
+                (!self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
+                    .then(|| Self::slot_in(&mut c, j))
+            })
             .collect()
     }
 
@@ -267,21 +317,25 @@ impl RemoteSource {
         // The chunks after this one that this request fetches too: free (no fetch under
         // way), missing, and as many as the read still wants or the run of chunks
         // already here behind it, whichever is more.
-        let behind = self.run_behind(i);
-        let run = behind.max(wanted).max(self.dense_run(i)).min(MAX_RUN);
-        let ahead = self.missing_slots(i + 1, i + run);
-        let mut guards = free(&ahead);
+        let behind = if self.exact { 0 } else { self.run_behind(i) };
+        let run = if self.exact {
+            1
+        } else {
+            behind.max(wanted).max(self.dense_run(i)).min(MAX_RUN)
+        };
+        let ahead = self.slots(i + 1, i + run);
+        let mut claimed = claim(&ahead, 1, behind >= SEQUENTIAL);
         let start = i * CHUNK;
-        let len = (CHUNK * (1 + guards.len() as u64)).min(self.len - start);
+        let len = (CHUNK * (1 + claimed.len() as u64)).min(self.len - start);
         let bytes = self.fetch(start, len)?;
-        let mut pieces = pieces(&bytes);
-        let first = pieces.next().expect("a run holds its first chunk");
+        let first = Arc::new(bytes[..(CHUNK as usize).min(bytes.len())].to_vec());
         *held = Some(first.clone());
-        for (g, piece) in guards.iter_mut().zip(pieces) {
-            **g = Some(piece);
-        }
-        let n = 1 + guards.len() as u64;
-        drop(guards);
+        fill_claimed(
+            &mut claimed,
+            bytes.get(CHUNK as usize..).unwrap_or_default(),
+        );
+        let n = 1 + claimed.len() as u64;
+        drop(claimed);
         drop(held);
         if behind >= SEQUENTIAL {
             // A sequential reader: the next window is fetched while it reads this one.

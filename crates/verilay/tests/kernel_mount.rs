@@ -137,6 +137,75 @@ fn real_tree_from_usr_roundtrips() {
     roundtrip(src, t.path(), &[]);
 }
 
+/// The image is laid out in the order `find`, `tar` and `cp -a` walk a tree (depth
+/// first, sorted names): in that order the kernel's inode numbers (nids) never step back
+/// further than the inode placement looks back for room (16 blocks), and the files' data
+/// blocks (`filefrag`) only go forward. A remote mount's walk is then two forward passes.
+#[test]
+fn a_walk_of_the_tree_reads_the_image_front_to_back() {
+    if !prerequisites() || skip_unless(have("filefrag"), "filefrag (e2fsprogs) missing") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = Path::new("/usr/include");
+    let image = t.path().join("image.erofs");
+    build(src, &image, &["--quiet"]);
+    let mnt = Mount::erofs(&image, &t.path().join("mnt"));
+    let walk = sh(&format!(
+        "cd '{}' && find . -printf '%i %y %s %p\\n'",
+        mnt.dir.display()
+    ));
+    let walk = String::from_utf8(walk.stdout).unwrap();
+    let (mut highest, mut last_block, mut files) = (0u64, 0u64, 0);
+    for line in walk.lines() {
+        let mut f = line.splitn(4, ' ');
+        let (nid, kind, size, path) = (
+            f.next().unwrap(),
+            f.next().unwrap(),
+            f.next().unwrap(),
+            f.next().unwrap(),
+        );
+        let nid: u64 = nid.parse().unwrap();
+        assert!(
+            nid + 16 * 4096 / 32 > highest,
+            "{path}: nid {nid} is more than 16 blocks behind nid {highest} met before it"
+        );
+        highest = highest.max(nid);
+        if kind != "f" || size.parse::<u64>().unwrap() < 4096 {
+            continue;
+        }
+        // The first extent's first block: `   0:   0..   2:   48075..   48077: ...`.
+        let out = run(std::process::Command::new("filefrag")
+            .arg("-e")
+            .arg(mnt.dir.join(path)));
+        let out = String::from_utf8(out.stdout).unwrap();
+        let first = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("0:"))
+            .unwrap();
+        let block: u64 = first
+            .split(':')
+            .nth(2)
+            .unwrap()
+            .split("..")
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            block > last_block,
+            "{path}: data at block {block}, before the previous file's {last_block}"
+        );
+        last_block = block;
+        files += 1;
+    }
+    assert!(
+        files > 1000,
+        "only {files} files with data blocks in /usr/include"
+    );
+}
+
 fn walk_count(p: &Path) -> usize {
     let mut n = 0;
     let mut stack = vec![p.to_path_buf()];

@@ -2248,3 +2248,90 @@ fn an_ordinary_user_whose_home_is_not_there_mounts_without_a_cache() {
     let read = as_test_user(&base, "cat m/etc/os-release");
     assert_eq!(String::from_utf8_lossy(&read.stdout), "ID=verilay71\n");
 }
+
+/// `dd` of `count` blocks of `bs` bytes from `file` at block `skip`, with O_DIRECT (every
+/// read reaches the daemon as asked, none from the page cache).
+fn dd_direct(file: &Path, bs: u64, skip: u64, count: u64) {
+    sh(&format!(
+        "dd if='{}' of=/dev/null bs={bs} skip={skip} count={count} iflag=direct status=none",
+        file.display()
+    ));
+}
+
+/// A sequential reader's runs go on past blocks a sparse reader fetched before it (one
+/// request costs a registry as much as megabytes of body), while sparse reads fetch only
+/// what they read. `VERILAY_FETCH_EXACT=1` fetches just the 4 KiB blocks read, one
+/// request each: never more than the real policy for the same reads.
+#[test]
+fn sequential_runs_span_blocks_already_here_and_exact_mode_fetches_only_blocks_read() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (src, digest) = pushed_tree(t.path(), &reg, "runs/tree:1", 7);
+    let reference = reg.reference("runs/tree:1");
+    let m = t.path().join("m");
+    let file = m.join("a_gap"); // 8 MiB
+    let mut fetched = Vec::new();
+    for (cache, exact) in [("c1", "0"), ("c2", "1")] {
+        std::fs::create_dir_all(&m).unwrap();
+        run(verilay()
+            .env("VERILAY_FETCH_EXACT", exact)
+            .args([
+                "mount",
+                "--quiet",
+                "--insecure",
+                &reference,
+                "--digest",
+                &digest,
+            ])
+            .arg("--cache")
+            .arg(t.path().join(cache))
+            .arg(&m));
+        let mnt = Unmount::fuse(&m);
+        let count = |k: &str| stats(&m)[k].as_u64().unwrap();
+        let (r0, b0) = (count("remote_requests"), count("remote_bytes_fetched"));
+        // One 4 KiB block of every 128 KiB: 64 sparse reads, one block each.
+        for k in 0..64 {
+            dd_direct(&file, 4096, k * 32, 1);
+        }
+        let (r1, b1) = (count("remote_requests"), count("remote_bytes_fetched"));
+        assert_eq!(
+            (r1 - r0, b1 - b0),
+            (64, 64 * 4096),
+            "sparse reads (exact={exact})"
+        );
+        // Then the whole file in order, 128 KiB at a time: one run per 128 KiB if a run
+        // stopped at each block already here; a few growing runs if it spans them.
+        dd_direct(&file, 128 << 10, 0, 64);
+        let (r2, b2) = (count("remote_requests"), count("remote_bytes_fetched"));
+        let (sequential, bytes) = (r2 - r1, b2 - b1);
+        if exact == "1" {
+            assert_eq!((sequential, bytes), (2048 - 64, (2048 - 64) * 4096));
+        } else {
+            assert!(
+                sequential <= 16,
+                "reading 8 MiB in order after 64 sparse reads took {sequential} requests"
+            );
+        }
+        fetched.push(bytes);
+        let out = Command::new("cmp")
+            .arg(src.join("a_gap"))
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        drop(mnt);
+    }
+    assert!(
+        fetched[1] <= fetched[0],
+        "exact mode fetched {} bytes, more than the real policy's {}",
+        fetched[1],
+        fetched[0]
+    );
+}

@@ -50,7 +50,7 @@ pub struct DirPlan {
 
 pub struct Layout {
     pub block_size: u64,
-    /// Nodes in image order (breadth-first, sorted names; hardlinks once).
+    /// Nodes in image order (depth-first, sorted names; hardlinks once).
     pub order: Vec<NodeId>,
     pub inodes: Vec<Option<InodePlan>>,
     pub dirs: Vec<Option<DirPlan>>,
@@ -75,17 +75,18 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
     let bs = opts.block_size;
     let n = tree.nodes.len();
 
-    // Breadth-first order; a hardlinked node takes the place of its first name.
+    // Depth-first order with sorted names, the order `find`, `tar` and `cp -a` walk a
+    // tree in: a whole-tree read is one pass over the inodes and one over the data.
+    // A hardlinked node takes the place of its first name.
     let mut order = Vec::with_capacity(n);
     let mut seen = vec![false; n];
     let mut parent = vec![Tree::ROOT; n];
     let mut nlink = vec![0u32; n];
     seen[Tree::ROOT] = true;
-    order.push(Tree::ROOT);
-    let mut i = 0;
-    while i < order.len() {
-        let id = order[i];
-        i += 1;
+    let mut stack = vec![Tree::ROOT];
+    let mut fresh = Vec::new();
+    while let Some(id) = stack.pop() {
+        order.push(id);
         for &(_, child) in tree.children(id) {
             if tree.nodes[child].is_dir() {
                 nlink[id] += 1; // the child's ".."
@@ -95,13 +96,14 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
             if !seen[child] {
                 seen[child] = true;
                 parent[child] = id;
-                order.push(child);
+                fresh.push(child);
             } else if tree.nodes[child].is_dir() {
                 return Err(Error::Input(
                     "a directory is linked twice in the tree".into(),
                 ));
             }
         }
+        stack.extend(fresh.drain(..).rev());
     }
     for &id in &order {
         if tree.nodes[id].is_dir() {
@@ -366,6 +368,9 @@ fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> Result<(DataPlan, 
 }
 
 /// Best-fit allocator over metadata blocks, in 32-byte slots.
+/// How far back the inode placement looks for a block with room.
+const RECENT_BLOCKS: u64 = 16;
+
 struct MetaAlloc {
     bs: u64,
     fill: Vec<u64>,
@@ -409,7 +414,14 @@ impl MetaAlloc {
         let len = len.next_multiple_of(32);
         if len <= self.bs {
             let want = (len >> ISLOT_BITS) as usize;
+            // Only recent blocks: an inode stays near its neighbours in image order, so
+            // a walk of the tree reads the inode area front to back (an image 0.5%
+            // larger than with every block open, on the Linux source).
+            let oldest = (self.fill.len() as u64).saturating_sub(RECENT_BLOCKS);
             for k in want..self.free.len() {
+                while self.free[k].last().is_some_and(|&b| b < oldest) {
+                    self.free[k].pop();
+                }
                 if let Some(b) = self.free[k].pop() {
                     let off = b * self.bs + self.fill[b as usize];
                     self.fill[b as usize] += len;
@@ -465,5 +477,22 @@ mod tests {
         assert_eq!(a.alloc(90), 4096 + 3008);
         assert_eq!(a.alloc(10000), 2 * 4096);
         assert_eq!(a.blocks(), 5);
+    }
+
+    #[test]
+    fn meta_alloc_looks_back_only_at_recent_blocks() {
+        let mut a = MetaAlloc::new(4096);
+        assert_eq!(a.alloc(3000), 4096); // block 1, 1088 bytes left
+        for k in 0..RECENT_BLOCKS {
+            assert_eq!(a.alloc(4096), (2 + k) * 4096);
+        }
+        // Block 1 is now 16 blocks back: a small item opens a new block instead.
+        assert_eq!(a.alloc(64), (2 + RECENT_BLOCKS) * 4096);
+        let mut b = MetaAlloc::new(4096);
+        assert_eq!(b.alloc(3000), 4096);
+        for k in 0..RECENT_BLOCKS - 2 {
+            assert_eq!(b.alloc(4096), (2 + k) * 4096);
+        }
+        assert_eq!(b.alloc(64), 4096 + 3008); // still recent: the hole is filled
     }
 }
