@@ -137,65 +137,78 @@ fn real_tree_from_usr_roundtrips() {
     roundtrip(src, t.path(), &[]);
 }
 
-/// The image is laid out in the order `find`, `tar` and `cp -a` walk a tree (depth
-/// first, sorted names): in that order the kernel's inode numbers (nids) never step back
-/// further than the inode placement looks back for room (16 blocks), and the files' data
-/// blocks (`filefrag`) only go forward. A remote mount's walk is then two forward passes.
+/// Each directory's entries in name order, then each subdirectory's the same way (depth
+/// first): the order the image is laid out in.
+fn grouped_walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
+    let paths: Vec<_> = names.iter().map(|n| dir.join(n)).collect();
+    out.extend(paths.iter().cloned());
+    for p in paths {
+        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+            grouped_walk(&p, out);
+        }
+    }
+}
+
+/// The first block of `file`'s first extent (`filefrag -e`: `   0:   0..   2:   48075..`).
+fn first_block(file: &Path) -> u64 {
+    let out = run(std::process::Command::new("filefrag").arg("-e").arg(file));
+    let out = String::from_utf8(out.stdout).unwrap();
+    let first = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("0:"))
+        .unwrap_or_else(|| panic!("filefrag of {}: {out}", file.display()));
+    first
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split("..")
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The image keeps a directory's entries together and its subtrees after them, depth
+/// first: in that order the kernel's inode numbers (nids) never step back further than the
+/// inode placement looks back for room (16 blocks), and the files' data blocks
+/// (`filefrag`) only go forward. Lookups in one directory read neighbouring inodes, and a
+/// walk of the tree goes forward through the image.
 #[test]
-fn a_walk_of_the_tree_reads_the_image_front_to_back() {
+fn directories_lie_together_and_a_walk_reads_the_image_forward() {
     if !prerequisites() || skip_unless(have("filefrag"), "filefrag (e2fsprogs) missing") {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let src = Path::new("/usr/include");
     let image = t.path().join("image.erofs");
-    build(src, &image, &["--quiet"]);
+    build(Path::new("/usr/include"), &image, &["--quiet"]);
     let mnt = Mount::erofs(&image, &t.path().join("mnt"));
-    let walk = sh(&format!(
-        "cd '{}' && find . -printf '%i %y %s %p\\n'",
-        mnt.dir.display()
-    ));
-    let walk = String::from_utf8(walk.stdout).unwrap();
+    let mut walk = Vec::new();
+    grouped_walk(&mnt.dir, &mut walk);
     let (mut highest, mut last_block, mut files) = (0u64, 0u64, 0);
-    for line in walk.lines() {
-        let mut f = line.splitn(4, ' ');
-        let (nid, kind, size, path) = (
-            f.next().unwrap(),
-            f.next().unwrap(),
-            f.next().unwrap(),
-            f.next().unwrap(),
-        );
-        let nid: u64 = nid.parse().unwrap();
+    for path in &walk {
+        use std::os::unix::fs::MetadataExt;
+        let st = std::fs::symlink_metadata(path).unwrap();
+        let nid = st.ino();
         assert!(
             nid + 16 * 4096 / 32 > highest,
-            "{path}: nid {nid} is more than 16 blocks behind nid {highest} met before it"
+            "{}: nid {nid} is more than 16 blocks behind nid {highest} met before it",
+            path.display()
         );
         highest = highest.max(nid);
-        if kind != "f" || size.parse::<u64>().unwrap() < 4096 {
+        if !st.is_file() || st.len() < 4096 {
             continue;
         }
-        // The first extent's first block: `   0:   0..   2:   48075..   48077: ...`.
-        let out = run(std::process::Command::new("filefrag")
-            .arg("-e")
-            .arg(mnt.dir.join(path)));
-        let out = String::from_utf8(out.stdout).unwrap();
-        let first = out
-            .lines()
-            .find(|l| l.trim_start().starts_with("0:"))
-            .unwrap();
-        let block: u64 = first
-            .split(':')
-            .nth(2)
-            .unwrap()
-            .split("..")
-            .next()
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let block = first_block(path);
         assert!(
             block > last_block,
-            "{path}: data at block {block}, before the previous file's {last_block}"
+            "{}: data at block {block}, before the previous file's {last_block}",
+            path.display()
         );
         last_block = block;
         files += 1;

@@ -50,7 +50,8 @@ pub struct DirPlan {
 
 pub struct Layout {
     pub block_size: u64,
-    /// Nodes in image order (depth-first, sorted names; hardlinks once).
+    /// Nodes in image order (each directory's entries, then its subdirectories', depth
+    /// first; sorted names; hardlinks once).
     pub order: Vec<NodeId>,
     pub inodes: Vec<Option<InodePlan>>,
     pub dirs: Vec<Option<DirPlan>>,
@@ -75,18 +76,19 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
     let bs = opts.block_size;
     let n = tree.nodes.len();
 
-    // Depth-first order with sorted names, the order `find`, `tar` and `cp -a` walk a
-    // tree in: a whole-tree read is one pass over the inodes and one over the data.
+    // A directory's entries together (sorted), then each subdirectory's, depth first:
+    // the lookups of one directory (an import, `ls -l`) read neighbouring inodes, and a
+    // walk of the tree (`find`, `tar`, `cp -a`) goes forward through inodes and data.
     // A hardlinked node takes the place of its first name.
     let mut order = Vec::with_capacity(n);
     let mut seen = vec![false; n];
     let mut parent = vec![Tree::ROOT; n];
     let mut nlink = vec![0u32; n];
     seen[Tree::ROOT] = true;
-    let mut stack = vec![Tree::ROOT];
-    let mut fresh = Vec::new();
-    while let Some(id) = stack.pop() {
-        order.push(id);
+    order.push(Tree::ROOT);
+    let mut dirs_left = vec![Tree::ROOT];
+    let mut subdirs = Vec::new();
+    while let Some(id) = dirs_left.pop() {
         for &(_, child) in tree.children(id) {
             if tree.nodes[child].is_dir() {
                 nlink[id] += 1; // the child's ".."
@@ -96,14 +98,17 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
             if !seen[child] {
                 seen[child] = true;
                 parent[child] = id;
-                fresh.push(child);
+                order.push(child);
+                if tree.nodes[child].is_dir() {
+                    subdirs.push(child);
+                }
             } else if tree.nodes[child].is_dir() {
                 return Err(Error::Input(
                     "a directory is linked twice in the tree".into(),
                 ));
             }
         }
-        stack.extend(fresh.drain(..).rev());
+        dirs_left.extend(subdirs.drain(..).rev());
     }
     for &id in &order {
         if tree.nodes[id].is_dir() {
