@@ -10,13 +10,14 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, fallocate, ima, meta, mount, read, remote, storm
+from . import build, digest, fallocate, ima, labelled, meta, mount, read, remote, storm
 
 BENCHES = {
     "build": build,
     "digest": digest,
     "read": read,
     "mount": mount,
+    "labelled": labelled,
     "fallocate": fallocate,
     "storm": storm,
     "meta": meta,

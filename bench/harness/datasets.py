@@ -4,6 +4,7 @@ Cache directory: $VERILAY_BENCH_DATA, default /var/tmp/verilay-bench.
   linux-source-6.1/  Debian's linux-source-6.1 tarball, extracted (~78k files)
   usr-share/         a copy of a few /usr/share directories (~35k files), for --quick
   small-files/       Documentation/ and include/linux/ of the Linux source (~11.5k files)
+  labelled/          usr-share + /usr/include, every entry with security.selinux (~62k)
 A tree is built under a temporary name and renamed into place when complete,
 so an interrupted preparation is redone rather than half-used.
 """
@@ -174,3 +175,37 @@ def scratch_dir(name):
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     return path
+
+
+LABEL = b"system_u:object_r:usr_t:s0"
+# A v2 file capability (vfs_cap_data, VFS_CAP_REVISION_2) granting cap_net_raw, as
+# /usr/bin/ping carries on distributions without setuid.
+CAPABILITY = bytes.fromhex("0100000200200000000000000000000000000000")
+
+
+def labelled():
+    """A tree as Fedora/RHEL images have them (issue 21): a copy of usr-share and
+    /usr/include where every entry (symlinks too) carries `security.selinux`, one
+    regular file in 50 `security.capability`, and one directory in 20 a POSIX ACL
+    (access and default). ~62k entries."""
+    def fill(tmp):
+        shutil.copytree(usr_share().path, os.path.join(tmp, "share"), symlinks=True)
+        shutil.copytree("/usr/include", os.path.join(tmp, "include"), symlinks=True)
+        n = 0
+        acl_dirs = []
+        for root, dirs, files in os.walk(tmp):
+            for name in dirs + files:
+                p = os.path.join(root, name)
+                os.setxattr(p, "security.selinux", LABEL, follow_symlinks=False)
+                n += 1
+                if name in files and not os.path.islink(p) and n % 50 == 0:
+                    os.setxattr(p, "security.capability", CAPABILITY)
+                if name in dirs and n % 20 == 0:
+                    acl_dirs.append(p)
+        os.setxattr(tmp, "security.selinux", LABEL)
+        for i in range(0, len(acl_dirs), 200):
+            subprocess.run(["setfacl", "-m", "u:nobody:rx,d:u:nobody:rx", *acl_dirs[i:i + 200]],
+                           check=True)
+
+    return Dataset("labelled", _prepare("labelled", fill),
+                   "usr-share + /usr/include, every entry with security.selinux")
