@@ -1,0 +1,150 @@
+//! The /dev/fuse transport: each worker reads requests from its own clone of the session's
+//! descriptor (FUSE_DEV_IOC_CLONE, so the kernel wakes one waiting reader per request) and
+//! writes each reply with one writev(2).
+
+use crate::abi::{self, OutHeader};
+use crate::channel::write_all_parts;
+use crate::dispatch::{serve, Filesystem};
+use crate::event::EventFd;
+use crate::reply::Sink;
+use crate::request::split_dev;
+use crate::stats::Stats;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// A new /dev/fuse descriptor attached to the session of `session` (non-blocking: workers
+/// poll it together with the shutdown eventfd).
+pub(crate) fn clone_fd(session: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: open(2) of a NUL-terminated literal path.
+    let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let src = session.as_raw_fd() as u32;
+    // SAFETY: FUSE_DEV_IOC_CLONE reads a u32 (the session's descriptor) from the pointer.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), abi::DEV_IOC_CLONE as _, &src) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// What waiting for a request gave.
+pub(crate) enum Got {
+    Request(usize),
+    /// The connection is gone (unmounted or aborted).
+    Gone,
+    /// The session is shutting down.
+    Stopped,
+}
+
+/// Waits for a request on `fd` (or for `stop`) and reads it into `buf`.
+pub(crate) fn next_request(fd: RawFd, stop: &EventFd, buf: &mut [u8]) -> io::Result<Got> {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a live array of two pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EINTR) => continue,
+                e => return Err(e),
+            }
+        }
+        if fds[1].revents != 0 {
+            return Ok(Got::Stopped);
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        match read_once(fd, buf)? {
+            Some(got) => return Ok(got),
+            None => continue,
+        }
+    }
+}
+
+/// One non-blocking read: `None` when another reader took the request (or it was
+/// interrupted before we got it).
+fn read_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Got>> {
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n >= 0 {
+        return Ok(Some(Got::Request(n as usize)));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENODEV) => Ok(Some(Got::Gone)),
+        Some(libc::EAGAIN | libc::EINTR | libc::ENOENT) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+/// Replies on /dev/fuse: the body is built in the worker's buffer.
+pub(crate) struct DevSink<'a> {
+    pub(crate) fd: RawFd,
+    pub(crate) out: &'a mut [u8],
+}
+
+impl Sink for DevSink<'_> {
+    fn body(&mut self) -> &mut [u8] {
+        self.out
+    }
+
+    fn send(&mut self, unique: u64, error: i32, len: usize) {
+        let len = len.min(self.out.len());
+        let header = OutHeader {
+            len: (16 + len) as u32,
+            error: -error,
+            unique,
+        };
+        // ENOENT: the request was interrupted meanwhile; ENODEV: unmounted. Neither
+        // leaves anyone waiting for this reply.
+        let _ = write_all_parts(self.fd, &[header.as_bytes(), &self.out[..len]]);
+    }
+}
+
+/// Serves requests from `fd` until the connection goes away or the session stops.
+pub(crate) fn worker<F: Filesystem>(
+    fd: OwnedFd,
+    fs: &F,
+    setxattr_ext: bool,
+    bufsize: usize,
+    stats: &Stats,
+    stop: &EventFd,
+) -> io::Result<()> {
+    let (mut input, mut output) = (vec![0u8; bufsize], vec![0u8; bufsize]);
+    let raw_fd = fd.as_raw_fd();
+    loop {
+        let n = match next_request(raw_fd, stop, &mut input)? {
+            Got::Request(n) => n,
+            Got::Gone | Got::Stopped => return Ok(()),
+        };
+        let buf = &input[..n];
+        let header = abi::InHeader::read_from_prefix(buf).ok().map(|(h, _)| h);
+        stats.count_dev(header.map_or(0, |h| h.opcode));
+        let mut sink = DevSink {
+            fd: raw_fd,
+            out: &mut output,
+        };
+        serve(
+            fs,
+            split_dev(buf, setxattr_ext),
+            header.map_or(0, |h| h.unique),
+            &mut sink,
+        );
+    }
+}

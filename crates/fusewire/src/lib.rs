@@ -1,0 +1,32 @@
+//! fusewire: verilay's FUSE request layer. It decodes the kernel's requests into typed
+//! [`Request`]s, encodes typed [`Reply`]s, negotiates INIT and serves a mounted /dev/fuse
+//! descriptor over either transport the kernel has: read/write on /dev/fuse (one cloned
+//! descriptor per worker) or FUSE over io_uring (a ring per possible CPU, handlers on a
+//! worker pool). Decoding and replying know nothing of the transport, so one filesystem
+//! ([`Filesystem`]) serves both, and [`Stats`] say which one carried each request.
+
+pub mod abi;
+mod channel;
+mod dev;
+mod dispatch;
+mod event;
+mod init;
+mod pool;
+mod reply;
+mod request;
+mod ring_mem;
+mod session;
+mod stats;
+mod uring;
+
+pub use abi::Attr;
+pub use channel::{Backing, Channel};
+pub use dispatch::{Context, Filesystem};
+pub use init::{negotiate, InitError, Negotiated, Wants};
+pub use reply::{dirent_size, dirent_type, DirEntry, DirReply, Entry, Open, Reply, Sink};
+pub use request::{
+    decode, split_dev, split_uring, Caller, DecodeError, Raw, Request, SetAttr, SetTime,
+};
+pub use session::{Chosen, Config, Session, StartError, Stopper, Transport};
+pub use stats::Stats;
+pub use uring::possible_cpus;

@@ -1,0 +1,384 @@
+//! A served mount: INIT on the caller's mounted /dev/fuse descriptor, the transport chosen
+//! from what the kernel offers, then worker threads until the mount goes away
+//! ([`Session::join`]) or the caller stops it ([`Stopper::stop`]).
+
+use crate::abi::{self, init};
+use crate::channel::Channel;
+use crate::dev::{self, Got};
+use crate::dispatch::Filesystem;
+use crate::event::EventFd;
+use crate::init::{negotiate, InitError, Negotiated, Wants};
+use crate::pool::{self, Completions};
+use crate::request::{decode, split_dev, Request};
+use crate::ring_mem::QueueMem;
+use crate::stats::Stats;
+use crate::uring::{possible_cpus, Queue};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use zerocopy::IntoBytes;
+
+/// How requests are to reach the filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// read(2)/write(2) on /dev/fuse, each worker on its own cloned descriptor.
+    Dev,
+    /// FUSE over io_uring, or an error if the kernel does not take it.
+    Uring,
+    /// io_uring when INIT offers it and every queue registers, else /dev/fuse.
+    Auto,
+}
+
+/// The transport a session serves with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chosen {
+    Dev {
+        workers: usize,
+    },
+    Uring {
+        queues: usize,
+        depth: usize,
+        workers: usize,
+    },
+}
+
+impl fmt::Display for Chosen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Chosen::Dev { workers } => write!(f, "/dev/fuse ({workers} workers)"),
+            Chosen::Uring {
+                queues,
+                depth,
+                workers,
+            } => {
+                write!(
+                    f,
+                    "io_uring ({queues} queues x {depth} entries, {workers} workers)"
+                )
+            }
+        }
+    }
+}
+
+/// How to serve.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    pub transport: Transport,
+    /// Threads that run the filesystem's handlers.
+    pub workers: usize,
+    /// Entries per io_uring queue (requests one CPU's queue holds at once).
+    pub queue_depth: usize,
+    /// Pins each queue thread to its CPU (the kernel routes by the sender's CPU).
+    pub pin_queues: bool,
+    pub wants: Wants,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            transport: Transport::Auto,
+            workers: 4,
+            queue_depth: 8,
+            pin_queues: true,
+            wants: Wants::default(),
+        }
+    }
+}
+
+/// Why a session did not start.
+#[derive(Debug)]
+pub enum StartError {
+    Io(io::Error),
+    Init(InitError),
+    /// `Transport::Uring` was asked for and the kernel did not take it.
+    UringUnavailable(String),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::Io(e) => write!(f, "/dev/fuse: {e}"),
+            StartError::Init(e) => write!(f, "FUSE_INIT: {e}"),
+            StartError::UringUnavailable(why) => write!(f, "FUSE over io_uring: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+impl From<io::Error> for StartError {
+    fn from(e: io::Error) -> StartError {
+        StartError::Io(e)
+    }
+}
+
+/// Stops a session from any thread: its threads return once their current requests are
+/// answered. The mount stays; unmounting it is the caller's (requests sent meanwhile wait
+/// for that).
+#[derive(Clone)]
+pub struct Stopper {
+    stop: Arc<AtomicBool>,
+    dev_stop: Arc<EventFd>,
+    queues: Vec<Arc<Completions>>,
+}
+
+impl Stopper {
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.dev_stop.signal();
+        self.queues.iter().for_each(|q| q.wake());
+    }
+}
+
+/// A mount being served.
+pub struct Session {
+    chosen: Chosen,
+    negotiated: Negotiated,
+    channel: Channel,
+    stats: Arc<Stats>,
+    stopper: Stopper,
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    /// Ring memory, freed only after every thread that the kernel could write it for ended.
+    queue_mem: Vec<Arc<QueueMem>>,
+}
+
+impl Session {
+    /// Answers INIT on `fd` (already mounted) and starts serving `fs`.
+    pub fn start<F: Filesystem>(
+        fd: OwnedFd,
+        mut fs: F,
+        config: &Config,
+    ) -> Result<Session, StartError> {
+        let dev_stop = Arc::new(EventFd::new()?);
+        let (init_unique, major, minor, readahead, offered) = read_init(&fd, &dev_stop)?;
+        let offers_uring = offered & init::OVER_IO_URING != 0;
+        let want_uring = config.transport != Transport::Dev && offers_uring;
+        let negotiated =
+            match negotiate(major, minor, readahead, offered, &config.wants, want_uring) {
+                Ok((out, negotiated)) => {
+                    write_reply(&fd, init_unique, 0, out.as_bytes())?;
+                    negotiated
+                }
+                Err(e) => {
+                    // The kernel then fails every request of the mount instead of waiting.
+                    write_reply(&fd, init_unique, libc::EPROTO, &[])?;
+                    return Err(StartError::Init(e));
+                }
+            };
+        if config.transport == Transport::Uring && !offers_uring {
+            return Err(StartError::UringUnavailable(
+                "FUSE_INIT did not offer it (is /sys/module/fuse/parameters/enable_uring Y?)"
+                    .into(),
+            ));
+        }
+        let channel = Channel::new(Arc::new(fd));
+        fs.init(&negotiated, &channel);
+        let fs = Arc::new(fs);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopper = Stopper {
+            stop,
+            dev_stop,
+            queues: Vec::new(),
+        };
+        let mut session = Session {
+            chosen: Chosen::Dev { workers: 0 },
+            negotiated,
+            channel,
+            stats: Arc::new(Stats::new(0)),
+            stopper,
+            threads: Vec::new(),
+            queue_mem: Vec::new(),
+        };
+        if want_uring {
+            match session.start_uring(&fs, config) {
+                Ok(()) => return Ok(session),
+                Err(e) if config.transport == Transport::Uring => {
+                    return Err(StartError::UringUnavailable(e.to_string()))
+                }
+                // A refused REGISTER made the kernel fall back to /dev/fuse.
+                Err(_) => {}
+            }
+        }
+        session.start_dev(&fs, config)?;
+        Ok(session)
+    }
+
+    fn start_dev<F: Filesystem>(&mut self, fs: &Arc<F>, config: &Config) -> io::Result<()> {
+        let workers = config.workers.max(1);
+        self.stats = Arc::new(Stats::new(0));
+        for i in 0..workers {
+            self.spawn_dev_worker(fs, format!("fuse-dev-{i}"))?;
+        }
+        self.chosen = Chosen::Dev { workers };
+        Ok(())
+    }
+
+    fn spawn_dev_worker<F: Filesystem>(&mut self, fs: &Arc<F>, name: String) -> io::Result<()> {
+        let fd = dev::clone_fd(self.channel.fd())?;
+        let (fs, stats, stop) = (
+            fs.clone(),
+            self.stats.clone(),
+            self.stopper.dev_stop.clone(),
+        );
+        let ext = self.negotiated.has(init::SETXATTR_EXT);
+        let bufsize = self.negotiated.dev_buffer_size();
+        let t = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || dev::worker(fd, &*fs, ext, bufsize, &stats, &stop))?;
+        self.threads.push(t);
+        Ok(())
+    }
+
+    /// One queue thread per possible CPU, the worker pool, and a /dev/fuse reader for
+    /// FORGET and INTERRUPT (which never come on the rings). Every queue must register:
+    /// the kernel starts the rings only once each queue has entries.
+    fn start_uring<F: Filesystem>(&mut self, fs: &Arc<F>, config: &Config) -> io::Result<()> {
+        let queues = possible_cpus()?;
+        let depth = config.queue_depth.max(1);
+        let workers = config.workers.max(1);
+        let stats = Arc::new(Stats::new(queues));
+        let (job_tx, job_rx) = mpsc::channel();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let (reg_tx, reg_rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        let mut stopper = self.stopper.clone();
+        for qid in 0..queues {
+            let mem = Arc::new(QueueMem::new(depth, self.negotiated.ring_payload_size())?);
+            let done = Arc::new(Completions::new()?);
+            self.queue_mem.push(mem.clone());
+            stopper.queues.push(done.clone());
+            let queue = Queue {
+                fd: self.channel.fd().as_raw_fd(),
+                qid: u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?,
+                mem,
+                done,
+                jobs: job_tx.clone(),
+                stop: self.stopper.stop.clone(),
+                pin: config.pin_queues,
+            };
+            let reg_tx = reg_tx.clone();
+            let name = format!("fuse-ring-{qid}");
+            threads.push(
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || queue.run(reg_tx))?,
+            );
+        }
+        drop((job_tx, reg_tx));
+        for i in 0..workers {
+            let (fs, jobs, stats) = (fs.clone(), job_rx.clone(), stats.clone());
+            let name = format!("fuse-worker-{i}");
+            threads.push(std::thread::Builder::new().name(name).spawn(move || {
+                pool::worker(&*fs, &jobs, &stats);
+                Ok(())
+            })?);
+        }
+        self.stopper = stopper;
+        let refused = (0..queues)
+            .filter_map(|_| reg_rx.recv().ok())
+            .find_map(Result::err);
+        if let Some(e) = refused {
+            self.stopper.stop();
+            threads.into_iter().for_each(|t| drop(t.join()));
+            // The stop was for the rings only: the /dev/fuse workers still have to run.
+            self.stopper.stop.store(false, Ordering::Release);
+            self.stopper.dev_stop = Arc::new(EventFd::new()?);
+            self.stopper.queues.clear();
+            return Err(io::Error::new(e.kind(), format!("REGISTER refused: {e}")));
+        }
+        self.stats = stats;
+        self.threads = threads;
+        self.spawn_dev_worker(fs, "fuse-dev-forget".into())?;
+        self.chosen = Chosen::Uring {
+            queues,
+            depth,
+            workers,
+        };
+        Ok(())
+    }
+
+    pub fn transport(&self) -> Chosen {
+        self.chosen
+    }
+
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+
+    /// Notifications and passthrough backing files.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// Requests counted per /dev/fuse and per ring queue.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// Waits until every thread has ended: the mount went away, or [`Stopper::stop`].
+    /// The first thread error, if any.
+    pub fn join(mut self) -> io::Result<()> {
+        let mut first = Ok(());
+        for t in self.threads.drain(..) {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a session thread panicked")));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        self.queue_mem.clear();
+        first
+    }
+}
+
+/// Reads the first request, which must be INIT: (unique, major, minor, readahead, flags).
+fn read_init(fd: &OwnedFd, stop: &EventFd) -> Result<(u64, u32, u32, u32, u64), StartError> {
+    let mut buf = vec![0u8; abi::MIN_READ_BUFFER.max(64 << 10)];
+    let n = match dev::next_request(fd.as_raw_fd(), stop, &mut buf)? {
+        Got::Request(n) => n,
+        Got::Gone | Got::Stopped => return Err(io::Error::from_raw_os_error(libc::ENODEV).into()),
+    };
+    let raw =
+        split_dev(&buf[..n], false).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    match decode(&raw) {
+        Ok(Request::Init {
+            major,
+            minor,
+            max_readahead,
+            flags,
+        }) => Ok((raw.header.unique, major, minor, max_readahead, flags)),
+        _ => Err(StartError::Init(InitError::NotInit {
+            opcode: raw.header.opcode,
+        })),
+    }
+}
+
+fn write_reply(fd: &OwnedFd, unique: u64, error: i32, body: &[u8]) -> io::Result<()> {
+    let header = abi::OutHeader {
+        len: (16 + body.len()) as u32,
+        error: -error,
+        unique,
+    };
+    crate::channel::write_all_parts(fd.as_raw_fd(), &[header.as_bytes(), body])
+}
+
+impl Drop for Session {
+    /// A session dropped without [`Session::join`] stops its threads and waits for them,
+    /// so no thread outlives the ring memory it uses.
+    fn drop(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
+        self.stopper.stop();
+        self.threads.drain(..).for_each(|t| drop(t.join()));
+    }
+}
