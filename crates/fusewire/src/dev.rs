@@ -7,7 +7,7 @@ use crate::channel::write_all_parts;
 use crate::dispatch::{serve, Filesystem};
 use crate::event::EventFd;
 use crate::reply::Sink;
-use crate::request::split_dev;
+use crate::split::split_dev;
 use crate::stats::Stats;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};

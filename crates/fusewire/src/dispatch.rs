@@ -2,9 +2,11 @@
 //! the transport: decode, then a [`Reply`] for requests that want one.
 
 use crate::channel::Channel;
+use crate::decode::decode;
 use crate::init::Negotiated;
 use crate::reply::{Reply, Sink};
-use crate::request::{decode, Caller, DecodeError, Raw, Request};
+use crate::request::{Caller, Request};
+use crate::split::{DecodeError, Raw};
 
 /// A request's sender and id.
 #[derive(Clone, Copy, Debug)]

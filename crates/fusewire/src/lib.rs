@@ -7,6 +7,7 @@
 
 pub mod abi;
 mod channel;
+mod decode;
 mod dev;
 mod dispatch;
 mod event;
@@ -16,17 +17,18 @@ mod reply;
 mod request;
 mod ring_mem;
 mod session;
+mod split;
 mod stats;
 mod uring;
 
 pub use abi::Attr;
 pub use channel::{Backing, Channel};
+pub use decode::decode;
 pub use dispatch::{Context, Filesystem};
 pub use init::{negotiate, InitError, Negotiated, Wants};
 pub use reply::{dirent_size, dirent_type, DirEntry, DirReply, Entry, Open, Reply, Sink};
-pub use request::{
-    decode, split_dev, split_uring, Caller, DecodeError, Raw, Request, SetAttr, SetTime,
-};
+pub use request::{Caller, Request, SetAttr, SetTime};
 pub use session::{Chosen, Config, Session, StartError, Stopper, Transport};
+pub use split::{split_dev, split_uring, DecodeError, Raw};
 pub use stats::Stats;
 pub use uring::possible_cpus;

@@ -4,13 +4,15 @@
 
 use crate::abi::{self, init};
 use crate::channel::Channel;
+use crate::decode::decode;
 use crate::dev::{self, Got};
 use crate::dispatch::Filesystem;
 use crate::event::EventFd;
 use crate::init::{negotiate, InitError, Negotiated, Wants};
 use crate::pool::{self, Completions};
-use crate::request::{decode, split_dev, Request};
+use crate::request::Request;
 use crate::ring_mem::QueueMem;
+use crate::split::split_dev;
 use crate::stats::Stats;
 use crate::uring::{possible_cpus, Queue};
 use std::fmt;

@@ -1,0 +1,338 @@
+//! The in-memory test filesystem served through fusewire on a real mount, once per
+//! transport, checked with independent tools (stat, ls, getfattr, cat, diff, find, cksum)
+//! and readers on every CPU; the counters show which channel carried the requests, and
+//! unmounting mid-way (or stopping) ends the session with no thread left.
+
+mod common;
+
+use common::memfs::{self, MemFs, SMALL_FILES};
+use common::*;
+use fusewire::abi::{init, op};
+use fusewire::{Chosen, Config, Session, Transport, Wants};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn config(transport: Transport) -> Config {
+    let flags = init::ASYNC_READ
+        | init::PARALLEL_DIROPS
+        | init::MAX_PAGES
+        | init::DO_READDIRPLUS
+        | init::READDIRPLUS_AUTO;
+    Config {
+        transport,
+        workers: 4,
+        queue_depth: 4,
+        pin_queues: true,
+        wants: Wants {
+            flags,
+            ..Wants::default()
+        },
+    }
+}
+
+/// A served mount; `forgets` counts the filesystem's FORGETs.
+struct Served {
+    mnt: tempfile::TempDir,
+    session: Session,
+    forgets: Arc<AtomicU64>,
+}
+
+/// Mounts the test filesystem (entries and attributes never cached, so every access is a
+/// request) and starts serving it.
+fn serve(transport: Transport) -> Served {
+    let mnt = tempfile::tempdir().expect("mountpoint");
+    let fd = mount_fuse(mnt.path()).expect("mount(2) of /dev/fuse");
+    let fs = MemFs::new(Duration::ZERO);
+    let forgets = fs.forgets.clone();
+    let session = Session::start(fd, fs, &config(transport)).expect("session start");
+    Served {
+        mnt,
+        session,
+        forgets,
+    }
+}
+
+/// The same tree as the test filesystem, written to disk: the oracle for diff and cmp.
+fn reference_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("reference dir");
+    let p = dir.path();
+    std::fs::write(p.join("hello.txt"), memfs::HELLO).unwrap();
+    std::os::unix::fs::symlink("hello.txt", p.join("link")).unwrap();
+    std::fs::create_dir(p.join("dir")).unwrap();
+    std::fs::write(p.join("dir/big.bin"), memfs::big_contents()).unwrap();
+    for i in 0..SMALL_FILES {
+        std::fs::write(
+            p.join("dir").join(memfs::small_name(i)),
+            memfs::small_contents(i),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// What independent tools see through the mount equals the reference tree.
+fn check_with_tools(mnt: &Path, reference: &Path) {
+    assert_eq!(sh("cat \"$1\"/hello.txt", &[mnt]).as_bytes(), memfs::HELLO);
+    let st = sh(
+        "stat -c '%s %a %F %h %Y' \"$1\"/hello.txt \"$1\"/dir \"$1\"/link",
+        &[mnt],
+    );
+    let want = format!(
+        "16 644 regular file 1 1700000002\n4096 755 directory {} 1700000004\n9 777 symbolic link 1 1700000003\n",
+        2 + 1 + SMALL_FILES
+    );
+    assert_eq!(st, want, "stat through the mount");
+    assert_eq!(sh("readlink \"$1\"/link", &[mnt]), "hello.txt\n");
+    let ls = sh("ls -l \"$1\"/dir", &[mnt]);
+    assert_eq!(
+        ls.lines().count(),
+        2 + SMALL_FILES,
+        "ls -l lists every entry:\n{ls}"
+    );
+    assert!(
+        ls.contains("3145728") && ls.contains(&memfs::small_name(SMALL_FILES - 1)),
+        "{ls}"
+    );
+    let xattrs = sh("getfattr -d \"$1\"/hello.txt", &[mnt]);
+    assert!(
+        xattrs.contains("user.color=\"blue\"") && xattrs.contains("user.empty"),
+        "getfattr -d: {xattrs}"
+    );
+    assert_eq!(
+        sh(
+            "getfattr --only-values -n user.color \"$1\"/hello.txt",
+            &[mnt]
+        ),
+        "blue"
+    );
+    assert_eq!(sh("stat -f -c '%b %S' \"$1\"", &[mnt]), "1000 4096\n");
+    let find = "cd \"$1\" && find . | sort";
+    assert_eq!(
+        sh(find, &[mnt]),
+        sh(find, &[reference]),
+        "find lists the same tree"
+    );
+    sh("diff -r --no-dereference \"$1\" \"$2\"", &[mnt, reference]);
+}
+
+/// Readers pinned to every CPU at once (the kernel queues a request on its sender's CPU),
+/// each checking big.bin's checksum and reading every small file.
+fn read_from_every_cpu(mnt: &Path, reference: &Path) {
+    let want = sh("cksum < \"$1\"/dir/big.bin", &[reference]);
+    let cpus = fusewire::possible_cpus().expect("possible cpus");
+    let script = "for i in 1 2 3 4 5; do cksum < \"$1\"/dir/big.bin; cat \"$1\"/dir/f* > /dev/null || exit 1; done";
+    let readers: Vec<_> = (0..cpus)
+        .map(|cpu| {
+            Command::new("taskset")
+                .args(["-c", &cpu.to_string(), "sh", "-c", script, "sh"])
+                .arg(mnt)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("taskset")
+        })
+        .collect();
+    for r in readers {
+        let out = r.wait_with_output().expect("reader");
+        assert!(out.status.success(), "a reader failed");
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(
+            out,
+            want.repeat(5),
+            "every read of big.bin gives its contents"
+        );
+    }
+}
+
+/// Drops the kernel's inodes: their FORGETs come on /dev/fuse whatever the transport.
+fn forget_everything(s: &Served) {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches");
+    assert!(
+        poll_until(DEADLINE, || s.forgets.load(Ordering::Relaxed) > 0),
+        "no FORGET reached the filesystem"
+    );
+    let stats = s.session.stats();
+    let forgets = stats.by_opcode(op::FORGET).0 + stats.by_opcode(op::BATCH_FORGET).0;
+    assert!(forgets > 0, "FORGETs come on /dev/fuse:\n{stats}");
+}
+
+/// Unmounts while readers run: the session ends by itself and leaves no thread behind.
+fn unmount_midway(s: Served) {
+    let stats = s.session.stats();
+    let reads = || stats.by_opcode(op::READ).0 + stats.by_opcode(op::READ).1.iter().sum::<u64>();
+    let before = reads();
+    let script = "while cat \"$1\"/dir/big.bin > /dev/null 2>&1; do :; done";
+    let mut reader = Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(s.mnt.path())
+        .spawn()
+        .expect("reader");
+    assert!(
+        poll_until(DEADLINE, || reads() > before + 3),
+        "the reader is not reading"
+    );
+    unmount(s.mnt.path()).expect("umount2");
+    assert!(reader.wait().is_ok());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(s.session.join()));
+    let joined = rx
+        .recv_timeout(DEADLINE)
+        .expect("the session did not end after the unmount");
+    joined.expect("the session ended with an error");
+    assert!(
+        poll_until(DEADLINE, || session_threads().is_empty()),
+        "threads left: {:?}",
+        session_threads()
+    );
+}
+
+fn exercise(transport: Transport) {
+    let s = serve(transport);
+    let reference = reference_tree();
+    check_with_tools(s.mnt.path(), reference.path());
+    read_from_every_cpu(s.mnt.path(), reference.path());
+    let stats = s.session.stats();
+    let queues = stats.queue_requests();
+    let chosen = s.session.transport();
+    eprintln!("{chosen}, requests per channel:\n{stats}");
+    assert_eq!(
+        matches!(chosen, Chosen::Uring { .. }),
+        transport == Transport::Uring,
+        "{chosen}"
+    );
+    match chosen {
+        Chosen::Dev { .. } => {
+            assert!(
+                queues.is_empty(),
+                "a /dev/fuse session has no queues:\n{stats}"
+            );
+            assert!(stats.dev_requests() > 0);
+        }
+        Chosen::Uring { queues: n, .. } => {
+            assert_eq!(n, queues.len());
+            assert!(
+                queues.iter().all(|&q| q > 0),
+                "every ring served requests:\n{stats}"
+            );
+            let (dev_lookups, ring_lookups) = stats.by_opcode(op::LOOKUP);
+            assert_eq!(dev_lookups, 0, "no LOOKUP on /dev/fuse:\n{stats}");
+            assert!(ring_lookups.iter().sum::<u64>() > 0);
+        }
+    }
+    forget_everything(&s);
+    unmount_midway(s);
+}
+
+#[test]
+fn dev_transport_serves_real_tools() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    exercise(Transport::Dev);
+}
+
+#[test]
+fn uring_transport_serves_real_tools() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    let Some(_uring) = UringEnabled::new() else {
+        skip_unless(
+            false,
+            "this kernel has no FUSE over io_uring (enable_uring)",
+        );
+        return;
+    };
+    exercise(Transport::Uring);
+}
+
+/// Auto says what it chose: io_uring when the kernel offers it, /dev/fuse when not.
+#[test]
+fn auto_reports_the_transport_it_chose() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    let Some(uring) = UringEnabled::new() else {
+        skip_unless(
+            false,
+            "this kernel has no FUSE over io_uring (enable_uring)",
+        );
+        return;
+    };
+    let on = serve(Transport::Auto);
+    assert!(
+        matches!(on.session.transport(), Chosen::Uring { .. }),
+        "{}",
+        on.session.transport()
+    );
+    assert!(on.session.negotiated().has(init::OVER_IO_URING));
+    unmount_midway(on);
+    std::fs::write("/sys/module/fuse/parameters/enable_uring", "N").expect("enable_uring=N");
+    let off = serve(Transport::Auto);
+    assert!(
+        matches!(off.session.transport(), Chosen::Dev { .. }),
+        "{}",
+        off.session.transport()
+    );
+    assert!(!off.session.negotiated().has(init::OVER_IO_URING));
+    assert_eq!(
+        sh("cat \"$1\"/hello.txt", &[off.mnt.path()]).as_bytes(),
+        memfs::HELLO
+    );
+    unmount_midway(off);
+    drop(uring);
+}
+
+/// The caller's stop ends every thread; the mount can then be unmounted.
+fn stop_then_unmount(transport: Transport) {
+    let s = serve(transport);
+    assert_eq!(
+        sh("cat \"$1\"/hello.txt", &[s.mnt.path()]).as_bytes(),
+        memfs::HELLO
+    );
+    s.session.stopper().stop();
+    let (tx, rx) = mpsc::channel();
+    let session = s.session;
+    std::thread::spawn(move || tx.send(session.join()));
+    rx.recv_timeout(DEADLINE)
+        .expect("the session did not end after stop")
+        .expect("join");
+    assert!(
+        session_threads().is_empty(),
+        "threads left: {:?}",
+        session_threads()
+    );
+    unmount(s.mnt.path()).expect("umount2 after stop");
+}
+
+#[test]
+fn stop_ends_a_dev_session() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    stop_then_unmount(Transport::Dev);
+}
+
+#[test]
+fn stop_ends_a_uring_session() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    let Some(_uring) = UringEnabled::new() else {
+        skip_unless(
+            false,
+            "this kernel has no FUSE over io_uring (enable_uring)",
+        );
+        return;
+    };
+    stop_then_unmount(Transport::Uring);
+}
