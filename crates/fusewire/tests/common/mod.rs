@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod memfs;
+pub mod wire;
 
 use std::ffi::CString;
 use std::io;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 #[path = "../../../erofs/tests/common/skip.rs"]
 mod skip;
+#[allow(unused_imports)]
 pub use skip::skip_unless;
 
 pub fn is_root() -> bool {
