@@ -37,7 +37,7 @@ fn config(transport: Transport) -> Config {
 
 /// A served mount; `forgets` counts the filesystem's FORGETs.
 struct Served {
-    mnt: tempfile::TempDir,
+    mnt: Mountpoint,
     session: Session,
     forgets: Arc<AtomicU64>,
 }
@@ -45,7 +45,7 @@ struct Served {
 /// Mounts the test filesystem (entries and attributes never cached, so every access is a
 /// request) and starts serving it.
 fn serve(transport: Transport) -> Served {
-    let mnt = tempfile::tempdir().expect("mountpoint");
+    let mnt = Mountpoint::new();
     let fd = mount_fuse(mnt.path()).expect("mount(2) of /dev/fuse");
     let fs = MemFs::new(Duration::ZERO);
     let forgets = fs.forgets.clone();

@@ -78,6 +78,30 @@ pub fn mount_fuse(dir: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A mountpoint that is unmounted (detached) before its directory is removed, so a test
+/// that fails with the mount still up leaves neither a mount nor a hang in the cleanup.
+pub struct Mountpoint {
+    dir: tempfile::TempDir,
+}
+
+impl Mountpoint {
+    pub fn new() -> Mountpoint {
+        Mountpoint {
+            dir: tempfile::tempdir().expect("mountpoint"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Mountpoint {
+    fn drop(&mut self) {
+        let _ = unmount(self.dir.path());
+    }
+}
+
 /// Detaches the mount at `dir` (the connection ends when its last user goes).
 pub fn unmount(dir: &Path) -> io::Result<()> {
     let target = CString::new(dir.as_os_str().as_bytes())?;
