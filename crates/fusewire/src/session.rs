@@ -159,6 +159,15 @@ impl Session {
         let (init_unique, major, minor, readahead, offered) = read_init(&fd, &dev_stop)?;
         let offers_uring = offered & init::OVER_IO_URING != 0;
         let want_uring = config.transport != Transport::Dev && offers_uring;
+        if config.transport == Transport::Uring && !offers_uring {
+            // Refused INIT: the kernel fails the mount's requests instead of queueing them
+            // for a daemon that will not serve.
+            write_reply(&fd, init_unique, libc::EPROTO, &[])?;
+            return Err(StartError::UringUnavailable(
+                "FUSE_INIT did not offer it (is /sys/module/fuse/parameters/enable_uring Y?)"
+                    .into(),
+            ));
+        }
         let negotiated =
             match negotiate(major, minor, readahead, offered, &config.wants, want_uring) {
                 Ok((out, negotiated)) => {
@@ -171,12 +180,6 @@ impl Session {
                     return Err(StartError::Init(e));
                 }
             };
-        if config.transport == Transport::Uring && !offers_uring {
-            return Err(StartError::UringUnavailable(
-                "FUSE_INIT did not offer it (is /sys/module/fuse/parameters/enable_uring Y?)"
-                    .into(),
-            ));
-        }
         let channel = Channel::new(Arc::new(fd));
         fs.init(&negotiated, &channel);
         let fs = Arc::new(fs);

@@ -336,3 +336,33 @@ fn stop_ends_a_uring_session() {
     };
     stop_then_unmount(Transport::Uring);
 }
+
+/// Asking for io_uring where the kernel does not offer it is an error, and the mount
+/// fails its requests instead of hanging them.
+#[test]
+fn uring_refused_when_not_offered() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    let Some(uring) = UringEnabled::new() else {
+        skip_unless(
+            false,
+            "this kernel has no FUSE over io_uring (enable_uring)",
+        );
+        return;
+    };
+    std::fs::write("/sys/module/fuse/parameters/enable_uring", "N").expect("enable_uring=N");
+    let mnt = Mountpoint::new();
+    let fd = mount_fuse(mnt.path()).expect("mount(2) of /dev/fuse");
+    let started = Session::start(fd, MemFs::new(Duration::ZERO), &config(Transport::Uring));
+    assert!(
+        matches!(started, Err(fusewire::StartError::UringUnavailable(_))),
+        "{:?}",
+        started.err()
+    );
+    let err = std::fs::metadata(mnt.path().join("hello.txt"))
+        .expect_err("a refused mount serves nothing");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    drop(uring);
+}
