@@ -52,6 +52,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use upper::overlay::{MAX_LAYERS, PRIVATE_XATTR_PREFIX};
 
 /// How long the kernel may cache anything we say: the image never changes.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -174,9 +175,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         log: Logger,
     ) -> Result<ImageFs<S>, erofs::read::Error> {
         assert!(
-            (1..=stack::MAX_LAYERS).contains(&layers.len()),
-            "1 to {} layers",
-            stack::MAX_LAYERS
+            (1..=MAX_LAYERS).contains(&layers.len()),
+            "1 to {MAX_LAYERS} layers",
         );
         // Unrecorded means "maybe labelled": per-inode answers. Unreadable (a block of the
         // table that fails its hash) fails the mount: the footer is read here, so this is
@@ -617,7 +617,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// overlayfs's own `trusted.overlay.*`, as overlayfs does.
     fn visible(&self, req: &Request, name: &[u8]) -> bool {
         (!name.starts_with(b"trusted.") || req.uid() == 0)
-            && !(self.overlay && name.starts_with(stack::PRIVATE_XATTR_PREFIX))
+            && !(self.overlay && name.starts_with(PRIVATE_XATTR_PREFIX))
     }
 }
 
@@ -1229,7 +1229,7 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             return xattr_reply(reply, size, &v);
         }
         // overlayfs refuses its own xattrs outright.
-        if self.overlay && name.starts_with(stack::PRIVATE_XATTR_PREFIX) {
+        if self.overlay && name.starts_with(PRIVATE_XATTR_PREFIX) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         if !self.visible(req, name) {

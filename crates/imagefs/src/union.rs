@@ -19,7 +19,7 @@
 
 use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, Setup};
 use crate::reaper::{Held, Reaper};
-use crate::stack::{Obj, Resolved, Stack, PRIVATE_XATTR_PREFIX};
+use crate::stack::{Obj, Resolved, Stack};
 use crate::{
     encode_dev, inode_attr, kind, names_reply, negative, obj_ino, time, xattr_reply, Logger,
 };
@@ -40,6 +40,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use upper::overlay::{self, PRIVATE_XATTR_PREFIX, REDIRECT_MAX};
 use upper::{Contents, Meta, Stat, Upper};
 
 /// Names and attributes change only through this mount, which the kernel sees, except a
@@ -48,9 +49,6 @@ use upper::{Contents, Meta, Stat, Upper};
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 const FIRST_UPPER_ID: u64 = 1 << 62;
-
-/// The longest absolute redirect overlayfs writes (its `redirect_max` parameter's default).
-const REDIRECT_MAX: usize = 256;
 
 #[derive(Clone)]
 struct Node {
@@ -645,13 +643,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         path.extend_from_slice(name);
         let path = CString::new(path).ok()?;
         let mut buf = [0u8; 24];
-        let n = rfs::lgetxattr(path.as_c_str(), self.origin_xattr().as_str(), &mut buf).ok()?;
+        let n = rfs::lgetxattr(path.as_c_str(), self.upper.ns.origin(), &mut buf).ok()?;
         (buf[..n] == *id.to_string().as_bytes()).then_some(id)
-    }
-
-    /// Where copy-up records a regular file's image id, hidden like overlayfs's own.
-    fn origin_xattr(&self) -> String {
-        format!("{}verilay.origin", self.upper.prefix)
     }
 
     /// `name` in directory `parent` as the merged tree has it: (id, node), or `None`.
@@ -723,15 +716,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 .lookup(chain, name)
                 .map_err(|e| self.lower_err("redirect lookup", about, e))
         };
-        // overlayfs's rules for a valid redirect: a relative one is one name, an absolute
-        // one has no empty part; and no part is `.` or `..`, which could make a directory
-        // merge with its own ancestor.
-        let bad = |part: &[u8]| part.is_empty() || part == b"." || part == b"..";
-        let invalid = match to.strip_prefix(b"/") {
-            None => to.contains(&b'/') || bad(to),
-            Some(path) => path.split(|&b| b == b'/').any(bad),
-        };
-        if invalid {
+        if !overlay::valid_redirect(to) {
             (self.log)(&format!(
                 "{}: invalid redirect {:?} in the upper directory",
                 self.name,
@@ -1018,7 +1003,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }
         if inode.is_reg() {
             meta.xattrs.push((
-                self.origin_xattr().into_bytes(),
+                self.upper.ns.origin().as_bytes().to_vec(),
                 id.to_string().into_bytes(),
             ));
         }
@@ -1274,7 +1259,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         // A directory made in a merged one is opaque, as overlayfs makes it (with
         // redirect_dir): over a whiteout it must be, so the images' one stays hidden, and
         // it is made so before it appears.
-        let opaque = (self.upper.opaque_xattr.as_bytes().to_vec(), b"y".to_vec());
+        let opaque = (
+            self.upper.ns.opaque().as_bytes().to_vec(),
+            overlay::OPAQUE.to_vec(),
+        );
         if dir_mode && self.with_node(parent, |p| Ok(!p.lower_chain().is_empty()))? {
             meta.xattrs.push(opaque.clone());
         }
@@ -1400,7 +1388,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// `userxattr`). Asked for by name, it answers EOPNOTSUPP, as overlayfs's own handler
     /// did before it learnt to escape the names (Linux 6.7).
     fn overlay_xattr(&self, name: &[u8]) -> bool {
-        name.starts_with(PRIVATE_XATTR_PREFIX) || name.starts_with(self.upper.prefix.as_bytes())
+        name.starts_with(PRIVATE_XATTR_PREFIX)
+            || name.starts_with(self.upper.ns.prefix().as_bytes())
     }
 
     /// The names the mount keeps for itself: overlayfs's namespace, and the owner and
@@ -1843,7 +1832,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         let dev = (rfs::major(u64::from(rdev)), rfs::minor(u64::from(rdev)));
         // A 0/0 character device is a whiteout in the upper directory; overlayfs refuses
         // to make one through the mount, and so do we.
-        if rfs::FileType::from_raw_mode(mode) == rfs::FileType::CharacterDevice && dev == (0, 0) {
+        if overlay::is_whiteout(mode, dev) {
             return reply.error(Errno::EPERM);
         }
         let _l = self.lock();

@@ -21,7 +21,6 @@ pub use helper::mount_helper;
 use super::image::{open_with, Pin, ReadOpts};
 use super::measuring::{HashName, MeasureArgs};
 use anyhow::{bail, Context};
-use imagefs::stack::MAX_LAYERS;
 use mountopts::{check_threads, MountOptions};
 use std::ffi::OsString;
 use std::io::Read;
@@ -30,6 +29,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use upper::overlay::MAX_LAYERS;
 
 #[derive(clap::Args, Clone, Default)]
 pub struct Args {
