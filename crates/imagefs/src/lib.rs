@@ -38,26 +38,30 @@ mod reaper;
 pub mod stack;
 pub mod union;
 
-use erofs::format::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK};
+pub mod attr;
+pub mod fuse;
+pub mod ops;
+
+pub use attr::{Attr, Kind};
+pub use fuse::Fuse;
+pub use ops::Ops;
+pub use union::UnionFs;
+
+use attr::{kind, kind_of_dirent};
 use erofs::read::{ByteSource, Image, Inode};
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+use ops::{
+    AddEntry, AddEntryPlus, Caller, DirEntry, Errno, Granted, NotifierSlot, Opened, Register,
+    Statfs, Wants,
 };
 use stack::{Dir, Obj, Resolved, Stack};
 use std::cell::RefCell;
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use upper::overlay::{MAX_LAYERS, PRIVATE_XATTR_PREFIX};
 
 /// How long the kernel may cache anything we say: the image never changes.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-/// Largest read the kernel sends (with `FUSE_MAX_PAGES` and the default page limit).
-const MAX_READ: usize = 1 << 20;
 /// Files up to this size are handed to the kernel with their first open (see `prime`):
 /// the kernel's default readahead window, what one READ would have fetched.
 const PRIME_MAX: u64 = 128 << 10;
@@ -97,7 +101,7 @@ pub struct ImageFs<S: ByteSource> {
     /// Each value is an [`OPEN_HANDLES`] count and the [`PRIMED`] bit, changed in place:
     /// an open or a release allocates nothing once the inode has an entry.
     opens: papaya::HashMap<u64, AtomicU64>,
-    notifier: Arc<OnceLock<fuser::Notifier>>,
+    notifier: NotifierSlot,
 }
 
 /// Object → (parent, name) for every name the kernel learnt. Never emptied: at most one
@@ -158,7 +162,7 @@ const PRIMED: u64 = 1 << 32;
 /// merged listing once read.
 struct DirNode {
     chain: Vec<Dir>,
-    parent: INodeNo,
+    parent: u64,
     listing: OnceLock<Vec<(Vec<u8>, Resolved)>>,
 }
 
@@ -250,11 +254,6 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         self.extra_stats = Some(extra);
     }
 
-    /// Where the mount code puts the session's notifier.
-    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
-        self.notifier.clone()
-    }
-
     /// A measured open costs a round trip that an unmeasured one (`no_open`) does not;
     /// for a small file it also carries the file's verified bytes into the kernel's page
     /// cache (FUSE_NOTIFY_STORE), so the read that usually follows needs no round trip.
@@ -267,10 +266,10 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// kernel learns it again (`forget_primed`): an inode the kernel keeps keeps its
     /// pages, unless reclaimed, when a read just asks. Best effort: a failure leaves the
     /// cache cold and the read asks.
-    fn prime(&self, ino: INodeNo, o: Obj, inode: &Inode, flags: i32) {
+    fn prime(&self, ino: u64, o: Obj, inode: &Inode, flags: i32) {
         let was = {
             let opens = self.opens.pin();
-            let o = opens.get_or_insert_with(u64::from(ino), || AtomicU64::new(0));
+            let o = opens.get_or_insert_with(ino, || AtomicU64::new(0));
             let one_more = |v: u64| Some(((v & OPEN_HANDLES) + 1).min(OPEN_HANDLES) | PRIMED);
             o.fetch_update(Ordering::AcqRel, Ordering::Acquire, one_more)
                 .unwrap_or_else(|v| v)
@@ -304,8 +303,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     /// A handle on `ino` is closed.
-    fn closed(&self, ino: INodeNo) {
-        if let Some(o) = self.opens.pin().get(&u64::from(ino)) {
+    fn closed(&self, ino: u64) {
+        if let Some(o) = self.opens.pin().get(&ino) {
             let one_less = |v: u64| (v & OPEN_HANDLES > 0).then(|| v - 1);
             let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, one_less);
         }
@@ -313,8 +312,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
     /// The kernel learns `ino` (again, perhaps after evicting it and its pages): its next
     /// first open hands its bytes over again.
-    fn forget_primed(&self, ino: INodeNo) {
-        if let Some(o) = self.opens.pin().get(&u64::from(ino)) {
+    fn forget_primed(&self, ino: u64) {
+        if let Some(o) = self.opens.pin().get(&ino) {
             o.fetch_and(!PRIMED, Ordering::AcqRel);
         }
     }
@@ -322,11 +321,11 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// Remembers that `child` is `name` in `parent`, for the paths that measurements and
     /// log lines name. The root and an object as its own child are never recorded
     /// (lookups refuse a directory out of its place, so none should come here).
-    fn learn(&self, parent: INodeNo, name: &[u8], child: INodeNo) {
-        if name == b"." || name == b".." || child == parent || child == INodeNo::ROOT {
+    fn learn(&self, parent: u64, name: &[u8], child: u64) {
+        if name == b"." || name == b".." || child == parent || child == 1 {
             return;
         }
-        self.names.learn(child.into(), parent.into(), name);
+        self.names.learn(child, parent, name);
         if self.measure.is_some() {
             self.forget_primed(child);
         }
@@ -335,7 +334,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// With a policy: measures an open of `ino` (see `measuring`).
     fn measure_open(
         &self,
-        ino: INodeNo,
+        ino: u64,
         o: Obj,
         inode: &Inode,
         flags: i32,
@@ -373,20 +372,38 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             .map(|_| ())
     }
 
-    fn ino(&self, o: Obj) -> INodeNo {
-        INodeNo(obj_ino(o, self.root.top))
+    /// `name` in the merged directory `parent` of a stack.
+    fn lookup_merged(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno> {
+        let guard = self.dirs.guard();
+        let d = self.dir_node(parent, &guard)?;
+        let found = self
+            .stack
+            .lookup(&d.chain, name)
+            .map_err(|e| self.fail("lookup", About::entry(parent, name, None), e))?;
+        let Some(r) = found else {
+            return Ok(None);
+        };
+        let about = About::entry(parent, name, Some(r.top));
+        self.check_claims(r.top, &r.inode, about)?;
+        let a = self.child_attr(&r, parent, &guard);
+        self.learn(parent, name, a.ino);
+        Ok(Some(a))
+    }
+
+    fn ino(&self, o: Obj) -> u64 {
+        obj_ino(o, self.root.top)
     }
 
     /// The object an inode number stands for; EIO for numbers we never gave out.
-    fn obj(&self, ino: INodeNo) -> Result<Obj, Errno> {
-        let n = match u64::from(ino) {
+    fn obj(&self, ino: u64) -> Result<Obj, Errno> {
+        let n = match ino {
             1 => return Ok(self.root.top),
-            0 => return Err(Errno::EIO),
+            0 => return Err(Errno::IO),
             n => n - 2,
         };
         let layer = n >> LAYER_SHIFT;
         if layer >= self.stack.layers.len() as u64 {
-            return Err(Errno::EIO);
+            return Err(Errno::IO);
         }
         Ok(Obj {
             layer: layer as u16,
@@ -406,7 +423,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 stack::describe(&e)
             ));
         }
-        Errno::from_i32(errno)
+        Errno::from_raw_os_error(errno)
     }
 
     /// How a log line names what `about` stands for (see `logged_subject`).
@@ -415,7 +432,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             About::Known(ino) => (ino, None, self.obj(ino).ok()),
             About::Entry { dir, name, obj } => (dir, Some(name), obj),
         };
-        logged_subject(start.into(), name, obj.map(|o| (o, self.overlay)), |at| {
+        logged_subject(start, name, obj.map(|o| (o, self.overlay)), |at| {
             self.names.get(at)
         })
     }
@@ -433,7 +450,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             Ok(Some(name)) => {
                 let what = false_record(o, i, &name, self.overlay);
                 (self.log)(&format!("{}: {what}", self.name));
-                Err(Errno::EIO)
+                Err(Errno::IO)
             }
             Err(e) => Err(self.fail("xattrs", about, e)),
         }
@@ -441,7 +458,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
     /// Checks a single image's entry `name` of directory `dir` (its place, and what the
     /// namespace record says of it) before the kernel learns it.
-    fn check_entry(&self, dir: INodeNo, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
+    fn check_entry(&self, dir: u64, name: &[u8], o: Obj, i: &Inode) -> Result<(), Errno> {
         let about = About::entry(dir, name, Some(o));
         self.stack
             .check_placement(o.layer, self.obj(dir)?.nid, name, i)
@@ -453,7 +470,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// directories are `chain`; listed unchecked).
     fn check_merged(
         &self,
-        dir: INodeNo,
+        dir: u64,
         chain: &[Dir],
         name: &[u8],
         r: &Resolved,
@@ -465,7 +482,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         self.check_claims(r.top, &r.inode, about)
     }
 
-    fn inode(&self, ino: INodeNo) -> Result<(Obj, Inode), Errno> {
+    fn inode(&self, ino: u64) -> Result<(Obj, Inode), Errno> {
         let o = self.obj(ino)?;
         self.obj_inode(o, About::Known(ino)).map(|i| (o, i))
     }
@@ -474,7 +491,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     fn obj_inode(&self, o: Obj, about: About<'_>) -> Result<Inode, Errno> {
         // A nid too large for an inode number cannot be given out unambiguously.
         if o.nid >= 1 << LAYER_SHIFT {
-            return Err(Errno::EIO);
+            return Err(Errno::IO);
         }
         self.stack
             .inode(o)
@@ -486,7 +503,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     /// Attributes of a resolved object (merged directories have nlink 1, as in overlayfs).
-    fn resolved_attr(&self, r: &Resolved) -> FileAttr {
+    fn resolved_attr(&self, r: &Resolved) -> Attr {
         let mut a = self.attr(r.top, &r.inode);
         if r.is_merged() {
             a.nlink = 1;
@@ -496,19 +513,15 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
     /// With `overlay`: the directory node of `ino` (registered by the lookup that found
     /// it; built from the object alone for a number the kernel kept from elsewhere).
-    fn dir_node<'g>(
-        &self,
-        ino: INodeNo,
-        guard: &'g impl papaya::Guard,
-    ) -> Result<&'g DirNode, Errno> {
-        if let Some(d) = self.dirs.get(&u64::from(ino), guard) {
+    fn dir_node<'g>(&self, ino: u64, guard: &'g impl papaya::Guard) -> Result<&'g DirNode, Errno> {
+        if let Some(d) = self.dirs.get(&ino, guard) {
             return Ok(d);
         }
         let (o, inode) = self.inode(ino)?;
         if !inode.is_dir() {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::NOTDIR);
         }
-        let chain = if ino == INodeNo::ROOT {
+        let chain = if ino == 1 {
             self.root.chain.clone()
         } else {
             vec![self
@@ -516,18 +529,18 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 .dir(o, &inode)
                 .map_err(|e| self.fail("opaque xattr", About::Known(ino), e))?]
         };
-        Ok(self.remember(ino, chain, INodeNo::ROOT, guard))
+        Ok(self.remember(ino, chain, 1, guard))
     }
 
     fn remember<'g>(
         &self,
-        ino: INodeNo,
+        ino: u64,
         chain: Vec<Dir>,
-        parent: INodeNo,
+        parent: u64,
         guard: &'g impl papaya::Guard,
     ) -> &'g DirNode {
         self.dirs.get_or_insert_with(
-            u64::from(ino),
+            ino,
             || DirNode {
                 chain,
                 parent,
@@ -538,20 +551,16 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 
     /// A resolved child of `parent`: its attributes, registering it if it is a directory.
-    fn child_attr(&self, r: &Resolved, parent: INodeNo, guard: &impl papaya::Guard) -> FileAttr {
+    fn child_attr(&self, r: &Resolved, parent: u64, guard: &impl papaya::Guard) -> Attr {
         let ino = self.ino(r.top);
-        if !r.chain.is_empty() && ino != INodeNo::ROOT {
+        if !r.chain.is_empty() && ino != 1 {
             self.remember(ino, r.chain.clone(), parent, guard);
         }
         self.resolved_attr(r)
     }
 
     /// The merged listing of a stack's directory `ino`, read once.
-    fn listing<'g>(
-        &self,
-        ino: INodeNo,
-        d: &'g DirNode,
-    ) -> Result<&'g [(Vec<u8>, Resolved)], Errno> {
+    fn listing<'g>(&self, ino: u64, d: &'g DirNode) -> Result<&'g [(Vec<u8>, Resolved)], Errno> {
         if d.listing.get().is_none() {
             let l = self
                 .stack
@@ -562,8 +571,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         Ok(d.listing.get().expect("just set"))
     }
 
-    fn attr(&self, o: Obj, i: &Inode) -> FileAttr {
-        inode_attr(self.ino(o), i, self.image(o).block_size())
+    fn attr(&self, o: Obj, i: &Inode) -> Attr {
+        Attr::of_inode(self.ino(o), i, self.image(o).block_size())
     }
 
     /// Hands a directory's entries from `offset` on to `add`, with the offset after each,
@@ -572,14 +581,14 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// `i` of the merged listing `2 + i`.
     fn fill_dir(
         &self,
-        ino: INodeNo,
+        ino: u64,
         offset: u64,
         mut add: impl FnMut(Listed<'_>, u64) -> Result<bool, Errno>,
     ) -> Result<(), Errno> {
         if !self.overlay {
             let (o, dir) = self.inode(ino)?;
             if !dir.is_dir() {
-                return Err(Errno::ENOTDIR);
+                return Err(Errno::NOTDIR);
             }
             let entries = self
                 .image(o)
@@ -597,7 +606,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         let guard = self.dirs.guard();
         let d = self.dir_node(ino, &guard)?;
         let list = self.listing(ino, d)?;
-        let dots: [(&[u8], INodeNo); 2] = [(b".", ino), (b"..", d.parent)];
+        let dots: [(&[u8], u64); 2] = [(b".", ino), (b"..", d.parent)];
         for (i, (name, dot)) in dots.into_iter().enumerate().skip(offset as usize) {
             if add(Listed::Dot(name, dot), i as u64 + 1)? {
                 return Ok(());
@@ -615,8 +624,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     /// Names in `trusted.` are listed for privileged callers only, as the kernel's erofs
     /// does (the VFS already refuses to *get* them for others). A stack also hides
     /// overlayfs's own `trusted.overlay.*`, as overlayfs does.
-    fn visible(&self, req: &Request, name: &[u8]) -> bool {
-        (!name.starts_with(b"trusted.") || req.uid() == 0)
+    fn visible(&self, caller: &Caller, name: &[u8]) -> bool {
+        (!name.starts_with(b"trusted.") || caller.uid == 0)
             && !(self.overlay && name.starts_with(PRIVATE_XATTR_PREFIX))
     }
 }
@@ -625,18 +634,18 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 #[derive(Clone, Copy)]
 enum About<'a> {
     /// An object the kernel knows by this number.
-    Known(INodeNo),
+    Known(u64),
     /// Entry `name` of directory `dir`, before the kernel knows it; the object found
     /// there, once found.
     Entry {
-        dir: INodeNo,
+        dir: u64,
         name: &'a [u8],
         obj: Option<Obj>,
     },
 }
 
 impl<'a> About<'a> {
-    fn entry(dir: INodeNo, name: &'a [u8], obj: Option<Obj>) -> About<'a> {
+    fn entry(dir: u64, name: &'a [u8], obj: Option<Obj>) -> About<'a> {
         About::Entry { dir, name, obj }
     }
 }
@@ -646,14 +655,14 @@ enum Listed<'a> {
     /// From a single image, as stored.
     Plain(erofs::read::DirEntry),
     /// `.` or `..` of a stack's directory.
-    Dot(&'a [u8], INodeNo),
+    Dot(&'a [u8], u64),
     /// From a stack's merged listing: name, what it resolves to, the directory's inode
     /// number and layers' directories, and the guard of the directory map (to register
     /// subdirectories).
     Merged(
         &'a [u8],
         &'a Resolved,
-        INodeNo,
+        u64,
         &'a [Dir],
         &'a papaya::LocalGuard<'a>,
     ),
@@ -807,320 +816,137 @@ pub(crate) fn obj_ino(o: Obj, root: Obj) -> u64 {
     }
 }
 
-/// Replies with a list of xattr names (NUL-terminated), keeping those `keep` allows.
-pub(crate) fn names_reply(
-    reply: ReplyXattr,
-    size: u32,
-    names: &[Vec<u8>],
-    keep: impl Fn(&[u8]) -> bool,
-) {
+/// A list of xattr names, each followed by a NUL, keeping those `keep` allows.
+pub(crate) fn name_list(names: &[Vec<u8>], keep: impl Fn(&[u8]) -> bool) -> Vec<u8> {
     let mut out = Vec::new();
     for n in names.iter().filter(|n| keep(n)) {
         out.extend_from_slice(n);
         out.push(0);
     }
-    xattr_reply(reply, size, &out)
+    out
 }
 
-/// Attributes of an image inode, reported as inode number `ino`.
-pub(crate) fn inode_attr(ino: INodeNo, i: &Inode, block_size: u32) -> FileAttr {
-    let t = time(i.mtime, i.mtime_nsec);
-    let (major, minor) = i.rdev;
-    FileAttr {
-        ino,
-        size: i.size,
-        // As the kernel's erofs reports it for uncompressed inodes.
-        blocks: i.size.next_multiple_of(u64::from(block_size)) >> 9,
-        atime: t,
-        mtime: t,
-        ctime: t,
-        crtime: t,
-        kind: kind(i.mode.into()),
-        perm: i.mode & 0o7777,
-        nlink: i.nlink,
-        uid: i.uid,
-        gid: i.gid,
-        rdev: encode_dev(major, minor),
-        blksize: block_size,
-        flags: 0,
-    }
-}
-
-/// new_encode_dev(), which the kernel decodes FUSE's rdev with.
-pub(crate) fn encode_dev(major: u32, minor: u32) -> u32 {
-    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
-}
-
-pub(crate) fn time(secs: i64, nsec: u32) -> SystemTime {
-    let nsec = Duration::from_nanos(u64::from(nsec.min(999_999_999)));
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs as u64) + nsec
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + nsec
-    }
-}
-
-pub(crate) fn kind(mode: u32) -> FileType {
-    match (mode & u32::from(S_IFMT)) as u16 {
-        S_IFDIR => FileType::Directory,
-        S_IFLNK => FileType::Symlink,
-        S_IFCHR => FileType::CharDevice,
-        S_IFBLK => FileType::BlockDevice,
-        S_IFIFO => FileType::NamedPipe,
-        S_IFSOCK => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn kind_of_dirent(ft: u8) -> FileType {
-    use erofs::format::*;
-    match ft {
-        FT_DIR => FileType::Directory,
-        FT_SYMLINK => FileType::Symlink,
-        FT_CHRDEV => FileType::CharDevice,
-        FT_BLKDEV => FileType::BlockDevice,
-        FT_FIFO => FileType::NamedPipe,
-        FT_SOCK => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-/// A negative entry: nodeid 0 with a timeout makes the kernel cache the miss.
-pub(crate) fn negative() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
-/// Replies to getxattr/listxattr: the size when asked for it, ERANGE when it does not fit.
-pub(crate) fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
-    if size == 0 {
-        reply.size(value.len() as u32);
-    } else if value.len() > size as usize {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(value);
-    }
-}
-
-impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Each is optional: an older kernel that lacks one just does without.
-        for cap in [
-            InitFlags::FUSE_ASYNC_READ,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            // Always plus (not _AUTO, which uses it for a directory's first chunk only):
-            // attributes cost us one cached inode read, and spare a LOOKUP per entry.
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_MAX_PAGES,
-        ] {
-            let _ = config.add_capabilities(cap);
-        }
-        if !self.aclless {
-            let _ = config.add_capabilities(InitFlags::FUSE_POSIX_ACL);
-        }
+impl<S: ByteSource + 'static> Ops for ImageFs<S> {
+    fn wants(&self) -> Wants {
         // Measuring needs every open, unless no rule can measure any layer's files.
         let measured = self
             .measure
             .as_ref()
             .is_some_and(|s| s.layers.iter().any(|l| s.measuring.may_measure(l)));
-        self.no_open = !measured
-            && config
-                .add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT)
-                .is_ok();
-        self.no_opendir = config
-            .add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT)
-            .is_ok();
-        let _ = config.set_max_readahead(MAX_READ as u32);
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
-        Ok(())
+        Wants {
+            ttl: FOREVER,
+            readdirplus: true,
+            cache_symlinks: true,
+            posix_acl: !self.aclless,
+            no_open: !measured,
+            no_opendir: true,
+            dont_mask: false,
+            writes: false,
+            passthrough: false,
+            background: Some((64, 48)),
+        }
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn granted(&mut self, granted: &Granted) {
+        self.no_open = granted.no_open;
+        self.no_opendir = granted.no_opendir;
+    }
+
+    fn notifier_slot(&self) -> NotifierSlot {
+        self.notifier.clone()
+    }
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno> {
         if self.overlay {
-            let guard = self.dirs.guard();
-            let found = self.dir_node(parent, &guard).and_then(|d| {
-                self.stack.lookup(&d.chain, name.as_bytes()).map_err(|e| {
-                    self.fail("lookup", About::entry(parent, name.as_bytes(), None), e)
-                })
-            });
-            let found = found.and_then(|r| match r {
-                Some(r) => {
-                    let about = About::entry(parent, name.as_bytes(), Some(r.top));
-                    self.check_claims(r.top, &r.inode, about).map(|()| Some(r))
-                }
-                None => Ok(None),
-            });
-            return match found {
-                Ok(Some(r)) => {
-                    let a = self.child_attr(&r, parent, &guard);
-                    self.learn(parent, name.as_bytes(), a.ino);
-                    reply.entry(&FOREVER, &a, Generation(0))
-                }
-                Ok(None) => reply.entry(&FOREVER, &negative(), Generation(0)),
-                Err(e) => reply.error(e),
-            };
+            return self.lookup_merged(parent, name);
         }
-        let (o, dir) = match self.inode(parent) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
+        let (o, dir) = self.inode(parent)?;
         if !dir.is_dir() {
-            return reply.error(Errno::ENOTDIR);
+            return Err(Errno::NOTDIR);
         }
-        match self.image(o).lookup(&dir, name.as_bytes()) {
-            Ok(Some(e)) => {
-                let child = Obj {
-                    layer: o.layer,
-                    nid: e.nid,
-                };
-                let about = About::entry(parent, name.as_bytes(), Some(child));
-                match self.obj_inode(child, about).and_then(|i| {
-                    self.check_entry(parent, name.as_bytes(), child, &i)
-                        .map(|()| i)
-                }) {
-                    Ok(i) => {
-                        let a = self.attr(child, &i);
-                        self.learn(parent, name.as_bytes(), a.ino);
-                        reply.entry(&FOREVER, &a, Generation(0))
-                    }
-                    Err(err) => reply.error(err),
-                }
-            }
-            Ok(None) => reply.entry(&FOREVER, &negative(), Generation(0)),
-            Err(e) => {
-                let about = About::entry(parent, name.as_bytes(), None);
-                reply.error(self.fail("lookup", about, e))
-            }
-        }
+        let e = match self.image(o).lookup(&dir, name) {
+            Ok(Some(e)) => e,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(self.fail("lookup", About::entry(parent, name, None), e)),
+        };
+        let child = Obj {
+            layer: o.layer,
+            nid: e.nid,
+        };
+        let i = self.obj_inode(child, About::entry(parent, name, Some(child)))?;
+        self.check_entry(parent, name, child, &i)?;
+        let a = self.attr(child, &i);
+        self.learn(parent, name, a.ino);
+        Ok(Some(a))
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.inode(ino) {
-            Ok((o, i)) => {
-                let mut a = self.attr(o, &i);
-                if self.overlay && i.is_dir() {
-                    let guard = self.dirs.guard();
-                    if self.dir_node(ino, &guard).is_ok_and(|d| d.chain.len() > 1) {
-                        a.nlink = 1;
-                    }
-                }
-                reply.attr(&FOREVER, &a)
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        let (o, i) = self.inode(ino)?;
+        let mut a = self.attr(o, &i);
+        if self.overlay && i.is_dir() {
+            let guard = self.dirs.guard();
+            if self.dir_node(ino, &guard).is_ok_and(|d| d.chain.len() > 1) {
+                a.nlink = 1;
             }
-            Err(e) => reply.error(e),
         }
+        Ok(a)
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.inode(ino).and_then(|(o, i)| {
-            self.image(o)
-                .readlink(&i)
-                .map_err(|e| self.fail("readlink", About::Known(ino), e))
-        }) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(e),
-        }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        let (o, i) = self.inode(ino)?;
+        self.image(o)
+            .readlink(&i)
+            .map_err(|e| self.fail("readlink", About::Known(ino), e))
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        flags: i32,
+        _register: Register<'_>,
+    ) -> Result<Opened, Errno> {
         if self.no_open {
             // Once: from now on the kernel opens files without asking, keeping caches.
-            return reply.error(Errno::ENOSYS);
+            return Err(Errno::NOSYS);
         }
-        match self.inode(ino).and_then(|(o, inode)| {
-            self.measure_open(ino, o, &inode, flags.0, req.pid())
-                .map(|()| (o, inode))
-        }) {
-            Ok((o, inode)) => {
-                self.prime(ino, o, &inode, flags.0);
-                // Keeps what `prime` stored (and any earlier reads: the image never changes).
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
-            }
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.closed(ino);
-        reply.ok();
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let (o, inode) = match self.inode(ino) {
-            Ok(i) => i,
-            Err(e) => return reply.error(e),
-        };
-        READ_BUF.with(|b| {
-            let mut buf = b.borrow_mut();
-            let want = size as usize;
-            if buf.len() < want {
-                buf.resize(want, 0);
-            }
-            match self.image(o).read(&inode, offset, &mut buf[..want]) {
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(self.fail("read", About::Known(ino), e)),
-            }
+        let (o, inode) = self.inode(ino)?;
+        self.measure_open(ino, o, &inode, flags, caller.pid)?;
+        self.prime(ino, o, &inode, flags);
+        // Keeps what `prime` stored (and any earlier reads: the image never changes).
+        Ok(Opened {
+            keep_cache: true,
+            ..Opened::default()
         })
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn release(&self, ino: u64, _fh: u64, _answer: &mut dyn FnMut()) {
+        self.closed(ino);
+    }
+
+    fn read(&self, ino: u64, _fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let (o, inode) = self.inode(ino)?;
+        self.image(o)
+            .read(&inode, offset, buf)
+            .map_err(|e| self.fail("read", About::Known(ino), e))
+    }
+
+    fn opendir(&self, ino: u64) -> Result<Opened, Errno> {
         if self.no_opendir {
-            return reply.error(Errno::ENOSYS);
+            return Err(Errno::NOSYS);
         }
-        match self.inode(ino) {
-            Ok((_, i)) if i.is_dir() => reply.opened(
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
-            ),
-            Ok(_) => reply.error(Errno::ENOTDIR),
-            Err(e) => reply.error(e),
+        match self.inode(ino)? {
+            (_, i) if i.is_dir() => Ok(Opened {
+                keep_cache: true,
+                cache_dir: true,
+                ..Opened::default()
+            }),
+            _ => Err(Errno::NOTDIR),
         }
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let filled = self.fill_dir(ino, offset, |e, next| {
+    fn readdir(&self, ino: u64, _fh: u64, offset: u64, add: AddEntry<'_>) -> Result<(), Errno> {
+        self.fill_dir(ino, offset, |e, next| {
             let (name, ino, kind) = match &e {
                 Listed::Plain(e) => (
                     &e.name[..],
@@ -1130,43 +956,41 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     }),
                     kind_of_dirent(e.file_type),
                 ),
-                Listed::Dot(name, ino) => (*name, *ino, FileType::Directory),
+                Listed::Dot(name, ino) => (*name, *ino, Kind::Directory),
                 Listed::Merged(name, r, _, _, _) => {
                     (*name, self.ino(r.top), kind(r.inode.mode.into()))
                 }
             };
-            Ok(reply.add(ino, next, kind, OsStr::from_bytes(name)))
-        });
-        match filled {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+            Ok(add(DirEntry {
+                ino,
+                next,
+                kind,
+                name,
+            }))
+        })
     }
 
     fn readdirplus(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
+        _fh: u64,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
+        add: AddEntryPlus<'_>,
+    ) -> Result<(), Errno> {
         // "." and ".." get no dentry from readdirplus; their attributes are not used.
-        let dot = |ino| {
-            let mut a = negative();
-            a.ino = ino;
-            a.kind = FileType::Directory;
-            a
+        let dot = |ino| Attr {
+            ino,
+            kind: Kind::Directory,
+            ..Attr::negative()
         };
         // An entry refused (`check_entry`, `check_merged`) is listed without an inode
         // (nodeid 0, which readdir(3) skips): the kernel links no dentry, and a lookup of
         // the name gets the refusal.
-        let refused = |kind| {
-            let mut a = negative();
-            a.kind = kind;
-            a
+        let refused = |kind| Attr {
+            kind,
+            ..Attr::negative()
         };
-        let filled = self.fill_dir(ino, offset, |e, next| {
+        self.fill_dir(ino, offset, |e, next| {
             let (name, attr) = match &e {
                 Listed::Plain(e) => {
                     let o = Obj {
@@ -1193,19 +1017,20 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
                     (*name, attr)
                 }
             };
-            if attr.ino != INodeNo(0) {
+            if attr.ino != 0 {
                 self.learn(ino, name, attr.ino);
             }
-            let name = OsStr::from_bytes(name);
-            Ok(reply.add(attr.ino, next, name, &FOREVER, &attr, Generation(0)))
-        });
-        match filled {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+            let entry = DirEntry {
+                ino: attr.ino,
+                next,
+                kind: attr.kind,
+                name,
+            };
+            Ok(add(entry, &attr))
+        })
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self) -> Result<Statfs, Errno> {
         // As the kernel's erofs: no free space, and "unlimited" inodes minus those used;
         // a stack counts its layers' blocks (in the top layer's block size) and inodes.
         let bs = self.stack.layers[0].block_size();
@@ -1215,50 +1040,49 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
             blocks += img.erofs_len().div_ceil(u64::from(bs));
             inos = inos.saturating_add(sb.inos);
         }
-        reply.statfs(blocks, 0, 0, u64::MAX, u64::MAX - inos, bs, 255, bs);
+        Ok(Statfs {
+            blocks,
+            bfree: 0,
+            bavail: 0,
+            files: u64::MAX,
+            ffree: u64::MAX - inos,
+            bsize: bs,
+            namelen: 255,
+            frsize: bs,
+        })
     }
 
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = name.as_bytes();
-        if let Some(v) = measuring::stats_xattr(
-            self.measure.as_ref(),
-            self.extra_stats.as_ref(),
-            ino.into(),
-            name,
-        ) {
-            return xattr_reply(reply, size, &v);
+    fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        if let Some(v) =
+            measuring::stats_xattr(self.measure.as_ref(), self.extra_stats.as_ref(), ino, name)
+        {
+            return Ok(v);
         }
         // overlayfs refuses its own xattrs outright.
         if self.overlay && name.starts_with(PRIVATE_XATTR_PREFIX) {
-            return reply.error(Errno::EOPNOTSUPP);
+            return Err(Errno::OPNOTSUPP);
         }
-        if !self.visible(req, name) {
-            return reply.error(Errno::NO_XATTR);
+        if !self.visible(caller, name) {
+            return Err(Errno::NODATA);
         }
         if self.unlabelled && name.starts_with(b"security.")
             || self.aclless && name.starts_with(b"system.posix_acl_")
         {
-            return reply.error(Errno::EOPNOTSUPP);
+            return Err(Errno::OPNOTSUPP);
         }
-        let (o, inode) = match self.inode(ino) {
-            Ok(i) => i,
-            Err(e) => return reply.error(e),
-        };
+        let (o, inode) = self.inode(ino)?;
         match self.image(o).getxattr(&inode, name) {
-            Ok(Some(v)) => xattr_reply(reply, size, &v),
-            Ok(None) => reply.error(Errno::NO_XATTR),
-            Err(e) => reply.error(self.fail("getxattr", About::Known(ino), e)),
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err(Errno::NODATA),
+            Err(e) => Err(self.fail("getxattr", About::Known(ino), e)),
         }
     }
 
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let (o, inode) = match self.inode(ino) {
-            Ok(i) => i,
-            Err(e) => return reply.error(e),
-        };
+    fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno> {
+        let (o, inode) = self.inode(ino)?;
         match self.image(o).listxattr(&inode) {
-            Ok(names) => names_reply(reply, size, &names, |n| self.visible(req, n)),
-            Err(e) => reply.error(self.fail("listxattr", About::Known(ino), e)),
+            Ok(names) => Ok(name_list(&names, |n| self.visible(caller, n))),
+            Err(e) => Err(self.fail("listxattr", About::Known(ino), e)),
         }
     }
 }
@@ -1266,14 +1090,14 @@ impl<S: ByteSource + 'static> Filesystem for ImageFs<S> {
 /// An image file's content, for measuring.
 struct ImageContent<'a, S: ByteSource> {
     fs: &'a ImageFs<S>,
-    ino: INodeNo,
+    ino: u64,
     file: measuring::ImageFile<'a, S>,
     setup: &'a measuring::Setup,
 }
 
 impl<S: ByteSource + 'static> measuring::Content for ImageContent<'_, S> {
     fn path(&self) -> Vec<u8> {
-        measured_path(self.setup, self.ino.into(), |at| self.fs.names.get(at))
+        measured_path(self.setup, self.ino, |at| self.fs.names.get(at))
     }
 
     fn reader(&self, _size: Option<u64>) -> std::io::Result<(Box<dyn std::io::Read + '_>, u64)> {

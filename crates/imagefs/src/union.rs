@@ -17,26 +17,21 @@
 //! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 
+use crate::attr::{kind, Attr, Kind};
 use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, Setup};
+use crate::ops::{
+    AddEntry, Caller, Created, DirEntry, Errno, Granted, NotifierSlot, Opened, Ops, Passthrough,
+    Register, RenameFlags, SetAttr, SetTime, Statfs, Wants,
+};
 use crate::reaper::{Held, Reaper};
 use crate::stack::{Obj, Resolved, Stack};
-use crate::{
-    encode_dev, inode_attr, kind, names_reply, negative, obj_ino, time, xattr_reply, Logger,
-};
+use crate::{name_list, obj_ino, Logger};
 use erofs::read::{ByteSource, Inode};
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
-};
 use measure::policy::FsIdentity;
 use papaya::Guard as _;
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
-use std::ffi::{CStr, CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -76,7 +71,7 @@ struct FileIo {
     mode: AtomicU8,
     /// The upper file registered with the kernel for passthrough (one per inode, as the
     /// kernel wants); `None` inside when refused.
-    backing: OnceLock<Option<fuser::BackingId>>,
+    backing: OnceLock<Option<Arc<Passthrough>>>,
     /// With measuring only: how the file is open now (its digest is not reused while a
     /// writer has it; IMA's violations are decided from it).
     opens: crate::measuring::Opens,
@@ -164,7 +159,7 @@ pub struct UnionFs<S: ByteSource> {
     /// keeps its image id.
     upper_ids: papaya::HashMap<(u64, u64), u64>,
     files: papaya::HashMap<u64, OwnedFd>,
-    dirs: papaya::HashMap<u64, Vec<(Vec<u8>, u64, FileType)>>,
+    dirs: papaya::HashMap<u64, Vec<(Vec<u8>, u64, Kind)>>,
     next_id: AtomicU64,
     next_fh: AtomicU64,
     change: Mutex<()>,
@@ -176,7 +171,7 @@ pub struct UnionFs<S: ByteSource> {
     /// Per layer, the paths of its hardlinked files (walked on first need).
     hardlinks: Vec<OnceLock<LinkPaths>>,
     /// Set once the session exists: how the kernel is told of changes it cannot see.
-    notifier: Arc<OnceLock<fuser::Notifier>>,
+    notifier: NotifierSlot,
     /// With a policy: opens are measured (see `measuring`), and the handles that can write
     /// are known, so a writer's close marks its file changed.
     measure: Option<Setup>,
@@ -191,34 +186,7 @@ pub struct UnionFs<S: ByteSource> {
 }
 
 fn errno(e: std::io::Error) -> Errno {
-    Errno::from_i32(
-        e.raw_os_error()
-            .unwrap_or(rustix::io::Errno::IO.raw_os_error()),
-    )
-}
-
-fn rerrno(e: rustix::io::Errno) -> Errno {
-    Errno::from_i32(e.raw_os_error())
-}
-
-fn stat_attr(id: u64, st: &Stat) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(id),
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        atime: time(st.st_atime as i64, st.st_atime_nsec.min(999_999_999) as u32),
-        mtime: time(st.st_mtime as i64, st.st_mtime_nsec.min(999_999_999) as u32),
-        ctime: time(st.st_ctime as i64, st.st_ctime_nsec.min(999_999_999) as u32),
-        crtime: time(st.st_mtime as i64, st.st_mtime_nsec.min(999_999_999) as u32),
-        kind: kind(st.st_mode),
-        perm: (st.st_mode & 0o7777) as u16,
-        nlink: st.st_nlink as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: encode_dev(rfs::major(st.st_rdev), rfs::minor(st.st_rdev)),
-        blksize: st.st_blksize as u32,
-        flags: 0,
-    }
+    Errno::from_io_error(&e).unwrap_or(Errno::IO)
 }
 
 fn is_dir_mode(mode: u32) -> bool {
@@ -226,7 +194,7 @@ fn is_dir_mode(mode: u32) -> bool {
 }
 
 fn cname(name: &[u8]) -> Result<CString, Errno> {
-    CString::new(name).map_err(|_| Errno::EINVAL)
+    CString::new(name).map_err(|_| Errno::INVAL)
 }
 
 fn now() -> (i64, u32) {
@@ -298,11 +266,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         Ok(fs)
     }
 
-    /// Where the mount code puts the session's notifier.
-    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
-        self.notifier.clone()
-    }
-
     /// Measures opens from now on (before mounting).
     pub fn set_measuring(&mut self, setup: Setup) {
         self.measure = Some(setup);
@@ -333,9 +296,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         made: Option<&rustix::fs::Stat>,
     ) -> Result<Option<MeasuredAs<'s>>, Errno> {
         let fs = match (&n.upper, &n.lower) {
-            (Some(_), _) => s.upper.as_ref().ok_or(Errno::EIO)?,
+            (Some(_), _) => s.upper.as_ref().ok_or(Errno::IO)?,
             (None, Some(r)) => &s.layers[r.top.layer as usize],
-            _ => return Err(Errno::ESTALE),
+            _ => return Err(Errno::STALE),
         };
         if !s.measuring.may_measure(fs) {
             return Ok(None);
@@ -344,7 +307,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             (Some(fd), _) => {
                 let st = match made {
                     Some(st) => *st,
-                    None => rfs::fstat(fd.as_fd()).map_err(rerrno)?,
+                    None => rfs::fstat(fd.as_fd())?,
                 };
                 let key = ContentKey::Upper {
                     dev: st.st_dev,
@@ -361,7 +324,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 };
                 (fs, key, None, Some((r.inode.uid, r.inode.gid)))
             }
-            _ => return Err(Errno::ESTALE),
+            _ => return Err(Errno::STALE),
         }))
     }
 
@@ -380,7 +343,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             return Ok(None);
         };
         let guard = self.nodes.guard();
-        let n = self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?;
+        let n = self.nodes.get(&id, &guard).ok_or(Errno::STALE)?;
         let writes = crate::measuring::writes(flags);
         let Some((fs, key, cookie, owner)) = self.measured_as(s, n, made)? else {
             if writes {
@@ -495,7 +458,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             let Some(fd) = n.upper.as_ref().filter(|_| last && hash_at_close) else {
                 return Ok(());
             };
-            let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
+            let st = rfs::fstat(fd.as_fd())?;
             let now = ContentKey::Upper {
                 dev: st.st_dev,
                 ino: st.st_ino,
@@ -540,14 +503,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// A copy of a node, for the paths that change the tree.
     fn node(&self, id: u64) -> Result<Node, Errno> {
-        self.nodes.pin().get(&id).cloned().ok_or(Errno::ESTALE)
+        self.nodes.pin().get(&id).cloned().ok_or(Errno::STALE)
     }
 
     /// Runs `f` on a node in place: the per-request paths (lookup, getattr, open, read,
     /// xattrs) copy nothing and bump no shared count.
     fn with_node<T>(&self, id: u64, f: impl FnOnce(&Node) -> Result<T, Errno>) -> Result<T, Errno> {
         let guard = self.nodes.guard();
-        f(self.nodes.get(&id, &guard).ok_or(Errno::ESTALE)?)
+        f(self.nodes.get(&id, &guard).ok_or(Errno::STALE)?)
     }
 
     /// The errno for an error reading the images, logged in one line naming `what` was
@@ -560,7 +523,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             self.name,
             crate::stack::describe(&e)
         ));
-        Errno::from_i32(errno)
+        Errno::from_raw_os_error(errno)
     }
 
     /// How a log line names what `about` stands for: its path in the mount, from the
@@ -605,7 +568,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             String::from_utf8_lossy(&n.name),
             n.parent
         ));
-        Err(Errno::EIO)
+        Err(Errno::IO)
     }
 
     /// The id an upper object goes by: the one it already has, else `fallback` (its image
@@ -722,7 +685,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 self.name,
                 String::from_utf8_lossy(to)
             ));
-            return Err(Errno::EIO);
+            return Err(Errno::IO);
         }
         let Some(path) = to.strip_prefix(b"/") else {
             return look(chain, to);
@@ -766,7 +729,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             let absolute = part.starts_with(b"/");
             len += part.len() + usize::from(!absolute);
             if len > REDIRECT_MAX {
-                return Err(Errno::EXDEV);
+                return Err(Errno::XDEV);
             }
             parts.push(part);
             if absolute {
@@ -881,11 +844,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         });
     }
 
-    fn attr(&self, id: u64, n: &Node) -> Result<FileAttr, Errno> {
+    fn attr(&self, id: u64, n: &Node) -> Result<Attr, Errno> {
         let merged = !n.lower_chain().is_empty() && n.upper.is_some();
         let mut a = match (&n.upper, &n.lower) {
             (Some(fd), _) => {
-                let mut a = stat_attr(id, &rfs::fstat(fd.as_fd()).map_err(rerrno)?);
+                let mut a = Attr::of_stat(id, &rfs::fstat(fd.as_fd())?);
                 if !self.as_root {
                     if let Some(o) = read_override(fd.as_fd()) {
                         o.apply(&mut a);
@@ -894,17 +857,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 a
             }
             (None, Some(r)) => {
-                let mut a = inode_attr(
-                    INodeNo(id),
-                    &r.inode,
-                    self.stack.image(r.top.layer).block_size(),
-                );
+                let mut a =
+                    Attr::of_inode(id, &r.inode, self.stack.image(r.top.layer).block_size());
                 if r.is_merged() {
                     a.nlink = 1;
                 }
                 a
             }
-            (None, None) => return Err(Errno::ESTALE),
+            (None, None) => return Err(Errno::STALE),
         };
         if merged {
             a.nlink = 1;
@@ -946,7 +906,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                     "{}: copy-up of {id}: its parents loop at directory {at}",
                     self.name
                 ));
-                return Err(Errno::EIO);
+                return Err(Errno::IO);
             }
             let parent = n.parent;
             missing.push((at, n));
@@ -961,7 +921,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// Copies node `id` (`n`, not yet in the upper directory) into `pfd`, its parent's
     /// upper directory: with its metadata, xattrs and contents, atomically.
     fn copy_up_one(&self, id: u64, n: Node, pfd: &OwnedFd) -> Result<Arc<OwnedFd>, Errno> {
-        let r = n.lower.as_ref().ok_or(Errno::ESTALE)?;
+        let r = n.lower.as_ref().ok_or(Errno::STALE)?;
         let img = self.stack.image(r.top.layer);
         let inode: &Inode = &r.inode;
         let xattrs = img
@@ -1012,7 +972,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let mut read = |off: u64, buf: &mut [u8]| {
             img.read(inode, off, buf).map_err(|e| {
                 let errno = self.lower_err("copy-up read", Lower::Node(id), e);
-                std::io::Error::from_raw_os_error(errno.code())
+                std::io::Error::from_raw_os_error(errno.raw_os_error())
             })
         };
         let contents = if inode.is_dir() {
@@ -1047,7 +1007,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             // Its size and link count are the upper directory's now (attributes only:
             // a negative offset leaves cached pages alone).
             if let Some(n) = self.notifier.get() {
-                let _ = n.inval_inode(INodeNo(id), -1, 0);
+                let _ = n.inval_inode(id, -1, 0);
             }
         }
         if inode.is_reg() && inode.nlink > 1 {
@@ -1067,7 +1027,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         pfd: &OwnedFd,
         copy: impl FnOnce() -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        let before = rfs::fstat(pfd).map_err(rerrno)?;
+        let before = rfs::fstat(pfd)?;
         let done = copy()?;
         let t = rfs::Timestamps {
             last_access: rfs::Timespec {
@@ -1087,7 +1047,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             AtFlags::empty(),
         );
         if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(parent), -1, 0);
+            let _ = n.inval_inode(parent, -1, 0);
         }
         Ok(done)
     }
@@ -1128,7 +1088,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                     cname(name)?.as_c_str(),
                     AtFlags::SYMLINK_FOLLOW,
                 )
-                .map_err(rerrno)
             })?;
         }
         Ok(())
@@ -1191,7 +1150,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// Owner of a new object: the caller's as root (group from a set-group-id parent),
     /// ours otherwise.
-    fn owner(&self, req: &Request, parent_fd: BorrowedFd<'_>) -> (u32, u32) {
+    fn owner(&self, caller: &Caller, parent_fd: BorrowedFd<'_>) -> (u32, u32) {
         if !self.as_root {
             return (
                 rustix::process::geteuid().as_raw(),
@@ -1200,9 +1159,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }
         let gid = match rfs::fstat(parent_fd) {
             Ok(st) if st.st_mode & 0o2000 != 0 => st.st_gid,
-            _ => req.gid(),
+            _ => caller.gid,
         };
-        (req.uid(), gid)
+        (caller.uid, gid)
     }
 
     /// Makes a new object `name` in `parent`: in place of a whiteout (a directory made so
@@ -1210,15 +1169,15 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// descriptor the creation opened (if any) and the host's stat of it.
     fn make(
         &self,
-        req: &Request,
+        caller: &Caller,
         parent: u64,
         name: &[u8],
         want: Want,
         contents: Contents<'_>,
-    ) -> Result<(u64, FileAttr, Option<OwnedFd>, rustix::fs::Stat), Errno> {
+    ) -> Result<(u64, Attr, Option<OwnedFd>, rustix::fs::Stat), Errno> {
         let Want { mode, umask, rdev } = want;
         let pfd = self.upper_dir(parent)?;
-        let (uid, gid) = self.owner(req, pfd.as_fd());
+        let (uid, gid) = self.owner(caller, pfd.as_fd());
         // A default ACL on the parent takes the umask's place (POSIX.1e), and the host
         // applies it when the object is made there; otherwise the umask applies.
         let mut buf = [0u8; 1];
@@ -1232,7 +1191,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             mode & !(umask & 0o777)
         };
         let dir_mode = is_dir_mode(mode);
-        if dir_mode && gid != req.gid() && self.as_root {
+        if dir_mode && gid != caller.gid && self.as_root {
             mode |= 0o2000; // directories inherit set-group-id
         }
         let mut meta = Meta {
@@ -1247,10 +1206,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             rfs::FileType::from_raw_mode(mode),
             rfs::FileType::RegularFile | rfs::FileType::Directory
         );
-        if !self.as_root && carries && (req.uid(), req.gid()) != (uid, gid) {
+        if !self.as_root && carries && (caller.uid, caller.gid) != (uid, gid) {
             let shown = Override {
-                uid: req.uid(),
-                gid: req.gid(),
+                uid: caller.uid,
+                gid: caller.gid,
                 mode,
             };
             meta.xattrs
@@ -1275,10 +1234,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 .upper
                 .create_fresh(pfd.as_fd(), name, &meta, contents.reborrow(), inherits)
             {
-                Err(e) if e.raw_os_error() == Some(Errno::EEXIST.code()) => {
+                Err(e) if e.raw_os_error() == Some(Errno::EXIST.raw_os_error()) => {
                     let existing = self.upper.stat(pfd.as_fd(), name).map_err(errno)?;
                     if !existing.as_ref().is_some_and(upper::is_whiteout) {
-                        return Err(Errno::EEXIST);
+                        return Err(Errno::EXIST);
                     }
                     if dir_mode && !meta.xattrs.contains(&opaque) {
                         meta.xattrs.push(opaque);
@@ -1304,7 +1263,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             lookups: Arc::new(AtomicU64::new(0)),
             io: Arc::new(io),
         };
-        let attr = stat_attr(id, &st);
+        let attr = Attr::of_stat(id, &st);
         self.remember(id, node);
         Ok((id, attr, file, st))
     }
@@ -1327,7 +1286,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// The merged directory's entries, without `.` and `..`: upper names first (whiteouts
     /// hide and are hidden), then the images' names not seen above.
-    fn listing(&self, id: u64) -> Result<Vec<(Vec<u8>, u64, FileType)>, Errno> {
+    fn listing(&self, id: u64) -> Result<Vec<(Vec<u8>, u64, Kind)>, Errno> {
         let n = self.node(id)?;
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
@@ -1379,8 +1338,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     /// Listed to the caller: not one of the mount's own names, and `trusted.*` to root only.
-    fn visible(&self, req: &Request, name: &[u8]) -> bool {
-        !self.own_xattr(name) && (!name.starts_with(b"trusted.") || req.uid() == 0)
+    fn visible(&self, caller: &Caller, name: &[u8]) -> bool {
+        !self.own_xattr(name) && (!name.starts_with(b"trusted.") || caller.uid == 0)
     }
 
     /// overlayfs's namespace in this mount: `trusted.overlay.` (the images' markers, and
@@ -1407,8 +1366,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// Set or removed through the mount: the mount's own names, and the root's read-only
     /// `verilay.stats`. EPERM, as fuse-overlayfs answers (kernel overlayfs, since 6.7,
     /// stores such names escaped instead; before, it answered EOPNOTSUPP).
-    fn refuses_change(&self, ino: INodeNo, name: &[u8]) -> bool {
-        self.own_xattr(name) || (u64::from(ino) == 1 && name == crate::measuring::STATS_XATTR)
+    fn refuses_change(&self, ino: u64, name: &[u8]) -> bool {
+        self.own_xattr(name) || (ino == 1 && name == crate::measuring::STATS_XATTR)
     }
 
     fn open_real(&self, fd: BorrowedFd<'_>, flags: i32) -> Result<u64, Errno> {
@@ -1421,36 +1380,34 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             Self::real_path(fd).as_c_str(),
             keep | OFlags::CLOEXEC,
             Mode::empty(),
-        )
-        .map_err(rerrno)?;
+        )?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.pin().insert(fh, f);
         Ok(fh)
     }
 
-    /// The node's passthrough registration, made on first use from `open` (a descriptor
-    /// of its upper file from an open or a creation; the kernel takes only the file's path
-    /// from it, and `O_PATH` ones it refuses); `None` for image files, or when the kernel
-    /// refuses.
-    fn backing<'n>(
-        &self,
-        n: &'n Node,
-        open: BorrowedFd<'_>,
-        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<fuser::BackingId>,
-    ) -> Option<&'n fuser::BackingId> {
+    /// The passthrough registration of node `id`, opened as handle `fh`: made on first
+    /// use (the kernel takes only the file's path from the descriptor, and `O_PATH` ones
+    /// it refuses); `None` for image files, or when the kernel refuses.
+    fn passthrough_of(&self, id: u64, fh: u64, register: Register<'_>) -> Option<Arc<Passthrough>> {
+        let guard = self.nodes.guard();
+        let files = self.files.pin();
+        let (n, open) = (self.nodes.get(&id, &guard)?, files.get(&fh)?);
         if !self.passthrough || n.upper.is_none() || !n.io.enter(IO_PASSTHROUGH) {
             return None;
         }
-        n.io.backing.get_or_init(|| register(open).ok()).as_ref()
+        n.io.backing
+            .get_or_init(|| register(open.as_fd()).ok().map(Arc::new))
+            .clone()
     }
 
     fn with_file<T>(
         &self,
-        fh: FileHandle,
+        fh: u64,
         f: impl FnOnce(BorrowedFd<'_>) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let files = self.files.pin();
-        let fd = files.get(&u64::from(fh)).ok_or(Errno::EBADF)?;
+        let fd = files.get(&fh).ok_or(Errno::BADF)?;
         f(fd.as_fd())
     }
 
@@ -1510,7 +1467,7 @@ impl Override {
         Some(o)
     }
 
-    fn apply(&self, a: &mut FileAttr) {
+    fn apply(&self, a: &mut Attr) {
         a.uid = self.uid;
         a.gid = self.gid;
         a.perm = (self.mode & 0o7777) as u16;
@@ -1556,13 +1513,13 @@ struct Want {
     rdev: (u32, u32),
 }
 
-fn ts(t: TimeOrNow) -> rfs::Timespec {
+fn ts(t: SetTime) -> rfs::Timespec {
     match t {
-        TimeOrNow::Now => rfs::Timespec {
+        SetTime::Now => rfs::Timespec {
             tv_sec: 0,
             tv_nsec: rfs::UTIME_NOW,
         },
-        TimeOrNow::SpecificTime(t) => {
+        SetTime::At(t) => {
             let (s, n) = match t.duration_since(UNIX_EPOCH) {
                 Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
                 Err(e) => {
@@ -1591,55 +1548,44 @@ fn omit() -> rfs::Timespec {
     }
 }
 
-impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        for cap in [
-            InitFlags::FUSE_ASYNC_READ,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_POSIX_ACL,
-            InitFlags::FUSE_MAX_PAGES,
-            // Not FUSE_ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC in OPEN and checks
-            // ETXTBSY only afterwards, so an O_RDONLY|O_TRUNC open of a running program
-            // would truncate it and then fail. Without it the kernel truncates with a
-            // SETATTR once its checks pass, as overlayfs does.
+impl<S: ByteSource + 'static> Ops for UnionFs<S> {
+    fn wants(&self) -> Wants {
+        Wants {
+            ttl: TTL,
+            readdirplus: false,
+            cache_symlinks: false,
+            posix_acl: true,
+            no_open: false,
+            no_opendir: false,
             // The umask is ours to apply: a parent's default ACL replaces it.
-            InitFlags::FUSE_DONT_MASK,
-            InitFlags::FUSE_BIG_WRITES,
-        ] {
-            let _ = config.add_capabilities(cap);
-        }
-        let _ = config.set_max_readahead(1 << 20);
-        let _ = config.set_max_write(1 << 20);
-        // Upper files hold nothing to verify: as root, the kernel may read and write them
-        // itself. (Registering a backing file needs CAP_SYS_ADMIN.)
-        if self.as_root && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() {
-            self.passthrough = config.set_max_stack_depth(1).is_ok();
-        }
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let found = self
-            .resolve(parent.into(), name.as_bytes())
-            .and_then(|f| match f {
-                Some((id, n)) => self.check_one_place(id, &n).map(|()| Some((id, n))),
-                None => Ok(None),
-            });
-        match found {
-            Ok(Some((id, n))) => match self.attr(id, &n) {
-                Ok(a) => {
-                    self.remember(id, n);
-                    reply.entry(&TTL, &a, Generation(0))
-                }
-                Err(e) => reply.error(e),
-            },
-            Ok(None) => reply.entry(&TTL, &negative(), Generation(0)),
-            Err(e) => reply.error(e),
+            dont_mask: true,
+            writes: true,
+            // Upper files hold nothing to verify: as root, the kernel may read and write
+            // them itself.
+            passthrough: self.as_root,
+            background: None,
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let id = u64::from(ino);
+    fn granted(&mut self, granted: &Granted) {
+        self.passthrough = granted.passthrough;
+    }
+
+    fn notifier_slot(&self) -> NotifierSlot {
+        self.notifier.clone()
+    }
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno> {
+        let Some((id, n)) = self.resolve(parent, name)? else {
+            return Ok(None);
+        };
+        self.check_one_place(id, &n)?;
+        let a = self.attr(id, &n)?;
+        self.remember(id, n);
+        Ok(Some(a))
+    }
+
+    fn forget(&self, id: u64, nlookup: u64) {
         if id == 1 {
             return;
         }
@@ -1662,46 +1608,32 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let id = u64::from(ino);
+    fn getattr(&self, id: u64) -> Result<Attr, Errno> {
         let nodes = self.nodes.pin();
-        let r = match nodes.get(&id) {
+        match nodes.get(&id) {
             Some(n) => self.attr(id, n),
-            None => Err(Errno::ESTALE),
-        };
-        match r {
-            Ok(a) => reply.attr(&TTL, &a),
-            Err(e) => reply.error(e),
+            None => Err(Errno::STALE),
         }
     }
 
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let id = u64::from(ino);
-        let run = || -> Result<FileAttr, Errno> {
+    fn setattr(&self, id: u64, set: &SetAttr) -> Result<Attr, Errno> {
+        let SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        } = *set;
+        let run = || -> Result<Attr, Errno> {
             let fd = self.copied_up(id)?;
             let path = Self::real_path(fd.as_fd());
             let cwd = rfs::CWD;
             if !self.as_root && (uid.is_some() || gid.is_some() || mode.is_some()) {
                 // An ordinary user cannot give files away: the owner and mode the tree shows
                 // live in the override xattr; the host file stays ours and usable by us.
-                let st = rfs::fstat(fd.as_fd()).map_err(rerrno)?;
+                let st = rfs::fstat(fd.as_fd())?;
                 let mut o = read_override(fd.as_fd()).unwrap_or(Override {
                     uid: st.st_uid,
                     gid: st.st_gid,
@@ -1716,10 +1648,9 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                         path.as_c_str(),
                         Mode::from_raw_mode(host_perm(o.mode)),
                         AtFlags::empty(),
-                    )
-                    .map_err(rerrno)?;
+                    )?;
                 }
-                write_override(fd.as_fd(), &o).map_err(rerrno)?;
+                write_override(fd.as_fd(), &o)?;
             }
             if self.as_root && (uid.is_some() || gid.is_some()) {
                 // SAFETY: ids from the kernel's setattr are real ids, never -1 ("unchanged"
@@ -1730,7 +1661,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                         gid.map(|g| rfs::Gid::from_raw(g)),
                     )
                 };
-                rfs::chownat(cwd, path.as_c_str(), u, g, AtFlags::empty()).map_err(rerrno)?;
+                rfs::chownat(cwd, path.as_c_str(), u, g, AtFlags::empty())?;
             }
             if let Some(m) = mode.filter(|_| self.as_root) {
                 rfs::chmodat(
@@ -1738,20 +1669,18 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     path.as_c_str(),
                     Mode::from_raw_mode(m & 0o7777),
                     AtFlags::empty(),
-                )
-                .map_err(rerrno)?;
+                )?;
             }
             if let Some(len) = size {
-                match fh.filter(|f| !from_node(u64::from(*f))) {
-                    Some(f) => self.with_file(f, |fd| rfs::ftruncate(fd, len).map_err(rerrno))?,
+                match fh.filter(|f| !from_node(*f)) {
+                    Some(f) => self.with_file(f, |fd| rfs::ftruncate(fd, len))?,
                     None => {
                         let f = rfs::open(
                             path.as_c_str(),
                             OFlags::WRONLY | OFlags::CLOEXEC,
                             Mode::empty(),
-                        )
-                        .map_err(rerrno)?;
-                        rfs::ftruncate(&f, len).map_err(rerrno)?;
+                        )?;
+                        rfs::ftruncate(&f, len)?;
                     }
                 }
             }
@@ -1760,7 +1689,7 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
                     last_access: atime.map_or_else(omit, ts),
                     last_modification: mtime.map_or_else(omit, ts),
                 };
-                rfs::utimensat(cwd, path.as_c_str(), &t, AtFlags::empty()).map_err(rerrno)?;
+                rfs::utimensat(cwd, path.as_c_str(), &t, AtFlags::empty())?;
             }
             let n = self.node(id)?;
             self.attr(id, &n)
@@ -1786,54 +1715,42 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         }
         if let Some((s, key, before)) = before {
             if let Ok(st) = self.with_node(id, |n| match &n.upper {
-                Some(fd) => rfs::fstat(fd.as_fd()).map_err(rerrno),
-                None => Err(Errno::ESTALE),
+                Some(fd) => rfs::fstat(fd.as_fd()),
+                None => Err(Errno::STALE),
             }) {
                 s.measuring
                     .touched(key, before, crate::measuring::cookie(&st));
             }
         }
-        match r {
-            Ok(a) => reply.attr(&TTL, &a),
-            Err(e) => reply.error(e),
-        }
+        r
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let run = || -> Result<Vec<u8>, Errno> {
-            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
-                (Some(fd), _) => Ok(rfs::readlinkat(fd.as_fd(), "", Vec::new())
-                    .map_err(rerrno)?
-                    .into_bytes()),
-                (None, Some(r)) => self
-                    .stack
-                    .image(r.top.layer)
-                    .readlink(&r.inode)
-                    .map_err(|e| self.lower_err("readlink", Lower::Node(ino.into()), e)),
-                _ => Err(Errno::ESTALE),
-            })
-        };
-        match run() {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(e),
-        }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        self.with_node(ino, |n| match (&n.upper, &n.lower) {
+            (Some(fd), _) => Ok(rfs::readlinkat(fd.as_fd(), "", Vec::new())?.into_bytes()),
+            (None, Some(r)) => self
+                .stack
+                .image(r.top.layer)
+                .readlink(&r.inode)
+                .map_err(|e| self.lower_err("readlink", Lower::Node(ino), e)),
+            _ => Err(Errno::STALE),
+        })
     }
 
     fn mknod(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
-    ) {
+    ) -> Result<Attr, Errno> {
         let dev = (rfs::major(u64::from(rdev)), rfs::minor(u64::from(rdev)));
         // A 0/0 character device is a whiteout in the upper directory; overlayfs refuses
         // to make one through the mount, and so do we.
         if overlay::is_whiteout(mode, dev) {
-            return reply.error(Errno::EPERM);
+            return Err(Errno::PERM);
         }
         let _l = self.lock();
         let contents = if rfs::FileType::from_raw_mode(mode) == rfs::FileType::RegularFile {
@@ -1844,94 +1761,70 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
         } else {
             Contents::Special
         };
-        match self.make(
-            req,
-            parent.into(),
-            name.as_bytes(),
-            Want {
-                mode,
-                umask,
-                rdev: dev,
-            },
-            contents,
-        ) {
-            Ok((_, a, _, _)) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        let want = Want {
+            mode,
+            umask,
+            rdev: dev,
+        };
+        let (_, a, _, _) = self.make(caller, parent, name, want, contents)?;
+        Ok(a)
     }
 
     fn mkdir(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
-        reply: ReplyEntry,
-    ) {
+    ) -> Result<Attr, Errno> {
         let _l = self.lock();
         let mode = rfs::FileType::Directory.as_raw_mode() | (mode & 0o7777);
-        match self.make(
-            req,
-            parent.into(),
-            name.as_bytes(),
-            Want {
-                mode,
-                umask,
-                rdev: (0, 0),
-            },
-            Contents::Dir,
-        ) {
-            Ok((_, a, _, _)) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        let want = Want {
+            mode,
+            umask,
+            rdev: (0, 0),
+        };
+        let (_, a, _, _) = self.make(caller, parent, name, want, Contents::Dir)?;
+        Ok(a)
     }
 
     fn symlink(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr, Errno> {
         let _l = self.lock();
         let mode = rfs::FileType::Symlink.as_raw_mode() | 0o777;
-        let t = target.as_os_str().as_bytes();
-        match self.make(
-            req,
-            parent.into(),
-            link_name.as_bytes(),
-            Want {
-                mode,
-                umask: 0,
-                rdev: (0, 0),
-            },
-            Contents::Symlink(t),
-        ) {
-            Ok((_, a, _, _)) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        let want = Want {
+            mode,
+            umask: 0,
+            rdev: (0, 0),
+        };
+        let (_, a, _, _) = self.make(caller, parent, name, want, Contents::Symlink(target))?;
+        Ok(a)
     }
 
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
         flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let run = || -> Result<(u64, FileAttr, u64, rustix::fs::Stat), Errno> {
+        register: Register<'_>,
+    ) -> Result<Created, Errno> {
+        let run = || -> Result<(u64, Attr, u64, rustix::fs::Stat), Errno> {
             let _l = self.lock();
             let mode = rfs::FileType::RegularFile.as_raw_mode() | (mode & 0o7777);
             let mut empty = |_: u64, _: &mut [u8]| Ok(0);
             let (id, a, file, st) = self.make(
-                req,
-                parent.into(),
-                name.as_bytes(),
+                caller,
+                parent,
+                name,
                 Want {
                     mode,
                     umask,
@@ -1947,271 +1840,221 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             // synchronous writes (which only open can ask for).
             if let Some(f) = file.filter(|_| !o.intersects(OFlags::SYNC | OFlags::DSYNC)) {
                 if o.contains(OFlags::APPEND) {
-                    rfs::fcntl_setfl(&f, OFlags::APPEND).map_err(rerrno)?;
+                    rfs::fcntl_setfl(&f, OFlags::APPEND)?;
                 }
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
                 self.files.pin().insert(fh, f);
                 return Ok((id, a, fh, st));
             }
             let n = self.node(id)?;
-            let fd = n.upper.as_ref().ok_or(Errno::EIO)?;
+            let fd = n.upper.as_ref().ok_or(Errno::IO)?;
             let fh = self.open_real(fd.as_fd(), flags & !libc_trunc())?;
             Ok((id, a, fh, st))
         };
         // Measured as made: the file is new and empty, and the open is its creation.
-        let run = || {
-            let (id, a, fh, st) = run()?;
-            Ok((id, a, self.measured(id, flags, req.pid(), fh, Some(&st))?))
-        };
-        match run() {
-            Ok((id, a, fh)) => {
-                let guard = self.nodes.guard();
-                let files = self.files.pin();
-                let backing = match (self.nodes.get(&id, &guard), files.get(&fh)) {
-                    (Some(n), Some(f)) => self.backing(n, f.as_fd(), |fd| reply.open_backing(fd)),
-                    _ => None,
-                };
-                let fh = FileHandle(fh);
-                match backing {
-                    Some(b) => reply.created_passthrough(
-                        &TTL,
-                        &a,
-                        Generation(0),
-                        fh,
-                        FopenFlags::empty(),
-                        b,
-                    ),
-                    None => reply.created(&TTL, &a, Generation(0), fh, FopenFlags::empty()),
-                }
-            }
-            Err(e) => reply.error(e),
+        let (id, attr, fh, st) = run()?;
+        let fh = self.measured(id, flags, caller.pid, fh, Some(&st))?;
+        Ok(Created {
+            attr,
+            fh,
+            passthrough: self.passthrough_of(id, fh, register),
+        })
+    }
+
+    fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
+        let _l = self.lock();
+        // The parent's upper entry decides; the images only whether a whiteout is due.
+        let pfd = self.upper_dir(parent)?;
+        let upper = self
+            .upper
+            .stat(pfd.as_fd(), name)
+            .map_err(errno)?
+            .filter(|st| !upper::is_whiteout(st));
+        let lower = self.lower_has(parent, name)?;
+        if upper.is_none() && !lower {
+            return Err(Errno::NOENT);
+        }
+        if let Some(st) = upper.filter(|st| st.st_nlink <= 1) {
+            self.upper_ids.pin().remove(&(st.st_dev, st.st_ino));
+        }
+        if lower {
+            self.upper.whiteout(pfd.as_fd(), name).map_err(errno)
+        } else {
+            rfs::unlinkat(pfd.as_fd(), cname(name)?.as_c_str(), AtFlags::empty())
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let run = || -> Result<(), Errno> {
-            let _l = self.lock();
-            let name = name.as_bytes();
-            // The parent's upper entry decides; the images only whether a whiteout is due.
-            let pfd = self.upper_dir(parent.into())?;
-            let upper = self
-                .upper
-                .stat(pfd.as_fd(), name)
-                .map_err(errno)?
-                .filter(|st| !upper::is_whiteout(st));
-            let lower = self.lower_has(parent.into(), name)?;
-            if upper.is_none() && !lower {
-                return Err(Errno::ENOENT);
-            }
-            if let Some(st) = upper.filter(|st| st.st_nlink <= 1) {
-                self.upper_ids.pin().remove(&(st.st_dev, st.st_ino));
-            }
-            if lower {
-                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)
-            } else {
-                rfs::unlinkat(pfd.as_fd(), cname(name)?.as_c_str(), AtFlags::empty())
-                    .map_err(rerrno)
-            }
-        };
-        reply_empty(reply, run())
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let run = || -> Result<(), Errno> {
-            let _l = self.lock();
-            let name = name.as_bytes();
-            let (id, n) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
-            let is_dir = is_dir_node(&n);
-            self.ensure_node(id, n);
-            if !is_dir {
-                return Err(Errno::ENOTDIR);
-            }
-            if !self.listing(id)?.is_empty() {
-                return Err(Errno::ENOTEMPTY);
-            }
-            let lower = self.lower_has(parent.into(), name)?;
-            let pfd = self.upper_dir(parent.into())?;
-            if lower {
-                // Also removes the upper directory and the whiteouts in it.
-                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)
-            } else {
-                self.upper.remove(pfd.as_fd(), name).map_err(errno)
-            }
-        };
-        reply_empty(reply, run())
+    fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
+        let _l = self.lock();
+        let (id, n) = self.resolve(parent, name)?.ok_or(Errno::NOENT)?;
+        let is_dir = is_dir_node(&n);
+        self.ensure_node(id, n);
+        if !is_dir {
+            return Err(Errno::NOTDIR);
+        }
+        if !self.listing(id)?.is_empty() {
+            return Err(Errno::NOTEMPTY);
+        }
+        let lower = self.lower_has(parent, name)?;
+        let pfd = self.upper_dir(parent)?;
+        if lower {
+            // Also removes the upper directory and the whiteouts in it.
+            self.upper.whiteout(pfd.as_fd(), name).map_err(errno)
+        } else {
+            self.upper.remove(pfd.as_fd(), name).map_err(errno)
+        }
     }
 
     fn rename(
         &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
         flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let run = || -> Result<(), Errno> {
-            let _l = self.lock();
-            let (name, newname) = (name.as_bytes(), newname.as_bytes());
-            let (sid, snode) = self.resolve(parent.into(), name)?.ok_or(Errno::ENOENT)?;
-            self.ensure_node(sid, snode.clone());
-            let target = self.resolve(newparent.into(), newname)?;
-            let src_lower_dir = snode.upper.is_none()
-                && snode.lower.as_ref().is_some_and(|r| r.inode.is_dir())
-                || !snode.lower_chain().is_empty();
-            // A directory with image contents moves with a redirect to them (both, when
-            // two trade places), worked out before anything moves.
-            let same_parent = u64::from(parent) == u64::from(newparent);
-            let redirect = if src_lower_dir {
-                self.redirect_for(sid, same_parent)?
+    ) -> Result<(), Errno> {
+        let _l = self.lock();
+        let (sid, snode) = self.resolve(parent, name)?.ok_or(Errno::NOENT)?;
+        self.ensure_node(sid, snode.clone());
+        let target = self.resolve(newparent, newname)?;
+        let src_lower_dir = snode.upper.is_none()
+            && snode.lower.as_ref().is_some_and(|r| r.inode.is_dir())
+            || !snode.lower_chain().is_empty();
+        // A directory with image contents moves with a redirect to them (both, when
+        // two trade places), worked out before anything moves.
+        let same_parent = parent == newparent;
+        let redirect = if src_lower_dir {
+            self.redirect_for(sid, same_parent)?
+        } else {
+            None
+        };
+        if flags.contains(RenameFlags::EXCHANGE) {
+            // Both names stay occupied, so no whiteout is needed: both objects are
+            // copied up and trade places, a directory with image contents with a
+            // redirect to them.
+            let (tid, t) = target.as_ref().ok_or(Errno::NOENT)?;
+            let t_lower_dir = t.upper.is_none()
+                && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())
+                || !t.lower_chain().is_empty();
+            self.ensure_node(*tid, t.clone());
+            let t_redirect = if t_lower_dir {
+                self.redirect_for(*tid, same_parent)?
             } else {
                 None
             };
-            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-                // Both names stay occupied, so no whiteout is needed: both objects are
-                // copied up and trade places, a directory with image contents with a
-                // redirect to them.
-                let (tid, t) = target.as_ref().ok_or(Errno::ENOENT)?;
-                let t_lower_dir = t.upper.is_none()
-                    && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())
-                    || !t.lower_chain().is_empty();
-                self.ensure_node(*tid, t.clone());
-                let t_redirect = if t_lower_dir {
-                    self.redirect_for(*tid, same_parent)?
-                } else {
-                    None
-                };
-                let tfd = self.copy_up(*tid)?;
-                let t_moves = Moving {
-                    redirect: t_redirect,
-                    lower_dir: t_lower_dir,
-                    is_dir: is_dir_node(t),
-                };
-                self.mark_moving_dir(tfd.as_fd(), t_moves, parent.into())?;
-            }
-            if let Some((tid, t)) = &target {
-                if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-                    return Err(Errno::EEXIST);
-                }
-                if !flags.contains(RenameFlags::RENAME_EXCHANGE)
-                    && (!t.lower_chain().is_empty()
-                        || (t.upper.is_none()
-                            && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())))
-                {
-                    // A directory with image contents is replaced only when the merged
-                    // tree shows it empty; its upper side (whiteouts) goes after the move.
-                    if !self.listing(*tid)?.is_empty() {
-                        return Err(Errno::ENOTEMPTY);
-                    }
-                }
-            }
-            let sfd = self.copy_up(sid)?;
-            let src_is_dir = is_dir_node(&snode);
-            let s_moves = Moving {
-                redirect,
-                lower_dir: src_lower_dir,
-                is_dir: src_is_dir,
+            let tfd = self.copy_up(*tid)?;
+            let t_moves = Moving {
+                redirect: t_redirect,
+                lower_dir: t_lower_dir,
+                is_dir: is_dir_node(t),
             };
-            self.mark_moving_dir(sfd.as_fd(), s_moves, newparent.into())?;
-            let src_lower = self.lower_has(parent.into(), name)?;
-            let pfd = self.upper_dir(parent.into())?;
-            let dpfd = self.upper_dir(newparent.into())?;
-            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
-            let at_target = if exchange {
-                None
-            } else {
-                self.upper.stat(dpfd.as_fd(), newname).map_err(errno)?
-            };
-            // Over a whiteout or a lower-only name the upper entry simply shadows it; a
-            // directory cannot replace a whiteout (a device), so it trades places with it.
-            let over_whiteout = src_is_dir && at_target.as_ref().is_some_and(upper::is_whiteout);
-            // Over a directory of the upper layer that holds whiteouts (an emptied merged
-            // one): trade places, then clear it away.
-            let over_dir = at_target.is_some_and(|st| is_dir_mode(st.st_mode))
-                && target
-                    .as_ref()
-                    .is_some_and(|(_, t)| !t.lower_chain().is_empty());
-            let mut rflags = rfs::RenameFlags::empty();
-            if exchange || over_whiteout || over_dir {
-                rflags |= rfs::RenameFlags::EXCHANGE;
-            }
-            let (from, to) = (cname(name)?, cname(newname)?);
-            rfs::renameat_with(
-                pfd.as_fd(),
-                from.as_c_str(),
-                dpfd.as_fd(),
-                to.as_c_str(),
-                rflags,
-            )
-            .map_err(rerrno)?;
-            if over_dir && src_lower {
-                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
-            } else if over_dir {
-                self.upper.remove(pfd.as_fd(), name).map_err(errno)?;
-            } else if over_whiteout && !src_lower {
-                // The whiteout now at the old name hides nothing.
-                rfs::unlinkat(pfd.as_fd(), from.as_c_str(), AtFlags::empty()).map_err(rerrno)?;
-            } else if src_lower && !exchange && !over_whiteout {
-                self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
-            }
-            self.moved(sid, newparent.into(), newname);
-            if let Some((tid, t)) = target.filter(|_| flags.contains(RenameFlags::RENAME_EXCHANGE))
-            {
-                self.ensure_node(tid, t);
-                self.moved(tid, parent.into(), name);
-            }
-            Ok(())
-        };
-        reply_empty(reply, run())
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        let run = || -> Result<FileAttr, Errno> {
-            let _l = self.lock();
-            let newname = newname.as_bytes();
-            let fd = self.copy_up(ino.into())?;
-            let dpfd = self.upper_dir(newparent.into())?;
-            let to = cname(newname)?;
-            if let Some(st) = self.upper.stat(dpfd.as_fd(), newname).map_err(errno)? {
-                if upper::is_whiteout(&st) {
-                    rfs::unlinkat(dpfd.as_fd(), to.as_c_str(), AtFlags::empty()).map_err(rerrno)?;
-                }
-            }
-            rfs::linkat(
-                rfs::CWD,
-                Self::real_path(fd.as_fd()).as_c_str(),
-                dpfd.as_fd(),
-                to.as_c_str(),
-                AtFlags::SYMLINK_FOLLOW,
-            )
-            .map_err(rerrno)?;
-            let id = u64::from(ino);
-            let mut n = self.node(id)?;
-            // OPEN carries no path: a file with several names is measured under the one
-            // learnt last, by a lookup or, as here, a link (see docs/SECURITY.md).
-            (n.parent, n.name) = (newparent.into(), newname.to_vec());
-            self.remember(id, n.clone());
-            self.attr(id, &n)
-        };
-        match run() {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
+            self.mark_moving_dir(tfd.as_fd(), t_moves, parent)?;
         }
+        if let Some((tid, t)) = &target {
+            if flags.contains(RenameFlags::NOREPLACE) {
+                return Err(Errno::EXIST);
+            }
+            if !flags.contains(RenameFlags::EXCHANGE)
+                && (!t.lower_chain().is_empty()
+                    || (t.upper.is_none() && t.lower.as_ref().is_some_and(|r| r.inode.is_dir())))
+            {
+                // A directory with image contents is replaced only when the merged
+                // tree shows it empty; its upper side (whiteouts) goes after the move.
+                if !self.listing(*tid)?.is_empty() {
+                    return Err(Errno::NOTEMPTY);
+                }
+            }
+        }
+        let sfd = self.copy_up(sid)?;
+        let src_is_dir = is_dir_node(&snode);
+        let s_moves = Moving {
+            redirect,
+            lower_dir: src_lower_dir,
+            is_dir: src_is_dir,
+        };
+        self.mark_moving_dir(sfd.as_fd(), s_moves, newparent)?;
+        let src_lower = self.lower_has(parent, name)?;
+        let pfd = self.upper_dir(parent)?;
+        let dpfd = self.upper_dir(newparent)?;
+        let exchange = flags.contains(RenameFlags::EXCHANGE);
+        let at_target = if exchange {
+            None
+        } else {
+            self.upper.stat(dpfd.as_fd(), newname).map_err(errno)?
+        };
+        // Over a whiteout or a lower-only name the upper entry simply shadows it; a
+        // directory cannot replace a whiteout (a device), so it trades places with it.
+        let over_whiteout = src_is_dir && at_target.as_ref().is_some_and(upper::is_whiteout);
+        // Over a directory of the upper layer that holds whiteouts (an emptied merged
+        // one): trade places, then clear it away.
+        let over_dir = at_target.is_some_and(|st| is_dir_mode(st.st_mode))
+            && target
+                .as_ref()
+                .is_some_and(|(_, t)| !t.lower_chain().is_empty());
+        let mut rflags = rfs::RenameFlags::empty();
+        if exchange || over_whiteout || over_dir {
+            rflags |= rfs::RenameFlags::EXCHANGE;
+        }
+        let (from, to) = (cname(name)?, cname(newname)?);
+        rfs::renameat_with(
+            pfd.as_fd(),
+            from.as_c_str(),
+            dpfd.as_fd(),
+            to.as_c_str(),
+            rflags,
+        )?;
+        if over_dir && src_lower {
+            self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
+        } else if over_dir {
+            self.upper.remove(pfd.as_fd(), name).map_err(errno)?;
+        } else if over_whiteout && !src_lower {
+            // The whiteout now at the old name hides nothing.
+            rfs::unlinkat(pfd.as_fd(), from.as_c_str(), AtFlags::empty())?;
+        } else if src_lower && !exchange && !over_whiteout {
+            self.upper.whiteout(pfd.as_fd(), name).map_err(errno)?;
+        }
+        self.moved(sid, newparent, newname);
+        if let Some((tid, t)) = target.filter(|_| flags.contains(RenameFlags::EXCHANGE)) {
+            self.ensure_node(tid, t);
+            self.moved(tid, parent, name);
+        }
+        Ok(())
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let flags = flags.0;
+    fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr, Errno> {
+        let _l = self.lock();
+        let fd = self.copy_up(ino)?;
+        let dpfd = self.upper_dir(newparent)?;
+        let to = cname(newname)?;
+        if let Some(st) = self.upper.stat(dpfd.as_fd(), newname).map_err(errno)? {
+            if upper::is_whiteout(&st) {
+                rfs::unlinkat(dpfd.as_fd(), to.as_c_str(), AtFlags::empty())?;
+            }
+        }
+        rfs::linkat(
+            rfs::CWD,
+            Self::real_path(fd.as_fd()).as_c_str(),
+            dpfd.as_fd(),
+            to.as_c_str(),
+            AtFlags::SYMLINK_FOLLOW,
+        )?;
+        let mut n = self.node(ino)?;
+        // OPEN carries no path: a file with several names is measured under the one
+        // learnt last, by a lookup or, as here, a link (see docs/SECURITY.md).
+        (n.parent, n.name) = (newparent, newname.to_vec());
+        self.remember(ino, n.clone());
+        self.attr(ino, &n)
+    }
+
+    fn open(
+        &self,
+        caller: &Caller,
+        id: u64,
+        flags: i32,
+        register: Register<'_>,
+    ) -> Result<Opened, Errno> {
         let writes =
             flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
-        let id = u64::from(ino);
         let run = || -> Result<u64, Errno> {
             if writes && self.with_node(id, |n| Ok(n.upper.is_none()))? {
                 let _l = self.lock();
@@ -2227,159 +2070,95 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             }
             self.with_node(id, |n| match &n.upper {
                 Some(fd) => self.open_real(fd.as_fd(), flags),
-                None => Err(Errno::EIO),
+                None => Err(Errno::IO),
             })
         };
-        match run().and_then(|fh| self.measured(id, flags, req.pid(), fh, None)) {
-            Ok(fh) if from_node(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            Ok(fh) => {
-                let guard = self.nodes.guard();
-                let files = self.files.pin();
-                let backing = match (self.nodes.get(&id, &guard), files.get(&fh)) {
-                    (Some(n), Some(f)) => self.backing(n, f.as_fd(), |fd| reply.open_backing(fd)),
-                    _ => None,
-                };
-                match backing {
-                    Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), b),
-                    None => reply.opened(FileHandle(fh), FopenFlags::empty()),
-                }
+        let fh = self.measured(id, flags, caller.pid, run()?, None)?;
+        if from_node(fh) {
+            return Ok(Opened {
+                fh,
+                keep_cache: true,
+                ..Opened::default()
+            });
+        }
+        Ok(Opened {
+            fh,
+            passthrough: self.passthrough_of(id, fh, register),
+            ..Opened::default()
+        })
+    }
+
+    fn read(&self, ino: u64, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        if !from_node(fh) {
+            return self.with_file(fh, |fd| rustix::io::pread(fd, buf, offset));
+        }
+        // Opened from the image; once copied up (by a writer), the copy is the file,
+        // as in overlayfs.
+        self.with_node(ino, |n| match (&n.upper, &n.lower) {
+            (Some(fd), _) => {
+                let f = rfs::open(
+                    Self::real_path(fd.as_fd()).as_c_str(),
+                    OFlags::RDONLY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                rustix::io::pread(&f, buf, offset)
             }
-            Err(e) => reply.error(e),
-        }
+            (None, Some(r)) => self
+                .stack
+                .image(r.top.layer)
+                .read(&r.inode, offset, buf)
+                .map_err(|e| self.lower_err("read", Lower::Node(ino), e)),
+            (None, None) => Err(Errno::BADF),
+        })
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let mut buf = vec![0u8; size as usize];
-        let r = if !from_node(fh.into()) {
-            self.with_file(fh, |fd| {
-                rustix::io::pread(fd, &mut buf, offset).map_err(rerrno)
-            })
-        } else {
-            // Opened from the image; once copied up (by a writer), the copy is the file,
-            // as in overlayfs.
-            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
-                (Some(fd), _) => {
-                    let f = rfs::open(
-                        Self::real_path(fd.as_fd()).as_c_str(),
-                        OFlags::RDONLY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(rerrno)?;
-                    rustix::io::pread(&f, &mut buf, offset).map_err(rerrno)
-                }
-                (None, Some(r)) => self
-                    .stack
-                    .image(r.top.layer)
-                    .read(&r.inode, offset, &mut buf)
-                    .map_err(|e| self.lower_err("read", Lower::Node(ino.into()), e)),
-                (None, None) => Err(Errno::EBADF),
-            })
-        };
-        match r {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        match self.with_file(fh, |fd| {
+    fn write(&self, _ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        self.with_file(fh, |fd| {
             let mut done = 0;
             while done < data.len() {
-                done +=
-                    rustix::io::pwrite(fd, &data[done..], offset + done as u64).map_err(rerrno)?;
+                done += rustix::io::pwrite(fd, &data[done..], offset + done as u64)?;
             }
             Ok(done)
-        }) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(e),
-        }
+        })
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    fn flush(&self, _ino: u64, _fh: u64) -> Result<(), Errno> {
         // Writes go straight to the upper file, so close has nothing to report: one ENOSYS
         // and the kernel stops sending FLUSH on every close.
-        reply.error(Errno::ENOSYS);
+        Err(Errno::NOSYS)
     }
 
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn release(&self, _ino: u64, fh: u64, answer: &mut dyn FnMut()) {
         // Answered first: nobody waits for a release, and a writer's may hash its file.
-        reply.ok();
-        if u64::from(fh) != 0 {
+        answer();
+        if fh != 0 {
             let files = self.files.pin();
-            let handle = files.remove(&u64::from(fh));
-            self.measure_release(u64::from(fh), handle.map(|f| f.as_fd()));
+            let handle = files.remove(&fh);
+            self.measure_release(fh, handle.map(|f| f.as_fd()));
         }
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        if from_node(fh.into()) {
-            return reply.ok();
+    fn fsync(&self, _ino: u64, fh: u64, datasync: bool) -> Result<(), Errno> {
+        if from_node(fh) {
+            return Ok(());
         }
-        let synced = self.with_file(fh, |fd| {
+        self.with_file(fh, |fd| {
             if datasync {
                 rfs::fdatasync(fd)
             } else {
                 rfs::fsync(fd)
             }
-            .map_err(rerrno)
-        });
-        reply_empty(reply, synced)
+        })
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        _ino: u64,
+        fh: u64,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    ) -> Result<(), Errno> {
         // The modes FUSE forwards (fs/fuse/file.c refuses COLLAPSE_RANGE and INSERT_RANGE
         // itself), passed to the host as they are: none of them exposes old data, as the
         // host zeroes or marks unwritten what it allocates. Anything else is refused.
@@ -2388,50 +2167,35 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             | rfs::FallocateFlags::ZERO_RANGE;
         let flags = rfs::FallocateFlags::from_bits_retain(mode as u32);
         if !known.contains(flags) {
-            return reply.error(Errno::EOPNOTSUPP);
+            return Err(Errno::OPNOTSUPP);
         }
-        reply_empty(
-            reply,
-            self.with_file(fh, |fd| {
-                rfs::fallocate(fd, flags, offset, length).map_err(rerrno)
-            }),
-        )
+        self.with_file(fh, |fd| rfs::fallocate(fd, flags, offset, length))
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let id = u64::from(ino);
-        match self.listing(id) {
-            Ok(list) => {
-                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.dirs.pin().insert(fh, list);
-                reply.opened(FileHandle(fh), FopenFlags::empty())
-            }
-            Err(e) => reply.error(e),
-        }
+    fn opendir(&self, id: u64) -> Result<Opened, Errno> {
+        let list = self.listing(id)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dirs.pin().insert(fh, list);
+        Ok(Opened {
+            fh,
+            ..Opened::default()
+        })
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    fn readdir(&self, ino: u64, fh: u64, offset: u64, add: AddEntry<'_>) -> Result<(), Errno> {
         let dirs = self.dirs.pin();
-        let Some(list) = dirs.get(&u64::from(fh)) else {
-            return reply.error(Errno::EBADF);
-        };
-        let parent = self.with_node(ino.into(), |n| Ok(n.parent)).unwrap_or(1);
-        let dots = [(b"." as &[u8], u64::from(ino)), (b"..", parent)];
+        let list = dirs.get(&fh).ok_or(Errno::BADF)?;
+        let parent = self.with_node(ino, |n| Ok(n.parent)).unwrap_or(1);
+        let dots = [(b"." as &[u8], ino), (b"..", parent)];
         for (i, (name, id)) in dots.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(
-                INodeNo(id),
-                i as u64 + 1,
-                FileType::Directory,
-                OsStr::from_bytes(name),
-            ) {
-                return reply.ok();
+            let dot = DirEntry {
+                ino: id,
+                next: i as u64 + 1,
+                kind: Kind::Directory,
+                name,
+            };
+            if add(dot) {
+                return Ok(());
             }
         }
         for (i, (name, id, kind)) in list
@@ -2439,145 +2203,110 @@ impl<S: ByteSource + 'static> Filesystem for UnionFs<S> {
             .enumerate()
             .skip(offset.saturating_sub(2) as usize)
         {
-            if reply.add(INodeNo(*id), i as u64 + 3, *kind, OsStr::from_bytes(name)) {
+            let e = DirEntry {
+                ino: *id,
+                next: i as u64 + 3,
+                kind: *kind,
+                name,
+            };
+            if add(e) {
                 break;
             }
         }
-        reply.ok()
+        Ok(())
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.dirs.pin().remove(&u64::from(fh));
-        reply.ok();
+    fn releasedir(&self, _ino: u64, fh: u64) {
+        self.dirs.pin().remove(&fh);
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match rfs::fstatvfs(self.upper.root()) {
-            Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                s.f_namemax as u32,
-                s.f_frsize as u32,
-            ),
-            Err(e) => reply.error(rerrno(e)),
-        }
+    fn statfs(&self) -> Result<Statfs, Errno> {
+        let s = rfs::fstatvfs(self.upper.root())?;
+        Ok(Statfs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+        })
     }
 
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let name = name.as_bytes();
+    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<(), Errno> {
         if self.refuses_change(ino, name) {
-            return reply.error(Errno::EPERM);
+            return Err(Errno::PERM);
         }
-        let run = || -> Result<(), Errno> {
-            let fd = self.copied_up(ino.into())?;
-            rfs::setxattr(
-                Self::real_path(fd.as_fd()).as_c_str(),
-                cname(name)?.as_c_str(),
-                value,
-                rfs::XattrFlags::from_bits_truncate(flags as u32),
-            )
-            .map_err(rerrno)
-        };
-        reply_empty(reply, run())
+        let fd = self.copied_up(ino)?;
+        rfs::setxattr(
+            Self::real_path(fd.as_fd()).as_c_str(),
+            cname(name)?.as_c_str(),
+            value,
+            rfs::XattrFlags::from_bits_truncate(flags as u32),
+        )
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes();
+    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<(), Errno> {
         if self.refuses_change(ino, name) {
-            return reply.error(Errno::EPERM);
+            return Err(Errno::PERM);
         }
-        let run = || -> Result<(), Errno> {
-            let fd = self.copied_up(ino.into())?;
-            rfs::removexattr(
-                Self::real_path(fd.as_fd()).as_c_str(),
-                cname(name)?.as_c_str(),
-            )
-            .map_err(rerrno)
-        };
-        reply_empty(reply, run())
+        let fd = self.copied_up(ino)?;
+        rfs::removexattr(
+            Self::real_path(fd.as_fd()).as_c_str(),
+            cname(name)?.as_c_str(),
+        )
     }
 
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = name.as_bytes();
+    fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
         if let Some(v) = crate::measuring::stats_xattr(
             self.measure.as_ref(),
             self.extra_stats.as_ref(),
-            ino.into(),
+            ino,
             name,
         ) {
-            return xattr_reply(reply, size, &v);
+            return Ok(v);
         }
         if self.overlay_xattr(name) {
-            return reply.error(Errno::EOPNOTSUPP);
+            return Err(Errno::OPNOTSUPP);
         }
-        if !self.visible(req, name) {
-            return reply.error(Errno::NO_XATTR);
+        if !self.visible(caller, name) {
+            return Err(Errno::NODATA);
         }
-        let run = || -> Result<Option<Vec<u8>>, Errno> {
-            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
-                (Some(fd), _) => {
-                    let path = Self::real_path(fd.as_fd());
-                    host_xattr(path.as_c_str(), cname(name)?.as_c_str()).map_err(rerrno)
-                }
-                (None, Some(r)) => self
-                    .stack
-                    .image(r.top.layer)
-                    .getxattr(&r.inode, name)
-                    .map_err(|e| self.lower_err("getxattr", Lower::Node(ino.into()), e)),
-                _ => Err(Errno::ESTALE),
-            })
-        };
-        match run() {
-            Ok(Some(v)) => xattr_reply(reply, size, &v),
-            Ok(None) => reply.error(Errno::NO_XATTR),
-            Err(e) => reply.error(e),
-        }
+        let value = self.with_node(ino, |n| match (&n.upper, &n.lower) {
+            (Some(fd), _) => {
+                let path = Self::real_path(fd.as_fd());
+                host_xattr(path.as_c_str(), cname(name)?.as_c_str())
+            }
+            (None, Some(r)) => self
+                .stack
+                .image(r.top.layer)
+                .getxattr(&r.inode, name)
+                .map_err(|e| self.lower_err("getxattr", Lower::Node(ino), e)),
+            _ => Err(Errno::STALE),
+        })?;
+        value.ok_or(Errno::NODATA)
     }
 
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let run = || -> Result<Vec<Vec<u8>>, Errno> {
-            self.with_node(ino.into(), |n| match (&n.upper, &n.lower) {
-                (Some(fd), _) => {
-                    let path = Self::real_path(fd.as_fd());
-                    let buf = host_xattr_list(path.as_c_str()).map_err(rerrno)?;
-                    Ok(buf
-                        .split(|&b| b == 0)
-                        .filter(|n| !n.is_empty())
-                        .map(|n| n.to_vec())
-                        .collect())
-                }
-                (None, Some(r)) => self
-                    .stack
-                    .image(r.top.layer)
-                    .listxattr(&r.inode)
-                    .map_err(|e| self.lower_err("listxattr", Lower::Node(ino.into()), e)),
-                _ => Err(Errno::ESTALE),
-            })
-        };
-        match run() {
-            Ok(names) => names_reply(reply, size, &names, |n| self.visible(req, n)),
-            Err(e) => reply.error(e),
-        }
+    fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno> {
+        let names = self.with_node(ino, |n| match (&n.upper, &n.lower) {
+            (Some(fd), _) => {
+                let path = Self::real_path(fd.as_fd());
+                let buf = host_xattr_list(path.as_c_str())?;
+                Ok(buf
+                    .split(|&b| b == 0)
+                    .filter(|n| !n.is_empty())
+                    .map(|n| n.to_vec())
+                    .collect())
+            }
+            (None, Some(r)) => self
+                .stack
+                .image(r.top.layer)
+                .listxattr(&r.inode)
+                .map_err(|e| self.lower_err("listxattr", Lower::Node(ino), e)),
+            _ => Err(Errno::STALE),
+        })?;
+        Ok(name_list(&names, |n| self.visible(caller, n)))
     }
 }
 
@@ -2617,13 +2346,6 @@ fn host_xattr(path: &CStr, name: &CStr) -> rustix::io::Result<Option<Vec<u8>>> {
 /// The attribute names of the host file at `path`, NUL-separated, as listxattr(2) gives them.
 fn host_xattr_list(path: &CStr) -> rustix::io::Result<Vec<u8>> {
     small_then_big(|buf| rfs::listxattr(path, buf))
-}
-
-fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(e),
-    }
 }
 
 fn libc_trunc() -> i32 {
@@ -2707,7 +2429,9 @@ impl<S: ByteSource + 'static> Content for UnionContent<'_, S> {
             }
             _ => match self.image_file() {
                 Some(f) => Ok(f.reader()),
-                None => Err(std::io::Error::from_raw_os_error(Errno::ESTALE.code())),
+                None => Err(std::io::Error::from_raw_os_error(
+                    Errno::STALE.raw_os_error(),
+                )),
             },
         }
     }

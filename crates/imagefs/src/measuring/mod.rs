@@ -30,6 +30,7 @@ pub use engine::{access_mask, writes, Measured, Measuring, Opening};
 pub use identity::{host_identity, image_identity, EROFS_MAGIC};
 pub use opens::Opens;
 
+use crate::ops::Errno;
 use measure::policy::FsIdentity;
 use std::io;
 
@@ -78,7 +79,7 @@ impl Setup {
         content: &dyn Content,
         log: &crate::Logger,
         name: &str,
-    ) -> Result<Measured, fuser::Errno> {
+    ) -> Result<Measured, Errno> {
         let r = self.measuring.open(o, content);
         Self::report(
             r.as_ref().map(|m| m.violation),
@@ -86,7 +87,7 @@ impl Setup {
             log,
             name,
         )?;
-        r.map_err(|_| fuser::Errno::EIO)
+        r.map_err(|_| Errno::IO)
     }
 
     /// [`Measuring::write_opened`], reported as [`Setup::measure`] reports.
@@ -96,7 +97,7 @@ impl Setup {
         path: impl Fn() -> Vec<u8>,
         log: &crate::Logger,
         name: &str,
-    ) -> Result<(), fuser::Errno> {
+    ) -> Result<(), Errno> {
         let r = self.measuring.write_opened(opens, &path);
         Self::report(r.as_ref().copied(), path, log, name)
     }
@@ -106,7 +107,7 @@ impl Setup {
         path: impl FnOnce() -> Vec<u8>,
         log: &crate::Logger,
         name: &str,
-    ) -> Result<(), fuser::Errno> {
+    ) -> Result<(), Errno> {
         match r {
             Ok(None) => Ok(()),
             Ok(Some(cause)) => {
@@ -119,7 +120,7 @@ impl Setup {
             Err(e) => {
                 let path = String::from_utf8_lossy(&path()).escape_debug().to_string();
                 log(&format!("{name}: measuring {path}: {e}"));
-                Err(fuser::Errno::EIO)
+                Err(Errno::IO)
             }
         }
     }

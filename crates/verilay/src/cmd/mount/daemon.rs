@@ -11,6 +11,7 @@ use super::Settings;
 use crate::cmd::image::{open_with, ReadOpts};
 use crate::cmd::measuring::LayerId;
 use anyhow::{bail, Context};
+use imagefs::Ops;
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -172,6 +173,7 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
                 fs.set_measuring(setup);
             }
             let slot = fs.notifier_slot();
+            let fs = imagefs::Fuse::new(fs);
             let served = session(s, fs, name, slot, r, Some(&mut claim), timeout);
             // The directories are ours no longer once the kernel let go of the mount.
             drop(claim);
@@ -191,6 +193,7 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
                 fs.set_measuring(setup);
             }
             let slot = fs.notifier_slot();
+            let fs = imagefs::Fuse::new(fs);
             finish_measuring(session(s, fs, name, slot, r, None, timeout), measuring)
         }
     }
@@ -343,7 +346,7 @@ fn session<F: fuser::Filesystem + Send + Sync + 'static>(
     s: &Settings,
     fs: F,
     name: String,
-    notify: std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>,
+    notify: imagefs::ops::NotifierSlot,
     r: &mut Reporter,
     claim: Option<&mut upper::Claim>,
     timeout: Duration,
@@ -373,7 +376,7 @@ fn session<F: fuser::Filesystem + Send + Sync + 'static>(
     r.step("answer the kernel's first request");
     let session =
         fuser::Session::from_fd(fs, fd, acl, cfg.clone()).context("talking to the kernel")?;
-    let _ = notify.set(session.notifier());
+    let _ = notify.set(Box::new(session.notifier()));
     r.step(&format!("start {threads} workers"));
     let bg = session.spawn().context("starting the workers")?;
     let bg = wait_for_workers(bg, threads, timeout)?;
