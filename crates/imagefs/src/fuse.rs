@@ -1,6 +1,6 @@
 //! The FUSE adapter, on `fuser`: decodes each request, calls the filesystem's [`Ops`] and
 //! replies. INIT is negotiated here, once for both filesystems, from what each
-//! [`Wants`]. This is the only file that knows `fuser`'s request and reply types.
+//! [`Wants`](crate::ops::Wants). This is the only file that knows `fuser`'s request and reply types.
 
 use crate::attr::{Attr, Kind};
 use crate::ops::{Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough, SetAttr, SetTime};

@@ -18,24 +18,28 @@
 //! the upper directory names where its image contents are (`trusted.overlay.redirect`).
 
 use crate::attr::{kind, Attr, Kind};
+use crate::backing::{host_xattr, Backing, Failed};
+use crate::ino::obj_ino;
 use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, Setup};
 use crate::ops::{
     AddEntry, Caller, Created, DirEntry, Errno, Granted, NotifierSlot, Opened, Ops, Passthrough,
     Register, RenameFlags, SetAttr, SetTime, Statfs, Wants,
 };
+use crate::paths::{logged_path, logged_subject, measured_path};
 use crate::reaper::{Held, Reaper};
 use crate::stack::{Obj, Resolved, Stack};
-use crate::{name_list, obj_ino, Logger};
+use crate::xattrs::{name_list, Rules, OVERRIDE_XATTR};
+use crate::Logger;
 use erofs::read::{ByteSource, Inode};
 use measure::policy::FsIdentity;
 use papaya::Guard as _;
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use upper::overlay::{self, PRIVATE_XATTR_PREFIX, REDIRECT_MAX};
+use upper::overlay::{self, REDIRECT_MAX};
 use upper::{Contents, Meta, Stat, Upper};
 
 /// Names and attributes change only through this mount, which the kernel sees, except a
@@ -181,6 +185,8 @@ pub struct UnionFs<S: ByteSource> {
     /// whether the file is worth hashing after its close, see `Measuring::open`) and the
     /// read-only ones the policy measured (with their node).
     measured_fhs: papaya::HashMap<u64, (u64, Handle)>,
+    /// Which xattrs are shown, refused and let change.
+    xattrs: Rules,
     name: String,
     log: Logger,
 }
@@ -244,6 +250,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             measure: None,
             extra_stats: None,
             measured_fhs: papaya::HashMap::new(),
+            xattrs: Rules::writable(upper.ns),
             upper,
             name,
             log,
@@ -281,7 +288,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// kernel's, see `crate::measured_path`).
     fn measured_path(&self, setup: &Setup, id: u64) -> Vec<u8> {
         let guard = self.nodes.guard();
-        crate::measured_path(setup, id, |at| {
+        measured_path(setup, id, |at| {
             self.nodes.get(&at, &guard).map(|n| (n.parent, &n.name[..]))
         })
     }
@@ -513,6 +520,27 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         f(self.nodes.get(&id, &guard).ok_or(Errno::STALE)?)
     }
 
+    /// Where node `n`'s attributes, bytes and xattrs come from.
+    fn backing<'a>(&'a self, n: &'a Node) -> Result<Backing<'a, S>, Errno> {
+        match (&n.upper, &n.lower) {
+            (Some(fd), _) => Ok(Backing::Upper(fd.as_fd())),
+            (None, Some(r)) => Ok(Backing::Image {
+                image: self.stack.image(r.top.layer),
+                inode: &r.inode,
+            }),
+            (None, None) => Err(Errno::STALE),
+        }
+    }
+
+    /// The errno for a failed read of what backs a node, an image's logged as `lower_err`
+    /// logs it.
+    fn failed(&self, what: &str, about: Lower<'_>, e: Failed) -> Errno {
+        match e {
+            Failed::Image(e) => self.lower_err(what, about, e),
+            Failed::Host(e) => e,
+        }
+    }
+
     /// The errno for an error reading the images, logged in one line naming `what` was
     /// done to which file (`read of /usr/bin/ls (inode 1234)`).
     fn lower_err(&self, what: &str, about: Lower<'_>, e: erofs::read::Error) -> Errno {
@@ -535,11 +563,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         match about {
             Lower::Node(id) => {
                 let obj = self.nodes.get(&id, &guard).and_then(|n| n.lower.as_ref());
-                crate::logged_subject(id, None, obj.map(|r| (r.top, stacked)), up)
+                logged_subject(id, None, obj.map(|r| (r.top, stacked)), up)
             }
-            Lower::Entry(dir, name) => crate::logged_subject(dir, Some(name), None, up),
+            Lower::Entry(dir, name) => logged_subject(dir, Some(name), None, up),
             Lower::Walk(layer, path) => {
-                let p = crate::logged_path(path);
+                let p = logged_path(path);
                 format!("{p} of layer {layer}")
             }
         }
@@ -844,27 +872,23 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         });
     }
 
+    /// A node's attributes: its upper object's (rootless, with the owner and mode the
+    /// override xattr records), else its image object's. A directory merging layers has
+    /// nlink 1, as in overlayfs.
     fn attr(&self, id: u64, n: &Node) -> Result<Attr, Errno> {
-        let merged = !n.lower_chain().is_empty() && n.upper.is_some();
-        let mut a = match (&n.upper, &n.lower) {
-            (Some(fd), _) => {
-                let mut a = Attr::of_stat(id, &rfs::fstat(fd.as_fd())?);
-                if !self.as_root {
-                    if let Some(o) = read_override(fd.as_fd()) {
-                        o.apply(&mut a);
-                    }
+        let mut a = self.backing(n)?.attr(id)?;
+        match (&n.upper, &n.lower) {
+            (Some(fd), _) if !self.as_root => {
+                if let Some(o) = read_override(fd.as_fd()) {
+                    o.apply(&mut a);
                 }
-                a
             }
-            (None, Some(r)) => {
-                let mut a =
-                    Attr::of_inode(id, &r.inode, self.stack.image(r.top.layer).block_size());
-                if r.is_merged() {
-                    a.nlink = 1;
-                }
-                a
-            }
-            (None, None) => return Err(Errno::STALE),
+            _ => {}
+        }
+        let merged = match (&n.upper, &n.lower) {
+            (Some(_), _) => !n.lower_chain().is_empty(),
+            (None, Some(r)) => r.is_merged(),
+            (None, None) => false,
         };
         if merged {
             a.nlink = 1;
@@ -928,7 +952,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .xattrs(inode)
             .map_err(|e| self.lower_err("copy-up xattrs", Lower::Node(id), e))?
             .into_iter()
-            .filter(|(k, _)| !self.own_xattr(k))
+            .filter(|(k, _)| self.xattrs.copied_up(k))
             .collect();
         let mut meta = Meta {
             mode: u32::from(inode.mode),
@@ -1337,39 +1361,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         upper::fd_path(fd)
     }
 
-    /// Listed to the caller: not one of the mount's own names, and `trusted.*` to root only.
-    fn visible(&self, caller: &Caller, name: &[u8]) -> bool {
-        !self.own_xattr(name) && (!name.starts_with(b"trusted.") || caller.uid == 0)
-    }
-
-    /// overlayfs's namespace in this mount: `trusted.overlay.` (the images' markers, and
-    /// ours as root) and, rootless, `user.overlay.` (ours, as with overlayfs's
-    /// `userxattr`). Asked for by name, it answers EOPNOTSUPP, as overlayfs's own handler
-    /// did before it learnt to escape the names (Linux 6.7).
-    fn overlay_xattr(&self, name: &[u8]) -> bool {
-        name.starts_with(PRIVATE_XATTR_PREFIX)
-            || name.starts_with(self.upper.ns.prefix().as_bytes())
-    }
-
-    /// The names the mount keeps for itself: overlayfs's namespace, and the owner and
-    /// mode a rootless mount shows (`user.containers.override_stat`; fuse-overlayfs keeps
-    /// names it may not store, such as `security.capability`, as other
-    /// `user.containers.override_*` names and reads them back as those). This mount, a
-    /// later one, kernel overlayfs or a container tool reads them from the upper directory
-    /// as markers (opaque, redirect, whiteout, origin) or as ownership, so none is shown,
-    /// read, set or removed through the mount, or copied up from an image: whoever could
-    /// write one could forge a `root:root 4755` file or hide what the images hold.
-    fn own_xattr(&self, name: &[u8]) -> bool {
-        self.overlay_xattr(name) || name.starts_with(OVERRIDE_PREFIX)
-    }
-
-    /// Set or removed through the mount: the mount's own names, and the root's read-only
-    /// `verilay.stats`. EPERM, as fuse-overlayfs answers (kernel overlayfs, since 6.7,
-    /// stores such names escaped instead; before, it answered EOPNOTSUPP).
-    fn refuses_change(&self, ino: u64, name: &[u8]) -> bool {
-        self.own_xattr(name) || (ino == 1 && name == crate::measuring::STATS_XATTR)
-    }
-
     fn open_real(&self, fd: BorrowedFd<'_>, flags: i32) -> Result<u64, Errno> {
         // O_DIRECT is not passed on: FUSE hands us unaligned buffers and lets callers use
         // any alignment, which the host's direct I/O refuses. O_SYNC and O_DSYNC are, so
@@ -1435,12 +1426,6 @@ fn is_dir_node(n: &Node) -> bool {
 
 /// Per nid, every path (as name components) of a hardlinked image file.
 type LinkPaths = std::collections::HashMap<u64, Vec<Vec<Vec<u8>>>>;
-
-/// Where rootless mounts keep the owner and mode the tree shows (containers/storage's
-/// format, `uid:gid:0mode`, as fuse-overlayfs and rootless container tools read it).
-pub const OVERRIDE_XATTR: &str = "user.containers.override_stat";
-/// `OVERRIDE_XATTR` and its siblings (see `UnionFs::own_xattr`).
-const OVERRIDE_PREFIX: &[u8] = b"user.containers.override_";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Override {
@@ -1726,14 +1711,10 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
-        self.with_node(ino, |n| match (&n.upper, &n.lower) {
-            (Some(fd), _) => Ok(rfs::readlinkat(fd.as_fd(), "", Vec::new())?.into_bytes()),
-            (None, Some(r)) => self
-                .stack
-                .image(r.top.layer)
-                .readlink(&r.inode)
-                .map_err(|e| self.lower_err("readlink", Lower::Node(ino), e)),
-            _ => Err(Errno::STALE),
+        self.with_node(ino, |n| {
+            self.backing(n)?
+                .readlink()
+                .map_err(|e| self.failed("readlink", Lower::Node(ino), e))
         })
     }
 
@@ -2094,21 +2075,10 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
         }
         // Opened from the image; once copied up (by a writer), the copy is the file,
         // as in overlayfs.
-        self.with_node(ino, |n| match (&n.upper, &n.lower) {
-            (Some(fd), _) => {
-                let f = rfs::open(
-                    Self::real_path(fd.as_fd()).as_c_str(),
-                    OFlags::RDONLY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
-                rustix::io::pread(&f, buf, offset)
-            }
-            (None, Some(r)) => self
-                .stack
-                .image(r.top.layer)
-                .read(&r.inode, offset, buf)
-                .map_err(|e| self.lower_err("read", Lower::Node(ino), e)),
-            (None, None) => Err(Errno::BADF),
+        self.with_node(ino, |n| {
+            self.backing(n)?
+                .read(offset, buf)
+                .map_err(|e| self.failed("read", Lower::Node(ino), e))
         })
     }
 
@@ -2235,9 +2205,7 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<(), Errno> {
-        if self.refuses_change(ino, name) {
-            return Err(Errno::PERM);
-        }
+        self.xattrs.may_change(ino, name)?;
         let fd = self.copied_up(ino)?;
         rfs::setxattr(
             Self::real_path(fd.as_fd()).as_c_str(),
@@ -2248,9 +2216,7 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn removexattr(&self, ino: u64, name: &[u8]) -> Result<(), Errno> {
-        if self.refuses_change(ino, name) {
-            return Err(Errno::PERM);
-        }
+        self.xattrs.may_change(ino, name)?;
         let fd = self.copied_up(ino)?;
         rfs::removexattr(
             Self::real_path(fd.as_fd()).as_c_str(),
@@ -2259,93 +2225,29 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
-        if let Some(v) = crate::measuring::stats_xattr(
-            self.measure.as_ref(),
-            self.extra_stats.as_ref(),
-            ino,
-            name,
-        ) {
+        let stats = || {
+            let (setup, extra) = (self.measure.as_ref(), self.extra_stats.as_ref());
+            crate::measuring::stats_xattr(setup, extra, ino, name)
+        };
+        if let Some(v) = self.xattrs.get(caller, ino, name, stats)? {
             return Ok(v);
         }
-        if self.overlay_xattr(name) {
-            return Err(Errno::OPNOTSUPP);
-        }
-        if !self.visible(caller, name) {
-            return Err(Errno::NODATA);
-        }
-        let value = self.with_node(ino, |n| match (&n.upper, &n.lower) {
-            (Some(fd), _) => {
-                let path = Self::real_path(fd.as_fd());
-                host_xattr(path.as_c_str(), cname(name)?.as_c_str())
-            }
-            (None, Some(r)) => self
-                .stack
-                .image(r.top.layer)
-                .getxattr(&r.inode, name)
-                .map_err(|e| self.lower_err("getxattr", Lower::Node(ino), e)),
-            _ => Err(Errno::STALE),
+        let value = self.with_node(ino, |n| {
+            self.backing(n)?
+                .getxattr(name)
+                .map_err(|e| self.failed("getxattr", Lower::Node(ino), e))
         })?;
         value.ok_or(Errno::NODATA)
     }
 
     fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno> {
-        let names = self.with_node(ino, |n| match (&n.upper, &n.lower) {
-            (Some(fd), _) => {
-                let path = Self::real_path(fd.as_fd());
-                let buf = host_xattr_list(path.as_c_str())?;
-                Ok(buf
-                    .split(|&b| b == 0)
-                    .filter(|n| !n.is_empty())
-                    .map(|n| n.to_vec())
-                    .collect())
-            }
-            (None, Some(r)) => self
-                .stack
-                .image(r.top.layer)
-                .listxattr(&r.inode)
-                .map_err(|e| self.lower_err("listxattr", Lower::Node(ino), e)),
-            _ => Err(Errno::STALE),
+        let names = self.with_node(ino, |n| {
+            self.backing(n)?
+                .listxattr()
+                .map_err(|e| self.failed("listxattr", Lower::Node(ino), e))
         })?;
-        Ok(name_list(&names, |n| self.visible(caller, n)))
+        Ok(name_list(&names, |n| self.xattrs.listed(caller, n)))
     }
-}
-
-/// Most host files have few and small attributes, or none (the kernel asks for
-/// `security.capability` of every file written): a small buffer on the stack first, the
-/// largest value Linux allows (64 KiB) only when that is too small.
-const SMALL_XATTR: usize = 1024;
-const XATTR_SIZE_MAX: usize = 65536;
-
-/// `get` (a getxattr or listxattr into the buffer it is given, returning the length)
-/// with the small buffer, then only on ERANGE with the largest.
-fn small_then_big(
-    get: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
-) -> rustix::io::Result<Vec<u8>> {
-    let mut small = [0u8; SMALL_XATTR];
-    match get(&mut small) {
-        Ok(len) => Ok(small[..len].to_vec()),
-        Err(rustix::io::Errno::RANGE) => {
-            let mut buf = vec![0u8; XATTR_SIZE_MAX];
-            let len = get(&mut buf)?;
-            buf.truncate(len);
-            Ok(buf)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Attribute `name` of the host file at `path`; `None` when it has none.
-fn host_xattr(path: &CStr, name: &CStr) -> rustix::io::Result<Option<Vec<u8>>> {
-    match small_then_big(|buf| rfs::getxattr(path, name, buf)) {
-        Ok(v) => Ok(Some(v)),
-        Err(rustix::io::Errno::NODATA) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// The attribute names of the host file at `path`, NUL-separated, as listxattr(2) gives them.
-fn host_xattr_list(path: &CStr) -> rustix::io::Result<Vec<u8>> {
-    small_then_big(|buf| rfs::listxattr(path, buf))
 }
 
 fn libc_trunc() -> i32 {
