@@ -8,7 +8,7 @@ use super::task::task_ids_of;
 use super::watch::MountWatch;
 use super::{Content, ContentKey, Cookie, Counter, Counters, Opens};
 use measure::log::{DigestKind, Event, HashAlgo, Log, LogError, DEFAULT_PCR, MAX_PATH};
-use measure::policy::{Access, FsIdentity, Func, Policy, Template};
+use measure::policy::{Access, FsIdentity, Func, Measure, Policy, Template};
 use measure::policy::{MAY_APPEND, MAY_EXEC, MAY_READ, MAY_WRITE};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,42 +148,12 @@ impl Measuring {
                     done.violation = Some("open_writers");
                 }
             }
-            let digest = self.digest(o, m.verity, content)?;
-            let (kind, algo) = if m.verity {
-                (DigestKind::Verity, HashAlgo::Sha256)
-            } else {
-                (DigestKind::Ima, self.algo)
-            };
-            let path = content.path();
-            let sig = if m.template.has_sig() {
-                content.ima_xattr().filter(|v| is_signature(v))
-            } else {
-                None
-            };
-            let ev = Event {
-                template: m.template,
-                kind,
-                algo,
-                digest: &digest,
-                path: &path,
-                sig: sig.as_deref(),
-            };
-            // Checked now, made an entry by the flusher (`Shared`): what could fail
-            // fails this open.
-            Log::check_event(m.pcr, &ev).map_err(io::Error::other)?;
-            self.push(Raw {
-                violation: false,
-                pcr: m.pcr,
-                template: m.template,
-                kind,
-                algo,
-                digest,
-                path,
-                sig,
-            })?;
+            self.record(o, &m, content)?;
         }
         done.reader = reader.keep();
         if writes {
+            // Whether the same task opening the file to read would be measured by its
+            // content.
             let access = Access {
                 func: Func::FileCheck,
                 mask: MAY_READ,
@@ -197,6 +167,43 @@ impl Measuring {
                 .is_some_and(|m| !m.verity);
         }
         Ok(done)
+    }
+
+    /// Records the measurement `m` the policy asked for of opening `o`: the file's digest
+    /// (reused or computed) in the template's event, checked now and made an entry of the
+    /// list by the flusher (`Shared`), so what could fail fails this open.
+    fn record(&self, o: &Opening<'_>, m: &Measure, content: &dyn Content) -> io::Result<()> {
+        let digest = self.digest(o, m.verity, content)?;
+        let (kind, algo) = if m.verity {
+            (DigestKind::Verity, HashAlgo::Sha256)
+        } else {
+            (DigestKind::Ima, self.algo)
+        };
+        let path = content.path();
+        let sig = if m.template.has_sig() {
+            content.ima_xattr().filter(|v| is_signature(v))
+        } else {
+            None
+        };
+        let ev = Event {
+            template: m.template,
+            kind,
+            algo,
+            digest: &digest,
+            path: &path,
+            sig: sig.as_deref(),
+        };
+        Log::check_event(m.pcr, &ev).map_err(io::Error::other)?;
+        self.push(Raw {
+            violation: false,
+            pcr: m.pcr,
+            template: m.template,
+            kind,
+            algo,
+            digest,
+            path,
+            sig,
+        })
     }
 
     /// Waits (at most [`RELEASE_WAIT`]) while the file has `open` handles (writers, or

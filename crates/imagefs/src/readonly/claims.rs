@@ -5,8 +5,51 @@
 
 use super::{About, ImageFs};
 use crate::ops::Errno;
-use crate::stack::{Dir, Obj, Resolved};
+use crate::stack::{Dir, Obj, Resolved, Stack};
 use erofs::read::{ByteSource, Image, Inode};
+
+/// Whether every layer records that it holds no `security.*` xattr, and no ACL.
+/// Unrecorded means "maybe labelled": per-inode answers. Unreadable (a block of the
+/// table that fails its hash) fails the mount: the footer is read here, so this is the
+/// read that meets it.
+pub(super) fn absent_namespaces<S: ByteSource>(
+    layers: &[Image<S>],
+) -> Result<(bool, bool), erofs::read::Error> {
+    let absent_everywhere = |ns: u8| -> Result<bool, erofs::read::Error> {
+        for img in layers {
+            if !img.namespace_absent(ns)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    let unlabelled = absent_everywhere(erofs::format::XATTR_INDEX_SECURITY)?;
+    let aclless = absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS)?
+        && absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT)?;
+    Ok((unlabelled, aclless))
+}
+
+/// The root, checked against the record (`unlabelled`, `aclless`) before mounting: a
+/// false record there is no mount (`name` is the mount's, for the error).
+pub(super) fn check_root<S: ByteSource>(
+    stack: &Stack<S>,
+    root: &Resolved,
+    (unlabelled, aclless): (bool, bool),
+    name: &str,
+) -> Result<(), erofs::read::Error> {
+    let img = stack.image(root.top.layer);
+    let Some(hidden) = hidden_xattr(img, &root.inode, aclless, unlabelled)? else {
+        return Ok(());
+    };
+    let overlay = stack.layers.len() > 1;
+    Err(erofs::read::Error::Corrupt {
+        offset: root.inode.offset(),
+        what: format!(
+            "{name}: {}",
+            false_record(root.top, &root.inode, &hidden, overlay)
+        ),
+    })
+}
 
 impl<S: ByteSource + 'static> ImageFs<S> {
     /// Whether inode `i` of `o` may be handed to the kernel as the image's namespace
@@ -63,7 +106,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
 /// An xattr of inode `i` in a namespace the image records as absent (ACLs when
 /// `aclless`, `security.*` when `unlabelled`), if it has one; see `ImageFs::check_claims`.
-pub(super) fn hidden_xattr<S: ByteSource>(
+fn hidden_xattr<S: ByteSource>(
     img: &Image<S>,
     i: &Inode,
     aclless: bool,
@@ -94,7 +137,7 @@ const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 /// The log line (after the image's name) for inode `i` of `o` holding `xattr` in a
 /// namespace its image records as absent.
-pub(super) fn false_record(o: Obj, i: &Inode, xattr: &[u8], overlay: bool) -> String {
+fn false_record(o: Obj, i: &Inode, xattr: &[u8], overlay: bool) -> String {
     let layer = if overlay {
         format!("layer {}: ", o.layer)
     } else {

@@ -35,7 +35,7 @@ mod claims;
 mod measured;
 mod nodes;
 
-use crate::attr::{kind, kind_of_dirent, Attr, Kind};
+use crate::attr::Attr;
 use crate::backing::{Backing, Failed};
 use crate::ino::{fits, ino_obj, obj_ino};
 use crate::measuring;
@@ -47,9 +47,8 @@ use crate::paths::logged_subject;
 use crate::stack::{self, Obj, Resolved, Stack};
 use crate::xattrs::{name_list, Rules};
 use crate::Logger;
-use claims::{false_record, hidden_xattr};
 use erofs::read::{ByteSource, Image, Inode};
-use nodes::{DirNode, Listed, Names};
+use nodes::{DirNode, Names};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -103,49 +102,11 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             (1..=MAX_LAYERS).contains(&layers.len()),
             "1 to {MAX_LAYERS} layers",
         );
-        // Unrecorded means "maybe labelled": per-inode answers. Unreadable (a block of the
-        // table that fails its hash) fails the mount: the footer is read here, so this is
-        // the read that meets it.
-        let absent_everywhere = |ns: u8| -> Result<bool, erofs::read::Error> {
-            for img in &layers {
-                if !img.namespace_absent(ns)? {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        };
-        let unlabelled = absent_everywhere(erofs::format::XATTR_INDEX_SECURITY)?;
-        let aclless = absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS)?
-            && absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT)?;
+        let (unlabelled, aclless) = claims::absent_namespaces(&layers)?;
         let overlay = layers.len() > 1;
         let stack = Stack { layers };
-        let root = if overlay {
-            stack.root()?
-        } else {
-            let top = Obj {
-                layer: 0,
-                nid: stack.layers[0].root_nid(),
-            };
-            Resolved {
-                top,
-                inode: stack.inode(top)?,
-                chain: Vec::new(),
-            }
-        };
-        if let Some(hidden) = hidden_xattr(
-            stack.image(root.top.layer),
-            &root.inode,
-            aclless,
-            unlabelled,
-        )? {
-            return Err(erofs::read::Error::Corrupt {
-                offset: root.inode.offset(),
-                what: format!(
-                    "{name}: {}",
-                    false_record(root.top, &root.inode, &hidden, overlay)
-                ),
-            });
-        }
+        let root = root_of(&stack)?;
+        claims::check_root(&stack, &root, (unlabelled, aclless), &name)?;
         Ok(ImageFs {
             unlabelled,
             aclless,
@@ -276,6 +237,22 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     fn attr(&self, o: Obj, i: &Inode) -> Attr {
         Attr::of_inode(self.ino(o), i, self.image(o).block_size())
     }
+}
+
+/// The root: a stack's merged root, or a single image's root directory.
+fn root_of<S: ByteSource>(stack: &Stack<S>) -> Result<Resolved, erofs::read::Error> {
+    if stack.layers.len() > 1 {
+        return stack.root();
+    }
+    let top = Obj {
+        layer: 0,
+        nid: stack.layers[0].root_nid(),
+    };
+    Ok(Resolved {
+        top,
+        inode: stack.inode(top)?,
+        chain: Vec::new(),
+    })
 }
 
 /// What a failed request was about, as its log line names it (`ImageFs::subject`).
@@ -419,20 +396,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
 
     fn readdir(&self, ino: u64, _fh: u64, offset: u64, add: AddEntry<'_>) -> Result<(), Errno> {
         self.fill_dir(ino, offset, |e, next| {
-            let (name, ino, kind) = match &e {
-                Listed::Plain(e) => (
-                    &e.name[..],
-                    self.ino(Obj {
-                        layer: 0,
-                        nid: e.nid,
-                    }),
-                    kind_of_dirent(e.file_type),
-                ),
-                Listed::Dot(name, ino) => (*name, *ino, Kind::Directory),
-                Listed::Merged(name, r, _, _, _) => {
-                    (*name, self.ino(r.top), kind(r.inode.mode.into()))
-                }
-            };
+            let (name, ino, kind) = self.plain(&e);
             Ok(add(DirEntry {
                 ino,
                 next,
@@ -449,46 +413,8 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
         offset: u64,
         add: AddEntryPlus<'_>,
     ) -> Result<(), Errno> {
-        // "." and ".." get no dentry from readdirplus; their attributes are not used.
-        let dot = |ino| Attr {
-            ino,
-            kind: Kind::Directory,
-            ..Attr::negative()
-        };
-        // An entry refused (`check_entry`, `check_merged`) is listed without an inode
-        // (nodeid 0, which readdir(3) skips): the kernel links no dentry, and a lookup of
-        // the name gets the refusal.
-        let refused = |kind| Attr {
-            kind,
-            ..Attr::negative()
-        };
         self.fill_dir(ino, offset, |e, next| {
-            let (name, attr) = match &e {
-                Listed::Plain(e) => {
-                    let o = Obj {
-                        layer: 0,
-                        nid: e.nid,
-                    };
-                    let attr = if e.name == b"." || e.name == b".." {
-                        dot(self.ino(o))
-                    } else {
-                        let i = self.obj_inode(o, About::entry(ino, &e.name, Some(o)))?;
-                        match self.check_entry(ino, &e.name, o, &i) {
-                            Ok(()) => self.attr(o, &i),
-                            Err(_) => refused(kind(i.mode.into())),
-                        }
-                    };
-                    (&e.name[..], attr)
-                }
-                Listed::Dot(name, ino) => (*name, dot(*ino)),
-                Listed::Merged(name, r, dir, chain, guard) => {
-                    let attr = match self.check_merged(*dir, chain, name, r) {
-                        Ok(()) => self.child_attr(r, *dir, *guard),
-                        Err(_) => refused(kind(r.inode.mode.into())),
-                    };
-                    (*name, attr)
-                }
-            };
+            let (name, attr) = self.plus(ino, &e)?;
             if attr.ino != 0 {
                 self.learn(ino, name, attr.ino);
             }

@@ -3,9 +3,9 @@
 //! there, its parent, and its merged listing once read (`DirNode`).
 
 use super::{About, ImageFs};
-use crate::attr::Attr;
+use crate::attr::{kind, kind_of_dirent, Attr, Kind};
 use crate::ops::Errno;
-use crate::stack::{Dir, Resolved};
+use crate::stack::{Dir, Obj, Resolved};
 use erofs::read::ByteSource;
 use std::sync::{Mutex, OnceLock};
 
@@ -192,6 +192,65 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             }
         }
         Ok(())
+    }
+
+    /// A listed entry as READDIR gives it: name, inode number and type.
+    pub(super) fn plain<'e>(&self, e: &'e Listed<'_>) -> (&'e [u8], u64, Kind) {
+        match e {
+            Listed::Plain(e) => (
+                &e.name[..],
+                self.ino(Obj {
+                    layer: 0,
+                    nid: e.nid,
+                }),
+                kind_of_dirent(e.file_type),
+            ),
+            Listed::Dot(name, ino) => (name, *ino, Kind::Directory),
+            Listed::Merged(name, r, _, _, _) => (name, self.ino(r.top), kind(r.inode.mode.into())),
+        }
+    }
+
+    /// A listed entry of directory `dir` as READDIRPLUS gives it: name and attributes,
+    /// each checked as a lookup checks it. "." and ".." get no dentry from readdirplus
+    /// (their attributes are not used); an entry refused (`check_entry`,
+    /// `check_merged`) is listed without an inode (nodeid 0, which readdir(3) skips): the
+    /// kernel links no dentry, and a lookup of the name gets the refusal.
+    pub(super) fn plus<'e>(&self, dir: u64, e: &'e Listed<'_>) -> Result<(&'e [u8], Attr), Errno> {
+        let dot = |ino| Attr {
+            ino,
+            kind: Kind::Directory,
+            ..Attr::negative()
+        };
+        let refused = |kind| Attr {
+            kind,
+            ..Attr::negative()
+        };
+        Ok(match e {
+            Listed::Plain(e) => {
+                let o = Obj {
+                    layer: 0,
+                    nid: e.nid,
+                };
+                let attr = if e.name == b"." || e.name == b".." {
+                    dot(self.ino(o))
+                } else {
+                    let i = self.obj_inode(o, About::entry(dir, &e.name, Some(o)))?;
+                    match self.check_entry(dir, &e.name, o, &i) {
+                        Ok(()) => self.attr(o, &i),
+                        Err(_) => refused(kind(i.mode.into())),
+                    }
+                };
+                (&e.name[..], attr)
+            }
+            Listed::Dot(name, ino) => (name, dot(*ino)),
+            Listed::Merged(name, r, d, chain, guard) => {
+                let attr = match self.check_merged(*d, chain, name, r) {
+                    Ok(()) => self.child_attr(r, *d, *guard),
+                    Err(_) => refused(kind(r.inode.mode.into())),
+                };
+                (name, attr)
+            }
+        })
     }
 }
 
