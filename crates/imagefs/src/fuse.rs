@@ -1,8 +1,10 @@
 //! The FUSE adapter, on `fuser`: decodes each request, calls the filesystem's [`Ops`] and
 //! replies. INIT is negotiated here, once for both filesystems, from what each
-//! [`Wants`](crate::ops::Wants). This is the only file that knows `fuser`'s request and reply types.
+//! [`Wants`](crate::ops::Wants); and a mounted /dev/fuse is served here ([`Session`]).
+//! This is the only file that knows `fuser`.
 
 use crate::attr::{Attr, Kind};
+use crate::mount::{deadline_after, Access};
 use crate::ops::{Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough, SetAttr, SetTime};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -13,9 +15,10 @@ use fuser::{
 use rustix::fd::BorrowedFd;
 use std::cell::RefCell;
 use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Largest read the kernel sends (with `FUSE_MAX_PAGES` and the default page limit).
 const MAX_READ: u32 = 1 << 20;
@@ -39,6 +42,89 @@ impl<O: Ops> Fuse<O> {
         let ttl = ops.wants().ttl;
         Fuse { ops, ttl }
     }
+}
+
+/// A filesystem on a mounted /dev/fuse descriptor, its first request (INIT) answered.
+pub struct Session<O: Ops>(fuser::Session<Fuse<O>>);
+
+/// The workers serving a mount.
+pub struct Running(fuser::BackgroundSession);
+
+impl<O: Ops> Session<O> {
+    /// Serves `ops` on `fd` to the users `access` lets in, with `threads` workers, each on
+    /// a /dev/fuse descriptor of its own when `clone_fd`. The filesystem's notifier slot
+    /// gets the session's notifier.
+    pub fn new(
+        ops: O,
+        fd: OwnedFd,
+        access: Access,
+        threads: usize,
+        clone_fd: bool,
+    ) -> std::io::Result<Session<O>> {
+        let acl = match access {
+            Access::All => fuser::SessionACL::All,
+            Access::RootAndOwner => fuser::SessionACL::RootAndOwner,
+            Access::Owner => fuser::SessionACL::Owner,
+        };
+        let mut cfg = fuser::Config::default();
+        cfg.acl = acl;
+        cfg.n_threads = Some(threads);
+        cfg.clone_fd = clone_fd;
+        let slot = ops.notifier_slot();
+        let session = fuser::Session::from_fd(Fuse::new(ops), fd, acl, cfg)?;
+        let _ = slot.set(Box::new(session.notifier()));
+        Ok(Session(session))
+    }
+
+    /// Starts the workers.
+    pub fn spawn(self) -> std::io::Result<Running> {
+        self.0.spawn().map(Running)
+    }
+}
+
+impl Running {
+    /// Waits until all `n` workers run: fuser clones every /dev/fuse descriptor, then
+    /// starts the threads one by one, and its session thread ends with the error if any of
+    /// that fails (with the workers started so far left serving, which unmounting stops).
+    pub fn wait_for_workers(self, n: usize, timeout: Duration) -> Result<Running, String> {
+        let deadline = deadline_after(timeout);
+        loop {
+            if self.0.guard.is_finished() {
+                return Err(match self.0.join() {
+                    Err(e) => format!("{e}"),
+                    Ok(()) => "the session ended".into(),
+                });
+            }
+            if running_workers() >= n {
+                return Ok(self);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("not all running after {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Returns once the filesystem is unmounted.
+    pub fn join(self) {
+        let _ = self.0.join();
+    }
+}
+
+/// The threads of this process named as fuser names its workers (`fuser-N`).
+fn running_workers() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| {
+                c.trim_end()
+                    .strip_prefix("fuser-")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .count()
 }
 
 impl Notify for fuser::Notifier {

@@ -14,6 +14,7 @@ mod backing;
 pub mod fuse;
 mod ino;
 pub mod measuring;
+pub mod mount;
 pub mod ops;
 mod paths;
 mod readonly;
