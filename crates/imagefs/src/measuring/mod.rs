@@ -1,4 +1,7 @@
-//! Measurement of file opens (IMA in userspace), shared by both filesystems.
+//! Measurement of file opens (IMA in userspace): one hook ([`Hook`]) that both
+//! filesystems hold and call, on open ([`Setup::measure`]) and for `verilay stats`, with
+//! the engine behind it (`engine.rs`, the digest cache `digests.rs`, the list's inbox
+//! `inbox.rs`, IMA's violation counts `opens.rs`).
 //!
 //! On every OPEN (and exec, which FUSE tells apart by `FMODE_EXEC` in the open flags)
 //! the policy decides, from the access and the identity of the layer serving the file,
@@ -144,27 +147,30 @@ impl Setup {
 /// a JSON object's members, `"key":value,…`, or nothing.
 pub type ExtraStats = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
-/// `verilay stats`: what the mount root answers for [`STATS_XATTR`] (`None` for any other
-/// inode or name).
-pub fn stats_xattr(
-    setup: Option<&Setup>,
-    extra: Option<&ExtraStats>,
-    ino: u64,
-    name: &[u8],
-) -> Option<Vec<u8>> {
-    if ino != 1 || name != STATS_XATTR {
-        return None;
+/// Measuring as each filesystem holds it, one hook for both: with a policy, `setup`
+/// measures their opens ([`Setup::measure`]); the root's [`STATS_XATTR`] reports the
+/// counters and the `extra` members.
+#[derive(Default)]
+pub struct Hook {
+    pub setup: Option<Setup>,
+    pub extra: Option<ExtraStats>,
+}
+
+impl Hook {
+    /// What `verilay stats` reads: the counters and each layer's identity (without a
+    /// policy, none), and the extra members.
+    pub fn stats(&self) -> Vec<u8> {
+        let mut json = match &self.setup {
+            Some(s) => s.stats_json(),
+            None => "{\"policy_rules\":0}".to_string(),
+        };
+        let more = self.extra.as_ref().map(|f| f()).unwrap_or_default();
+        if !more.is_empty() && json.ends_with('}') {
+            json.pop();
+            json.push(',');
+            json.push_str(&more);
+            json.push('}');
+        }
+        json.into_bytes()
     }
-    let mut json = match setup {
-        Some(s) => s.stats_json(),
-        None => "{\"policy_rules\":0}".to_string(),
-    };
-    let more = extra.map(|f| f()).unwrap_or_default();
-    if !more.is_empty() && json.ends_with('}') {
-        json.pop();
-        json.push(',');
-        json.push_str(&more);
-        json.push('}');
-    }
-    Some(json.into_bytes())
 }

@@ -65,7 +65,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 return;
             };
             if notifier.store(ino, 0, &buf[..n]).is_ok() {
-                if let Some(s) = &self.measure {
+                if let Some(s) = &self.hook.setup {
                     s.measuring.counters.primed.add(1);
                     s.measuring.counters.bytes_primed.add(n as u64);
                 }
@@ -98,7 +98,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         flags: i32,
         pid: u32,
     ) -> Result<(), Errno> {
-        let Some(s) = &self.measure else {
+        let Some(s) = &self.hook.setup else {
             return Ok(());
         };
         let fs = &s.layers[o.layer as usize];

@@ -38,7 +38,7 @@ mod nodes;
 use crate::attr::Attr;
 use crate::backing::{Backing, Failed};
 use crate::ino::{fits, ino_obj, obj_ino};
-use crate::measuring;
+use crate::measuring::{self, Hook};
 use crate::ops::{
     AddEntry, AddEntryPlus, Caller, DirEntry, Errno, Granted, NotifierSlot, Opened, Ops, Register,
     Statfs, Wants,
@@ -76,10 +76,8 @@ pub struct ImageFs<S: ByteSource> {
     aclless: bool,
     /// Which xattrs are shown and refused (from the three above).
     xattrs: Rules,
-    /// With a policy: opens are measured (see `measuring`), so the kernel must send them.
-    measure: Option<measuring::Setup>,
-    /// More for `verilay stats` (a remote image's fetching).
-    extra_stats: Option<crate::measuring::ExtraStats>,
+    /// Measuring: with a policy, opens are measured, so the kernel must send them.
+    hook: Hook,
     /// Every name the kernel learns, for the paths the measurement list and log lines name.
     names: Names,
     /// When the kernel sends OPEN (with a policy): per inode, the handles open on it and
@@ -119,8 +117,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             log,
             no_open: false,
             no_opendir: false,
-            measure: None,
-            extra_stats: None,
+            hook: Hook::default(),
             names: Names::new(),
             opens: papaya::HashMap::new(),
             notifier: Arc::new(OnceLock::new()),
@@ -129,12 +126,12 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
     /// Measures opens from now on (before mounting).
     pub fn set_measuring(&mut self, setup: measuring::Setup) {
-        self.measure = Some(setup);
+        self.hook.setup = Some(setup);
     }
 
     /// Adds members to what `verilay stats` prints.
     pub fn set_extra_stats(&mut self, extra: crate::measuring::ExtraStats) {
-        self.extra_stats = Some(extra);
+        self.hook.extra = Some(extra);
     }
 
     /// `name` in the merged directory `parent` of a stack.
@@ -279,7 +276,8 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
     fn wants(&self) -> Wants {
         // Measuring needs every open, unless no rule can measure any layer's files.
         let measured = self
-            .measure
+            .hook
+            .setup
             .as_ref()
             .is_some_and(|s| s.layers.iter().any(|l| s.measuring.may_measure(l)));
         Wants {
@@ -451,11 +449,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
     }
 
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
-        let stats = || {
-            let (setup, extra) = (self.measure.as_ref(), self.extra_stats.as_ref());
-            measuring::stats_xattr(setup, extra, ino, name)
-        };
-        if let Some(v) = self.xattrs.get(caller, ino, name, stats)? {
+        if let Some(v) = self.xattrs.get(caller, ino, name, || self.hook.stats())? {
             return Ok(v);
         }
         let (o, inode) = self.inode(ino)?;

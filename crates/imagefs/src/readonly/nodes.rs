@@ -75,7 +75,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             return;
         }
         self.names.learn(child, parent, name);
-        if self.measure.is_some() {
+        if self.hook.setup.is_some() {
             self.forget_primed(child);
         }
     }

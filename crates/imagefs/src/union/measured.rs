@@ -30,7 +30,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// change (a chmod, chown or utimes keeps it). A file made through the mount and not
     /// yet read or hashed has none to look for (`fresh`).
     pub(super) fn kept_digest(&self, id: u64) -> Option<Kept<'_>> {
-        let s = self.measure.as_ref()?;
+        let s = self.hook.setup.as_ref()?;
         let (_, key, cookie, _) = self
             .with_node(id, |n| match n.io.fresh.load(Ordering::Acquire) {
                 true => Ok(None),
@@ -117,7 +117,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         fh: u64,
         made: Option<&rustix::fs::Stat>,
     ) -> Result<Option<Handle>, Errno> {
-        let Some(s) = &self.measure else {
+        let Some(s) = &self.hook.setup else {
             return Ok(None);
         };
         let guard = self.nodes.guard();
@@ -225,7 +225,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// closed; a writer's close marks its file changed, and the last writer's close may
     /// hash the file (`Measuring::closed`).
     pub(super) fn measure_release(&self, fh: u64, handle: Option<BorrowedFd<'_>>) {
-        let Some(s) = &self.measure else {
+        let Some(s) = &self.hook.setup else {
             return;
         };
         let Some((id, h)) = self.measured_fhs.pin().remove(&fh).copied() else {
@@ -295,7 +295,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// With a policy: node `id`'s content changed without an open (a truncation by path).
     pub(super) fn measure_changed(&self, id: u64) {
-        let Some(s) = &self.measure else {
+        let Some(s) = &self.hook.setup else {
             return;
         };
         if let Ok(Some((_, key, _, _))) = self.with_node(id, |n| self.measured_as(s, n, None)) {

@@ -34,7 +34,7 @@ mod resolve;
 mod setattr;
 
 use crate::attr::{Attr, Kind};
-use crate::measuring::Setup;
+use crate::measuring::{Hook, Setup};
 use crate::ops::{
     AddEntry, Caller, Created, Errno, Granted, NotifierSlot, Opened, Ops, Register, RenameFlags,
     SetAttr, Statfs, Wants,
@@ -87,11 +87,9 @@ pub struct UnionFs<S: ByteSource> {
     hardlinks: Vec<OnceLock<LinkPaths>>,
     /// Set once the session exists: how the kernel is told of changes it cannot see.
     notifier: NotifierSlot,
-    /// With a policy: opens are measured (see `measuring`), and the handles that can write
-    /// are known, so a writer's close marks its file changed.
-    measure: Option<Setup>,
-    /// More for `verilay stats` (a remote image's fetching).
-    extra_stats: Option<crate::measuring::ExtraStats>,
+    /// Measuring: with a policy, opens are measured, and the handles that can write are
+    /// known, so a writer's close marks its file changed.
+    hook: Hook,
     /// With a policy: the handles that can write (with their node, its content key, and
     /// whether the file is worth hashing after its close, see `Measuring::open`) and the
     /// read-only ones the policy measured (with their node).
@@ -162,8 +160,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             notifier: Arc::new(OnceLock::new()),
             hardlinks,
             passthrough: false,
-            measure: None,
-            extra_stats: None,
+            hook: Hook::default(),
             measured_fhs: papaya::HashMap::new(),
             xattrs: Rules::writable(upper.ns),
             upper,
@@ -190,12 +187,12 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// Measures opens from now on (before mounting).
     pub fn set_measuring(&mut self, setup: Setup) {
-        self.measure = Some(setup);
+        self.hook.setup = Some(setup);
     }
 
     /// Adds members to what `verilay stats` prints.
     pub fn set_extra_stats(&mut self, extra: crate::measuring::ExtraStats) {
-        self.extra_stats = Some(extra);
+        self.hook.extra = Some(extra);
     }
 
     fn real_path(fd: BorrowedFd<'_>) -> CString {
@@ -427,11 +424,7 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
-        let stats = || {
-            let (setup, extra) = (self.measure.as_ref(), self.extra_stats.as_ref());
-            crate::measuring::stats_xattr(setup, extra, ino, name)
-        };
-        if let Some(v) = self.xattrs.get(caller, ino, name, stats)? {
+        if let Some(v) = self.xattrs.get(caller, ino, name, || self.hook.stats())? {
             return Ok(v);
         }
         let value = self.with_node(ino, |n| {
