@@ -4,8 +4,9 @@
 //! This is the only file that knows `fuser`.
 
 use crate::attr::{Attr, Kind};
-use crate::mount::{deadline_after, Access};
-use crate::ops::{Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough, SetAttr, SetTime};
+use crate::ops::{
+    Access, Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough, SetAttr, SetTime,
+};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -87,7 +88,8 @@ impl Running {
     /// starts the threads one by one, and its session thread ends with the error if any of
     /// that fails (with the workers started so far left serving, which unmounting stops).
     pub fn wait_for_workers(self, n: usize, timeout: Duration) -> Result<Running, String> {
-        let deadline = deadline_after(timeout);
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout).unwrap_or(start);
         loop {
             if self.0.guard.is_finished() {
                 return Err(match self.0.join() {

@@ -25,9 +25,6 @@ mod xattrs;
 
 pub use attr::{Attr, Kind};
 pub use fuse::Fuse;
-pub use ops::Ops;
+pub use ops::{Logger, Ops};
 pub use readonly::ImageFs;
 pub use union::UnionFs;
-
-/// Where integrity failures and other serving errors are reported (one line each).
-pub type Logger = Box<dyn Fn(&str) + Send + Sync>;

@@ -14,6 +14,21 @@ use std::time::{Duration, SystemTime};
 pub use rustix::fs::RenameFlags;
 pub use rustix::io::Errno;
 
+/// Where integrity failures and other serving errors are reported (one line each).
+pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Who may use a mount (the kernel lets others in only with `allow_other`; the session
+/// checks the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The mounting user alone (root, for a root mount).
+    Owner,
+    /// Root and the mounting user (`allow_root`; for a root mount, the same).
+    RootAndOwner,
+    /// Every user (`allow_other`).
+    All,
+}
+
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {

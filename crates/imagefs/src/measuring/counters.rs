@@ -26,7 +26,7 @@ pub struct Counters {
     /// Violations recorded while mounted (open_writers, ToMToU), also counted as drained.
     pub violations: Counter,
     /// Read-only mounts: image files whose bytes an open handed to the kernel's page cache
-    /// (see `ImageFs::prime`), and those bytes.
+    /// (see `readonly/measured.rs`), and those bytes.
     pub primed: Counter,
     pub bytes_primed: Counter,
 }

@@ -1,7 +1,7 @@
 //! The digest cache: a file is hashed once per content version, and an upper file's last
 //! writer may hash it at close so the measured open that follows finds it ready.
 
-use super::engine::writing;
+use super::engine::{writing, Cached};
 use super::watch::Watched;
 use super::{Content, ContentKey, Cookie, Measuring, Opening};
 use std::io::{self, Read as _};
@@ -14,16 +14,6 @@ pub const HASH_AT_CLOSE: std::ops::RangeInclusive<u64> = (8 << 10)..=(256 << 10)
 
 /// How long a measured open waits for a hash begun at close before it hashes itself.
 const HASH_AT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-#[derive(Clone)]
-pub(super) struct Cached {
-    cookie: Option<Cookie>,
-    verity: bool,
-    /// `None` while a hash begun at close is under way.
-    digest: Option<Vec<u8>>,
-    /// Which hash at close this entry waits for, so a later one (or a change) wins.
-    token: u64,
-}
 
 impl Measuring {
     /// The file's digest for this measurement: reused while the content cannot have

@@ -1,7 +1,6 @@
 //! The measuring engine: the policy decides each open, and a measured one's digest goes
 //! to the list (through the inbox); IMA's violations are recorded as the kernel records them.
 
-use super::digests::Cached;
 use super::inbox::{Raw, Shared};
 use super::opens::ReaderCount;
 use super::task::task_ids_of;
@@ -53,6 +52,16 @@ pub struct Measured {
     pub reader: bool,
     /// The violation it recorded (IMA's cause: `ToMToU` or `open_writers`), if any.
     pub violation: Option<&'static str>,
+}
+
+#[derive(Clone)]
+pub(super) struct Cached {
+    pub cookie: Option<Cookie>,
+    pub verity: bool,
+    /// `None` while a hash begun at close is under way.
+    pub digest: Option<Vec<u8>>,
+    /// Which hash at close this entry waits for, so a later one (or a change) wins.
+    pub token: u64,
 }
 
 pub struct Measuring {

@@ -33,7 +33,7 @@ pub use engine::{access_mask, writes, Measured, Measuring, Opening};
 pub use identity::{host_identity, image_identity, EROFS_MAGIC};
 pub use opens::Opens;
 
-use crate::ops::Errno;
+use crate::ops::{Errno, Logger};
 use measure::policy::FsIdentity;
 use std::io;
 
@@ -80,7 +80,7 @@ impl Setup {
         &self,
         o: &Opening<'_>,
         content: &dyn Content,
-        log: &crate::Logger,
+        log: &Logger,
         name: &str,
     ) -> Result<Measured, Errno> {
         let r = self.measuring.open(o, content);
@@ -98,7 +98,7 @@ impl Setup {
         &self,
         opens: &Opens,
         path: impl Fn() -> Vec<u8>,
-        log: &crate::Logger,
+        log: &Logger,
         name: &str,
     ) -> Result<(), Errno> {
         let r = self.measuring.write_opened(opens, &path);
@@ -108,7 +108,7 @@ impl Setup {
     fn report(
         r: Result<Option<&'static str>, &io::Error>,
         path: impl FnOnce() -> Vec<u8>,
-        log: &crate::Logger,
+        log: &Logger,
         name: &str,
     ) -> Result<(), Errno> {
         match r {

@@ -14,6 +14,7 @@ pub use kernel::{
 };
 
 use crate::fuse;
+pub use crate::ops::Access;
 use crate::ops::Ops;
 use anyhow::Context;
 pub use mountopts::Atime;
@@ -27,17 +28,6 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub fn deadline_after(timeout: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(timeout.min(MAX_TIMEOUT)).unwrap_or(now)
-}
-
-/// Who may use the mount.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// The mounting user alone (root, for a root mount).
-    Owner,
-    /// Root and the mounting user (`allow_root`; for a root mount, the same).
-    RootAndOwner,
-    /// Every user (`allow_other`).
-    All,
 }
 
 /// The generic mount options the kernel honours (each false: not asked for).
@@ -96,7 +86,7 @@ impl Plan {
         report.step(&format!("start {} workers", self.threads));
         let running = session.spawn().context("starting the workers")?;
         let running = running
-            .wait_for_workers(self.threads, self.timeout)
+            .wait_for_workers(self.threads, self.timeout.min(MAX_TIMEOUT))
             .map_err(|e| anyhow::anyhow!("starting {} workers: {e}", self.threads))?;
         kernel::raise_readahead(mp);
         if let Some(mounted) = mounted {

@@ -40,13 +40,12 @@ use crate::backing::{Backing, Failed};
 use crate::ino::{fits, ino_obj, obj_ino};
 use crate::measuring::{self, Hook};
 use crate::ops::{
-    AddEntry, AddEntryPlus, Caller, DirEntry, Errno, Granted, NotifierSlot, Opened, Ops, Register,
-    Statfs, Wants,
+    AddEntry, AddEntryPlus, Caller, DirEntry, Errno, Granted, Logger, NotifierSlot, Opened, Ops,
+    Register, Statfs, Wants,
 };
 use crate::paths::logged_subject;
 use crate::stack::{self, Obj, Resolved, Stack};
 use crate::xattrs::{name_list, Rules};
-use crate::Logger;
 use erofs::read::{ByteSource, Image, Inode};
 use nodes::{DirNode, Names};
 use std::sync::atomic::AtomicU64;

@@ -36,13 +36,12 @@ mod setattr;
 use crate::attr::{Attr, Kind};
 use crate::measuring::{Hook, Setup};
 use crate::ops::{
-    AddEntry, Caller, Created, Errno, Granted, NotifierSlot, Opened, Ops, Register, RenameFlags,
-    SetAttr, Statfs, Wants,
+    AddEntry, Caller, Created, Errno, Granted, Logger, NotifierSlot, Opened, Ops, Register,
+    RenameFlags, SetAttr, Statfs, Wants,
 };
 use crate::reaper::Reaper;
 use crate::stack::{Obj, Stack};
 use crate::xattrs::{name_list, Rules};
-use crate::Logger;
 use copyup::LinkPaths;
 use erofs::read::ByteSource;
 use measured::Handle;
