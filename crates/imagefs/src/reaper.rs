@@ -10,10 +10,9 @@
 //! closed), and the node goes with its descriptor. A dropped name is looked up again
 //! when next used and gets the same inode number (`upper_ids`).
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
+use crate::ops::{NotifierSlot, Notify};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// After a pass, the kernel's FORGETs take a moment to arrive; no new pass starts before.
@@ -96,7 +95,7 @@ impl Reaper {
     /// Starts a pass on its own thread unless one is under way: `held` lists the names
     /// whose nodes hold a descriptor, and all but the `keep` most recently looked up
     /// are dropped.
-    pub fn start<F>(self: &Arc<Self>, notifier: &Arc<OnceLock<fuser::Notifier>>, held: F)
+    pub fn start<F>(self: &Arc<Self>, notifier: &NotifierSlot, held: F)
     where
         F: FnOnce() -> Vec<Held> + Send + 'static,
     {
@@ -109,7 +108,7 @@ impl Reaper {
             .name("verilay-reaper".into())
             .spawn(move || {
                 if let Some(n) = notifier.get() {
-                    me.pass(n, held());
+                    me.pass(&**n, held());
                 }
                 std::thread::sleep(SETTLE);
                 me.running.store(false, Ordering::Release);
@@ -119,7 +118,7 @@ impl Reaper {
         }
     }
 
-    fn pass(&self, notifier: &fuser::Notifier, mut held: Vec<Held>) {
+    fn pass(&self, notifier: &dyn Notify, mut held: Vec<Held>) {
         let excess = held.len().saturating_sub(self.keep);
         if excess == 0 {
             return;
@@ -127,7 +126,7 @@ impl Reaper {
         held.select_nth_unstable_by_key(excess - 1, |h| h.seen);
         for h in &held[..excess] {
             // A name renamed or removed since is not found: nothing to drop.
-            let _ = notifier.inval_entry(fuser::INodeNo(h.parent), OsStr::from_bytes(&h.name));
+            let _ = notifier.inval_entry(h.parent, &h.name);
         }
     }
 }

@@ -15,17 +15,9 @@
 //!
 //! Pure functions over the images: no state, so any thread may call them.
 
-use erofs::format::{S_IFCHR, S_IFMT};
 use erofs::read::{ByteSource, Error, Image, Inode, Result};
 use std::fmt;
-
-/// The most layers a stack takes (overlayfs's limit too).
-pub const MAX_LAYERS: usize = 500;
-
-pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
-pub const WHITEOUT_XATTR: &[u8] = b"trusted.overlay.whiteout";
-/// overlayfs keeps its private xattrs to itself: hidden from the merged view.
-pub const PRIVATE_XATTR_PREFIX: &[u8] = b"trusted.overlay.";
+use upper::overlay::{self, Opacity, OPAQUE_XATTR, WHITEOUT_XATTR};
 
 /// One object in one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,14 +49,6 @@ impl Resolved {
     pub fn is_merged(&self) -> bool {
         self.chain.len() > 1
     }
-}
-
-/// How a directory's `trusted.overlay.opaque` reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Opacity {
-    None,
-    Opaque,
-    XWhiteouts,
 }
 
 pub struct Stack<S: ByteSource> {
@@ -193,13 +177,8 @@ impl<S: ByteSource> Stack<S> {
     }
 
     fn opacity(&self, layer: u16, dir: &Inode) -> Result<Opacity> {
-        Ok(
-            match self.image(layer).getxattr(dir, OPAQUE_XATTR)?.as_deref() {
-                Some(b"y") => Opacity::Opaque,
-                Some(b"x") => Opacity::XWhiteouts,
-                _ => Opacity::None,
-            },
-        )
+        let value = self.image(layer).getxattr(dir, OPAQUE_XATTR)?;
+        Ok(Opacity::of(value.as_deref()))
     }
 
     /// `dir` as a merge participant (reads its opacity).
@@ -212,8 +191,8 @@ impl<S: ByteSource> Stack<S> {
 
     /// Whether `inode`, an entry of a directory in `layer`, is a whiteout.
     pub fn is_whiteout(&self, layer: u16, parent_xwhiteouts: bool, inode: &Inode) -> Result<bool> {
-        if inode.mode & S_IFMT == S_IFCHR {
-            return Ok(inode.rdev == (0, 0));
+        if inode.mode & erofs::format::S_IFMT == erofs::format::S_IFCHR {
+            return Ok(overlay::is_whiteout(inode.mode.into(), inode.rdev));
         }
         Ok(parent_xwhiteouts
             && inode.is_reg()

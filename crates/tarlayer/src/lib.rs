@@ -37,9 +37,7 @@ use std::sync::Arc;
 use stream::{Stream, BLOCK};
 use tree::Layer;
 
-pub const WHITEOUT_PREFIX: &[u8] = b".wh.";
-pub const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
-pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+use upper::overlay::{TAR_OPAQUE_MARKER, TAR_WHITEOUT_PREFIX};
 
 /// Largest PAX extended header read ('x' or 'g'): 1 MiB, the cap of Go's archive/tar,
 /// so any layer Docker, containerd or BuildKit can read, this reads too. What one entry
@@ -449,13 +447,13 @@ enum Marker {
 
 impl Marker {
     fn of(name: &[u8]) -> Result<Option<Marker>, String> {
-        if name == OPAQUE_MARKER {
+        if name == TAR_OPAQUE_MARKER {
             return Ok(Some(Marker::Opaque));
         }
-        let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) else {
+        let Some(hidden) = name.strip_prefix(TAR_WHITEOUT_PREFIX) else {
             return Ok(None);
         };
-        if hidden.starts_with(WHITEOUT_PREFIX) {
+        if hidden.starts_with(TAR_WHITEOUT_PREFIX) {
             return Err("AUFS metadata (.wh..wh.*), which no OCI layer holds".into());
         }
         if matches!(hidden, b"" | b"." | b"..") {

@@ -2,9 +2,10 @@
 //! applying the layer onto an empty directory would place them, and whiteouts kept as
 //! overlayfs reads them in a lower layer.
 
-use crate::{Stats, OPAQUE_XATTR};
+use crate::Stats;
 use erofs::build::{Kind, Node, NodeId, Tree};
 use std::collections::{BTreeMap, HashMap};
+use upper::overlay::{OPAQUE, OPAQUE_XATTR, WHITEOUT_DEVICE};
 
 /// One node while the layer is read: directories keep their children by name.
 struct Item {
@@ -32,7 +33,7 @@ fn dir_node() -> Node {
 
 /// What overlayfs takes for a whiteout in a lower layer: a 0/0 character device.
 fn is_whiteout(n: &Node) -> bool {
-    matches!(n.kind, Kind::CharDevice { major: 0, minor: 0 })
+    matches!(n.kind, Kind::CharDevice { major, minor } if (major, minor) == WHITEOUT_DEVICE)
 }
 
 fn kind_name(n: &Node) -> &'static str {
@@ -138,7 +139,8 @@ impl Layer {
         if self.items[parent].children.contains_key(&name) {
             return;
         }
-        node.kind = Kind::CharDevice { major: 0, minor: 0 };
+        let (major, minor) = WHITEOUT_DEVICE;
+        node.kind = Kind::CharDevice { major, minor };
         node.perm = 0;
         node.xattrs.clear();
         let id = self.push(node, false);
@@ -226,7 +228,7 @@ impl Layer {
                         if item.opaque {
                             let x = &mut item.node.xattrs;
                             x.retain(|(n, _)| n != OPAQUE_XATTR);
-                            x.push((OPAQUE_XATTR.to_vec(), b"y".to_vec()));
+                            x.push((OPAQUE_XATTR.to_vec(), OPAQUE.to_vec()));
                             x.sort();
                         }
                         let cid = tree.add(item.node);

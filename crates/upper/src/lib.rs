@@ -7,15 +7,13 @@
 //! renamed into place only once complete: a crash leaves at most a stray entry in the
 //! work directory (emptied at the next mount), never a half-made file in the upper one.
 //!
-//! Markers, in overlayfs's own format:
+//! Markers, in overlayfs's own format ([`overlay`]), in the mount's namespace
+//! ([`overlay::Namespace`]):
 //! - a whiteout is a character device 0/0 (Linux lets unprivileged users make these);
-//! - an opaque directory has `trusted.overlay.opaque` = `y` as root, or
-//!   `user.overlay.opaque` when mounted by an ordinary user (overlayfs's `userxattr`);
-//!   like overlayfs, a mount reads markers in its own namespace only (a root mount must
-//!   not take orders from `user.*` xattrs that any file owner can set);
-//! - a directory moved away from its image contents names where they are in
-//!   `trusted.overlay.redirect` (overlayfs's `redirect_dir`): a name in its parent's image
-//!   directories, or a path from the root when it starts with `/`.
+//! - an opaque directory has `opaque` = `y`;
+//! - a directory moved away from its image contents names where they are in `redirect`
+//!   (overlayfs's `redirect_dir`): a name in its parent's image directories, or a path
+//!   from the root when it starts with `/`.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
@@ -25,21 +23,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod claim;
+pub mod overlay;
 pub use claim::{flock_holder, unescape, Claim};
+pub use overlay::{Namespace, Opacity};
 
 /// Our directory inside the work directory (overlayfs uses `work/work`).
 const WORK_SUBDIR: &str = "verilay";
 
 pub type Stat = rfs::Stat;
-
-/// How a directory's opaque marker reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Opacity {
-    None,
-    Opaque,
-    /// `x`: may hold xattr whiteouts, not opaque.
-    XWhiteouts,
-}
 
 /// Metadata of an object being copied up or created.
 #[derive(Clone, Debug)]
@@ -86,12 +77,8 @@ impl Contents<'_> {
 pub struct Upper {
     root: OwnedFd,
     work: OwnedFd,
-    /// `trusted.overlay.` as root, `user.overlay.` otherwise.
-    pub prefix: &'static str,
-    /// The opaque and redirect markers' names in that namespace (looked up on every
-    /// directory lookup: made once, not per call).
-    pub opaque_xattr: &'static str,
-    redirect_xattr: &'static str,
+    /// Where the mount's markers are: `trusted.overlay.` as root, `user.overlay.` otherwise.
+    pub ns: Namespace,
     seq: AtomicU64,
 }
 
@@ -121,7 +108,7 @@ pub(crate) fn open_subdir(dir: impl AsFd, name: impl rustix::path::Arg) -> io::R
 }
 
 pub fn is_whiteout(st: &Stat) -> bool {
-    FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice && st.st_rdev == 0
+    overlay::is_whiteout(st.st_mode, (rfs::major(st.st_rdev), rfs::minor(st.st_rdev)))
 }
 
 impl Upper {
@@ -131,25 +118,10 @@ impl Upper {
         let root = claim.upper.try_clone()?;
         let work = open_work_subdir(claim)?;
         remove_contents(work.as_fd())?;
-        let (prefix, opaque_xattr, redirect_xattr) = if rustix::process::geteuid().is_root() {
-            (
-                "trusted.overlay.",
-                "trusted.overlay.opaque",
-                "trusted.overlay.redirect",
-            )
-        } else {
-            (
-                "user.overlay.",
-                "user.overlay.opaque",
-                "user.overlay.redirect",
-            )
-        };
         Ok(Upper {
             root,
             work,
-            prefix,
-            opaque_xattr,
-            redirect_xattr,
+            ns: Namespace::of_this_process(),
             seq: AtomicU64::new(0),
         })
     }
@@ -188,20 +160,14 @@ impl Upper {
     /// The directory's marker.
     pub fn opacity(&self, dir: BorrowedFd<'_>) -> Opacity {
         let mut buf = [0u8; 8];
-        match rfs::fgetxattr(dir, self.opaque_xattr, &mut buf) {
-            Ok(n) => match &buf[..n] {
-                b"y" => Opacity::Opaque,
-                b"x" => Opacity::XWhiteouts,
-                _ => Opacity::None,
-            },
-            Err(_) => Opacity::None,
-        }
+        let n = rfs::fgetxattr(dir, self.ns.opaque(), &mut buf).ok();
+        Opacity::of(n.map(|n| &buf[..n]))
     }
 
     /// The directory's redirect (see the module comment).
     pub fn redirect(&self, dir: BorrowedFd<'_>) -> Option<Vec<u8>> {
         let mut buf = [0u8; 4096];
-        let n = rfs::fgetxattr(dir, self.redirect_xattr, &mut buf).ok()?;
+        let n = rfs::fgetxattr(dir, self.ns.redirect(), &mut buf).ok()?;
         Some(buf[..n].to_vec())
     }
 
@@ -209,7 +175,7 @@ impl Upper {
     pub fn set_redirect(&self, dir: BorrowedFd<'_>, to: &[u8]) -> io::Result<()> {
         Ok(rfs::fsetxattr(
             dir,
-            self.redirect_xattr,
+            self.ns.redirect(),
             to,
             rfs::XattrFlags::empty(),
         )?)
@@ -373,7 +339,7 @@ impl Upper {
             uid: rustix::process::geteuid().as_raw(),
             gid: rustix::process::getegid().as_raw(),
             mtime: now(),
-            rdev: (0, 0),
+            rdev: overlay::WHITEOUT_DEVICE,
             xattrs: Vec::new(),
         };
         self.replace(dir, name, &meta, Contents::Special)
@@ -384,8 +350,8 @@ impl Upper {
     pub fn set_opaque(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
         Ok(rfs::fsetxattr(
             dir,
-            self.opaque_xattr,
-            b"y",
+            self.ns.opaque(),
+            overlay::OPAQUE,
             rfs::XattrFlags::empty(),
         )?)
     }

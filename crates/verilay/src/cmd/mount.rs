@@ -5,31 +5,28 @@
 //! The command line (flags and `-o` options) becomes one [`MountOptions`] value first
 //! (`settings`); everything after works from that value. Without `--foreground`, `mount`
 //! checks the images (and their pinned digests) itself, then starts the daemon (this
-//! binary again, given the options rendered back as one `-o`) and follows its setup on a
-//! pipe, step by step (`daemon.rs`), until the mount answers requests or the daemon says
-//! why it could not mount. It waits at most `--timeout` for each step; a daemon that
-//! dies or stalls is killed and whatever it mounted is detached. As root the daemon
-//! mounts with mount(2), otherwise through `fusermount3` (`kernel.rs`); invoked as
+//! binary again, given the options rendered back as one `-o`) and follows its setup
+//! (`imagefs::mount::start_daemon`) until the mount answers requests or the daemon says
+//! why it could not mount. The daemon (`daemon.rs`) opens what the mount serves and
+//! fills in an `imagefs::mount::Plan`, which mounts and serves it; invoked as
 //! `mount.fuse.verilay`, this binary takes mount(8)'s arguments (`helper.rs`).
 
 mod daemon;
 mod helper;
-mod kernel;
 
 pub use helper::mount_helper;
 
 use super::image::{open_with, Pin, ReadOpts};
 use super::measuring::{HashName, MeasureArgs};
 use anyhow::{bail, Context};
-use imagefs::stack::MAX_LAYERS;
+use imagefs::mount::{self as plan, operand, MAX_TIMEOUT};
 use mountopts::{check_threads, MountOptions};
 use std::ffi::OsString;
-use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+use upper::overlay::MAX_LAYERS;
 
 #[derive(clap::Args, Clone, Default)]
 pub struct Args {
@@ -116,9 +113,6 @@ pub struct Args {
 /// The cache directory's size limit unless `--cache-size` says otherwise.
 const DEFAULT_CACHE_SIZE: u64 = 10 << 30;
 
-/// The longest wait any `--timeout` asks for (a longer one counts as this).
-const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-
 /// A positive number of seconds, capped at [`MAX_TIMEOUT`].
 fn parse_timeout(s: &str) -> Result<Duration, String> {
     match s.parse::<f64>() {
@@ -128,12 +122,6 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
             .min(MAX_TIMEOUT)),
         _ => Err(format!("{s}: not a positive number of seconds")),
     }
-}
-
-/// `timeout` from now (never overflowing).
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout.min(MAX_TIMEOUT)).unwrap_or(now)
 }
 
 #[derive(clap::Args)]
@@ -163,6 +151,39 @@ impl Settings {
     /// Writable: an upper directory and no `ro`.
     fn writable(&self) -> bool {
         self.opts.upper.is_some() && self.opts.read_only != Some(true)
+    }
+
+    /// The mount as `imagefs::mount` carries it out (`source`: what mount tables show).
+    fn plan(&self, source: String, timeout: Duration) -> plan::Plan {
+        let o = &self.opts;
+        let on = |v: Option<bool>| v == Some(true);
+        let access = if o.allow_other {
+            plan::Access::All
+        } else if o.allow_root {
+            plan::Access::RootAndOwner
+        } else {
+            plan::Access::Owner
+        };
+        plan::Plan {
+            source,
+            mountpoint: self.mountpoint.clone(),
+            writable: self.writable(),
+            flags: plan::Flags {
+                nosuid: on(o.nosuid),
+                nodev: on(o.nodev),
+                noexec: on(o.noexec),
+                sync: on(o.sync),
+                dirsync: on(o.dirsync),
+                atime: o.atime,
+                nodiratime: on(o.nodiratime),
+                lazytime: on(o.lazytime),
+                nosymfollow: on(o.nosymfollow),
+            },
+            access,
+            threads: self.threads(),
+            as_root: self.root,
+            timeout,
+        }
     }
 
     fn threads(&self) -> usize {
@@ -322,7 +343,7 @@ fn check(o: &MountOptions, root: bool) -> anyhow::Result<()> {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let s = settings(&a)?;
     if let Some(fd) = a.ready_fd {
-        return daemon::serve(s, daemon::Report::Pipe(fd), a.timeout);
+        return daemon::serve(s, plan::Report::Pipe(fd), a.timeout);
     }
     let trust = preflight(&s, a.timeout)?;
     if a.fake {
@@ -333,7 +354,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         announce(&s, &trust);
     }
     if a.foreground {
-        return daemon::serve(s, daemon::Report::Stderr, a.timeout);
+        return daemon::serve(s, plan::Report::Stderr, a.timeout);
     }
     spawn_daemon(&s, &a.digests, a.timeout)?;
     if !a.quiet {
@@ -366,7 +387,7 @@ fn preflight(s: &Settings, timeout: Duration) -> anyhow::Result<Vec<String>> {
     if !meta.is_dir() {
         bail!("mountpoint {mp}: not a directory");
     }
-    if kernel::is_mount_point(&s.mountpoint)? {
+    if plan::is_mount_point(&s.mountpoint)? {
         bail!("mountpoint {mp}: something is already mounted there");
     }
     if !Path::new("/dev/fuse").exists() {
@@ -377,7 +398,7 @@ fn preflight(s: &Settings, timeout: Duration) -> anyhow::Result<Vec<String>> {
     }
     s.measure().check()?;
     // The daemon inherits the limit raised here.
-    kernel::raise_descriptor_limit();
+    plan::raise_descriptor_limit();
     check_descriptor_budget(s.threads())?;
     // Opening checks the verity section, the pinned digest and the superblock.
     s.images
@@ -421,112 +442,39 @@ fn check_descriptor_budget(threads: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts the daemon (this binary again) and follows its setup until the mount answers.
 fn spawn_daemon(s: &Settings, digests: &[String], timeout: Duration) -> anyhow::Result<()> {
-    let (read_end, write_end) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).context("pipe")?;
-    // The daemon inherits the write end only.
-    rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty()).context("pipe")?;
     let exe = std::env::current_exe().context("finding the verilay binary")?;
-    let mut cmd = Command::new(exe);
-    // Nothing the user named can read as a flag to the daemon (an image called
-    // `-oallow_other`): paths never start with `-`, values are attached to their flags.
-    // (The paths stay first: `verilay mount IMAGE... MNT --ready-fd N` is how tools find
-    // a mount's daemon.)
-    cmd.arg("mount")
-        .args(s.images.iter().map(|i| operand(i)))
-        .arg(operand(&s.mountpoint))
-        .arg("--ready-fd")
-        .arg(write_end.as_raw_fd().to_string())
-        .arg(format!("--timeout={}", timeout.as_secs_f64()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let rendered = s.opts.render();
-    if !rendered.is_empty() {
-        let mut o = OsString::from("-o");
-        o.push(rendered);
-        cmd.arg(o);
-    }
-    for d in digests {
-        cmd.arg(format!("--digest={d}"));
-    }
-    let mut child = cmd.spawn().context("starting the mount daemon")?;
-    drop(write_end);
-    let result = follow_daemon(&mut child, read_end, timeout);
-    if result.is_err() {
-        // Whatever went wrong, no daemon and no mount of ours stays behind.
-        let _ = child.kill();
-        let _ = child.wait();
-        kernel::detach_leftover(&s.mountpoint);
-    }
-    result
-}
-
-/// A path as a command-line operand: one starting with `-` gets `./` before it (the same
-/// file), so no parser takes it for a flag.
-pub fn operand(p: &Path) -> PathBuf {
-    if p.as_os_str().as_bytes().starts_with(b"-") {
-        Path::new(".").join(p)
-    } else {
-        p.to_path_buf()
-    }
-}
-
-/// Follows the daemon's setup on its pipe: each step it starts (`step …`) resets the
-/// clock; `ok` means the mount answers; `error …` or the pipe's end means it failed.
-fn follow_daemon(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result<()> {
-    use rustix::event::{poll, PollFd, PollFlags};
-    let mut pipe = std::fs::File::from(pipe);
-    let mut step = "start".to_string();
-    let mut deadline = deadline_after(timeout);
-    let mut pending = Vec::new();
-    loop {
-        while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
-            let line = String::from_utf8_lossy(&pending[..nl]).into_owned();
-            pending.drain(..=nl);
-            match daemon::Message::parse(&line) {
-                daemon::Message::Step(s) => {
-                    step = s;
-                    deadline = deadline_after(timeout);
-                }
-                daemon::Message::Ok => return Ok(()),
-                daemon::Message::Error(e) => bail!("{e}"),
-            }
+    plan::start_daemon(&s.mountpoint, timeout, |ready_fd| {
+        let mut cmd = Command::new(exe);
+        // Nothing the user named can read as a flag to the daemon (an image called
+        // `-oallow_other`): paths never start with `-`, values are attached to their
+        // flags. (The paths stay first: `verilay mount IMAGE... MNT --ready-fd N` is how
+        // tools find a mount's daemon.)
+        cmd.arg("mount")
+            .args(s.images.iter().map(|i| operand(i)))
+            .arg(operand(&s.mountpoint))
+            .arg("--ready-fd")
+            .arg(ready_fd.to_string())
+            .arg(format!("--timeout={}", timeout.as_secs_f64()));
+        let rendered = s.opts.render();
+        if !rendered.is_empty() {
+            let mut o = OsString::from("-o");
+            o.push(rendered);
+            cmd.arg(o);
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            bail!(
-                "the mount daemon (process {}) did not {step} within {:.3} s (--timeout): stopped it",
-                child.id(),
-                timeout.as_secs_f64()
-            );
+        for d in digests {
+            cmd.arg(format!("--digest={d}"));
         }
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-        let mut fds = [PollFd::new(&pipe, PollFlags::IN)];
-        match poll(&mut fds, ms) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => bail!("waiting for the mount daemon: {e}"),
-        }
-        if fds[0].revents().is_empty() {
-            continue;
-        }
-        let mut buf = [0u8; 4096];
-        let n = pipe
-            .read(&mut buf)
-            .context("reading from the mount daemon")?;
-        if n == 0 {
-            let status = child.wait().context("waiting for the mount daemon")?;
-            bail!("the mount daemon exited ({status}) while trying to {step}");
-        }
-        pending.extend_from_slice(&buf[..n]);
-    }
+        cmd
+    })
 }
 
 pub fn run_umount(a: UmountArgs) -> anyhow::Result<i32> {
-    kernel::unmount(&a.mountpoint, a.lazy)?;
+    plan::unmount(&a.mountpoint, a.lazy)?;
     if !a.lazy {
         // "The daemon exits": once this returns, its measurement list is closed.
-        kernel::wait_for_daemon(&a.mountpoint, a.timeout)?;
+        plan::wait_for_daemon(&a.mountpoint, a.timeout)?;
     }
     Ok(0)
 }

@@ -1,106 +1,78 @@
-//! The mount daemon: opens what the mount serves, mounts, starts the workers and serves
-//! until unmounted.
-//!
-//! Setup is a list of steps, each announced to the waiting `verilay mount` before it
-//! starts (`step …`, then `ok` or `error …`), so the parent can say which one stalled.
-//! From the moment the kernel mount exists until the mount answers, a failing step
-//! unmounts it again (`kernel::Mounted`): a failed mount leaves nothing behind.
+//! The mount daemon: opens what the mount serves (the images, the upper and work
+//! directories, the log file and the measurement list), builds the filesystem, and has
+//! the plan (`imagefs::mount::Plan`) mount and serve it until unmounted. Each setup step
+//! is announced to the waiting `verilay mount` before it starts.
 
-use super::kernel;
 use super::Settings;
-use crate::cmd::image::{open_with, ReadOpts};
-use crate::cmd::measuring::LayerId;
-use anyhow::{bail, Context};
+use crate::cmd::image::{open_with, Img, ReadOpts};
+use crate::cmd::measuring::{LayerId, MeasureArgs};
+use anyhow::Context;
+use imagefs::measuring::{ExtraStats, Measuring};
+use imagefs::mount::{self as plan, Reporter};
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Where the daemon reports its setup.
-pub enum Report {
-    /// The pipe `verilay mount` follows.
-    Pipe(i32),
-    /// `--foreground`: errors go to stderr as the command's own.
-    Stderr,
-}
-
-/// One line on the pipe.
-pub enum Message {
-    Step(String),
-    Ok,
-    Error(String),
-}
-
-impl Message {
-    pub fn parse(line: &str) -> Message {
-        match line {
-            "ok" => Message::Ok,
-            l => match l.split_once(' ') {
-                Some(("step", s)) => Message::Step(s.to_string()),
-                Some(("error", e)) => Message::Error(e.to_string()),
-                _ => Message::Error(format!("the mount daemon said {l:?}")),
-            },
-        }
-    }
-}
-
-/// The daemon's side of the pipe.
-struct Reporter(Option<std::fs::File>);
-
-impl Reporter {
-    fn step(&mut self, what: &str) {
-        if let Some(f) = &mut self.0 {
-            let _ = writeln!(f, "step {what}");
-        }
-    }
-}
-
-pub fn serve(s: Settings, report: Report, timeout: Duration) -> anyhow::Result<i32> {
-    let pipe = match report {
-        Report::Pipe(fd) => {
-            // SAFETY: the parent passed this descriptor (its pipe's write end) on the
-            // command line for us alone; nothing else in this process owns or closes it.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // Not for fusermount3 or anything else we start: the pipe's end must mean ours.
-            rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).context("ready pipe")?;
-            // Our own session: the caller's terminal closing must not hang us up.
-            let _ = rustix::process::setsid();
-            Some(std::fs::File::from(fd))
-        }
-        Report::Stderr => None,
-    };
+pub fn serve(s: Settings, report: plan::Report, timeout: Duration) -> anyhow::Result<i32> {
+    let mut reporter = Reporter::open(report)?;
     report_panics(&s);
-    let mut reporter = Reporter(pipe);
     match mount_and_serve(&s, &mut reporter, timeout) {
         Ok(()) => Ok(0),
-        Err(e) => match reporter.0 {
-            Some(mut f) => {
-                let _ = writeln!(f, "error {}", format!("{e:#}").replace('\n', " "));
-                Ok(1)
-            }
-            None => Err(e),
-        },
+        Err(e) => reporter.failed(e),
     }
+}
+
+/// What the images give the mount: the opened layers (top first), what each reports to
+/// the policy, and `verilay stats` members for the remote ones.
+struct Layers {
+    images: Vec<Img>,
+    ids: Vec<LayerId>,
+    extra: Option<ExtraStats>,
 }
 
 fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow::Result<()> {
     // Held until this process exits (never closed before: the kernel lets go of it as
     // the process ends, after the list is closed), which is what `verilay umount` waits for.
-    if let Some(fd) = kernel::hold_mountpoint(&s.mountpoint) {
+    if let Some(fd) = plan::hold_mountpoint(&s.mountpoint) {
         std::mem::forget(fd);
     }
     r.step("open the images");
+    let layers = open_layers(s, timeout)?;
+    let plan = s.plan(source(s), timeout);
+    // Before anything in them is touched (the log file may be made, the list is): the
+    // upper and work directories, checked, and locked for our life.
+    let claim = match (&s.opts.upper, &s.opts.work) {
+        (Some(u), Some(w)) => {
+            r.step("claim the upper and work directories");
+            Some(upper::Claim::take(u, w, &s.mountpoint, &outside_paths(s))?)
+        }
+        _ => None,
+    };
+    r.step("open the log file");
+    let log = logger(s, r.on_stderr())?;
+    let measure = s.measure();
+    match claim {
+        Some(claim) => serve_writable(s, &plan, layers, claim, log, &measure, r),
+        None => serve_read_only(s, &plan, layers, log, &measure, r),
+    }
+}
+
+/// Opens every image of the mount (remote ones prefetching with `--prefetch`).
+fn open_layers(s: &Settings, timeout: Duration) -> anyhow::Result<Layers> {
     let read_opts = ReadOpts {
         parallel_hashing: false,
         ..s.read_opts(timeout)
     };
-    let mut layers = Vec::new();
-    let mut ids = Vec::new();
+    let mut layers = Layers {
+        images: Vec::new(),
+        ids: Vec::new(),
+        extra: None,
+    };
     let mut remotes = Vec::new();
     for (image, pin) in s.images.iter().zip(&s.pins) {
         let opened = open_with(image, pin, false, &read_opts)?;
-        ids.push(LayerId {
+        layers.ids.push(LayerId {
             uuid: opened.img.superblock().uuid,
             digest: opened
                 .verified
@@ -121,12 +93,15 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
             };
             remotes.push((remote, progress));
         }
-        layers.push(opened.img);
+        layers.images.push(opened.img);
     }
-    let extra = remote_stats(remotes);
-    // The source shown in mount tables: the images, top first, as overlayfs lists layers.
-    let name = s
-        .images
+    layers.extra = remote_stats(remotes);
+    Ok(layers)
+}
+
+/// The source shown in mount tables: the images, top first, as overlayfs lists layers.
+fn source(s: &Settings) -> String {
+    s.images
         .iter()
         .map(|i| {
             std::fs::canonicalize(i)
@@ -135,65 +110,74 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
                 .to_string()
         })
         .collect::<Vec<_>>()
-        .join(":");
-    // Before anything in them is touched (the log file may be made, the list is): the
-    // upper and work directories, checked, and locked for our life.
-    let claim = match (&s.opts.upper, &s.opts.work) {
-        (Some(u), Some(w)) => {
-            r.step("claim the upper and work directories");
-            Some(upper::Claim::take(u, w, &s.mountpoint, &outside_paths(s))?)
-        }
-        _ => None,
-    };
-    r.step("open the log file");
-    let log = logger(s, r.0.is_none())?;
-    let measure = s.measure();
-    match (claim, &s.opts.upper, &s.opts.work) {
-        (Some(mut claim), Some(u), Some(w)) => {
-            r.step("empty the work directory");
-            let upper = upper::Upper::open(&claim).with_context(|| {
-                format!(
-                    "upper directory {} with work directory {}",
-                    u.display(),
-                    w.display()
-                )
-            })?;
-            r.step("open the measurement list");
-            let setup =
-                crate::cmd::measuring::setup(&measure, &ids, Some(upper.root()), &s.mountpoint)?;
-            r.step("read the root directories");
-            let mut fs = imagefs::union::UnionFs::new(layers, upper, name.clone(), log)
-                .context("reading the root directories")?;
-            if let Some(e) = &extra {
-                fs.set_extra_stats(e.clone());
-            }
-            let measuring = setup.as_ref().map(|s| s.measuring.clone());
-            if let Some(setup) = setup {
-                fs.set_measuring(setup);
-            }
-            let slot = fs.notifier_slot();
-            let served = session(s, fs, name, slot, r, Some(&mut claim), timeout);
-            // The directories are ours no longer once the kernel let go of the mount.
-            drop(claim);
-            finish_measuring(served, measuring)
-        }
-        _ => {
-            r.step("open the measurement list");
-            let setup = crate::cmd::measuring::setup(&measure, &ids, None, &s.mountpoint)?;
-            r.step("read the root directories");
-            let mut fs = imagefs::ImageFs::new(layers, name.clone(), log)
-                .context("reading the root directories")?;
-            if let Some(e) = &extra {
-                fs.set_extra_stats(e.clone());
-            }
-            let measuring = setup.as_ref().map(|s| s.measuring.clone());
-            if let Some(setup) = setup {
-                fs.set_measuring(setup);
-            }
-            let slot = fs.notifier_slot();
-            finish_measuring(session(s, fs, name, slot, r, None, timeout), measuring)
-        }
+        .join(":")
+}
+
+/// The images under the claimed upper and work directories.
+fn serve_writable(
+    s: &Settings,
+    plan: &plan::Plan,
+    layers: Layers,
+    mut claim: upper::Claim,
+    log: imagefs::Logger,
+    measure: &MeasureArgs,
+    r: &mut Reporter,
+) -> anyhow::Result<()> {
+    r.step("empty the work directory");
+    let dirs = (s.opts.upper.clone(), s.opts.work.clone());
+    let upper = upper::Upper::open(&claim).with_context(|| {
+        format!(
+            "upper directory {} with work directory {}",
+            dirs.0.unwrap_or_default().display(),
+            dirs.1.unwrap_or_default().display()
+        )
+    })?;
+    r.step("open the measurement list");
+    let setup =
+        crate::cmd::measuring::setup(measure, &layers.ids, Some(upper.root()), &s.mountpoint)?;
+    r.step("read the root directories");
+    let mut fs = imagefs::UnionFs::new(layers.images, upper, plan.source.clone(), log)
+        .context("reading the root directories")?;
+    if let Some(e) = layers.extra {
+        fs.set_extra_stats(e);
     }
+    let measuring = setup.as_ref().map(|s| s.measuring.clone());
+    if let Some(setup) = setup {
+        fs.set_measuring(setup);
+    }
+    let mut record = |mp: &Path, dev: u64| {
+        claim
+            .mounted(mp, dev)
+            .context("recording the mount in the work directory's lock")
+    };
+    let served = plan.serve(fs, r, Some(&mut record));
+    // The directories are ours no longer once the kernel let go of the mount.
+    drop(claim);
+    finish_measuring(served, measuring)
+}
+
+/// The images alone, read-only.
+fn serve_read_only(
+    s: &Settings,
+    plan: &plan::Plan,
+    layers: Layers,
+    log: imagefs::Logger,
+    measure: &MeasureArgs,
+    r: &mut Reporter,
+) -> anyhow::Result<()> {
+    r.step("open the measurement list");
+    let setup = crate::cmd::measuring::setup(measure, &layers.ids, None, &s.mountpoint)?;
+    r.step("read the root directories");
+    let mut fs = imagefs::ImageFs::new(layers.images, plan.source.clone(), log)
+        .context("reading the root directories")?;
+    if let Some(e) = layers.extra {
+        fs.set_extra_stats(e);
+    }
+    let measuring = setup.as_ref().map(|s| s.measuring.clone());
+    if let Some(setup) = setup {
+        fs.set_measuring(setup);
+    }
+    finish_measuring(plan.serve(fs, r, None), measuring)
 }
 
 /// A remote image of the mount, and its prefetch's progress if `--prefetch`.
@@ -204,7 +188,7 @@ type Remote = (
 
 /// `verilay stats` members for the remote images' fetching and caching (summed over the
 /// remote images), if any is remote.
-fn remote_stats(remotes: Vec<Remote>) -> Option<imagefs::measuring::ExtraStats> {
+fn remote_stats(remotes: Vec<Remote>) -> Option<ExtraStats> {
     use std::sync::atomic::Ordering::Relaxed;
     if remotes.is_empty() {
         return None;
@@ -325,131 +309,11 @@ fn report_panics(s: &Settings) {
 }
 
 /// After the session: the measurement list is made durable (a clean unmount loses none).
-fn finish_measuring<T>(
-    served: T,
-    measuring: Option<std::sync::Arc<imagefs::measuring::Measuring>>,
-) -> T {
+fn finish_measuring<T>(served: T, measuring: Option<Arc<Measuring>>) -> T {
     if let Some(m) = measuring {
         if let Err(e) = m.close() {
             eprintln!("verilay: error: making the measurement list durable: {e}");
         }
     }
     served
-}
-
-/// Mounts `fs` and serves it until unmounted; `fs` gets the session's notifier in
-/// `notify`; `claim` records the mount once it exists.
-fn session<F: fuser::Filesystem + Send + Sync + 'static>(
-    s: &Settings,
-    fs: F,
-    name: String,
-    notify: std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>,
-    r: &mut Reporter,
-    claim: Option<&mut upper::Claim>,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let acl = if s.opts.allow_other {
-        fuser::SessionACL::All
-    } else if s.opts.allow_root {
-        fuser::SessionACL::RootAndOwner
-    } else {
-        fuser::SessionACL::Owner
-    };
-    let threads = s.threads();
-    let mut cfg = fuser::Config::default();
-    cfg.acl = acl;
-    cfg.n_threads = Some(threads);
-    // Cloning the descriptor means opening /dev/fuse, which rootless may not be allowed
-    // to; then the workers share the one descriptor fusermount3 gave us.
-    cfg.clone_fd = s.root
-        || rustix::fs::access(
-            "/dev/fuse",
-            rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
-        )
-        .is_ok();
-    r.step("mount");
-    let (fd, mounted) = kernel::mount(s, &name)
-        .with_context(|| format!("mounting on {}", s.mountpoint.display()))?;
-    r.step("answer the kernel's first request");
-    let session =
-        fuser::Session::from_fd(fs, fd, acl, cfg.clone()).context("talking to the kernel")?;
-    let _ = notify.set(session.notifier());
-    r.step(&format!("start {threads} workers"));
-    let bg = session.spawn().context("starting the workers")?;
-    let bg = wait_for_workers(bg, threads, timeout)?;
-    kernel::raise_readahead(&s.mountpoint);
-    if let Some(claim) = claim {
-        use std::os::unix::fs::MetadataExt;
-        let dev = std::fs::metadata(&s.mountpoint)
-            .context("the new mount")?
-            .dev();
-        claim
-            .mounted(&s.mountpoint, dev)
-            .context("recording the mount in the work directory's lock")?;
-    }
-    r.step("install signal handlers");
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ])
-    .context("installing signal handlers")?;
-    let mountpoint = s.mountpoint.clone();
-    std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            // Detach: the session ends as soon as the kernel lets go of it.
-            let _ = kernel::unmount(&mountpoint, true);
-        }
-    });
-    // Serving: from here on the mount is the user's to unmount.
-    mounted.keep();
-    if let Some(mut f) = r.0.take() {
-        let _ = f.write_all(b"ok\n");
-    }
-    // Returns when the filesystem is unmounted (by us or anyone).
-    let _ = bg.join();
-    Ok(())
-}
-
-/// Waits until all `n` workers run: fuser clones every /dev/fuse descriptor, then starts
-/// the threads one by one, and its session thread ends with the error if any of that
-/// fails (with the workers started so far left serving, which unmounting stops).
-fn wait_for_workers(
-    bg: fuser::BackgroundSession,
-    n: usize,
-    timeout: Duration,
-) -> anyhow::Result<fuser::BackgroundSession> {
-    let deadline = super::deadline_after(timeout);
-    loop {
-        if bg.guard.is_finished() {
-            let e = match bg.join() {
-                Err(e) => format!("{e}"),
-                Ok(()) => "the session ended".into(),
-            };
-            bail!("starting {n} workers: {e}");
-        }
-        if running_workers() >= n {
-            return Ok(bg);
-        }
-        if Instant::now() >= deadline {
-            bail!("starting {n} workers: not all running after {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// The threads of this process named as fuser names its workers (`fuser-N`).
-fn running_workers() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| {
-                c.trim_end()
-                    .strip_prefix("fuser-")
-                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-            })
-        })
-        .count()
 }

@@ -1,10 +1,10 @@
 //! Making and removing the kernel mount: mount(2) as root, `fusermount3` otherwise, with
-//! the generic options of [`MountOptions`] turned into mount flags (root) or fusermount3's
-//! options (rootless); unmounting; and the mount table.
+//! the plan's [`Flags`] turned into mount flags (root) or fusermount3's options
+//! (rootless); unmounting; and the mount table.
 
-use super::Settings;
+use super::{Access, Flags, Plan};
 use anyhow::{bail, Context};
-use mountopts::{Atime, MountOptions};
+use mountopts::Atime;
 use rustix::mount::MountFlags;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
@@ -36,17 +36,17 @@ impl Drop for Mounted {
     }
 }
 
-/// Mounts `/dev/fuse` on the settings' mountpoint as "fuse.verilay", with the options.
-pub fn mount(s: &Settings, source: &str) -> anyhow::Result<(OwnedFd, Mounted)> {
-    let fd = if s.root {
-        mount_root(s, source)?
+/// Mounts `/dev/fuse` on the plan's mountpoint as "fuse.verilay", with its options.
+pub fn mount(p: &Plan) -> anyhow::Result<(OwnedFd, Mounted)> {
+    let fd = if p.as_root {
+        mount_root(p)?
     } else {
-        mount_fusermount(s, source)?
+        mount_fusermount(p)?
     };
     Ok((
         fd,
         Mounted {
-            mountpoint: s.mountpoint.clone(),
+            mountpoint: p.mountpoint.clone(),
             armed: true,
         },
     ))
@@ -54,7 +54,7 @@ pub fn mount(s: &Settings, source: &str) -> anyhow::Result<(OwnedFd, Mounted)> {
 
 /// The mount(2) flags of the generic options. Unsaid, a root mount is like the kernel's
 /// own mount of the image: set-id bits, devices and programs work.
-pub fn mount_flags(o: &MountOptions, writable: bool) -> MountFlags {
+fn mount_flags(o: &Flags, writable: bool) -> MountFlags {
     let mut f = MountFlags::empty();
     let mut set = |on: bool, flag: MountFlags| {
         if on {
@@ -62,17 +62,17 @@ pub fn mount_flags(o: &MountOptions, writable: bool) -> MountFlags {
         }
     };
     set(!writable, MountFlags::RDONLY);
-    set(o.nosuid == Some(true), MountFlags::NOSUID);
-    set(o.nodev == Some(true), MountFlags::NODEV);
-    set(o.noexec == Some(true), MountFlags::NOEXEC);
-    set(o.sync == Some(true), MountFlags::SYNCHRONOUS);
-    set(o.dirsync == Some(true), MountFlags::DIRSYNC);
+    set(o.nosuid, MountFlags::NOSUID);
+    set(o.nodev, MountFlags::NODEV);
+    set(o.noexec, MountFlags::NOEXEC);
+    set(o.sync, MountFlags::SYNCHRONOUS);
+    set(o.dirsync, MountFlags::DIRSYNC);
     set(o.atime == Some(Atime::Never), MountFlags::NOATIME);
     set(o.atime == Some(Atime::Relative), MountFlags::RELATIME);
     set(o.atime == Some(Atime::Strict), MountFlags::STRICTATIME);
-    set(o.nodiratime == Some(true), MountFlags::NODIRATIME);
-    set(o.lazytime == Some(true), MountFlags::LAZYTIME);
-    set(o.nosymfollow == Some(true), MountFlags::NOSYMFOLLOW);
+    set(o.nodiratime, MountFlags::NODIRATIME);
+    set(o.lazytime, MountFlags::LAZYTIME);
+    set(o.nosymfollow, MountFlags::NOSYMFOLLOW);
     f
 }
 
@@ -81,7 +81,7 @@ pub fn mount_flags(o: &MountOptions, writable: bool) -> MountFlags {
 /// uid 0 in; allow_root is that already (root and the owner, root), and is not turned
 /// into allow_other: FUSE's own check of the caller skips reads, and cached entries
 /// and attributes need no request at all.
-fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
+fn mount_root(p: &Plan) -> anyhow::Result<OwnedFd> {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -91,14 +91,14 @@ fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
         "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,max_read={MAX_READ}",
         dev.as_raw_fd(),
     );
-    if s.opts.allow_other {
+    if p.access == Access::All {
         data.push_str(",allow_other");
     }
     rustix::mount::mount(
-        source,
-        &s.mountpoint,
+        p.source.as_str(),
+        &p.mountpoint,
         "fuse.verilay",
-        mount_flags(&s.opts, s.writable()),
+        mount_flags(&p.flags, p.writable),
         data.as_str(),
     )?;
     Ok(OwnedFd::from(dev))
@@ -107,20 +107,20 @@ fn mount_root(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
 /// fusermount3's options for the generic ones. It makes every user's mount nosuid and
 /// nodev; `relatime` is the kernel's default and not said (fusermount3 before 3.14.1
 /// knows no other atime option than noatime, and says so).
-pub fn fusermount_options(o: &MountOptions, writable: bool, source: &str) -> String {
-    let mut v = vec![if writable { "rw" } else { "ro" }, "nosuid", "nodev"];
-    let said = |opt: Option<bool>| opt == Some(true);
+fn fusermount_options(p: &Plan) -> String {
+    let (o, source) = (&p.flags, &p.source);
+    let mut v = vec![if p.writable { "rw" } else { "ro" }, "nosuid", "nodev"];
     for (on, name) in [
-        (said(o.noexec), "noexec"),
-        (said(o.sync), "sync"),
-        (said(o.dirsync), "dirsync"),
+        (o.noexec, "noexec"),
+        (o.sync, "sync"),
+        (o.dirsync, "dirsync"),
         (o.atime == Some(Atime::Never), "noatime"),
         (o.atime == Some(Atime::Strict), "strictatime"),
-        (said(o.nodiratime), "nodiratime"),
-        (said(o.lazytime), "lazytime"),
-        (said(o.nosymfollow), "nosymfollow"),
-        // allow_root is refused rootless (`check`): it would be allow_other.
-        (o.allow_other, "allow_other"),
+        (o.nodiratime, "nodiratime"),
+        (o.lazytime, "lazytime"),
+        (o.nosymfollow, "nosymfollow"),
+        // allow_root is refused rootless (the CLI's checks): it would be allow_other.
+        (p.access == Access::All, "allow_other"),
         (true, "default_permissions"),
     ] {
         if on {
@@ -136,7 +136,7 @@ pub fn fusermount_options(o: &MountOptions, writable: bool, source: &str) -> Str
 
 /// Rootless: the setuid `fusermount3` opens /dev/fuse, mounts it, and hands the
 /// descriptor back over a socket (libfuse's `_FUSE_COMMFD` protocol).
-fn mount_fusermount(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
+fn mount_fusermount(p: &Plan) -> anyhow::Result<OwnedFd> {
     use rustix::net::{
         recvmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
         SocketFlags, SocketType,
@@ -151,9 +151,9 @@ fn mount_fusermount(s: &Settings, source: &str) -> anyhow::Result<OwnedFd> {
     rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).context("socketpair")?;
     let child = Command::new("fusermount3")
         .arg("-o")
-        .arg(fusermount_options(&s.opts, s.writable(), source))
+        .arg(fusermount_options(p))
         .arg("--")
-        .arg(super::operand(&s.mountpoint))
+        .arg(operand(&p.mountpoint))
         .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -219,7 +219,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     }
     let out = cmd
         .arg("--")
-        .arg(super::operand(mountpoint))
+        .arg(operand(mountpoint))
         .stdin(Stdio::null())
         .output()
         .context("running fusermount3 -u")?;
@@ -370,5 +370,16 @@ pub fn wait_for_daemon(mountpoint: &Path, timeout: Duration) -> anyhow::Result<(
             );
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A path as a command-line operand: one starting with `-` gets `./` before it (the same
+/// file), so no parser takes it for a flag.
+pub fn operand(p: &Path) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    if p.as_os_str().as_bytes().starts_with(b"-") {
+        Path::new(".").join(p)
+    } else {
+        p.to_path_buf()
     }
 }

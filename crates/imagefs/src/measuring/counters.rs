@@ -1,0 +1,60 @@
+//! What measuring cost, for `verilay stats`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters for `verilay stats`: what measuring cost. Each is sharded by worker thread
+/// (a cache line per shard), so opens on several threads never write one shared line.
+#[derive(Default)]
+pub struct Counters {
+    /// Opens and execs the policy was asked about.
+    pub checked: Counter,
+    /// Of those, how many it said to measure.
+    pub measured: Counter,
+    /// File contents hashed (a cache miss), and the bytes read for it.
+    pub hashed: Counter,
+    pub bytes_hashed: Counter,
+    /// Of `hashed`: upper files hashed when their last writer closed them.
+    pub hashed_at_close: Counter,
+    /// Measurements served by a digest computed earlier.
+    pub reused: Counter,
+    /// Measurements that took an image file's stored fs-verity digest.
+    pub verity_digests: Counter,
+    /// Entries appended to the list, and entries already in it (counted as the inbox is
+    /// drained, which `verilay stats` does first).
+    pub logged: Counter,
+    pub duplicates: Counter,
+    /// Violations recorded while mounted (open_writers, ToMToU), also counted as drained.
+    pub violations: Counter,
+    /// Read-only mounts: image files whose bytes an open handed to the kernel's page cache
+    /// (see `readonly/measured.rs`), and those bytes.
+    pub primed: Counter,
+    pub bytes_primed: Counter,
+}
+
+const SHARDS: usize = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Shard(AtomicU64);
+
+#[derive(Default)]
+pub struct Counter([Shard; SHARDS]);
+
+thread_local! {
+    /// This thread's shard, handed out round-robin on first use.
+    static SHARD: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) as usize % SHARDS
+    };
+}
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        let i = SHARD.with(|s| *s);
+        self.0[i].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}

@@ -1,0 +1,176 @@
+//! Measurement of file opens (IMA in userspace): one hook ([`Hook`]) that both
+//! filesystems hold and call, on open ([`Setup::measure`]) and for `verilay stats`, with
+//! the engine behind it (`engine.rs`, the digest cache `digests.rs`, the list's inbox
+//! `inbox.rs`, IMA's violation counts `opens.rs`).
+//!
+//! On every OPEN (and exec, which FUSE tells apart by `FMODE_EXEC` in the open flags)
+//! the policy decides, from the access and the identity of the layer serving the file,
+//! whether the file is measured; a measured file's digest is appended to the measurement
+//! list unless the same entry is already there. The daemon sees every change to a file
+//! made through the mount (opens for writing, truncation, fallocate), so a digest is
+//! reused until the content may have changed: an unchanged file is never hashed twice, a
+//! changed one once: as its last writer closes it if it is of a middling size (8 to
+//! 256 KiB), else at its next measured open. Image files never change, and with
+//! `digest_type=verity` their stored fs-verity digest is the measurement: no file data is
+//! read at open.
+//!
+//! Nothing here runs without a policy: the per-request paths stay as they are.
+
+mod content;
+mod counters;
+mod digests;
+mod engine;
+mod identity;
+mod inbox;
+mod opens;
+mod task;
+mod watch;
+
+pub use content::{cookie, Content, ContentKey, Cookie, ImageFile};
+pub use counters::{Counter, Counters};
+pub use digests::HASH_AT_CLOSE;
+pub use engine::{access_mask, writes, Measured, Measuring, Opening};
+pub use identity::{host_identity, image_identity, EROFS_MAGIC};
+pub use opens::Opens;
+
+use crate::ops::{Errno, Logger};
+use measure::policy::FsIdentity;
+use std::io;
+
+/// The mount root's attribute `verilay stats` reads the counters from (outside every
+/// xattr namespace, so no real attribute can have the name).
+pub const STATS_XATTR: &[u8] = b"verilay.stats";
+
+/// What a filesystem needs to measure: the engine, where it is mounted (the list names
+/// absolute paths), and the identity each layer reports to the policy.
+pub struct Setup {
+    pub measuring: std::sync::Arc<Measuring>,
+    pub mountpoint: Vec<u8>,
+    /// Per image layer, top first.
+    pub layers: Vec<FsIdentity>,
+    /// The upper directory's host filesystem, for a writable mount.
+    pub upper: Option<FsIdentity>,
+}
+
+impl Setup {
+    /// The counters and the identity each layer reports (what `verilay stats` prints).
+    pub fn stats_json(&self) -> String {
+        let id = |f: &FsIdentity| {
+            format!(
+                "{{\"fsmagic\":\"0x{:x}\",\"fsname\":\"{}\",\"fsuuid\":\"{}\"}}",
+                f.magic,
+                f.name.escape_default(),
+                measure::policy::uuid_text(&f.uuid)
+            )
+        };
+        let layers: Vec<String> = self.layers.iter().map(id).collect();
+        let counters = self.measuring.stats_json();
+        format!(
+            "{},\"layers\":[{}],\"upper\":{}}}",
+            counters.trim_end_matches('}'),
+            layers.join(","),
+            self.upper.as_ref().map_or("null".to_string(), id)
+        )
+    }
+
+    /// Measures an open (see [`Measuring::open`]); a failure is one log line and EIO,
+    /// which fails the open. A violation recorded is a log line too (the kernel audits
+    /// each).
+    pub fn measure(
+        &self,
+        o: &Opening<'_>,
+        content: &dyn Content,
+        log: &Logger,
+        name: &str,
+    ) -> Result<Measured, Errno> {
+        let r = self.measuring.open(o, content);
+        Self::report(
+            r.as_ref().map(|m| m.violation),
+            || content.path(),
+            log,
+            name,
+        )?;
+        r.map_err(|_| Errno::IO)
+    }
+
+    /// [`Measuring::write_opened`], reported as [`Setup::measure`] reports.
+    pub fn write_opened(
+        &self,
+        opens: &Opens,
+        path: impl Fn() -> Vec<u8>,
+        log: &Logger,
+        name: &str,
+    ) -> Result<(), Errno> {
+        let r = self.measuring.write_opened(opens, &path);
+        Self::report(r.as_ref().copied(), path, log, name)
+    }
+
+    fn report(
+        r: Result<Option<&'static str>, &io::Error>,
+        path: impl FnOnce() -> Vec<u8>,
+        log: &Logger,
+        name: &str,
+    ) -> Result<(), Errno> {
+        match r {
+            Ok(None) => Ok(()),
+            Ok(Some(cause)) => {
+                let path = String::from_utf8_lossy(&path()).escape_debug().to_string();
+                log(&format!(
+                    "{name}: {path}: violation recorded (invalid_pcr, {cause})"
+                ));
+                Ok(())
+            }
+            Err(e) => {
+                let path = String::from_utf8_lossy(&path()).escape_debug().to_string();
+                log(&format!("{name}: measuring {path}: {e}"));
+                Err(Errno::IO)
+            }
+        }
+    }
+
+    /// `mountpoint` joined with `inside` (components from the root down).
+    pub fn path(&self, inside: &[&[u8]]) -> Vec<u8> {
+        let len = self.mountpoint.len() + inside.iter().map(|c| c.len() + 1).sum::<usize>();
+        let mut p = Vec::with_capacity(len);
+        p.extend_from_slice(&self.mountpoint);
+        for c in inside {
+            if p.last() != Some(&b'/') {
+                p.push(b'/');
+            }
+            p.extend_from_slice(c);
+        }
+        p
+    }
+}
+
+/// More members for `verilay stats` from outside this crate (a remote image's fetching):
+/// a JSON object's members, `"key":value,…`, or nothing.
+pub type ExtraStats = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Measuring as each filesystem holds it, one hook for both: with a policy, `setup`
+/// measures their opens ([`Setup::measure`]); the root's [`STATS_XATTR`] reports the
+/// counters and the `extra` members.
+#[derive(Default)]
+pub struct Hook {
+    pub setup: Option<Setup>,
+    pub extra: Option<ExtraStats>,
+}
+
+impl Hook {
+    /// What `verilay stats` reads: the counters and each layer's identity (without a
+    /// policy, none), and the extra members.
+    pub fn stats(&self) -> Vec<u8> {
+        let mut json = match &self.setup {
+            Some(s) => s.stats_json(),
+            None => "{\"policy_rules\":0}".to_string(),
+        };
+        let more = self.extra.as_ref().map(|f| f()).unwrap_or_default();
+        if !more.is_empty() && json.ends_with('}') {
+            json.pop();
+            json.push(',');
+            json.push_str(&more);
+            json.push('}');
+        }
+        json.into_bytes()
+    }
+}

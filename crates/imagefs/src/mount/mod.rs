@@ -1,0 +1,136 @@
+//! Mounting, from a typed plan: the CLI fills in a [`Plan`], and [`Plan::serve`] mounts a
+//! filesystem as it says (mount(2) as root, `fusermount3` otherwise: `kernel.rs`), starts
+//! the workers and serves until unmounted. From the moment the kernel mount exists until
+//! the mount answers, a failing step unmounts it again: a failed mount leaves nothing
+//! behind. `daemon.rs` is how a daemon started in the background reports its setup.
+
+mod daemon;
+mod kernel;
+
+pub use daemon::{start as start_daemon, Report, Reporter};
+pub use kernel::{
+    detach_leftover, hold_mountpoint, is_mount_point, operand, raise_descriptor_limit, unmount,
+    wait_for_daemon,
+};
+
+use crate::fuse;
+pub use crate::ops::Access;
+use crate::ops::Ops;
+use anyhow::Context;
+pub use mountopts::Atime;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The longest wait any step may be given (a longer one counts as this).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// `timeout` from now (never overflowing).
+pub fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout.min(MAX_TIMEOUT)).unwrap_or(now)
+}
+
+/// The generic mount options the kernel honours (each false: not asked for).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flags {
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+    pub sync: bool,
+    pub dirsync: bool,
+    pub atime: Option<Atime>,
+    pub nodiratime: bool,
+    pub lazytime: bool,
+    pub nosymfollow: bool,
+}
+
+/// Told the new mount's path and device once it exists (a writable mount records itself
+/// in its work directory's lock).
+pub type Mounted<'a> = &'a mut dyn FnMut(&Path, u64) -> anyhow::Result<()>;
+
+/// A mount, as the CLI fills it in.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The source mount tables show (the images, top first).
+    pub source: String,
+    pub mountpoint: PathBuf,
+    /// Mounted read-write (an upper directory), else read-only.
+    pub writable: bool,
+    pub flags: Flags,
+    pub access: Access,
+    /// Worker threads.
+    pub threads: usize,
+    /// Mounted with mount(2) by root, else through fusermount3.
+    pub as_root: bool,
+    /// The longest each setup step may take.
+    pub timeout: Duration,
+}
+
+impl Plan {
+    /// Mounts `fs` as planned and serves it until it is unmounted (by us on SIGTERM,
+    /// SIGINT or SIGHUP, or by anyone). `report` hears of each step, and that the mount
+    /// answers; `mounted`, if given, is told the new mount's device once it exists.
+    pub fn serve<O: Ops>(
+        &self,
+        fs: O,
+        report: &mut Reporter,
+        mounted: Option<Mounted<'_>>,
+    ) -> anyhow::Result<()> {
+        let mp = &self.mountpoint;
+        report.step("mount");
+        let (fd, guard) =
+            kernel::mount(self).with_context(|| format!("mounting on {}", mp.display()))?;
+        report.step("answer the kernel's first request");
+        let session = fuse::Session::new(fs, fd, self.access, self.threads, self.clone_fd())
+            .context("talking to the kernel")?;
+        report.step(&format!("start {} workers", self.threads));
+        let running = session.spawn().context("starting the workers")?;
+        let running = running
+            .wait_for_workers(self.threads, self.timeout.min(MAX_TIMEOUT))
+            .map_err(|e| anyhow::anyhow!("starting {} workers: {e}", self.threads))?;
+        kernel::raise_readahead(mp);
+        if let Some(mounted) = mounted {
+            use std::os::unix::fs::MetadataExt;
+            let dev = std::fs::metadata(mp).context("the new mount")?.dev();
+            mounted(mp, dev)?;
+        }
+        report.step("install signal handlers");
+        self.unmount_on_signals()?;
+        // Serving: from here on the mount is the user's to unmount.
+        guard.keep();
+        report.ready();
+        // Returns when the filesystem is unmounted (by us or anyone).
+        running.join();
+        Ok(())
+    }
+
+    /// Cloning the /dev/fuse descriptor per worker means opening /dev/fuse, which
+    /// rootless may not be allowed to; then the workers share the one descriptor
+    /// fusermount3 gave us.
+    fn clone_fd(&self) -> bool {
+        self.as_root
+            || rustix::fs::access(
+                "/dev/fuse",
+                rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+            )
+            .is_ok()
+    }
+
+    /// SIGTERM, SIGINT and SIGHUP detach the mount: the session ends as soon as the
+    /// kernel lets go of it.
+    fn unmount_on_signals(&self) -> anyhow::Result<()> {
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGHUP,
+        ])
+        .context("installing signal handlers")?;
+        let mountpoint = self.mountpoint.clone();
+        std::thread::spawn(move || {
+            if signals.forever().next().is_some() {
+                let _ = kernel::unmount(&mountpoint, true);
+            }
+        });
+        Ok(())
+    }
+}

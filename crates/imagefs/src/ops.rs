@@ -1,0 +1,308 @@
+//! The operations a mount serves, free of any transport: plain methods on typed arguments
+//! returning typed results. The read-only filesystem ([`crate::ImageFs`]) and the writable
+//! one ([`crate::UnionFs`]) implement [`Ops`]; the FUSE adapter (`fuse.rs`) decodes
+//! requests, calls them and replies. An operation a filesystem does not serve answers as
+//! an unimplemented FUSE handler does (ENOSYS; EPERM for symlink and link).
+
+use crate::attr::{Attr, Kind};
+use rustix::fd::BorrowedFd;
+use std::any::Any;
+use std::io;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+pub use rustix::fs::RenameFlags;
+pub use rustix::io::Errno;
+
+/// Where integrity failures and other serving errors are reported (one line each).
+pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Who may use a mount (the kernel lets others in only with `allow_other`; the session
+/// checks the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The mounting user alone (root, for a root mount).
+    Owner,
+    /// Root and the mounting user (`allow_root`; for a root mount, the same).
+    RootAndOwner,
+    /// Every user (`allow_other`).
+    All,
+}
+
+/// Who sent a request.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// What a filesystem asks of the kernel at INIT (each optional: a kernel that lacks one
+/// does without), and how long the kernel may cache its replies. Both ask for
+/// asynchronous and 1 MiB reads and parallel directory operations; the rest differs, as
+/// each field says.
+#[derive(Clone, Copy, Debug)]
+pub struct Wants {
+    /// Entries, attributes and negative lookups: forever for images (100 years), a year
+    /// for a writable mount (it tells the kernel of the changes it cannot see).
+    pub ttl: Duration,
+    /// READDIRPLUS for every listing (read-only; a writable mount lists plainly).
+    pub readdirplus: bool,
+    /// Symlink targets cached by the kernel (read-only).
+    pub cache_symlinks: bool,
+    /// FUSE_POSIX_ACL: always on a writable mount, on a read-only one only when some
+    /// layer holds an ACL.
+    pub posix_acl: bool,
+    /// No OPEN round trip (read-only, when nothing is measured).
+    pub no_open: bool,
+    /// No OPENDIR round trip (read-only).
+    pub no_opendir: bool,
+    /// The umask is the filesystem's to apply (writable: a parent's default ACL replaces it).
+    pub dont_mask: bool,
+    /// Big (1 MiB) writes (writable).
+    pub writes: bool,
+    /// Upper files read and written by the kernel itself (writable, as root).
+    pub passthrough: bool,
+    /// The kernel's background queue and congestion threshold (read-only: 64 and 48;
+    /// a writable mount keeps the kernel's defaults).
+    pub background: Option<(u16, u16)>,
+}
+
+/// What the kernel agreed to at INIT, of what [`Wants`] asked.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Granted {
+    pub no_open: bool,
+    pub no_opendir: bool,
+    pub passthrough: bool,
+}
+
+/// How the kernel is told of changes it cannot see, and handed pages (notifications).
+pub trait Notify: Send + Sync {
+    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Drops cached attributes (and pages from `offset` on, for `len` bytes; a negative
+    /// offset leaves pages alone).
+    fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> io::Result<()>;
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> io::Result<()>;
+}
+
+/// Where the transport puts its notifier once the session exists.
+pub type NotifierSlot = Arc<OnceLock<Box<dyn Notify>>>;
+
+/// A file registered for passthrough (the kernel reads and writes it itself), once per
+/// inode; dropping it ends the registration. What it holds is the transport's.
+pub struct Passthrough(Box<dyn Any + Send + Sync>);
+
+impl Passthrough {
+    pub fn new<T: Any + Send + Sync>(registration: T) -> Passthrough {
+        Passthrough(Box::new(registration))
+    }
+
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+/// Registers an open descriptor of a file for passthrough.
+pub type Register<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<Passthrough>;
+
+/// An open file or directory: its handle, and how the kernel is to treat its pages.
+#[derive(Clone, Default)]
+pub struct Opened {
+    pub fh: u64,
+    /// Cached pages stay valid (images never change).
+    pub keep_cache: bool,
+    /// Directory listings are cached too.
+    pub cache_dir: bool,
+    /// The kernel does the file's I/O itself.
+    pub passthrough: Option<Arc<Passthrough>>,
+}
+
+/// A file made and opened at once.
+pub struct Created {
+    pub attr: Attr,
+    pub fh: u64,
+    pub passthrough: Option<Arc<Passthrough>>,
+}
+
+/// A time to set: now, or this one.
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of a SETATTR (what is `None` stays).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    /// The handle the change came through, if any.
+    pub fh: Option<u64>,
+}
+
+/// One entry of a directory listing, and the offset of the one after it.
+#[derive(Clone, Copy, Debug)]
+pub struct DirEntry<'a> {
+    pub ino: u64,
+    pub next: u64,
+    pub kind: Kind,
+    pub name: &'a [u8],
+}
+
+/// What statfs reports.
+#[derive(Clone, Copy, Debug)]
+pub struct Statfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// Takes a listing's entries until the reply is full (then it returns true).
+pub type AddEntry<'a> = &'a mut dyn FnMut(DirEntry<'_>) -> bool;
+/// Takes a READDIRPLUS listing's entries with their attributes, until the reply is full.
+pub type AddEntryPlus<'a> = &'a mut dyn FnMut(DirEntry<'_>, &Attr) -> bool;
+
+/// The operations of a mount. Inode 1 is the root.
+#[allow(unused_variables)]
+pub trait Ops: Send + Sync + 'static {
+    fn wants(&self) -> Wants;
+    /// Called once, after INIT and before any other request.
+    fn granted(&mut self, granted: &Granted) {}
+    fn notifier_slot(&self) -> NotifierSlot;
+
+    /// `name` in `parent`; `None` when absent (the kernel caches that too).
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno>;
+    fn forget(&self, ino: u64, nlookup: u64) {}
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno>;
+    fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr, Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno>;
+    fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Attr, Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Attr, Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr, Errno> {
+        Err(Errno::PERM)
+    }
+    fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, Errno> {
+        Err(Errno::PERM)
+    }
+    fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        register: Register<'_>,
+    ) -> Result<Created, Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn open(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        flags: i32,
+        register: Register<'_>,
+    ) -> Result<Opened, Errno>;
+    /// Reads into `buf` (as long as the request asks); how many bytes were read.
+    fn read(&self, ino: u64, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno>;
+    fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn flush(&self, ino: u64, fh: u64) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    /// A handle is closed; the kernel is answered (always with success) when `answer` is
+    /// called, or else on return: work nobody waits for may follow `answer`.
+    fn release(&self, ino: u64, fh: u64, answer: &mut dyn FnMut()) {}
+    fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn fallocate(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn opendir(&self, ino: u64) -> Result<Opened, Errno> {
+        Ok(Opened::default())
+    }
+    /// Hands the entries from `offset` on to `add`, until it says the reply is full.
+    fn readdir(&self, ino: u64, fh: u64, offset: u64, add: AddEntry<'_>) -> Result<(), Errno>;
+    fn readdirplus(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        add: AddEntryPlus<'_>,
+    ) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn releasedir(&self, ino: u64, fh: u64) {}
+    fn statfs(&self) -> Result<Statfs, Errno>;
+    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<(), Errno> {
+        Err(Errno::NOSYS)
+    }
+    fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno>;
+    /// The names the caller may see, each followed by a NUL.
+    fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno>;
+}
