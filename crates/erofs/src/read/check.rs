@@ -171,8 +171,11 @@ impl<S: ByteSource> Fsck<'_, S> {
                         break;
                     }
                 };
-                // Each new block was read and parsed whole.
-                if ent.offset % bs == 0 && !self.charge_bytes(bs) {
+                // Each new block was read and parsed whole: what it holds of the
+                // directory (a small one's entries sit inline, in a few bytes).
+                if ent.offset % bs == 0
+                    && !self.charge_bytes(bs.min(dir.size.saturating_sub(ent.offset)))
+                {
                     break;
                 }
                 // readdir refuses repeated and unsorted names (the kernel binary-searches
