@@ -24,6 +24,7 @@ import statistics
 import subprocess
 
 from harness import datasets, report, timing, tools
+from benches import mount
 from benches.mount import build_images, mounts_for, timed_shell
 
 DESCRIPTION = "a labelled tree (security.selinux on every entry): verilay vs kernel erofs"
@@ -169,17 +170,8 @@ def run(ctx):
 
 
 def print_results(data):
-    by = {(r["workload"], r["tool"]): r for r in data["results"]}
-    rows = []
-    for r in data["results"]:
-        k = by[(r["workload"], "kernel-erofs")]
-        rows.append([r["workload"], r["tool"], f"{r['cold_median']:.3f}",
-                     f"{r['warm_median']:.3f}", f"{r['cold_median'] / k['cold_median']:.2f}",
-                     f"{r['warm_median'] / k['warm_median']:.2f}"])
-    print()
-    report.print_table(["workload", "tool", "cold s", "warm s", "cold/kernel",
-                        "warm/kernel"], rows, left=2)
-    print("\nper-operation latency, warm (µs):")
+    mount.print_results(data)
+    print("per-operation latency, warm (µs):")
     rows = [[op, tool, str(v["n"]), f"{v['median_us']:.1f}", f"{v['p99_us']:.1f}"]
             for tool, ops in data["latency"].items() for op, v in ops.items()]
     report.print_table(["op", "tool", "calls", "median", "p99"], rows, left=2)
@@ -204,14 +196,7 @@ def check_targets(data):
 def plot(data, png):
     if not data.get("results"):
         return
-    rows = []
-    for wl in WORKLOADS:
-        rs = [r for r in data["results"] if r["workload"] == wl]
-        rows.append((wl, {
-            "cold": [{"label": r["tool"], "value": r["cold_median"],
-                      "lo": min(r["cold"]), "hi": max(r["cold"])} for r in rs],
-            "warm": [{"label": r["tool"], "value": r["warm_median"],
-                      "lo": min(r["warm"]), "hi": max(r["warm"])} for r in rs]}))
+    rows = mount.cold_warm_rows(data["results"])
     # Latency rows: the median in the first column, p99 in the second.
     lat = data.get("latency") or {}
     for op in sorted({op for v in lat.values() for op in v}):

@@ -271,20 +271,26 @@ def check_targets(data):
     return t
 
 
-def plot(data, png):
-    if not data.get("results"):
-        return
+def cold_warm_rows(results):
+    """bar_grid rows, one per workload (in order of appearance): cold and warm medians."""
     workloads = []
-    for r in data["results"]:
+    for r in results:
         if r["workload"] not in workloads:
             workloads.append(r["workload"])
     rows = []
     for wl in workloads:
-        rs = [r for r in data["results"] if r["workload"] == wl]
+        rs = [r for r in results if r["workload"] == wl]
         rows.append((wl, {
             "cold": [{"label": r["tool"], "value": r["cold_median"],
                       "lo": min(r["cold"]), "hi": max(r["cold"])} for r in rs],
             "warm": [{"label": r["tool"], "value": r["warm_median"],
                       "lo": min(r["warm"]), "hi": max(r["warm"])} for r in rs]}))
+    return rows
+
+
+def plot(data, png):
+    if not data.get("results"):
+        return
+    rows = cold_warm_rows(data["results"])
     report.bar_grid(png, f"mount: median of {data['settings']['runs']} (min..max)", rows,
                     [("cold", "cold cache, s"), ("warm", "warm cache, s")])
