@@ -32,6 +32,24 @@ pub(crate) fn clone_fd(session: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A worker's descriptor: a clone, or, where /dev/fuse may not be opened (a rootless mount
+/// in a container that passed only fusermount3's descriptor), a duplicate of the session's
+/// made non-blocking, so workers sharing it never wait in read(2) for a request another took.
+pub(crate) fn worker_fd(session: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    clone_fd(session).or_else(|_| {
+        let fd = session.try_clone_to_owned()?;
+        // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no pointers involved.
+        let ok = unsafe {
+            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+        };
+        if !ok {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fd)
+    })
+}
+
 /// What waiting for a request gave.
 pub(crate) enum Got {
     Request(usize),

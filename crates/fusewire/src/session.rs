@@ -223,7 +223,7 @@ impl Session {
     }
 
     fn spawn_dev_worker<F: Filesystem>(&mut self, fs: &Arc<F>, name: String) -> io::Result<()> {
-        let fd = dev::clone_fd(self.channel.fd())?;
+        let fd = dev::worker_fd(self.channel.fd())?;
         let (fs, stats, stop) = (
             fs.clone(),
             self.stats.clone(),

@@ -1,183 +1,188 @@
-//! The FUSE adapter, on `fuser`: decodes each request, calls the filesystem's [`Ops`] and
-//! replies. INIT is negotiated here, once for both filesystems, from what each
-//! [`Wants`](crate::ops::Wants); and a mounted /dev/fuse is served here ([`Session`]).
-//! This is the only file that knows `fuser`.
+//! The FUSE adapter, on `fusewire`: each decoded request is answered by calling the
+//! filesystem's [`Ops`]. INIT is asked for here, once for both filesystems, from what each
+//! [`Wants`](crate::ops::Wants); the session (`fusewire::Session`) picks the transport,
+//! /dev/fuse or io_uring, and serves on it. This is the only file that knows `fusewire`'s
+//! requests and replies.
 
 use crate::attr::{Attr, Kind};
-use crate::ops::{
-    Access, Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough, SetAttr, SetTime,
-};
-use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
-};
+use crate::ops::{self, Access, Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough};
+use fusewire::abi::{self, fopen, init};
+use fusewire::{Channel, Context, Entry, Negotiated, Open, Reply, Request};
 use rustix::fd::BorrowedFd;
-use std::cell::RefCell;
-use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Largest read the kernel sends (with `FUSE_MAX_PAGES` and the default page limit).
-const MAX_READ: u32 = 1 << 20;
-/// Largest write a writable mount takes.
-const MAX_WRITE: u32 = 1 << 20;
+pub use fusewire::{Chosen, Stats, Transport};
 
-thread_local! {
-    /// Per worker thread: the buffer a READ is served from.
-    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
+/// Largest read the kernel sends, and largest write a writable mount takes.
+const MAX_IO: u32 = 1 << 20;
 
 /// A filesystem served over FUSE.
 pub struct Fuse<O: Ops> {
     ops: O,
-    /// How long the kernel may cache entries and attributes (the filesystem's, from INIT).
+    /// How long the kernel may cache entries and attributes (the filesystem's).
     ttl: Duration,
+    access: Access,
+    /// The user the session runs as: with [`Access::Owner`] or [`Access::RootAndOwner`]
+    /// the one (besides root, for the latter) whose requests are served.
+    owner: u32,
+    /// Notifications and passthrough registrations, once INIT is agreed.
+    channel: OnceLock<Channel>,
+}
+
+/// What the filesystem wants of INIT, in the kernel's flags.
+fn wire_wants(w: &ops::Wants) -> fusewire::Wants {
+    let mut flags = init::ASYNC_READ | init::PARALLEL_DIROPS | init::MAX_PAGES;
+    for (on, flag) in [
+        (w.cache_symlinks, init::CACHE_SYMLINKS),
+        // Always plus (not READDIRPLUS_AUTO, which uses it for a directory's first chunk).
+        (w.readdirplus, init::DO_READDIRPLUS),
+        (w.posix_acl, init::POSIX_ACL),
+        // Not ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC in OPEN and checks
+        // ETXTBSY only afterwards, so an O_RDONLY|O_TRUNC open of a running program would
+        // truncate it and then fail. Without it the kernel truncates with a SETATTR once
+        // its checks pass, as overlayfs does.
+        (w.dont_mask, init::DONT_MASK),
+        (w.writes, init::BIG_WRITES),
+        (w.no_open, init::NO_OPEN_SUPPORT),
+        (w.no_opendir, init::NO_OPENDIR_SUPPORT),
+        // Registering a backing file needs CAP_SYS_ADMIN.
+        (w.passthrough, init::PASSTHROUGH),
+    ] {
+        if on {
+            flags |= flag;
+        }
+    }
+    fusewire::Wants {
+        flags,
+        max_write: MAX_IO,
+        max_readahead: MAX_IO,
+        max_pages: (MAX_IO / 4096) as u16,
+        background: w.background,
+        time_gran: 1,
+    }
 }
 
 impl<O: Ops> Fuse<O> {
-    pub fn new(ops: O) -> Fuse<O> {
-        let ttl = ops.wants().ttl;
-        Fuse { ops, ttl }
-    }
-}
-
-/// A filesystem on a mounted /dev/fuse descriptor, its first request (INIT) answered.
-pub struct Session<O: Ops>(fuser::Session<Fuse<O>>);
-
-/// The workers serving a mount.
-pub struct Running(fuser::BackgroundSession);
-
-impl<O: Ops> Session<O> {
-    /// Serves `ops` on `fd` to the users `access` lets in, with `threads` workers, each on
-    /// a /dev/fuse descriptor of its own when `clone_fd`. The filesystem's notifier slot
-    /// gets the session's notifier.
-    pub fn new(
-        ops: O,
-        fd: OwnedFd,
-        access: Access,
-        threads: usize,
-        clone_fd: bool,
-    ) -> std::io::Result<Session<O>> {
-        let acl = match access {
-            Access::All => fuser::SessionACL::All,
-            Access::RootAndOwner => fuser::SessionACL::RootAndOwner,
-            Access::Owner => fuser::SessionACL::Owner,
-        };
-        let mut cfg = fuser::Config::default();
-        cfg.acl = acl;
-        cfg.n_threads = Some(threads);
-        cfg.clone_fd = clone_fd;
-        let slot = ops.notifier_slot();
-        let session = fuser::Session::from_fd(Fuse::new(ops), fd, acl, cfg)?;
-        let _ = slot.set(Box::new(session.notifier()));
-        Ok(Session(session))
-    }
-
-    /// Starts the workers.
-    pub fn spawn(self) -> std::io::Result<Running> {
-        self.0.spawn().map(Running)
-    }
-}
-
-impl Running {
-    /// Waits until all `n` workers run: fuser clones every /dev/fuse descriptor, then
-    /// starts the threads one by one, and its session thread ends with the error if any of
-    /// that fails (with the workers started so far left serving, which unmounting stops).
-    pub fn wait_for_workers(self, n: usize, timeout: Duration) -> Result<Running, String> {
-        let start = Instant::now();
-        let deadline = start.checked_add(timeout).unwrap_or(start);
-        loop {
-            if self.0.guard.is_finished() {
-                return Err(match self.0.join() {
-                    Err(e) => format!("{e}"),
-                    Ok(()) => "the session ended".into(),
-                });
-            }
-            if running_workers() >= n {
-                return Ok(self);
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("not all running after {timeout:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(1));
+    pub fn new(ops: O, access: Access) -> Fuse<O> {
+        Fuse {
+            ttl: ops.wants().ttl,
+            ops,
+            access,
+            owner: rustix::process::geteuid().as_raw(),
+            channel: OnceLock::new(),
         }
     }
 
-    /// Returns once the filesystem is unmounted.
-    pub fn join(self) {
-        let _ = self.0.join();
+    /// Whether `uid` may use the mount. The kernel lets others in only with allow_other,
+    /// and root-and-owner is allow_other to the kernel; requests the kernel may send on
+    /// another's behalf (reads, writes and closes of open files) are always served, as
+    /// libfuse and fuser do.
+    fn admits(&self, uid: u32, req: &Request<'_>) -> bool {
+        let ok = match self.access {
+            Access::All => true,
+            Access::RootAndOwner => uid == self.owner || uid == 0,
+            Access::Owner => uid == self.owner,
+        };
+        ok || matches!(
+            req,
+            Request::Destroy
+                | Request::Read { .. }
+                | Request::ReadDir { .. }
+                | Request::ReadDirPlus { .. }
+                | Request::Write { .. }
+                | Request::Fsync { .. }
+                | Request::FsyncDir { .. }
+                | Request::Release { .. }
+                | Request::ReleaseDir { .. }
+        )
+    }
+
+    fn entry(&self, a: &Attr) -> Entry {
+        Entry {
+            nodeid: a.ino,
+            generation: 0,
+            attr: wire_attr(a),
+            entry_ttl: self.ttl,
+            attr_ttl: self.ttl,
+        }
+    }
+
+    fn reply_entry(&self, reply: Reply<'_>, r: Result<Attr, Errno>) {
+        match r {
+            Ok(a) => reply.entry(&self.entry(&a)),
+            Err(e) => reply.error(e.raw_os_error()),
+        }
+    }
+
+    fn reply_attr(&self, reply: Reply<'_>, r: Result<Attr, Errno>) {
+        match r {
+            Ok(a) => reply.attr(&wire_attr(&a), self.ttl),
+            Err(e) => reply.error(e.raw_os_error()),
+        }
+    }
+
+    /// Registers an open file for passthrough on the session's channel.
+    fn register(&self, fd: BorrowedFd<'_>) -> std::io::Result<Passthrough> {
+        let channel = self
+            .channel
+            .get()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOTCONN))?;
+        channel.open_backing(fd).map(Passthrough::new)
     }
 }
 
-/// The threads of this process named as fuser names its workers (`fuser-N`).
-fn running_workers() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| {
-                c.trim_end()
-                    .strip_prefix("fuser-")
-                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-            })
-        })
-        .count()
-}
-
-impl Notify for fuser::Notifier {
-    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        fuser::Notifier::store(self, INodeNo(ino), offset, data)
-    }
-
-    fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> std::io::Result<()> {
-        fuser::Notifier::inval_inode(self, INodeNo(ino), offset, len)
-    }
-
-    fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()> {
-        fuser::Notifier::inval_entry(self, INodeNo(parent), OsStr::from_bytes(name))
+fn empty(reply: Reply<'_>, r: Result<(), Errno>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e.raw_os_error()),
     }
 }
 
-fn errno(e: Errno) -> fuser::Errno {
-    fuser::Errno::from_i32(e.raw_os_error())
-}
-
-fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
-}
-
-fn file_type(k: Kind) -> FileType {
+fn file_type_bits(k: Kind) -> u32 {
     match k {
-        Kind::RegularFile => FileType::RegularFile,
-        Kind::Directory => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::CharDevice => FileType::CharDevice,
-        Kind::BlockDevice => FileType::BlockDevice,
-        Kind::NamedPipe => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
+        Kind::RegularFile => libc::S_IFREG,
+        Kind::Directory => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::CharDevice => libc::S_IFCHR,
+        Kind::BlockDevice => libc::S_IFBLK,
+        Kind::NamedPipe => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
     }
 }
 
-fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
+/// Seconds and nanoseconds since the epoch, negative before it (the kernel reads the
+/// seconds as signed).
+fn wire_time(t: SystemTime) -> (u64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs().min(i64::MAX as u64), d.subsec_nanos()),
+        Err(before) => {
+            let d = before.duration();
+            let secs = d.as_secs().min(i64::MAX as u64) as i64;
+            match d.subsec_nanos() {
+                0 => ((-secs) as u64, 0),
+                n => ((-secs - 1) as u64, 1_000_000_000 - n),
+            }
+        }
+    }
+}
+
+fn wire_attr(a: &Attr) -> abi::Attr {
+    let (atime, atimensec) = wire_time(a.atime);
+    let (mtime, mtimensec) = wire_time(a.mtime);
+    let (ctime, ctimensec) = wire_time(a.ctime);
+    abi::Attr {
+        ino: a.ino,
         size: a.size,
         blocks: a.blocks,
-        atime: a.atime,
-        mtime: a.mtime,
-        ctime: a.ctime,
-        crtime: a.crtime,
-        kind: file_type(a.kind),
-        perm: a.perm,
+        atime,
+        mtime,
+        ctime,
+        atimensec,
+        mtimensec,
+        ctimensec,
+        mode: file_type_bits(a.kind) | u32::from(a.perm),
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
@@ -187,495 +192,314 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-fn set_time(t: TimeOrNow) -> SetTime {
+fn set_time(t: fusewire::SetTime) -> ops::SetTime {
     match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+        fusewire::SetTime::Now => ops::SetTime::Now,
+        fusewire::SetTime::At(t) => ops::SetTime::At(t),
     }
 }
 
-fn fopen_flags(keep_cache: bool, cache_dir: bool) -> FopenFlags {
-    let mut f = FopenFlags::empty();
-    if keep_cache {
-        f |= FopenFlags::FOPEN_KEEP_CACHE;
+fn open_reply(o: &ops::Opened) -> Open {
+    let mut flags = 0;
+    if o.keep_cache {
+        flags |= fopen::KEEP_CACHE;
     }
-    if cache_dir {
-        f |= FopenFlags::FOPEN_CACHE_DIR;
+    if o.cache_dir {
+        flags |= fopen::CACHE_DIR;
     }
-    f
-}
-
-/// The registration a passthrough open replies with (made by this adapter's `open_backing`).
-fn backing(p: &Passthrough) -> &fuser::BackingId {
-    p.get().expect("registered by this adapter")
-}
-
-impl<O: Ops> Fuse<O> {
-    fn entry(&self, reply: ReplyEntry, r: Result<Attr, Errno>) {
-        match r {
-            Ok(a) => reply.entry(&self.ttl, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn attr(&self, reply: ReplyAttr, r: Result<Attr, Errno>) {
-        match r {
-            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+    Open {
+        fh: o.fh,
+        flags,
+        backing_id: o.passthrough.as_deref().and_then(backing_id),
     }
 }
 
-fn empty(reply: ReplyEmpty, r: Result<(), Errno>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(e)),
+/// The id a passthrough open replies with (registered by [`Fuse::register`]).
+fn backing_id(p: &Passthrough) -> Option<u32> {
+    p.get::<fusewire::Backing>().map(|b| b.id())
+}
+
+impl Notify for Channel {
+    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        Channel::store(self, ino, offset, data)
+    }
+
+    fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> std::io::Result<()> {
+        Channel::inval_inode(self, ino, offset, len)
+    }
+
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()> {
+        Channel::inval_entry(self, parent, name)
     }
 }
 
-/// Replies to getxattr/listxattr: the size when asked for it, ERANGE when it does not fit.
-fn xattr(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, Errno>) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(errno(e)),
-    }
-}
-
-impl<O: Ops> Filesystem for Fuse<O> {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let w = self.ops.wants();
-        self.ttl = w.ttl;
-        let mut ask = |on: bool, cap: InitFlags| on && config.add_capabilities(cap).is_ok();
-        for (on, cap) in [
-            (true, InitFlags::FUSE_ASYNC_READ),
-            (true, InitFlags::FUSE_PARALLEL_DIROPS),
-            (true, InitFlags::FUSE_MAX_PAGES),
-            (w.cache_symlinks, InitFlags::FUSE_CACHE_SYMLINKS),
-            // Always plus (not _AUTO, which uses it for a directory's first chunk only).
-            (w.readdirplus, InitFlags::FUSE_DO_READDIRPLUS),
-            (w.posix_acl, InitFlags::FUSE_POSIX_ACL),
-            // Not FUSE_ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC in OPEN and checks
-            // ETXTBSY only afterwards, so an O_RDONLY|O_TRUNC open of a running program
-            // would truncate it and then fail. Without it the kernel truncates with a
-            // SETATTR once its checks pass, as overlayfs does.
-            (w.dont_mask, InitFlags::FUSE_DONT_MASK),
-            (w.writes, InitFlags::FUSE_BIG_WRITES),
-        ] {
-            ask(on, cap);
-        }
-        let mut granted = Granted {
-            no_open: ask(w.no_open, InitFlags::FUSE_NO_OPEN_SUPPORT),
-            no_opendir: ask(w.no_opendir, InitFlags::FUSE_NO_OPENDIR_SUPPORT),
-            passthrough: false,
+impl<O: Ops> fusewire::Filesystem for Fuse<O> {
+    fn init(&mut self, negotiated: &Negotiated, channel: &Channel) {
+        self.ttl = self.ops.wants().ttl;
+        let granted = Granted {
+            no_open: negotiated.has(init::NO_OPEN_SUPPORT),
+            no_opendir: negotiated.has(init::NO_OPENDIR_SUPPORT),
+            passthrough: negotiated.has(init::PASSTHROUGH),
         };
-        let _ = config.set_max_readahead(MAX_READ);
-        if w.writes {
-            let _ = config.set_max_write(MAX_WRITE);
-        }
-        if let Some((background, congestion)) = w.background {
-            let _ = config.set_max_background(background);
-            let _ = config.set_congestion_threshold(congestion);
-        }
-        // Registering a backing file needs CAP_SYS_ADMIN; the backing file must not be
-        // on a stacked filesystem itself.
-        granted.passthrough = w.passthrough
-            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-            && config.set_max_stack_depth(1).is_ok();
         self.ops.granted(&granted);
-        Ok(())
+        let _ = self.ops.notifier_slot().set(Box::new(channel.clone()));
+        let _ = self.channel.set(channel.clone());
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let found = self.ops.lookup(parent.into(), name.as_bytes());
-        self.entry(reply, found.map(|a| a.unwrap_or_else(Attr::negative)))
+    fn forget(&self, ino: u64, nlookup: u64) {
+        self.ops.forget(ino, nlookup)
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.ops.forget(ino.into(), nlookup)
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.attr(reply, self.ops.getattr(ino.into()))
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(set_time),
-            mtime: mtime.map(set_time),
-            fh: fh.map(u64::from),
-        };
-        self.attr(reply, self.ops.setattr(ino.into(), &set))
-    }
-
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.ops.readlink(ino.into()) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
+    fn request(&self, ctx: &Context, req: Request<'_>, reply: Reply<'_>) {
+        if !self.admits(ctx.caller.uid, &req) {
+            return reply.error(libc::EACCES);
         }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        let made = self.ops.mknod(
-            &caller(req),
-            parent.into(),
-            name.as_bytes(),
-            mode,
-            umask,
-            rdev,
-        );
-        self.entry(reply, made)
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let made = self
-            .ops
-            .mkdir(&caller(req), parent.into(), name.as_bytes(), mode, umask);
-        self.entry(reply, made)
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let made = self.ops.symlink(
-            &caller(req),
-            parent.into(),
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-        );
-        self.entry(reply, made)
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let register = |fd: BorrowedFd<'_>| reply.open_backing(fd).map(Passthrough::new);
-        let made = self.ops.create(
-            &caller(req),
-            parent.into(),
-            name.as_bytes(),
-            mode,
-            umask,
-            flags,
-            &register,
-        );
-        let c = match made {
-            Ok(c) => c,
-            Err(e) => return reply.error(errno(e)),
+        let caller = Caller {
+            uid: ctx.caller.uid,
+            gid: ctx.caller.gid,
+            pid: ctx.caller.pid,
         };
-        let (attr, fh) = (file_attr(&c.attr), FileHandle(c.fh));
-        let flags = FopenFlags::empty();
-        match &c.passthrough {
-            Some(p) => {
-                reply.created_passthrough(&self.ttl, &attr, Generation(0), fh, flags, backing(p))
+        let ops = &self.ops;
+        match req {
+            Request::Lookup { parent, name } => match ops.lookup(parent, name) {
+                Ok(Some(a)) => reply.entry(&self.entry(&a)),
+                Ok(None) => reply.entry(&Entry::negative(self.ttl)),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::GetAttr { ino, .. } => self.reply_attr(reply, ops.getattr(ino)),
+            Request::SetAttr { ino, set } => {
+                let set = ops::SetAttr {
+                    mode: set.mode,
+                    uid: set.uid,
+                    gid: set.gid,
+                    size: set.size,
+                    atime: set.atime.map(set_time),
+                    mtime: set.mtime.map(set_time),
+                    fh: set.fh,
+                };
+                self.reply_attr(reply, ops.setattr(ino, &set))
             }
-            None => reply.created(&self.ttl, &attr, Generation(0), fh, flags),
-        }
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.ops.unlink(parent.into(), name.as_bytes()))
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.ops.rmdir(parent.into(), name.as_bytes()))
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let flags = crate::ops::RenameFlags::from_bits_retain(flags.bits());
-        let moved = self.ops.rename(
-            parent.into(),
-            name.as_bytes(),
-            newparent.into(),
-            newname.as_bytes(),
-            flags,
-        );
-        empty(reply, moved)
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        let linked = self
-            .ops
-            .link(ino.into(), newparent.into(), newname.as_bytes());
-        self.entry(reply, linked)
-    }
-
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let register = |fd: BorrowedFd<'_>| reply.open_backing(fd).map(Passthrough::new);
-        let o = match self.ops.open(&caller(req), ino.into(), flags.0, &register) {
-            Ok(o) => o,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let (fh, flags) = (FileHandle(o.fh), fopen_flags(o.keep_cache, o.cache_dir));
-        match &o.passthrough {
-            Some(p) => reply.opened_passthrough(fh, flags, backing(p)),
-            None => reply.opened(fh, flags),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        READ_BUF.with(|b| {
-            let mut buf = b.borrow_mut();
-            let want = size as usize;
-            if buf.len() < want {
-                buf.resize(want, 0);
+            Request::ReadLink { ino } => match ops.readlink(ino) {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::MkNod {
+                parent,
+                name,
+                mode,
+                rdev,
+                umask,
+            } => self.reply_entry(reply, ops.mknod(&caller, parent, name, mode, umask, rdev)),
+            Request::MkDir {
+                parent,
+                name,
+                mode,
+                umask,
+            } => self.reply_entry(reply, ops.mkdir(&caller, parent, name, mode, umask)),
+            Request::Symlink {
+                parent,
+                name,
+                target,
+            } => self.reply_entry(reply, ops.symlink(&caller, parent, name, target)),
+            Request::Link {
+                ino,
+                new_parent,
+                new_name,
+            } => self.reply_entry(reply, ops.link(ino, new_parent, new_name)),
+            Request::Unlink { parent, name } => empty(reply, ops.unlink(parent, name)),
+            Request::RmDir { parent, name } => empty(reply, ops.rmdir(parent, name)),
+            Request::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+            } => {
+                let flags = ops::RenameFlags::from_bits_retain(flags);
+                empty(reply, ops.rename(parent, name, new_parent, new_name, flags))
             }
-            match self
-                .ops
-                .read(ino.into(), fh.into(), offset, &mut buf[..want])
-            {
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(errno(e)),
+            Request::Create {
+                parent,
+                name,
+                mode,
+                umask,
+                flags,
+                ..
+            } => {
+                let register = |fd: BorrowedFd<'_>| self.register(fd);
+                match ops.create(&caller, parent, name, mode, umask, flags, &register) {
+                    Ok(c) => {
+                        let open = Open {
+                            fh: c.fh,
+                            flags: 0,
+                            backing_id: c.passthrough.as_deref().and_then(backing_id),
+                        };
+                        reply.created(&self.entry(&c.attr), &open)
+                    }
+                    Err(e) => reply.error(e.raw_os_error()),
+                }
             }
-        })
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        match self.ops.write(ino.into(), fh.into(), offset, data) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        empty(reply, self.ops.flush(ino.into(), fh.into()))
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        let mut reply = Some(reply);
-        let mut answer = || {
-            if let Some(r) = reply.take() {
-                r.ok()
+            Request::Open { ino, flags, .. } => {
+                let register = |fd: BorrowedFd<'_>| self.register(fd);
+                match ops.open(&caller, ino, flags, &register) {
+                    Ok(o) => reply.opened(&open_reply(&o)),
+                    Err(e) => reply.error(e.raw_os_error()),
+                }
             }
+            Request::Read {
+                ino, fh, offset, ..
+            } => {
+                reply.data_with(|buf| ops.read(ino, fh, offset, buf).map_err(|e| e.raw_os_error()))
+            }
+            Request::Write {
+                ino,
+                fh,
+                offset,
+                data,
+                ..
+            } => match ops.write(ino, fh, offset, data) {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::Flush { ino, fh, .. } => empty(reply, ops.flush(ino, fh)),
+            Request::Release { ino, fh, .. } => {
+                let mut reply = Some(reply);
+                let mut answer = || {
+                    if let Some(r) = reply.take() {
+                        r.ok()
+                    }
+                };
+                ops.release(ino, fh, &mut answer);
+                answer();
+            }
+            Request::Fsync { ino, fh, datasync } => empty(reply, ops.fsync(ino, fh, datasync)),
+            Request::Fallocate {
+                ino,
+                fh,
+                offset,
+                length,
+                mode,
+            } => empty(reply, ops.fallocate(ino, fh, offset, length, mode)),
+            Request::OpenDir { ino, .. } => match ops.opendir(ino) {
+                Ok(o) => reply.opened(&open_reply(&o)),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::ReadDir {
+                ino, fh, offset, ..
+            } => {
+                let mut dir = reply.dir();
+                let mut add = |e: DirEntry<'_>| !dir.add(&dirent(&e));
+                match ops.readdir(ino, fh, offset, &mut add) {
+                    Ok(()) => dir.finish(),
+                    Err(e) => dir.error(e.raw_os_error()),
+                }
+            }
+            Request::ReadDirPlus {
+                ino, fh, offset, ..
+            } => {
+                let mut dir = reply.dir_plus();
+                let mut add =
+                    |e: DirEntry<'_>, a: &Attr| !dir.add_plus(&dirent(&e), &self.entry(a));
+                match ops.readdirplus(ino, fh, offset, &mut add) {
+                    Ok(()) => dir.finish(),
+                    Err(e) => dir.error(e.raw_os_error()),
+                }
+            }
+            Request::ReleaseDir { ino, fh, .. } => {
+                ops.releasedir(ino, fh);
+                reply.ok()
+            }
+            Request::StatFs { .. } => match ops.statfs() {
+                Ok(s) => reply.statfs(&abi::Kstatfs {
+                    blocks: s.blocks,
+                    bfree: s.bfree,
+                    bavail: s.bavail,
+                    files: s.files,
+                    ffree: s.ffree,
+                    bsize: s.bsize,
+                    namelen: s.namelen,
+                    frsize: s.frsize,
+                    ..Default::default()
+                }),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::SetXattr {
+                ino,
+                name,
+                value,
+                flags,
+                ..
+            } => empty(reply, ops.setxattr(ino, name, value, flags)),
+            Request::RemoveXattr { ino, name } => empty(reply, ops.removexattr(ino, name)),
+            Request::GetXattr { ino, name, size } => match ops.getxattr(&caller, ino, name) {
+                Ok(v) => reply.xattr(size, &v),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::ListXattr { ino, size } => match ops.listxattr(&caller, ino) {
+                Ok(v) => reply.xattr(size, &v),
+                Err(e) => reply.error(e.raw_os_error()),
+            },
+            Request::Destroy => reply.ok(),
+            // LSEEK, ACCESS, FSYNCDIR: not served, and the kernel stops asking.
+            _ => reply.error(libc::ENOSYS),
+        }
+    }
+}
+
+fn dirent<'n>(e: &DirEntry<'n>) -> fusewire::DirEntry<'n> {
+    fusewire::DirEntry {
+        ino: e.ino,
+        next: e.next,
+        typ: fusewire::dirent_type(file_type_bits(e.kind)),
+        name: e.name,
+    }
+}
+
+/// How a session is to serve.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    pub access: Access,
+    /// Threads that run the filesystem's handlers.
+    pub workers: usize,
+    pub transport: Transport,
+}
+
+/// A filesystem being served on a mounted /dev/fuse descriptor.
+pub struct Session {
+    inner: fusewire::Session,
+}
+
+impl Session {
+    /// Answers INIT on `fd` (already mounted), picks the transport and starts serving
+    /// `ops` on it.
+    pub fn start<O: Ops>(
+        ops: O,
+        fd: OwnedFd,
+        config: &Config,
+    ) -> Result<Session, fusewire::StartError> {
+        let wants = wire_wants(&ops.wants());
+        let cfg = fusewire::Config {
+            transport: config.transport,
+            workers: config.workers.max(1),
+            wants,
+            ..fusewire::Config::default()
         };
-        self.ops.release(ino.into(), fh.into(), &mut answer);
-        answer();
+        let inner = fusewire::Session::start(fd, Fuse::new(ops, config.access), &cfg)?;
+        Ok(Session { inner })
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        empty(reply, self.ops.fsync(ino.into(), fh.into(), datasync))
+    /// The transport chosen.
+    pub fn transport(&self) -> Chosen {
+        self.inner.transport()
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let done = self
-            .ops
-            .fallocate(ino.into(), fh.into(), offset, length, mode);
-        empty(reply, done)
+    /// Requests counted per channel (/dev/fuse, each ring queue).
+    pub fn stats(&self) -> Arc<Stats> {
+        self.inner.stats()
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.ops.opendir(ino.into()) {
-            Ok(o) => reply.opened(FileHandle(o.fh), fopen_flags(o.keep_cache, o.cache_dir)),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let mut add = |e: DirEntry<'_>| {
-            let name = OsStr::from_bytes(e.name);
-            reply.add(INodeNo(e.ino), e.next, file_type(e.kind), name)
-        };
-        match self.ops.readdir(ino.into(), fh.into(), offset, &mut add) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let ttl = self.ttl;
-        let mut add = |e: DirEntry<'_>, a: &Attr| {
-            let name = OsStr::from_bytes(e.name);
-            let attr = file_attr(a);
-            reply.add(INodeNo(e.ino), e.next, name, &ttl, &attr, Generation(0))
-        };
-        match self
-            .ops
-            .readdirplus(ino.into(), fh.into(), offset, &mut add)
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.ops.releasedir(ino.into(), fh.into());
-        reply.ok();
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.ops.statfs() {
-            Ok(s) => reply.statfs(
-                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let set = self.ops.setxattr(ino.into(), name.as_bytes(), value, flags);
-        empty(reply, set)
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.ops.removexattr(ino.into(), name.as_bytes()))
-    }
-
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let value = self.ops.getxattr(&caller(req), ino.into(), name.as_bytes());
-        xattr(reply, size, value)
-    }
-
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr(reply, size, self.ops.listxattr(&caller(req), ino.into()))
+    /// Returns once the filesystem is unmounted.
+    pub fn join(self) -> std::io::Result<()> {
+        self.inner.join()
     }
 }

@@ -18,8 +18,8 @@
 //!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
 //!   `owner`, `group`, `_netdev`, `comment=…`, `x-…`, `X-…`, FUSE's legacy `nonempty`):
 //!   accepted, and nothing for the mount itself;
-//! - verilay's own: `digest=`, `threads=`, `log=`, `upper=`, `work=`, `policy=`,
-//!   `measure_log=`, `measure_hash=`.
+//! - verilay's own: `digest=`, `threads=`, `transport=`, `log=`, `upper=`, `work=`,
+//!   `policy=`, `measure_log=`, `measure_hash=`.
 //!
 //! Options are separated by commas; a value may be put in double quotes to hold commas
 //! (`log="/var/log/a,b"`), and a quote is allowed nowhere else. Where options contradict
@@ -44,6 +44,40 @@ pub enum Atime {
     Relative,
     /// `strictatime`.
     Strict,
+}
+
+/// How FUSE requests reach the daemon (`transport=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// FUSE over io_uring when the kernel offers it, else /dev/fuse.
+    Auto,
+    /// FUSE over io_uring, or no mount.
+    Uring,
+    /// read(2) and write(2) on /dev/fuse.
+    Dev,
+}
+
+impl Transport {
+    pub const NAMES: [(&'static str, Transport); 3] = [
+        ("auto", Transport::Auto),
+        ("uring", Transport::Uring),
+        ("dev", Transport::Dev),
+    ];
+
+    pub fn parse(name: &str) -> Result<Transport, String> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| format!("{name:?}: not one of auto, uring, dev"))
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, t)| *t == self)
+            .map_or("auto", |(n, _)| n)
+    }
 }
 
 /// A parsed option string. `None` means "not said": the mount gets its default.
@@ -77,6 +111,7 @@ pub struct MountOptions {
     /// `digest=`: the one image's pinned digest.
     pub digest: Option<String>,
     pub threads: Option<usize>,
+    pub transport: Option<Transport>,
     pub log: Option<PathBuf>,
     pub upper: Option<PathBuf>,
     pub work: Option<PathBuf>,
@@ -199,6 +234,11 @@ impl MountOptions {
         match key {
             "digest" => self.digest = Some(text_value(opt, value)?.to_string()),
             "threads" => self.threads = Some(parse_threads(opt, value)?),
+            "transport" => {
+                let t =
+                    Transport::parse(text_value(opt, value)?).map_err(|why| refuse(opt, why))?;
+                self.transport = Some(t)
+            }
             "log" => self.log = Some(path()),
             "cache" => self.cache = Some(path()),
             "cache_size" => {
@@ -299,6 +339,9 @@ impl MountOptions {
         }
         if let Some(t) = self.threads {
             value("threads", t.to_string().as_bytes());
+        }
+        if let Some(t) = self.transport {
+            value("transport", t.name().as_bytes());
         }
         if let Some(n) = self.cache_size {
             value("cache_size", n.to_string().as_bytes());
@@ -440,6 +483,8 @@ mod tests {
             "log=a\"b",
             "log=\"a",
             "measure_hash=md5",
+            "transport=fast",
+            "transport=",
         ] {
             let e = parse(&format!("ro,{bad}")).unwrap_err();
             assert!(
@@ -451,8 +496,10 @@ mod tests {
 
     #[test]
     fn values_with_commas_are_quoted_and_round_trip() {
-        let o = parse("log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w").unwrap();
+        let o = parse("log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w,transport=uring")
+            .unwrap();
         assert_eq!(o.log, Some(PathBuf::from("/a,b")));
+        assert_eq!(o.transport, Some(Transport::Uring));
         let again = MountOptions::parse(o.render().as_bytes()).unwrap();
         assert_eq!(again, o);
     }

@@ -11,9 +11,8 @@ const WATCH_EVERY: u64 = 64 << 20;
 /// verilay, however long that takes (a sparse file of 2^50 bytes: days); but the daemon
 /// must stay stoppable. Every `WATCH_EVERY` bytes it looks whether the mount is gone (a
 /// lazy unmount, which the daemon also does on SIGTERM) or the opener is being killed
-/// (FUSE would send INTERRUPT, but fuser answers it ENOSYS itself, so the daemon never
-/// sees one: the opener's pending signals tell instead). Then the read fails, and with
-/// it the open (EIO, and a log line).
+/// (the adapter does not act on FUSE's INTERRUPT: the opener's pending signals tell
+/// instead). Then the read fails, and with it the open (EIO, and a log line).
 pub(super) struct Watched<'a, R> {
     inner: R,
     mount: &'a MountWatch,

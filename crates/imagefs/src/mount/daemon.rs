@@ -1,5 +1,6 @@
 //! How a mount's daemon reports its setup to the process that started it, over a pipe:
-//! each step before it starts (`step …`), then `ok` once the mount answers or `error …`.
+//! each step before it starts (`step …`), then `ok TRANSPORT` once the mount answers (and
+//! how requests reach it) or `error …`.
 //! The starter follows the steps, at most a timeout each; a daemon that dies or stalls is
 //! killed and whatever it mounted is detached.
 
@@ -22,15 +23,17 @@ pub enum Report {
 /// One line on the pipe.
 pub enum Message {
     Step(String),
-    Ok,
+    /// The mount answers, served over this transport.
+    Ok(String),
     Error(String),
 }
 
 impl Message {
     pub fn parse(line: &str) -> Message {
         match line {
-            "ok" => Message::Ok,
+            "ok" => Message::Ok(String::new()),
             l => match l.split_once(' ') {
+                Some(("ok", t)) => Message::Ok(t.to_string()),
                 Some(("step", s)) => Message::Step(s.to_string()),
                 Some(("error", e)) => Message::Error(e.to_string()),
                 _ => Message::Error(format!("the mount daemon said {l:?}")),
@@ -69,10 +72,10 @@ impl Reporter {
         }
     }
 
-    /// The mount answers: the starter may return.
-    pub fn ready(&mut self) {
+    /// The mount answers, over `transport`: the starter may return.
+    pub fn ready(&mut self, transport: &str) {
         if let Some(mut f) = self.0.take() {
-            let _ = f.write_all(b"ok\n");
+            let _ = writeln!(f, "ok {transport}");
         }
     }
 
@@ -89,13 +92,13 @@ impl Reporter {
 }
 
 /// Starts the daemon that `command` makes (given the descriptor number to report on) and
-/// follows its setup until the mount on `mountpoint` answers, at most `timeout` per step.
-/// On failure no daemon, and no mount of its, stays behind.
+/// follows its setup until the mount on `mountpoint` answers, at most `timeout` per step:
+/// the transport it is served over. On failure no daemon, and no mount of its, stays behind.
 pub fn start(
     mountpoint: &Path,
     timeout: Duration,
     command: impl FnOnce(i32) -> Command,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
     let (read_end, write_end) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).context("pipe")?;
     // The daemon inherits the write end only.
@@ -117,7 +120,7 @@ pub fn start(
 
 /// Follows the daemon's setup on its pipe: each step it starts (`step …`) resets the
 /// clock; `ok` means the mount answers; `error …` or the pipe's end means it failed.
-fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result<()> {
+fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result<String> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut pipe = std::fs::File::from(pipe);
     let mut step = "start".to_string();
@@ -132,7 +135,7 @@ fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result
                     step = s;
                     deadline = deadline_after(timeout);
                 }
-                Message::Ok => return Ok(()),
+                Message::Ok(transport) => return Ok(transport),
                 Message::Error(e) => bail!("{e}"),
             }
         }

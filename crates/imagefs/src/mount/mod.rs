@@ -14,6 +14,7 @@ pub use kernel::{
 };
 
 use crate::fuse;
+pub use crate::fuse::Transport;
 pub use crate::ops::Access;
 use crate::ops::Ops;
 use anyhow::Context;
@@ -60,6 +61,9 @@ pub struct Plan {
     pub access: Access,
     /// Worker threads.
     pub threads: usize,
+    /// How requests reach the workers: /dev/fuse, io_uring, or io_uring when the kernel
+    /// offers it.
+    pub transport: Transport,
     /// Mounted with mount(2) by root, else through fusermount3.
     pub as_root: bool,
     /// The longest each setup step may take.
@@ -80,14 +84,15 @@ impl Plan {
         report.step("mount");
         let (fd, guard) =
             kernel::mount(self).with_context(|| format!("mounting on {}", mp.display()))?;
-        report.step("answer the kernel's first request");
-        let session = fuse::Session::new(fs, fd, self.access, self.threads, self.clone_fd())
+        report.step("answer the kernel's first request and start the workers");
+        let config = fuse::Config {
+            access: self.access,
+            workers: self.threads,
+            transport: self.transport,
+        };
+        let session = fuse::Session::start(fs, fd, &config)
+            .map_err(|e| anyhow::anyhow!("{e}"))
             .context("talking to the kernel")?;
-        report.step(&format!("start {} workers", self.threads));
-        let running = session.spawn().context("starting the workers")?;
-        let running = running
-            .wait_for_workers(self.threads, self.timeout.min(MAX_TIMEOUT))
-            .map_err(|e| anyhow::anyhow!("starting {} workers: {e}", self.threads))?;
         kernel::raise_readahead(mp);
         if let Some(mounted) = mounted {
             use std::os::unix::fs::MetadataExt;
@@ -98,22 +103,9 @@ impl Plan {
         self.unmount_on_signals()?;
         // Serving: from here on the mount is the user's to unmount.
         guard.keep();
-        report.ready();
+        report.ready(&session.transport().to_string());
         // Returns when the filesystem is unmounted (by us or anyone).
-        running.join();
-        Ok(())
-    }
-
-    /// Cloning the /dev/fuse descriptor per worker means opening /dev/fuse, which
-    /// rootless may not be allowed to; then the workers share the one descriptor
-    /// fusermount3 gave us.
-    fn clone_fd(&self) -> bool {
-        self.as_root
-            || rustix::fs::access(
-                "/dev/fuse",
-                rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
-            )
-            .is_ok()
+        session.join().context("serving")
     }
 
     /// SIGTERM, SIGINT and SIGHUP detach the mount: the session ends as soon as the

@@ -20,7 +20,7 @@ use super::image::{open_with, Pin, ReadOpts};
 use super::measuring::{HashName, MeasureArgs};
 use anyhow::{bail, Context};
 use imagefs::mount::{self as plan, operand, MAX_TIMEOUT};
-use mountopts::{check_threads, MountOptions};
+use mountopts::{check_threads, MountOptions, Transport};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -40,14 +40,20 @@ pub struct Args {
     /// Mount options, comma-separated (repeatable): ro, rw, nosuid, nodev, noexec, sync,
     /// dirsync, noatime, relatime, strictatime, nodiratime, lazytime, nosymfollow,
     /// allow_other, allow_root (root mounts only: root alone, as without it), and
-    /// verilay's own digest=, threads=, log=, upper=, work=, policy=, measure_log=,
-    /// measure_hash=.
+    /// verilay's own digest=, threads=, transport=, log=, upper=, work=, policy=,
+    /// measure_log=, measure_hash=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<OsString>,
-    /// Worker threads, each on its own /dev/fuse descriptor (default: one per CPU; at
-    /// most 1024).
+    /// Worker threads that serve requests (default: one per CPU; at most 1024). Over
+    /// /dev/fuse each reads from a descriptor of its own.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// How requests reach the daemon (`-o transport=`): `uring` (FUSE over io_uring, or
+    /// no mount), `dev` (/dev/fuse), or `auto` (io_uring when the kernel offers it, else
+    /// /dev/fuse; the default, or $VERILAY_TRANSPORT). io_uring needs Linux 6.14+ and
+    /// `echo Y > /sys/module/fuse/parameters/enable_uring`.
+    #[arg(long, value_name = "auto|uring|dev", value_parser = Transport::parse)]
+    transport: Option<Transport>,
     /// Serve in the foreground, logging to stderr, until unmounted.
     #[arg(short, long)]
     foreground: bool,
@@ -181,6 +187,11 @@ impl Settings {
             },
             access,
             threads: self.threads(),
+            transport: match self.opts.transport.unwrap_or(Transport::Auto) {
+                Transport::Auto => plan::Transport::Auto,
+                Transport::Uring => plan::Transport::Uring,
+                Transport::Dev => plan::Transport::Dev,
+            },
             as_root: self.root,
             timeout,
         }
@@ -245,6 +256,10 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
         opts.apply(o.as_bytes())?;
     }
     fold(&mut opts.threads, &a.threads, "threads")?;
+    fold(&mut opts.transport, &a.transport, "transport")?;
+    if opts.transport.is_none() {
+        opts.transport = transport_from_env()?;
+    }
     fold(&mut opts.log, &a.log, "log")?;
     fold(&mut opts.cache, &a.cache, "cache")?;
     fold(&mut opts.cache_size, &a.cache_size, "cache-size")?;
@@ -282,6 +297,18 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
         opts,
         root,
     })
+}
+
+/// `$VERILAY_TRANSPORT`, the transport of mounts that do not name one.
+fn transport_from_env() -> anyhow::Result<Option<Transport>> {
+    match std::env::var("VERILAY_TRANSPORT") {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => Transport::parse(&v)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("VERILAY_TRANSPORT={e}")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => bail!("VERILAY_TRANSPORT: not UTF-8"),
+    }
 }
 
 /// The `--digest` pin of each image, or `-o digest=` for a single image.
@@ -356,9 +383,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.foreground {
         return daemon::serve(s, plan::Report::Stderr, a.timeout);
     }
-    spawn_daemon(&s, &a.digests, a.timeout)?;
+    let transport = spawn_daemon(&s, &a.digests, a.timeout)?;
     if !a.quiet {
         announce(&s, &trust);
+        eprintln!("{}: served over {transport}", s.mountpoint.display());
     }
     Ok(0)
 }
@@ -442,8 +470,9 @@ fn check_descriptor_budget(threads: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the daemon (this binary again) and follows its setup until the mount answers.
-fn spawn_daemon(s: &Settings, digests: &[String], timeout: Duration) -> anyhow::Result<()> {
+/// Starts the daemon (this binary again) and follows its setup until the mount answers:
+/// the transport it serves over.
+fn spawn_daemon(s: &Settings, digests: &[String], timeout: Duration) -> anyhow::Result<String> {
     let exe = std::env::current_exe().context("finding the verilay binary")?;
     plan::start_daemon(&s.mountpoint, timeout, |ready_fd| {
         let mut cmd = Command::new(exe);
