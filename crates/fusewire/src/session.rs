@@ -98,6 +98,12 @@ pub enum StartError {
     Init(InitError),
     /// `Transport::Uring` was asked for and the kernel did not take it.
     UringUnavailable(String),
+    /// INIT was answered, but the worker threads (or their descriptors) could not all be
+    /// made.
+    Workers {
+        count: usize,
+        error: io::Error,
+    },
 }
 
 impl fmt::Display for StartError {
@@ -106,6 +112,7 @@ impl fmt::Display for StartError {
             StartError::Io(e) => write!(f, "/dev/fuse: {e}"),
             StartError::Init(e) => write!(f, "FUSE_INIT: {e}"),
             StartError::UringUnavailable(why) => write!(f, "FUSE over io_uring: {why}"),
+            StartError::Workers { count, error } => write!(f, "starting {count} workers: {error}"),
         }
     }
 }
@@ -208,7 +215,12 @@ impl Session {
                 Err(_) => {}
             }
         }
-        session.start_dev(&fs, config)?;
+        session
+            .start_dev(&fs, config)
+            .map_err(|error| StartError::Workers {
+                count: config.workers.max(1),
+                error,
+            })?;
         Ok(session)
     }
 
