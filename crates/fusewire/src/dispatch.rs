@@ -27,6 +27,14 @@ pub trait Filesystem: Send + Sync + 'static {
     fn forget(&self, ino: u64, nlookup: u64) {}
     /// The kernel asks to abandon request `unique` (if it still runs).
     fn interrupt(&self, unique: u64) {}
+    /// Whether a request with this opcode is always answered soon: over io_uring it is then
+    /// served on the queue's own thread, without the hand-off to the worker pool (two
+    /// thread wake-ups). Any request that may wait long (the network, hashing or copying a
+    /// file, fsync) must say false: served in place, it would hold up every request its
+    /// CPU's queue receives meanwhile.
+    fn quick(&self, opcode: u32) -> bool {
+        false
+    }
 }
 
 /// Serves one split request: decode errors get their errno, FORGET and INTERRUPT no reply.

@@ -28,12 +28,16 @@ impl Completions {
         })
     }
 
-    fn push(&self, idx: usize) {
+    /// An answered entry; `quiet`: answered on the queue's own thread, which looks for it
+    /// without being woken.
+    fn push(&self, idx: usize, quiet: bool) {
         self.done
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(idx);
-        self.wake.signal();
+        if !quiet {
+            self.wake.signal();
+        }
     }
 
     /// Takes the answered entries.
@@ -61,6 +65,8 @@ pub(crate) struct InFlight {
     #[allow(dead_code)]
     pub(crate) mem: Arc<QueueMem>,
     pub(crate) done: Arc<Completions>,
+    /// Served on the queue's own thread (no wake-up needed when answered).
+    pub(crate) quiet: bool,
 }
 
 // SAFETY: an InFlight is created once per request the kernel handed to the queue (one CQE)
@@ -90,7 +96,7 @@ impl UringSink {
         header.in_out.fill(0);
         header.in_out[..16].copy_from_slice(out.as_bytes());
         header.ring_ent_in_out.payload_sz = len as u32;
-        job.done.push(job.idx);
+        job.done.push(job.idx, job.quiet);
     }
 }
 
@@ -134,7 +140,12 @@ pub(crate) fn worker<F: Filesystem>(fs: &F, jobs: &Mutex<Receiver<InFlight>>, st
 }
 
 /// Copies the request out of the entry (the reply overwrites the payload), then serves it.
-fn serve_entry<F: Filesystem>(fs: &F, job: InFlight, stats: &Stats, input: &mut Vec<u8>) {
+pub(crate) fn serve_entry<F: Filesystem>(
+    fs: &F,
+    job: InFlight,
+    stats: &Stats,
+    input: &mut Vec<u8>,
+) {
     // SAFETY: this worker holds the entry; the kernel finished writing it before the CQE.
     let header: UringReqHeader = unsafe { job.entry.header.read() };
     let used = (header.ring_ent_in_out.payload_sz as usize).min(job.entry.payload_size);

@@ -269,6 +269,8 @@ impl Session {
             self.queue_mem.push(mem.clone());
             stopper.queues.push(done.clone());
             let queue = Queue {
+                fs: fs.clone(),
+                stats: stats.clone(),
                 fd: self.channel.fd().as_raw_fd(),
                 qid: u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?,
                 mem,

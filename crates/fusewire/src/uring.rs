@@ -1,20 +1,23 @@
 //! FUSE over io_uring: the kernel has one queue per possible CPU and puts a request on the
 //! queue of the CPU its sender runs on. Each queue here is one thread with one ring of
 //! 128-byte SQEs: it REGISTERs its entries (IORING_OP_URING_CMD on the /dev/fuse
-//! descriptor), hands every request the kernel completes to the worker pool, and commits
-//! each answered entry back with COMMIT_AND_FETCH, which also re-arms it. At unmount every
+//! descriptor), serves each request the kernel completes itself when the filesystem calls
+//! it quick and hands the others to the worker pool, and commits each answered entry back
+//! with COMMIT_AND_FETCH, which also re-arms it. At unmount every
 //! entry completes with -ENOTCONN and the thread ends.
 
-use crate::abi::{self, UringCmdReq};
-use crate::pool::{Completions, InFlight};
+use crate::abi::{self, InHeader, UringCmdReq};
+use crate::dispatch::Filesystem;
+use crate::pool::{serve_entry, Completions, InFlight};
 use crate::ring_mem::QueueMem;
+use crate::stats::Stats;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
@@ -97,8 +100,11 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
-/// One queue: its id, ring depth, memory and the way to the workers.
-pub(crate) struct Queue {
+/// One queue: its id, ring depth, memory, the filesystem (for quick requests) and the way
+/// to the workers.
+pub(crate) struct Queue<F> {
+    pub(crate) fs: Arc<F>,
+    pub(crate) stats: Arc<Stats>,
     pub(crate) fd: RawFd,
     pub(crate) qid: u16,
     pub(crate) mem: Arc<QueueMem>,
@@ -117,7 +123,7 @@ fn push(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<()> {
     unsafe { ring.submission().push(sqe) }.map_err(|_| io::Error::other("submission queue full"))
 }
 
-impl Queue {
+impl<F: Filesystem> Queue<F> {
     /// Registers every entry, reports how that went, then serves until every entry has
     /// ended (unmount) or the session stops.
     pub(crate) fn run(self, registered: Sender<Registered>) -> io::Result<()> {
@@ -175,6 +181,7 @@ impl Queue {
         let mut commit_ids = vec![0u64; depth];
         let (mut ended, mut in_flight, mut stopping) = (0usize, 0usize, false);
         let mut answered = Vec::new();
+        let mut input = Vec::new();
         let mut cqes = early;
         while ended < depth && !(stopping && in_flight == 0) {
             if cqes.is_empty() {
@@ -211,16 +218,29 @@ impl Queue {
                 // it is this thread's until handed to a worker below.
                 commit_ids[idx] = unsafe { (*entry.header).ring_ent_in_out.commit_id };
                 in_flight += 1;
+                // SAFETY: as above.
+                let in_header = unsafe { (*entry.header).in_out };
+                let quick = InHeader::read_from_prefix(&in_header[..])
+                    .is_ok_and(|(h, _)| self.fs.quick(h.opcode));
                 let job = InFlight {
                     qid: self.qid as usize,
                     idx,
                     entry,
                     mem: self.mem.clone(),
                     done: self.done.clone(),
+                    quiet: quick,
                 };
-                if self.jobs.send(job).is_err() {
+                if quick {
+                    serve_entry(&*self.fs, job, &self.stats, &mut input);
+                } else if self.jobs.send(job).is_err() {
                     return Err(io::Error::other("the worker pool is gone"));
                 }
+            }
+            // Entries answered here (quietly, without the wake-up) go back at once.
+            self.done.take(&mut answered);
+            for idx in answered.drain(..) {
+                push(ring, &commit_sqe(self.fd, self.qid, commit_ids[idx], idx))?;
+                in_flight -= 1;
             }
         }
         // Commits pushed in the last round still go out: their callers wait for them.

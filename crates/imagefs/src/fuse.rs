@@ -29,6 +29,36 @@ pub struct Fuse<O: Ops> {
     owner: u32,
     /// Notifications and passthrough registrations, once INIT is agreed.
     channel: OnceLock<Channel>,
+    /// Which requests may wait long (the rest are served where they arrive).
+    waits: ops::Waits,
+}
+
+/// Requests that never wait long on any filesystem here unless its images are remote:
+/// lookups, attributes, listings, xattrs, reads, and making or removing a name (neither
+/// copies a file up).
+fn never_waits(opcode: u32) -> bool {
+    use fusewire::abi::op;
+    matches!(
+        opcode,
+        op::LOOKUP
+            | op::GETATTR
+            | op::READLINK
+            | op::READ
+            | op::OPENDIR
+            | op::READDIR
+            | op::READDIRPLUS
+            | op::RELEASEDIR
+            | op::GETXATTR
+            | op::LISTXATTR
+            | op::STATFS
+            | op::ACCESS
+            | op::MKNOD
+            | op::MKDIR
+            | op::SYMLINK
+            | op::CREATE
+            | op::UNLINK
+            | op::RMDIR
+    )
 }
 
 /// What the filesystem wants of INIT, in the kernel's flags.
@@ -66,8 +96,10 @@ fn wire_wants(w: &ops::Wants) -> fusewire::Wants {
 
 impl<O: Ops> Fuse<O> {
     pub fn new(ops: O, access: Access) -> Fuse<O> {
+        let wants = ops.wants();
         Fuse {
-            ttl: ops.wants().ttl,
+            ttl: wants.ttl,
+            waits: wants.waits,
             ops,
             access,
             owner: rustix::process::geteuid().as_raw(),
@@ -248,6 +280,14 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
 
     fn forget(&self, ino: u64, nlookup: u64) {
         self.ops.forget(ino, nlookup)
+    }
+
+    fn quick(&self, opcode: u32) -> bool {
+        match self.waits {
+            ops::Waits::Never => true,
+            ops::Waits::OnOpensAndChanges => never_waits(opcode),
+            ops::Waits::Always => false,
+        }
     }
 
     fn request(&self, ctx: &Context, req: Request<'_>, reply: Reply<'_>) {

@@ -37,6 +37,20 @@ pub struct Caller {
     pub pid: u32,
 }
 
+/// Which requests may keep the thread serving them waiting long. The transport answers
+/// the others where they arrive (no hand-off between threads); these go to a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waits {
+    /// None (images on this machine, nothing measured).
+    Never,
+    /// Opens, closes and changes: a measured open or a writer's close hashes a file, a
+    /// change may copy one up, fsync waits for the disk. Lookups, attributes, listings,
+    /// xattrs, reads and creating or removing names do not.
+    OnOpensAndChanges,
+    /// Any request: an image is read over the network.
+    Always,
+}
+
 /// What a filesystem asks of the kernel at INIT (each optional: a kernel that lacks one
 /// does without), and how long the kernel may cache its replies. Both ask for
 /// asynchronous and 1 MiB reads and parallel directory operations; the rest differs, as
@@ -66,6 +80,8 @@ pub struct Wants {
     /// The kernel's background queue and congestion threshold (read-only: 64 and 48;
     /// a writable mount keeps the kernel's defaults).
     pub background: Option<(u16, u16)>,
+    /// Which requests may wait long (not for the kernel: for the transport).
+    pub waits: Waits,
 }
 
 /// What the kernel agreed to at INIT, of what [`Wants`] asked.

@@ -55,6 +55,14 @@ pub struct Stack<S: ByteSource> {
     pub layers: Vec<Image<S>>,
 }
 
+impl<S: ByteSource> Stack<S> {
+    /// Whether some layer is read over the network (a remote image), so any read of the
+    /// images may wait long.
+    pub fn remote(&self) -> bool {
+        self.layers.iter().any(|l| l.source().refetches())
+    }
+}
+
 /// A directory found as `name` in directory `parent` whose own `..` names another
 /// directory (`dotdot`; `None`: it has none, or it is the layer's root). The kernel's
 /// erofs never reads `..` (the VFS keeps parents), so it would serve such a directory

@@ -43,7 +43,8 @@ pub trait ByteSource: Send + Sync {
     }
 
     /// Whether a forgotten range is read afresh next time (a remote image's copy, or the
-    /// network), so a read that failed its check is worth trying once more.
+    /// network), so a read that failed its check is worth trying once more; such reads
+    /// may also wait on the network.
     fn refetches(&self) -> bool {
         false
     }

@@ -568,6 +568,11 @@ impl<S: ByteSource> ByteSource for VerifiedSource<S> {
         Ok(Some(h))
     }
 
+    /// Its reads go where its source's go.
+    fn refetches(&self) -> bool {
+        self.inner.refetches()
+    }
+
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match self.read_once(buf, offset) {
             // The bad bytes are forgotten below us: a copy (a remote image's cache, or

@@ -37,6 +37,9 @@ pub struct MemFs {
     /// FORGETs seen (shared: the session owns the filesystem).
     pub forgets: Arc<AtomicU64>,
     pub inits: Arc<AtomicU64>,
+    /// Every request but READ served where it arrives (over io_uring: on the queue's
+    /// thread), READ on the worker pool.
+    pub quick: bool,
 }
 
 /// The contents of /dir/big.bin.
@@ -90,6 +93,7 @@ impl MemFs {
             ttl,
             forgets: Arc::default(),
             inits: Arc::default(),
+            quick: false,
         }
     }
 
@@ -291,5 +295,9 @@ impl Filesystem for MemFs {
 
     fn forget(&self, _ino: u64, _nlookup: u64) {
         self.forgets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn quick(&self, opcode: u32) -> bool {
+        self.quick && opcode != abi::op::READ
     }
 }

@@ -41,7 +41,7 @@ use crate::ino::{fits, ino_obj, obj_ino};
 use crate::measuring::{self, Hook};
 use crate::ops::{
     AddEntry, AddEntryPlus, Caller, DirEntry, Errno, Granted, Logger, NotifierSlot, Opened, Ops,
-    Register, Statfs, Wants,
+    Register, Statfs, Waits, Wants,
 };
 use crate::paths::logged_subject;
 use crate::stack::{self, Obj, Resolved, Stack};
@@ -290,6 +290,11 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             writes: false,
             passthrough: false,
             background: Some((64, 48)),
+            waits: match (self.stack.remote(), measured) {
+                (true, _) => Waits::Always,
+                (false, true) => Waits::OnOpensAndChanges,
+                (false, false) => Waits::Never,
+            },
         }
     }
 

@@ -37,7 +37,7 @@ use crate::attr::{Attr, Kind};
 use crate::measuring::{Hook, Setup};
 use crate::ops::{
     AddEntry, Caller, Created, Errno, Granted, Logger, NotifierSlot, Opened, Ops, Register,
-    RenameFlags, SetAttr, Statfs, Wants,
+    RenameFlags, SetAttr, Statfs, Waits, Wants,
 };
 use crate::reaper::Reaper;
 use crate::stack::{Obj, Stack};
@@ -219,6 +219,10 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
             // them itself.
             passthrough: self.as_root,
             background: None,
+            waits: match self.stack.remote() {
+                true => Waits::Always,
+                false => Waits::OnOpensAndChanges,
+            },
         }
     }
 
