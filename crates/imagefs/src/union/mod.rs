@@ -354,14 +354,23 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
 
     fn write(
         &self,
-        _ino: u64,
+        ino: u64,
         fh: u64,
         offset: u64,
         data: &[u8],
         kill_privileges: Option<&Caller>,
     ) -> Result<usize, Errno> {
-        if let Some(caller) = kill_privileges {
-            self.with_file(fh, |fd| self.drop_privileges(caller, fd))?;
+        let dropped = match kill_privileges {
+            Some(caller) => self.with_file(fh, |fd| self.drop_privileges(caller, fd))?,
+            None => false,
+        };
+        if dropped {
+            // A write drops the kernel's cached size and times, not the mode. (Its
+            // file_remove_privs sends a SETATTR first, whose reply has the new mode, unless
+            // its cache said there was nothing to drop.)
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(ino, -1, 0);
+            }
         }
         self.write_file(fh, offset, data)
     }

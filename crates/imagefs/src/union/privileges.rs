@@ -54,24 +54,31 @@ fn is_regular(mode: u32) -> bool {
 impl<S: ByteSource + 'static> UnionFs<S> {
     /// Drops the privileges of the upper object `fd` (open, or the node's own
     /// descriptor) that `caller`'s change drops, if it is a regular file: a directory's
-    /// setgid is inherited by what is made in it, never dropped.
-    pub(super) fn drop_privileges(&self, caller: &Caller, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    /// setgid is inherited by what is made in it, never dropped. Says whether its mode
+    /// changed.
+    pub(super) fn drop_privileges(
+        &self,
+        caller: &Caller,
+        fd: BorrowedFd<'_>,
+    ) -> Result<bool, Errno> {
         self.chown_dropping_privileges(caller, fd, None, None)
     }
 
     /// Gives the upper object `fd` owner `uid` and group `gid` (those asked) and drops
-    /// the privileges `caller`'s change drops, in one change of the owner and mode.
+    /// the privileges `caller`'s change drops, in one change of the owner and mode. Says
+    /// whether the mode changed.
     pub(super) fn chown_dropping_privileges(
         &self,
         caller: &Caller,
         fd: BorrowedFd<'_>,
         uid: Option<u32>,
         gid: Option<u32>,
-    ) -> Result<(), Errno> {
+    ) -> Result<bool, Errno> {
         let st = rfs::fstat(fd)?;
         let path = Self::real_path(fd);
         if !is_regular(st.st_mode) {
-            return self.set_owner_mode(fd, &path, uid, gid, None);
+            self.set_owner_mode(fd, &path, uid, gid, None)?;
+            return Ok(false);
         }
         // Rootless, the mode and group shown are the override's; the host file's are ours.
         let shown_override = if self.as_root {
@@ -86,7 +93,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let dropped = without_setid(shown, group, caller);
         let mode = (dropped != shown).then_some(dropped);
         self.set_owner_mode(fd, &path, uid, gid, mode)?;
-        self.drop_capability(&path)
+        self.drop_capability(&path)?;
+        Ok(mode.is_some())
     }
 
     /// Removes a regular file's `security.capability`. Only root can hold one (setting it

@@ -34,7 +34,9 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         // The kernel never sends a mode with the request to drop privileges (fs/attr.c
         // turns that request into the mode it would set, which fuse_setattr drops).
         match set.kill_privileges.filter(|_| set.mode.is_none()) {
-            Some(c) => self.chown_dropping_privileges(&c, fd.as_fd(), set.uid, set.gid)?,
+            Some(c) => {
+                self.chown_dropping_privileges(&c, fd.as_fd(), set.uid, set.gid)?;
+            }
             None => self.set_owner_mode(fd.as_fd(), &path, set.uid, set.gid, set.mode)?,
         }
         if let Some(len) = set.size {
