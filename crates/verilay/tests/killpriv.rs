@@ -25,8 +25,10 @@ fn prerequisites() -> bool {
 fn privileged_tree(src: &Path) {
     sh(&format!(
         "set -e; mkdir -p {0} && cd {0}
-         for f in user-append user-cached user-trunc user-otrunc user-falloc \
-                  root-append root-trunc root-chown; do echo data > $f; chmod 6777 $f; done
+         for f in user-append user-cached user-trunc user-otrunc user-falloc root-append \
+                  root-cached root-trunc root-otrunc root-chown root-chown-none; do
+             echo data > $f; chmod 6777 $f
+         done
          for f in user-cap root-cap root-chown-cap; do
              echo data > $f; chmod 0777 $f; setfattr -n security.capability -v {CAPABILITY} $f
          done
@@ -37,17 +39,20 @@ fn privileged_tree(src: &Path) {
     ));
 }
 
-/// What the test user and root do to the tree at `$M`. `user-cached` is written while
-/// root holds it open read-only from the image, so its opens stay cached and the write
-/// comes to the mount as a WRITE (the others are passthrough on a root verilay mount).
+/// What the test user and root do to the tree at `$M`. `*-cached` is written while root
+/// holds it open read-only from the image, so its opens stay cached and the write comes
+/// to the mount as a WRITE (the others are passthrough on a root verilay mount).
+/// `chown(-1, -1)` changes nothing but drops privileges, even root's.
 const CHANGES: &str = r#"set -e
     U() { runuser -u verilaytest -- sh -c "cd $M && $1"; }
     U 'echo x >> user-append; echo x >> user-cap; truncate -s 2 user-trunc; : > user-otrunc'
     U 'fallocate -l 8192 user-falloc; echo x >> user-sgid-nox'
     exec 3< "$M/user-cached"; U 'echo x >> user-cached'; exec 3<&-
     cd "$M"
-    echo x >> root-append; echo x >> root-cap; truncate -s 2 root-trunc
+    echo x >> root-append; echo x >> root-cap; truncate -s 2 root-trunc; : > root-otrunc
+    exec 3< root-cached; echo x >> root-cached; exec 3<&-
     chown 1234:1234 root-chown root-chown-cap sgid-dir; chgrp 1234 root-chgrp-nox
+    python3 -c 'import os; os.chown("root-chown-none", -1, -1)'
     echo n > new; chmod 6777 new; U 'echo x >> new'"#;
 
 /// Mode, owner, size and capability (base64) of each entry of `dir`.
@@ -101,6 +106,9 @@ fn privileges_dropped_on_a_root_mount_match_kernel_overlayfs() {
         ("user-sgid-nox", "666 0:0 7"),
         ("new", "777 0:0 4"),
         ("root-append", "6777 0:0 7"),
+        ("root-cached", "6777 0:0 7"),
+        ("root-otrunc", "6777 0:0 0"),
+        ("root-chown-none", "777 0:0 5"),
         ("root-cap", "777 0:0 7"),
         ("root-trunc", "6777 0:0 2"),
         ("root-chown", "777 1234:1234 5"),
