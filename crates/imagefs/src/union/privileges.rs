@@ -24,12 +24,14 @@ const GROUP_EXEC: u32 = libc::S_IXGRP;
 /// CAP_FSETID, which the kernel only tells apart on a write or truncate, where root is
 /// the one that has it).
 pub(super) fn without_setid(mode: u32, gid: u32, caller: &Caller) -> u32 {
-    let mut m = mode & !SETUID;
-    let keeps_setgid = mode & GROUP_EXEC == 0 && (caller.uid == 0 || in_group(caller, gid));
-    if !keeps_setgid {
-        m &= !SETGID;
+    let m = mode & !SETUID;
+    // Group membership is looked up only for the rare file that needs it.
+    let keeps_setgid =
+        mode & SETGID == 0 || mode & GROUP_EXEC == 0 && (caller.uid == 0 || in_group(caller, gid));
+    match keeps_setgid {
+        true => m,
+        false => m & !SETGID,
     }
-    m
 }
 
 /// Whether `caller` is in group `gid`: its own, or one of its supplementary groups (read
