@@ -79,6 +79,7 @@ fn wire_wants(w: &ops::Wants) -> fusewire::Wants {
         (w.no_opendir, init::NO_OPENDIR_SUPPORT),
         // Registering a backing file needs CAP_SYS_ADMIN.
         (w.passthrough, init::PASSTHROUGH),
+        (w.kills_privileges, init::HANDLE_KILLPRIV_V2),
     ] {
         if on {
             flags |= flag;
@@ -224,6 +225,24 @@ fn wire_attr(a: &Attr) -> abi::Attr {
     }
 }
 
+/// Whether a SETATTR sets nothing: with HANDLE_KILLPRIV_V2 that is the kernel's
+/// `file_remove_privs` (a write, fallocate or passthrough write by a caller without
+/// CAP_FSETID to a setuid, setgid or capability-holding file; fs/fuse/dir.c fuse_setattr
+/// drops the mode change it computed and sends the rest) or `chown(-1, -1)`, which drops
+/// them too. On a passthrough write no WRITE follows to carry the flag, so this request
+/// is the only word the filesystem gets. (OPEN never carries OPEN_KILL_SUIDGID here: the
+/// kernel sets it only for an O_TRUNC it passes on, and without ATOMIC_O_TRUNC it strips
+/// O_TRUNC and truncates with a SETATTR of the size, which carries FATTR_KILL_SUIDGID.)
+fn changes_nothing(set: &fusewire::SetAttr) -> bool {
+    set.mode.is_none()
+        && set.uid.is_none()
+        && set.gid.is_none()
+        && set.size.is_none()
+        && set.atime.is_none()
+        && set.mtime.is_none()
+        && set.ctime.is_none()
+}
+
 fn set_time(t: fusewire::SetTime) -> ops::SetTime {
     match t {
         fusewire::SetTime::Now => ops::SetTime::Now,
@@ -316,6 +335,7 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
                     atime: set.atime.map(set_time),
                     mtime: set.mtime.map(set_time),
                     fh: set.fh,
+                    kill_privileges: (set.kill_suidgid || changes_nothing(&set)).then_some(caller),
                 };
                 self.reply_attr(reply, ops.setattr(ino, &set))
             }
@@ -396,8 +416,15 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
                 fh,
                 offset,
                 data,
+                write_flags,
                 ..
-            } => match ops.write(ino, fh, offset, data) {
+            } => match ops.write(
+                ino,
+                fh,
+                offset,
+                data,
+                (write_flags & abi::WRITE_KILL_SUIDGID != 0).then_some(&caller),
+            ) {
                 Ok(n) => reply.written(n as u32),
                 Err(e) => reply.error(e.raw_os_error()),
             },

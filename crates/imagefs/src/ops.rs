@@ -77,6 +77,11 @@ pub struct Wants {
     pub writes: bool,
     /// Upper files read and written by the kernel itself (writable, as root).
     pub passthrough: bool,
+    /// Setuid, setgid and file capabilities dropped on write, truncate and chown by the
+    /// filesystem, told per request whether the caller lacks CAP_FSETID
+    /// (FUSE_HANDLE_KILLPRIV_V2; writable). The kernel then caches that a file has
+    /// none to drop, instead of asking for `security.capability` on every write.
+    pub kills_privileges: bool,
     /// The kernel's background queue and congestion threshold (read-only: 64 and 48;
     /// a writable mount keeps the kernel's defaults).
     pub background: Option<(u16, u16)>,
@@ -158,6 +163,10 @@ pub struct SetAttr {
     pub mtime: Option<SetTime>,
     /// The handle the change came through, if any.
     pub fh: Option<u64>,
+    /// With [`Wants::kills_privileges`], the caller whose change (a write, truncate or
+    /// chown) drops a regular file's setuid and setgid bits and `security.capability`,
+    /// as the VFS drops them for this caller.
+    pub kill_privileges: Option<Caller>,
 }
 
 /// One entry of a directory listing, and the offset of the one after it.
@@ -274,7 +283,16 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<Opened, Errno>;
     /// Reads into `buf` (as long as the request asks); how many bytes were read.
     fn read(&self, ino: u64, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno>;
-    fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+    /// Writes `data`; with `kill_privileges`, first drops the file's privileges as
+    /// [`SetAttr::kill_privileges`] says.
+    fn write(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_privileges: Option<&Caller>,
+    ) -> Result<usize, Errno> {
         Err(Errno::NOSYS)
     }
     fn flush(&self, ino: u64, fh: u64) -> Result<(), Errno> {

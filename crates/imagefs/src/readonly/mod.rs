@@ -289,6 +289,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             dont_mask: false,
             writes: false,
             passthrough: false,
+            kills_privileges: false,
             background: Some((64, 48)),
             waits: match (self.stack.remote(), measured) {
                 (true, _) => Waits::Always,

@@ -18,7 +18,8 @@
 //!
 //! One file per concern: `nodes` (the node table and ids), `resolve` (names in the merged
 //! tree, redirects), `listing`, `copyup`, `create`, `remove`, `rename`, `owner`
-//! (rootless ownership), `setattr`, `io` (handles, passthrough) and `measured`; this file
+//! (rootless ownership), `privileges` (setuid, setgid and capabilities dropped on
+//! change), `setattr`, `io` (handles, passthrough) and `measured`; this file
 //! holds the state and answers each operation by calling them.
 
 mod copyup;
@@ -28,6 +29,7 @@ mod listing;
 mod measured;
 mod nodes;
 mod owner;
+mod privileges;
 mod remove;
 mod rename;
 mod resolve;
@@ -218,6 +220,9 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
             // Upper files hold nothing to verify: as root, the kernel may read and write
             // them itself.
             passthrough: self.as_root,
+            // Privileges dropped here (`privileges.rs`), not by the kernel asking for
+            // `security.capability` on every write.
+            kills_privileges: true,
             background: None,
             waits: match self.stack.remote() {
                 true => Waits::Always,
@@ -351,7 +356,26 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
         self.read_file(ino, fh, offset, buf)
     }
 
-    fn write(&self, _ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<usize, Errno> {
+    fn write(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_privileges: Option<&Caller>,
+    ) -> Result<usize, Errno> {
+        let dropped = match kill_privileges {
+            Some(caller) => self.with_file(fh, |fd| self.drop_privileges(caller, fd))?,
+            None => false,
+        };
+        if dropped {
+            // A write drops the kernel's cached size and times, not the mode. (Its
+            // file_remove_privs sends a SETATTR first, whose reply has the new mode, unless
+            // its cache said there was nothing to drop.)
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(ino, -1, 0);
+            }
+        }
         self.write_file(fh, offset, data)
     }
 

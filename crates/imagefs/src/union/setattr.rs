@@ -1,4 +1,5 @@
-//! SETATTR: owner, mode, size and times of an upper object (copied up first).
+//! SETATTR: owner, mode, size and times of an upper object (copied up first), and the
+//! privileges a truncate or chown drops (`privileges`).
 
 use super::io::from_node;
 use super::UnionFs;
@@ -30,7 +31,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     fn change_attrs(&self, id: u64, set: &SetAttr) -> Result<Attr, Errno> {
         let fd = self.copied_up(id)?;
         let path = Self::real_path(fd.as_fd());
-        self.set_owner_mode(fd.as_fd(), &path, set.uid, set.gid, set.mode)?;
+        // The kernel never sends a mode with the request to drop privileges (fs/attr.c
+        // turns that request into the mode it would set, which fuse_setattr drops).
+        match set.kill_privileges.filter(|_| set.mode.is_none()) {
+            Some(c) => {
+                self.chown_dropping_privileges(&c, fd.as_fd(), set.uid, set.gid)?;
+            }
+            None => self.set_owner_mode(fd.as_fd(), &path, set.uid, set.gid, set.mode)?,
+        }
         if let Some(len) = set.size {
             match set.fh.filter(|f| !from_node(*f)) {
                 Some(f) => self.with_file(f, |fd| rfs::ftruncate(fd, len))?,

@@ -1,0 +1,153 @@
+//! Privileges a change drops (FUSE_HANDLE_KILLPRIV_V2). A write, truncate or chown of a
+//! regular file drops its setuid bit, its setgid bit and its `security.capability`, as
+//! the VFS does (fs/attr.c `setattr_should_drop_suidgid`, fs/open.c `chown_common`,
+//! security/commoncap.c `cap_inode_killpriv`). The kernel says per request when; the
+//! change itself is made by us, as root (whom the host lets keep them) or, rootless, in
+//! the override xattr the host knows nothing of, so we drop them here.
+
+use super::owner::read_override;
+use super::UnionFs;
+use crate::ops::{Caller, Errno};
+use erofs::read::ByteSource;
+use rustix::fd::BorrowedFd;
+use rustix::fs::{self as rfs, FileType};
+use std::ffi::CStr;
+
+const CAPABILITY_XATTR: &str = "security.capability";
+const SETUID: u32 = libc::S_ISUID;
+const SETGID: u32 = libc::S_ISGID;
+const GROUP_EXEC: u32 = libc::S_IXGRP;
+
+/// `mode` (of a file in group `gid`) without the set-id bits `caller`'s change drops:
+/// setuid always; setgid with group execute always, and without it (where it marks
+/// mandatory locking) unless the caller is in the group or is root (the VFS asks for
+/// CAP_FSETID, which the kernel only tells apart on a write or truncate, where root is
+/// the one that has it).
+pub(super) fn without_setid(mode: u32, gid: u32, caller: &Caller) -> u32 {
+    let m = mode & !SETUID;
+    // Group membership is looked up only for the rare file that needs it.
+    let keeps_setgid =
+        mode & SETGID == 0 || mode & GROUP_EXEC == 0 && (caller.uid == 0 || in_group(caller, gid));
+    match keeps_setgid {
+        true => m,
+        false => m & !SETGID,
+    }
+}
+
+/// Whether `caller` is in group `gid`: its own, or one of its supplementary groups (read
+/// from /proc: the request names the caller's thread, which waits for the answer).
+fn in_group(caller: &Caller, gid: u32) -> bool {
+    if caller.gid == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", caller.pid)) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
+}
+
+fn is_regular(mode: u32) -> bool {
+    FileType::from_raw_mode(mode) == FileType::RegularFile
+}
+
+impl<S: ByteSource + 'static> UnionFs<S> {
+    /// Drops the privileges of the upper object `fd` (open, or the node's own
+    /// descriptor) that `caller`'s change drops, if it is a regular file: a directory's
+    /// setgid is inherited by what is made in it, never dropped. Says whether its mode
+    /// changed.
+    pub(super) fn drop_privileges(
+        &self,
+        caller: &Caller,
+        fd: BorrowedFd<'_>,
+    ) -> Result<bool, Errno> {
+        self.chown_dropping_privileges(caller, fd, None, None)
+    }
+
+    /// Gives the upper object `fd` owner `uid` and group `gid` (those asked) and drops
+    /// the privileges `caller`'s change drops, in one change of the owner and mode. Says
+    /// whether the mode changed.
+    pub(super) fn chown_dropping_privileges(
+        &self,
+        caller: &Caller,
+        fd: BorrowedFd<'_>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<bool, Errno> {
+        let st = rfs::fstat(fd)?;
+        let path = Self::real_path(fd);
+        if !is_regular(st.st_mode) {
+            self.set_owner_mode(fd, &path, uid, gid, None)?;
+            return Ok(false);
+        }
+        // Rootless, the mode and group shown are the override's; the host file's are ours.
+        let shown_override = if self.as_root {
+            None
+        } else {
+            read_override(fd)
+        };
+        let (shown, group) = match shown_override {
+            Some(o) => (o.mode & 0o7777, o.gid),
+            None => (st.st_mode & 0o7777, st.st_gid),
+        };
+        let dropped = without_setid(shown, group, caller);
+        let mode = (dropped != shown).then_some(dropped);
+        self.set_owner_mode(fd, &path, uid, gid, mode)?;
+        self.drop_capability(&path)?;
+        Ok(mode.is_some())
+    }
+
+    /// Removes a regular file's `security.capability`. Only root can hold one (setting it
+    /// needs CAP_SETFCAP on the host; a rootless copy-up leaves it behind).
+    fn drop_capability(&self, path: &CStr) -> Result<(), Errno> {
+        if !self.as_root {
+            return Ok(());
+        }
+        match rfs::removexattr(path, CAPABILITY_XATTR) {
+            Ok(()) | Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller that /proc knows nothing of (pid 0): only its own group counts.
+    fn caller(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, pid: 0 }
+    }
+
+    #[test]
+    fn setuid_and_group_executable_setgid_always_go() {
+        for c in [caller(1000, 1000), caller(0, 0)] {
+            assert_eq!(without_setid(0o6777, 0, &c), 0o777);
+            assert_eq!(without_setid(0o4755, 0, &c), 0o755);
+            assert_eq!(without_setid(0o2750, 1000, &c), 0o750);
+        }
+    }
+
+    #[test]
+    fn setgid_without_group_execute_goes_only_for_a_stranger_to_the_group() {
+        assert_eq!(without_setid(0o2666, 0, &caller(1000, 1000)), 0o666);
+        assert_eq!(without_setid(0o2666, 1000, &caller(1000, 1000)), 0o2666);
+        assert_eq!(without_setid(0o2666, 50, &caller(0, 0)), 0o2666);
+    }
+
+    #[test]
+    fn supplementary_groups_count() {
+        let me = Caller {
+            uid: 1000,
+            gid: 1000,
+            pid: std::process::id(),
+        };
+        let groups = rustix::process::getgroups().unwrap();
+        if let Some(g) = groups.iter().map(|g| g.as_raw()).find(|&g| g != 1000) {
+            assert_eq!(without_setid(0o2644, g, &me), 0o2644);
+        }
+        assert_eq!(without_setid(0o2644, 4_000_000, &me), 0o644);
+    }
+}
