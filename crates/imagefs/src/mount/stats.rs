@@ -22,17 +22,21 @@
 //!
 //! The request is one byte with that descriptor; the reply one JSON object,
 //! `{"stats": {...}}` or `{"error": "why"}`, then the daemon closes the connection.
-//! Each connection is answered on a thread of its own with 2-second send and receive
-//! timeouts, at most [`MAX_CLIENTS`] at a time (more are closed unanswered), so a client
-//! that sends nothing, floods, or never reads holds one thread for two seconds at most
-//! and never a worker of the mount.
+//! One thread of the daemon serves the socket, never a worker of the mount, and never
+//! waits on a client: connections wait in a poll set until their request arrives (2
+//! seconds at most, then they are told so and closed), a request is read once (one byte;
+//! whatever else a client floods in is never read), and the reply is written once without
+//! blocking (a client that does not read it loses it). At most [`MAX_WAITING`]
+//! connections wait; one more closes the oldest, so idle connections can delay nobody's
+//! request, which arrives with its connection. A client the mount does not admit is
+//! answered at once, before it can hold anything.
 
 use crate::ops::Access;
 use crate::stats::{Stats, StatsSource};
 use anyhow::{bail, Context};
 use rustix::event::{PollFd, PollFlags};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{Dev, OFlags};
+use rustix::fs::{AtFlags, Dev, OFlags, StatxFlags};
 use rustix::io::Errno;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -42,13 +46,14 @@ use serde_json::{json, Value};
 use std::io::{IoSlice, IoSliceMut};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long the daemon waits for one client's request, and for it to take the reply.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connections answered at once; more are closed unanswered.
-pub const MAX_CLIENTS: usize = 16;
+/// How long a connection may wait for its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections waiting for their request at once; one more closes the oldest.
+pub const MAX_WAITING: usize = 256;
+/// Threads closing descriptors of other filesystems at once (see `close_foreign`).
+const MAX_CLOSING: usize = 4;
 /// The most a reply may be (the client's bound on what it reads).
 const MAX_REPLY: u64 = 16 << 20;
 /// How long binding waits for the name to be released, if taken: by the daemon of an
@@ -155,87 +160,107 @@ fn listen(name: &str) -> anyhow::Result<Option<OwnedFd>> {
     }
 }
 
-/// Accepts connections until `stop` hangs up (the [`Channel`] dropped), each answered on
-/// a thread of its own.
+/// A connection waiting for its request.
+struct Waiting {
+    conn: OwnedFd,
+    since: Instant,
+}
+
+/// Serves the socket until `stop` hangs up (the [`Channel`] dropped).
 fn serve(listener: OwnedFd, stop: OwnedFd, admits: Admits, root: Root, source: StatsSource) {
-    let busy = Arc::new(AtomicUsize::new(0));
+    let mut waiting: Vec<Waiting> = Vec::new();
     loop {
-        let mut fds = [
+        let timeout = waiting.first().map_or(-1, |w| {
+            let left = REQUEST_TIMEOUT.saturating_sub(w.since.elapsed());
+            i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+        });
+        let mut fds = vec![
             PollFd::new(&listener, PollFlags::IN),
             PollFd::new(&stop, PollFlags::IN),
         ];
-        match rustix::event::poll(&mut fds, -1) {
-            Ok(_) => {}
-            Err(Errno::INTR) => continue,
+        fds.extend(waiting.iter().map(|w| PollFd::new(&w.conn, PollFlags::IN)));
+        match rustix::event::poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::INTR) => {}
             Err(_) => return,
         }
         if !fds[1].revents().is_empty() {
             return;
         }
-        let conn = match rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
-            Ok(c) => c,
-            // Gone before we took it, or out of descriptors for now: nothing to answer.
-            Err(_) => continue,
-        };
-        let Some(slot) = Slot::take(&busy) else {
-            continue;
-        };
-        let source = source.clone();
-        // A thread that cannot start drops the connection and its slot unanswered.
-        let _ = std::thread::Builder::new()
-            .name("verilay-stats-client".into())
-            .spawn(move || {
-                answer(&conn, admits, root, &source);
-                drop(slot);
-            });
-    }
-}
-
-/// One of the [`MAX_CLIENTS`] connections answered at once, given back when dropped.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(busy: &Arc<AtomicUsize>) -> Option<Slot> {
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
-            busy.fetch_sub(1, Ordering::AcqRel);
-            return None;
+        let new = !fds[0].revents().is_empty();
+        let ready: Vec<bool> = fds[2..].iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        // Answered, or waited too long: either way done with.
+        let mut i = 0;
+        waiting.retain(|w| {
+            let ready = ready.get(i).copied().unwrap_or(false);
+            i += 1;
+            if ready {
+                answer(&w.conn, admitted(&w.conn, root), &source);
+                return false;
+            }
+            if w.since.elapsed() >= REQUEST_TIMEOUT {
+                answer(&w.conn, Err("no request within 2 seconds".into()), &source);
+                return false;
+            }
+            true
+        });
+        if new {
+            accept(&listener, admits, &mut waiting, &source);
         }
-        Some(Slot(busy.clone()))
     }
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+/// Takes the connections the listener holds: a client the mount does not admit is told
+/// so at once; the others wait for their request.
+fn accept(listener: &OwnedFd, admits: Admits, waiting: &mut Vec<Waiting>, source: &StatsSource) {
+    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+    // Gone before we took it, or out of descriptors for now: nothing to answer.
+    while let Ok(conn) = rustix::net::accept_with(listener, flags) {
+        if let Err(why) = admitted_uid(&conn, admits) {
+            answer(&conn, Err(why), source);
+            continue;
+        }
+        if waiting.len() >= MAX_WAITING {
+            waiting.remove(0);
+        }
+        waiting.push(Waiting {
+            conn,
+            since: Instant::now(),
+        });
     }
 }
 
-/// Answers one client: its statistics, or why not.
-fn answer(conn: &OwnedFd, admits: Admits, root: Root, source: &StatsSource) {
-    use rustix::net::sockopt::{set_socket_timeout, Timeout};
-    let timeouts = set_socket_timeout(conn, Timeout::Recv, Some(CLIENT_TIMEOUT))
-        .and_then(|()| set_socket_timeout(conn, Timeout::Send, Some(CLIENT_TIMEOUT)));
-    if timeouts.is_err() {
-        return;
-    }
-    let reply = match admitted(conn, admits, root) {
+/// Writes the reply for a client admitted (`Ok`) or not, once, without waiting.
+fn answer(conn: &OwnedFd, admitted: Result<(), String>, source: &StatsSource) {
+    let reply = match admitted {
         Ok(()) => json!({ "stats": source() }),
         Err(why) => json!({ "error": why }),
     };
     let bytes = serde_json::to_vec(&reply).unwrap_or_default();
-    let _ = write_all(conn, &bytes);
+    let _ = rustix::net::send(conn, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
 }
 
-/// Whether the client may read the statistics (see the module comment).
-fn admitted(conn: &OwnedFd, admits: Admits, root: Root) -> Result<(), String> {
+/// Whether the client's uid may use the mount, as the session checks each request's.
+fn admitted_uid(conn: &OwnedFd, admits: Admits) -> Result<(), String> {
     let cred = rustix::net::sockopt::get_socket_peercred(conn).map_err(|e| e.to_string())?;
     let uid = cred.uid.as_raw();
     if !admits.uid(uid) {
         return Err(format!("uid {uid} may not use this mount"));
     }
+    Ok(())
+}
+
+/// Whether the client, admitted by uid, may read the statistics: its request holds a
+/// descriptor of the mount's root, open for reading (see the module comment).
+fn admitted(conn: &OwnedFd, root: Root) -> Result<(), String> {
     let fd = request(conn)?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| e.to_string())?;
-    if (st.st_dev, st.st_ino) != (root.dev, root.ino) {
+    // From what the kernel has cached: asking the filesystem could wait on another
+    // (a FUSE daemon the client serves and stalls).
+    let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC;
+    let st = rustix::fs::statx(&fd, "", flags, StatxFlags::INO).map_err(|e| e.to_string())?;
+    let dev = rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor);
+    if (dev, st.stx_ino) != (root.dev, root.ino) {
+        close_foreign(fd);
         return Err("the descriptor sent is not this mount's root".into());
     }
     let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| e.to_string())?;
@@ -244,6 +269,27 @@ fn admitted(conn: &OwnedFd, admits: Admits, root: Root) -> Result<(), String> {
         return Err("the descriptor sent is not open for reading".into());
     }
     Ok(())
+}
+
+/// Closes a descriptor of another filesystem on a thread of its own: closing a FUSE file
+/// waits for its daemon's answer to FLUSH, which a client serving that filesystem could
+/// withhold. At most [`MAX_CLOSING`] such threads at once; past that the serving thread
+/// closes it, so a user the mount admits can stall its statistics that way, never the
+/// mount itself.
+fn close_foreign(fd: OwnedFd) {
+    static CLOSING: AtomicUsize = AtomicUsize::new(0);
+    if CLOSING.fetch_add(1, Ordering::AcqRel) < MAX_CLOSING {
+        let spawned = std::thread::Builder::new()
+            .name("verilay-stats-close".into())
+            .spawn(move || {
+                drop(fd);
+                CLOSING.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_ok() {
+            return;
+        }
+    }
+    CLOSING.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// The request: one byte and one descriptor (any others are closed unused).
@@ -255,12 +301,9 @@ fn request(conn: &OwnedFd) -> Result<OwnedFd, String> {
         conn,
         &mut [IoSliceMut::new(&mut byte)],
         &mut control,
-        RecvFlags::CMSG_CLOEXEC,
+        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
     )
-    .map_err(|e| match e {
-        Errno::AGAIN => "no request within the time allowed".to_string(),
-        e => e.to_string(),
-    })?;
+    .map_err(|e| e.to_string())?;
     let mut fds = control.drain().filter_map(|m| match m {
         RecvAncillaryMessage::ScmRights(fds) => Some(fds),
         _ => None,
@@ -271,14 +314,6 @@ fn request(conn: &OwnedFd) -> Result<OwnedFd, String> {
         (0, _) => Err("no request".into()),
         _ => Err("a request is one byte and a descriptor of the mount's root".into()),
     }
-}
-
-fn write_all(conn: &OwnedFd, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        let n = rustix::io::write(conn, bytes)?;
-        bytes = &bytes[n..];
-    }
-    Ok(())
 }
 
 /// What `verilay stats` gets of the mount at `mountpoint`: its statistics, or `None`
