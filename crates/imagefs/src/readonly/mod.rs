@@ -16,9 +16,12 @@
 //! answers both ACL names with EOPNOTSUPP: the kernel would otherwise fetch every inode's
 //! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
 //! without it permission checks use the mode alone, which is all such a tree has.
+//! And images without a single xattr answer GETXATTR and LISTXATTR with ENOSYS: the
+//! kernel stops sending either for the mount's life and answers EOPNOTSUPP itself, so
+//! no `ls -l` or exec asks the daemon anything about xattrs (`xattrs.rs`).
 //! That record is the builder's claim: each inode handed to the kernel (lookup,
 //! readdirplus, the root at mount) is checked against it first (`check_claims`), so a
-//! false record makes the inode it hides an xattr of EIO (the root: no mount) instead of
+//! false record makes an inode holding an xattr it hides EIO (the root: no mount) instead of
 //! served as the kernel's erofs would not serve it (an ACL ignored, a label dropped).
 //!
 //! A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
