@@ -11,8 +11,10 @@
 //!
 //! - The client sends its request only to a listener whose credentials (SO_PEERCRED)
 //!   are those of the mount's owner (`user_id=` in the mount table): a process squatting
-//!   the name gets nothing, and `verilay stats` names it. A squatted name costs the
-//!   mount its statistics only; the mount itself serves on.
+//!   the name gets nothing, and `verilay stats` names it (and reads the root's
+//!   `verilay.stats` attribute instead, where the mount answers xattrs: the kernel leads
+//!   there, not a name). A squatted name costs the mount its socket only; the mount
+//!   itself serves on.
 //! - The daemon answers only a client that may use the mount as getxattr of the root
 //!   required: the mount's [`Access`] for the client's uid (SO_PEERCRED; as the session
 //!   checks each request's), and a descriptor of the mount root the client opened for
@@ -316,10 +318,20 @@ fn request(conn: &OwnedFd) -> Result<OwnedFd, String> {
     }
 }
 
-/// What `verilay stats` gets of the mount at `mountpoint`: its statistics, or `None`
-/// when nothing listens on its channel (a daemon of an older verilay, which has only the
-/// root's `verilay.stats` attribute). Errors say why not, naming the mountpoint.
-pub fn query(mountpoint: &Path, timeout: Duration) -> anyhow::Result<Option<Stats>> {
+/// What the mount's statistics socket said.
+pub enum Answer {
+    /// The statistics.
+    Stats(Stats),
+    /// Nothing listens: a daemon of an older verilay, which has only the root's
+    /// `verilay.stats` attribute.
+    NoSocket,
+    /// Another process holds the name (this says which); it was not asked.
+    Squatted(String),
+}
+
+/// Asks the daemon of the mount at `mountpoint` for its statistics (see the module
+/// comment). Errors say why not, naming the mountpoint.
+pub fn query(mountpoint: &Path, timeout: Duration) -> anyhow::Result<Answer> {
     let mp = mountpoint.display();
     // The proof that we may use the mount: its root, open for reading.
     let root = rustix::fs::open(
@@ -341,18 +353,19 @@ pub fn query(mountpoint: &Path, timeout: Duration) -> anyhow::Result<Option<Stat
         SocketFlags::CLOEXEC,
         None,
     )?;
-    match rustix::net::connect_unix(&sock, &SocketAddrUnix::new_abstract_name(name.as_bytes())?) {
+    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+    match rustix::net::connect_unix(&sock, &addr) {
         Ok(()) => {}
-        Err(Errno::CONNREFUSED) => return Ok(None),
+        Err(Errno::CONNREFUSED) => return Ok(Answer::NoSocket),
         Err(e) => return Err(e).with_context(|| format!("{mp}: connecting to @{name}")),
     }
     let server = rustix::net::sockopt::get_socket_peercred(&sock)?;
     if server.uid.as_raw() != owner {
-        bail!(
+        return Ok(Answer::Squatted(format!(
             "{mp}: its statistics socket @{name} is held by process {} of uid {}, not by the mount's daemon (uid {owner}): not asked",
             server.pid.as_raw_nonzero(),
             server.uid.as_raw()
-        );
+        )));
     }
     use rustix::net::sockopt::{set_socket_timeout, Timeout};
     set_socket_timeout(&sock, Timeout::Recv, Some(timeout))?;
@@ -363,7 +376,7 @@ pub fn query(mountpoint: &Path, timeout: Duration) -> anyhow::Result<Option<Stat
         .with_context(|| format!("{mp}: the daemon's reply is not JSON"))?;
     match reply {
         Value::Object(mut o) => match (o.remove("stats"), o.remove("error")) {
-            (Some(Value::Object(stats)), _) => Ok(Some(stats)),
+            (Some(Value::Object(stats)), _) => Ok(Answer::Stats(stats)),
             (_, Some(Value::String(why))) => bail!("{mp}: the mount's daemon refused: {why}"),
             _ => bail!("{mp}: the daemon's reply holds no statistics"),
         },

@@ -1,10 +1,12 @@
 //! `verilay stats MOUNTPOINT`: what a mount has cost so far (opens checked and measured,
 //! files hashed and bytes read for it, digests reused, entries logged, xattr requests,
 //! a remote image's fetching), asked of its daemon on the mount's statistics socket
-//! (`imagefs::mount::stats`). A daemon of an older verilay has no socket: its mount
-//! root's `verilay.stats` attribute is read instead.
+//! (`imagefs::mount::stats`). A daemon of an older verilay has no socket, and another
+//! process may hold its name: then the mount root's `verilay.stats` attribute is read
+//! instead (where the mount answers xattrs).
 
 use anyhow::Context;
+use imagefs::mount::stats::Answer;
 use imagefs::stats::Stats;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,8 +26,17 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let timeout = Duration::from_secs(a.timeout.clamp(1, 24 * 3600));
     let stats = match imagefs::mount::stats::query(&a.mountpoint, timeout)? {
-        Some(stats) => stats,
-        None => from_xattr(&a.mountpoint)?,
+        Answer::Stats(stats) => stats,
+        Answer::NoSocket => from_xattr(&a.mountpoint)?,
+        // The kernel, not a name anyone can bind, leads to the attribute: the mount's
+        // own answer where it still answers xattrs.
+        Answer::Squatted(why) => match from_xattr(&a.mountpoint) {
+            Ok(stats) => {
+                eprintln!("verilay: warning: {why}; read the root's verilay.stats instead");
+                stats
+            }
+            Err(_) => anyhow::bail!("{why}"),
+        },
     };
     if a.json {
         outln!("{}", serde_json::Value::Object(stats));

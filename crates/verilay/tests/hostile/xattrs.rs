@@ -1081,10 +1081,11 @@ for s in held:
 print("fds", fds)
 "#;
 
-/// A process of the test user binding the names the next mount's socket may get (an
-/// abstract name is anyone's to take): the mount still mounts and serves, and `verilay
-/// stats` refuses to ask a listener that is not the mount owner's, naming it; the
-/// squatter never receives the descriptor of the mount's root.
+/// A process of the test user binding the names the next mounts' sockets may get (an
+/// abstract name is anyone's to take): the mounts still mount and serve, and `verilay
+/// stats` refuses to ask a listener that is not the mount owner's, naming it, and reads
+/// the root's `verilay.stats` instead where the mount answers xattrs; the squatter never
+/// receives the descriptor of a mount's root.
 #[test]
 fn a_squatted_stats_name_costs_the_mount_its_statistics_only() {
     if prerequisites() {
@@ -1134,6 +1135,33 @@ fn a_squatted_stats_name_costs_the_mount_its_statistics_only() {
             "as user {as_user}: {got:?}"
         );
     }
+    // A mount that answers xattrs: read through the root's attribute, which the kernel,
+    // not a name, leads to.
+    let src = t.path().join("labelled");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"f").unwrap();
+    sh(&format!(
+        "setfattr -n user.x -v 1 '{}'",
+        src.join("f").display()
+    ));
+    build(&src, &t.path().join("labelled.img"), &["--quiet"]);
+    let mnt2 = t.path().join("mnt2");
+    std::fs::create_dir_all(&mnt2).unwrap();
+    crate::common::run(
+        crate::common::verilay()
+            .args(["mount", "--quiet", "--allow-other"])
+            .arg(t.path().join("labelled.img"))
+            .arg(&mnt2),
+    );
+    let _u2 = crate::common::Unmount::fuse(&mnt2);
+    let (got, _) = stats_now(&mnt2, true);
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert!(
+        got.status.success()
+            && err.contains(&stats_socket(&mnt2))
+            && err.contains("read the root's verilay.stats instead"),
+        "{got:?}"
+    );
     drop(squatter.stdin.take());
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
