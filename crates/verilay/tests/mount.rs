@@ -835,6 +835,16 @@ fn an_image_without_xattrs_answers_enosys_and_the_kernel_stops_asking() {
             (1, 1),
             "{name}: one GETXATTR and one LISTXATTR reach the daemon"
         );
+        // ACL names: no ACL, from the kernel alone (`__fuse_get_acl` once `no_getxattr`),
+        // which is the kernel's erofs's answer too.
+        for acl in ["system.posix_acl_access", "system.posix_acl_default"] {
+            let said =
+                |d: &Path| getfattr_says(&d.join("d"), acl).replace(&*d.to_string_lossy(), "M");
+            assert_eq!(said(&m.dir), said(&kernel.dir), "{name}: {acl}");
+        }
+        if images.len() == 1 {
+            assert_eq!(acl_dump(&m.dir), acl_dump(&kernel.dir), "{name}: getfacl");
+        }
         walk_everything(&m.dir);
         assert_eq!(
             xattr_requests(&m.dir),
