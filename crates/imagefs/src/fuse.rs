@@ -6,6 +6,7 @@
 
 use crate::attr::{Attr, Kind};
 use crate::ops::{self, Access, Caller, DirEntry, Errno, Granted, Notify, Ops, Passthrough};
+use crate::stats::StatsSource;
 use fusewire::abi::{self, fopen, init};
 use fusewire::{Channel, Context, Entry, Negotiated, Open, Reply, Request};
 use rustix::fd::BorrowedFd;
@@ -563,6 +564,22 @@ impl Session {
     /// Requests counted per channel (/dev/fuse, each ring queue).
     pub fn stats(&self) -> Arc<Stats> {
         self.inner.stats()
+    }
+
+    /// `stats` with the session's members added: `transport` (what serves the mount) and
+    /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue).
+    pub fn add_to_stats(&self, stats: StatsSource) -> StatsSource {
+        let (chosen, counts) = (self.transport(), self.stats());
+        Arc::new(move || {
+            let mut s = stats();
+            s.insert("transport".into(), chosen.to_string().into());
+            let requests = serde_json::json!({
+                "dev": counts.dev_requests(),
+                "queues": counts.queue_requests(),
+            });
+            s.insert("fuse_requests".into(), requests);
+            s
+        })
     }
 
     /// Returns once the filesystem is unmounted.

@@ -6,8 +6,8 @@
 //! [`Fuse`] is the one adapter that turns FUSE requests into those calls and their
 //! results into replies. Shared by both: attributes (`attr`), where an object's bytes
 //! come from (`backing`), inode numbers (`ino`), paths for log lines and measurements
-//! (`paths`), which xattrs are shown (`xattrs`), overlayfs's rules over images (`stack`)
-//! and measured opens (`measuring`).
+//! (`paths`), which xattrs are shown (`xattrs`), overlayfs's rules over images (`stack`),
+//! measured opens (`measuring`) and what `verilay stats` reports (`stats`).
 
 pub mod attr;
 mod backing;
@@ -20,6 +20,7 @@ mod paths;
 mod readonly;
 mod reaper;
 pub mod stack;
+pub mod stats;
 pub mod union;
 mod xattrs;
 

@@ -203,6 +203,11 @@ pub trait Ops: Send + Sync + 'static {
     /// Called once, after INIT and before any other request.
     fn granted(&mut self, granted: &Granted) {}
     fn notifier_slot(&self) -> NotifierSlot;
+    /// What `verilay stats` reports of the filesystem (asked once, at mount, after
+    /// everything it reports is set up).
+    fn stats(&self) -> crate::stats::StatsSource {
+        std::sync::Arc::new(crate::stats::Stats::new)
+    }
 
     /// `name` in `parent`; `None` when absent (the kernel caches that too).
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno>;

@@ -1,5 +1,10 @@
 //! Which xattr names a mount shows, refuses and lets change: one set of rules for both
-//! filesystems. Asked for by name, in this order: the root's `verilay.stats`; a name in
+//! filesystems. A read-only mount whose images record no xattr at all answers every
+//! GETXATTR and LISTXATTR with ENOSYS: the kernel then stops sending either and answers
+//! EOPNOTSUPP itself, so `ls -l` (which asks each entry's `security.selinux` and ACL) and
+//! every exec (`security.capability`) cost no round trip for them. Otherwise a name is
+//! asked for, in this order: the root's `verilay.stats` (kept for readers that predate
+//! `verilay stats`'s own socket); a name in
 //! overlayfs's namespace (EOPNOTSUPP, as overlayfs's own handler answered before Linux
 //! 6.7 escaped such names); a name the caller may not see (ENODATA); a namespace the
 //! images record as absent (EOPNOTSUPP); then the layer's value. Where the two
@@ -32,16 +37,32 @@ pub(crate) struct Rules {
     /// namespace answers EOPNOTSUPP (a writable mount always reads the layer).
     unlabelled: bool,
     aclless: bool,
+    /// Read-only mounts whose images record no xattr at all: ENOSYS to every request.
+    /// Never a writable mount: its upper directory can gain xattrs.
+    xattrless: bool,
+}
+
+/// What a read-only mount's images record as absent (every layer's footer).
+/// Unrecorded means "maybe present": per-inode answers.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Absent {
+    /// No `security.*` xattr.
+    pub unlabelled: bool,
+    /// No POSIX ACL.
+    pub aclless: bool,
+    /// No xattr at all (the other two then hold as well).
+    pub xattrless: bool,
 }
 
 impl Rules {
     /// A read-only mount of one image (`stacked` false) or several.
-    pub fn read_only(stacked: bool, unlabelled: bool, aclless: bool) -> Rules {
+    pub fn read_only(stacked: bool, absent: Absent) -> Rules {
         Rules {
             overlay: [stacked.then_some(PRIVATE_XATTR_PREFIX), None],
             overrides: false,
-            unlabelled,
-            aclless,
+            unlabelled: absent.unlabelled,
+            aclless: absent.aclless,
+            xattrless: absent.xattrless,
         }
     }
 
@@ -52,6 +73,7 @@ impl Rules {
             overrides: true,
             unlabelled: false,
             aclless: false,
+            xattrless: false,
         }
     }
 
@@ -80,6 +102,7 @@ impl Rules {
         name: &[u8],
         stats: impl FnOnce() -> Vec<u8>,
     ) -> Result<Option<Vec<u8>>, Errno> {
+        self.any()?;
         if ino == 1 && name == STATS_XATTR {
             return Ok(Some(stats()));
         }
@@ -95,6 +118,16 @@ impl Rules {
             return Err(Errno::OPNOTSUPP);
         }
         Ok(None)
+    }
+
+    /// Whether the mount answers xattr requests at all: ENOSYS when its images hold no
+    /// xattr (the kernel stops asking, see the module comment). LISTXATTR asks this
+    /// alone; GETXATTR asks it first.
+    pub fn any(&self) -> Result<(), Errno> {
+        if self.xattrless {
+            return Err(Errno::NOSYS);
+        }
+        Ok(())
     }
 
     /// Whether `name` may be set or removed on `ino`: not the mount's own, nor the root's
@@ -144,7 +177,7 @@ mod tests {
 
     #[test]
     fn one_image_serves_overlay_names_as_erofs_does() {
-        let r = Rules::read_only(false, false, false);
+        let r = Rules::read_only(false, Absent::default());
         assert_eq!(get(&r, &ROOT, "trusted.overlay.opaque"), Ok(None));
         assert_eq!(get(&r, &USER, "trusted.overlay.opaque"), Err(Errno::NODATA));
         assert!(r.listed(&ROOT, b"trusted.overlay.opaque"));
@@ -153,7 +186,12 @@ mod tests {
 
     #[test]
     fn a_stack_hides_and_refuses_overlayfs_names() {
-        let r = Rules::read_only(true, true, true);
+        let none = Absent {
+            unlabelled: true,
+            aclless: true,
+            xattrless: false,
+        };
+        let r = Rules::read_only(true, none);
         assert_eq!(get(&r, &ROOT, "trusted.overlay.x"), Err(Errno::OPNOTSUPP));
         assert!(!r.listed(&ROOT, b"trusted.overlay.x"));
         assert_eq!(get(&r, &USER, "security.selinux"), Err(Errno::OPNOTSUPP));
@@ -181,8 +219,26 @@ mod tests {
     }
 
     #[test]
+    fn images_without_xattrs_answer_enosys_to_everything() {
+        let none = Absent {
+            unlabelled: true,
+            aclless: true,
+            xattrless: true,
+        };
+        let r = Rules::read_only(false, none);
+        assert_eq!(r.any(), Err(Errno::NOSYS));
+        for name in ["user.x", "security.selinux", "trusted.x", "verilay.stats"] {
+            assert_eq!(get(&r, &ROOT, name), Err(Errno::NOSYS), "{name}");
+            let stats = r.get(&ROOT, 1, name.as_bytes(), || b"{}".to_vec());
+            assert_eq!(stats, Err(Errno::NOSYS), "{name} of the root");
+        }
+        assert_eq!(Rules::writable(Namespace::Trusted).any(), Ok(()));
+        assert_eq!(Rules::read_only(true, Absent::default()).any(), Ok(()));
+    }
+
+    #[test]
     fn the_root_answers_stats() {
-        let r = Rules::read_only(false, false, false);
+        let r = Rules::read_only(false, Absent::default());
         let v = r.get(&USER, 1, STATS_XATTR, || b"{}".to_vec());
         assert_eq!(v, Ok(Some(b"{}".to_vec())));
     }

@@ -726,3 +726,252 @@ fn a_hostile_image_gives_errors_not_a_dead_daemon() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("fine"));
     assert_eq!(mount_type(&m.dir).as_deref(), Some("fuse.verilay"));
 }
+
+/// `verilay stats --json DIR`, run as `as_user` (the test user) or root.
+fn stats_as(dir: &Path, as_user: bool) -> Result<serde_json::Value, String> {
+    let mut cmd = if as_user {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "verilaytest", "--"]);
+        c.arg(env!("CARGO_BIN_EXE_verilay"));
+        c
+    } else {
+        verilay()
+    };
+    let out = cmd.args(["stats", "--json"]).arg(dir).output().unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// The GETXATTR and LISTXATTR requests the mount at `dir` has received.
+fn xattr_requests(dir: &Path) -> (u64, u64) {
+    let s = stats_as(dir, false).unwrap();
+    let r = &s["xattr_requests"];
+    (
+        r["getxattr"].as_u64().unwrap_or_else(|| panic!("{s}")),
+        r["listxattr"].as_u64().unwrap(),
+    )
+}
+
+/// Whatever a tree of `ls -lR`, `getfattr -R -d`, `getfacl -R`, `find -exec` and an exec
+/// asks of a mount's xattrs (each tool asks in its own way).
+fn walk_everything(dir: &Path) {
+    for script in [
+        "ls -lR . >/dev/null",
+        "getfattr -R -d -m - . >/dev/null 2>&1 || true",
+        "getfacl -R . >/dev/null 2>&1 || true",
+        "find . -type f -exec getfattr -n security.capability {} + >/dev/null 2>&1 || true",
+        "./tool",
+    ] {
+        run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
+    }
+}
+
+/// An image without a single xattr (in a stack of two such, and measured too): the mount
+/// answers GETXATTR and LISTXATTR with ENOSYS, so every xattr call says "Operation not
+/// supported" and, after the first of each, none reaches the daemon any more: not for
+/// `ls -lR`, getfattr, getfacl nor an exec, as the stats' request counts show. Contents,
+/// listings and modes are the kernel's erofs's.
+#[test]
+fn an_image_without_xattrs_answers_enosys_and_the_kernel_stops_asking() {
+    if prerequisites() || skip_unless(have("getfattr"), "getfattr missing") {
+        return;
+    }
+    let (t, _src, image, _) = fixture(|src| {
+        std::fs::create_dir_all(src.join("d/e")).unwrap();
+        for i in 0..30 {
+            std::fs::write(src.join(format!("d/f{i:02}")), format!("{i}")).unwrap();
+        }
+        std::fs::write(src.join("d/e/deep"), b"deep").unwrap();
+        std::fs::write(src.join("tool"), b"#!/bin/sh\nexit 0\n").unwrap();
+        sh(&format!("chmod 755 '{}'", src.join("tool").display()));
+        std::os::unix::fs::symlink("d/f00", src.join("link")).unwrap();
+    });
+    let info = run(verilay().args(["inspect", "--json"]).arg(&image));
+    let info = String::from_utf8_lossy(&info.stdout).into_owned();
+    let kernel = Mount::erofs(&image, &t.path().join("kernel"));
+    // The oracle's own answer for a name no file has.
+    let said = getfattr_says(&kernel.dir.join("d/f00"), "user.x");
+    assert!(said.contains("No such attribute"), "kernel: {said}");
+    let policy = t.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
+    let list = t.path().join("list");
+    std::fs::create_dir_all(&list).unwrap();
+    let measured = [
+        "--policy",
+        policy.to_str().unwrap(),
+        "--measure-log",
+        list.to_str().unwrap(),
+    ];
+    let mounts: [(&str, Vec<PathBuf>, &[&str]); 3] = [
+        ("one", vec![image.clone()], &[]),
+        ("stack", vec![image.clone(), image.clone()], &[]),
+        ("measured", vec![image.clone()], &measured),
+    ];
+    for (name, images, extra) in mounts {
+        let m = FuseMount::stack(&images, &t.path().join(name), extra);
+        let f = m.dir.join("d/f00");
+        let before = xattr_requests(&m.dir);
+        for (what, args) in [
+            ("get", &["-n", "user.x"][..]),
+            ("get", &["-n", "security.selinux"]),
+            ("list", &["-d"]),
+        ] {
+            let out = Command::new("getfattr")
+                .args(args)
+                .arg(&f)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("Operation not supported"),
+                "{name}: getfattr {args:?} ({what}): {err} (image {info})"
+            );
+        }
+        let first = xattr_requests(&m.dir);
+        assert_eq!(
+            (first.0 - before.0, first.1 - before.1),
+            (1, 1),
+            "{name}: one GETXATTR and one LISTXATTR reach the daemon"
+        );
+        // ACL names: no ACL, from the kernel alone (`__fuse_get_acl` once `no_getxattr`),
+        // which is the kernel's erofs's answer too.
+        for acl in ["system.posix_acl_access", "system.posix_acl_default"] {
+            let said =
+                |d: &Path| getfattr_says(&d.join("d"), acl).replace(&*d.to_string_lossy(), "M");
+            assert_eq!(said(&m.dir), said(&kernel.dir), "{name}: {acl}");
+        }
+        if images.len() == 1 {
+            assert_eq!(acl_dump(&m.dir), acl_dump(&kernel.dir), "{name}: getfacl");
+        }
+        walk_everything(&m.dir);
+        assert_eq!(
+            xattr_requests(&m.dir),
+            first,
+            "{name}: the kernel asks again"
+        );
+        if images.len() == 1 {
+            assert_eq!(ls_lr(&m.dir), ls_lr(&kernel.dir), "{name}");
+            assert_diff_clean(&kernel.dir, &m.dir);
+        }
+        if name == "measured" {
+            let s = stats_as(&m.dir, false).unwrap();
+            assert!(s["checked"].as_u64().unwrap() > 0, "{s}");
+        }
+        drop(m);
+        wait_daemon_gone(&t.path().join(name));
+    }
+}
+
+/// One xattr on one file is enough to keep today's answers: every file's xattrs equal
+/// the kernel's erofs's, an absent name is ENODATA as there, and the kernel goes on
+/// asking (each `ls -lR` reaches the daemon again).
+#[test]
+fn an_image_with_one_xattr_keeps_answering_like_the_kernel() {
+    if prerequisites() || skip_unless(have("getfattr"), "getfattr missing") {
+        return;
+    }
+    let (t, _src, image, _) = fixture(|src| {
+        for i in 0..10 {
+            std::fs::write(src.join(format!("f{i}")), format!("{i}")).unwrap();
+        }
+        setfattr(&src.join("f3"), "user.x", "1");
+    });
+    let kernel = Mount::erofs(&image, &t.path().join("kernel"));
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    assert_eq!(xattr_dump(&m.dir), xattr_dump(&kernel.dir));
+    for (file, name) in [("f3", "user.x"), ("f3", "user.y"), ("f4", "user.x")] {
+        assert_eq!(
+            getfattr_says(&m.dir.join(file), name).replace(&*m.dir.to_string_lossy(), "M"),
+            getfattr_says(&kernel.dir.join(file), name)
+                .replace(&*kernel.dir.to_string_lossy(), "M"),
+            "{file} {name}"
+        );
+    }
+    let before = xattr_requests(&m.dir);
+    run(Command::new("ls").arg("-lR").arg(&m.dir));
+    let after = xattr_requests(&m.dir);
+    assert!(
+        after.0 > before.0,
+        "ls -lR asked nothing: {before:?} {after:?}"
+    );
+}
+
+/// `verilay stats` reaches every kind of mount through its socket: read-only with and
+/// without xattrs, writable, rootless; and answers exactly whom getxattr of the mount root
+/// answered: the mount's owner alone by default, every user with `--allow-other` unless
+/// the root's mode shuts them out, never root on an ordinary user's mount.
+#[test]
+fn verilay_stats_answers_every_mount_and_only_whom_the_mount_lets_in() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = PathBuf::from(format!("/tmp/verilay-stats-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let tree = |name: &str, xattr: bool, root_mode: u32| {
+        let src = base.join(format!("{name}-src"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("f"), b"f").unwrap();
+        if xattr {
+            setfattr(&src.join("f"), "user.x", "1");
+        }
+        sh(&format!("chmod {root_mode:o} '{}'", src.display()));
+        let image = base.join(format!("{name}.img"));
+        build(&src, &image, &["--quiet"]);
+        image
+    };
+    let labelled = tree("labelled", true, 0o755);
+    let bare = tree("bare", false, 0o755);
+    let closed = tree("closed", false, 0o700);
+    let d = dirs(&base, "rw");
+    let cases: [(&str, &Path, &[&str], bool); 5] = [
+        ("labelled", &labelled, &[], false),
+        ("bare", &bare, &["--allow-other"], true),
+        ("closed", &closed, &["--allow-other"], false),
+        ("writable", &labelled, &[], false),
+        ("writable-all", &bare, &["--allow-other"], true),
+    ];
+    for (name, image, extra, others) in cases {
+        let mnt = base.join(name);
+        let mut extra = extra.to_vec();
+        let (up, work) = (d.upper.to_str().unwrap(), d.work.to_str().unwrap());
+        if name.starts_with("writable") {
+            extra.extend(["--upper", up, "--work", work]);
+        }
+        let m = FuseMount::new(image, &mnt, &extra);
+        let root = stats_as(&m.dir, false).unwrap_or_else(|e| panic!("{name}: root: {e}"));
+        assert_eq!(root["policy_rules"], 0, "{name}: {root}");
+        let user = stats_as(&m.dir, true);
+        assert_eq!(user.is_ok(), others, "{name}: the test user: {user:?}");
+        if let Err(e) = user {
+            assert!(e.contains("Permission denied"), "{name}: {e}");
+        }
+        // Today's channel answers the same users where the mount answers xattrs at all.
+        if image == labelled.as_path() || name.starts_with("writable") {
+            let script = format!("getfattr --only-values -n verilay.stats {name}");
+            let xattr = as_test_user(&base, &script);
+            assert_eq!(xattr.status.success(), others, "{name}: {xattr:?}");
+        }
+        drop(m);
+        wait_daemon_gone(&mnt);
+    }
+    // An ordinary user's mount: theirs to read, not root's (the kernel lets nobody else
+    // in without allow_other).
+    std::fs::create_dir_all(base.join("rootless")).unwrap();
+    sh(&format!("chown -R verilaytest '{}'", base.display()));
+    let verilay = env!("CARGO_BIN_EXE_verilay");
+    let out = as_test_user(&base, &format!("{verilay} mount bare.img rootless"));
+    assert!(out.status.success(), "{out:?}");
+    let u = Unmount::fuse(&base.join("rootless"));
+    let theirs = stats_as(&u.dir, true);
+    let root = stats_as(&u.dir, false);
+    as_test_user(&base, &format!("{verilay} umount rootless"));
+    let theirs = theirs.unwrap();
+    assert_eq!(theirs["xattr_requests"]["getxattr"], 0, "{theirs}");
+    let e = root.unwrap_err();
+    assert!(e.contains("Permission denied"), "root: {e}");
+    drop(u);
+    let _ = std::fs::remove_dir_all(&base);
+}

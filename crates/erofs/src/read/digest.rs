@@ -60,6 +60,12 @@ impl<S: ByteSource> Image<S> {
         Ok(ns.is_some_and(|m| m & 1u32.checked_shl(index.into()).unwrap_or(0) == 0))
     }
 
+    /// True when the image records that it holds no xattr at all (its namespace word is
+    /// zero); false when it holds one or does not say.
+    pub fn records_no_xattr(&self) -> Result<bool> {
+        Ok(self.digest_table()?.and_then(|f| f.namespaces) == Some(0))
+    }
+
     /// The fs-verity digest (SHA-256, 4 KiB blocks, no salt) of regular file `ino`, computed
     /// from its contents and, when the image has a digest table, equal to the table's
     /// claim: a missing or different claim is `Corrupt` at the claim's place.

@@ -298,10 +298,9 @@ impl Measuring {
         self.shared.log().close().map_err(io::Error::other)
     }
 
-    /// The counters and the list's length, as JSON (what `verilay stats` prints).
-    pub fn stats_json(&self) -> String {
+    /// The counters and the list's length (what `verilay stats` prints).
+    pub fn stats(&self) -> crate::stats::Stats {
         let c = &self.counters;
-        let get = |a: &Counter| a.get();
         // Flushed first: the list's files hold every entry counted once this returns.
         let (entries, violations) = {
             let mut log = self.shared.log();
@@ -309,23 +308,27 @@ impl Measuring {
             let recovered = log.recovery().map_or(0, |r| r.violations.len() as u64);
             (log.entries(), recovered + c.violations.get())
         };
-        format!(
-            "{{\"policy_rules\":{},\"checked\":{},\"measured\":{},\"hashed\":{},\"bytes_hashed\":{},\"hashed_at_close\":{},\"reused\":{},\"verity_digests\":{},\"logged\":{},\"duplicates\":{},\"primed\":{},\"bytes_primed\":{},\"entries\":{},\"violations\":{}}}",
-            self.policy.len(),
-            get(&c.checked),
-            get(&c.measured),
-            get(&c.hashed),
-            get(&c.bytes_hashed),
-            get(&c.hashed_at_close),
-            get(&c.reused),
-            get(&c.verity_digests),
-            get(&c.logged),
-            get(&c.duplicates),
-            get(&c.primed),
-            get(&c.bytes_primed),
-            entries,
-            violations,
-        )
+        let counters: [(&str, &Counter); 11] = [
+            ("checked", &c.checked),
+            ("measured", &c.measured),
+            ("hashed", &c.hashed),
+            ("bytes_hashed", &c.bytes_hashed),
+            ("hashed_at_close", &c.hashed_at_close),
+            ("reused", &c.reused),
+            ("verity_digests", &c.verity_digests),
+            ("logged", &c.logged),
+            ("duplicates", &c.duplicates),
+            ("primed", &c.primed),
+            ("bytes_primed", &c.bytes_primed),
+        ];
+        let mut s = crate::stats::Stats::new();
+        s.insert("policy_rules".into(), self.policy.len().into());
+        for (name, counter) in counters {
+            s.insert(name.into(), counter.get().into());
+        }
+        s.insert("entries".into(), entries.into());
+        s.insert("violations".into(), violations.into());
+        s
     }
 }
 

@@ -34,17 +34,22 @@ pub use identity::{host_identity, image_identity, EROFS_MAGIC};
 pub use opens::Opens;
 
 use crate::ops::{Errno, Logger};
+use crate::stats::{Stats, StatsSource, XattrRequests};
 use measure::policy::FsIdentity;
+use serde_json::Value;
 use std::io;
+use std::sync::Arc;
 
-/// The mount root's attribute `verilay stats` reads the counters from (outside every
-/// xattr namespace, so no real attribute can have the name).
+/// The mount root's attribute holding what `verilay stats` prints (outside every xattr
+/// namespace, so no real attribute can have the name), kept for readers that predate
+/// the stats socket (`mount/stats.rs`); gone with the xattrs of a mount whose images
+/// hold none.
 pub const STATS_XATTR: &[u8] = b"verilay.stats";
 
 /// What a filesystem needs to measure: the engine, where it is mounted (the list names
 /// absolute paths), and the identity each layer reports to the policy.
 pub struct Setup {
-    pub measuring: std::sync::Arc<Measuring>,
+    pub measuring: Arc<Measuring>,
     pub mountpoint: Vec<u8>,
     /// Per image layer, top first.
     pub layers: Vec<FsIdentity>,
@@ -53,24 +58,18 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The counters and the identity each layer reports (what `verilay stats` prints).
-    pub fn stats_json(&self) -> String {
-        let id = |f: &FsIdentity| {
-            format!(
-                "{{\"fsmagic\":\"0x{:x}\",\"fsname\":\"{}\",\"fsuuid\":\"{}\"}}",
-                f.magic,
-                f.name.escape_default(),
-                measure::policy::uuid_text(&f.uuid)
-            )
-        };
-        let layers: Vec<String> = self.layers.iter().map(id).collect();
-        let counters = self.measuring.stats_json();
-        format!(
-            "{},\"layers\":[{}],\"upper\":{}}}",
-            counters.trim_end_matches('}'),
-            layers.join(","),
-            self.upper.as_ref().map_or("null".to_string(), id)
-        )
+    /// The counters and the identity each layer reports (what `verilay stats` prints),
+    /// made by a closure that holds what it needs (the stats socket's thread calls it).
+    fn stats_source(&self) -> impl Fn() -> Stats + Send + Sync + 'static {
+        let measuring = self.measuring.clone();
+        let layers = self.layers.clone();
+        let upper = self.upper.clone();
+        move || {
+            let mut s = measuring.stats();
+            s.insert("layers".into(), layers.iter().map(identity).collect());
+            s.insert("upper".into(), upper.as_ref().map_or(Value::Null, identity));
+            s
+        }
     }
 
     /// Measures an open (see [`Measuring::open`]); a failure is one log line and EIO,
@@ -143,34 +142,52 @@ impl Setup {
     }
 }
 
-/// More members for `verilay stats` from outside this crate (a remote image's fetching):
-/// a JSON object's members, `"key":value,…`, or nothing.
-pub type ExtraStats = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+/// The identity a layer reports to the policy, as `verilay stats` prints it.
+fn identity(f: &FsIdentity) -> Value {
+    serde_json::json!({
+        "fsmagic": format!("0x{:x}", f.magic),
+        "fsname": f.name,
+        "fsuuid": measure::policy::uuid_text(&f.uuid),
+    })
+}
+
+/// More members for `verilay stats` from outside this crate (a remote image's fetching).
+pub type ExtraStats = StatsSource;
 
 /// Measuring as each filesystem holds it, one hook for both: with a policy, `setup`
-/// measures their opens ([`Setup::measure`]); the root's [`STATS_XATTR`] reports the
-/// counters and the `extra` members.
+/// measures their opens ([`Setup::measure`]); `verilay stats` reports the counters, the
+/// xattr requests the filesystem counts in `requests`, and the `extra` members
+/// ([`Hook::source`]).
 #[derive(Default)]
 pub struct Hook {
     pub setup: Option<Setup>,
     pub extra: Option<ExtraStats>,
+    pub requests: Arc<XattrRequests>,
 }
 
 impl Hook {
     /// What `verilay stats` reads: the counters and each layer's identity (without a
-    /// policy, none), and the extra members.
+    /// policy, none), the xattr requests received, and the extra members. Called once
+    /// measuring and the extra members are set (at mount).
+    pub fn source(&self) -> StatsSource {
+        let measured = self.setup.as_ref().map(Setup::stats_source);
+        let requests = self.requests.clone();
+        let extra = self.extra.clone();
+        Arc::new(move || {
+            let mut s = match &measured {
+                Some(measured) => measured(),
+                None => Stats::from_iter([("policy_rules".to_string(), Value::from(0))]),
+            };
+            requests.add_to(&mut s);
+            if let Some(extra) = &extra {
+                s.extend(extra());
+            }
+            s
+        })
+    }
+
+    /// [`Hook::source`]'s statistics as the root's [`STATS_XATTR`] value.
     pub fn stats(&self) -> Vec<u8> {
-        let mut json = match &self.setup {
-            Some(s) => s.stats_json(),
-            None => "{\"policy_rules\":0}".to_string(),
-        };
-        let more = self.extra.as_ref().map(|f| f()).unwrap_or_default();
-        if !more.is_empty() && json.ends_with('}') {
-            json.pop();
-            json.push(',');
-            json.push_str(&more);
-            json.push('}');
-        }
-        json.into_bytes()
+        serde_json::to_vec(&self.source()()).unwrap_or_default()
     }
 }

@@ -2,10 +2,12 @@
 //! filesystem as it says (mount(2) as root, `fusermount3` otherwise: `kernel.rs`), starts
 //! the workers and serves until unmounted. From the moment the kernel mount exists until
 //! the mount answers, a failing step unmounts it again: a failed mount leaves nothing
-//! behind. `daemon.rs` is how a daemon started in the background reports its setup.
+//! behind. `daemon.rs` is how a daemon started in the background reports its setup;
+//! `stats.rs` is the socket `verilay stats` reads a mount's statistics from.
 
 mod daemon;
 mod kernel;
+pub mod stats;
 
 pub use daemon::{start as start_daemon, Report, Reporter};
 pub use kernel::{
@@ -90,6 +92,7 @@ impl Plan {
             workers: self.threads,
             transport: self.transport,
         };
+        let stats = fs.stats();
         let session = fuse::Session::start(fs, fd, &config)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("talking to the kernel")?;
@@ -99,6 +102,9 @@ impl Plan {
             let dev = std::fs::metadata(mp).context("the new mount")?.dev();
             mounted(mp, dev)?;
         }
+        report.step("listen for verilay stats");
+        let stats = session.add_to_stats(stats);
+        let _stats = stats::Channel::start(mp, self.access, stats)?;
         report.step("install signal handlers");
         self.unmount_on_signals()?;
         // Serving: from here on the mount is the user's to unmount.

@@ -1,44 +1,50 @@
 //! The images' namespace record, checked: a record that says no layer holds a
-//! `security.*` xattr (or an ACL) has the mount answer those names EOPNOTSUPP and leave
-//! ACLs off; each inode handed to the kernel is checked against it first, and against
-//! its place in the tree.
+//! `security.*` xattr (or an ACL, or any xattr at all) has the mount answer those names
+//! EOPNOTSUPP and leave ACLs off (or answer GETXATTR and LISTXATTR with ENOSYS); each
+//! inode handed to the kernel is checked against it first, and against its place in the
+//! tree.
 
 use super::{About, ImageFs};
 use crate::ops::Errno;
 use crate::stack::{Dir, Obj, Resolved, Stack};
 use erofs::read::{ByteSource, Image, Inode};
 
-/// Whether every layer records that it holds no `security.*` xattr, and no ACL.
-/// Unrecorded means "maybe labelled": per-inode answers. Unreadable (a block of the
-/// table that fails its hash) fails the mount: the footer is read here, so this is the
-/// read that meets it.
+pub(super) use crate::xattrs::Absent as Record;
+
+/// What every layer records as absent. Unreadable (a block of the table that fails its
+/// hash) fails the mount: the footer is read here, so this is the read that meets it.
+/// The footer is one block the mount reads anyway (a remote image's too): knowing costs
+/// no scan of the inodes.
 pub(super) fn absent_namespaces<S: ByteSource>(
     layers: &[Image<S>],
-) -> Result<(bool, bool), erofs::read::Error> {
-    let absent_everywhere = |ns: u8| -> Result<bool, erofs::read::Error> {
+) -> Result<Record, erofs::read::Error> {
+    let everywhere = |absent: &dyn Fn(&Image<S>) -> erofs::read::Result<bool>| {
         for img in layers {
-            if !img.namespace_absent(ns)? {
-                return Ok(false);
+            if !absent(img)? {
+                return Ok::<_, erofs::read::Error>(false);
             }
         }
         Ok(true)
     };
-    let unlabelled = absent_everywhere(erofs::format::XATTR_INDEX_SECURITY)?;
-    let aclless = absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS)?
-        && absent_everywhere(erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT)?;
-    Ok((unlabelled, aclless))
+    let ns = |index: u8| move |img: &Image<S>| img.namespace_absent(index);
+    Ok(Record {
+        unlabelled: everywhere(&ns(erofs::format::XATTR_INDEX_SECURITY))?,
+        aclless: everywhere(&ns(erofs::format::XATTR_INDEX_POSIX_ACL_ACCESS))?
+            && everywhere(&ns(erofs::format::XATTR_INDEX_POSIX_ACL_DEFAULT))?,
+        xattrless: everywhere(&|img: &Image<S>| img.records_no_xattr())?,
+    })
 }
 
-/// The root, checked against the record (`unlabelled`, `aclless`) before mounting: a
-/// false record there is no mount (`name` is the mount's, for the error).
+/// The root, checked against the record before mounting: a false record there is no
+/// mount (`name` is the mount's, for the error).
 pub(super) fn check_root<S: ByteSource>(
     stack: &Stack<S>,
     root: &Resolved,
-    (unlabelled, aclless): (bool, bool),
+    record: Record,
     name: &str,
 ) -> Result<(), erofs::read::Error> {
     let img = stack.image(root.top.layer);
-    let Some(hidden) = hidden_xattr(img, &root.inode, aclless, unlabelled)? else {
+    let Some(hidden) = hidden_xattr(img, &root.inode, record)? else {
         return Ok(());
     };
     let overlay = stack.layers.len() > 1;
@@ -53,14 +59,15 @@ pub(super) fn check_root<S: ByteSource>(
 
 impl<S: ByteSource + 'static> ImageFs<S> {
     /// Whether inode `i` of `o` may be handed to the kernel as the image's namespace
-    /// record has the mount serve it: with ACLs off, it must have none, and answering
-    /// `security.*` with EOPNOTSUPP, it must have no such name. The ACL names are asked
+    /// record has the mount serve it: with ACLs off, it must have none, answering
+    /// `security.*` with EOPNOTSUPP, it must have no such name, and answering ENOSYS to
+    /// every xattr request, no xattr at all. The ACL names are asked
     /// as the kernel's erofs asks them (through the inode's name filter), so a filter
     /// that lies too hides the ACL from both alike; `security.*` names are listed. A
     /// false record is EIO for that inode and one log line: the image lies about itself.
     /// Images recording every namespace present (or none) pay nothing here.
     pub(super) fn check_claims(&self, o: Obj, i: &Inode, about: About<'_>) -> Result<(), Errno> {
-        match hidden_xattr(self.image(o), i, self.aclless, self.unlabelled) {
+        match hidden_xattr(self.image(o), i, self.record) {
             Ok(None) => Ok(()),
             Ok(Some(name)) => {
                 let what = false_record(o, i, &name, self.overlay);
@@ -104,16 +111,21 @@ impl<S: ByteSource + 'static> ImageFs<S> {
     }
 }
 
-/// An xattr of inode `i` in a namespace the image records as absent (ACLs when
-/// `aclless`, `security.*` when `unlabelled`), if it has one; see `ImageFs::check_claims`.
+/// An xattr of inode `i` in a namespace the image records as absent (any, when
+/// `xattrless`; ACLs when `aclless`; `security.*` when `unlabelled`), if it has one; see
+/// `ImageFs::check_claims`.
 fn hidden_xattr<S: ByteSource>(
     img: &Image<S>,
     i: &Inode,
-    aclless: bool,
-    unlabelled: bool,
+    record: Record,
 ) -> Result<Option<Vec<u8>>, erofs::read::Error> {
+    let Record {
+        unlabelled,
+        aclless,
+        xattrless,
+    } = record;
     // A header-only body (icount 1) holds nothing (the kernel answers EOPNOTSUPP).
-    if !(aclless || unlabelled) || i.xattr_icount <= 1 {
+    if !(aclless || unlabelled || xattrless) || i.xattr_icount <= 1 {
         return Ok(None);
     }
     if aclless {
@@ -123,9 +135,10 @@ fn hidden_xattr<S: ByteSource>(
             }
         }
     }
-    if unlabelled {
+    if unlabelled || xattrless {
         let names = img.listxattr(i)?;
-        if let Some(n) = names.into_iter().find(|n| n.starts_with(b"security.")) {
+        let hidden = |n: &Vec<u8>| xattrless || n.starts_with(b"security.");
+        if let Some(n) = names.into_iter().find(hidden) {
             return Ok(Some(n));
         }
     }

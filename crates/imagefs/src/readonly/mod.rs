@@ -16,9 +16,12 @@
 //! answers both ACL names with EOPNOTSUPP: the kernel would otherwise fetch every inode's
 //! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
 //! without it permission checks use the mode alone, which is all such a tree has.
+//! And images without a single xattr answer GETXATTR and LISTXATTR with ENOSYS: the
+//! kernel stops sending either for the mount's life and answers EOPNOTSUPP itself, so
+//! no `ls -l` or exec asks the daemon anything about xattrs (`xattrs.rs`).
 //! That record is the builder's claim: each inode handed to the kernel (lookup,
 //! readdirplus, the root at mount) is checked against it first (`check_claims`), so a
-//! false record makes the inode it hides an xattr of EIO (the root: no mount) instead of
+//! false record makes an inode holding an xattr it hides EIO (the root: no mount) instead of
 //! served as the kernel's erofs would not serve it (an ACL ignored, a label dropped).
 //!
 //! A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
@@ -69,11 +72,10 @@ pub struct ImageFs<S: ByteSource> {
     /// Negotiated at init: the kernel stops sending OPEN / OPENDIR after one ENOSYS.
     no_open: bool,
     no_opendir: bool,
-    /// The image records that it holds no `security.*` xattr (see the module comment).
-    unlabelled: bool,
-    /// No layer holds a POSIX ACL (see the module comment).
-    aclless: bool,
-    /// Which xattrs are shown and refused (from the three above).
+    /// What the images record as absent: `security.*` xattrs, POSIX ACLs, any xattr (see
+    /// the module comment).
+    record: claims::Record,
+    /// Which xattrs are shown and refused (from `overlay` and `record`).
     xattrs: Rules,
     /// Measuring: with a policy, opens are measured, so the kernel must send them.
     hook: Hook,
@@ -99,15 +101,14 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             (1..=MAX_LAYERS).contains(&layers.len()),
             "1 to {MAX_LAYERS} layers",
         );
-        let (unlabelled, aclless) = claims::absent_namespaces(&layers)?;
+        let record = claims::absent_namespaces(&layers)?;
         let overlay = layers.len() > 1;
         let stack = Stack { layers };
         let root = root_of(&stack)?;
-        claims::check_root(&stack, &root, (unlabelled, aclless), &name)?;
+        claims::check_root(&stack, &root, record, &name)?;
         Ok(ImageFs {
-            unlabelled,
-            aclless,
-            xattrs: Rules::read_only(overlay, unlabelled, aclless),
+            record,
+            xattrs: Rules::read_only(overlay, record),
             stack,
             overlay,
             root,
@@ -283,7 +284,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             ttl: FOREVER,
             readdirplus: true,
             cache_symlinks: true,
-            posix_acl: !self.aclless,
+            posix_acl: !self.record.aclless,
             no_open: !measured,
             no_opendir: true,
             dont_mask: false,
@@ -302,6 +303,10 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
     fn granted(&mut self, granted: &Granted) {
         self.no_open = granted.no_open;
         self.no_opendir = granted.no_opendir;
+    }
+
+    fn stats(&self) -> crate::stats::StatsSource {
+        self.hook.source()
     }
 
     fn notifier_slot(&self) -> NotifierSlot {
@@ -454,6 +459,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
     }
 
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        self.hook.requests.get.add(1);
         if let Some(v) = self.xattrs.get(caller, ino, name, || self.hook.stats())? {
             return Ok(v);
         }
@@ -466,6 +472,8 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
     }
 
     fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno> {
+        self.hook.requests.list.add(1);
+        self.xattrs.any()?;
         let (o, inode) = self.inode(ino)?;
         match self.backing(o, &inode).listxattr() {
             Ok(names) => Ok(name_list(&names, |n| self.xattrs.listed(caller, n))),

@@ -235,6 +235,10 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
         self.passthrough = granted.passthrough;
     }
 
+    fn stats(&self) -> crate::stats::StatsSource {
+        self.hook.source()
+    }
+
     fn notifier_slot(&self) -> NotifierSlot {
         self.notifier.clone()
     }
@@ -451,6 +455,7 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        self.hook.requests.get.add(1);
         if let Some(v) = self.xattrs.get(caller, ino, name, || self.hook.stats())? {
             return Ok(v);
         }
@@ -463,6 +468,7 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
     }
 
     fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno> {
+        self.hook.requests.list.add(1);
         let names = self.with_node(ino, |n| {
             self.backing(n)?
                 .listxattr()

@@ -424,7 +424,35 @@ pub fn seeds(tmp: &Path) -> Vec<Seed> {
         },
     ];
     seeds.extend(false_record_seeds(&base.join("a")));
+    seeds.extend(no_xattr_record_seeds(&base.join("n")));
     seeds
+}
+
+/// An image whose record says it holds no xattr, while a file has `user.note`, raw and
+/// sealed; none where the filesystem under `base` takes no user xattr.
+fn no_xattr_record_seeds(base: &Path) -> Vec<Seed> {
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("noted"), "n").unwrap();
+    let noted = Command::new("setfattr")
+        .args(["-n", "user.note", "-v", "x"])
+        .arg(src.join("noted"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !noted {
+        return Vec::new();
+    }
+    let (image, _) = false_record_image(base, &src, "bare", 1 << 1);
+    let sealed = fs::read(&image).unwrap();
+    let raw = sealed[..layout(&image).erofs as usize].to_vec();
+    [("read_image", raw), ("verified_source", sealed)]
+        .into_iter()
+        .map(|(target, bytes)| Seed {
+            target,
+            name: "false-no-xattr-record".into(),
+            bytes,
+        })
+        .collect()
 }
 
 /// An image whose namespace record hides an ACL, raw and sealed; none where the
@@ -707,6 +735,51 @@ fn a_false_namespace_record_hides_no_default_acl() {
     let logged = fs::read_to_string(&log).unwrap_or_default();
     assert!(
         logged.contains("default.img") && logged.contains("system.posix_acl_default"),
+        "{logged}"
+    );
+}
+
+/// The record says the image holds no xattr at all (so the mount answers every xattr
+/// request with ENOSYS and the kernel stops asking), but one file carries `user.note`,
+/// which the kernel's erofs serves. That inode is EIO and one log line; its siblings are
+/// served, without xattrs.
+#[test]
+fn a_false_record_of_no_xattr_at_all_hides_none() {
+    if skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("setfattr"), "needs setfattr")
+    {
+        return;
+    }
+    let tmp = shared_tempdir();
+    let base = tmp.path();
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("noted"), "n\n").unwrap();
+    fs::write(src.join("plain"), "p\n").unwrap();
+    setfattr(&src.join("noted"), "user.note", "x");
+    let (image, digest) = false_record_image(base, &src, "bare", 1 << 1);
+    let k = Mount::erofs(&image, &base.join("k"));
+    let note = run(Command::new("getfattr")
+        .args(["--only-values", "-n", "user.note"])
+        .arg(k.dir.join("noted")));
+    assert_eq!(note.stdout, b"x");
+    drop(k);
+    let mnt = base.join("m");
+    let log = base.join("m.log");
+    let _u = pinned_mount(&[(&image, &digest)], &mnt, &log);
+    let e = fs::metadata(mnt.join("noted")).expect_err("a file whose xattr is hidden");
+    assert_eq!(e.raw_os_error(), Some(rustix::io::Errno::IO.raw_os_error()));
+    assert_eq!(fs::read_to_string(mnt.join("plain")).unwrap(), "p\n");
+    let plain = Command::new("getfattr")
+        .args(["-n", "user.note"])
+        .arg(mnt.join("plain"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(said.contains("Operation not supported"), "{said}");
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("bare.img") && logged.contains("user.note") && logged.contains("refused"),
         "{logged}"
     );
 }

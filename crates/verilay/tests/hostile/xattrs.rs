@@ -859,3 +859,312 @@ fn cycle_seeds(tmp: &Path) -> Vec<Seed> {
         },
     ]
 }
+
+/// The abstract socket name `verilay stats` reads the mount at `mnt` from.
+fn stats_socket(mnt: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mnt).unwrap().dev();
+    format!(
+        "verilay/stats/{}:{}",
+        rustix::fs::major(dev),
+        rustix::fs::minor(dev)
+    )
+}
+
+/// A read-only mount (`--allow-other`) of an image without xattrs in a fresh directory
+/// the test user can enter: (tempdir, mountpoint), unmounted when the first is dropped.
+fn stats_rig() -> (tempfile::TempDir, PathBuf, crate::common::Unmount) {
+    let t = tempfile::tempdir().unwrap();
+    sh(&format!("chmod 755 '{}'", t.path().display()));
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("file"), b"still served\n").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    crate::common::run(
+        crate::common::verilay()
+            .args(["mount", "--quiet", "--allow-other"])
+            .arg(&image)
+            .arg(&mnt),
+    );
+    let u = crate::common::Unmount::fuse(&mnt);
+    (t, mnt, u)
+}
+
+/// Runs `verilay stats --json DIR` as root or the test user: its output, and how long it
+/// took.
+fn stats_now(dir: &Path, as_user: bool) -> (Output, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", if as_user { "verilaytest" } else { "root" }, "--"]);
+    cmd.arg(env!("CARGO_BIN_EXE_verilay"))
+        .args(["stats", "--json"]);
+    let out = cmd.arg(dir).output().unwrap();
+    (out, start.elapsed())
+}
+
+/// A client of the stats socket, run as the test user: 300 connections that never send
+/// (more than the daemon keeps waiting), one flooding a megabyte of garbage, one sending
+/// no descriptor, one a descriptor of another directory, one an O_PATH descriptor of the
+/// mount's root, and one hanging up at once. Prints the replies of the immediate ones,
+/// then `ready`, then, once its stdin closes, the replies of the idle ones.
+const HOSTILE_CLIENTS: &str = r#"
+import os, socket, sys
+name, mnt = "\0" + sys.argv[1], sys.argv[2]
+def conn():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(name)  # blocking: a full backlog waits (a timeout would make it EAGAIN)
+    s.settimeout(10)
+    return s
+def reply(s):
+    try:
+        return s.recv(100000).decode()
+    except OSError as e:
+        return "error " + e.strerror
+idle = [conn() for _ in range(300)]
+s = conn()
+try:
+    s.sendall(b"x" * (1 << 20))
+except OSError:
+    pass
+print("flood", reply(s))
+s = conn(); s.sendall(b"s"); print("no-fd", reply(s))
+s = conn(); socket.send_fds(s, [b"s"], [os.open("/", os.O_RDONLY)]); print("other", reply(s))
+s = conn(); socket.send_fds(s, [b"s"], [os.open(mnt, os.O_PATH)]); print("o_path", reply(s))
+conn().close()
+print("ready", flush=True)
+sys.stdin.read()
+for s in idle:
+    print("idle", reply(s))
+"#;
+
+/// Clients that connect and send nothing, flood garbage or pass the wrong descriptor get
+/// an error or nothing, never statistics; meanwhile `verilay stats` answers root and the
+/// test user at once and the mount serves files. An idle connection is closed after 2
+/// seconds, and one the mount's access rules do not admit is answered at once.
+#[test]
+fn verilay_stats_answers_beside_hostile_clients() {
+    if prerequisites() {
+        return;
+    }
+    let (t, mnt, _u) = stats_rig();
+    let mut clients = Command::new("runuser")
+        .args(["-u", "verilaytest", "--", "python3", "-c", HOSTILE_CLIENTS])
+        .arg(stats_socket(&mnt))
+        .arg(&mnt)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(clients.stdout.take().unwrap());
+    let mut said = String::new();
+    while !said.ends_with("ready\n") {
+        let before = said.len();
+        std::io::BufRead::read_line(&mut out, &mut said).unwrap();
+        assert!(said.len() > before, "the clients died: {said}");
+    }
+    for (client, why) in [
+        ("flood", "a request is one byte and a descriptor"),
+        ("no-fd", "a request is one byte and a descriptor"),
+        ("other", "not this mount's root"),
+        ("o_path", "not open for reading"),
+    ] {
+        let line = said.lines().find(|l| l.starts_with(client)).unwrap();
+        assert!(line.contains(why) && !line.contains("stats"), "{said}");
+    }
+    // With 256 idle connections waiting: answered, well before they time out.
+    for as_user in [false, true] {
+        let (got, took) = stats_now(&mnt, as_user);
+        assert!(got.status.success(), "as user {as_user}: {got:?}");
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("file")).unwrap(),
+        "still served\n"
+    );
+    drop(clients.stdin.take());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(clients.wait().unwrap().success());
+    let idle: Vec<&str> = rest.lines().collect();
+    assert_eq!(idle.len(), 300, "{rest}");
+    let timed_out = idle
+        .iter()
+        .filter(|l| l.contains("no request within"))
+        .count();
+    assert!(
+        timed_out >= 200,
+        "idle connections not closed by the daemon: {rest}"
+    );
+    assert!(idle.iter().all(|l| !l.contains("stats")), "{rest}");
+    drop(t);
+}
+
+/// On a mount only root may use, the test user's connections are refused at once.
+#[test]
+fn verilay_stats_refuses_a_user_the_mount_does_not_admit_at_once() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    sh(&format!("chmod 755 '{}'", t.path().display()));
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"f").unwrap();
+    build(&src, &t.path().join("img"), &["--quiet"]);
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    crate::common::run(
+        crate::common::verilay()
+            .args(["mount", "--quiet"])
+            .arg(t.path().join("img"))
+            .arg(&mnt),
+    );
+    let _u = crate::common::Unmount::fuse(&mnt);
+    let script = r#"
+import socket, sys
+for _ in range(100):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("\0" + sys.argv[1])
+    s.settimeout(10)
+    print(s.recv(1000).decode())
+"#;
+    let out = Command::new("runuser")
+        .args(["-u", "verilaytest", "--", "python3", "-c", script])
+        .arg(stats_socket(&mnt))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("may not use this mount"))
+            .count(),
+        100,
+        "{out:?}"
+    );
+    let (got, _) = stats_now(&mnt, false);
+    assert!(got.status.success(), "{got:?}");
+}
+
+/// Binds `verilay/stats/MAJOR:MINOR` for MINOR from FIRST to LAST, prints `ready`, and
+/// once its stdin closes, how many descriptors its callers sent it.
+const SQUATTER: &str = r#"
+import os, socket, sys
+major, first, last = (int(a) for a in sys.argv[1:])
+held = []
+for minor in range(first, last):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind("\0verilay/stats/%d:%d" % (major, minor))
+    except OSError:
+        continue
+    s.listen(8)
+    s.setblocking(False)
+    held.append(s)
+print("ready", len(held), flush=True)
+sys.stdin.read()
+fds = 0
+for s in held:
+    while True:
+        try:
+            c, _ = s.accept()
+        except BlockingIOError:
+            break
+        c.setblocking(False)
+        try:
+            _, got, _, _ = socket.recv_fds(c, 16, 4)
+            fds += len(got)
+        except OSError:
+            pass
+print("fds", fds)
+"#;
+
+/// A process of the test user binding the names the next mounts' sockets may get (an
+/// abstract name is anyone's to take): the mounts still mount and serve, and `verilay
+/// stats` refuses to ask a listener that is not the mount owner's, naming it, and reads
+/// the root's `verilay.stats` instead where the mount answers xattrs; the squatter never
+/// receives the descriptor of a mount's root.
+#[test]
+fn a_squatted_stats_name_costs_the_mount_its_statistics_only() {
+    if prerequisites() {
+        return;
+    }
+    // Where anonymous device numbers are handed out now: around a mount's.
+    let (t, mnt, u) = stats_rig();
+    let dev = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&mnt).unwrap().dev()
+    };
+    drop(u);
+    crate::common::wait_daemon_gone(&mnt);
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let mut squatter = Command::new("runuser")
+        .args(["-u", "verilaytest", "--", "python3", "-c", SQUATTER])
+        .arg(major.to_string())
+        .arg(minor.saturating_sub(20).to_string())
+        .arg((minor + 300).to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(squatter.stdout.take().unwrap());
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut out, &mut ready).unwrap();
+    assert!(ready.starts_with("ready"), "{ready}");
+    crate::common::run(
+        crate::common::verilay()
+            .args(["mount", "--quiet", "--allow-other"])
+            .arg(t.path().join("img"))
+            .arg(&mnt),
+    );
+    let _u = crate::common::Unmount::fuse(&mnt);
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("file")).unwrap(),
+        "still served\n"
+    );
+    let squatted = stats_socket(&mnt);
+    for as_user in [false, true] {
+        let (got, _) = stats_now(&mnt, as_user);
+        let err = String::from_utf8_lossy(&got.stderr);
+        assert!(
+            !got.status.success()
+                && err.contains(&squatted)
+                && err.contains("not by the mount's daemon"),
+            "as user {as_user}: {got:?}"
+        );
+    }
+    // A mount that answers xattrs: read through the root's attribute, which the kernel,
+    // not a name, leads to.
+    let src = t.path().join("labelled");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"f").unwrap();
+    sh(&format!(
+        "setfattr -n user.x -v 1 '{}'",
+        src.join("f").display()
+    ));
+    build(&src, &t.path().join("labelled.img"), &["--quiet"]);
+    let mnt2 = t.path().join("mnt2");
+    std::fs::create_dir_all(&mnt2).unwrap();
+    crate::common::run(
+        crate::common::verilay()
+            .args(["mount", "--quiet", "--allow-other"])
+            .arg(t.path().join("labelled.img"))
+            .arg(&mnt2),
+    );
+    let _u2 = crate::common::Unmount::fuse(&mnt2);
+    let (got, _) = stats_now(&mnt2, true);
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert!(
+        got.status.success()
+            && err.contains(&stats_socket(&mnt2))
+            && err.contains("read the root's verilay.stats instead"),
+        "{got:?}"
+    );
+    drop(squatter.stdin.take());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(squatter.wait().unwrap().success());
+    assert_eq!(rest.trim(), "fds 0", "the squatter got a descriptor");
+}

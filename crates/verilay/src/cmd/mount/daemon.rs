@@ -225,10 +225,9 @@ fn remote_stats(remotes: Vec<Remote>) -> Option<ExtraStats> {
             ),
         ];
         members
-            .iter()
-            .map(|(k, v)| format!("\"{k}\":{v}"))
-            .collect::<Vec<_>>()
-            .join(",")
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
+            .collect()
     }))
 }
 

@@ -1,0 +1,34 @@
+//! What `verilay stats` reports of a mount: one JSON object that each part of the daemon
+//! adds its members to (measuring's counters and layer identities, a remote image's
+//! fetching, the xattr requests the filesystem received, the FUSE session's requests),
+//! made afresh by a [`StatsSource`] each time someone asks (`mount/stats.rs` serves it on
+//! a socket of its own).
+
+use crate::measuring::Counter;
+use std::sync::Arc;
+
+/// A mount's statistics: one JSON object, members in the order they were added.
+pub type Stats = serde_json::Map<String, serde_json::Value>;
+
+/// Makes a mount's [`Stats`] (called on the stats socket's thread, never a worker's).
+pub type StatsSource = Arc<dyn Fn() -> Stats + Send + Sync>;
+
+/// The xattr requests a filesystem received: what the kernel still asks. A read-only
+/// mount whose images hold no xattr answers the first of each with ENOSYS, after which
+/// the kernel sends no more (`xattrs.rs`); these counts show it.
+#[derive(Default)]
+pub struct XattrRequests {
+    pub get: Counter,
+    pub list: Counter,
+}
+
+impl XattrRequests {
+    /// Adds the counts to `stats` as `xattr_requests: {getxattr, listxattr}`.
+    pub fn add_to(&self, stats: &mut Stats) {
+        let counts = serde_json::json!({
+            "getxattr": self.get.get(),
+            "listxattr": self.list.get(),
+        });
+        stats.insert("xattr_requests".into(), counts);
+    }
+}
