@@ -33,6 +33,7 @@ fn privileged_tree(src: &Path) {
              echo data > $f; chmod 0777 $f; setfattr -n security.capability -v {CAPABILITY} $f
          done
          echo data > user-sgid-nox; chmod 2666 user-sgid-nox
+         echo data > user-chown-none; chmod 4755 user-chown-none
          echo data > root-chgrp-nox; chmod 2666 root-chgrp-nox
          mkdir sgid-dir; chmod 2777 sgid-dir",
         src.display()
@@ -47,6 +48,7 @@ const CHANGES: &str = r#"set -e
     U() { runuser -u verilaytest -- sh -c "cd $M && $1"; }
     U 'echo x >> user-append; echo x >> user-cap; truncate -s 2 user-trunc; : > user-otrunc'
     U 'fallocate -l 8192 user-falloc; echo x >> user-sgid-nox'
+    U "python3 -c 'import os; os.chown(\"user-chown-none\", -1, -1)' 2>/dev/null && exit 1 || :"
     exec 3< "$M/user-cached"; U 'echo x >> user-cached'; exec 3<&-
     cd "$M"
     echo x >> root-append; echo x >> root-cap; truncate -s 2 root-trunc; : > root-otrunc
@@ -110,6 +112,8 @@ fn privileges_dropped_on_a_root_mount_match_kernel_overlayfs() {
         ("user-otrunc", "777 0:0 0"),
         ("user-falloc", "777 0:0 8192"),
         ("user-sgid-nox", "666 0:0 7"),
+        // chown(-1, -1) by a user who may not write it: EPERM, as the VFS answers.
+        ("user-chown-none", "4755 0:0 5"),
         ("new", "777 0:0 4"),
         ("root-append", "6777 0:0 7"),
         ("root-cached", "6777 0:0 7"),

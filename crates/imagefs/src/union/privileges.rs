@@ -49,6 +49,20 @@ fn in_group(caller: &Caller, gid: u32) -> bool {
         .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
 }
 
+/// Whether `caller` may drop the set-id bits of a file shown as `attr` when the kernel
+/// sends no other change with the request. Such a SETATTR comes both from a write's
+/// `file_remove_privs` (by a writer, who may change the file anyway) and from
+/// `chown(-1, -1)`, which the VFS refuses (EPERM) to anyone but the owner when there are
+/// bits to drop, but which reaches a FUSE server unchecked (fs/fuse/dir.c drops the mode
+/// change, and with it the owner check). Root and the owner may drop them, and so may
+/// anyone when the mode lets others or the group write: the group bits are also an ACL's
+/// mask, which must allow writing for any named user or group to write (so a stranger
+/// to the group may drop the bits of a group-writable set-id file: not a writer, but
+/// the file's writers can drop them anyway).
+pub(super) fn may_drop_unasked(caller: &Caller, uid: u32, mode: u32) -> bool {
+    caller.uid == 0 || caller.uid == uid || mode & 0o022 != 0
+}
+
 fn is_regular(mode: u32) -> bool {
     FileType::from_raw_mode(mode) == FileType::RegularFile
 }
@@ -135,6 +149,15 @@ mod tests {
         assert_eq!(without_setid(0o2666, 0, &caller(1000, 1000)), 0o666);
         assert_eq!(without_setid(0o2666, 1000, &caller(1000, 1000)), 0o2666);
         assert_eq!(without_setid(0o2666, 50, &caller(0, 0)), 0o2666);
+    }
+
+    #[test]
+    fn only_root_the_owner_or_a_possible_writer_drops_bits_unasked() {
+        assert!(may_drop_unasked(&caller(0, 0), 1000, 0o4755));
+        assert!(may_drop_unasked(&caller(1000, 1000), 1000, 0o4755));
+        assert!(!may_drop_unasked(&caller(1001, 1001), 1000, 0o4755));
+        assert!(may_drop_unasked(&caller(1001, 1001), 1000, 0o4757));
+        assert!(may_drop_unasked(&caller(1001, 1001), 1000, 0o4775));
     }
 
     #[test]

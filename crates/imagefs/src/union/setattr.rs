@@ -2,6 +2,7 @@
 //! privileges a truncate or chown drops (`privileges`).
 
 use super::io::from_node;
+use super::privileges::may_drop_unasked;
 use super::UnionFs;
 use crate::attr::Attr;
 use crate::ops::{Errno, SetAttr, SetTime};
@@ -29,6 +30,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     fn change_attrs(&self, id: u64, set: &SetAttr) -> Result<Attr, Errno> {
+        if let Some(c) = set.kill_privileges.filter(|_| asks_nothing_else(set)) {
+            let a = self.attr(id, &self.node(id)?)?;
+            let setid = u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0;
+            if setid && !may_drop_unasked(&c, a.uid, u32::from(a.perm)) {
+                return Err(Errno::PERM);
+            }
+        }
         let fd = self.copied_up(id)?;
         let path = Self::real_path(fd.as_fd());
         // The kernel never sends a mode with the request to drop privileges (fs/attr.c
@@ -62,6 +70,16 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let n = self.node(id)?;
         self.attr(id, &n)
     }
+}
+
+/// A request to drop privileges and change nothing else (see `may_drop_unasked`).
+fn asks_nothing_else(set: &SetAttr) -> bool {
+    set.mode.is_none()
+        && set.uid.is_none()
+        && set.gid.is_none()
+        && set.size.is_none()
+        && set.atime.is_none()
+        && set.mtime.is_none()
 }
 
 pub(super) fn ts(t: SetTime) -> rfs::Timespec {
