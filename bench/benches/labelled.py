@@ -122,7 +122,8 @@ def run(ctx):
     cc = shutil.which("cc") or shutil.which("gcc")
     data = {"bench": "labelled", "host": report.host_info(),
             "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick}, "results": [],
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, "transports": ctx.transports},
+            "results": [],
             "latency": {}, "targets": []}
     if not verilay or not cc or timing.drop_caches() is not None:
         reason = why or ("needs a C compiler" if not cc else "needs root (mounts, caches)")

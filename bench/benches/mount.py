@@ -202,7 +202,8 @@ def run(ctx):
     verilay, why = tools.verilay(scratch)
     data = {"bench": "mount", "host": report.host_info(),
             "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick}, "results": [],
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, "transports": ctx.transports},
+            "results": [],
             "targets": []}
     if not verilay or timing.drop_caches() is not None:
         reason = why or "needs root (mounts, dropping caches)"
