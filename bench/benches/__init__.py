@@ -10,7 +10,8 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import build, digest, fallocate, ima, labelled, meta, mount, read, remote, storm
+from . import (build, digest, fallocate, ima, labelled, latency, meta, mount, read, remote,
+               storm)
 
 BENCHES = {
     "build": build,
@@ -22,5 +23,6 @@ BENCHES = {
     "storm": storm,
     "meta": meta,
     "ima": ima,
+    "latency": latency,
     "remote": remote,
 }

@@ -15,7 +15,8 @@ Then per-operation latency, warm, from a small C program timing each call over e
 (clock_gettime around the call): lstat, lgetxattr of security.selinux, open+close of
 regular files; median and p99 in microseconds.
 
-Targets: warm ls -lR within 2x of the kernel's erofs; every other row within 1.3x.
+Targets, for each transport: warm ls -lR within 2x of the kernel's erofs; every other row
+within 1.3x.
 """
 
 import os
@@ -23,9 +24,9 @@ import shutil
 import statistics
 import subprocess
 
-from harness import datasets, report, timing, tools
+from harness import datasets, report, timing, tools, transport
 from benches import mount
-from benches.mount import build_images, mounts_for, timed_shell
+from benches.mount import build_images, mounts_for, record_served_over, timed_shell
 
 DESCRIPTION = "a labelled tree (security.selinux on every entry): verilay vs kernel erofs"
 
@@ -114,13 +115,15 @@ def latencies(binary, mnt, paths_file):
     return res
 
 
+@transport.uring_switch
 def run(ctx):
     scratch = datasets.scratch_dir("labelled")
     verilay, why = tools.verilay(scratch)
     cc = shutil.which("cc") or shutil.which("gcc")
     data = {"bench": "labelled", "host": report.host_info(),
             "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick}, "results": [],
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, "transports": ctx.transports},
+            "results": [],
             "latency": {}, "targets": []}
     if not verilay or not cc or timing.drop_caches() is not None:
         reason = why or ("needs a C compiler" if not cc else "needs root (mounts, caches)")
@@ -132,7 +135,7 @@ def run(ctx):
     print(ds.describe(), flush=True)
     data["dataset"] = {"name": ds.name, **ds.stats}
     images = build_images(verilay, ds.path, scratch, "tree", with_squash=False)
-    mounts = mounts_for(images, scratch, "tree", verilay, {})
+    mounts = mounts_for(images, scratch, "tree", verilay, {}, ctx.transports)
     binary = tools.compile_c(cc, LATENCY_C, os.path.join(scratch, "latency"))
     paths_file = os.path.join(scratch, "paths")
     with open(paths_file, "w") as f:
@@ -143,11 +146,13 @@ def run(ctx):
     results = {}
     for m in mounts:
         m.mount()
+    record_served_over(data, mounts)
     try:
         for wl, script in WORKLOADS.items():
             for i in range(ctx.runs):
                 print(f"  {wl}: run {i + 1}/{ctx.runs}", flush=True)
-                order = mounts[i % 2:] + mounts[:i % 2]
+                r0 = i % len(mounts)
+                order = mounts[r0:] + mounts[:r0]
                 for m in order:
                     r = results.setdefault((wl, m.tool), {"cold": [], "warm": []})
                     timing.drop_caches()
@@ -181,15 +186,16 @@ def print_results(data):
 def check_targets(data):
     by = {(r["workload"], r["tool"]): r for r in data["results"]}
     t = []
-    for wl in WORKLOADS:
-        vl, k = by.get((wl, "verilay")), by.get((wl, "kernel-erofs"))
-        if not vl or not k:
-            continue
-        for temp in ("cold", "warm"):
-            limit = LS_WARM_RATIO if (wl, temp) == ("ls-lR", "warm") else OTHER_RATIO
-            ratio = vl[f"{temp}_median"] / k[f"{temp}_median"]
-            t.append(report.target(f"{wl} {temp} vs kernel erofs", ratio <= limit,
-                                   f"{ratio:.2f}x kernel's time (target <= {limit}x)"))
+    for tool in transport.verilay_tools(data["settings"]["transports"]):
+        for wl in WORKLOADS:
+            vl, k = by.get((wl, tool)), by.get((wl, "kernel-erofs"))
+            if not vl or not k:
+                continue
+            for temp in ("cold", "warm"):
+                limit = LS_WARM_RATIO if (wl, temp) == ("ls-lR", "warm") else OTHER_RATIO
+                ratio = vl[f"{temp}_median"] / k[f"{temp}_median"]
+                t.append(report.target(f"{wl} {temp} {tool} vs kernel erofs", ratio <= limit,
+                                       f"{ratio:.2f}x kernel's time (target <= {limit}x)"))
     return t
 
 

@@ -66,7 +66,7 @@ def bar_grid(path, title, rows, columns):
             err = [[b["value"] - b.get("lo", b["value"]) for b in bars],
                    [b.get("hi", b["value"]) - b["value"] for b in bars]]
             ax.bar(xs, values, yerr=err if ranged else None, capsize=4,
-                   color=["tab:red" if b["label"] == "verilay" else "tab:blue"
+                   color=["tab:red" if b["label"].startswith("verilay") else "tab:blue"
                           for b in bars])
             marks = [(x, b["marker"]) for x, b in zip(xs, bars) if b.get("marker")]
             if marks:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import time
 
-from harness import report, tools
+from harness import report, tools, transport
 
 # Room for meta's three create-1m storms (500 MiB each) and its trees, with margin.
 UPPERS_SIZE = 8 << 30
@@ -83,22 +83,27 @@ class FreshFs:
 class WritableStacks:
     """One image as the lower layer of a writable stack, mounted side by side by the
     kernel's overlayfs and fuse-overlayfs (both over the image's kernel erofs mount) and
-    `verilay mount --upper`; `up()` mounts them afresh, with empty upper directories, and
+    `verilay mount --upper` once per FUSE transport (`verilay-uring`, `verilay-dev`:
+    harness.transport); `up()` mounts them afresh, with empty upper directories, and
     returns {tool: mountpoint}. fuse-overlayfs is left out when `fov` is None.
+    `served_over[tool]` is what each verilay mount said it was served over, last time.
 
     With `fresh_fs` (an mkfs type), the upper and work directories live on a filesystem
     made afresh in a loop-mounted sparse file for every `up()` (a FreshFs: see there
     why)."""
 
-    TOOLS = ("overlay", "fuse-overlayfs", "verilay")
+    PEERS = ("overlay", "fuse-overlayfs")
 
-    def __init__(self, scratch, image, verilay, fov, fresh_fs=None):
+    def __init__(self, scratch, image, verilay, fov, transports, fresh_fs=None):
         self.scratch, self.image, self.verilay, self.fov = scratch, image, verilay, fov
         self.fresh_fs = fresh_fs
+        self.tools = [t for t in self.PEERS if t != "fuse-overlayfs" or fov]
+        self.tools += transport.verilay_tools(transports)
         self.lower = os.path.join(scratch, "lower")
         os.makedirs(self.lower, exist_ok=True)
         subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, self.lower], check=True)
         self.mounted = []
+        self.served_over = {}
         self.uppers = os.path.join(scratch, "mounts")
         self.fresh = FreshFs(scratch, fresh_fs, self.uppers) if fresh_fs else None
 
@@ -109,9 +114,8 @@ class WritableStacks:
         if self.fresh:
             self.fresh.make()
         where = {}
-        tools = [t for t in self.TOOLS if t != "fuse-overlayfs" or self.fov]
-        r = rotate % len(tools)
-        for tool in tools[r:] + tools[:r]:
+        r = rotate % len(self.tools)
+        for tool in self.tools[r:] + self.tools[:r]:
             base = os.path.join(self.uppers, tool)
             shutil.rmtree(base, ignore_errors=True)
             up, work, mnt = (os.path.join(base, x) for x in ("up", "work", "mnt"))
@@ -124,11 +128,17 @@ class WritableStacks:
             elif tool == "fuse-overlayfs":
                 subprocess.run([self.fov, "-o", opts, mnt], check=True)
             else:
-                subprocess.run([self.verilay, "mount", self.image, "--upper", up, "--work",
-                                work, mnt, "--quiet"], check=True)
+                self.served_over[tool] = transport.mount(
+                    self.verilay, [self.image], mnt, transport.transport_of(tool),
+                    ["--upper", up, "--work", work])
             self.mounted.append(mnt)
             where[tool] = mnt
         return where
+
+    def record(self, data):
+        """Notes in the JSON what the verilay mounts said they were served over."""
+        for tool, said in self.served_over.items():
+            transport.record(data, tool, said)
 
     def down(self):
         unmount_all(self.mounted)

@@ -11,14 +11,15 @@ class CommandFailed(Exception):
     pass
 
 
-def drop_caches():
-    """Write back dirty pages, then drop the page cache, dentries and inodes.
+def drop_caches(what=3):
+    """Write back dirty pages, then drop the page cache, dentries and inodes (`what` as
+    /proc/sys/vm/drop_caches takes it: 3 all of them, 2 dentries and inodes only).
 
     Returns None on success, or the reason it could not (it needs root)."""
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+            f.write(f"{what}\n")
     except OSError as e:
         return f"cannot drop caches: {e.strerror}"
     return None
