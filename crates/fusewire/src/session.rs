@@ -125,6 +125,14 @@ impl From<io::Error> for StartError {
     }
 }
 
+/// Why the io_uring queues did not start.
+enum UringFailure {
+    /// The kernel refused a queue's REGISTER (it then serves on /dev/fuse).
+    Refused(io::Error),
+    /// A thread, or its memory, could not be made.
+    Threads(io::Error),
+}
+
 /// Stops a session from any thread: its threads return once their current requests are
 /// answered. The mount stays; unmounting it is the caller's (requests sent meanwhile wait
 /// for that).
@@ -208,10 +216,17 @@ impl Session {
         if want_uring {
             match session.start_uring(&fs, config) {
                 Ok(()) => return Ok(session),
-                Err(e) if config.transport == Transport::Uring => {
-                    return Err(StartError::UringUnavailable(e.to_string()))
+                Err(UringFailure::Refused(e)) if config.transport == Transport::Uring => {
+                    return Err(StartError::UringUnavailable(format!(
+                        "REGISTER refused: {e}"
+                    )))
                 }
-                // A refused REGISTER made the kernel fall back to /dev/fuse.
+                Err(UringFailure::Threads(error)) if config.transport == Transport::Uring => {
+                    let count = config.workers.max(1);
+                    return Err(StartError::Workers { count, error });
+                }
+                // A refused REGISTER made the kernel fall back to /dev/fuse; threads that
+                // could not start there may start as /dev/fuse workers.
                 Err(_) => {}
             }
         }
@@ -252,19 +267,67 @@ impl Session {
 
     /// One queue thread per possible CPU, the worker pool, and a /dev/fuse reader for
     /// FORGET and INTERRUPT (which never come on the rings). Every queue must register:
-    /// the kernel starts the rings only once each queue has entries.
-    fn start_uring<F: Filesystem>(&mut self, fs: &Arc<F>, config: &Config) -> io::Result<()> {
-        let queues = possible_cpus()?;
+    /// the kernel starts the rings only once each queue has entries. On failure every
+    /// thread started is stopped and joined (none may outlive its ring memory), and the
+    /// session can still start /dev/fuse workers.
+    fn start_uring<F: Filesystem>(
+        &mut self,
+        fs: &Arc<F>,
+        config: &Config,
+    ) -> Result<(), UringFailure> {
+        let queues = possible_cpus().map_err(UringFailure::Threads)?;
         let depth = config.queue_depth.max(1);
         let workers = config.workers.max(1);
         let stats = Arc::new(Stats::new(queues));
+        let mut threads = Vec::new();
+        let mut stopper = self.stopper.clone();
+        let started = self.spawn_uring(fs, config, &stats, &mut threads, &mut stopper);
+        let failure = match started {
+            Err(e) => Some(UringFailure::Threads(e)),
+            Ok(registered) => (0..queues)
+                .filter_map(|_| registered.recv().ok())
+                .find_map(Result::err)
+                .map(UringFailure::Refused),
+        };
+        if let Some(f) = failure {
+            stopper.stop();
+            threads.into_iter().for_each(|t| drop(t.join()));
+            // The stop was for the rings only: /dev/fuse workers may still have to run.
+            self.stopper.stop.store(false, Ordering::Release);
+            self.stopper.dev_stop = Arc::new(EventFd::new().map_err(UringFailure::Threads)?);
+            return Err(f);
+        }
+        self.stopper = stopper;
+        self.stats = stats;
+        self.threads = threads;
+        self.spawn_dev_worker(fs, "fuse-dev-forget".into())
+            .map_err(UringFailure::Threads)?;
+        self.chosen = Chosen::Uring {
+            queues,
+            depth,
+            workers,
+        };
+        Ok(())
+    }
+
+    /// Starts the queue threads and the workers (into `threads`, each queue's wake-up in
+    /// `stopper`): the channel on which each queue says whether it registered.
+    fn spawn_uring<F: Filesystem>(
+        &mut self,
+        fs: &Arc<F>,
+        config: &Config,
+        stats: &Arc<Stats>,
+        threads: &mut Vec<JoinHandle<io::Result<()>>>,
+        stopper: &mut Stopper,
+    ) -> io::Result<mpsc::Receiver<crate::uring::Registered>> {
         let (job_tx, job_rx) = mpsc::channel();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let (reg_tx, reg_rx) = mpsc::channel();
-        let mut threads = Vec::new();
-        let mut stopper = self.stopper.clone();
-        for qid in 0..queues {
-            let mem = Arc::new(QueueMem::new(depth, self.negotiated.ring_payload_size())?);
+        for qid in 0..stats.queue_requests().len() {
+            let mem = Arc::new(QueueMem::new(
+                config.queue_depth.max(1),
+                self.negotiated.ring_payload_size(),
+            )?);
             let done = Arc::new(Completions::new()?);
             self.queue_mem.push(mem.clone());
             stopper.queues.push(done.clone());
@@ -287,8 +350,7 @@ impl Session {
                     .spawn(move || queue.run(reg_tx))?,
             );
         }
-        drop((job_tx, reg_tx));
-        for i in 0..workers {
+        for i in 0..config.workers.max(1) {
             let (fs, jobs, stats) = (fs.clone(), job_rx.clone(), stats.clone());
             let name = format!("fuse-worker-{i}");
             threads.push(std::thread::Builder::new().name(name).spawn(move || {
@@ -296,28 +358,7 @@ impl Session {
                 Ok(())
             })?);
         }
-        self.stopper = stopper;
-        let refused = (0..queues)
-            .filter_map(|_| reg_rx.recv().ok())
-            .find_map(Result::err);
-        if let Some(e) = refused {
-            self.stopper.stop();
-            threads.into_iter().for_each(|t| drop(t.join()));
-            // The stop was for the rings only: the /dev/fuse workers still have to run.
-            self.stopper.stop.store(false, Ordering::Release);
-            self.stopper.dev_stop = Arc::new(EventFd::new()?);
-            self.stopper.queues.clear();
-            return Err(io::Error::new(e.kind(), format!("REGISTER refused: {e}")));
-        }
-        self.stats = stats;
-        self.threads = threads;
-        self.spawn_dev_worker(fs, "fuse-dev-forget".into())?;
-        self.chosen = Chosen::Uring {
-            queues,
-            depth,
-            workers,
-        };
-        Ok(())
+        Ok(reg_rx)
     }
 
     pub fn transport(&self) -> Chosen {
