@@ -6,10 +6,12 @@
 //! with COMMIT_AND_FETCH, which also re-arms it. At unmount every
 //! entry completes with -ENOTCONN and the thread ends.
 
-use crate::abi::{self, InHeader, UringCmdReq};
+use crate::abi::{self, UringCmdReq, UringReqHeader};
+use crate::decode::decode;
 use crate::dispatch::Filesystem;
 use crate::pool::{serve_entry, Completions, InFlight};
-use crate::ring_mem::QueueMem;
+use crate::ring_mem::{EntryPtrs, QueueMem};
+use crate::split::split_uring;
 use crate::stats::Stats;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
@@ -17,7 +19,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
@@ -176,6 +178,22 @@ impl<F: Filesystem> Queue<F> {
         }
     }
 
+    /// Whether the filesystem calls the request in `entry` quick (a request that does not
+    /// decode is not: the pool answers its error).
+    fn is_quick(&self, entry: &EntryPtrs) -> bool {
+        // SAFETY: the kernel filled the entry before completing the command, and it is
+        // this thread's until handed to a worker; the payload is read, never written, here.
+        let (header, payload) = unsafe {
+            let header: UringReqHeader = entry.header.read();
+            let used = (header.ring_ent_in_out.payload_sz as usize).min(entry.payload_size);
+            (header, std::slice::from_raw_parts(entry.payload, used))
+        };
+        split_uring(&header, payload)
+            .ok()
+            .and_then(|raw| decode(&raw).ok())
+            .is_some_and(|req| self.fs.quick(&req))
+    }
+
     fn serve(&self, ring: &mut Ring, early: Vec<(u64, i32)>) -> io::Result<()> {
         let depth = self.mem.depth();
         let mut commit_ids = vec![0u64; depth];
@@ -218,10 +236,7 @@ impl<F: Filesystem> Queue<F> {
                 // it is this thread's until handed to a worker below.
                 commit_ids[idx] = unsafe { (*entry.header).ring_ent_in_out.commit_id };
                 in_flight += 1;
-                // SAFETY: as above.
-                let in_header = unsafe { (*entry.header).in_out };
-                let quick = InHeader::read_from_prefix(&in_header[..])
-                    .is_ok_and(|(h, _)| self.fs.quick(h.opcode));
+                let quick = self.is_quick(&entry);
                 let job = InFlight {
                     qid: self.qid as usize,
                     idx,

@@ -34,32 +34,37 @@ pub struct Fuse<O: Ops> {
     waits: ops::Waits,
 }
 
+/// The largest READ answered where it arrives: bigger ones (readahead) verify enough
+/// blocks that spreading them over the pool, on every CPU, beats the hand-off's cost.
+const QUICK_READ: u32 = 64 << 10;
+
 /// Requests that never wait long on any filesystem here unless its images are remote:
-/// lookups, attributes, listings, xattrs, reads, and making or removing a name (neither
-/// copies a file up).
-fn never_waits(opcode: u32) -> bool {
-    use fusewire::abi::op;
-    matches!(
-        opcode,
-        op::LOOKUP
-            | op::GETATTR
-            | op::READLINK
-            | op::READ
-            | op::OPENDIR
-            | op::READDIR
-            | op::READDIRPLUS
-            | op::RELEASEDIR
-            | op::GETXATTR
-            | op::LISTXATTR
-            | op::STATFS
-            | op::ACCESS
-            | op::MKNOD
-            | op::MKDIR
-            | op::SYMLINK
-            | op::CREATE
-            | op::UNLINK
-            | op::RMDIR
-    )
+/// lookups, attributes, listings, xattrs, small reads, and making or removing a name
+/// (neither copies a file up).
+fn never_waits(req: &Request<'_>) -> bool {
+    match req {
+        Request::Read { size, .. } => *size <= QUICK_READ,
+        r => matches!(
+            r,
+            Request::Lookup { .. }
+                | Request::GetAttr { .. }
+                | Request::ReadLink { .. }
+                | Request::OpenDir { .. }
+                | Request::ReadDir { .. }
+                | Request::ReadDirPlus { .. }
+                | Request::ReleaseDir { .. }
+                | Request::GetXattr { .. }
+                | Request::ListXattr { .. }
+                | Request::StatFs { .. }
+                | Request::Access { .. }
+                | Request::MkNod { .. }
+                | Request::MkDir { .. }
+                | Request::Symlink { .. }
+                | Request::Create { .. }
+                | Request::Unlink { .. }
+                | Request::RmDir { .. }
+        ),
+    }
 }
 
 /// What the filesystem wants of INIT, in the kernel's flags.
@@ -302,10 +307,13 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
         self.ops.forget(ino, nlookup)
     }
 
-    fn quick(&self, opcode: u32) -> bool {
+    fn quick(&self, req: &Request<'_>) -> bool {
         match self.waits {
-            ops::Waits::Never => true,
-            ops::Waits::OnOpensAndChanges => never_waits(opcode),
+            ops::Waits::Never => match req {
+                Request::Read { size, .. } => *size <= QUICK_READ,
+                _ => true,
+            },
+            ops::Waits::OnOpensAndChanges => never_waits(req),
             ops::Waits::Always => false,
         }
     }

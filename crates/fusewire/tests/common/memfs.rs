@@ -297,7 +297,7 @@ impl Filesystem for MemFs {
         self.forgets.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn quick(&self, opcode: u32) -> bool {
-        self.quick && opcode != abi::op::READ
+    fn quick(&self, req: &Request<'_>) -> bool {
+        self.quick && !matches!(req, Request::Read { .. })
     }
 }
