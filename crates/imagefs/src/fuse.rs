@@ -35,8 +35,10 @@ pub struct Fuse<O: Ops> {
 }
 
 /// Requests that never wait long on any filesystem here unless its images are remote:
-/// lookups, attributes, listings, xattrs, reads, and making or removing a name (neither
-/// copies a file up).
+/// lookups, attributes, listings, xattrs and reads. Not making or removing a name: none
+/// copies a large file up, but each waits for any copy-up under way on the mount (one
+/// lock for every change of the upper directory), and served in place it would hold up
+/// every request from its CPU that long.
 fn never_waits(opcode: u32) -> bool {
     use fusewire::abi::op;
     matches!(
@@ -53,12 +55,6 @@ fn never_waits(opcode: u32) -> bool {
             | op::LISTXATTR
             | op::STATFS
             | op::ACCESS
-            | op::MKNOD
-            | op::MKDIR
-            | op::SYMLINK
-            | op::CREATE
-            | op::UNLINK
-            | op::RMDIR
     )
 }
 
