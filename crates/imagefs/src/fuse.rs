@@ -39,8 +39,10 @@ pub struct Fuse<O: Ops> {
 const QUICK_READ: u32 = 64 << 10;
 
 /// Requests that never wait long on any filesystem here unless its images are remote:
-/// lookups, attributes, listings, xattrs, small reads, and making or removing a name
-/// (neither copies a file up).
+/// lookups, attributes, listings, xattrs and small reads. Not making or removing a name:
+/// none copies a large file up, but each waits for any copy-up under way on the mount (one
+/// lock for every change of the upper directory), and served in place it would hold up
+/// every request from its CPU that long.
 fn never_waits(req: &Request<'_>) -> bool {
     match req {
         Request::Read { size, .. } => *size <= QUICK_READ,
@@ -57,12 +59,6 @@ fn never_waits(req: &Request<'_>) -> bool {
                 | Request::ListXattr { .. }
                 | Request::StatFs { .. }
                 | Request::Access { .. }
-                | Request::MkNod { .. }
-                | Request::MkDir { .. }
-                | Request::Symlink { .. }
-                | Request::Create { .. }
-                | Request::Unlink { .. }
-                | Request::RmDir { .. }
         ),
     }
 }

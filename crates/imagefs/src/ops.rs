@@ -44,8 +44,9 @@ pub enum Waits {
     /// None (images on this machine, nothing measured).
     Never,
     /// Opens, closes and changes: a measured open or a writer's close hashes a file, a
-    /// change may copy one up, fsync waits for the disk. Lookups, attributes, listings,
-    /// xattrs, reads and creating or removing names do not.
+    /// change may copy one up (and making or removing a name waits for any copy-up under
+    /// way), fsync waits for the disk. Lookups, attributes, listings, xattrs and reads
+    /// do not.
     OnOpensAndChanges,
     /// Any request: an image is read over the network.
     Always,

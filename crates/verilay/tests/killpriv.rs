@@ -34,6 +34,7 @@ fn privileged_tree(src: &Path) {
          done
          echo data > user-sgid-nox; chmod 2666 user-sgid-nox
          echo data > user-chown-none; chmod 4755 user-chown-none
+         echo data > user-chown-gw; chmod 6775 user-chown-gw
          echo data > root-chgrp-nox; chmod 2666 root-chgrp-nox
          mkdir sgid-dir; chmod 2777 sgid-dir",
         src.display()
@@ -49,6 +50,7 @@ const CHANGES: &str = r#"set -e
     U 'echo x >> user-append; echo x >> user-cap; truncate -s 2 user-trunc; : > user-otrunc'
     U 'fallocate -l 8192 user-falloc; echo x >> user-sgid-nox'
     U "python3 -c 'import os; os.chown(\"user-chown-none\", -1, -1)' 2>/dev/null && exit 1 || :"
+    U "python3 -c 'import os; os.chown(\"user-chown-gw\", -1, -1)' 2>/dev/null && exit 1 || :"
     exec 3< "$M/user-cached"; U 'echo x >> user-cached'; exec 3<&-
     cd "$M"
     echo x >> root-append; echo x >> root-cap; truncate -s 2 root-trunc; : > root-otrunc
@@ -114,6 +116,8 @@ fn privileges_dropped_on_a_root_mount_match_kernel_overlayfs() {
         ("user-sgid-nox", "666 0:0 7"),
         // chown(-1, -1) by a user who may not write it: EPERM, as the VFS answers.
         ("user-chown-none", "4755 0:0 5"),
+        // Group-writable, but the user is not in the group (and no ACL names it).
+        ("user-chown-gw", "6775 0:0 5"),
         ("new", "777 0:0 4"),
         ("root-append", "6777 0:0 7"),
         ("root-cached", "6777 0:0 7"),

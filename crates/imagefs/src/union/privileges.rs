@@ -49,18 +49,27 @@ fn in_group(caller: &Caller, gid: u32) -> bool {
         .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
 }
 
-/// Whether `caller` may drop the set-id bits of a file shown as `attr` when the kernel
-/// sends no other change with the request. Such a SETATTR comes both from a write's
-/// `file_remove_privs` (by a writer, who may change the file anyway) and from
-/// `chown(-1, -1)`, which the VFS refuses (EPERM) to anyone but the owner when there are
-/// bits to drop, but which reaches a FUSE server unchecked (fs/fuse/dir.c drops the mode
-/// change, and with it the owner check). Root and the owner may drop them, and so may
-/// anyone when the mode lets others or the group write: the group bits are also an ACL's
-/// mask, which must allow writing for any named user or group to write (so a stranger
-/// to the group may drop the bits of a group-writable set-id file: not a writer, but
-/// the file's writers can drop them anyway).
-pub(super) fn may_drop_unasked(caller: &Caller, uid: u32, mode: u32) -> bool {
-    caller.uid == 0 || caller.uid == uid || mode & 0o022 != 0
+/// Whether `caller` may drop the set-id bits of a file owned by `uid` and `gid` with
+/// `mode` when the kernel sends no other change with the request. Such a SETATTR comes
+/// both from a write's `file_remove_privs` (by a writer, who may change the file anyway)
+/// and from `chown(-1, -1)`, which the VFS refuses (EPERM) to anyone but the owner when
+/// there are bits to drop, but which reaches a FUSE server unchecked (fs/fuse/dir.c drops
+/// the mode change, and with it the owner check). Root and the owner may drop them, and
+/// so may anyone the mode lets write: others when others may write, the group's members
+/// when the group may. With an ACL (`has_acl`, asked only then) the group bits are its
+/// mask, which must allow writing for any named user or group to write, so anyone may
+/// drop the bits of such a group-writable file (perhaps not a writer, but its writers can
+/// drop them anyway); without one a stranger to the group cannot write it, and gets EPERM.
+pub(super) fn may_drop_unasked(
+    caller: &Caller,
+    (uid, gid): (u32, u32),
+    mode: u32,
+    has_acl: impl FnOnce() -> bool,
+) -> bool {
+    caller.uid == 0
+        || caller.uid == uid
+        || mode & 0o002 != 0
+        || mode & 0o020 != 0 && (in_group(caller, gid) || has_acl())
 }
 
 fn is_regular(mode: u32) -> bool {
@@ -153,11 +162,26 @@ mod tests {
 
     #[test]
     fn only_root_the_owner_or_a_possible_writer_drops_bits_unasked() {
-        assert!(may_drop_unasked(&caller(0, 0), 1000, 0o4755));
-        assert!(may_drop_unasked(&caller(1000, 1000), 1000, 0o4755));
-        assert!(!may_drop_unasked(&caller(1001, 1001), 1000, 0o4755));
-        assert!(may_drop_unasked(&caller(1001, 1001), 1000, 0o4757));
-        assert!(may_drop_unasked(&caller(1001, 1001), 1000, 0o4775));
+        let (owner, no_acl, acl) = ((1000, 1000), || false, || true);
+        assert!(may_drop_unasked(&caller(0, 0), owner, 0o4755, no_acl));
+        assert!(may_drop_unasked(&caller(1000, 1000), owner, 0o4755, no_acl));
+        assert!(!may_drop_unasked(
+            &caller(1001, 1001),
+            owner,
+            0o4755,
+            no_acl
+        ));
+        assert!(may_drop_unasked(&caller(1001, 1001), owner, 0o4757, no_acl));
+        // Group-writable: the group's members, or anyone when an ACL may name writers.
+        assert!(may_drop_unasked(&caller(1001, 1000), owner, 0o4775, no_acl));
+        assert!(!may_drop_unasked(
+            &caller(1001, 1001),
+            owner,
+            0o4775,
+            no_acl
+        ));
+        assert!(may_drop_unasked(&caller(1001, 1001), owner, 0o4775, acl));
+        assert!(!may_drop_unasked(&caller(1001, 1001), owner, 0o4755, acl));
     }
 
     #[test]

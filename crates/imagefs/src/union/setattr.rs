@@ -5,7 +5,7 @@ use super::io::from_node;
 use super::privileges::may_drop_unasked;
 use super::UnionFs;
 use crate::attr::Attr;
-use crate::ops::{Errno, SetAttr, SetTime};
+use crate::ops::{Errno, Ops, SetAttr, SetTime};
 use erofs::read::ByteSource;
 use rustix::fd::AsFd;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
@@ -33,7 +33,10 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         if let Some(c) = set.kill_privileges.filter(|_| asks_nothing_else(set)) {
             let a = self.attr(id, &self.node(id)?)?;
             let setid = u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0;
-            if setid && !may_drop_unasked(&c, a.uid, u32::from(a.perm)) {
+            let has_acl = || {
+                Ops::getxattr(self, &c, id, b"system.posix_acl_access").is_ok_and(|v| !v.is_empty())
+            };
+            if setid && !may_drop_unasked(&c, (a.uid, a.gid), u32::from(a.perm), has_acl) {
                 return Err(Errno::PERM);
             }
         }

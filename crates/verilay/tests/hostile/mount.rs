@@ -1547,3 +1547,135 @@ fn an_opaque_upper_root_hides_nothing_as_in_overlayfs() {
         );
     }
 }
+
+/// Whether process `pid` waits in the kernel for a FUSE daemon's answer.
+fn waits_on_fuse(pid: u32) -> bool {
+    let stack = std::fs::read_to_string(format!("/proc/{pid}/stack")).unwrap_or_default();
+    stack.contains("request_wait_answer") || stack.contains("fuse_simple_request")
+}
+
+/// Whether `work` holds a regular file with data besides the mount's lock: a copy-up
+/// under way.
+fn copy_up_under_way(work: &Path) -> bool {
+    walkdir(work).iter().any(|p| {
+        p.file_name().is_some_and(|n| n != "verilay.lock")
+            && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0)
+    })
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walkdir(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// A request served where it arrives (on its io_uring queue's own thread) must not wait
+/// for another: one that did would hold up every request sent from that CPU, whoever
+/// sent it. Making a name waits for the copy-up of any file under way (one lock for all
+/// changes of the upper directory), so a user who opens a large file for writing and then
+/// makes a directory from CPU 0 stalled every lookup from CPU 0 until the copy finished.
+/// The lookup must be answered while the copy-up is still under way. (On /dev/fuse any
+/// free worker takes it; the test runs over either transport.)
+#[test]
+fn a_name_made_during_a_long_copy_up_holds_up_no_other_request() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if prerequisites()
+        || skip_unless(have("taskset"), "taskset missing")
+        || skip_unless(cpus >= 2, "needs two CPUs (one copies up, one is stalled)")
+    {
+        return;
+    }
+    let base = Base::new();
+    let src = base.dir("src");
+    // Large enough that its copy-up (read, verified, written, fsynced) outlasts a lookup
+    // by far; not zeros, so no layer may keep it as a hole.
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(src.join("big")).unwrap());
+        let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 | 1).collect();
+        for _ in 0..1024 {
+            f.write_all(&block).unwrap();
+        }
+        f.flush().unwrap();
+    }
+    // The lookup is made in another directory: the mkdir holds its own directory's lock.
+    std::fs::create_dir(src.join("other")).unwrap();
+    let image = base.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    std::fs::remove_dir_all(&src).unwrap();
+    let (upper, work, mnt) = (base.dir("upper"), base.dir("work"), base.dir("mnt"));
+    // Workers enough for the OPEN, the MKDIR and the lookup (with one per CPU, the OPEN
+    // and the MKDIR take both of a 2-CPU machine's and /dev/fuse serves nothing else).
+    let out = mount_upper(&image, &mnt, &upper, &work, &["--threads", "8"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _m = Unmount::fuse(&mnt);
+    // Looked up now, so the requests below are the OPEN and the MKDIR alone (the
+    // missing name's answer is cached as such).
+    assert!(mnt.join("big").exists());
+    assert!(mnt.join("other").is_dir());
+    assert!(!mnt.join("newdir").exists());
+
+    let mut opener = Command::new("taskset")
+        .args(["-c", "1", "sh", "-c", "exec 3<>\"$1\"", "sh"])
+        .arg(mnt.join("big"))
+        .spawn()
+        .unwrap();
+    assert!(
+        poll_until(Duration::from_secs(120), || copy_up_under_way(&work)
+            || opener.try_wait().unwrap().is_some()),
+        "the copy-up never began"
+    );
+    assert!(
+        opener.try_wait().unwrap().is_none(),
+        "the copy-up ended before it could be seen: make the file larger"
+    );
+    let mut mkdir = Command::new("taskset")
+        .args(["-c", "0", "mkdir"])
+        .arg(mnt.join("newdir"))
+        .spawn()
+        .unwrap();
+    let pid = mkdir.id();
+    assert!(
+        poll_until(Duration::from_secs(30), || waits_on_fuse(pid)
+            || opener.try_wait().unwrap().is_some()),
+        "mkdir never reached the daemon"
+    );
+    assert!(
+        opener.try_wait().unwrap().is_none(),
+        "the copy-up ended before mkdir waited on it: make the file larger"
+    );
+    // A lookup of a name never asked for, sent from the same CPU as the mkdir.
+    let started = Instant::now();
+    let mut lookup = Command::new("taskset")
+        .args(["-c", "0", "stat", "-c", "%n"])
+        .arg(mnt.join("other/probe"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        poll_until(Duration::from_secs(120), || lookup
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the lookup never ended"
+    );
+    let took = started.elapsed();
+    let copy_up_running = opener.try_wait().unwrap().is_none();
+    assert!(opener.wait().unwrap().success());
+    assert!(mkdir.wait().unwrap().success());
+    assert!(
+        copy_up_running,
+        "a lookup from CPU 0 waited {took:?}, until the copy-up of another file ended: \
+         the mkdir before it, waiting for that copy-up, held up CPU 0's queue"
+    );
+}
