@@ -135,16 +135,26 @@ impl Sink for DevSink<'_> {
     }
 }
 
-/// Serves requests from `fd` until the connection goes away or the session stops.
+/// A zeroed buffer of `len` bytes, or ENOMEM: made before a thread starts, so a memory
+/// limit fails the session's start instead of aborting the process in a new thread.
+pub(crate) fn buffer(len: usize) -> io::Result<Vec<u8>> {
+    let mut b = Vec::new();
+    b.try_reserve_exact(len)
+        .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    b.resize(len, 0);
+    Ok(b)
+}
+
+/// Serves requests from `fd` until the connection goes away or the session stops, with
+/// `input` and `output` (each as large as the largest request) as its buffers.
 pub(crate) fn worker<F: Filesystem>(
     fd: OwnedFd,
     fs: &F,
     setxattr_ext: bool,
-    bufsize: usize,
+    (mut input, mut output): (Vec<u8>, Vec<u8>),
     stats: &Stats,
     stop: &EventFd,
 ) -> io::Result<()> {
-    let (mut input, mut output) = (vec![0u8; bufsize], vec![0u8; bufsize]);
     let raw_fd = fd.as_raw_fd();
     loop {
         let n = match next_request(raw_fd, stop, &mut input)? {

@@ -128,14 +128,19 @@ impl Drop for UringSink {
 }
 
 /// One worker: takes entries until every queue has gone.
-pub(crate) fn worker<F: Filesystem>(fs: &F, jobs: &Mutex<Receiver<InFlight>>, stats: &Stats) {
-    let mut input = Vec::new();
+/// `input` holds a copy of each request (as large as the largest, made before the thread).
+pub(crate) fn worker<F: Filesystem>(
+    fs: &F,
+    jobs: &Mutex<Receiver<InFlight>>,
+    stats: &Stats,
+    input: &mut Vec<u8>,
+) {
     loop {
         let job = match jobs.lock().unwrap_or_else(|p| p.into_inner()).recv() {
             Ok(job) => job,
             Err(_) => return,
         };
-        serve_entry(fs, job, stats, &mut input);
+        serve_entry(fs, job, stats, input);
     }
 }
 

@@ -258,9 +258,10 @@ impl Session {
         );
         let ext = self.negotiated.has(init::SETXATTR_EXT);
         let bufsize = self.negotiated.dev_buffer_size();
+        let buffers = (dev::buffer(bufsize)?, dev::buffer(bufsize)?);
         let t = std::thread::Builder::new()
             .name(name)
-            .spawn(move || dev::worker(fd, &*fs, ext, bufsize, &stats, &stop))?;
+            .spawn(move || dev::worker(fd, &*fs, ext, buffers, &stats, &stop))?;
         self.threads.push(t);
         Ok(())
     }
@@ -323,11 +324,9 @@ impl Session {
         let (job_tx, job_rx) = mpsc::channel();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let (reg_tx, reg_rx) = mpsc::channel();
+        let payload = self.negotiated.ring_payload_size();
         for qid in 0..stats.queue_requests().len() {
-            let mem = Arc::new(QueueMem::new(
-                config.queue_depth.max(1),
-                self.negotiated.ring_payload_size(),
-            )?);
+            let mem = Arc::new(QueueMem::new(config.queue_depth.max(1), payload)?);
             let done = Arc::new(Completions::new()?);
             self.queue_mem.push(mem.clone());
             stopper.queues.push(done.clone());
@@ -341,6 +340,7 @@ impl Session {
                 jobs: job_tx.clone(),
                 stop: self.stopper.stop.clone(),
                 pin: config.pin_queues,
+                input: dev::buffer(payload)?,
             };
             let reg_tx = reg_tx.clone();
             let name = format!("fuse-ring-{qid}");
@@ -352,9 +352,10 @@ impl Session {
         }
         for i in 0..config.workers.max(1) {
             let (fs, jobs, stats) = (fs.clone(), job_rx.clone(), stats.clone());
+            let mut input = dev::buffer(payload)?;
             let name = format!("fuse-worker-{i}");
             threads.push(std::thread::Builder::new().name(name).spawn(move || {
-                pool::worker(&*fs, &jobs, &stats);
+                pool::worker(&*fs, &jobs, &stats, &mut input);
                 Ok(())
             })?);
         }

@@ -114,6 +114,8 @@ pub(crate) struct Queue<F> {
     pub(crate) jobs: Sender<InFlight>,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) pin: bool,
+    /// A copy of each request served here (as large as the largest, made beforehand).
+    pub(crate) input: Vec<u8>,
 }
 
 /// What the queue thread saw of its REGISTERs: sent to the session before serving.
@@ -128,7 +130,7 @@ fn push(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<()> {
 impl<F: Filesystem> Queue<F> {
     /// Registers every entry, reports how that went, then serves until every entry has
     /// ended (unmount) or the session stops.
-    pub(crate) fn run(self, registered: Sender<Registered>) -> io::Result<()> {
+    pub(crate) fn run(mut self, registered: Sender<Registered>) -> io::Result<()> {
         if self.pin {
             pin_to_cpu(self.qid as usize);
         }
@@ -147,7 +149,8 @@ impl<F: Filesystem> Queue<F> {
         match self.register(&mut ring) {
             Ok(early) => {
                 let _ = registered.send(Ok(()));
-                self.serve(&mut ring, early)
+                let mut input = std::mem::take(&mut self.input);
+                self.serve(&mut ring, early, &mut input)
             }
             Err(e) => {
                 let _ = registered.send(Err(e));
@@ -194,12 +197,16 @@ impl<F: Filesystem> Queue<F> {
             .is_some_and(|req| self.fs.quick(&req))
     }
 
-    fn serve(&self, ring: &mut Ring, early: Vec<(u64, i32)>) -> io::Result<()> {
+    fn serve(
+        &self,
+        ring: &mut Ring,
+        early: Vec<(u64, i32)>,
+        input: &mut Vec<u8>,
+    ) -> io::Result<()> {
         let depth = self.mem.depth();
         let mut commit_ids = vec![0u64; depth];
         let (mut ended, mut in_flight, mut stopping) = (0usize, 0usize, false);
         let mut answered = Vec::new();
-        let mut input = Vec::new();
         let mut cqes = early;
         while ended < depth && !(stopping && in_flight == 0) {
             if cqes.is_empty() {
@@ -246,7 +253,7 @@ impl<F: Filesystem> Queue<F> {
                     quiet: quick,
                 };
                 if quick {
-                    serve_entry(&*self.fs, job, &self.stats, &mut input);
+                    serve_entry(&*self.fs, job, &self.stats, input);
                 } else if self.jobs.send(job).is_err() {
                     return Err(io::Error::other("the worker pool is gone"));
                 }
