@@ -227,24 +227,6 @@ fn wire_attr(a: &Attr) -> abi::Attr {
     }
 }
 
-/// Whether a SETATTR sets nothing: with HANDLE_KILLPRIV_V2 that is the kernel's
-/// `file_remove_privs` (a write, fallocate or passthrough write by a caller without
-/// CAP_FSETID to a setuid, setgid or capability-holding file; fs/fuse/dir.c fuse_setattr
-/// drops the mode change it computed and sends the rest) or `chown(-1, -1)`, which drops
-/// them too. On a passthrough write no WRITE follows to carry the flag, so this request
-/// is the only word the filesystem gets. (OPEN never carries OPEN_KILL_SUIDGID here: the
-/// kernel sets it only for an O_TRUNC it passes on, and without ATOMIC_O_TRUNC it strips
-/// O_TRUNC and truncates with a SETATTR of the size, which carries FATTR_KILL_SUIDGID.)
-fn changes_nothing(set: &fusewire::SetAttr) -> bool {
-    set.mode.is_none()
-        && set.uid.is_none()
-        && set.gid.is_none()
-        && set.size.is_none()
-        && set.atime.is_none()
-        && set.mtime.is_none()
-        && set.ctime.is_none()
-}
-
 fn set_time(t: fusewire::SetTime) -> ops::SetTime {
     match t {
         fusewire::SetTime::Now => ops::SetTime::Now,
@@ -332,7 +314,8 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
             },
             Request::GetAttr { ino, .. } => self.reply_attr(reply, ops.getattr(ino)),
             Request::SetAttr { ino, set } => {
-                let set = ops::SetAttr {
+                let kill = set.kill_suidgid;
+                let mut set = ops::SetAttr {
                     mode: set.mode,
                     uid: set.uid,
                     gid: set.gid,
@@ -340,8 +323,10 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
                     atime: set.atime.map(set_time),
                     mtime: set.mtime.map(set_time),
                     fh: set.fh,
-                    kill_privileges: (set.kill_suidgid || changes_nothing(&set)).then_some(caller),
+                    kill_privileges: None,
                 };
+                // A SETATTR that sets nothing drops privileges too (`SetAttr::changes_nothing`).
+                set.kill_privileges = (kill || set.changes_nothing()).then_some(caller);
                 self.reply_attr(reply, ops.setattr(ino, &set))
             }
             Request::ReadLink { ino } => match ops.readlink(ino) {

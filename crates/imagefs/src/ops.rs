@@ -170,6 +170,26 @@ pub struct SetAttr {
     pub kill_privileges: Option<Caller>,
 }
 
+impl SetAttr {
+    /// Whether this sets nothing: with HANDLE_KILLPRIV_V2 that is the kernel's
+    /// `file_remove_privs` (a write, fallocate or passthrough write by a caller without
+    /// CAP_FSETID to a setuid, setgid or capability-holding file; fs/fuse/dir.c fuse_setattr
+    /// drops the mode change it computed and sends the rest) or `chown(-1, -1)`, which drops
+    /// them too. On a passthrough write no WRITE follows to carry the flag, so this request
+    /// is the only word the filesystem gets. (OPEN never carries OPEN_KILL_SUIDGID here: the
+    /// kernel sets it only for an O_TRUNC it passes on, and without ATOMIC_O_TRUNC it strips
+    /// O_TRUNC and truncates with a SETATTR of the size, which carries FATTR_KILL_SUIDGID.)
+    /// (The kernel sends a ctime only with the writeback cache, which no mount asks for.)
+    pub fn changes_nothing(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+    }
+}
+
 /// One entry of a directory listing, and the offset of the one after it.
 #[derive(Clone, Copy, Debug)]
 pub struct DirEntry<'a> {

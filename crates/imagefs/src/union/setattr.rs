@@ -30,7 +30,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     }
 
     fn change_attrs(&self, id: u64, set: &SetAttr) -> Result<Attr, Errno> {
-        if let Some(c) = set.kill_privileges.filter(|_| asks_nothing_else(set)) {
+        if let Some(c) = set.kill_privileges.filter(|_| set.changes_nothing()) {
             let a = self.attr(id, &self.node(id)?)?;
             let setid = u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0;
             let has_acl = || {
@@ -73,16 +73,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let n = self.node(id)?;
         self.attr(id, &n)
     }
-}
-
-/// A request to drop privileges and change nothing else (see `may_drop_unasked`).
-fn asks_nothing_else(set: &SetAttr) -> bool {
-    set.mode.is_none()
-        && set.uid.is_none()
-        && set.gid.is_none()
-        && set.size.is_none()
-        && set.atime.is_none()
-        && set.mtime.is_none()
 }
 
 pub(super) fn ts(t: SetTime) -> rfs::Timespec {
