@@ -4,7 +4,7 @@
 //! made afresh by a [`StatsSource`] each time someone asks (`mount/stats.rs` serves it on
 //! a socket of its own).
 
-use crate::measuring::Counter;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A mount's statistics: one JSON object, members in the order they were added.
@@ -30,5 +30,35 @@ impl XattrRequests {
             "listxattr": self.list.get(),
         });
         stats.insert("xattr_requests".into(), counts);
+    }
+}
+
+const SHARDS: usize = 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Shard(AtomicU64);
+
+/// A count kept in shards, one cache line each, picked by thread: workers counting at
+/// once never write one shared line.
+#[derive(Default)]
+pub struct Counter([Shard; SHARDS]);
+
+thread_local! {
+    /// This thread's shard, handed out round-robin on first use.
+    static SHARD: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) as usize % SHARDS
+    };
+}
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        let i = SHARD.with(|s| *s);
+        self.0[i].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
     }
 }

@@ -1,6 +1,6 @@
 //! What measuring cost, for `verilay stats`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::stats::Counter;
 
 /// Counters for `verilay stats`: what measuring cost. Each is sharded by worker thread
 /// (a cache line per shard), so opens on several threads never write one shared line.
@@ -29,32 +29,4 @@ pub struct Counters {
     /// (see `readonly/measured.rs`), and those bytes.
     pub primed: Counter,
     pub bytes_primed: Counter,
-}
-
-const SHARDS: usize = 16;
-
-#[repr(align(64))]
-#[derive(Default)]
-struct Shard(AtomicU64);
-
-#[derive(Default)]
-pub struct Counter([Shard; SHARDS]);
-
-thread_local! {
-    /// This thread's shard, handed out round-robin on first use.
-    static SHARD: usize = {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        NEXT.fetch_add(1, Ordering::Relaxed) as usize % SHARDS
-    };
-}
-
-impl Counter {
-    pub fn add(&self, n: u64) {
-        let i = SHARD.with(|s| *s);
-        self.0[i].0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
-    }
 }

@@ -26,8 +26,9 @@ mod opens;
 mod task;
 mod watch;
 
+pub use crate::stats::Counter;
 pub use content::{cookie, Content, ContentKey, Cookie, ImageFile};
-pub use counters::{Counter, Counters};
+pub use counters::Counters;
 pub use digests::HASH_AT_CLOSE;
 pub use engine::{access_mask, writes, Measured, Measuring, Opening};
 pub use identity::{host_identity, image_identity, EROFS_MAGIC};
