@@ -5,6 +5,7 @@
 //! `evmctl ima_measurement` and `verify` replay.
 
 pub mod files;
+pub mod format;
 pub mod log;
 pub mod policy;
 pub mod verify;

@@ -19,7 +19,7 @@
 //! open now, and whether the last one closed it cleanly.
 
 use crate::files::{self, How, OpenError};
-use crate::log::{
+use crate::format::{
     template_by_name, to_hex, Bank, Entry, Pcrs, ASCII_SHA1, ASCII_SHA256, BINARY_SHA1,
     BINARY_SHA256, COUNT, IN_USE, LOCK, MAX_PATH, MAX_SIG, NUM_PCRS, PCRS_SHA1, PCRS_SHA256,
 };
@@ -50,7 +50,7 @@ pub struct Violation {
     /// 1-based.
     pub entry: u64,
     pub pcr: u32,
-    /// The entry's name field (verilay's: [`crate::log::UNCLEAN_SHUTDOWN`]).
+    /// The entry's name field (verilay's: [`crate::format::UNCLEAN_SHUTDOWN`]).
     pub name: String,
 }
 
@@ -373,7 +373,7 @@ fn read_pcr_file(
             ));
         };
         let hex_at = pos + label.len();
-        match crate::log::from_hex(hex) {
+        match crate::format::from_hex(hex) {
             Some(v) if v.len() == bank.size() => out.push((v, hex_at as u64)),
             _ => {
                 return Err(err(
