@@ -167,6 +167,8 @@ fn privileges_dropped_on_a_rootless_mount_leave_the_override_xattr() {
     };
     let mount = "./verilay mount img --upper up --work work mnt --quiet";
     as_user(mount);
+    // Unmounted however the assertions end.
+    let _unmount = Unmount::fuse(&base.join("mnt"));
     as_user(
         "set -e; cd mnt; echo x >> user-append; truncate -s 2 user-trunc; : > user-otrunc
          fallocate -l 8192 user-falloc; echo x >> user-sgid-nox
