@@ -104,10 +104,19 @@ fn read_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Got>> {
         return Ok(Some(Got::Request(n as usize)));
     }
     let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENODEV) => Ok(Some(Got::Gone)),
-        Some(libc::EAGAIN | libc::EINTR | libc::ENOENT) => Ok(None),
-        _ => Err(e),
+    read_error(e.raw_os_error()).ok_or(e)
+}
+
+/// What a failed read of /dev/fuse means, or `None` for a real error.
+/// ENODEV: unmounted. ECONNABORTED: the kernel took a request off its queue just as the
+/// connection was torn down (fuse_dev_do_read, "must not put request on fpq->io queue
+/// after having been shut down"), or the connection was aborted through fusectl: gone
+/// either way.
+fn read_error(errno: Option<i32>) -> Option<Option<Got>> {
+    match errno {
+        Some(libc::ENODEV | libc::ECONNABORTED) => Some(Some(Got::Gone)),
+        Some(libc::EAGAIN | libc::EINTR | libc::ENOENT) => Some(None),
+        _ => None,
     }
 }
 

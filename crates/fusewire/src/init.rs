@@ -118,7 +118,9 @@ pub fn negotiate(
     if major != abi::KERNEL_VERSION || minor < abi::MIN_KERNEL_MINOR_VERSION {
         return Err(InitError::Version { major, minor });
     }
-    let mut ask = wants.flags & !(init::OVER_IO_URING | init::INIT_EXT);
+    // ABORT_ERROR: after an abort through fusectl, reads of /dev/fuse fail ECONNABORTED
+    // (not ENODEV), which the session takes as the end it is.
+    let mut ask = wants.flags & !(init::OVER_IO_URING | init::INIT_EXT) | init::ABORT_ERROR;
     if uring {
         ask |= init::OVER_IO_URING;
     }

@@ -314,6 +314,83 @@ fn stop_then_unmount(transport: Transport) {
     unmount(s.mnt.path()).expect("umount2 after stop");
 }
 
+/// An abort through fusectl ends the session without an error: the kernel answers the
+/// daemon's reads ECONNABORTED (ABORT_ERROR is asked for), and the same errno comes
+/// from a read that races an ordinary unmount.
+fn abort_through_fusectl(transport: Transport) {
+    let s = serve(transport);
+    assert_eq!(
+        sh("cat \"$1\"/hello.txt", &[s.mnt.path()]).as_bytes(),
+        memfs::HELLO
+    );
+    let granted = s.session.negotiated().granted;
+    assert_ne!(granted & init::ABORT_ERROR, 0, "ABORT_ERROR not granted");
+    let minor = fuse_connection(s.mnt.path());
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(ctl).map_or(true, |mut d| d.next().is_none()) {
+        let status = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(ctl)
+            .status()
+            .expect("mount fusectl");
+        assert!(status.success(), "mount -t fusectl failed");
+    }
+    std::fs::write(ctl.join(minor.to_string()).join("abort"), "1").expect("abort");
+    let (tx, rx) = mpsc::channel();
+    let session = s.session;
+    std::thread::spawn(move || tx.send(session.join()));
+    rx.recv_timeout(DEADLINE)
+        .expect("the session did not end after the abort")
+        .expect("the session ended with an error after the abort");
+    assert!(
+        poll_until(DEADLINE, || session_threads().is_empty()),
+        "threads left: {:?}",
+        session_threads()
+    );
+    // The aborted mount answers ENOTCONN until it is unmounted.
+    let err = std::fs::read(s.mnt.path().join("hello.txt")).expect_err("read after abort");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    unmount(s.mnt.path()).expect("umount2 after abort");
+}
+
+/// The FUSE connection number (the mount's minor device number) behind `mnt`, from
+/// mountinfo: a stat of the mountpoint would ask the daemon.
+fn fuse_connection(mnt: &Path) -> u32 {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mnt = mnt.to_str().expect("utf-8 mountpoint");
+    info.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&mnt)).then(|| f[2].split(':').nth(1)?.parse().ok())?
+        })
+        .expect("the mount in mountinfo")
+}
+
+#[test]
+fn an_abort_ends_a_dev_session() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    abort_through_fusectl(Transport::Dev);
+}
+
+#[test]
+fn an_abort_ends_a_uring_session() {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    let Some(_uring) = UringEnabled::new() else {
+        skip_unless(
+            false,
+            "this kernel has no FUSE over io_uring (enable_uring)",
+        );
+        return;
+    };
+    abort_through_fusectl(Transport::Uring);
+}
+
 #[test]
 fn stop_ends_a_dev_session() {
     let _serial = serial();
