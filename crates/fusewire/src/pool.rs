@@ -163,6 +163,9 @@ pub(crate) fn serve_entry<F: Filesystem>(
         Err(_) => (0, header.ring_ent_in_out.commit_id),
     };
     stats.count_queue(job.qid, opcode);
+    if !job.quiet {
+        stats.count_pooled(opcode);
+    }
     let mut sink = UringSink { job: Some(job) };
     serve(fs, raw, unique, &mut sink);
 }

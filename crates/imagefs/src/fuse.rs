@@ -39,10 +39,7 @@ pub struct Fuse<O: Ops> {
 const QUICK_READ: u32 = 64 << 10;
 
 /// Requests that never wait long on any filesystem here unless its images are remote:
-/// lookups, attributes, listings, xattrs and small reads. Not making or removing a name:
-/// none copies a large file up, but each waits for any copy-up under way on the mount (one
-/// lock for every change of the upper directory), and served in place it would hold up
-/// every request from its CPU that long.
+/// lookups, attributes, listings, xattrs and small reads.
 fn never_waits(req: &Request<'_>) -> bool {
     match req {
         Request::Read { size, .. } => *size <= QUICK_READ,
@@ -61,6 +58,22 @@ fn never_waits(req: &Request<'_>) -> bool {
                 | Request::Access { .. }
         ),
     }
+}
+
+/// Making or removing a name: none copies a file up, but each waits for any copy-up under
+/// way on the mount (one lock for every change of the upper directory), and served in
+/// place it would hold up every request from its CPU that long. So they are served in
+/// place only while no change is under way (`Ops::changes_idle`).
+fn names_only(req: &Request<'_>) -> bool {
+    matches!(
+        req,
+        Request::Create { .. }
+            | Request::MkDir { .. }
+            | Request::MkNod { .. }
+            | Request::Symlink { .. }
+            | Request::Unlink { .. }
+            | Request::RmDir { .. }
+    )
 }
 
 /// What the filesystem wants of INIT, in the kernel's flags.
@@ -291,7 +304,9 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
                 Request::Read { size, .. } => *size <= QUICK_READ,
                 _ => true,
             },
-            ops::Waits::OnOpensAndChanges => never_waits(req),
+            ops::Waits::OnOpensAndChanges => {
+                never_waits(req) || (names_only(req) && self.ops.changes_idle())
+            }
             ops::Waits::Always => false,
         }
     }
@@ -556,7 +571,8 @@ impl Session {
     }
 
     /// `stats` with the session's members added: `transport` (what serves the mount) and
-    /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue).
+    /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue, and of
+    /// those, by opcode, how many the queue handed to the worker pool).
     pub fn add_to_stats(&self, stats: StatsSource) -> StatsSource {
         let (chosen, counts) = (self.transport(), self.stats());
         Arc::new(move || {
@@ -565,6 +581,11 @@ impl Session {
             let requests = serde_json::json!({
                 "dev": counts.dev_requests(),
                 "queues": counts.queue_requests(),
+                "pooled": counts
+                    .pooled()
+                    .into_iter()
+                    .map(|(op, n)| (op.to_string(), n.into()))
+                    .collect::<serde_json::Map<_, _>>(),
             });
             s.insert("fuse_requests".into(), requests);
             s

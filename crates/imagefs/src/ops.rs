@@ -229,6 +229,11 @@ pub trait Ops: Send + Sync + 'static {
     fn stats(&self) -> crate::stats::StatsSource {
         std::sync::Arc::new(crate::stats::Stats::new)
     }
+    /// Whether making or removing a name would run now without waiting for another
+    /// change (a copy-up) to finish: the transport then serves it where it arrives.
+    fn changes_idle(&self) -> bool {
+        false
+    }
 
     /// `name` in `parent`; `None` when absent (the kernel caches that too).
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno>;

@@ -209,3 +209,57 @@ fn the_transport_is_chosen_by_flag_option_or_environment_and_a_wrong_one_refused
     }
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// On a writable mount over io_uring, making and removing names is answered on the rings
+/// while no copy-up is under way (each hand-off to the pool costs a thread switch), and a
+/// file's release, which may hash or flush, still goes to the pool: `verilay stats` counts
+/// what each queue handed over, by opcode.
+#[test]
+fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
+    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
+        return;
+    }
+    let enabled = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
+    if skip_unless(
+        enabled.trim() == "Y",
+        "FUSE over io_uring is off (scripts/setup turns on enable_uring)",
+    ) {
+        return;
+    }
+    let base = PathBuf::from(format!("/tmp/verilay-transport-rw-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let image = image(&base);
+    let (mnt, upper, work) = (base.join("mnt"), base.join("upper"), base.join("work"));
+    for d in [&mnt, &upper, &work] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    run(verilay()
+        .args(["mount", "--transport", "uring", "--upper"])
+        .arg(&upper)
+        .arg("--work")
+        .arg(&work)
+        .arg(&image)
+        .arg(&mnt)
+        .env_remove("VERILAY_TRANSPORT"));
+    let _m = Unmount::fuse(&mnt);
+    let d = mnt.join("d0");
+    for i in 0..50 {
+        std::fs::write(d.join(format!("new{i}")), b"x").unwrap();
+        std::fs::create_dir(d.join(format!("dir{i}"))).unwrap();
+        std::os::unix::fs::symlink("new0", d.join(format!("link{i}"))).unwrap();
+    }
+    for i in 0..50 {
+        std::fs::remove_file(d.join(format!("new{i}"))).unwrap();
+        std::fs::remove_dir(d.join(format!("dir{i}"))).unwrap();
+        std::fs::remove_file(d.join(format!("link{i}"))).unwrap();
+    }
+    let s = stats(&mnt);
+    let pooled = &s["fuse_requests"]["pooled"];
+    for op in ["CREATE", "MKDIR", "SYMLINK", "UNLINK", "RMDIR"] {
+        assert!(pooled.get(op).is_none(), "{op} handed to the pool: {s}");
+    }
+    assert!(pooled["RELEASE"].as_u64().unwrap_or(0) >= 50, "{s}");
+    drop(_m);
+    let _ = std::fs::remove_dir_all(&base);
+}
