@@ -1,4 +1,4 @@
-//! The hardened EROFS reader (uncompressed subset).
+//! The hardened EROFS reader.
 //!
 //! Cut like Linux `fs/erofs/`: one concern per file.
 //!
@@ -6,6 +6,8 @@
 //! - `sb`: superblock checks and the long xattr prefix table ([`Image::open`]).
 //! - `inode`: nid → validated [`Inode`].
 //! - `data`: logical file offset → image bytes (flat, inline tail, chunks) and `read`.
+//! - `zmap`, `zdata`: compressed files: offset → cluster (`zmap.c`), the compression
+//!   configs, decoding through a cache of decoded extents.
 //! - `dir`: directory blocks, `readdir` with kernel-compatible offsets, `lookup`.
 //! - `xattr`: inline and shared xattrs, long prefixes and the name bloom filter.
 //! - `check`: `fsck` (whole-tree consistency, with or without the file data) and `exercise`
@@ -26,6 +28,8 @@ mod locate;
 mod sb;
 mod source;
 mod xattr;
+mod zdata;
+mod zmap;
 
 pub use check::{exercise, fsck, fsck_structure, FsckReport};
 pub use claims::ClaimsReport;
@@ -34,6 +38,8 @@ pub use dir::{DirEntry, ReadDir};
 pub use inode::Inode;
 pub use sb::Image;
 pub use source::{ByteSource, FileSource};
+pub use zdata::ZConfig;
+pub use zmap::{ZExtent, ZFormat, ZStored};
 
 use std::io;
 

@@ -36,6 +36,9 @@ pub struct Image<S: ByteSource> {
     /// The file-digest table's footer and the first nid of each group of its entries,
     /// read once on first use (see `claimed_file_digest`).
     pub(crate) digest_index: std::sync::OnceLock<Option<super::digest::DigestIndex>>,
+    /// Compression settings, and the decoded extents of compressed files.
+    pub(crate) zconfig: super::zdata::ZConfig,
+    pub(crate) zcache: super::zdata::ZCache,
 }
 
 impl<S: ByteSource> Image<S> {
@@ -105,21 +108,12 @@ impl<S: ByteSource> Image<S> {
                 format!("dirblkbits {} (must be 0)", sb.dirblkbits),
             );
         }
-        // Non-zero means compression algorithms (or lz4 distance) are configured.
-        if sb.available_compr_algs != 0 {
-            return unsupported(
-                sb_off + 0x54,
-                format!(
-                    "compression configured (available_compr_algs {:#x})",
-                    sb.available_compr_algs
-                ),
-            );
-        }
         let blkbits = u32::from(sb.blkszbits);
         let bs = 1u64 << blkbits;
         if checksum && sb.feature_compat & format::FEATURE_COMPAT_SB_CHKSUM != 0 {
             check_sb_checksum(&src, len, &sb, bs)?;
         }
+        let zconfig = super::zdata::read_config(&src, len, &sb)?;
         // u32 << 16 cannot overflow u64.
         let meta_base = u64::from(sb.meta_blkaddr) << blkbits;
         let xattr_base = u64::from(sb.xattr_blkaddr) << blkbits;
@@ -132,6 +126,8 @@ impl<S: ByteSource> Image<S> {
             xattr_base,
             prefixes: Vec::new(),
             digest_index: std::sync::OnceLock::new(),
+            zconfig,
+            zcache: super::zdata::ZCache::new(),
         };
         img.prefixes = img.read_prefixes()?;
         let root = img.inode(img.root_nid())?;
