@@ -304,6 +304,7 @@ impl<S: ByteSource> Fsck<'_, S> {
             }
         }
         self.report.inodes = (visited.len() + nondirs.len()) as u64;
+        self.check_packed_inode(&visited, &nondirs);
         let inos = img.superblock().inos;
         if inos != self.report.inodes {
             self.problem(format!(
@@ -388,6 +389,34 @@ impl<S: ByteSource> Fsck<'_, S> {
                 }
             }
             pos = end;
+        }
+    }
+
+    /// The packed inode (fragments) is in no directory but counts in `inos`, and its
+    /// data is what the fragments of other files are read from.
+    fn check_packed_inode(&mut self, visited: &HashSet<u64>, nondirs: &HashMap<u64, NonDir>) {
+        let sb = self.img.superblock();
+        let nid = sb.packed_nid;
+        if sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS == 0 || nid == 0 {
+            return;
+        }
+        if visited.contains(&nid) || nondirs.contains_key(&nid) {
+            self.problem(format!("packed inode {nid} is also in the tree"));
+            return;
+        }
+        self.report.inodes += 1;
+        match self.img.inode(nid) {
+            Ok(ino) if ino.is_reg() => {
+                // Not a file of the tree: the digest table has no claim for it.
+                let files = self.regular.len();
+                self.check_file(&ino, b"(packed inode)");
+                self.regular.truncate(files);
+            }
+            Ok(ino) => self.problem(format!(
+                "packed inode {nid} is not a regular file (mode {:#o})",
+                ino.mode
+            )),
+            Err(e) => self.problem(format!("packed inode: {e}")),
         }
     }
 
