@@ -153,7 +153,7 @@ impl<S: ByteSource> Image<S> {
                 info.chunk_count = count;
                 info.chunk_index = Some((index, unit));
             }
-            Data::Compressed => info.compressed = self.zlayout(inode).ok(),
+            Data::Compressed { .. } => info.compressed = self.zlayout(inode).ok(),
         }
         info
     }
@@ -209,7 +209,7 @@ impl<S: ByteSource> Image<S> {
                 unit,
                 count,
             } => self.map_chunk(inode, pos, chunkbits, index, unit, count)?,
-            Data::Compressed => {
+            Data::Compressed { .. } => {
                 let z = self.zmap(inode, pos)?;
                 Extent {
                     logical: z.logical,
@@ -299,7 +299,7 @@ impl<S: ByteSource> Image<S> {
         if matches!(inode.data, Data::None) || offset >= inode.size {
             return Ok(0);
         }
-        if inode.data == Data::Compressed {
+        if matches!(inode.data, Data::Compressed { .. }) {
             return self.zread(inode, offset, buf);
         }
         let total = (inode.size - offset).min(buf.len() as u64) as usize;

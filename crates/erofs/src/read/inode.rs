@@ -27,7 +27,7 @@ pub(crate) enum Data {
     Inline { start: u64, tail: u64 },
     /// COMPRESSED_FULL or COMPRESSED_COMPACT: the map header after the xattrs says the rest
     /// (read when the data is, as the kernel does, so a bad index fails reads, not stat).
-    Compressed,
+    Compressed { blocks: u32 },
     /// `count` index entries of `unit` bytes at byte `index`, each mapping `1 << chunkbits`.
     Chunked {
         chunkbits: u32,
@@ -88,6 +88,15 @@ impl Inode {
     /// Permission bits (including setuid/setgid/sticky).
     pub fn perm(&self) -> u16 {
         self.mode & !format::S_IFMT
+    }
+
+    /// `st_blocks` as the kernel's erofs reports it: the blocks a compressed file's
+    /// clusters take (its `i_u`), else the size rounded up to blocks.
+    pub fn stat_blocks(&self, block_size: u32) -> u64 {
+        match self.data {
+            Data::Compressed { blocks } => (u64::from(blocks) * u64::from(block_size)) >> 9,
+            _ => self.size.next_multiple_of(u64::from(block_size)) >> 9,
+        }
     }
 
     /// Byte offset of the on-disk inode.
@@ -283,7 +292,7 @@ impl<S: ByteSource> Image<S> {
         let start = u64::from(d.i_u) << self.blkbits;
         match layout {
             crate::zformat::LAYOUT_COMPRESSED_FULL | crate::zformat::LAYOUT_COMPRESSED_COMPACT => {
-                Ok(Data::Compressed)
+                Ok(Data::Compressed { blocks: d.i_u })
             }
             format::LAYOUT_FLAT_PLAIN => {
                 if size > 0 {

@@ -5,6 +5,7 @@
 //! Stored bytes are only ever read through the image's [`ByteSource`]; on a verified mount
 //! that is the Merkle-checked source, so clusters are verified before they are decoded.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::zmap::{ZExtent, ZFormat, ZStored};
@@ -80,21 +81,24 @@ impl quick_cache::Weighter<Key, Arc<[u8]>> for ByBytes {
 
 /// Decoded extents, shared by every thread reading the image (CLOCK-Pro eviction by bytes;
 /// concurrent misses on one extent decode it once).
-pub(crate) struct ZCache(quick_cache::sync::Cache<Key, Arc<[u8]>, ByBytes>);
+pub(crate) struct ZCache {
+    extents: quick_cache::sync::Cache<Key, Arc<[u8]>, ByBytes>,
+    /// Extents decoded so far (the cache's misses).
+    decodes: AtomicU64,
+}
 
 impl ZCache {
     pub(crate) fn new() -> ZCache {
-        ZCache(quick_cache::sync::Cache::with_weighter(
-            1024,
-            CACHE_BYTES,
-            ByBytes,
-        ))
+        ZCache {
+            extents: quick_cache::sync::Cache::with_weighter(1024, CACHE_BYTES, ByBytes),
+            decodes: AtomicU64::new(0),
+        }
     }
 }
 
 impl std::fmt::Debug for ZCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ZCache({} extents)", self.0.len())
+        write!(f, "ZCache({} extents)", self.extents.len())
     }
 }
 
@@ -209,6 +213,11 @@ fn check_config(c: &mut ZConfig, cfg: ComprCfg, pos: u64, blkszbits: u8) -> Resu
 }
 
 impl<S: ByteSource> Image<S> {
+    /// How many extents have been decoded (cache misses), for tests and stats.
+    pub fn zdecodes(&self) -> u64 {
+        self.zcache.decodes.load(Ordering::Relaxed)
+    }
+
     /// The superblock's compression settings.
     pub fn zconfig(&self) -> &ZConfig {
         &self.zconfig
@@ -288,9 +297,10 @@ impl<S: ByteSource> Image<S> {
                 _ => 0,
             },
         };
-        self.zcache
-            .0
-            .get_or_insert_with(&key, || self.decode(inode, e, key).map(Arc::from))
+        self.zcache.extents.get_or_insert_with(&key, || {
+            self.zcache.decodes.fetch_add(1, Ordering::Relaxed);
+            self.decode(inode, e, key).map(Arc::from)
+        })
     }
 
     /// Reads a cluster's stored bytes (through the source: verified first) and decodes
