@@ -400,6 +400,28 @@ impl<S: ByteSource> Image<S> {
         Ok(z)
     }
 
+    /// Every lcluster inside extent `e` maps back to `e`: a read starting there (the kernel
+    /// maps each lcluster on its own) must find the same extent a read from its start did.
+    fn zcheck_lclusters(&self, inode: &Inode, h: super::zmap::ZHeader, e: &ZExtent) -> Result<()> {
+        let lsize = 1u64 << h.lclusterbits;
+        let end = e.logical + e.len;
+        let mut at = (e.logical / lsize + 1) * lsize;
+        while at < end {
+            let other = self.zmap_with(inode, h, at)?;
+            if other != *e {
+                return corrupt(
+                    inode.offset,
+                    format!(
+                        "inode {}: file offset {at} maps to extent [{}, +{}) inside extent [{}, +{})",
+                        inode.nid, other.logical, other.len, e.logical, e.len
+                    ),
+                );
+            }
+            at += lsize;
+        }
+        Ok(())
+    }
+
     /// Whether a cluster of `inode` (blocks or inline tail) overlaps a range, for `owners`.
     pub(crate) fn zcluster_overlaps(
         &self,
@@ -442,6 +464,7 @@ impl<S: ByteSource> Image<S> {
             let e = self.zmap_with(inode, h, pos)?;
             extents += 1;
             pos = e.logical + e.len;
+            self.zcheck_lclusters(inode, h, &e)?;
             if !decode {
                 if let ZStored::Cluster { len, .. } = e.stored {
                     stored += len;
