@@ -316,6 +316,13 @@ fn tampered_cluster_is_eio() {
                 .starts_with(&out.stdout),
         "cat printed wrong bytes"
     );
+    // The integrity report names what the bad block holds.
+    let verify = verilay().arg("verify").arg(&sealed).output().unwrap();
+    let said = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        !verify.status.success() && said.contains("the data of /text"),
+        "{said}"
+    );
     let ok = run(verilay().arg("cat").arg(&sealed).arg("/d/mixed"));
     assert!(ok.stdout == std::fs::read(src.join("d/mixed")).unwrap());
 

@@ -49,7 +49,7 @@ pub enum Error {
     /// The image violates the format (or points outside itself).
     #[error("corrupt image at byte {offset}: {what}")]
     Corrupt { offset: u64, what: String },
-    /// A valid image using something this reader does not implement (compression, 48-bit
+    /// A valid image using something this reader does not implement (extent records, 48-bit
     /// addresses, extra devices, ...). The kernel answers these with EOPNOTSUPP.
     #[error("unsupported at byte {offset}: {what}")]
     Unsupported { offset: u64, what: String },
