@@ -220,10 +220,30 @@ impl<S: ByteSource> Image<S> {
     }
 
     /// Long prefix records: 4-aligned `le16 len, u8 base_index, infix[len - 1]`, starting at
-    /// byte `xattr_prefix_start * 4`. Without a packed inode or metabox (both rejected as
-    /// incompat features here) the start is an absolute image offset.
+    /// byte `xattr_prefix_start * 4` of the packed inode's data when the image has one
+    /// (fragments; kernel `erofs_xattr_prefixes_init`), else of the image.
     fn read_prefixes(&self) -> Result<Vec<LongPrefix>> {
         let count = usize::from(self.sb.xattr_prefix_count);
+        let packed = if count > 0
+            && self.sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS != 0
+            && self.sb.packed_nid != 0
+        {
+            Some(self.inode(self.sb.packed_nid)?)
+        } else {
+            None
+        };
+        let read_at = |buf: &mut [u8], pos: u64, what: &dyn Fn() -> String| -> Result<()> {
+            let Some(p) = &packed else {
+                return self.read_at(buf, pos, what);
+            };
+            if self.read(p, pos, buf)? != buf.len() {
+                return corrupt(
+                    p.offset,
+                    format!("{} at byte {pos} of the packed inode: past its end", what()),
+                );
+            }
+            Ok(())
+        };
         let mut out = Vec::with_capacity(count);
         let mut pos = u64::from(self.sb.xattr_prefix_start) * 4;
         for i in 0..count {
@@ -232,7 +252,7 @@ impl<S: ByteSource> Image<S> {
                 what: "prefix table offset overflows".into(),
             })?;
             let mut lenb = [0u8; 2];
-            self.read_at(&mut lenb, pos, || format!("long xattr prefix {i} length"))?;
+            read_at(&mut lenb, pos, &|| format!("long xattr prefix {i} length"))?;
             let rec_len = u16::from_le_bytes(lenb);
             // Kernel: 1..=256 (base index byte + up to 255 infix bytes); 0 would have no index.
             if !(1..=256).contains(&rec_len) {
@@ -243,7 +263,7 @@ impl<S: ByteSource> Image<S> {
             }
             let body_off = pos + 2;
             let mut rec = vec![0u8; usize::from(rec_len)];
-            self.read_at(&mut rec, body_off, || format!("long xattr prefix {i}"))?;
+            read_at(&mut rec, body_off, &|| format!("long xattr prefix {i}"))?;
             let base_index = rec.first().copied().unwrap_or(0);
             out.push(LongPrefix {
                 base_index,
