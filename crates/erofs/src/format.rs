@@ -17,8 +17,14 @@ pub const FEATURE_COMPAT_XATTR_FILTER: u32 = 0x4;
 pub const FEATURE_INCOMPAT_CHUNKED_FILE: u32 = 0x4;
 pub const FEATURE_INCOMPAT_XATTR_PREFIXES: u32 = 0x40;
 /// Incompat features this crate implements; a reader rejects anything else.
-pub const FEATURE_INCOMPAT_SUPPORTED: u32 =
-    FEATURE_INCOMPAT_CHUNKED_FILE | FEATURE_INCOMPAT_XATTR_PREFIXES;
+pub const FEATURE_INCOMPAT_SUPPORTED: u32 = FEATURE_INCOMPAT_CHUNKED_FILE
+    | FEATURE_INCOMPAT_XATTR_PREFIXES
+    // Compressed files (the reader's `zmap`/`zdata`).
+    | crate::zformat::FEATURE_INCOMPAT_LZ4_0PADDING
+    | crate::zformat::FEATURE_INCOMPAT_COMPR_CFGS
+    | crate::zformat::FEATURE_INCOMPAT_COMPR_HEAD2
+    | crate::zformat::FEATURE_INCOMPAT_ZTAILPACKING
+    | crate::zformat::FEATURE_INCOMPAT_FRAGMENTS;
 
 /// Seed of the superblock crc32c, as the kernel feeds it (no final inversion).
 pub const SB_CRC_SEED: u32 = 0x5045_B54A;

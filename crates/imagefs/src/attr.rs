@@ -45,8 +45,8 @@ impl Attr {
         Attr {
             ino,
             size: i.size,
-            // As the kernel's erofs reports it for uncompressed inodes.
-            blocks: i.size.next_multiple_of(u64::from(block_size)) >> 9,
+            // As the kernel's erofs reports it (compressed files: their clusters' blocks).
+            blocks: i.stat_blocks(block_size),
             atime: t,
             mtime: t,
             ctime: t,

@@ -53,6 +53,10 @@ struct Fsck<'a, S: ByteSource> {
     regular: Vec<(u64, String)>,
     /// Read every data extent (`fsck`), or only map them (`fsck_structure`).
     read_data: bool,
+    /// Decoded bytes of compressed files left: about LZ4's best ratio (255:1) over the
+    /// image, so an honest image is checked whole and one whose indexes point many
+    /// extents at one cluster is cut off.
+    decoded_left: u64,
 }
 
 /// Walks the whole tree from the root and checks everything the kernel relies on (and what
@@ -81,6 +85,7 @@ fn check<S: ByteSource>(img: &Image<S>, max_problems: usize, read_data: bool) ->
         namespaces: 0,
         regular: Vec::new(),
         read_data,
+        decoded_left: len.saturating_mul(256).saturating_add(64 << 20),
     };
     f.run();
     f.check_namespaces();
@@ -299,6 +304,7 @@ impl<S: ByteSource> Fsck<'_, S> {
             }
         }
         self.report.inodes = (visited.len() + nondirs.len()) as u64;
+        self.check_packed_inode(&visited, &nondirs);
         let inos = img.superblock().inos;
         if inos != self.report.inodes {
             self.problem(format!(
@@ -336,6 +342,12 @@ impl<S: ByteSource> Fsck<'_, S> {
                     inode.size, inode.nid
                 ));
             }
+            return;
+        }
+        if inode.layout == crate::zformat::LAYOUT_COMPRESSED_FULL
+            || inode.layout == crate::zformat::LAYOUT_COMPRESSED_COMPACT
+        {
+            self.check_compressed(inode, &p);
             return;
         }
         let mut buf = vec![0u8; 1 << 16];
@@ -378,6 +390,48 @@ impl<S: ByteSource> Fsck<'_, S> {
             }
             pos = end;
         }
+    }
+
+    /// The packed inode (fragments) is in no directory but counts in `inos`, and its
+    /// data is what the fragments of other files are read from.
+    fn check_packed_inode(&mut self, visited: &HashSet<u64>, nondirs: &HashMap<u64, NonDir>) {
+        let sb = self.img.superblock();
+        let nid = sb.packed_nid;
+        if sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS == 0 || nid == 0 {
+            return;
+        }
+        if visited.contains(&nid) || nondirs.contains_key(&nid) {
+            self.problem(format!("packed inode {nid} is also in the tree"));
+            return;
+        }
+        self.report.inodes += 1;
+        match self.img.inode(nid) {
+            Ok(ino) if ino.is_reg() => {
+                // Not a file of the tree: the digest table has no claim for it.
+                let files = self.regular.len();
+                self.check_file(&ino, b"(packed inode)");
+                self.regular.truncate(files);
+            }
+            Ok(ino) => self.problem(format!(
+                "packed inode {nid} is not a regular file (mode {:#o})",
+                ino.mode
+            )),
+            Err(e) => self.problem(format!("packed inode: {e}")),
+        }
+    }
+
+    /// Every extent maps, and (with data) every cluster decodes to its extent's length.
+    fn check_compressed(&mut self, inode: &Inode, p: &str) {
+        if self.stopped || !self.spend(1) {
+            return;
+        }
+        let mut budget = self.decoded_left;
+        match self.img.zcheck(inode, self.read_data, &mut budget) {
+            Ok(_) if self.read_data => self.report.bytes += inode.size,
+            Ok(_) => {}
+            Err(e) => self.problem(format!("{p}: {e}")),
+        }
+        self.decoded_left = budget;
     }
 
     /// The digest table's claims, which a measuring mount logs (`claims.rs`).

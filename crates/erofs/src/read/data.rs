@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::inode::Data;
+pub use super::zdata::ZLayout;
 use super::{corrupt, unsupported, ByteSource, Error, Image, Inode, Result};
 use crate::format;
 
@@ -13,6 +14,10 @@ pub struct Extent {
     pub logical: u64,
     pub len: u64,
     pub physical: Option<u64>,
+    /// The bytes are stored compressed (`physical` is where the cluster starts, or the
+    /// offset in the packed inode for a fragment): not the file's bytes, read them only
+    /// through `read`. See [`Image::zmap`] for the details.
+    pub encoded: bool,
 }
 
 /// Where an inode and its data live, for `verilay inspect`.
@@ -33,6 +38,8 @@ pub struct LayoutInfo {
     pub chunk_count: u64,
     /// Byte offset of the chunk index array and the size of one entry (4 or 8).
     pub chunk_index: Option<(u64, u64)>,
+    /// Compressed files: what `inspect` shows of them (None if the map cannot be read).
+    pub compressed: Option<ZLayout>,
 }
 
 impl fmt::Display for LayoutInfo {
@@ -41,6 +48,8 @@ impl fmt::Display for LayoutInfo {
             format::LAYOUT_FLAT_PLAIN => "flat-plain",
             format::LAYOUT_FLAT_INLINE => "flat-inline",
             format::LAYOUT_CHUNK_BASED => "chunk-based",
+            crate::zformat::LAYOUT_COMPRESSED_FULL => "compressed-full",
+            crate::zformat::LAYOUT_COMPRESSED_COMPACT => "compressed-compact",
             _ => "unknown",
         };
         write!(
@@ -68,6 +77,32 @@ impl fmt::Display for LayoutInfo {
                 self.chunk_count
             )?;
         }
+        if let Some(z) = &self.compressed {
+            write!(
+                f,
+                ", map header at byte {}, {} indexes, {} lclusters, {}{}",
+                z.map_header,
+                if z.compact { "compact" } else { "full" },
+                z.lcluster_size,
+                z.algorithms.join("/"),
+                if z.big_pclusters {
+                    ", big pclusters"
+                } else {
+                    ""
+                }
+            )?;
+            if let Some((at, len)) = z.inline_tail {
+                write!(f, ", inline tail cluster {len} bytes at byte {at}")?;
+            }
+            if let Some(off) = z.fragment {
+                write!(f, ", fragment at byte {off} of the packed inode")?;
+            }
+            write!(
+                f,
+                ", {} extents, largest cluster {} bytes, {} bytes stored",
+                z.extents, z.max_cluster, z.stored
+            )?;
+        }
         Ok(())
     }
 }
@@ -88,6 +123,7 @@ impl<S: ByteSource> Image<S> {
             chunk_size: None,
             chunk_count: 0,
             chunk_index: None,
+            compressed: None,
         };
         let nblocks = inode.size.div_ceil(bs);
         match inode.data {
@@ -117,6 +153,7 @@ impl<S: ByteSource> Image<S> {
                 info.chunk_count = count;
                 info.chunk_index = Some((index, unit));
             }
+            Data::Compressed { .. } => info.compressed = self.zlayout(inode).ok(),
         }
         info
     }
@@ -130,6 +167,7 @@ impl<S: ByteSource> Image<S> {
                 logical: pos,
                 len: 0,
                 physical: None,
+                encoded: false,
             });
         }
         let bs = u64::from(self.block_size());
@@ -139,11 +177,13 @@ impl<S: ByteSource> Image<S> {
                 logical: 0,
                 len: size,
                 physical: None,
+                encoded: false,
             },
             Data::Plain { start } => Extent {
                 logical: 0,
                 len: size,
                 physical: Some(start),
+                encoded: false,
             },
             Data::Inline { start, tail } => {
                 let full = (size - 1) / bs * bs;
@@ -152,12 +192,14 @@ impl<S: ByteSource> Image<S> {
                         logical: 0,
                         len: full,
                         physical: Some(start),
+                        encoded: false,
                     }
                 } else {
                     Extent {
                         logical: full,
                         len: size - full,
                         physical: Some(tail),
+                        encoded: false,
                     }
                 }
             }
@@ -167,6 +209,18 @@ impl<S: ByteSource> Image<S> {
                 unit,
                 count,
             } => self.map_chunk(inode, pos, chunkbits, index, unit, count)?,
+            Data::Compressed { .. } => {
+                let z = self.zmap(inode, pos)?;
+                Extent {
+                    logical: z.logical,
+                    len: z.len,
+                    physical: Some(match z.stored {
+                        super::ZStored::Cluster { at, .. } => at,
+                        super::ZStored::Fragment { offset } => offset,
+                    }),
+                    encoded: true,
+                }
+            }
         })
     }
 
@@ -224,6 +278,7 @@ impl<S: ByteSource> Image<S> {
                 logical,
                 len,
                 physical: None,
+                encoded: false,
             });
         }
         let physical = u64::from(blk) << self.blkbits;
@@ -234,6 +289,7 @@ impl<S: ByteSource> Image<S> {
             logical,
             len,
             physical: Some(physical),
+            encoded: false,
         })
     }
 
@@ -242,6 +298,9 @@ impl<S: ByteSource> Image<S> {
     pub fn read(&self, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
         if matches!(inode.data, Data::None) || offset >= inode.size {
             return Ok(0);
+        }
+        if matches!(inode.data, Data::Compressed { .. }) {
+            return self.zread(inode, offset, buf);
         }
         let total = (inode.size - offset).min(buf.len() as u64) as usize;
         let mut done = 0usize;

@@ -146,7 +146,10 @@ impl<S: ByteSource> Image<S> {
                 );
             }
             let before = pos;
-            match ext.physical {
+            // Compressed bytes are not the file's: their block hashes are no use here, each
+            // block goes the slow way below.
+            match ext.physical.filter(|_| !ext.encoded) {
+                _ if ext.encoded => {}
                 None => {
                     // A hole's whole blocks, and the file's short last block when the
                     // hole reaches the end (fs-verity pads it with zeros anyway).

@@ -25,6 +25,9 @@ pub(crate) enum Data {
     Plain { start: u64 },
     /// Full blocks from `start`; the last logical block at byte `tail`.
     Inline { start: u64, tail: u64 },
+    /// COMPRESSED_FULL or COMPRESSED_COMPACT: the map header after the xattrs says the rest
+    /// (read when the data is, as the kernel does, so a bad index fails reads, not stat).
+    Compressed { blocks: u32 },
     /// `count` index entries of `unit` bytes at byte `index`, each mapping `1 << chunkbits`.
     Chunked {
         chunkbits: u32,
@@ -48,7 +51,7 @@ pub struct Inode {
     pub mtime_nsec: u32,
     /// (major, minor) for character and block devices, (0, 0) otherwise.
     pub rdev: (u32, u32),
-    /// `FLAT_PLAIN`, `FLAT_INLINE` or `CHUNK_BASED`.
+    /// `FLAT_PLAIN`, `FLAT_INLINE`, `CHUNK_BASED`, `COMPRESSED_FULL` or `COMPRESSED_COMPACT`.
     pub layout: u16,
     pub extended: bool,
     pub xattr_icount: u16,
@@ -85,6 +88,15 @@ impl Inode {
     /// Permission bits (including setuid/setgid/sticky).
     pub fn perm(&self) -> u16 {
         self.mode & !format::S_IFMT
+    }
+
+    /// `st_blocks` as the kernel's erofs reports it: the blocks a compressed file's
+    /// clusters take (its `i_u`), else the size rounded up to blocks.
+    pub fn stat_blocks(&self, block_size: u32) -> u64 {
+        match self.data {
+            Data::Compressed { blocks } => (u64::from(blocks) * u64::from(block_size)) >> 9,
+            _ => self.size.next_multiple_of(u64::from(block_size)) >> 9,
+        }
     }
 
     /// Byte offset of the on-disk inode.
@@ -162,7 +174,18 @@ impl<S: ByteSource> Image<S> {
         match layout {
             format::LAYOUT_FLAT_PLAIN | format::LAYOUT_FLAT_INLINE | format::LAYOUT_CHUNK_BASED => {
             }
-            1 | 3 => return unsupported(offset, ctx(format!("compressed data layout {layout}"))),
+            crate::zformat::LAYOUT_COMPRESSED_FULL | crate::zformat::LAYOUT_COMPRESSED_COMPACT => {
+                // mkfs.erofs compresses regular files only; the kernel reads a compressed
+                // directory or symlink, but nothing makes one.
+                if format::file_type_of(d.mode) != Some(format::FT_REG_FILE) {
+                    return unsupported(
+                        offset,
+                        ctx(format!(
+                            "compressed data layout {layout} on a non-regular file"
+                        )),
+                    );
+                }
+            }
             _ => return unsupported(offset, ctx(format!("unknown data layout {layout}"))),
         }
         let ftype = match format::file_type_of(d.mode) {
@@ -268,6 +291,9 @@ impl<S: ByteSource> Image<S> {
         let size = d.size;
         let start = u64::from(d.i_u) << self.blkbits;
         match layout {
+            crate::zformat::LAYOUT_COMPRESSED_FULL | crate::zformat::LAYOUT_COMPRESSED_COMPACT => {
+                Ok(Data::Compressed { blocks: d.i_u })
+            }
             format::LAYOUT_FLAT_PLAIN => {
                 if size > 0 {
                     self.check_range(start, size, || {

@@ -76,6 +76,17 @@ impl<S: ByteSource> Image<S> {
             } else {
                 "the data of"
             };
+            if let Some(z) = &li.compressed {
+                if let Some((at, len)) = z.inline_tail {
+                    if overlaps(at, len) {
+                        out.push(format!("the inline tail of {name}"));
+                    }
+                }
+                if self.zcluster_overlaps(&inode, overlaps) {
+                    out.push(format!("{what} {name}"));
+                }
+                continue;
+            }
             let mut pos = 0;
             while pos < inode.size {
                 let Ok(e) = self.map(&inode, pos) else { break };

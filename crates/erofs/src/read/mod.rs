@@ -1,4 +1,4 @@
-//! The hardened EROFS reader (uncompressed subset).
+//! The hardened EROFS reader.
 //!
 //! Cut like Linux `fs/erofs/`: one concern per file.
 //!
@@ -6,6 +6,8 @@
 //! - `sb`: superblock checks and the long xattr prefix table ([`Image::open`]).
 //! - `inode`: nid → validated [`Inode`].
 //! - `data`: logical file offset → image bytes (flat, inline tail, chunks) and `read`.
+//! - `zmap`, `zdata`: compressed files: offset → cluster (`zmap.c`), the compression
+//!   configs, decoding through a cache of decoded extents.
 //! - `dir`: directory blocks, `readdir` with kernel-compatible offsets, `lookup`.
 //! - `xattr`: inline and shared xattrs, long prefixes and the name bloom filter.
 //! - `check`: `fsck` (whole-tree consistency, with or without the file data) and `exercise`
@@ -26,6 +28,8 @@ mod locate;
 mod sb;
 mod source;
 mod xattr;
+mod zdata;
+mod zmap;
 
 pub use check::{exercise, fsck, fsck_structure, FsckReport};
 pub use claims::ClaimsReport;
@@ -34,6 +38,8 @@ pub use dir::{DirEntry, ReadDir};
 pub use inode::Inode;
 pub use sb::Image;
 pub use source::{ByteSource, FileSource};
+pub use zdata::ZConfig;
+pub use zmap::{ZExtent, ZFormat, ZStored};
 
 use std::io;
 
@@ -43,7 +49,7 @@ pub enum Error {
     /// The image violates the format (or points outside itself).
     #[error("corrupt image at byte {offset}: {what}")]
     Corrupt { offset: u64, what: String },
-    /// A valid image using something this reader does not implement (compression, 48-bit
+    /// A valid image using something this reader does not implement (extent records, 48-bit
     /// addresses, extra devices, ...). The kernel answers these with EOPNOTSUPP.
     #[error("unsupported at byte {offset}: {what}")]
     Unsupported { offset: u64, what: String },

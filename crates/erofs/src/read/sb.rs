@@ -36,6 +36,9 @@ pub struct Image<S: ByteSource> {
     /// The file-digest table's footer and the first nid of each group of its entries,
     /// read once on first use (see `claimed_file_digest`).
     pub(crate) digest_index: std::sync::OnceLock<Option<super::digest::DigestIndex>>,
+    /// Compression settings, and the decoded extents of compressed files.
+    pub(crate) zconfig: super::zdata::ZConfig,
+    pub(crate) zcache: super::zdata::ZCache,
 }
 
 impl<S: ByteSource> Image<S> {
@@ -105,21 +108,12 @@ impl<S: ByteSource> Image<S> {
                 format!("dirblkbits {} (must be 0)", sb.dirblkbits),
             );
         }
-        // Non-zero means compression algorithms (or lz4 distance) are configured.
-        if sb.available_compr_algs != 0 {
-            return unsupported(
-                sb_off + 0x54,
-                format!(
-                    "compression configured (available_compr_algs {:#x})",
-                    sb.available_compr_algs
-                ),
-            );
-        }
         let blkbits = u32::from(sb.blkszbits);
         let bs = 1u64 << blkbits;
         if checksum && sb.feature_compat & format::FEATURE_COMPAT_SB_CHKSUM != 0 {
             check_sb_checksum(&src, len, &sb, bs)?;
         }
+        let zconfig = super::zdata::read_config(&src, len, &sb)?;
         // u32 << 16 cannot overflow u64.
         let meta_base = u64::from(sb.meta_blkaddr) << blkbits;
         let xattr_base = u64::from(sb.xattr_blkaddr) << blkbits;
@@ -132,6 +126,8 @@ impl<S: ByteSource> Image<S> {
             xattr_base,
             prefixes: Vec::new(),
             digest_index: std::sync::OnceLock::new(),
+            zconfig,
+            zcache: super::zdata::ZCache::new(),
         };
         img.prefixes = img.read_prefixes()?;
         let root = img.inode(img.root_nid())?;
@@ -224,10 +220,30 @@ impl<S: ByteSource> Image<S> {
     }
 
     /// Long prefix records: 4-aligned `le16 len, u8 base_index, infix[len - 1]`, starting at
-    /// byte `xattr_prefix_start * 4`. Without a packed inode or metabox (both rejected as
-    /// incompat features here) the start is an absolute image offset.
+    /// byte `xattr_prefix_start * 4` of the packed inode's data when the image has one
+    /// (fragments; kernel `erofs_xattr_prefixes_init`), else of the image.
     fn read_prefixes(&self) -> Result<Vec<LongPrefix>> {
         let count = usize::from(self.sb.xattr_prefix_count);
+        let packed = if count > 0
+            && self.sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS != 0
+            && self.sb.packed_nid != 0
+        {
+            Some(self.inode(self.sb.packed_nid)?)
+        } else {
+            None
+        };
+        let read_at = |buf: &mut [u8], pos: u64, what: &dyn Fn() -> String| -> Result<()> {
+            let Some(p) = &packed else {
+                return self.read_at(buf, pos, what);
+            };
+            if self.read(p, pos, buf)? != buf.len() {
+                return corrupt(
+                    p.offset,
+                    format!("{} at byte {pos} of the packed inode: past its end", what()),
+                );
+            }
+            Ok(())
+        };
         let mut out = Vec::with_capacity(count);
         let mut pos = u64::from(self.sb.xattr_prefix_start) * 4;
         for i in 0..count {
@@ -236,7 +252,7 @@ impl<S: ByteSource> Image<S> {
                 what: "prefix table offset overflows".into(),
             })?;
             let mut lenb = [0u8; 2];
-            self.read_at(&mut lenb, pos, || format!("long xattr prefix {i} length"))?;
+            read_at(&mut lenb, pos, &|| format!("long xattr prefix {i} length"))?;
             let rec_len = u16::from_le_bytes(lenb);
             // Kernel: 1..=256 (base index byte + up to 255 infix bytes); 0 would have no index.
             if !(1..=256).contains(&rec_len) {
@@ -247,7 +263,7 @@ impl<S: ByteSource> Image<S> {
             }
             let body_off = pos + 2;
             let mut rec = vec![0u8; usize::from(rec_len)];
-            self.read_at(&mut rec, body_off, || format!("long xattr prefix {i}"))?;
+            read_at(&mut rec, body_off, &|| format!("long xattr prefix {i}"))?;
             let base_index = rec.first().copied().unwrap_or(0);
             out.push(LongPrefix {
                 base_index,

@@ -2,6 +2,7 @@
 
 use super::image::{mode_string, open, resolve, show_bytes};
 use erofs::format::*;
+use erofs::zformat;
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -61,11 +62,33 @@ fn superblock(img: &super::image::Img) -> serde_json::Value {
     for (bit, name) in [
         (FEATURE_INCOMPAT_CHUNKED_FILE, "chunked_file"),
         (FEATURE_INCOMPAT_XATTR_PREFIXES, "xattr_prefixes"),
+        (zformat::FEATURE_INCOMPAT_LZ4_0PADDING, "lz4_0padding"),
+        (zformat::FEATURE_INCOMPAT_COMPR_CFGS, "compr_cfgs"),
+        (zformat::FEATURE_INCOMPAT_COMPR_HEAD2, "compr_head2"),
+        (zformat::FEATURE_INCOMPAT_ZTAILPACKING, "ztailpacking"),
+        (zformat::FEATURE_INCOMPAT_FRAGMENTS, "fragments"),
     ] {
         if sb.feature_incompat & bit != 0 {
             incompat.push(name);
         }
     }
+    let z = img.zconfig();
+    // Compression is in use when a compressed inode can be: any compression feature, or
+    // the legacy LZ4 image with none (its max distance field set).
+    let zbits = zformat::FEATURE_INCOMPAT_LZ4_0PADDING | zformat::FEATURE_INCOMPAT_COMPR_CFGS;
+    let compression = (sb.feature_incompat & zbits != 0 || sb.available_compr_algs != 0).then(|| {
+        let algs: Vec<&str> = codecs::Algorithm::ALL
+            .iter()
+            .filter(|a| z.algs & (1 << a.erofs_id()) != 0)
+            .map(|a| a.name())
+            .collect();
+        json!({
+            "algorithms": algs,
+            "config_records": z.records,
+            "lz4_max_distance": z.lz4_max_distance,
+            "lz4_max_pcluster_bytes": u64::from(z.lz4_max_pclusterblks) * u64::from(img.block_size()),
+        })
+    });
     json!({
         "image_bytes": img.image_len(),
         "block_size": img.block_size(),
@@ -82,6 +105,7 @@ fn superblock(img: &super::image::Img) -> serde_json::Value {
         "xattr_prefixes": sb.xattr_prefix_count,
         "features_compat": compat,
         "features_incompat": incompat,
+        "compression": compression,
         "checksum": format!("0x{:08x}", sb.checksum),
     })
 }
@@ -93,6 +117,8 @@ fn inode(img: &super::image::Img, path: &str) -> anyhow::Result<serde_json::Valu
         LAYOUT_FLAT_PLAIN => "flat_plain",
         LAYOUT_FLAT_INLINE => "flat_inline",
         LAYOUT_CHUNK_BASED => "chunk_based",
+        zformat::LAYOUT_COMPRESSED_FULL => "compressed_full",
+        zformat::LAYOUT_COMPRESSED_COMPACT => "compressed_compact",
         _ => "unknown",
     };
     let xattrs: Vec<serde_json::Value> = img
@@ -123,6 +149,26 @@ fn inode(img: &super::image::Img, path: &str) -> anyhow::Result<serde_json::Valu
         "xattr_body": { "offset": info.xattr_offset, "size": info.xattr_size },
         "xattrs": xattrs,
     });
+    if let Some(z) = &info.compressed {
+        v["compression"] = json!({
+            "algorithms": z.algorithms,
+            "lcluster_size": z.lcluster_size,
+            "indexes": if z.compact { "compact" } else { "full" },
+            "big_pclusters": z.big_pclusters,
+            "extents": z.extents,
+            "largest_pcluster": z.max_cluster,
+            "inline_tail": z.inline_tail.map(|(off, len)| json!({ "offset": off, "len": len })),
+            "fragment_offset": z.fragment,
+            "stored_bytes": z.stored,
+            // Stored over logical size, as `compsize` shows it.
+            "ratio": if ino.size == 0 { 0.0 } else { ((z.stored as f64 / ino.size as f64) * 1000.0).round() / 1000.0 },
+        });
+    } else if ino.layout == zformat::LAYOUT_COMPRESSED_FULL
+        || ino.layout == zformat::LAYOUT_COMPRESSED_COMPACT
+    {
+        // Say why, rather than show nothing.
+        img.zmap(&ino, 0)?;
+    }
     if ino.mode & S_IFMT == S_IFCHR || ino.mode & S_IFMT == S_IFBLK {
         v["rdev"] = json!(format!("{}:{}", ino.rdev.0, ino.rdev.1));
     }

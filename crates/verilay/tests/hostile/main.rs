@@ -9,6 +9,7 @@
 mod common;
 
 mod claims;
+mod compressed;
 mod extract;
 mod fuzz;
 mod measure;
@@ -29,6 +30,7 @@ pub struct Seed {
 pub fn all_seeds(tmp: &Path) -> Vec<Seed> {
     let mut v = Vec::new();
     v.extend(claims::seeds(tmp));
+    v.extend(compressed::seeds(tmp));
     v.extend(extract::seeds(tmp));
     v.extend(measure::seeds(tmp));
     v.extend(mount::seeds(tmp));
