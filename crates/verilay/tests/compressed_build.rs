@@ -337,3 +337,20 @@ fn bad_compression_flags_are_one_line_and_exit_2() {
         assert!(!t.path().join("img").exists());
     }
 }
+
+#[test]
+fn blocks_smaller_than_a_page_compress_too() {
+    if skip_unless(is_root(), "needs root to mount") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src);
+    for (bs, cluster, alg) in [("1024", "1024", "lz4"), ("2048", "16384", "zstd")] {
+        let image = t.path().join(format!("{bs}.img"));
+        let j = build_json(&src, &image, &["-b", bs, "-z", alg, "-C", cluster], None);
+        assert!(j["compressed_files"].as_u64().unwrap() > 10, "{j}");
+        let m = Mount::erofs(&image, &t.path().join(format!("m-{bs}")));
+        assert_same_tree(&src, &m.dir, &format!("-b {bs} -z {alg} -C {cluster}"));
+    }
+}
