@@ -53,26 +53,199 @@ impl Packed {
     }
 
     /// Bytes after an inode whose body (inode and inline xattrs) is `head` bytes long:
-    /// padding to 8, the map header, 8 reserved bytes, then one index per logical cluster.
+    /// padding to 8, the map header, then the indexes.
     pub fn meta_len(&self, head: u64, size: u64, bs: u64) -> u64 {
-        full_index_start(head) - head + LCLUSTER_INDEX_SIZE as u64 * size.div_ceil(bs)
+        let lclusters = size.div_ceil(bs);
+        let indexes = match Packing::for_block_size(bs) {
+            None => 8 + LCLUSTER_INDEX_SIZE as u64 * lclusters,
+            Some(two_b) => {
+                let (initial, packs_2b, end) = compact_split(head, lclusters, two_b);
+                initial * 4 + packs_2b * 32 + end.next_multiple_of(2) * 4
+            }
+        };
+        map_header_start(head) - head + MAP_HEADER_SIZE as u64 + indexes
     }
 
-    /// The map header and indexes (from the 8-aligned end of the inode body), for data
-    /// stored from block `start`.
-    pub fn encode_meta(&self, settings: &Settings, start: u32, bs: u64) -> Vec<u8> {
+    /// The map header and indexes (from the 8-aligned end of an inode body of `head`
+    /// bytes), for data stored from block `start`.
+    pub fn encode_meta(&self, settings: &Settings, start: u32, bs: u64, head: u64) -> Vec<u8> {
         let big = settings.pcluster as u64 > bs;
+        let packing = Packing::for_block_size(bs);
+        let mut advise = 0;
+        if big {
+            // Compact indexes say it for both head kinds, or the kernel refuses them.
+            advise |= ADVISE_BIG_PCLUSTER_1;
+            if packing.is_some() {
+                advise |= ADVISE_BIG_PCLUSTER_2;
+            }
+        }
+        if packing == Some(true) {
+            advise |= ADVISE_COMPACTED_2B;
+        }
         let header = MapHeader {
             word0: 0,
-            advise: if big { ADVISE_BIG_PCLUSTER_1 } else { 0 },
+            advise,
             algorithm_type: settings.compression.algorithm.erofs_id(),
             cluster_bits: 0, // logical clusters of one block, as mkfs.erofs makes them
         };
         let mut out = header.encode().to_vec();
-        out.extend_from_slice(&[0u8; 8]);
-        for i in full_indexes(&self.extents, start, bs, big) {
-            out.extend_from_slice(&i.encode());
+        let full = full_indexes(&self.extents, start, bs, big);
+        match packing {
+            None => {
+                out.extend_from_slice(&[0u8; 8]);
+                for i in full {
+                    out.extend_from_slice(&i.encode());
+                }
+            }
+            Some(two_b) => {
+                let bits = bs.trailing_zeros();
+                out.extend(compact_indexes(&full, head, start, big, two_b, bits));
+            }
         }
+        out
+    }
+}
+
+/// The inode layout compressed files get with blocks of `bs` bytes.
+pub fn layout_for(bs: u64) -> u16 {
+    match Packing::for_block_size(bs) {
+        Some(_) => LAYOUT_COMPRESSED_COMPACT,
+        None => LAYOUT_COMPRESSED_FULL,
+    }
+}
+
+/// Compact indexes (what mkfs.erofs writes by default): 2 bytes per logical cluster in
+/// packs of 16 between packs of two 4-byte ones (`Some(true)`), or 4-byte ones only
+/// (`Some(false)`, unused). Only for 4 KiB blocks, the one size both the kernel here and
+/// Debian's fsck.erofs read compressed (and the only one 2-byte packs allow); other
+/// block sizes get full indexes (`None`), the simpler format, for 4 more bytes per block.
+struct Packing;
+
+impl Packing {
+    fn for_block_size(bs: u64) -> Option<bool> {
+        match bs {
+            4096 => Some(true),
+            _ => None,
+        }
+    }
+}
+
+/// How many indexes go into the leading 4-byte packs (up to the 32-byte alignment 2-byte
+/// packs need), into 2-byte packs of 16, and into the trailing 4-byte packs, as the
+/// kernel's `compacted_load_cluster_from_disk` finds them. `head`: the inode body's size
+/// (inodes are 32-byte aligned, so offsets modulo 32 are the image's).
+fn compact_split(head: u64, lclusters: u64, two_b: bool) -> (u64, u64, u64) {
+    if !two_b {
+        return (0, 0, lclusters);
+    }
+    let ebase = map_header_start(head) + MAP_HEADER_SIZE as u64;
+    let initial = (32 - ebase % 32) / 4 % 8;
+    if initial > lclusters {
+        return (0, 0, lclusters);
+    }
+    let packs_2b = (lclusters - initial) / 16;
+    (initial, packs_2b, lclusters - initial - packs_2b * 16)
+}
+
+/// Full indexes converted to compact packs, as erofs-utils'
+/// `z_erofs_convert_to_compacted_format` does: block addresses are implicit (each pack
+/// records the address the pclusters before it end at; a HEAD takes one block, or
+/// the CBLKCNT of the NONHEAD after it), so clusters must lie back to back from `start`.
+fn compact_indexes(
+    full: &[LclusterIndex],
+    head: u64,
+    start: u32,
+    big: bool,
+    two_b: bool,
+    lclusterbits: u32,
+) -> Vec<u8> {
+    let (initial, packs_2b, end) = compact_split(head, full.len() as u64, two_b);
+    let mut out = Vec::new();
+    let mut pack = PackWriter {
+        lclusterbits,
+        // Before big pclusters, the address was bumped on reaching each HEAD.
+        blkaddr: if big { start } else { start.wrapping_sub(1) },
+        dummy_head: !big,
+        big,
+    };
+    let mut rest = full;
+    let mut take = |n: usize| {
+        let (now, later) = rest.split_at(n.min(rest.len()));
+        rest = later;
+        now.to_vec()
+    };
+    for _ in 0..initial / 2 {
+        out.extend(pack.write(&take(2), 4));
+    }
+    for _ in 0..packs_2b {
+        out.extend(pack.write(&take(16), 2));
+    }
+    for _ in 0..end.div_ceil(2) {
+        // The last pack of an odd count is padded with a zeroed (PLAIN) index.
+        let mut two = take(2);
+        two.resize(2, LclusterIndex::default());
+        out.extend(pack.write(&two, 4));
+    }
+    out
+}
+
+struct PackWriter {
+    lclusterbits: u32,
+    blkaddr: u32,
+    dummy_head: bool,
+    big: bool,
+}
+
+impl PackWriter {
+    /// One pack of `cv.len()` indexes of `size` amortized bytes each (erofs-utils'
+    /// `write_compacted_indexes`): each index is its type and a low part (the HEAD's
+    /// offset, or a NONHEAD's delta), bit-packed; the pack's last 4 bytes are the block
+    /// address its first HEAD's counting starts from.
+    fn write(&mut self, cv: &[LclusterIndex], size: usize) -> Vec<u8> {
+        let vcnt = cv.len();
+        let lobits = self.lclusterbits.max(LI_D0_CBLKCNT.trailing_zeros() + 1);
+        let encodebits = (vcnt * size * 8 - 32) / vcnt;
+        let mut base = self.blkaddr;
+        let mut blkaddr = self.blkaddr;
+        // With big pclusters the base is the pack's first HEAD's own address.
+        let mut update = self.big;
+        let mut out = vec![0u8; vcnt * size];
+        let mut pos = 0;
+        for (i, c) in cv.iter().enumerate() {
+            let [d0, d1] = c.delta();
+            let offset = if c.kind() == LCLUSTER_TYPE_NONHEAD {
+                if d0 & LI_D0_CBLKCNT != 0 {
+                    blkaddr += u32::from(d0 & !LI_D0_CBLKCNT);
+                    self.dummy_head = false;
+                    u32::from(d0)
+                } else if i + 1 == vcnt {
+                    // The last slot holds delta[1] (the lookahead) instead.
+                    u32::from(d1.min(LI_D0_CBLKCNT - 1))
+                } else {
+                    u32::from(d0)
+                }
+            } else {
+                if self.dummy_head {
+                    blkaddr = blkaddr.wrapping_add(1);
+                    if update {
+                        base = blkaddr;
+                    }
+                }
+                self.dummy_head = true;
+                update = false;
+                u32::from(c.cluster_ofs)
+            };
+            let v = (u32::from(c.kind()) << lobits) | offset;
+            let rem = pos & 7;
+            let keep = out[pos / 8] & ((1u8 << rem) - 1);
+            out[pos / 8] = (v << rem) as u8 | keep;
+            out[pos / 8 + 1] = (v >> (8 - rem)) as u8;
+            out[pos / 8 + 2] = (v >> (16 - rem)) as u8;
+            pos += encodebits;
+        }
+        let n = out.len();
+        out[n - 4..].copy_from_slice(&base.to_le_bytes());
+        self.blkaddr = blkaddr;
         out
     }
 }
@@ -400,6 +573,164 @@ mod tests {
 
     fn ext(len: u32, blocks: u32, raw: bool) -> Extent {
         Extent { len, blocks, raw }
+    }
+
+    /// What the kernel's `unpack_compacted_index` reads for logical cluster `lcn`
+    /// (a port, 4 KiB logical clusters): (type, HEAD offset or NONHEAD delta[0],
+    /// HEAD block address or NONHEAD CBLKCNT).
+    fn kernel_compact(meta: &[u8], head: u64, total: u64, lcn: u64, big: bool) -> (u8, u32, u32) {
+        let mh = map_header_start(head);
+        let ebase = mh + MAP_HEADER_SIZE as u64;
+        let initial = (32 - ebase % 32) / 4 % 8;
+        let c2b = if initial < total {
+            (total - initial) / 16 * 16
+        } else {
+            0
+        };
+        let (mut pos, mut l, shift);
+        pos = ebase;
+        l = lcn;
+        if l < initial {
+            shift = 2;
+        } else {
+            pos += initial * 4;
+            l -= initial;
+            if l < c2b {
+                shift = 1;
+            } else {
+                pos += c2b * 2;
+                l -= c2b;
+                shift = 2;
+            }
+        }
+        pos += l << shift;
+        let vcnt: u64 = if shift == 2 { 2 } else { 16 };
+        let packbytes = vcnt << shift;
+        let encodebits = (packbytes - 4) * 8 / vcnt;
+        let base = pos / packbytes * packbytes;
+        let pack = &meta[(base - mh) as usize..(base - mh + packbytes) as usize];
+        let bit = |i: u64| {
+            let at = (encodebits * i) as usize;
+            let mut w = [0u8; 4];
+            let n = (pack.len() - at / 8).min(4);
+            w[..n].copy_from_slice(&pack[at / 8..at / 8 + n]);
+            let v = u32::from_le_bytes(w) >> (at & 7);
+            (v & 0xFFF, ((v >> 12) & 3) as u8)
+        };
+        let mut i = (pos - base) >> shift;
+        let (lo, kind) = bit(i);
+        let cblk = u32::from(LI_D0_CBLKCNT);
+        if kind == LCLUSTER_TYPE_NONHEAD {
+            if lo & cblk != 0 {
+                return (kind, 1, lo & !cblk);
+            }
+            if i + 1 != vcnt {
+                return (kind, lo, 0);
+            }
+            let (plo, pkind) = bit(i - 1);
+            let d0 = if pkind != LCLUSTER_TYPE_NONHEAD {
+                0
+            } else if plo & cblk != 0 {
+                1
+            } else {
+                plo
+            };
+            return (kind, d0 + 1, 0);
+        }
+        let mut nblk: i64 = if big { 0 } else { 1 };
+        let mut j = i as i64;
+        while j > 0 {
+            j -= 1;
+            let (lo, kind) = bit(j as u64);
+            if !big {
+                if kind == LCLUSTER_TYPE_NONHEAD {
+                    j -= i64::from(lo);
+                }
+                if j >= 0 {
+                    nblk += 1;
+                }
+            } else if kind == LCLUSTER_TYPE_NONHEAD {
+                if lo & cblk != 0 {
+                    j -= 1;
+                    nblk += i64::from(lo & !cblk);
+                } else {
+                    assert!(lo > 1, "bigpcluster shouldn't have plain d0 == 1");
+                    j -= i64::from(lo) - 2;
+                }
+            } else {
+                nblk += 1;
+            }
+        }
+        i = packbytes - 4;
+        let at = i as usize;
+        let start = u32::from_le_bytes(pack[at..at + 4].try_into().unwrap());
+        (kind, lo, (i64::from(start) + nblk) as u32)
+    }
+
+    #[test]
+    fn compact_packs_read_back_as_the_kernel_reads_them() {
+        let mut s = 12345u32;
+        for case in 0..200 {
+            let big = case % 2 == 0;
+            let mut extents = Vec::new();
+            let mut size = 0u64;
+            let n = 1 + case % 40;
+            for _ in 0..n {
+                s = s.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                let e = if (s >> 16) % 3 == 0 {
+                    ext(4096, 1, true)
+                } else {
+                    let blocks = if big { 1 + (s >> 20) % 16 } else { 1 };
+                    ext(blocks * 4096 + 1 + (s >> 8) % 20000, blocks, false)
+                };
+                size += u64::from(e.len);
+                extents.push(e);
+            }
+            // A short raw tail, as a file's end has.
+            if case % 3 == 0 {
+                extents.push(ext(1 + (s % 4095), 1, true));
+                size += u64::from(extents.last().unwrap().len);
+            }
+            let start = 1000 + case;
+            let full = full_indexes(&extents, start, 4096, big);
+            let total = size.div_ceil(4096);
+            assert_eq!(full.len() as u64, total);
+            for head in [32u64, 44, 64, 76, 96, 112] {
+                let packed = compact_indexes(&full, head, start, big, true, 12);
+                let mut meta = MapHeader::default().encode().to_vec();
+                meta.extend(&packed);
+                let p = Packed {
+                    data: Vec::new(),
+                    extents: extents.clone(),
+                    digest: None,
+                };
+                assert_eq!(
+                    p.meta_len(head, size, 4096),
+                    map_header_start(head) - head + meta.len() as u64
+                );
+                for (lcn, f) in full.iter().enumerate() {
+                    let got = kernel_compact(&meta, head, total, lcn as u64, big);
+                    let want = if f.kind() == LCLUSTER_TYPE_NONHEAD {
+                        let d0 = f.delta()[0];
+                        if d0 & LI_D0_CBLKCNT != 0 {
+                            (f.kind(), 1, u32::from(d0 & !LI_D0_CBLKCNT))
+                        } else {
+                            (f.kind(), u32::from(d0), 0)
+                        }
+                    } else {
+                        (f.kind(), u32::from(f.cluster_ofs), f.blkaddr())
+                    };
+                    // The closing PLAIN past the data has no address anyone reads.
+                    let closing = lcn + 1 == full.len() && f.blkaddr() == 0;
+                    if closing {
+                        assert_eq!(got.0, want.0);
+                        assert_eq!(got.1, want.1);
+                    } else {
+                        assert_eq!(got, want, "case {case} head {head} lcn {lcn} big {big}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -98,9 +98,7 @@ pub fn write_image(
             (DataPlan::Plain { start, .. }, _) => (LAYOUT_FLAT_PLAIN, *start as u32),
             (DataPlan::Inline { start, .. }, _) => (LAYOUT_FLAT_INLINE, *start as u32),
             // i_u counts the blocks the clusters take (stat's st_blocks).
-            (DataPlan::Compressed { blocks, .. }, _) => {
-                (crate::zformat::LAYOUT_COMPRESSED_FULL, *blocks as u32)
-            }
+            (DataPlan::Compressed { blocks, .. }, _) => (compress::layout_for(bs), *blocks as u32),
             (DataPlan::Chunked { chunk_bits, .. }, _) => {
                 (LAYOUT_CHUNK_BASED, chunk_bits - bs.trailing_zeros())
             }
@@ -149,7 +147,7 @@ pub fn write_image(
                     unreachable!("a compressed plan comes from a packed file");
                 };
                 let p = z.packed[id].as_ref().expect("planned compressed");
-                let meta = p.encode_meta(&z.settings, *start as u32, bs);
+                let meta = p.encode_meta(&z.settings, *start as u32, bs, head.len() as u64);
                 let at = crate::zformat::map_header_start(inline_at) as usize;
                 img[at..at + meta.len()].copy_from_slice(&meta);
                 let at = (*start * bs) as usize;
