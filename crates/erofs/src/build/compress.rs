@@ -677,7 +677,7 @@ mod tests {
             let n = 1 + case % 40;
             for _ in 0..n {
                 s = s.wrapping_mul(1_103_515_245).wrapping_add(12345);
-                let e = if (s >> 16) % 3 == 0 {
+                let e = if (s >> 16).is_multiple_of(3) {
                     ext(4096, 1, true)
                 } else {
                     let blocks = if big { 1 + (s >> 20) % 16 } else { 1 };
