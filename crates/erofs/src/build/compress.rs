@@ -13,6 +13,7 @@ use crate::zformat::*;
 use codecs::{Algorithm, Compression, Compressor};
 use rayon::prelude::*;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Input of one segment: compressed independently, so it is the unit of parallel work.
 /// A multiple of every block size; a cluster never spans two segments.
@@ -37,11 +38,13 @@ struct Extent {
     raw: bool,
 }
 
-/// A regular file compressed: its clusters back to back and what indexes them.
+/// A regular file compressed: where its clusters wait in the spill file, and what
+/// indexes them.
 #[derive(Debug)]
 pub struct Packed {
-    /// The clusters, block-aligned; compressed data ends its cluster (zero padding first).
-    pub data: Vec<u8>,
+    /// `(spill offset, length)` of each segment's clusters, in file order; back to back
+    /// they are the file's stored blocks (compressed data ends its cluster, after zeros).
+    parts: Vec<(u64, u64)>,
     extents: Vec<Extent>,
     /// The file's fs-verity digest (of its uncompressed contents), when sealing.
     pub digest: Option<Vec<u8>>,
@@ -49,7 +52,21 @@ pub struct Packed {
 
 impl Packed {
     pub fn blocks(&self, bs: u64) -> u64 {
-        self.data.len() as u64 / bs
+        self.parts.iter().map(|p| p.1).sum::<u64>() / bs
+    }
+
+    /// Copies the file's stored blocks from the spill file into `dst`.
+    pub fn copy_to(&self, spill: &Spill, dst: &mut [u8]) -> Result<(), Error> {
+        let mut at = 0;
+        for &(from, len) in &self.parts {
+            let len = len as usize;
+            spill
+                .file
+                .read_exact_at(&mut dst[at..at + len], from)
+                .map_err(|e| Error::source(&spill.path, e))?;
+            at += len;
+        }
+        Ok(())
     }
 
     /// Bytes after an inode whose body (inode and inline xattrs) is `head` bytes long:
@@ -372,20 +389,68 @@ pub fn super_fields(s: &Settings, bs: u64) -> SuperFields {
     }
 }
 
+/// Where compressed clusters wait for the layout (which needs every file's size first):
+/// an unlinked file next to the output, so a large tree's clusters are page cache the
+/// kernel can write back, not memory the build holds.
+pub struct Spill {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    end: AtomicU64,
+}
+
+impl Spill {
+    /// A new spill file at `path` (removed at once; it lives while it is open).
+    pub fn create(path: &std::path::Path) -> Result<Spill, Error> {
+        let _ = std::fs::remove_file(path); // a leftover of a killed build
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| Error::source(path, e))?;
+        std::fs::remove_file(path).map_err(|e| Error::source(path, e))?;
+        Ok(Spill {
+            file,
+            path: path.to_path_buf(),
+            end: AtomicU64::new(0),
+        })
+    }
+
+    /// Appends `data` (from any thread); returns where it went.
+    fn append(&self, data: &[u8]) -> Result<u64, Error> {
+        let at = self.end.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.file
+            .write_all_at(data, at)
+            .map_err(|e| Error::source(&self.path, e))?;
+        Ok(at)
+    }
+}
+
 /// One segment's result.
 struct Segment {
     extents: Vec<Extent>,
-    data: Vec<u8>,
+    /// Where its clusters went in the spill file, and their length.
+    at: u64,
+    len: u64,
     /// Level-0 fs-verity hashes of the segment's uncompressed blocks.
     level0: Vec<u8>,
 }
 
-/// Compresses every non-empty regular file; `None` for files left uncompressed.
+/// A segment as compressed, before it goes to the spill file.
+struct SegmentOut {
+    extents: Vec<Extent>,
+    data: Vec<u8>,
+    level0: Vec<u8>,
+}
+
+/// Compresses every non-empty regular file into `spill`; `None` for files left
+/// uncompressed.
 pub fn compress_files(
     tree: &Tree,
     s: &Settings,
     bs: u64,
     digests: bool,
+    spill: &Spill,
     progress: &dyn Progress,
 ) -> Result<Vec<Option<Packed>>, Error> {
     let mut work: Vec<(NodeId, u64)> = Vec::new();
@@ -404,7 +469,13 @@ pub fn compress_files(
         .map_init(
             || Compressor::with_max_pcluster(s.compression, s.pcluster),
             |z, &(id, from)| {
-                let seg = compress_segment(tree, id, from, z, s.pcluster as usize, bs, digests)?;
+                let out = compress_segment(tree, id, from, z, s.pcluster as usize, bs, digests)?;
+                let seg = Segment {
+                    extents: out.extents,
+                    at: spill.append(&out.data)?,
+                    len: out.data.len() as u64,
+                    level0: out.level0,
+                };
                 progress.wrote(SEGMENT.min(tree.nodes[id].size - from));
                 Ok(seg)
             },
@@ -433,15 +504,15 @@ fn assemble(
     digests: bool,
 ) -> Option<Packed> {
     let node = &tree.nodes[id];
-    let stored: u64 = parts.iter().map(|p| p.data.len() as u64).sum::<u64>() / bs;
+    let stored: u64 = parts.iter().map(|p| p.len).sum::<u64>() / bs;
     if stored >= plain_blocks(node, bs) {
         return None;
     }
-    let mut data = Vec::with_capacity((stored * bs) as usize);
     let mut extents = Vec::new();
     let mut level0 = Vec::new();
+    let mut places = Vec::with_capacity(parts.len());
     for p in parts {
-        data.extend_from_slice(&p.data);
+        places.push((p.at, p.len));
         extents.extend_from_slice(&p.extents);
         level0.extend_from_slice(&p.level0);
     }
@@ -451,7 +522,7 @@ fn assemble(
         verity::Descriptor::new(&params, node.size, &tree.root).digest(params.alg)
     });
     Some(Packed {
-        data,
+        parts: places,
         extents,
         digest,
     })
@@ -476,12 +547,12 @@ fn compress_segment(
     pcluster: usize,
     bs: u64,
     digests: bool,
-) -> Result<Segment, Error> {
+) -> Result<SegmentOut, Error> {
     let node = &tree.nodes[id];
     let len = SEGMENT.min(node.size - from) as usize;
     let src = read_segment(tree, id, from, len)?;
     let bsz = bs as usize;
-    let mut seg = Segment {
+    let mut seg = SegmentOut {
         extents: Vec::new(),
         data: Vec::new(),
         level0: Vec::new(),
@@ -700,7 +771,7 @@ mod tests {
                 let mut meta = MapHeader::default().encode().to_vec();
                 meta.extend(&packed);
                 let p = Packed {
-                    data: Vec::new(),
+                    parts: Vec::new(),
                     extents: extents.clone(),
                     digest: None,
                 };

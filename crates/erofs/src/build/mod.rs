@@ -174,9 +174,15 @@ pub fn build_tree(
         )));
     }
     let bs = u64::from(opts.block_size);
-    let packed = match &opts.compression {
-        Some(z) => compress::compress_files(tree, z, bs, opts.verity, progress)?,
-        None => Vec::new(),
+    let spill = match &opts.compression {
+        Some(_) => Some(compress::Spill::create(&spill_path(out_path))?),
+        None => None,
+    };
+    let packed = match (&opts.compression, &spill) {
+        (Some(z), Some(spill)) => {
+            compress::compress_files(tree, z, bs, opts.verity, spill, progress)?
+        }
+        _ => Vec::new(),
     };
     trace("compressed");
     let zsuper = opts
@@ -200,11 +206,14 @@ pub fn build_tree(
         build_time: opts.build_time,
         uuid: opts.uuid,
         volume_name: label,
-        compression: zsuper.map(|(settings, fields)| write::Compressed {
-            settings,
-            fields,
-            packed: &packed,
-        }),
+        compression: zsuper
+            .zip(spill.as_ref())
+            .map(|((settings, fields), spill)| write::Compressed {
+                settings,
+                fields,
+                packed: &packed,
+                spill,
+            }),
     };
     let tmp = temp_path(out_path);
     let _ = std::fs::remove_file(&tmp); // a leftover of a killed build
@@ -290,6 +299,13 @@ pub(crate) fn trace(phase: &str) {
             start.elapsed().as_secs_f64()
         );
     }
+}
+
+/// Where compressed clusters wait until the layout is known (unlinked once open).
+fn spill_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".zspill{}", std::process::id()));
+    out.with_file_name(name)
 }
 
 fn temp_path(out: &Path) -> PathBuf {

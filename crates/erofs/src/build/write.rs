@@ -26,8 +26,9 @@ pub struct SuperParams<'a> {
 pub struct Compressed<'a> {
     pub settings: compress::Settings,
     pub fields: compress::SuperFields,
-    /// Per node, its clusters when it is stored compressed.
+    /// Per node, its clusters when it is stored compressed, waiting in `spill`.
     pub packed: &'a [Option<Packed>],
+    pub spill: &'a compress::Spill,
 }
 
 pub fn write_image(
@@ -151,7 +152,8 @@ pub fn write_image(
                 let at = crate::zformat::map_header_start(inline_at) as usize;
                 img[at..at + meta.len()].copy_from_slice(&meta);
                 let at = (*start * bs) as usize;
-                img[at..at + p.data.len()].copy_from_slice(&p.data);
+                let len = (p.blocks(bs) * bs) as usize;
+                p.copy_to(z.spill, &mut img[at..at + len])?;
                 if let Some(d) = &p.digest {
                     known_digests.push((plan.nid, d.clone()));
                 }
