@@ -8,7 +8,7 @@
 mod compress;
 mod decompress;
 
-pub use compress::Compressor;
+pub use compress::{window_size, Compressor, DEFLATE_WINDOW_BITS};
 pub use decompress::decompress;
 
 use std::fmt;

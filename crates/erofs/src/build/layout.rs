@@ -4,6 +4,7 @@
 //! Image map: `[block 0: 1 KiB pad + superblock + first inodes][metadata blocks]`
 //! `[long-prefix table + shared xattr pool][data blocks]`.
 
+use super::compress::Packed;
 use super::tree::{Kind, NodeId, Tree};
 use super::xattr::XattrPlan;
 use super::Error;
@@ -22,6 +23,9 @@ pub enum DataPlan {
         blocks: u64,
         tail: usize,
     },
+    /// Compressed (COMPRESSED_FULL): the map header and lcluster indexes follow the
+    /// inode; the file's `blocks` cluster blocks are stored from `start`.
+    Compressed { start: u64, blocks: u64 },
     /// Chunk-based: one u32 block address per chunk (`NULL_ADDR` for a hole) after the
     /// inode; the data chunks are stored back to back from `start`.
     Chunked {
@@ -66,10 +70,14 @@ pub struct Layout {
     pub digest_table: Option<crate::format::DigestFooter>,
 }
 
-pub struct LayoutOptions {
+pub struct LayoutOptions<'a> {
     pub block_size: u64,
     pub inline_data: bool,
     pub file_digests: bool,
+    /// Per node, its compressed data when it is stored compressed (empty: none is).
+    pub packed: &'a [Option<Packed>],
+    /// Bytes right after the superblock kept for the compression config records.
+    pub super_extra: u64,
 }
 
 pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Layout, Error> {
@@ -127,7 +135,7 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
     }
 
     // Metadata placement, best fit so inline tails fill the holes other inodes leave.
-    let mut meta = MetaAlloc::new(bs);
+    let mut meta = MetaAlloc::new(bs, opts.super_extra);
     let mut inodes: Vec<Option<InodePlan>> = vec![None; n];
     let mut meta_offsets = vec![0u64; n];
     for &id in &order {
@@ -147,11 +155,20 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
             INODE_COMPACT_SIZE
         } as u64
             + xattrs.per_node[id].ibody_size() as u64;
-        let (data, inline_len) =
-            plan_data(node, size, head, bs, opts.inline_data).map_err(|e| match e {
+        let packed = opts.packed.get(id).and_then(Option::as_ref);
+        let (data, inline_len) = match packed {
+            Some(p) => (
+                DataPlan::Compressed {
+                    start: 0,
+                    blocks: p.blocks(bs),
+                },
+                p.meta_len(head, size, bs),
+            ),
+            None => plan_data(node, size, head, bs, opts.inline_data).map_err(|e| match e {
                 Error::Input(m) => Error::Input(format!("{}: {m}", tree.path_of(id))),
                 e => e,
-            })?;
+            })?,
+        };
         let off = meta.alloc(head + inline_len);
         meta_offsets[id] = off;
         inodes[id] = Some(InodePlan {
@@ -182,7 +199,9 @@ pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Lay
         let plan = inodes[id].as_mut().expect("planned above");
         match &mut plan.data {
             DataPlan::None => {}
-            DataPlan::Plain { start, blocks } | DataPlan::Inline { start, blocks, .. } => {
+            DataPlan::Plain { start, blocks }
+            | DataPlan::Inline { start, blocks, .. }
+            | DataPlan::Compressed { start, blocks } => {
                 if *blocks > 0 {
                     *start = next_block;
                     next_block += *blocks;
@@ -384,10 +403,11 @@ struct MetaAlloc {
 }
 
 impl MetaAlloc {
-    fn new(bs: u64) -> Self {
+    /// `extra`: bytes kept right after the superblock (compression config records).
+    fn new(bs: u64, extra: u64) -> Self {
         let slots = (bs >> ISLOT_BITS) as usize;
         // Block 0 holds the superblock; inodes may follow it in the same block.
-        let sb_end = (SUPER_OFFSET + SUPER_SIZE as u64).next_multiple_of(32);
+        let sb_end = (SUPER_OFFSET + SUPER_SIZE as u64 + extra).next_multiple_of(32);
         let mut a = MetaAlloc {
             bs,
             fill: vec![sb_end.min(bs)],
@@ -474,7 +494,7 @@ mod tests {
 
     #[test]
     fn meta_alloc_best_fit() {
-        let mut a = MetaAlloc::new(4096);
+        let mut a = MetaAlloc::new(4096, 0);
         assert_eq!(a.alloc(64), 1152);
         let big = a.alloc(3000); // does not fit block 0's remaining 2880 bytes
         assert_eq!(big, 4096);
@@ -486,14 +506,14 @@ mod tests {
 
     #[test]
     fn meta_alloc_looks_back_only_at_recent_blocks() {
-        let mut a = MetaAlloc::new(4096);
+        let mut a = MetaAlloc::new(4096, 0);
         assert_eq!(a.alloc(3000), 4096); // block 1, 1088 bytes left
         for k in 0..RECENT_BLOCKS {
             assert_eq!(a.alloc(4096), (2 + k) * 4096);
         }
         // Block 1 is now 16 blocks back: a small item opens a new block instead.
         assert_eq!(a.alloc(64), (2 + RECENT_BLOCKS) * 4096);
-        let mut b = MetaAlloc::new(4096);
+        let mut b = MetaAlloc::new(4096, 0);
         assert_eq!(b.alloc(3000), 4096);
         for k in 0..RECENT_BLOCKS - 2 {
             assert_eq!(b.alloc(4096), (2 + k) * 4096);

@@ -3,6 +3,7 @@
 //! `scan` reads a host directory, `xattr` decides shared entries, long prefixes and name
 //! filters, `layout` places every inode and data block, and `write` emits the bytes.
 
+pub mod compress;
 pub mod layout;
 pub mod scan;
 pub mod tree;
@@ -36,6 +37,8 @@ impl Error {
 /// Progress callbacks, called from worker threads.
 pub trait Progress: Sync {
     fn scanned(&self, _entries: u64) {}
+    /// Compressing regular files (`wrote` then counts their uncompressed bytes).
+    fn compressing(&self, _total_bytes: u64) {}
     fn writing(&self, _total_bytes: u64) {}
     fn wrote(&self, _bytes: u64) {}
     /// Sealing: the image's blocks are being hashed.
@@ -78,6 +81,8 @@ pub struct BuildOptions {
     /// Volume label, at most 15 bytes.
     pub label: Vec<u8>,
     pub overrides: Overrides,
+    /// Compress regular files (`-z`, `-C`); `None` stores them plain.
+    pub compression: Option<compress::Settings>,
 }
 
 impl Default for BuildOptions {
@@ -92,6 +97,7 @@ impl Default for BuildOptions {
             uuid: None,
             label: Vec::new(),
             overrides: Overrides::default(),
+            compression: None,
         }
     }
 }
@@ -114,6 +120,13 @@ pub struct Summary {
     pub long_prefixes: u64,
     /// Xattrs left out because EROFS has no handler for their namespace.
     pub skipped_xattrs: Vec<String>,
+    /// The compressor (`-z` spelling), when compressing.
+    pub compression: Option<String>,
+    /// Regular files stored compressed (the others gained nothing from it).
+    pub compressed_files: u64,
+    /// Blocks the compressed files' data takes, and their uncompressed bytes.
+    pub compressed_blocks: u64,
+    pub compressed_bytes_in: u64,
 }
 
 /// Builds an image of the directory `src` into `out_path`.
@@ -160,10 +173,28 @@ pub fn build_tree(
             xattr::MAX_IBODY
         )));
     }
+    let bs = u64::from(opts.block_size);
+    let spill = match &opts.compression {
+        Some(_) => Some(compress::Spill::create(&spill_path(out_path))?),
+        None => None,
+    };
+    let packed = match (&opts.compression, &spill) {
+        (Some(z), Some(spill)) => {
+            compress::compress_files(tree, z, bs, opts.verity, spill, progress)?
+        }
+        _ => Vec::new(),
+    };
+    trace("compressed");
+    let zsuper = opts
+        .compression
+        .as_ref()
+        .map(|z| (*z, compress::super_fields(z, bs)));
     let lopts = layout::LayoutOptions {
-        block_size: opts.block_size as u64,
+        block_size: bs,
         inline_data: opts.inline_data,
         file_digests: opts.verity,
+        packed: &packed,
+        super_extra: zsuper.as_ref().map_or(0, |(_, f)| f.records.len() as u64),
     };
     let layout = layout::plan(tree, &xplan, &lopts)?;
     trace("plan");
@@ -175,6 +206,14 @@ pub fn build_tree(
         build_time: opts.build_time,
         uuid: opts.uuid,
         volume_name: label,
+        compression: zsuper
+            .zip(spill.as_ref())
+            .map(|((settings, fields), spill)| write::Compressed {
+                settings,
+                fields,
+                packed: &packed,
+                spill,
+            }),
     };
     let tmp = temp_path(out_path);
     let _ = std::fs::remove_file(&tmp); // a leftover of a killed build
@@ -223,6 +262,18 @@ pub fn build_tree(
         long_prefixes: xplan.prefixes.len() as u64,
         ..Default::default()
     };
+    if let Some(z) = &opts.compression {
+        s.compression = Some(z.compression.to_string());
+        for p in packed
+            .iter()
+            .enumerate()
+            .filter_map(|(id, p)| Some((id, p.as_ref()?)))
+        {
+            s.compressed_files += 1;
+            s.compressed_blocks += p.1.blocks(bs);
+            s.compressed_bytes_in += tree.nodes[p.0].size;
+        }
+    }
     for &id in &layout.order {
         match &tree.nodes[id].kind {
             Kind::Regular { .. } => {
@@ -250,6 +301,13 @@ pub(crate) fn trace(phase: &str) {
     }
 }
 
+/// Where compressed clusters wait until the layout is known (unlinked once open).
+fn spill_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".zspill{}", std::process::id()));
+    out.with_file_name(name)
+}
+
 fn temp_path(out: &Path) -> PathBuf {
     let mut name = out.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".tmp{}", std::process::id()));
@@ -262,6 +320,15 @@ fn validate(opts: &BuildOptions) -> Result<(), Error> {
         return Err(Error::Input(format!(
             "block size {bs} is not a power of two from 512 to 65536"
         )));
+    }
+    if let Some(z) = &opts.compression {
+        let p = z.pcluster;
+        if p == 0 || !p.is_multiple_of(bs) || p > crate::zformat::PCLUSTER_MAX_SIZE {
+            return Err(Error::Input(format!(
+                "physical cluster size {p} is not a multiple of the block size ({bs}) up to {} bytes",
+                crate::zformat::PCLUSTER_MAX_SIZE
+            )));
+        }
     }
     if opts.label.len() > 15 {
         return Err(Error::Input(format!(

@@ -2,6 +2,7 @@
 //! one thread, then file data read by all cores straight to its final offset (the layout
 //! is fixed in advance, so every byte's place is known).
 
+use super::compress::{self, Packed};
 use super::layout::{DataPlan, Layout};
 use super::tree::{Content, Kind, Tree};
 use super::xattr::XattrPlan;
@@ -13,11 +14,21 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 /// Superblock fields chosen by the caller rather than the layout.
-pub struct SuperParams {
+pub struct SuperParams<'a> {
     pub xattr_filter: bool,
     pub build_time: u64,
     pub uuid: Option<[u8; 16]>,
     pub volume_name: [u8; 16],
+    /// Compression settings, the superblock fields they need, and the compressed files.
+    pub compression: Option<Compressed<'a>>,
+}
+
+pub struct Compressed<'a> {
+    pub settings: compress::Settings,
+    pub fields: compress::SuperFields,
+    /// Per node, its clusters when it is stored compressed, waiting in `spill`.
+    pub packed: &'a [Option<Packed>],
+    pub spill: &'a compress::Spill,
 }
 
 pub fn write_image(
@@ -73,6 +84,7 @@ pub fn write_image(
     // Pass 1, one thread: inodes, xattr bodies, directories, symlinks and chunk maps.
     let mut file_jobs: Vec<FileJob> = Vec::new();
     let mut empty_files: Vec<u64> = Vec::new();
+    let mut known_digests: Vec<(u64, Vec<u8>)> = Vec::new();
     for (serial, &id) in layout.order.iter().enumerate() {
         let node = &tree.nodes[id];
         let plan = layout.inodes[id]
@@ -86,6 +98,8 @@ pub fn write_image(
             (DataPlan::None, _) => (LAYOUT_FLAT_PLAIN, 0),
             (DataPlan::Plain { start, .. }, _) => (LAYOUT_FLAT_PLAIN, *start as u32),
             (DataPlan::Inline { start, .. }, _) => (LAYOUT_FLAT_INLINE, *start as u32),
+            // i_u counts the blocks the clusters take (stat's st_blocks).
+            (DataPlan::Compressed { blocks, .. }, _) => (compress::layout_for(bs), *blocks as u32),
             (DataPlan::Chunked { chunk_bits, .. }, _) => {
                 (LAYOUT_CHUNK_BASED, chunk_bits - bs.trailing_zeros())
             }
@@ -125,6 +139,23 @@ pub fn write_image(
                 for (from, len, to) in copies(&plan.data, plan.size, inline_at, bs) {
                     img[to as usize..(to + len) as usize]
                         .copy_from_slice(&target[from as usize..(from + len) as usize]);
+                }
+            }
+            Kind::Regular { .. } if matches!(plan.data, DataPlan::Compressed { .. }) => {
+                let (DataPlan::Compressed { start, .. }, Some(z)) =
+                    (&plan.data, &params.compression)
+                else {
+                    unreachable!("a compressed plan comes from a packed file");
+                };
+                let p = z.packed[id].as_ref().expect("planned compressed");
+                let meta = p.encode_meta(&z.settings, *start as u32, bs, head.len() as u64);
+                let at = crate::zformat::map_header_start(inline_at) as usize;
+                img[at..at + meta.len()].copy_from_slice(&meta);
+                let at = (*start * bs) as usize;
+                let len = (p.blocks(bs) * bs) as usize;
+                p.copy_to(z.spill, &mut img[at..at + len])?;
+                if let Some(d) = &p.digest {
+                    known_digests.push((plan.nid, d.clone()));
                 }
             }
             Kind::Regular { content, .. } if plan.size > 0 => {
@@ -185,6 +216,13 @@ pub fn write_image(
     {
         feature_incompat |= FEATURE_INCOMPAT_CHUNKED_FILE;
     }
+    let mut available_compr_algs = 0;
+    if let Some(Compressed { fields: f, .. }) = &params.compression {
+        feature_incompat |= f.incompat;
+        available_compr_algs = f.u1;
+        let at = (SUPER_OFFSET as usize) + SUPER_SIZE;
+        img[at..at + f.records.len()].copy_from_slice(&f.records);
+    }
     let epoch = layout.epoch;
     let meta_len = (layout.meta_blocks * bs) as usize;
     let uuid = params
@@ -206,6 +244,7 @@ pub fn write_image(
         xattr_prefix_count: xattrs.prefixes.len() as u8,
         xattr_prefix_start: (layout.prefix_table_offset / 4) as u32,
         build_time: u32::try_from(params.build_time as i64 - epoch.0).unwrap_or(0),
+        available_compr_algs,
         ..Default::default()
     };
     let sb_at = SUPER_OFFSET as usize;
@@ -215,14 +254,25 @@ pub fn write_image(
 
     // Pass 4, all cores: hash the image for its Merkle tree, deriving every file's own
     // digest from the same block hashes, and store those digests in the table.
-    let level0 = layout
-        .digest_table
-        .map(|footer| seal(img, &file_jobs, &empty_files, footer, progress));
+    let level0 = layout.digest_table.map(|footer| {
+        let done = Digests {
+            empty: &empty_files,
+            known: &known_digests,
+        };
+        seal(img, &file_jobs, &done, footer, progress)
+    });
     super::trace("hashed");
     Ok(Written {
         len: image_len,
         level0,
     })
+}
+
+/// The file digests `seal` need not compute from the image: empty files', and those of
+/// compressed files, computed from their uncompressed contents while compressing.
+struct Digests<'a> {
+    empty: &'a [u64],
+    known: &'a [(u64, Vec<u8>)],
 }
 
 /// What `write_image` produced.
@@ -248,7 +298,7 @@ const HASH: usize = 32;
 fn seal(
     img: &mut [u8],
     jobs: &[FileJob],
-    empty: &[u64],
+    done: &Digests,
     footer: DigestFooter,
     progress: &dyn Progress,
 ) -> Vec<u8> {
@@ -277,7 +327,8 @@ fn seal(
         .map(|j| (j.nid, ctx.file_digest(j)))
         .collect();
     let empty_digest = verity::Descriptor::new(&params, 0, &[0u8; HASH]).digest(params.alg);
-    entries.extend(empty.iter().map(|&nid| (nid, empty_digest.clone())));
+    entries.extend(done.empty.iter().map(|&nid| (nid, empty_digest.clone())));
+    entries.extend(done.known.iter().cloned());
     entries.sort_unstable_by_key(|e| e.0);
     debug_assert_eq!(entries.len() as u64, footer.entries);
 
@@ -378,7 +429,8 @@ struct FileJob<'a> {
 /// Where the bytes of an inode's content go: `(content offset, length, image offset)`.
 fn copies(plan: &DataPlan, size: u64, inline_at: u64, bs: u64) -> Vec<(u64, u64, u64)> {
     match plan {
-        DataPlan::None => Vec::new(),
+        // Compressed data is copied whole, not mapped byte for byte.
+        DataPlan::None | DataPlan::Compressed { .. } => Vec::new(),
         DataPlan::Plain { start, .. } => vec![(0, size, start * bs)],
         DataPlan::Inline {
             start,
@@ -498,7 +550,7 @@ fn encode_dir(tree: &Tree, dir: &super::layout::DirPlan, layout: &Layout, bs: u6
     out
 }
 
-fn changed(path: &Path, e: std::io::Error) -> Error {
+pub(crate) fn changed(path: &Path, e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
         Error::Input(format!("{}: file shrank during the build", path.display()))
     } else {

@@ -77,6 +77,16 @@ pub struct Args {
     /// Leave out paths (relative to SRC, no leading /) matching this regex. Repeatable.
     #[arg(long, value_name = "REGEX")]
     exclude_regex: Vec<String>,
+    /// Compress regular files, as mkfs.erofs -z spells it: lz4, lz4hc[,LEVEL],
+    /// zstd[,LEVEL], lzma[,LEVEL] or deflate[,LEVEL]. A file compression does not save a
+    /// block for is stored plain.
+    #[arg(short = 'z', long = "compress", value_name = "ALG[,LEVEL]")]
+    compress: Option<String>,
+    /// With -z: the physical cluster size in bytes, a multiple of the block size up to
+    /// 1 MiB (mkfs.erofs -C; default the block size). Larger clusters compress better
+    /// and cost more to read at random.
+    #[arg(short = 'C', long = "pcluster-size", value_name = "BYTES")]
+    pcluster_size: Option<String>,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -90,6 +100,9 @@ struct Bar(ProgressBar);
 impl build::Progress for Bar {
     fn scanned(&self, entries: u64) {
         self.0.set_position(entries);
+    }
+    fn compressing(&self, total: u64) {
+        progress::bytes(&self.0, "compressing", total);
     }
     fn writing(&self, total: u64) {
         progress::bytes(&self.0, "copying", total);
@@ -107,6 +120,14 @@ impl build::Progress for Bar {
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
+    // Bad compression flags are usage errors (exit 2), like the flags clap rejects.
+    let compression = match compression_settings(&a) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("verilay: error: {msg}");
+            return Ok(2);
+        }
+    };
     let env_epoch = match std::env::var("SOURCE_DATE_EPOCH") {
         Ok(v) => Some(
             v.trim()
@@ -148,6 +169,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         uuid,
         label: a.label.clone().unwrap_or_default().into_bytes(),
         overrides,
+        compression,
     };
 
     let exclude_paths: Vec<Vec<u8>> = a
@@ -217,12 +239,24 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             "shared_xattrs": summary.shared_xattrs,
             "long_prefixes": summary.long_prefixes,
             "skipped_xattrs": summary.skipped_xattrs.len(),
+            "compression": summary.compression,
+            "pcluster_size": compression.map(|z| z.pcluster),
+            "compressed_files": summary.compressed_files,
+            "ratio": ratio(&summary),
             "seconds": secs,
         });
         outln!("{j}");
     } else if !a.quiet {
+        let compressed = match &summary.compression {
+            Some(c) => format!(
+                ", {c}: {} files compressed, ratio {:.2}",
+                summary.compressed_files,
+                ratio(&summary)
+            ),
+            None => String::new(),
+        };
         eprintln!(
-            "{}: {} inodes ({} files, {} directories), {} in, image {}, {:.2} s",
+            "{}: {} inodes ({} files, {} directories), {} in, image {}{compressed}, {:.2} s",
             a.output.display(),
             summary.inodes,
             summary.regular_files,
@@ -237,6 +271,41 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         outln!("{d}");
     }
     Ok(0)
+}
+
+/// `-z` and `-C`, checked against the block size.
+fn compression_settings(a: &Args) -> Result<Option<build::compress::Settings>, String> {
+    let Some(z) = &a.compress else {
+        return match &a.pcluster_size {
+            Some(_) => Err("-C (--pcluster-size) needs -z (--compress)".into()),
+            None => Ok(None),
+        };
+    };
+    let compression: codecs::Compression = z.parse().map_err(|e| format!("-z {z}: {e}"))?;
+    let bs = a.block_size;
+    let pcluster = match &a.pcluster_size {
+        None => bs,
+        Some(c) => {
+            let max = erofs::zformat::PCLUSTER_MAX_SIZE;
+            let bad = || {
+                format!("-C {c}: the physical cluster size must be a multiple of the block size ({bs}) up to {max} bytes")
+            };
+            let p: u32 = c.parse().map_err(|_| bad())?;
+            if p == 0 || !p.is_multiple_of(bs.max(1)) || p > max {
+                return Err(bad());
+            }
+            p
+        }
+    };
+    Ok(Some(build::compress::Settings {
+        compression,
+        pcluster,
+    }))
+}
+
+/// Content bytes per image byte: how much smaller the image is than what it holds.
+fn ratio(s: &build::Summary) -> f64 {
+    s.bytes_in as f64 / s.erofs_bytes.max(1) as f64
 }
 
 fn parse_time(s: &str) -> anyhow::Result<(i64, u32)> {
