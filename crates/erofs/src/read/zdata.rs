@@ -370,8 +370,14 @@ impl<S: ByteSource> Image<S> {
             codecs::Algorithm::from_erofs_id(id)
                 .map_or(format!("algorithm {id}"), |a| a.to_string())
         };
-        let mut algorithms = vec![name(h.algs[0])];
-        if self.sb.feature_incompat & z::FEATURE_INCOMPAT_COMPR_HEAD2 != 0 && h.algs[1] != h.algs[0]
+        // A file wholly in the packed inode has no clusters (nor algorithm) of its own.
+        let mut algorithms = Vec::new();
+        if !h.whole_fragment {
+            algorithms.push(name(h.algs[0]));
+        }
+        if !h.whole_fragment
+            && self.sb.feature_incompat & z::FEATURE_INCOMPAT_COMPR_HEAD2 != 0
+            && h.algs[1] != h.algs[0]
         {
             algorithms.push(name(h.algs[1]));
         }

@@ -168,7 +168,7 @@ impl<S: ByteSource> Image<S> {
         } else if h.advise & z::ADVISE_INLINE_PCLUSTER != 0 {
             h.idata_size = u64::from(mh.idata_size());
         }
-        // Every lcluster offset fits u64 (lcn ≤ size >> lclusterbits): a shift ≤ 12 + 15.
+        // The inline cluster and the fragment hold the tail: find its head lcluster.
         if (h.idata_size > 0 || h.fragment) && inode.size > 0 {
             h = Mapper::new(self, inode, h).find_tail()?;
         }
