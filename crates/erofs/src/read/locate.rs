@@ -24,6 +24,18 @@ impl<S: ByteSource> Image<S> {
             }
         }
         self.walk(&overlaps, max, &mut out);
+        // The packed inode is in no directory: the tails (fragments) of compressed files.
+        let packed = self.sb.packed_nid;
+        if self.sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS != 0 && packed != 0
+        {
+            if let Ok(inode) = self.inode(packed) {
+                if overlaps(inode.offset, inode.inode_size()) {
+                    out.push("the packed inode".into());
+                } else if inode.is_reg() && self.zcluster_overlaps(&inode, &overlaps) {
+                    out.push("the packed inode (file tails stored as fragments)".into());
+                }
+            }
+        }
         if out.is_empty() {
             out.push("no file (shared xattrs, long xattr prefixes or padding)".into());
         }
