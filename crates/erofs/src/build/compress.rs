@@ -571,6 +571,8 @@ fn compress_segment(
         data: Vec::new(),
         level0: Vec::new(),
     };
+    // A segment's output must not depend on what this thread compressed before it.
+    z.reset();
     let mut dst = vec![0u8; pcluster];
     let mut pos = 0;
     while pos < len {
@@ -597,7 +599,13 @@ fn compress_segment(
             }
             // What did not shrink is stored as is, as erofs-utils does: retrying from
             // every next block would compress incompressible data a cluster at a time.
-            raw_blocks = (used.min(pcluster) / bsz).max(1);
+            // (Nothing fitted at all: not even a cluster's worth shrinks.)
+            let tried = if used == 0 {
+                pcluster
+            } else {
+                used.min(pcluster)
+            };
+            raw_blocks = (tried / bsz).max(1);
         }
         for _ in 0..raw_blocks {
             if pos == len {
