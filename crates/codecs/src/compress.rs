@@ -5,8 +5,10 @@
 //! its output is full) fill the cluster natively; Zstandard and DEFLATE have no such mode,
 //! so, as erofs-utils does, the longest fitting prefix is searched for.
 //!
-//! Every call is independent of the calls before it (state is reset or rebuilt), so an
-//! image's bytes do not depend on which thread compressed which cluster.
+//! A call's output depends only on its input and the calls since the last
+//! [`Compressor::reset`] (the searches start from the previous cluster's input size, as
+//! erofs-utils' DEFLATE does), so a caller that resets at each independent unit of work
+//! gets the same bytes whichever thread does it.
 
 use crate::{Algorithm, Compression, Error};
 
@@ -45,6 +47,8 @@ pub struct Compressor {
     deflate: Option<flate2::Compress>,
     /// Room for a trial encoding a little larger than the cluster (search modes).
     scratch: Vec<u8>,
+    /// Input the previous search-mode fill consumed (0: none since the last reset).
+    last_used: usize,
 }
 
 impl Compressor {
@@ -62,7 +66,13 @@ impl Compressor {
             zstd: None,
             deflate: None,
             scratch: Vec::new(),
+            last_used: 0,
         }
+    }
+
+    /// Forgets what earlier fills learnt (the next search starts from its default guess).
+    pub fn reset(&mut self) {
+        self.last_used = 0;
     }
 
     pub fn compression(&self) -> Compression {
@@ -93,6 +103,7 @@ impl Compressor {
     }
 
     fn fill_zstd(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(usize, usize), Error> {
+        let guess = self.guess(dst.len());
         let err = |e: std::io::Error| Error::Compressor(Algorithm::Zstd, e.to_string());
         if self.zstd.is_none() {
             let mut c =
@@ -109,7 +120,7 @@ impl Compressor {
         // slack let a trial that just overflows be told apart from one that fits.
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(dst.len() + 32, 0);
-        let result = search_fit(src.len(), dst.len(), 1, |m| {
+        let result = search_fit(src.len(), dst.len(), guess, 1, |m| {
             // A failed trial (output too small) is "does not fit".
             c.compress_to_buffer(&src[..m], &mut scratch[..])
                 .ok()
@@ -117,17 +128,19 @@ impl Compressor {
                 .inspect(|&n| dst[..n].copy_from_slice(&scratch[..n]))
         });
         self.scratch = scratch;
+        self.last_used = result.0;
         Ok(result)
     }
 
     fn fill_deflate(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(usize, usize), Error> {
+        let guess = self.guess(dst.len());
         let level = self.compression.level.unwrap_or(DEFLATE_DEFAULT_LEVEL) as u32;
         let c = self
             .deflate
             .get_or_insert_with(|| flate2::Compress::new(flate2::Compression::new(level), false));
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(dst.len() + 9, 0);
-        let result = search_fit(src.len(), dst.len(), 22 - 2 * level as usize, |m| {
+        let result = search_fit(src.len(), dst.len(), guess, 22 - 2 * level as usize, |m| {
             c.reset();
             let status = c.compress(&src[..m], &mut scratch, flate2::FlushCompress::Finish);
             let n = c.total_out() as usize;
@@ -138,6 +151,7 @@ impl Compressor {
             })
         });
         self.scratch = scratch;
+        self.last_used = result.0;
         // The kernel finds where a cluster's data starts by skipping leading zero bytes. A
         // stream that opens with a non-final stored block has a zero first byte; bit 3 is
         // then unused padding (DEFLATE skips to a byte boundary), so set it, as
@@ -146,6 +160,16 @@ impl Compressor {
             dst[0] = 1 << 3;
         }
         Ok(result)
+    }
+
+    /// Where a search starts: a little under what the previous cluster took (data nearby
+    /// compresses alike, so this usually fits at once and one more trial finishes),
+    /// else 4 clusters' worth.
+    fn guess(&self, dst_len: usize) -> usize {
+        match self.last_used {
+            0 => dst_len.saturating_mul(4),
+            last => last * 15 / 16,
+        }
     }
 
     fn fill_lzma(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(usize, usize), Error> {
@@ -184,19 +208,22 @@ impl Compressor {
 }
 
 /// The longest prefix of `n` input bytes whose trial encoding fits in `dst_len` bytes, by
-/// erofs-utils' search: guess from the ratio so far, bisect on misses, and stop once the
+/// erofs-utils' search: start at `guess`, then guess from the ratio so far, bisect on
+/// misses, and stop once the
 /// output is within `close` bytes of full. `trial(m)` encodes `m` bytes into the
 /// destination and returns the encoded size if it fits (the last fitting trial's output
 /// must be the one left there, so a fitting trial is never followed by a kept miss).
+/// On data that does not shrink the result may be shorter than the longest fit.
 fn search_fit(
     n: usize,
     dst_len: usize,
+    guess: usize,
     close: usize,
     mut trial: impl FnMut(usize) -> Option<usize>,
 ) -> (usize, usize) {
     let (mut fit, mut fit_size) = (0usize, 0usize); // longest prefix known to fit
     let mut miss = n + 1; // shortest prefix known not to fit
-    let mut m = dst_len.saturating_mul(4);
+    let mut m = guess;
     loop {
         m = m.max(fit + 1).min(miss - 1);
         match trial(m) {
@@ -210,7 +237,10 @@ fn search_fit(
             }
             None => {
                 miss = m;
-                if miss <= fit + 1 {
+                // No more input than output space, and still too long: the data does not
+                // shrink, so no prefix will save space; what fitted so far will do (the
+                // bisection to the last byte costs ten trials a cluster on such data).
+                if miss <= fit + 1 || miss <= dst_len {
                     break;
                 }
                 m = (fit + miss) / 2;
@@ -369,7 +399,7 @@ mod tests {
     }
 
     #[test]
-    fn fills_are_independent_of_earlier_calls() {
+    fn fills_after_a_reset_are_independent_of_earlier_calls() {
         for c in all() {
             let a = text(300_000);
             let b = random(50_000);
@@ -380,6 +410,7 @@ mod tests {
             let mut two = vec![0u8; 4096];
             used.fill(&b, &mut two).unwrap();
             used.fill(&a[1000..], &mut two).unwrap();
+            used.reset();
             let r2 = used.fill(&a, &mut two).unwrap();
             assert_eq!(r1, r2, "{c}");
             assert_eq!(one[..r1.1], two[..r2.1], "{c}");

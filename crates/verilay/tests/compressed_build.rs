@@ -14,6 +14,7 @@ const ALGORITHMS: [&str; 5] = ["lz4", "lz4hc", "zstd", "lzma", "deflate"];
 const CLUSTERS: [&str; 2] = ["4096", "65536"];
 const RANDOM_FILE: &str = "random-3m";
 const TEXT_FILE: &str = "text-3m";
+const DENSE: &str = "sparse-dense";
 
 fn pseudo_random(n: usize, mut seed: u64) -> Vec<u8> {
     (0..n)
@@ -74,10 +75,12 @@ fn make_tree(root: &Path) {
     mixed.extend(vec![0u8; 500_000]);
     mixed.extend_from_slice(&t[..123_457]);
     fs::write(root.join("mixed"), &mixed).unwrap();
-    // Sparse: data, a 5 MiB hole, data (and one that is all hole but its last byte).
+    // Sparse: data, a 5 MiB hole, data (and one that is all hole but its last byte):
+    // mostly holes, so left chunk-based; and one mostly data, compressed holes and all.
     sh(&format!(
         "cd {0} && head -c 300000 {1} > sparse && truncate -s 5500000 sparse && head -c 70000 {1} >> sparse \
-         && truncate -s 9000000 hole && printf x >> hole",
+         && truncate -s 9000000 hole && printf x >> hole \
+         && head -c 2097152 {1} > {DENSE} && truncate -s 3145728 {DENSE} && head -c 1000000 {1} >> {DENSE}",
         root.display(),
         root.join(TEXT_FILE).display()
     ));
@@ -234,12 +237,16 @@ fn every_algorithm_and_cluster_size_mounts_and_verifies() {
                 random_size.div_ceil(4096) * 4096,
                 "{what}"
             );
-            let text = std::fs::metadata(m.dir.join(TEXT_FILE)).unwrap();
-            assert!(
-                text.blocks() * 512 < text.len() / 2,
-                "{what}: text takes {} blocks of 512",
-                text.blocks()
-            );
+            for name in [TEXT_FILE, DENSE] {
+                let text = std::fs::metadata(m.dir.join(name)).unwrap();
+                assert!(
+                    text.blocks() * 512 < text.len() / 2,
+                    "{what}: {name} takes {} blocks of 512",
+                    text.blocks()
+                );
+            }
+            // (A chunk-based file's st_blocks is its size, so the sparse files' layout is
+            // not visible here; their contents are, through diff.)
 
             // The image digest is fs-verity's over the EROFS part, whose Merkle tree thus
             // covers the compressed bytes as stored.

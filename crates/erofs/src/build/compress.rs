@@ -1,6 +1,7 @@
 //! Compressed regular files (`-z`): each file's data is cut into physical clusters
-//! ("pclusters") filled by [`codecs::Compressor::fill`], described by full (8-byte)
-//! logical-cluster indexes after the inode, as the kernel's `zmap.c` reads them.
+//! ("pclusters") filled by [`codecs::Compressor::fill`], described by logical-cluster
+//! indexes after the inode (compact ones with 4 KiB blocks, full ones otherwise), as
+//! the kernel's `zmap.c` reads them.
 //!
 //! Files are compressed before layout, all cores at once, in fixed-size segments (so
 //! a large file uses every core too, and the output never depends on the thread count):
@@ -455,7 +456,7 @@ pub fn compress_files(
 ) -> Result<Vec<Option<Packed>>, Error> {
     let mut work: Vec<(NodeId, u64)> = Vec::new();
     for (id, node) in tree.nodes.iter().enumerate() {
-        if matches!(node.kind, Kind::Regular { .. }) && node.size > 0 {
+        if matches!(node.kind, Kind::Regular { .. }) && node.size > 0 && mostly_data(node) {
             work.extend((0..node.size.div_ceil(SEGMENT)).map(|k| (id, k * SEGMENT)));
         }
     }
@@ -528,6 +529,19 @@ fn assemble(
     })
 }
 
+/// Whether a file is worth reading whole to compress: a sparse file mostly of holes
+/// (a 1 TB file with a few blocks of data, say) stays chunk-based, where holes cost
+/// nothing to read or store.
+fn mostly_data(node: &super::tree::Node) -> bool {
+    match &node.kind {
+        Kind::Regular {
+            extents: Some(extents),
+            ..
+        } => extents.iter().map(|&(s, e)| e - s).sum::<u64>() >= node.size / 2,
+        _ => true,
+    }
+}
+
 /// Blocks the file takes uncompressed (a sparse file's holes take none).
 fn plain_blocks(node: &super::tree::Node, bs: u64) -> u64 {
     match &node.kind {
@@ -557,6 +571,8 @@ fn compress_segment(
         data: Vec::new(),
         level0: Vec::new(),
     };
+    // A segment's output must not depend on what this thread compressed before it.
+    z.reset();
     let mut dst = vec![0u8; pcluster];
     let mut pos = 0;
     while pos < len {
@@ -583,7 +599,13 @@ fn compress_segment(
             }
             // What did not shrink is stored as is, as erofs-utils does: retrying from
             // every next block would compress incompressible data a cluster at a time.
-            raw_blocks = (used.min(pcluster) / bsz).max(1);
+            // (Nothing fitted at all: not even a cluster's worth shrinks.)
+            let tried = if used == 0 {
+                pcluster
+            } else {
+                used.min(pcluster)
+            };
+            raw_blocks = (tried / bsz).max(1);
         }
         for _ in 0..raw_blocks {
             if pos == len {
@@ -802,6 +824,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn mostly_hole_files_are_not_read_to_be_compressed() {
+        use crate::build::tree::Node;
+        // 1 TiB with one block of text at its end: reading it whole to compress its
+        // zeros would take minutes; it stays chunk-based. A half-data file is read.
+        let dir = tempfile::tempdir().unwrap();
+        let node = |name: &str, size: u64, data_at: u64| {
+            let path = dir.path().join(name);
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_len(size).unwrap();
+            f.write_all_at(&b"compressible ".repeat(315)[..4095], data_at)
+                .unwrap();
+            Node {
+                kind: Kind::Regular {
+                    content: Content::File(path),
+                    extents: Some(vec![(data_at, data_at + 4095)]),
+                },
+                perm: 0o644,
+                uid: 0,
+                gid: 0,
+                mtime: 0,
+                mtime_nsec: 0,
+                size,
+                xattrs: Vec::new(),
+            }
+        };
+        let mut tree = Tree::default();
+        tree.add(node("huge", 1 << 40, (1 << 40) - 4095));
+        tree.add(node("half", 8190, 4095));
+        let spill = Spill::create(&dir.path().join("spill")).unwrap();
+        let s = Settings {
+            compression: "lz4".parse().unwrap(),
+            pcluster: 4096,
+        };
+        let start = std::time::Instant::now();
+        let packed = compress_files(&tree, &s, 4096, true, &spill, &super::super::Silent).unwrap();
+        assert!(start.elapsed() < std::time::Duration::from_secs(10));
+        assert!(packed[0].is_none());
+        // Half data: read, and its hole and text fit one compressed block.
+        assert_eq!(packed[1].as_ref().map(|p| p.blocks(4096)), Some(1));
     }
 
     #[test]

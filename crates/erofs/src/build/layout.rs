@@ -23,8 +23,8 @@ pub enum DataPlan {
         blocks: u64,
         tail: usize,
     },
-    /// Compressed (COMPRESSED_FULL): the map header and lcluster indexes follow the
-    /// inode; the file's `blocks` cluster blocks are stored from `start`.
+    /// Compressed (COMPRESSED_COMPACT, or _FULL): the map header and lcluster indexes
+    /// follow the inode; the file's `blocks` cluster blocks are stored from `start`.
     Compressed { start: u64, blocks: u64 },
     /// Chunk-based: one u32 block address per chunk (`NULL_ADDR` for a hole) after the
     /// inode; the data chunks are stored back to back from `start`.

@@ -174,15 +174,13 @@ pub fn build_tree(
         )));
     }
     let bs = u64::from(opts.block_size);
-    let spill = match &opts.compression {
-        Some(_) => Some(compress::Spill::create(&spill_path(out_path))?),
-        None => None,
-    };
-    let packed = match (&opts.compression, &spill) {
-        (Some(z), Some(spill)) => {
-            compress::compress_files(tree, z, bs, opts.verity, spill, progress)?
+    let (packed, spill) = match &opts.compression {
+        Some(z) => {
+            let spill = compress::Spill::create(&spill_path(out_path))?;
+            let packed = compress::compress_files(tree, z, bs, opts.verity, &spill, progress)?;
+            (packed, Some(spill))
         }
-        _ => Vec::new(),
+        None => (Vec::new(), None),
     };
     trace("compressed");
     let zsuper = opts
@@ -264,14 +262,12 @@ pub fn build_tree(
     };
     if let Some(z) = &opts.compression {
         s.compression = Some(z.compression.to_string());
-        for p in packed
-            .iter()
-            .enumerate()
-            .filter_map(|(id, p)| Some((id, p.as_ref()?)))
-        {
-            s.compressed_files += 1;
-            s.compressed_blocks += p.1.blocks(bs);
-            s.compressed_bytes_in += tree.nodes[p.0].size;
+        for (id, p) in packed.iter().enumerate() {
+            if let Some(p) = p {
+                s.compressed_files += 1;
+                s.compressed_blocks += p.blocks(bs);
+                s.compressed_bytes_in += tree.nodes[id].size;
+            }
         }
     }
     for &id in &layout.order {
