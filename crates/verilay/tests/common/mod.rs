@@ -161,8 +161,27 @@ impl Mount {
 }
 
 impl Drop for Mount {
+    /// A FUSE daemon dropped just before may still hold files on this mount while it
+    /// exits: retried for a while, then detached, so no test leaves a mount behind.
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
+        let umount = |lazy: bool| {
+            let mut c = Command::new("umount");
+            if lazy {
+                c.arg("-l");
+            }
+            c.arg(&self.dir)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !umount(false) {
+            if std::time::Instant::now() > deadline {
+                umount(true);
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
 
@@ -309,6 +328,15 @@ pub fn assert_diff_clean(a: &Path, b: &Path) {
         .arg(b)
         .output()
         .unwrap();
+    // Exit 2 and anything on stderr are read errors ("diff: X: Input/output error"),
+    // which the lines below would not show.
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() != Some(2) && errors.is_empty(),
+        "diff -r {} {} could not read everything:\n{errors}",
+        a.display(),
+        b.display()
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let real: Vec<&str> = text
         .lines()
