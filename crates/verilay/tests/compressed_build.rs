@@ -1,7 +1,8 @@
 //! `verilay build -z ALG -C BYTES`: compressed images, checked by independent readers
 //! (verilay's own reader of compressed images is not the oracle here): the kernel's
 //! erofs mount (`diff -r`, `getfattr`, `stat`), Debian's `fsck.erofs`, and
-//! `fsverity digest` for the image digest and every file's stored digest.
+//! `fsverity digest` for the image digest and every file's stored digest. Then verilay
+//! reads its own images back, for every algorithm, as the kernel does.
 
 mod common;
 use common::*;
@@ -377,5 +378,71 @@ fn blocks_smaller_than_a_page_compress_too() {
         assert!(j["compressed_files"].as_u64().unwrap() > 10, "{j}");
         let m = Mount::erofs(&image, &t.path().join(format!("m-{bs}")));
         assert_same_tree(&src, &m.dir, &format!("-b {bs} -z {alg} -C {cluster}"));
+    }
+}
+
+/// verilay's reader on verilay's images: `fsck`, `extract` and `cat`, a read-only mount
+/// equal to the kernel's (contents, `ls -lRan`, xattrs), and a writable one whose copy-up
+/// of a compressed file keeps every byte, for every algorithm.
+#[test]
+fn verilay_reads_its_own_images_as_the_kernel_does() {
+    if skip_unless(is_root(), "needs root to mount")
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src);
+    let text = std::fs::read(src.join(TEXT_FILE)).unwrap();
+    for alg in ALGORITHMS {
+        let what = format!("-z {alg} -C 65536");
+        let image = t.path().join(format!("{alg}.img"));
+        build_json(&src, &image, &["-z", alg, "-C", "65536"], None);
+        let out = run(verilay().arg("fsck").arg(&image));
+        assert!(out.status.success(), "{what}: fsck");
+        let x = t.path().join(format!("x-{alg}"));
+        run(verilay().arg("extract").arg(&image).arg(&x));
+        assert_same_tree(&src, &x, &format!("{what}: extract"));
+        let cat = run(verilay()
+            .arg("cat")
+            .arg(&image)
+            .arg(format!("/{TEXT_FILE}")));
+        assert!(cat.stdout == text, "{what}: cat differs");
+
+        let kernel = Mount::erofs(&image, &t.path().join(format!("k-{alg}")));
+        let mnt = t.path().join(format!("m-{alg}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        run(verilay().args(["mount", "-q"]).arg(&image).arg(&mnt));
+        let fuse = Unmount::fuse(&mnt);
+        assert_same_tree(&kernel.dir, &mnt, &what);
+        assert_eq!(ls_lr(&kernel.dir), ls_lr(&mnt), "{what}: ls -lRan differs");
+        assert_eq!(xattr_dump(&kernel.dir), xattr_dump(&mnt), "{what}: xattrs");
+        drop(fuse);
+
+        // Copy-up: a write into the middle of a compressed file keeps the rest.
+        let d = dirs(t.path(), &format!("rw-{alg}"));
+        let rw = t.path().join(format!("rw-mnt-{alg}"));
+        let fuse = verilay_mount(&image, &d, &rw);
+        let mut want = text.clone();
+        want[100_000..100_005].copy_from_slice(b"HELLO");
+        {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(rw.join(TEXT_FILE))
+                .unwrap();
+            f.seek(std::io::SeekFrom::Start(100_000)).unwrap();
+            f.write_all(b"HELLO").unwrap();
+        }
+        assert!(
+            std::fs::read(rw.join(TEXT_FILE)).unwrap() == want,
+            "{what}: copy-up"
+        );
+        drop(fuse);
+        assert!(
+            std::fs::read(d.upper.join(TEXT_FILE)).unwrap() == want,
+            "{what}: the upper copy"
+        );
     }
 }
