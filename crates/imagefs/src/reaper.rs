@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 const SETTLE: Duration = Duration::from_millis(10);
 /// How long a request out of descriptors waits for a pass.
 const WAIT: Duration = Duration::from_millis(100);
+/// How long a request out of descriptors keeps trying (`UnionFs::with_room`): a pass
+/// may wait for the very directory that request holds, and FORGETs come on another
+/// thread, so one wait is not always enough on a loaded machine.
+pub(crate) const ROOM_WAIT: Duration = Duration::from_secs(2);
 /// For this long after a pass starts, forgotten nodes let go of their descriptors at once.
 const PRESSED: Duration = Duration::from_secs(1);
 

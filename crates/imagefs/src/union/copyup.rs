@@ -74,7 +74,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let r = n.lower.as_ref().ok_or(Errno::STALE)?;
         let (img, inode) = (self.stack.image(r.top.layer), &r.inode);
         let meta = self.copy_up_meta(id, img, inode)?;
-        let target;
         // A failure is logged here, where the file is known, and keeps its errno.
         let mut read = |off: u64, buf: &mut [u8]| {
             img.read(inode, off, buf).map_err(|e| {
@@ -82,7 +81,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                 std::io::Error::from_raw_os_error(errno.raw_os_error())
             })
         };
-        let contents = if inode.is_dir() {
+        let target;
+        let mut contents = if inode.is_dir() {
             Contents::Dir
         } else if inode.is_reg() {
             Contents::File {
@@ -98,9 +98,12 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             Contents::Special
         };
         let st = self.keeping_times(n.parent, pfd, || {
-            self.upper
-                .create(pfd.as_fd(), &n.name, &meta, contents)
-                .map_err(errno)
+            // A failed copy leaves nothing behind, so one out of descriptors starts over.
+            self.with_room(|| {
+                self.upper
+                    .create(pfd.as_fd(), &n.name, &meta, contents.reborrow())
+                    .map_err(errno)
+            })
         })?;
         let fd = self.now_upper(id, &n, pfd, &st, inode.is_dir())?;
         if inode.is_reg() && inode.nlink > 1 {
@@ -155,7 +158,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         st: &Stat,
         is_dir: bool,
     ) -> Result<Arc<OwnedFd>, Errno> {
-        let fd = Arc::new(self.open_entry(pfd.as_fd(), &n.name, st)?);
+        let fd = Arc::new(self.with_room(|| self.open_entry(pfd.as_fd(), &n.name, st))?);
         self.upper_ids.pin().insert((st.st_dev, st.st_ino), id);
         let mut up = n.clone();
         up.upper = Some(fd.clone());

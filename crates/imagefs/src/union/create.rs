@@ -37,7 +37,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let pfd = self.upper_dir(parent)?;
         let (meta, inherits) = self.new_meta(caller, parent, pfd.as_fd(), want)?;
         let (st, file) = self.place(pfd.as_fd(), name, meta, contents, inherits)?;
-        let fd = self.open_entry(pfd.as_fd(), name, &st)?;
+        let fd = self.with_room(|| self.open_entry(pfd.as_fd(), name, &st))?;
         let id = self.upper_id(&st, || None);
         let io = FileIo::default();
         io.fresh.store(true, Ordering::Relaxed);
@@ -121,11 +121,14 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         mut contents: Contents<'_>,
         inherits: bool,
     ) -> Result<(Stat, Option<OwnedFd>), Errno> {
-        match self
-            .upper
-            .create_fresh(pfd, name, &meta, contents.reborrow(), inherits)
-        {
-            Err(e) if e.raw_os_error() == Some(Errno::EXIST.raw_os_error()) => {
+        // Nothing is left of a creation that ran out of descriptors: it can start over.
+        let fresh = self.with_room(|| {
+            self.upper
+                .create_fresh(pfd, name, &meta, contents.reborrow(), inherits)
+                .map_err(errno)
+        });
+        match fresh {
+            Err(Errno::EXIST) => {
                 let existing = self.upper.stat(pfd, name).map_err(errno)?;
                 if !existing.as_ref().is_some_and(upper::is_whiteout) {
                     return Err(Errno::EXIST);
@@ -140,7 +143,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
                     .map_err(errno)?;
                 Ok((st, None))
             }
-            made => made.map_err(errno),
+            made => made,
         }
     }
 
@@ -266,7 +269,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }
         let n = self.node(id)?;
         let fd = n.upper.as_ref().ok_or(Errno::IO)?;
-        self.open_real(fd.as_fd(), flags & !libc_trunc())
+        self.with_room(|| self.open_real(fd.as_fd(), flags & !libc_trunc()))
     }
 
     /// Gives node `ino` the new name `newname` in `newparent`.

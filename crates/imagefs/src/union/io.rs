@@ -87,9 +87,11 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             if image_open {
                 return Ok(0);
             }
-            self.with_node(id, |n| match &n.upper {
-                Some(fd) => self.open_real(fd.as_fd(), flags),
-                None => Err(Errno::IO),
+            self.with_room(|| {
+                self.with_node(id, |n| match &n.upper {
+                    Some(fd) => self.open_real(fd.as_fd(), flags),
+                    None => Err(Errno::IO),
+                })
             })
         };
         let fh = self.measured(id, flags, caller.pid, run()?, None)?;

@@ -16,7 +16,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
         if let Some(fd) = &n.upper {
-            for (name, _) in self.upper.list(fd.as_fd()).map_err(errno)? {
+            for (name, _) in self.with_room(|| self.upper.list(fd.as_fd()).map_err(errno))? {
                 seen.insert(name.clone());
                 let Some(st) = self.upper.stat(fd.as_fd(), &name).map_err(errno)? else {
                     continue;

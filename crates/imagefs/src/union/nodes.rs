@@ -315,21 +315,36 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         }
     }
 
-    /// The descriptor a node keeps for upper object `name` in `dir`. Out of descriptors
-    /// (a burst of lookups outran the reaper), it waits for a pass and tries once more.
+    /// The descriptor a node keeps for upper object `name` in `dir` (EMFILE when out of
+    /// them: see `with_room`).
     pub(super) fn open_entry(
         &self,
         dir: BorrowedFd<'_>,
         name: &[u8],
         st: &Stat,
     ) -> Result<OwnedFd, Errno> {
-        match self.upper.open_entry(dir, name, st) {
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::MFILE.raw_os_error()) => {
-                self.reap();
-                self.reaper.wait();
-                self.upper.open_entry(dir, name, st).map_err(errno)
+        self.upper.open_entry(dir, name, st).map_err(errno)
+    }
+
+    /// Runs `f`, which makes descriptors. Out of them (a burst of lookups outran the
+    /// reaper, or the FORGETs of its pass are still on their way), it has a pass run and
+    /// tries again until one frees room, for at most `reaper::ROOM_WAIT`. Never called
+    /// holding a guard of the node map: a forgotten node's descriptor closes only once
+    /// no guard older than its removal is held, so the wait would wait for itself.
+    pub(super) fn with_room<T>(&self, mut f: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
+        let start = std::time::Instant::now();
+        loop {
+            match f() {
+                Err(Errno::MFILE) if start.elapsed() < crate::reaper::ROOM_WAIT => {
+                    self.reap();
+                    self.reaper.wait();
+                    // The pass's FORGETs arrive on another thread; each one frees a
+                    // node's descriptor once the map lets the node go.
+                    self.nodes.guard().flush();
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                r => return r,
             }
-            r => r.map_err(errno),
         }
     }
 

@@ -14,7 +14,7 @@ use upper::overlay;
 impl<S: ByteSource + 'static> UnionFs<S> {
     /// `name` in directory `parent` as the merged tree has it: (id, node), or `None`.
     pub(super) fn resolve(&self, parent: u64, name: &[u8]) -> Result<Option<(u64, Node)>, Errno> {
-        self.with_node(parent, |p| self.resolve_in(parent, p, name))
+        self.with_room(|| self.with_node(parent, |p| self.resolve_in(parent, p, name)))
     }
 
     pub(super) fn resolve_in(

@@ -54,11 +54,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             match set.fh.filter(|f| !from_node(*f)) {
                 Some(f) => self.with_file(f, |fd| rfs::ftruncate(fd, len))?,
                 None => {
-                    let f = rfs::open(
-                        path.as_c_str(),
-                        OFlags::WRONLY | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?;
+                    let f = self.with_room(|| {
+                        rfs::open(
+                            path.as_c_str(),
+                            OFlags::WRONLY | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                    })?;
                     rfs::ftruncate(&f, len)?;
                 }
             }
