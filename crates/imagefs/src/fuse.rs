@@ -305,7 +305,13 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
                 _ => true,
             },
             ops::Waits::OnOpensAndChanges => {
-                never_waits(req) || (names_only(req) && self.ops.changes_idle())
+                never_waits(req)
+                    || (names_only(req) && self.ops.changes_idle())
+                    || match *req {
+                        Request::Open { ino, .. } => self.ops.open_is_quick(ino),
+                        Request::Release { ino, .. } => self.ops.release_is_quick(ino),
+                        _ => false,
+                    }
             }
             ops::Waits::Always => false,
         }

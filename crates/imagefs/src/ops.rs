@@ -234,6 +234,15 @@ pub trait Ops: Send + Sync + 'static {
     fn changes_idle(&self) -> bool {
         false
     }
+    /// Whether an OPEN of `ino` would run now without a long wait (no file to hash): the
+    /// transport then serves it where it arrives.
+    fn open_is_quick(&self, _ino: u64) -> bool {
+        false
+    }
+    /// Whether a RELEASE of `ino` would run without a long wait (no writer's file to hash).
+    fn release_is_quick(&self, _ino: u64) -> bool {
+        false
+    }
 
     /// `name` in `parent`; `None` when absent (the kernel caches that too).
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno>;

@@ -263,3 +263,60 @@ fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
     drop(_m);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn warm_measured_opens_are_served_on_the_rings_and_first_ones_that_hash_on_the_pool() {
+    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
+        return;
+    }
+    let enabled = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
+    if skip_unless(
+        enabled.trim() == "Y",
+        "FUSE over io_uring is off (scripts/setup turns on enable_uring)",
+    ) {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let image = image(t.path());
+    let (mnt, list) = (t.path().join("mnt"), t.path().join("list"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    // Hashed by content (not the stored fs-verity digest): each file's first measured
+    // open reads it, and waits on the pool; later opens reuse the digest.
+    let policy = t.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK mask=^MAY_READ\n").unwrap();
+    run(verilay()
+        .args(["mount", "--transport", "uring", "--policy"])
+        .arg(&policy)
+        .arg("--measure-log")
+        .arg(&list)
+        .arg(&image)
+        .arg(&mnt)
+        .env_remove("VERILAY_TRANSPORT"));
+    let _m = Unmount::fuse(&mnt);
+    let files: Vec<PathBuf> = (0..50).map(|f| mnt.join(format!("d1/f{f}"))).collect();
+    let open_all = || {
+        for f in &files {
+            drop(std::fs::File::open(f).unwrap());
+        }
+    };
+    open_all();
+    let pooled =
+        |s: &serde_json::Value, op: &str| s["fuse_requests"]["pooled"][op].as_u64().unwrap_or(0);
+    let first = stats(&mnt);
+    assert_eq!(first["hashed"].as_u64(), Some(50), "{first}");
+    assert!(
+        pooled(&first, "OPEN") >= 50,
+        "first opens not pooled: {first}"
+    );
+    for _ in 0..3 {
+        open_all();
+    }
+    let warm = stats(&mnt);
+    assert_eq!(warm["hashed"].as_u64(), Some(50), "{warm}");
+    assert_eq!(
+        pooled(&warm, "OPEN"),
+        pooled(&first, "OPEN"),
+        "warm opens handed to the pool: {warm}"
+    );
+    assert_eq!(pooled(&warm, "RELEASE"), 0, "releases pooled: {warm}");
+}

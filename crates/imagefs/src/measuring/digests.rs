@@ -113,6 +113,14 @@ impl Measuring {
 
     /// The cache's entry for `key` once no hash begun at close is under way for it
     /// (waiting for one at most `HASH_AT_CLOSE_WAIT`).
+    /// Whether a measurement of `key` now would reuse a digest kept (no hash to wait for).
+    pub fn has_digest(&self, key: &ContentKey) -> bool {
+        self.cache
+            .pin()
+            .get(key)
+            .is_some_and(|c| c.digest.is_some())
+    }
+
     fn settled(&self, key: &ContentKey) -> Option<Cached> {
         let cache = self.cache.pin();
         let c = cache.get(key)?;

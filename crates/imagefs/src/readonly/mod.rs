@@ -377,6 +377,15 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
         })
     }
 
+    fn open_is_quick(&self, ino: u64) -> bool {
+        self.measured_open_is_quick(ino)
+    }
+
+    fn release_is_quick(&self, _ino: u64) -> bool {
+        // Only the inode's count of open handles changes.
+        true
+    }
+
     fn release(&self, ino: u64, _fh: u64, _answer: &mut dyn FnMut()) {
         self.closed(ino);
     }
