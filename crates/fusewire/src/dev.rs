@@ -7,10 +7,12 @@ use crate::channel::write_all_parts;
 use crate::dispatch::{serve, Filesystem};
 use crate::event::EventFd;
 use crate::reply::Sink;
+use crate::spin::spin;
 use crate::split::split_dev;
 use crate::stats::Stats;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
 
 /// A new /dev/fuse descriptor attached to the session of `session` (non-blocking: workers
@@ -59,8 +61,17 @@ pub(crate) enum Got {
     Stopped,
 }
 
-/// Waits for a request on `fd` (or for `stop`) and reads it into `buf`.
-pub(crate) fn next_request(fd: RawFd, stop: &EventFd, buf: &mut [u8]) -> io::Result<Got> {
+/// Waits for a request on `fd` (or for `stop`) and reads it into `buf`: looks for one
+/// for `poll` first (see `spin`), then sleeps in poll(2).
+pub(crate) fn next_request(
+    fd: RawFd,
+    stop: &EventFd,
+    buf: &mut [u8],
+    poll: Duration,
+) -> io::Result<Got> {
+    if let Some(got) = spin(poll, || read_once(fd, buf))? {
+        return Ok(got);
+    }
     loop {
         let mut fds = [
             libc::pollfd {
@@ -163,10 +174,11 @@ pub(crate) fn worker<F: Filesystem>(
     (mut input, mut output): (Vec<u8>, Vec<u8>),
     stats: &Stats,
     stop: &EventFd,
+    poll: Duration,
 ) -> io::Result<()> {
     let raw_fd = fd.as_raw_fd();
     loop {
-        let n = match next_request(raw_fd, stop, &mut input)? {
+        let n = match next_request(raw_fd, stop, &mut input, poll)? {
             Got::Request(n) => n,
             Got::Gone | Got::Stopped => return Ok(()),
         };

@@ -17,6 +17,7 @@ mod reply;
 mod request;
 mod ring_mem;
 mod session;
+mod spin;
 mod split;
 mod stats;
 mod uring;
@@ -28,7 +29,9 @@ pub use dispatch::{Context, Filesystem};
 pub use init::{negotiate, InitError, Negotiated, Wants};
 pub use reply::{dirent_size, dirent_type, DirEntry, DirReply, Entry, Open, Reply, Sink};
 pub use request::{Caller, Request, SetAttr, SetTime};
-pub use session::{Chosen, Config, Session, StartError, Stopper, Transport};
+pub use session::{
+    Chosen, Config, Session, StartError, Stopper, Transport, DEFAULT_POLL, MAX_POLL,
+};
 pub use split::{split_dev, split_uring, DecodeError, Raw};
 pub use stats::Stats;
 pub use uring::possible_cpus;

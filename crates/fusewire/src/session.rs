@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 use zerocopy::IntoBytes;
 
 /// How requests are to reach the filesystem.
@@ -66,6 +67,13 @@ impl fmt::Display for Chosen {
     }
 }
 
+/// The default for [`Config::poll`]: a caller that sends its next request within this
+/// long (a tool walking a tree: a few µs) finds a thread still looking for it.
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
+
+/// The most [`Config::poll`] may be.
+pub const MAX_POLL: Duration = Duration::from_millis(10);
+
 /// How to serve.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
@@ -76,6 +84,9 @@ pub struct Config {
     pub queue_depth: usize,
     /// Pins each queue thread to its CPU (the kernel routes by the sender's CPU).
     pub pin_queues: bool,
+    /// How long a thread that has served a request keeps looking for the next one
+    /// (yielding its CPU to anyone who wants it) before it sleeps (see [`Spin`]).
+    pub poll: Duration,
     pub wants: Wants,
 }
 
@@ -86,6 +97,7 @@ impl Default for Config {
             workers: 4,
             queue_depth: 8,
             pin_queues: true,
+            poll: DEFAULT_POLL,
             wants: Wants::default(),
         }
     }
@@ -243,13 +255,18 @@ impl Session {
         let workers = config.workers.max(1);
         self.stats = Arc::new(Stats::new(0));
         for i in 0..workers {
-            self.spawn_dev_worker(fs, format!("fuse-dev-{i}"))?;
+            self.spawn_dev_worker(fs, format!("fuse-dev-{i}"), config.poll)?;
         }
         self.chosen = Chosen::Dev { workers };
         Ok(())
     }
 
-    fn spawn_dev_worker<F: Filesystem>(&mut self, fs: &Arc<F>, name: String) -> io::Result<()> {
+    fn spawn_dev_worker<F: Filesystem>(
+        &mut self,
+        fs: &Arc<F>,
+        name: String,
+        poll: Duration,
+    ) -> io::Result<()> {
         let fd = dev::worker_fd(self.channel.fd())?;
         let (fs, stats, stop) = (
             fs.clone(),
@@ -261,7 +278,7 @@ impl Session {
         let buffers = (dev::buffer(bufsize)?, dev::buffer(bufsize)?);
         let t = std::thread::Builder::new()
             .name(name)
-            .spawn(move || dev::worker(fd, &*fs, ext, buffers, &stats, &stop))?;
+            .spawn(move || dev::worker(fd, &*fs, ext, buffers, &stats, &stop, poll))?;
         self.threads.push(t);
         Ok(())
     }
@@ -301,7 +318,8 @@ impl Session {
         self.stopper = stopper;
         self.stats = stats;
         self.threads = threads;
-        self.spawn_dev_worker(fs, "fuse-dev-forget".into())
+        // FORGET and INTERRUPT: nobody waits for the first, the second is rare.
+        self.spawn_dev_worker(fs, "fuse-dev-forget".into(), Duration::ZERO)
             .map_err(UringFailure::Threads)?;
         self.chosen = Chosen::Uring {
             queues,
@@ -340,6 +358,7 @@ impl Session {
                 jobs: job_tx.clone(),
                 stop: self.stopper.stop.clone(),
                 pin: config.pin_queues,
+                poll: config.poll,
                 input: dev::buffer(payload)?,
             };
             let reg_tx = reg_tx.clone();
@@ -404,7 +423,7 @@ impl Session {
 /// Reads the first request, which must be INIT: (unique, major, minor, readahead, flags).
 fn read_init(fd: &OwnedFd, stop: &EventFd) -> Result<(u64, u32, u32, u32, u64), StartError> {
     let mut buf = vec![0u8; abi::MIN_READ_BUFFER.max(64 << 10)];
-    let n = match dev::next_request(fd.as_raw_fd(), stop, &mut buf)? {
+    let n = match dev::next_request(fd.as_raw_fd(), stop, &mut buf, Duration::ZERO)? {
         Got::Request(n) => n,
         Got::Gone | Got::Stopped => return Err(io::Error::from_raw_os_error(libc::ENODEV).into()),
     };

@@ -114,6 +114,8 @@ pub(crate) struct Queue<F> {
     pub(crate) jobs: Sender<InFlight>,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) pin: bool,
+    /// How long to look for the next request before sleeping (see `spin`).
+    pub(crate) poll: std::time::Duration,
     /// A copy of each request served here (as large as the largest, made beforehand).
     pub(crate) input: Vec<u8>,
 }
@@ -209,6 +211,18 @@ impl<F: Filesystem> Queue<F> {
         let mut answered = Vec::new();
         let mut cqes = early;
         while ended < depth && !(stopping && in_flight == 0) {
+            if cqes.is_empty() {
+                // Commits go out first: their callers wait for them.
+                ring.submit()?;
+                cqes = crate::spin::spin(self.poll, || {
+                    let found: Vec<(u64, i32)> = ring
+                        .completion()
+                        .map(|c| (c.user_data(), c.result()))
+                        .collect();
+                    Ok((!found.is_empty()).then_some(found))
+                })?
+                .unwrap_or_default();
+            }
             if cqes.is_empty() {
                 match ring.submit_and_wait(1) {
                     Ok(_) => {}

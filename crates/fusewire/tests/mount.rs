@@ -28,6 +28,7 @@ fn config(transport: Transport) -> Config {
         workers: 4,
         queue_depth: 4,
         pin_queues: true,
+        poll: fusewire::DEFAULT_POLL,
         wants: Wants {
             flags,
             ..Wants::default()

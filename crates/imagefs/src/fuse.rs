@@ -540,11 +540,14 @@ pub struct Config {
     /// Threads that run the filesystem's handlers.
     pub workers: usize,
     pub transport: Transport,
+    /// How long a serving thread looks for the next request before it sleeps.
+    pub poll: std::time::Duration,
 }
 
 /// A filesystem being served on a mounted /dev/fuse descriptor.
 pub struct Session {
     inner: fusewire::Session,
+    poll: std::time::Duration,
 }
 
 impl Session {
@@ -559,11 +562,15 @@ impl Session {
         let cfg = fusewire::Config {
             transport: config.transport,
             workers: config.workers.max(1),
+            poll: config.poll,
             wants,
             ..fusewire::Config::default()
         };
         let inner = fusewire::Session::start(fd, Fuse::new(ops, config.access), &cfg)?;
-        Ok(Session { inner })
+        Ok(Session {
+            inner,
+            poll: config.poll,
+        })
     }
 
     /// The transport chosen.
@@ -576,14 +583,17 @@ impl Session {
         self.inner.stats()
     }
 
-    /// `stats` with the session's members added: `transport` (what serves the mount) and
+    /// `stats` with the session's members added: `transport` (what serves the mount), `poll_us`
+    /// (how long its threads look for the next request before sleeping) and
     /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue, and of
     /// those, by opcode, how many the queue handed to the worker pool).
     pub fn add_to_stats(&self, stats: StatsSource) -> StatsSource {
         let (chosen, counts) = (self.transport(), self.stats());
+        let poll_us = u64::try_from(self.poll.as_micros()).unwrap_or(u64::MAX);
         Arc::new(move || {
             let mut s = stats();
             s.insert("transport".into(), chosen.to_string().into());
+            s.insert("poll_us".into(), poll_us.into());
             let requests = serde_json::json!({
                 "dev": counts.dev_requests(),
                 "queues": counts.queue_requests(),

@@ -18,8 +18,8 @@
 //!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
 //!   `owner`, `group`, `_netdev`, `comment=…`, `x-…`, `X-…`, FUSE's legacy `nonempty`):
 //!   accepted, and nothing for the mount itself;
-//! - verilay's own: `digest=`, `threads=`, `transport=`, `log=`, `upper=`, `work=`,
-//!   `policy=`, `measure_log=`, `measure_hash=`.
+//! - verilay's own: `digest=`, `threads=`, `transport=`, `poll_us=`, `log=`, `upper=`,
+//!   `work=`, `policy=`, `measure_log=`, `measure_hash=`.
 //!
 //! Options are separated by commas; a value may be put in double quotes to hold commas
 //! (`log="/var/log/a,b"`), and a quote is allowed nowhere else. Where options contradict
@@ -112,6 +112,9 @@ pub struct MountOptions {
     pub digest: Option<String>,
     pub threads: Option<usize>,
     pub transport: Option<Transport>,
+    /// `poll_us=N`: how long, in µs, a serving thread looks for the next request before
+    /// it sleeps.
+    pub poll_us: Option<u64>,
     pub log: Option<PathBuf>,
     pub upper: Option<PathBuf>,
     pub work: Option<PathBuf>,
@@ -234,6 +237,12 @@ impl MountOptions {
         match key {
             "digest" => self.digest = Some(text_value(opt, value)?.to_string()),
             "threads" => self.threads = Some(parse_threads(opt, value)?),
+            "poll_us" => {
+                let n = text_value(opt, value)?
+                    .parse()
+                    .map_err(|_| refuse(opt, "not a number of microseconds"))?;
+                self.poll_us = Some(check_poll_us(n).map_err(|why| refuse(opt, why))?)
+            }
             "transport" => {
                 let t =
                     Transport::parse(text_value(opt, value)?).map_err(|why| refuse(opt, why))?;
@@ -343,6 +352,9 @@ impl MountOptions {
         if let Some(t) = self.transport {
             value("transport", t.name().as_bytes());
         }
+        if let Some(n) = self.poll_us {
+            value("poll_us", n.to_string().as_bytes());
+        }
         if let Some(n) = self.cache_size {
             value("cache_size", n.to_string().as_bytes());
         }
@@ -429,6 +441,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is not a size (bytes, or a number with K, M, G or T)"))
 }
 
+/// The longest a serving thread may look for the next request before sleeping, in µs.
+pub const MAX_POLL_US: u64 = 10_000;
+
+/// Whether `n` µs is a time a serving thread may look for the next request (0: never).
+pub fn check_poll_us(n: u64) -> Result<u64, String> {
+    match n {
+        n if n > MAX_POLL_US => Err(format!(
+            "{n} µs: at most {MAX_POLL_US} (a thread looking for requests keeps its CPU \
+             busy, yielding it to anyone who wants it)"
+        )),
+        n => Ok(n),
+    }
+}
+
 /// Whether `n` worker threads is a number a mount can have (see [`MAX_THREADS`]).
 pub fn check_threads(n: usize) -> Result<usize, String> {
     match n {
@@ -479,6 +505,9 @@ mod tests {
             "threads=0",
             "threads=1025",
             "threads=-1",
+            "poll_us=10001",
+            "poll_us=-1",
+            "poll_us=5ms",
             "log=",
             "log=a\"b",
             "log=\"a",
@@ -496,10 +525,13 @@ mod tests {
 
     #[test]
     fn values_with_commas_are_quoted_and_round_trip() {
-        let o = parse("log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w,transport=uring")
-            .unwrap();
+        let o = parse(
+            "log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w,transport=uring,poll_us=0",
+        )
+        .unwrap();
         assert_eq!(o.log, Some(PathBuf::from("/a,b")));
         assert_eq!(o.transport, Some(Transport::Uring));
+        assert_eq!(o.poll_us, Some(0));
         let again = MountOptions::parse(o.render().as_bytes()).unwrap();
         assert_eq!(again, o);
     }

@@ -320,3 +320,52 @@ fn warm_measured_opens_are_served_on_the_rings_and_first_ones_that_hash_on_the_p
     );
     assert_eq!(pooled(&warm, "RELEASE"), 0, "releases pooled: {warm}");
 }
+
+/// How long serving threads look for the next request before sleeping: 50 µs unless
+/// `--poll-us` or `-o poll_us=` says otherwise (0: never), as `verilay stats` reports, on
+/// either transport; a value past 10 ms or not a number is refused before anything is
+/// mounted.
+#[test]
+fn serving_threads_look_for_requests_as_long_as_asked() {
+    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let image = image(t.path());
+    let mnt = t.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    for (args, expect) in [
+        (vec![], 50),
+        (vec!["--poll-us", "0"], 0),
+        (vec!["-o", "poll_us=200"], 200),
+    ] {
+        run(verilay().arg("mount").args(&args).arg(&image).arg(&mnt));
+        let m = Unmount::fuse(&mnt);
+        // Served as before: the tree reads back whole.
+        read_from_every_cpu(&mnt);
+        let s = stats(&mnt);
+        assert_eq!(s["poll_us"].as_u64(), Some(expect), "{args:?}: {s}");
+        drop(m);
+        wait_daemon_gone(&mnt);
+    }
+    for (args, needle) in [
+        (vec!["--poll-us", "10001"], "at most 10000"),
+        (vec!["-o", "poll_us=1ms"], "poll_us=1ms"),
+        (
+            vec!["--poll-us", "5", "-o", "poll_us=5"],
+            "-o poll_us= both given",
+        ),
+    ] {
+        let out = verilay()
+            .arg("mount")
+            .args(&args)
+            .arg(&image)
+            .arg(&mnt)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(daemons_of(&mnt).is_empty());
+    }
+}

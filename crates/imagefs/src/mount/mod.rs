@@ -20,6 +20,8 @@ pub use crate::fuse::Transport;
 pub use crate::ops::Access;
 use crate::ops::Ops;
 use anyhow::Context;
+/// How long serving threads look for the next request unless told (`Plan::poll`).
+pub use fusewire::DEFAULT_POLL;
 pub use mountopts::Atime;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -66,6 +68,9 @@ pub struct Plan {
     /// How requests reach the workers: /dev/fuse, io_uring, or io_uring when the kernel
     /// offers it.
     pub transport: Transport,
+    /// How long a serving thread looks for the next request before it sleeps
+    /// (`fusewire::Config::poll`).
+    pub poll: Duration,
     /// Mounted with mount(2) by root, else through fusermount3.
     pub as_root: bool,
     /// The longest each setup step may take.
@@ -91,6 +96,7 @@ impl Plan {
             access: self.access,
             workers: self.threads,
             transport: self.transport,
+            poll: self.poll,
         };
         let stats = fs.stats();
         let session = fuse::Session::start(fs, fd, &config)
