@@ -170,8 +170,17 @@ def warm(ds):
 
 
 def scratch_dir(name):
-    """An empty directory for outputs, on the same filesystem as the datasets."""
+    """An empty directory for outputs, on the same filesystem as the datasets. What a run
+    that was killed left mounted there is unmounted first (lazily, deepest first)."""
     path = os.path.join(DATA_DIR, "scratch", name)
+    left = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point == path or point.startswith(path + "/"):
+                left.append(point)
+    for point in sorted(left, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     return path
