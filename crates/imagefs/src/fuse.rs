@@ -308,7 +308,7 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
                 never_waits(req)
                     || (names_only(req) && self.ops.changes_idle())
                     || match *req {
-                        Request::Open { ino, .. } => self.ops.open_is_quick(ino),
+                        Request::Open { ino, flags, .. } => self.ops.open_is_quick(ino, flags),
                         Request::Release { ino, .. } => self.ops.release_is_quick(ino),
                         _ => false,
                     }

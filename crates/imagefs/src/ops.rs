@@ -234,9 +234,9 @@ pub trait Ops: Send + Sync + 'static {
     fn changes_idle(&self) -> bool {
         false
     }
-    /// Whether an OPEN of `ino` would run now without a long wait (no file to hash): the
-    /// transport then serves it where it arrives.
-    fn open_is_quick(&self, _ino: u64) -> bool {
+    /// Whether an OPEN of `ino` with `flags` would run now without a long wait (no file
+    /// to hash or copy up): the transport then serves it where it arrives.
+    fn open_is_quick(&self, _ino: u64, _flags: i32) -> bool {
         false
     }
     /// Whether a RELEASE of `ino` would run without a long wait (no writer's file to hash).

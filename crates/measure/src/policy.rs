@@ -497,7 +497,20 @@ impl Policy {
     /// filesystem conditions (or none) accepts `fs` before any measure rule that does.
     /// Conditions on func, mask and ids are not reasoned about: such rules may match.
     pub fn may_measure(&self, fs: &FsIdentity) -> bool {
-        for rule in self.rules.iter().filter(|r| r.matches_fs(fs)) {
+        self.may_measure_funcs(fs, None)
+    }
+
+    /// [`Policy::may_measure`] for accesses by one of `funcs` only: rules for other
+    /// functions are passed over.
+    pub fn may_measure_any_of(&self, fs: &FsIdentity, funcs: &[Func]) -> bool {
+        self.may_measure_funcs(fs, Some(funcs))
+    }
+
+    fn may_measure_funcs(&self, fs: &FsIdentity, funcs: Option<&[Func]>) -> bool {
+        let applies = |r: &&Rule| {
+            r.matches_fs(fs) && funcs.is_none_or(|funcs| r.func.is_none_or(|f| funcs.contains(&f)))
+        };
+        for rule in self.rules.iter().filter(applies) {
             match rule.action {
                 Action::Measure => return true,
                 // Every access on `fs` reaching this rule stops here.

@@ -1118,6 +1118,45 @@ fn may_measure() {
     }
 }
 
+#[test]
+fn may_measure_any_of_passes_over_rules_for_other_functions() {
+    let (file, exec) = (
+        &[Func::FileCheck][..],
+        &[Func::BprmCheck, Func::FileCheck][..],
+    );
+    let cases: [(&str, bool, bool); 5] = [
+        // (policy, an open may be measured, an exec may be measured)
+        ("measure func=BPRM_CHECK", false, true),
+        ("measure func=FILE_CHECK mask=^MAY_READ", true, true),
+        ("measure", true, true),
+        // A dont_measure rule for one function does not end the search for others.
+        (
+            "dont_measure func=FILE_CHECK\nmeasure func=BPRM_CHECK",
+            false,
+            true,
+        ),
+        // One with filesystem conditions only ends it for every function.
+        (
+            "dont_measure fsname=erofs\nmeasure func=BPRM_CHECK",
+            false,
+            false,
+        ),
+    ];
+    for (text, on_open, on_exec) in cases {
+        let p = parse(text);
+        assert_eq!(
+            p.may_measure_any_of(&erofs(), file),
+            on_open,
+            "{text:?} open"
+        );
+        assert_eq!(
+            p.may_measure_any_of(&erofs(), exec),
+            on_exec,
+            "{text:?} exec"
+        );
+    }
+}
+
 // ---- round trip and robustness -------------------------------------------------------
 
 #[test]

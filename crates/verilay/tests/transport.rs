@@ -211,9 +211,10 @@ fn the_transport_is_chosen_by_flag_option_or_environment_and_a_wrong_one_refused
 }
 
 /// On a writable mount over io_uring, making and removing names is answered on the rings
-/// while no copy-up is under way (each hand-off to the pool costs a thread switch), and a
-/// file's release, which may hash or flush, still goes to the pool: `verilay stats` counts
-/// what each queue handed over, by opcode.
+/// while no copy-up is under way (each hand-off to the pool costs a thread switch), and so
+/// are opens that copy nothing up and releases (nothing to hash without a policy), while
+/// an open that copies a file up goes to the pool: `verilay stats` counts what each queue
+/// handed over, by opcode.
 #[test]
 fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
     if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
@@ -249,6 +250,16 @@ fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
         std::fs::create_dir(d.join(format!("dir{i}"))).unwrap();
         std::os::unix::fs::symlink("new0", d.join(format!("link{i}"))).unwrap();
     }
+    // Opening files the upper directory has, to read or to write, copies nothing up.
+    for i in 0..50 {
+        drop(std::fs::File::open(d.join(format!("new{i}"))).unwrap());
+        drop(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(d.join(format!("new{i}")))
+                .unwrap(),
+        );
+    }
     for i in 0..50 {
         std::fs::remove_file(d.join(format!("new{i}"))).unwrap();
         std::fs::remove_dir(d.join(format!("dir{i}"))).unwrap();
@@ -256,10 +267,24 @@ fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
     }
     let s = stats(&mnt);
     let pooled = &s["fuse_requests"]["pooled"];
-    for op in ["CREATE", "MKDIR", "SYMLINK", "UNLINK", "RMDIR"] {
+    for op in [
+        "CREATE", "MKDIR", "SYMLINK", "UNLINK", "RMDIR", "OPEN", "RELEASE",
+    ] {
         assert!(pooled.get(op).is_none(), "{op} handed to the pool: {s}");
     }
-    assert!(pooled["RELEASE"].as_u64().unwrap_or(0) >= 50, "{s}");
+    // A write open of a file only the image has copies it up: that goes to the pool.
+    drop(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("f1"))
+            .unwrap(),
+    );
+    let s = stats(&mnt);
+    assert_eq!(
+        s["fuse_requests"]["pooled"]["OPEN"].as_u64(),
+        Some(1),
+        "{s}"
+    );
     drop(_m);
     let _ = std::fs::remove_dir_all(&base);
 }
@@ -319,6 +344,23 @@ fn warm_measured_opens_are_served_on_the_rings_and_first_ones_that_hash_on_the_p
         "warm opens handed to the pool: {warm}"
     );
     assert_eq!(pooled(&warm, "RELEASE"), 0, "releases pooled: {warm}");
+    drop(_m);
+    // A policy that measures execs only: no open of a file to read ever waits.
+    std::fs::write(&policy, "measure func=BPRM_CHECK\n").unwrap();
+    let list = t.path().join("list2");
+    run(verilay()
+        .args(["mount", "--transport", "uring", "--policy"])
+        .arg(&policy)
+        .arg("--measure-log")
+        .arg(&list)
+        .arg(&image)
+        .arg(&mnt)
+        .env_remove("VERILAY_TRANSPORT"));
+    let _m = Unmount::fuse(&mnt);
+    open_all();
+    let s = stats(&mnt);
+    assert_eq!(s["checked"].as_u64(), Some(50), "{s}");
+    assert_eq!(pooled(&s, "OPEN"), 0, "opens nothing measures pooled: {s}");
 }
 
 /// How long serving threads look for the next request before sleeping: 50 µs unless

@@ -377,8 +377,8 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
         })
     }
 
-    fn open_is_quick(&self, ino: u64) -> bool {
-        self.measured_open_is_quick(ino)
+    fn open_is_quick(&self, ino: u64, flags: i32) -> bool {
+        self.measured_open_is_quick(ino, flags)
     }
 
     fn release_is_quick(&self, _ino: u64) -> bool {
