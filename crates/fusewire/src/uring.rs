@@ -211,8 +211,11 @@ impl<F: Filesystem> Queue<F> {
         let mut answered = Vec::new();
         let mut cqes = early;
         while ended < depth && !(stopping && in_flight == 0) {
-            if cqes.is_empty() {
-                // Commits go out first: their callers wait for them.
+            if cqes.is_empty() && in_flight == 0 {
+                // Commits go out first: their callers wait for them. Not while the pool
+                // works on this queue's requests: they want the CPU (a cold read of a
+                // compressed file took 0.35 s instead of 0.26 with the queue looking),
+                // and their answers wake the queue anyway.
                 ring.submit()?;
                 cqes = crate::spin::spin(self.poll, || {
                     let found: Vec<(u64, i32)> = ring
