@@ -25,6 +25,35 @@ pub struct Descriptor {
     pub size: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// In an index: what kind of artifact the manifest is (referrers list it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+    /// In an index: which machine the image is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Platform>,
+}
+
+/// An index entry's platform (`os`, `architecture`, optional `variant`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Platform {
+    pub architecture: String,
+    pub os: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+impl Descriptor {
+    /// A descriptor of `bytes` (a manifest, a config) of type `media_type`.
+    pub fn of(media_type: &str, bytes: &[u8]) -> Descriptor {
+        Descriptor {
+            media_type: media_type.into(),
+            digest: crate::registry::sha256_digest(bytes),
+            size: bytes.len() as u64,
+            annotations: BTreeMap::new(),
+            artifact_type: None,
+            platform: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,18 +66,16 @@ pub struct Manifest {
     pub artifact_type: Option<String>,
     pub config: Descriptor,
     pub layers: Vec<Descriptor>,
+    /// The manifest this one refers to (OCI 1.1 referrers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Descriptor>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
 
 /// The config descriptor every verilay artifact has.
 pub fn empty_config() -> Descriptor {
-    Descriptor {
-        media_type: EMPTY_TYPE.into(),
-        digest: crate::registry::sha256_digest(EMPTY_BLOB),
-        size: EMPTY_BLOB.len() as u64,
-        annotations: BTreeMap::new(),
-    }
+    Descriptor::of(EMPTY_TYPE, EMPTY_BLOB)
 }
 
 /// The manifest of an image blob (`blob_digest`, `size`) whose image digest is
@@ -67,7 +94,10 @@ pub fn manifest(blob_digest: &str, size: u64, image_digest: &str, title: &str) -
             digest: blob_digest.into(),
             size,
             annotations: layer_notes,
+            artifact_type: None,
+            platform: None,
         }],
+        subject: None,
         annotations: digest,
     };
     serde_json::to_vec_pretty(&m).expect("a manifest serialises")

@@ -1,10 +1,17 @@
 //! OCI distribution for verilay images: where an image lives (`reference`), who may fetch
 //! it (`auth`), the registry's HTTP API (`registry`), and how an image is stored there
-//! (`artifact`: one blob of an OCI image manifest, its digest in an annotation).
+//! (`artifact`: one blob of an OCI image manifest, its digest in an annotation). For
+//! container images: their manifests and indexes (`image`), OCI layout directories
+//! (`layout`), manifests that refer to others (`referrers`), and a container image's
+//! layers converted to verilay images (`conversion`).
 
 pub mod artifact;
 pub mod auth;
+pub mod conversion;
+pub mod image;
+pub mod layout;
 pub mod reference;
+pub mod referrers;
 pub mod registry;
 
 pub use reference::Reference;

@@ -333,6 +333,20 @@ impl Registry {
         bytes: &[u8],
         media_type: &str,
     ) -> Result<String> {
+        Ok(self
+            .put_manifest_noting_subject(repo, tag, bytes, media_type)?
+            .0)
+    }
+
+    /// [`Registry::put_manifest`], and whether the registry took the manifest's subject
+    /// (it answered with `OCI-Subject`, as registries with the referrers API do).
+    pub fn put_manifest_noting_subject(
+        &self,
+        repo: &str,
+        tag: &str,
+        bytes: &[u8],
+        media_type: &str,
+    ) -> Result<(String, bool)> {
         let url = self.url(repo, &format!("manifests/{tag}"));
         let resp = self.send(
             "PUT",
@@ -343,13 +357,45 @@ impl Registry {
         if resp.status() != StatusCode::CREATED {
             return Err(self.refused("PUT", &url, resp));
         }
-        Ok(sha256_digest(bytes))
+        let took_subject = resp.headers().contains_key("oci-subject");
+        Ok((sha256_digest(bytes), took_subject))
+    }
+
+    /// `SCHEME://HOST[:PORT]`.
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// [`Registry::get_manifest`], or `None` if the registry has no such manifest (404).
+    pub fn get_manifest_if_any(
+        &self,
+        repo: &str,
+        target: &str,
+    ) -> Result<Option<(Vec<u8>, String)>> {
+        self.fetch_manifest(repo, target, true)
     }
 
     /// A manifest and its media type.
     pub fn get_manifest(&self, repo: &str, target: &str) -> Result<(Vec<u8>, String)> {
+        self.fetch_manifest(repo, target, false)?.ok_or_else(|| {
+            Error(format!(
+                "registry {}: no manifest {repo}:{target}",
+                self.name
+            ))
+        })
+    }
+
+    fn fetch_manifest(
+        &self,
+        repo: &str,
+        target: &str,
+        missing_ok: bool,
+    ) -> Result<Option<(Vec<u8>, String)>> {
         let url = self.url(repo, &format!("manifests/{target}"));
         let mut resp = self.send("GET", &url, &[("Accept", MANIFEST_ACCEPT)], &Body::Empty)?;
+        if missing_ok && resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
         if !resp.status().is_success() {
             return Err(self.refused("GET", &url, resp));
         }
@@ -365,7 +411,7 @@ impl Registry {
             .limit(MANIFEST_MAX)
             .read_to_vec()
             .map_err(|e| Error(format!("registry {}: GET {url}: {e}", self.name)))?;
-        Ok((bytes, media_type))
+        Ok(Some((bytes, media_type)))
     }
 
     /// A blob's bytes, as a reader (the caller checks them against the digest).

@@ -102,6 +102,28 @@ pub struct Stats {
     pub bytes: u64,
     /// Xattrs left out because EROFS has no namespace for them.
     pub skipped_xattrs: Vec<String>,
+    /// `sha256:HEX` of the uncompressed tar, end-of-archive padding included: the layer's
+    /// DiffID, as an image config lists it.
+    pub diff_id: String,
+    /// Bytes of the uncompressed tar.
+    pub tar_bytes: u64,
+}
+
+/// A reader that hashes what it passes on (the uncompressed tar, for its DiffID).
+struct Hashing<R> {
+    inner: R,
+    hash: sha2::Sha256,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use sha2::Digest as _;
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
 }
 
 /// How the tar is compressed, from its first bytes.
@@ -697,7 +719,12 @@ pub fn read_from<R: Read>(
             "the zstd stream",
         ),
     };
-    let stream = Stream::new(input, source);
+    let hashing = Hashing {
+        inner: input,
+        hash: sha2::Sha256::default(),
+        bytes: 0,
+    };
+    let stream = Stream::new(hashing, source);
     let spill = tempfile::tempfile_in(spill_dir).map_err(|err| Error::Io {
         path: spill_dir.display().to_string(),
         err,
@@ -710,6 +737,11 @@ pub fn read_from<R: Read>(
         progress,
     };
     r.read_all().map_err(|f| f.named(name))?;
-    let stats = r.layer.stats.clone();
+    let mut stats = r.layer.stats.clone();
+    // read_all reads to the end of the stream (zeros after the marker included).
+    let hashing = r.stream.into_inner();
+    use sha2::Digest as _;
+    stats.diff_id = format!("sha256:{:x}", hashing.hash.finalize());
+    stats.tar_bytes = hashing.bytes;
     Ok((r.layer.into_tree(), stats))
 }

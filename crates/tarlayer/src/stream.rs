@@ -23,6 +23,11 @@ pub struct Stream<R> {
 }
 
 impl<R: Read> Stream<R> {
+    /// What the stream was reading from.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+
     pub fn new(inner: R, source: &'static str) -> Self {
         Stream {
             inner,

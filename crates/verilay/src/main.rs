@@ -51,6 +51,9 @@ enum Command {
     Push(cmd::push::Args),
     /// Fetch an image from an OCI registry whole, and verify it against its pinned digest.
     Pull(cmd::pull::Args),
+    /// Convert a container image's layers to verilay images, stored next to it in a
+    /// registry and tied to its manifest (as a referrer); prints the conversion's digest.
+    Convert(cmd::convert::Args),
     /// The cache of remote images' verified bytes: `ls`, `prune`.
     Cache(cmd::cache::Args),
     /// Check every block of an image against its Merkle tree (and a pinned digest).
@@ -85,6 +88,7 @@ fn main() {
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Extract(a) => cmd::extract::run(a),
         Command::Push(a) => cmd::push::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
         Command::Pull(a) => cmd::pull::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Verify(a) => cmd::verify::run(a),

@@ -77,16 +77,8 @@ pub struct Args {
     /// Leave out paths (relative to SRC, no leading /) matching this regex. Repeatable.
     #[arg(long, value_name = "REGEX")]
     exclude_regex: Vec<String>,
-    /// Compress regular files, as mkfs.erofs -z spells it: lz4, lz4hc[,LEVEL],
-    /// zstd[,LEVEL], lzma[,LEVEL] or deflate[,LEVEL]. A file compression does not save a
-    /// block for is stored plain.
-    #[arg(short = 'z', long = "compress", value_name = "ALG[,LEVEL]")]
-    compress: Option<String>,
-    /// With -z: the physical cluster size in bytes, a multiple of the block size up to
-    /// 1 MiB (mkfs.erofs -C; default the block size). Larger clusters compress better
-    /// and cost more to read at random.
-    #[arg(short = 'C', long = "pcluster-size", value_name = "BYTES")]
-    pcluster_size: Option<String>,
+    #[command(flatten)]
+    compression: CompressArgs,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -95,7 +87,8 @@ pub struct Args {
     json: bool,
 }
 
-struct Bar(ProgressBar);
+/// A build's progress on a bar.
+pub(crate) struct Bar(pub(crate) ProgressBar);
 
 impl build::Progress for Bar {
     fn scanned(&self, entries: u64) {
@@ -121,7 +114,7 @@ impl build::Progress for Bar {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let start = Instant::now();
     // Bad compression flags are usage errors (exit 2), like the flags clap rejects.
-    let compression = match compression_settings(&a) {
+    let compression = match a.compression.settings(a.block_size) {
         Ok(c) => c,
         Err(msg) => {
             eprintln!("verilay: error: {msg}");
@@ -274,16 +267,41 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// `-z` and `-C`, checked against the block size.
-fn compression_settings(a: &Args) -> Result<Option<build::compress::Settings>, String> {
-    let Some(z) = &a.compress else {
-        return match &a.pcluster_size {
+/// `-z` and `-C`, as `build` and `convert` take them.
+#[derive(clap::Args)]
+pub(crate) struct CompressArgs {
+    /// Compress regular files, as mkfs.erofs -z spells it: lz4, lz4hc[,LEVEL],
+    /// zstd[,LEVEL], lzma[,LEVEL] or deflate[,LEVEL]. A file compression does not save a
+    /// block for is stored plain.
+    #[arg(short = 'z', long = "compress", value_name = "ALG[,LEVEL]")]
+    compress: Option<String>,
+    /// With -z: the physical cluster size in bytes, a multiple of the block size up to
+    /// 1 MiB (mkfs.erofs -C; default the block size). Larger clusters compress better
+    /// and cost more to read at random.
+    #[arg(short = 'C', long = "pcluster-size", value_name = "BYTES")]
+    pcluster_size: Option<String>,
+}
+
+impl CompressArgs {
+    /// The settings for images of `bs`-byte blocks; the error is a usage error's line.
+    pub(crate) fn settings(&self, bs: u32) -> Result<Option<build::compress::Settings>, String> {
+        compression_settings(self.compress.as_deref(), self.pcluster_size.as_deref(), bs)
+    }
+}
+
+fn compression_settings(
+    compress: Option<&str>,
+    pcluster_size: Option<&str>,
+    bs: u32,
+) -> Result<Option<build::compress::Settings>, String> {
+    let Some(z) = compress else {
+        return match pcluster_size {
             Some(_) => Err("-C (--pcluster-size) needs -z (--compress)".into()),
             None => Ok(None),
         };
     };
     let compression: codecs::Compression = z.parse().map_err(|e| format!("-z {z}: {e}"))?;
-    let bs = a.block_size;
-    let pcluster = match &a.pcluster_size {
+    let pcluster = match pcluster_size {
         None => bs,
         Some(c) => {
             let max = erofs::zformat::PCLUSTER_MAX_SIZE;

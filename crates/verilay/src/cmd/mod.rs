@@ -1,6 +1,7 @@
 pub mod build;
 pub mod cache;
 pub mod cat;
+pub mod convert;
 pub mod digest;
 pub mod extract;
 pub mod fsck;
