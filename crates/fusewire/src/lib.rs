@@ -17,6 +17,7 @@ mod reply;
 mod request;
 mod ring_mem;
 mod session;
+mod spawn;
 mod spin;
 mod split;
 mod stats;

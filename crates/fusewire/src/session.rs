@@ -12,6 +12,7 @@ use crate::init::{negotiate, InitError, Negotiated, Wants};
 use crate::pool::{self, Completions};
 use crate::request::Request;
 use crate::ring_mem::QueueMem;
+use crate::spawn;
 use crate::split::split_dev;
 use crate::stats::Stats;
 use crate::uring::{possible_cpus, Queue};
@@ -276,9 +277,9 @@ impl Session {
         let ext = self.negotiated.has(init::SETXATTR_EXT);
         let bufsize = self.negotiated.dev_buffer_size();
         let buffers = (dev::buffer(bufsize)?, dev::buffer(bufsize)?);
-        let t = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || dev::worker(fd, &*fs, ext, buffers, &stats, &stop, poll))?;
+        let t = spawn::spawn(name, move || {
+            dev::worker(fd, &*fs, ext, buffers, &stats, &stop, poll)
+        })?;
         self.threads.push(t);
         Ok(())
     }
@@ -363,17 +364,13 @@ impl Session {
             };
             let reg_tx = reg_tx.clone();
             let name = format!("fuse-ring-{qid}");
-            threads.push(
-                std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || queue.run(reg_tx))?,
-            );
+            threads.push(spawn::spawn(name, move || queue.run(reg_tx))?);
         }
         for i in 0..config.workers.max(1) {
             let (fs, jobs, stats) = (fs.clone(), job_rx.clone(), stats.clone());
             let mut input = dev::buffer(payload)?;
             let name = format!("fuse-worker-{i}");
-            threads.push(std::thread::Builder::new().name(name).spawn(move || {
+            threads.push(spawn::spawn(name, move || {
                 pool::worker(&*fs, &jobs, &stats, &mut input);
                 Ok(())
             })?);
