@@ -44,6 +44,8 @@ SETTINGS = [
     ("zstd-64k", "zstd", 65536, ["-comp", "zstd"]),
 ]
 READ_SETTING = "lz4hc-64k"
+# What `--parts` may name.
+PARTS = ("build", "read")
 MKFS_15_ALGORITHMS = ("lz4", "lz4hc")
 
 
@@ -245,40 +247,52 @@ def run(ctx):
     print(ds.describe(), flush=True)
     data["dataset"] = {"name": ds.name, **ds.stats}
 
-    found, missing = builders(verilay)
-    for name, reason in missing.items():
-        print(f"{name}: peer not available ({reason})")
-    data["missing"] = missing
-    env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
-    data["builds"] = measure_builds(ds, found, ctx.runs, scratch, env)
-    print()
-    print_builds(data["builds"])
-    print()
-    data["targets"] += build_targets(data["builds"])
+    parts = ctx.parts or PARTS
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"compressed: unknown parts {unknown} (have: {', '.join(PARTS)})")
+    if "build" in parts:
+        found, missing = builders(verilay)
+        for name, reason in missing.items():
+            print(f"{name}: peer not available ({reason})")
+        data["missing"] = missing
+        env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+        data["builds"] = measure_builds(ds, found, ctx.runs, scratch, env)
+        print()
+        print_builds(data["builds"])
+        print()
+        data["targets"] += build_targets(data["builds"])
 
-    if timing.drop_caches() is not None:
-        print("not root: no read part (mounts, dropping caches)")
-    else:
-        squashfuse = tools.find("SQUASHFUSE", "squashfuse")
-        results = {}
-        mount_bench.measure(read_mounts(verilay, ds.path, scratch, "tree", ctx.transports,
-                                        squashfuse),
-                            {"read-all": mount_bench.WORKLOADS["read-all"]}, ctx.runs,
-                            results, ds.name, data)
-        big = large_tree(ds.path, scratch)
-        mount_bench.measure(read_mounts(verilay, big, scratch, "large", ctx.transports,
-                                        squashfuse),
-                            {"large-file": "cat big > /dev/null"}, ctx.runs, results,
-                            "large", data)
-        for (wl, tool), r in results.items():
-            data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
-                                    "warm": r["warm"],
-                                    "cold_median": statistics.median(r["cold"]),
-                                    "warm_median": statistics.median(r["warm"])})
-        mount_bench.print_results(data)
-        data["targets"] += read_targets(data["results"], ctx.transports)
+    if "read" in parts:
+        if timing.drop_caches() is not None:
+            print("not root: no read part (mounts, dropping caches)")
+        else:
+            measure_reads(ctx, verilay, ds, scratch, data)
     shutil.rmtree(scratch, ignore_errors=True)
     return data
+
+
+def measure_reads(ctx, verilay, ds, scratch, data):
+    """The read part: verilay's and the peers' mounts of one compressed image, read-all
+    and one large file, cold and warm."""
+    squashfuse = tools.find("SQUASHFUSE", "squashfuse")
+    results = {}
+    mount_bench.measure(read_mounts(verilay, ds.path, scratch, "tree", ctx.transports,
+                                    squashfuse),
+                        {"read-all": mount_bench.WORKLOADS["read-all"]}, ctx.runs,
+                        results, ds.name, data)
+    big = large_tree(ds.path, scratch)
+    mount_bench.measure(read_mounts(verilay, big, scratch, "large", ctx.transports,
+                                    squashfuse),
+                        {"large-file": "cat big > /dev/null"}, ctx.runs, results,
+                        "large", data)
+    for (wl, tool), r in results.items():
+        data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
+                                "warm": r["warm"],
+                                "cold_median": statistics.median(r["cold"]),
+                                "warm_median": statistics.median(r["warm"])})
+    mount_bench.print_results(data)
+    data["targets"] += read_targets(data["results"], ctx.transports)
 
 
 def plot(data, png):
