@@ -71,6 +71,22 @@ pub fn manifest(subject: &Descriptor, layers: &[ConvertedLayer]) -> Vec<u8> {
     serde_json::to_vec_pretty(&m).expect("a manifest serialises")
 }
 
+/// The verilay image artifact of one converted layer (`artifact::manifest`, titled by the
+/// layer it came from): stored by digest next to the conversion, it makes each layer's
+/// image mountable on its own (`verilay mount oci://HOST/REPO@DIGEST`), and anyone holding
+/// the conversion computes the same bytes, so its digest.
+pub fn layer_manifest(l: &ConvertedLayer) -> Vec<u8> {
+    let hex = l.source.digest.trim_start_matches("sha256:");
+    let title = format!("layer-{hex}.verilay");
+    artifact::manifest(&l.image_blob, l.image_size, &l.image_digest, &title)
+}
+
+/// The digest of the image manifest a conversion manifest's `subject` names, if any.
+pub fn subject_of(bytes: &[u8]) -> Option<String> {
+    let m: Manifest = serde_json::from_slice(bytes).ok()?;
+    m.subject.map(|s| s.digest)
+}
+
 /// The layers a conversion manifest lists; an error says why `bytes` is not one (every
 /// field checked: what the layer store serves comes from here).
 pub fn layers_of(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
@@ -148,7 +164,13 @@ mod tests {
         };
         let subject = Descriptor::of(crate::image::OCI_MANIFEST, b"{}");
         let bytes = manifest(&subject, std::slice::from_ref(&l));
-        assert_eq!(layers_of(&bytes).unwrap(), vec![l]);
+        assert_eq!(layers_of(&bytes).unwrap(), vec![l.clone()]);
+        assert_eq!(subject_of(&bytes), Some(subject.digest.clone()));
+        let one = layer_manifest(&l);
+        assert_eq!(layer_manifest(&l), one);
+        let image = artifact::image_of(&one, artifact::MANIFEST_TYPE).unwrap();
+        assert_eq!(image.blob.digest, l.image_blob);
+        assert_eq!(image.digest.as_deref(), Some(l.image_digest.as_str()));
         let m: Manifest = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(m.subject.unwrap().digest, subject.digest);
         let bad = String::from_utf8(bytes)

@@ -54,6 +54,9 @@ enum Command {
     /// Convert a container image's layers to verilay images, stored next to it in a
     /// registry and tied to its manifest (as a referrer); prints the conversion's digest.
     Convert(cmd::convert::Args),
+    /// Serve a directory as an additional layer store of containers/storage (podman):
+    /// converted layers mounted verified and lazily, in the foreground until unmounted.
+    LayerStore(cmd::layer_store::Args),
     /// The cache of remote images' verified bytes: `ls`, `prune`.
     Cache(cmd::cache::Args),
     /// Check every block of an image against its Merkle tree (and a pinned digest).
@@ -89,6 +92,7 @@ fn main() {
         Command::Extract(a) => cmd::extract::run(a),
         Command::Push(a) => cmd::push::run(a),
         Command::Convert(a) => cmd::convert::run(a),
+        Command::LayerStore(a) => cmd::layer_store::run(a),
         Command::Pull(a) => cmd::pull::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Verify(a) => cmd::verify::run(a),

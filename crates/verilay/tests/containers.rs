@@ -9,6 +9,7 @@ use common::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 fn prerequisites() -> bool {
     skip_unless(
@@ -314,4 +315,439 @@ fn convert_refuses_what_is_not_there_or_not_what_it_claims() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&status.stdout), "404");
+}
+
+// --- The layer store: podman pulls and runs converted images through `verilay layer-store`.
+
+fn podman_prerequisites() -> bool {
+    prerequisites()
+        || skip_unless(is_root(), "the layer store test runs podman as root")
+        || skip_unless(have("podman"), "needs podman (scripts/setup)")
+        || skip_unless(have("runc"), "needs runc (scripts/setup)")
+        || skip_unless(have("busybox"), "needs busybox-static (scripts/setup)")
+}
+
+/// Three layers: busybox as the base (with a file the top layer deletes), a Python
+/// installation (this machine's interpreter, its libraries and standard library, and
+/// 25 MB of data no program reads, as images carry), and an app layer with a script.
+fn three_layers(base: &Path) -> Vec<PathBuf> {
+    let (l0, l1, l2) = (base.join("base"), base.join("python"), base.join("app"));
+    sh(&format!(
+        "set -e; mkdir -p {0}/bin {0}/etc {0}/tmp; cp \"$(command -v busybox)\" {0}/bin/busybox; \
+         for c in sh cat echo ls head wc true rm mkdir sha256sum; do ln -s busybox {0}/bin/$c; done; \
+         echo base > {0}/etc/os-release; echo gone > {0}/etc/gone; chmod 1777 {0}/tmp; \
+         mkdir -p {1}/usr/bin {1}/lib/x86_64-linux-gnu {1}/lib64 {1}/usr/lib; \
+         cp /usr/bin/python3.11 {1}/usr/bin/python3; \
+         for l in $(ldd /usr/bin/python3.11 | grep -o '/[^ ]*'); do cp -L \"$l\" {1}$l; done; \
+         tar -C /usr/lib --exclude=test --exclude=tests --exclude=dist-packages \
+             --exclude=__pycache__ --exclude=idlelib --exclude=tkinter --exclude=ensurepip \
+             --exclude=lib2to3 --exclude=pydoc_data --exclude=config-3.11-x86_64-linux-gnu \
+             -cf - python3.11 | tar -C {1}/usr/lib -xf -; \
+         mkdir -p {1}/usr/share/data; head -c 25000000 /dev/urandom > {1}/usr/share/data/unread; \
+         mkdir -p {2}/app {2}/etc; : > {2}/etc/.wh.gone; \
+         printf '#!/bin/sh\\necho \"app on $(cat /etc/os-release)\"; ls /etc\\n' > {2}/app/run.sh; \
+         chmod 755 {2}/app/run.sh",
+        l0.display(),
+        l1.display(),
+        l2.display()
+    ));
+    vec![l0, l1, l2]
+}
+
+/// podman with its own storage (graphroot, runroot) and configuration, all under `dir`:
+/// runc, the rlimits this machine allows, plain HTTP to the test registry, and, given a
+/// store, `additionallayerstores = ["STORE:ref"]`.
+struct Podman {
+    dir: PathBuf,
+}
+
+impl Podman {
+    fn new(dir: &Path, port: u16, store: Option<&Path>) -> Podman {
+        std::fs::create_dir_all(dir).unwrap();
+        let als = store.map_or(String::new(), |s| {
+            format!(
+                "[storage.options]\nadditionallayerstores = [\"{}:ref\"]\n",
+                s.display()
+            )
+        });
+        std::fs::write(
+            dir.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n{als}",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        // Test-only: this machine refuses crun and podman's default rlimits.
+        std::fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
+             netns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
+             events_logger = \"file\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("registries.conf"),
+            format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"),
+        )
+        .unwrap();
+        Podman {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env(
+                "CONTAINERS_REGISTRIES_CONF",
+                self.dir.join("registries.conf"),
+            )
+            .env("TMPDIR", &self.dir);
+        c
+    }
+
+    /// `podman run --rm IMAGE ARGS…`: (exit code, stdout, stderr).
+    fn run(&self, image: &str, args: &[&str]) -> (i32, String, String) {
+        let out = self
+            .cmd()
+            .args(["run", "--rm", "--network=none", image])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The image's layers' `diff` in podman's own storage, bottom first.
+    fn layer_diffs(&self, image: &str) -> Vec<PathBuf> {
+        let out = run(self.cmd().args([
+            "image",
+            "inspect",
+            "--format",
+            "{{.GraphDriver.Data.LowerDir}}:{{.GraphDriver.Data.UpperDir}}",
+            image,
+        ]));
+        let mut v: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(':')
+            .filter(|s| !s.is_empty() && *s != "<no value>")
+            .map(PathBuf::from)
+            .collect();
+        v.reverse();
+        v
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.cmd().args(["rm", "-a", "-f"]).output();
+        let _ = self.cmd().args(["rmi", "-a", "-f"]).output();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.join("graph/overlay"))
+            .status();
+    }
+}
+
+/// `verilay layer-store STORE` in the foreground until dropped (SIGTERM: it unmounts
+/// itself and detaches the layers it mounted).
+struct Store {
+    child: std::process::Child,
+    dir: PathBuf,
+    state: PathBuf,
+}
+
+impl Store {
+    fn start(base: &Path, extra: &[&str], env: &[(&str, &str)]) -> Store {
+        let (dir, state) = (base.join("store"), base.join("state"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = verilay()
+            .arg("layer-store")
+            .arg(&dir)
+            .arg("--state")
+            .arg(&state)
+            .arg("--cache")
+            .arg(base.join("cache"))
+            .arg("--insecure")
+            .args(extra)
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(base.join("store.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let store = Store { child, dir, state };
+        wait_until(Duration::from_secs(20), "the store to mount", || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(&format!(" {} ", store.dir.display()))
+        });
+        store
+    }
+
+    /// The layer mounts the store made.
+    fn layers(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.state.join("layers"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Signal::Term,
+        );
+        let _ = self.child.wait();
+        for l in self.layers() {
+            let _ = verilay().args(["umount", "--lazy"]).arg(l).status();
+        }
+    }
+}
+
+fn stats_json(mnt: &Path) -> serde_json::Value {
+    let out = run(verilay().arg("stats").arg("--json").arg(mnt));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn podman_runs_converted_images_from_verified_lazily_fetched_layers() {
+    if podman_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = Registry::start(false);
+    let l = layout(t.path(), "v1", &three_layers(t.path()));
+    let src = format!("oci:{}:v1", l.dir.display());
+    run(verilay().args(["convert", &src, &reg.docker("app:v1"), "--insecure", "-q"]));
+    let image = reg.reference("app:v1").replacen("oci://", "", 1);
+    // Each chunk a read touches, fetched alone (not runs ahead of a sequential reader), so
+    // the bytes fetched are the bytes the containers touched.
+    let store = Store::start(t.path(), &[], &[("VERILAY_FETCH_EXACT", "1")]);
+    let lazy = Podman::new(&t.path().join("lazy"), reg.port, Some(&store.dir));
+    let plain = Podman::new(&t.path().join("plain"), reg.port, None);
+    run(lazy.cmd().args(["pull", "-q", &image]));
+    run(plain.cmd().args(["pull", "-q", &image]));
+
+    // No layer was unpacked: each of podman's layers is the store's, by a link.
+    let diffs = lazy.layer_diffs(&image);
+    assert_eq!(diffs.len(), 3, "{diffs:?}");
+    for d in &diffs {
+        let target = std::fs::read_link(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        assert!(
+            target.starts_with(&store.dir),
+            "{} -> {}",
+            d.display(),
+            target.display()
+        );
+    }
+    let plain_diffs = plain.layer_diffs(&image);
+    assert!(
+        plain_diffs.len() == 3 && plain_diffs.iter().all(|d| d.is_dir() && !d.is_symlink()),
+        "{plain_diffs:?}"
+    );
+
+    // The same programs print the same through both.
+    let py = ["python3", "-c", "import json, hashlib; print(json.dumps({'s': sum(range(10)), 'h': hashlib.sha256(b'x').hexdigest()}))"];
+    let script = ["/app/run.sh"];
+    for args in [&py[..], &script[..]] {
+        let (code, out, err) = lazy.run(&image, args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert_eq!(
+            plain.run(&image, args),
+            (0, out.clone(), String::new()),
+            "{args:?}"
+        );
+        assert!(!out.is_empty());
+    }
+    let (_, out, _) = lazy.run(&image, &script);
+    assert!(
+        out.contains("app on base") && !out.contains("gone"),
+        "{out}"
+    );
+
+    // Only what the containers touched was fetched: of the Python layer, a small part.
+    let layers = store.layers();
+    assert_eq!(layers.len(), 3, "{layers:?}");
+    let (mut fetched, mut size) = (0u64, 0u64);
+    for m in &layers {
+        let s = stats_json(m);
+        fetched += s["remote_bytes_fetched"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+        size += s["remote_image_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+    }
+    assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
+
+    // A container's writes land in podman's upper directory, never in a layer.
+    let out = run(lazy.cmd().args([
+        "run",
+        "--name",
+        "w",
+        "--network=none",
+        &image,
+        "sh",
+        "-c",
+        "echo written > /etc/new && rm /etc/os-release && cat /etc/new",
+    ]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
+    let upper =
+        run(lazy
+            .cmd()
+            .args(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", "w"]));
+    let upper = PathBuf::from(String::from_utf8_lossy(&upper.stdout).trim());
+    assert_eq!(
+        std::fs::read_to_string(upper.join("etc/new")).unwrap(),
+        "written\n"
+    );
+    for m in &layers {
+        assert!(!m.join("etc/new").exists());
+    }
+    assert!(layers.iter().any(|m| m.join("etc/os-release").exists()));
+}
+
+#[test]
+fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() {
+    if podman_prerequisites() {
+        return;
+    }
+    use base64::Engine as _;
+    let t = tempfile::tempdir().unwrap();
+    let reg = Registry::start(false);
+    let dirs = three_layers(t.path());
+    let l = layout(t.path(), "v1", &dirs[..1]);
+    let src = format!("oci:{}:v1", l.dir.display());
+    let j = convert_json(&[&src, &reg.docker("app:v1"), "--insecure"]);
+    // An image nobody converted is in the registry too.
+    let other = t.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let l2 = layout(&other, "v1", &dirs[2..]);
+    run(Command::new("skopeo").args([
+        "copy",
+        "--dest-tls-verify=false",
+        &format!("oci:{}:v1", l2.dir.display()),
+        &reg.docker("plain:v1"),
+    ]));
+
+    // Flip one byte of busybox's data in the stored image of the base layer.
+    let blob = reg.blob_file(
+        j["manifests"][0]["layers"][0]["image_blob"]
+            .as_str()
+            .unwrap(),
+    );
+    let inspect = run(verilay()
+        .arg("inspect")
+        .arg("--json")
+        .arg(&blob)
+        .arg("/bin/busybox"));
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let at = info["layout"]["start_block"].as_u64().unwrap() * 4096 + 100 * 4096 + 7;
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[at as usize] ^= 0x40;
+    std::fs::write(&blob, bytes).unwrap();
+
+    let store = Store::start(t.path(), &[], &[]);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let image = reg.reference("app:v1").replacen("oci://", "", 1);
+    let layer = store.dir.join(b64(&image)).join(&l.layers[0]);
+    for f in ["info", "blob", "diff"] {
+        assert!(layer.join(f).exists(), "{}", layer.join(f).display());
+    }
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layer.join("info")).unwrap()).unwrap();
+    assert_eq!(
+        info["compressed-diff-digest"].as_str(),
+        Some(l.layers[0].as_str())
+    );
+    assert_eq!(info["diff-digest"].as_str(), Some(l.diff_ids[0].as_str()));
+    assert_eq!(info["compression"].as_u64(), Some(2));
+    // The blob is the original layer, checked whole.
+    let blob_bytes = std::fs::read(layer.join("blob")).unwrap();
+    assert_eq!(format!("sha256:{}", sha256_hex(&blob_bytes)), l.layers[0]);
+    // podman's use and release notices get the ENOENT a counting store gives.
+    let err = std::fs::File::create(layer.join("use")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    let err = std::fs::remove_dir(&layer).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+
+    // What the store does not know is not there.
+    let unknown = [
+        store.dir.join("not-base64!"),
+        store.dir.join(b64("no registry")),
+        store.dir.join(b64(&image)).join("sha256:zz"),
+        store.dir.join(b64(&image)).join(&l2.layers[0]),
+        store
+            .dir
+            .join(b64(&reg.reference("nothing:v1").replacen("oci://", "", 1)))
+            .join(&l.layers[0]),
+        layer.join("other"),
+    ];
+    for p in unknown {
+        assert!(!p.exists(), "{}", p.display());
+    }
+
+    // podman: the unconverted image is pulled the ordinary way and runs; the tampered
+    // layer's busybox never runs.
+    let pod = Podman::new(&t.path().join("pod"), reg.port, Some(&store.dir));
+    let plain = reg.reference("plain:v1").replacen("oci://", "", 1);
+    run(pod.cmd().args(["pull", "-q", &plain]));
+    let diffs = pod.layer_diffs(&plain);
+    assert!(
+        !diffs.is_empty() && diffs.iter().all(|d| d.is_dir() && !d.is_symlink()),
+        "{diffs:?}"
+    );
+    run(pod.cmd().args(["pull", "-q", &image]));
+    let (code, out, err) = pod.run(
+        &image,
+        &["sh", "-c", "cat /bin/busybox > /dev/null && echo read"],
+    );
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(!out.contains("read"), "{out}");
+    // The same file read on the host through the layer's mount: EIO, never bytes.
+    let err = std::fs::read(layer.join("diff/bin/busybox")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+}
+
+#[test]
+fn podman_runs_a_rootfs_a_verilay_mount_serves_with_its_writes_on_top() {
+    if podman_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let dirs = three_layers(t.path());
+    let image = t.path().join("root.img");
+    run(verilay()
+        .arg("build")
+        .arg("-q")
+        .arg(&dirs[0])
+        .arg("-o")
+        .arg(&image));
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(verilay().arg("mount").arg("-q").arg(&image).arg(&mnt));
+    let _unmount = common::Unmount::fuse(&mnt);
+    let pod = Podman::new(&t.path().join("pod"), 1, None);
+    let rootfs = format!("{}:O", mnt.display());
+    let out = run(pod.cmd().args([
+        "run",
+        "--rm",
+        "--network=none",
+        "--rootfs",
+        &rootfs,
+        "sh",
+        "-c",
+        "echo written > /etc/new && cat /etc/new /etc/os-release",
+    ]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\nbase\n");
+    assert!(!mnt.join("etc/new").exists());
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("etc/os-release")).unwrap(),
+        "base\n"
+    );
 }

@@ -407,6 +407,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             eprintln!("{}: copied to {}", src.name(), docker_name(&dest));
         }
     }
+    // Each layer's image as an artifact of its own (mountable by digest; the layer store
+    // mounts it so), before the conversions that list them.
+    let mut pushed = std::collections::HashSet::new();
+    for l in results.iter().flat_map(|(_, layers)| layers) {
+        let bytes = conversion::layer_manifest(l);
+        let digest = oci::registry::sha256_digest(&bytes);
+        if pushed.insert(digest.clone()) {
+            reg.put_manifest(repo, &digest, &bytes, oci::artifact::MANIFEST_TYPE)?;
+        }
+    }
     let mut recorded = Vec::new();
     for (t, layers) in results {
         let bytes = conversion::manifest(&t.desc, &layers);

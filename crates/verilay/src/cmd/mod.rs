@@ -7,6 +7,7 @@ pub mod extract;
 pub mod fsck;
 mod image;
 pub mod inspect;
+pub mod layer_store;
 pub mod log;
 pub mod measuring;
 pub mod mount;

@@ -1,0 +1,326 @@
+//! Finding a layer's verilay image from the reference and layer digest containers/storage
+//! asks about, mounting it, and fetching the original blob.
+//!
+//! The chain of trust: the reference's manifest (from the registry; pinned when the
+//! reference carries a digest), its conversion (a referrer of that manifest whose
+//! `subject` is that manifest, listing the layer by its source digest), the layer's image
+//! artifact (its manifest by digest, computed here from the conversion), and the image
+//! digest that artifact records, which the mount pins: every byte the layer's files give
+//! is checked against it. A conversion is trusted as the image manifest is: whoever may
+//! push to the repository may push either.
+
+use oci::conversion::{self, ConvertedLayer, CONVERSION_TYPE};
+use oci::image::{self, Parsed};
+use oci::{Reference, Registry};
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One converted layer of an image, as the store serves it.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// Where its images are (the reference's registry and repository).
+    pub reference: Reference,
+    pub source: oci::artifact::Descriptor,
+    pub converted: ConvertedLayer,
+    /// The `info` file: the fields of containers/storage's `Layer` it fills in from it.
+    pub info: Vec<u8>,
+}
+
+/// What the store asks of the world.
+pub trait Resolver: Send + Sync + 'static {
+    /// Layer `digest` of the image `reference` names, if it was converted.
+    fn layer(&self, reference: &str, digest: &str) -> Result<Option<Layer>, String>;
+    /// Where the layer's files are once mounted (the `diff` link's target).
+    fn diff_path(&self, layer: &Layer) -> PathBuf;
+    /// Mounts the layer at [`Resolver::diff_path`] unless it is mounted.
+    fn mount(&self, layer: &Layer) -> Result<PathBuf, String>;
+    /// The original layer blob, fetched whole and checked against its digest.
+    fn blob(&self, layer: &Layer) -> Result<PathBuf, String>;
+}
+
+/// A reference as containers/image names it (`HOST/REPO:TAG`, `HOST/REPO@DIGEST`,
+/// `HOST/REPO:TAG@DIGEST`, with `docker://` or `//` in front or not). A digest, when
+/// present, is what is fetched: the tag is then only a name.
+pub fn parse_reference(s: &str) -> Result<Reference, String> {
+    let s = s
+        .strip_prefix("docker://")
+        .or_else(|| s.strip_prefix("//"))
+        .unwrap_or(s);
+    let s = match s.split_once('@') {
+        Some((name, digest)) => {
+            let (host_path, last) = name.rsplit_once('/').unwrap_or(("", name));
+            let last = last.split_once(':').map_or(last, |(repo, _tag)| repo);
+            format!("{host_path}/{last}@{digest}")
+        }
+        None => s.to_string(),
+    };
+    Reference::parse(&s)
+}
+
+/// containers/storage's `archive.Compression` of a layer media type.
+fn compression_of(media_type: &str) -> u8 {
+    if media_type.ends_with("gzip") {
+        2
+    } else if media_type.ends_with("zstd") {
+        4
+    } else {
+        0
+    }
+}
+
+/// The `info` file of a layer (`storage.Layer`'s JSON fields).
+pub fn info_of(l: &ConvertedLayer) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "compressed-diff-digest": l.source.digest,
+        "compressed-size": l.source.size,
+        "diff-digest": l.diff_id,
+        "diff-size": l.tar_size,
+        "compression": compression_of(&l.source.media_type),
+    }))
+    .expect("JSON serialises")
+}
+
+/// How long what a reference resolved to is kept (a tag may move).
+const KEEP: Duration = Duration::from_secs(10);
+
+/// The converted layers of each reference asked about, and when they were found.
+type Known = HashMap<String, (Instant, Arc<Vec<ConvertedLayer>>)>;
+
+/// The registry side: references resolved through the OCI referrers of their manifests,
+/// layers mounted by running `verilay mount` on their image artifacts.
+pub struct OciResolver {
+    pub insecure: bool,
+    pub timeout: Duration,
+    /// `layers/IMAGE_HEX` (mountpoints) and `blobs/SOURCE_HEX` (original blobs).
+    pub state: PathBuf,
+    /// The program and the arguments after `mount SOURCE MOUNTPOINT`.
+    pub mount_program: PathBuf,
+    pub mount_args: Vec<OsString>,
+    /// Each layer's measurement list goes to `DIR/IMAGE_HEX` (`--measure-log`).
+    pub measure_logs: Option<PathBuf>,
+    known: Mutex<Known>,
+    mounting: Mutex<()>,
+}
+
+impl OciResolver {
+    pub fn new(state: PathBuf, mount_program: PathBuf) -> OciResolver {
+        OciResolver {
+            insecure: false,
+            timeout: Duration::from_secs(30),
+            state,
+            mount_program,
+            mount_args: Vec::new(),
+            measure_logs: None,
+            known: Mutex::new(HashMap::new()),
+            mounting: Mutex::new(()),
+        }
+    }
+
+    fn registry(&self, r: &Reference) -> Result<Registry, String> {
+        Registry::connect(r, self.insecure, self.timeout).map_err(|e| e.to_string())
+    }
+
+    /// Every converted layer of the image(s) `r` names (each platform of an index).
+    fn converted(&self, key: &str, r: &Reference) -> Result<Arc<Vec<ConvertedLayer>>, String> {
+        if let Some((at, layers)) = self
+            .known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+        {
+            if at.elapsed() < KEEP {
+                return Ok(layers.clone());
+            }
+        }
+        let reg = self.registry(r)?;
+        let (bytes, media_type) = reg
+            .get_manifest(&r.repository, r.target_str())
+            .map_err(|e| e.to_string())?;
+        let digest = oci::registry::sha256_digest(&bytes);
+        if matches!(r.target, oci::reference::Target::Digest(_)) && digest != r.target_str() {
+            return Err(format!(
+                "{r}: the registry sent another manifest than the one named"
+            ));
+        }
+        let manifests = match image::parse(&bytes, &media_type).map_err(|e| format!("{r}: {e}"))? {
+            Parsed::Manifest(_) => vec![digest],
+            Parsed::Index(i) => i.manifests.into_iter().map(|d| d.digest).collect(),
+        };
+        let mut layers = Vec::new();
+        for m in manifests {
+            for d in reg
+                .referrers(&r.repository, &m, CONVERSION_TYPE)
+                .map_err(|e| e.to_string())?
+            {
+                let (bytes, _) = reg
+                    .get_manifest(&r.repository, &d.digest)
+                    .map_err(|e| e.to_string())?;
+                if oci::registry::sha256_digest(&bytes) != d.digest
+                    || conversion::subject_of(&bytes).as_deref() != Some(m.as_str())
+                {
+                    return Err(format!("{r}: conversion {} is not one of {m}", d.digest));
+                }
+                layers.extend(
+                    conversion::layers_of(&bytes)
+                        .map_err(|e| format!("{r}: conversion {}: {e}", d.digest))?,
+                );
+            }
+        }
+        let layers = Arc::new(layers);
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), (Instant::now(), layers.clone()));
+        Ok(layers)
+    }
+}
+
+fn hex_of(digest: &str) -> &str {
+    digest.trim_start_matches("sha256:")
+}
+
+impl Resolver for OciResolver {
+    fn layer(&self, reference: &str, digest: &str) -> Result<Option<Layer>, String> {
+        let r = parse_reference(reference)?;
+        let layers = self.converted(reference, &r)?;
+        Ok(layers
+            .iter()
+            .find(|l| l.source.digest == digest)
+            .map(|l| Layer {
+                reference: r.clone(),
+                source: l.source.clone(),
+                converted: l.clone(),
+                info: info_of(l),
+            }))
+    }
+
+    fn diff_path(&self, layer: &Layer) -> PathBuf {
+        self.state
+            .join("layers")
+            .join(hex_of(&layer.converted.image_digest))
+    }
+
+    fn mount(&self, layer: &Layer) -> Result<PathBuf, String> {
+        let dir = self.diff_path(layer);
+        // One mount at a time: two lookups of a layer must not both mount it.
+        let _one = self.mounting.lock().unwrap_or_else(|e| e.into_inner());
+        match imagefs::mount::is_mount_point(&dir) {
+            Ok(true) => return Ok(dir),
+            Ok(false) => {}
+            // A mount whose daemon is gone (ENOTCONN): detached, and mounted again.
+            Err(_) => drop(imagefs::mount::unmount(&dir, true)),
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let artifact = conversion::layer_manifest(&layer.converted);
+        let r = &layer.reference;
+        let source = format!(
+            "oci://{}/{}@{}",
+            r.registry,
+            r.repository,
+            oci::registry::sha256_digest(&artifact)
+        );
+        let mut cmd = Command::new(&self.mount_program);
+        cmd.arg("mount").arg(&source).arg(&dir).arg("--quiet");
+        if self.insecure {
+            cmd.arg("--insecure");
+        }
+        if let Some(logs) = &self.measure_logs {
+            let log = logs.join(hex_of(&layer.converted.image_digest));
+            std::fs::create_dir_all(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            cmd.arg("--measure-log").arg(log);
+        }
+        cmd.args(&self.mount_args);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("running {}: {e}", self.mount_program.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(format!("{source}: {}", err.trim()));
+        }
+        Ok(dir)
+    }
+
+    fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
+        let dir = self.state.join("blobs");
+        let path = dir.join(hex_of(&layer.source.digest));
+        if path.exists() {
+            return Ok(path);
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let reg = self.registry(&layer.reference)?;
+        let reader = reg
+            .get_blob(&layer.reference.repository, &layer.source.digest)
+            .map_err(|e| e.to_string())?;
+        let mut tmp = tempfile_in(&dir)?;
+        let got = copy_hashing(reader, &mut tmp.1).map_err(|e| format!("fetching: {e}"))?;
+        if got != (layer.source.digest.clone(), layer.source.size) {
+            let _ = std::fs::remove_file(&tmp.0);
+            return Err(format!(
+                "the blob fetched ({} bytes) hashes to {}, not to {}",
+                got.1, got.0, layer.source.digest
+            ));
+        }
+        std::fs::rename(&tmp.0, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path)
+    }
+}
+
+/// A new file in `dir` for a blob being fetched.
+fn tempfile_in(dir: &Path) -> Result<(PathBuf, std::fs::File), String> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!(".fetching-{}-{n}", std::process::id()));
+    let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((path, f))
+}
+
+/// Copies `r` into `w`: the `sha256:` digest of what was copied, and its length.
+fn copy_hashing(mut r: impl Read, w: &mut impl Write) -> std::io::Result<(String, u64)> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let k = r.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        w.write_all(&buf[..k])?;
+        n += k as u64;
+    }
+    Ok((format!("sha256:{}", hex::encode(h.finalize())), n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_as_containers_image_gives_them() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        let r = parse_reference("127.0.0.1:5000/app:v1").unwrap();
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str()),
+            ("127.0.0.1:5000", "app")
+        );
+        let r = parse_reference(&format!("//127.0.0.1:5000/ns/app:v1@{d}")).unwrap();
+        assert_eq!(r.repository, "ns/app");
+        assert_eq!(r.target_str(), d);
+        assert!(parse_reference("app").is_err());
+        assert_eq!(
+            compression_of("application/vnd.oci.image.layer.v1.tar+gzip"),
+            2
+        );
+        assert_eq!(
+            compression_of("application/vnd.oci.image.layer.v1.tar+zstd"),
+            4
+        );
+        assert_eq!(compression_of("application/vnd.oci.image.layer.v1.tar"), 0);
+    }
+}

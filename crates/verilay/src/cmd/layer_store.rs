@@ -1,0 +1,115 @@
+//! `verilay layer-store DIR`: serves DIR as an additional layer store of containers/storage
+//! (`layerstore`), in the foreground until unmounted. Each layer podman uses is mounted
+//! by `verilay mount` of its image artifact under the state directory, verified and
+//! fetched lazily; stopping the store detaches those mounts too (containers still using
+//! them keep them until they let go).
+
+use anyhow::Context;
+use imagefs::mount::{self as plan, Reporter};
+use mountopts::Transport;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The store's directory, mounted over. podman finds it through storage.conf:
+    /// `additionallayerstores = ["DIR:ref"]` (under `[storage.options]`).
+    dir: PathBuf,
+    /// Where layers are mounted (`layers/`) and original blobs kept (`blobs/`).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/verilay/layer-store"
+    )]
+    state: PathBuf,
+    /// Registries over plain HTTP: only on this machine.
+    #[arg(long)]
+    insecure: bool,
+    /// Keep the layers' verified bytes in this cache directory (`verilay mount --cache`).
+    #[arg(long, value_name = "DIR")]
+    cache: Option<PathBuf>,
+    /// Measure what containers open and run as this policy says (`verilay mount
+    /// --policy`); needs --measure-log.
+    #[arg(long, value_name = "FILE", requires = "measure_log")]
+    policy: Option<PathBuf>,
+    /// Each layer's measurement list goes to DIR/IMAGE_DIGEST_HEX.
+    #[arg(long, value_name = "DIR", requires = "policy")]
+    measure_log: Option<PathBuf>,
+    /// How the store and its layers' mounts take requests: auto, uring or dev.
+    #[arg(long, value_name = "auto|uring|dev", value_parser = Transport::parse)]
+    transport: Option<Transport>,
+    /// The longest a registry request may take, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    timeout: u64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let as_root = rustix::process::geteuid().is_root();
+    std::fs::metadata(&a.dir).with_context(|| format!("store directory {}", a.dir.display()))?;
+    std::fs::create_dir_all(&a.state)
+        .with_context(|| format!("state directory {}", a.state.display()))?;
+    let state = std::fs::canonicalize(&a.state)?;
+    let program = std::env::current_exe().context("finding this program")?;
+    let mut resolver = layerstore::OciResolver::new(state.clone(), program);
+    resolver.insecure = a.insecure;
+    resolver.timeout = Duration::from_secs(a.timeout.max(1));
+    if let Some(c) = &a.cache {
+        resolver
+            .mount_args
+            .extend(["--cache".into(), c.clone().into()]);
+    }
+    if let Some(p) = &a.policy {
+        resolver
+            .mount_args
+            .extend(["--policy".into(), p.clone().into()]);
+        resolver.measure_logs = a.measure_log.clone();
+    }
+    if let Some(t) = a.transport {
+        resolver
+            .mount_args
+            .push(format!("--transport={}", t.name()).into());
+    }
+    // The kernel's overlayfs reaches the layers as the user who mounted the container.
+    resolver.mount_args.push("--allow-other".into());
+    let plan = plan::Plan {
+        source: "verilay-layer-store".into(),
+        mountpoint: a.dir.clone(),
+        // Not read-only: the kernel would refuse the driver's `use` and rmdir notices
+        // itself (EROFS, which the driver logs as a failure) instead of asking the store.
+        writable: true,
+        flags: plan::Flags::default(),
+        access: plan::Access::All,
+        threads: 4,
+        transport: match a.transport.unwrap_or(Transport::Auto) {
+            Transport::Auto => plan::Transport::Auto,
+            Transport::Uring => plan::Transport::Uring,
+            Transport::Dev => plan::Transport::Dev,
+        },
+        poll: plan::DEFAULT_POLL,
+        as_root,
+        timeout: Duration::from_secs(a.timeout.max(1)),
+    };
+    let log: imagefs::Logger = Box::new(|line| eprintln!("verilay layer-store: {line}"));
+    let fs = layerstore::StoreFs::new(resolver, log);
+    eprintln!(
+        "verilay layer-store: serving {} (layers mounted under {})",
+        a.dir.display(),
+        state.join("layers").display()
+    );
+    let served = plan.serve(fs, &mut Reporter::open(plan::Report::Stderr)?, None);
+    detach_layers(&state.join("layers"));
+    served.map(|()| 0)
+}
+
+/// Detaches every layer mount the store made (lazily: a container still using one keeps
+/// it until it lets go).
+fn detach_layers(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if plan::is_mount_point(&e.path()).unwrap_or(true) {
+            let _ = plan::unmount(&e.path(), true);
+        }
+    }
+}
