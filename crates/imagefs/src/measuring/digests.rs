@@ -111,8 +111,6 @@ impl Measuring {
         Ok(h.finish())
     }
 
-    /// The cache's entry for `key` once no hash begun at close is under way for it
-    /// (waiting for one at most `HASH_AT_CLOSE_WAIT`).
     /// Whether a measurement of `key` now would reuse a digest kept (no hash to wait for).
     pub fn has_digest(&self, key: &ContentKey) -> bool {
         self.cache
@@ -121,6 +119,8 @@ impl Measuring {
             .is_some_and(|c| c.digest.is_some())
     }
 
+    /// The cache's entry for `key` once no hash begun at close is under way for it
+    /// (waiting for one at most `HASH_AT_CLOSE_WAIT`).
     fn settled(&self, key: &ContentKey) -> Option<Cached> {
         let cache = self.cache.pin();
         let c = cache.get(key)?;
