@@ -14,7 +14,6 @@ use oci::image::{self, Parsed};
 use oci::{Reference, Registry};
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -207,13 +206,17 @@ impl Resolver for OciResolver {
 
     fn mount(&self, layer: &Layer) -> Result<PathBuf, String> {
         let dir = self.diff_path(layer);
+        // Every lookup through the `diff` link asks: the mounted case costs two stats.
+        if mounted(&dir) == Some(true) {
+            return Ok(dir);
+        }
         // One mount at a time: two lookups of a layer must not both mount it.
         let _one = self.mounting.lock().unwrap_or_else(|e| e.into_inner());
-        match imagefs::mount::is_mount_point(&dir) {
-            Ok(true) => return Ok(dir),
-            Ok(false) => {}
-            // A mount whose daemon is gone (ENOTCONN): detached, and mounted again.
-            Err(_) => drop(imagefs::mount::unmount(&dir, true)),
+        match mounted(&dir) {
+            Some(true) => return Ok(dir),
+            Some(false) => {}
+            // A mount whose daemon is gone: detached, and mounted again.
+            None => drop(imagefs::mount::unmount(&dir, true)),
         }
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let artifact = conversion::layer_manifest(&layer.converted);
@@ -256,45 +259,35 @@ impl Resolver for OciResolver {
         let reader = reg
             .get_blob(&layer.reference.repository, &layer.source.digest)
             .map_err(|e| e.to_string())?;
-        let mut tmp = tempfile_in(&dir)?;
-        let got = copy_hashing(reader, &mut tmp.1).map_err(|e| format!("fetching: {e}"))?;
+        // Named only once whole and checked; removed on any failure before that.
+        let tmp =
+            tempfile::NamedTempFile::new_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // One byte more than listed is read, to see a blob that runs on.
+        let limit = layer.source.size.saturating_add(1);
+        let got = oci::sha256_copy(reader, tmp.as_file(), limit, &|_| {})
+            .map_err(|e| format!("fetching: {e}"))?;
         if got != (layer.source.digest.clone(), layer.source.size) {
-            let _ = std::fs::remove_file(&tmp.0);
             return Err(format!(
                 "the blob fetched ({} bytes) hashes to {}, not to {}",
                 got.1, got.0, layer.source.digest
             ));
         }
-        std::fs::rename(&tmp.0, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        tmp.persist(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(path)
     }
 }
 
-/// A new file in `dir` for a blob being fetched.
-fn tempfile_in(dir: &Path) -> Result<(PathBuf, std::fs::File), String> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!(".fetching-{}-{n}", std::process::id()));
-    let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((path, f))
-}
-
-/// Copies `r` into `w`: the `sha256:` digest of what was copied, and its length.
-fn copy_hashing(mut r: impl Read, w: &mut impl Write) -> std::io::Result<(String, u64)> {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut n = 0u64;
-    loop {
-        let k = r.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        w.write_all(&buf[..k])?;
-        n += k as u64;
+/// Whether a live mount is on `dir` (its device is not its parent's); `None` for a
+/// mount whose daemon is gone (stat fails with ENOTCONN).
+fn mounted(dir: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let parent = std::fs::metadata(dir.parent()?).ok()?;
+    match std::fs::metadata(dir) {
+        Ok(m) => Some(m.dev() != parent.dev()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(false),
+        Err(_) => None,
     }
-    Ok((format!("sha256:{}", hex::encode(h.finalize())), n))
 }
 
 #[cfg(test)]

@@ -40,3 +40,33 @@ pub fn sha256_of(
     }
     Ok((format!("sha256:{}", hex::encode(h.finalize())), total))
 }
+
+/// [`sha256_of`] of at most `limit` bytes of `r`, written to `to` as they are read. A blob
+/// of announced size N is copied with a limit of N + 1: one that runs on shows as one
+/// byte too long, without reading (or storing) the rest of it.
+pub fn sha256_copy(
+    r: impl std::io::Read,
+    to: &std::fs::File,
+    limit: u64,
+    progress: &dyn Fn(u64),
+) -> std::io::Result<(String, u64)> {
+    struct Tee<'a, R> {
+        from: R,
+        to: &'a std::fs::File,
+    }
+    impl<R: std::io::Read> std::io::Read for Tee<'_, R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            use std::io::Write as _;
+            let n = self.from.read(buf)?;
+            (&mut &*self.to).write_all(&buf[..n])?;
+            Ok(n)
+        }
+    }
+    sha256_of(
+        Tee {
+            from: r.take(limit),
+            to,
+        },
+        progress,
+    )
+}

@@ -230,16 +230,11 @@ impl Converter<'_> {
         progress::bytes(&pb, &format!("layer {n}/{total}: fetching"), d.size);
         // Fetched whole and checked before anything reads it.
         let blob_path = self.work.path().join("layer");
-        let mut file = std::fs::File::create(&blob_path)?;
+        let file = std::fs::File::create(&blob_path)?;
         let reader = self.src.blob(&d.digest)?;
-        let (got, size) = oci::sha256_of(
-            Tee {
-                inner: reader,
-                out: &mut file,
-            },
-            &|k| pb.inc(k),
-        )
-        .with_context(|| format!("{what}: fetching"))?;
+        // One byte more than listed is read, to see a blob that runs on.
+        let (got, size) = oci::sha256_copy(reader, &file, d.size.saturating_add(1), &|k| pb.inc(k))
+            .with_context(|| format!("{what}: fetching"))?;
         drop(file);
         if got != d.digest || size != d.size {
             bail!(
@@ -299,21 +294,6 @@ impl Converter<'_> {
             image_size,
             image_digest,
         })
-    }
-}
-
-/// Writes what it reads to `out` as it goes.
-struct Tee<'a, R> {
-    inner: R,
-    out: &'a mut std::fs::File,
-}
-
-impl<R: Read> Read for Tee<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        use std::io::Write as _;
-        let n = self.inner.read(buf)?;
-        self.out.write_all(&buf[..n])?;
-        Ok(n)
     }
 }
 

@@ -7,7 +7,6 @@ use super::registry::{reference, Remote};
 use crate::progress;
 use anyhow::Context as _;
 use erofs::read::ByteSource as _;
-use std::io::{Read as _, Write as _};
 use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -176,11 +175,7 @@ fn fetch(
     let pb = progress::bar(a.quiet || a.json);
     progress::bytes(&pb, "pulling", blob.size);
     // One byte more than announced is read, to see a blob that runs on.
-    let tee = Tee {
-        from: body.take(blob.size.saturating_add(1)),
-        to: file,
-    };
-    let (digest, n) = oci::sha256_of(tee, &|n| pb.inc(n))
+    let (digest, n) = oci::sha256_copy(body, file, blob.size.saturating_add(1), &|n| pb.inc(n))
         .map_err(|e| anyhow::anyhow!("{r}: fetching blob {}: {e}", blob.digest))?;
     pb.finish_and_clear();
     if n != blob.size {
@@ -198,18 +193,4 @@ fn fetch(
     }
     file.sync_all()?;
     Ok(())
-}
-
-/// A reader that writes what it reads to `to`.
-struct Tee<'a, R> {
-    from: R,
-    to: &'a std::fs::File,
-}
-
-impl<R: std::io::Read> std::io::Read for Tee<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.from.read(buf)?;
-        (&mut &*self.to).write_all(&buf[..n])?;
-        Ok(n)
-    }
 }
