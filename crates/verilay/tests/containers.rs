@@ -321,6 +321,7 @@ fn convert_refuses_what_is_not_there_or_not_what_it_claims() {
 
 fn podman_prerequisites() -> bool {
     prerequisites()
+        || lacks_test_user()
         || skip_unless(is_root(), "the layer store test runs podman as root")
         || skip_unless(have("podman"), "needs podman (scripts/setup)")
         || skip_unless(have("runc"), "needs runc (scripts/setup)")
@@ -568,6 +569,26 @@ fn podman_runs_converted_images_from_verified_lazily_fetched_layers() {
     assert!(
         out.contains("app on base") && !out.contains("gone"),
         "{out}"
+    );
+    // A container user other than root reads and runs from the layers too (overlayfs
+    // reaches them as root, who mounted it; the store and its mounts are root's alone).
+    let out = run(lazy.cmd().args([
+        "run",
+        "--rm",
+        "--network=none",
+        "--user",
+        "1000:1000",
+        &image,
+        "/app/run.sh",
+    ]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("app on base"));
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let listed = as_test_user(t.path(), &format!("ls {}", store.dir.display()));
+    let err = String::from_utf8_lossy(&listed.stderr);
+    assert!(
+        !listed.status.success() && err.contains("Permission denied"),
+        "another user lists the store: {err}"
     );
 
     // Only what the containers touched was fetched: of the Python layer, a small part.

@@ -69,8 +69,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .mount_args
             .push(format!("--transport={}", t.name()).into());
     }
-    // The kernel's overlayfs reaches the layers as the user who mounted the container.
-    resolver.mount_args.push("--allow-other".into());
     let plan = plan::Plan {
         source: "verilay-layer-store".into(),
         mountpoint: a.dir.clone(),
@@ -78,7 +76,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // itself (EROFS, which the driver logs as a failure) instead of asking the store.
         writable: true,
         flags: plan::Flags::default(),
-        access: plan::Access::All,
+        // Root's alone, as the layers' mounts are: the kernel's overlayfs reaches its
+        // lower layers with the credentials of whoever mounted the container (root), and
+        // no other user may make the store look up references (registry requests with
+        // root's credentials) or fill its memory with names.
+        access: plan::Access::Owner,
         threads: 4,
         transport: match a.transport.unwrap_or(Transport::Auto) {
             Transport::Auto => plan::Transport::Auto,
