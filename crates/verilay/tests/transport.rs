@@ -12,6 +12,15 @@ use std::process::Command;
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
+/// True (and a SKIP line) unless root has turned FUSE over io_uring on.
+fn lacks_uring() -> bool {
+    let enabled = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
+    skip_unless(
+        enabled.trim() == "Y",
+        "FUSE over io_uring is off (scripts/setup turns on enable_uring)",
+    )
+}
+
 fn possible_cpus() -> usize {
     let list = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
     list.trim()
@@ -92,14 +101,8 @@ fn stats(mnt: &Path) -> serde_json::Value {
 fn an_io_uring_mount_is_served_on_its_rings_and_a_dev_mount_on_dev_fuse() {
     if skip_unless(is_root(), "needs root (mount(2) of FUSE, taskset)")
         || skip_unless(have("taskset"), "taskset missing")
+        || lacks_uring()
     {
-        return;
-    }
-    let enabled = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
-    if skip_unless(
-        enabled.trim() == "Y",
-        "FUSE over io_uring is off (scripts/setup turns on enable_uring)",
-    ) {
         return;
     }
     let base = PathBuf::from(format!("/tmp/verilay-transport-{}", std::process::id()));
@@ -217,14 +220,7 @@ fn the_transport_is_chosen_by_flag_option_or_environment_and_a_wrong_one_refused
 /// handed over, by opcode.
 #[test]
 fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
-    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
-        return;
-    }
-    let enabled = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
-    if skip_unless(
-        enabled.trim() == "Y",
-        "FUSE over io_uring is off (scripts/setup turns on enable_uring)",
-    ) {
+    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") || lacks_uring() {
         return;
     }
     let base = PathBuf::from(format!("/tmp/verilay-transport-rw-{}", std::process::id()));
@@ -291,14 +287,7 @@ fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
 
 #[test]
 fn warm_measured_opens_are_served_on_the_rings_and_first_ones_that_hash_on_the_pool() {
-    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
-        return;
-    }
-    let enabled = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
-    if skip_unless(
-        enabled.trim() == "Y",
-        "FUSE over io_uring is off (scripts/setup turns on enable_uring)",
-    ) {
+    if skip_unless(is_root(), "needs root (mount(2) of FUSE)") || lacks_uring() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
