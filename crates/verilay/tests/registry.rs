@@ -5,6 +5,8 @@
 
 mod common;
 
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
 use common::registry::{free_port, http_status, Registry};
 use common::*;
 use std::io::{Read, Write};
@@ -153,21 +155,6 @@ fn push_then_pull_by_tag_and_by_digest_gives_back_the_image_skopeo_sees() {
     );
 }
 
-/// PUTs `body` as the manifest `repo:tag` (what a hostile or foreign pusher stores).
-fn put_manifest(reg: &Registry, repo_tag: &str, body: &str) {
-    let (repo, tag) = repo_tag.split_once(':').unwrap();
-    run(Command::new("curl").args([
-        "-sf",
-        "-X",
-        "PUT",
-        "-H",
-        "Content-Type: application/vnd.oci.image.manifest.v1+json",
-        "--data-binary",
-        body,
-        &format!("http://127.0.0.1:{}/v2/{repo}/manifests/{tag}", reg.port),
-    ]));
-}
-
 #[test]
 fn bad_references_and_hostile_answers_get_one_line_and_no_image() {
     if prerequisites() || skip_unless(have("curl"), "needs curl") {
@@ -195,11 +182,11 @@ fn bad_references_and_hostile_answers_get_one_line_and_no_image() {
     let mut bare = m.clone();
     bare["annotations"] = serde_json::json!({});
     bare["layers"][0]["annotations"] = serde_json::json!({});
-    put_manifest(&reg, "apps/demo:bare", &bare.to_string());
+    reg.put_manifest("apps/demo:bare", &bare.to_string(), OCI_MANIFEST);
     let mut not_image = m.clone();
     not_image["layers"][0]["digest"] = m["config"]["digest"].clone();
     not_image["layers"][0]["size"] = m["config"]["size"].clone();
-    put_manifest(&reg, "apps/demo:notimage", &not_image.to_string());
+    reg.put_manifest("apps/demo:notimage", &not_image.to_string(), OCI_MANIFEST);
     let out = t.path().join("out.img");
     let o = out.to_str().unwrap();
     let cases: Vec<(Vec<String>, Vec<&str>)> = vec![

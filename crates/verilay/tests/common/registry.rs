@@ -1,7 +1,7 @@
 //! A `docker-registry` (CNCF distribution, Debian's) on 127.0.0.1 for the tests that talk
 //! to a registry.
 
-use super::sh;
+use super::{run, sh};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -89,6 +89,22 @@ impl Registry {
 
     pub fn docker(&self, repo_tag: &str) -> String {
         format!("docker://127.0.0.1:{}/{repo_tag}", self.port)
+    }
+
+    /// PUTs `body` as the manifest `repo:tag` (or `repo:DIGEST`), of `content_type`: what
+    /// a hostile or foreign pusher stores.
+    pub fn put_manifest(&self, repo_tag: &str, body: &str, content_type: &str) {
+        let (repo, tag) = repo_tag.split_once(':').unwrap();
+        run(Command::new("curl").args([
+            "-sf",
+            "-X",
+            "PUT",
+            "-H",
+            &format!("Content-Type: {content_type}"),
+            "--data-binary",
+            body,
+            &format!("http://127.0.0.1:{}/v2/{repo}/manifests/{tag}", self.port),
+        ]));
     }
 
     /// The stored blob file of `digest` (`sha256:HEX`) in the registry's storage.
