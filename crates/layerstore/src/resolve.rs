@@ -148,14 +148,26 @@ impl OciResolver {
         }
         let manifests = match image::parse(&bytes, &media_type).map_err(|e| format!("{r}: {e}"))? {
             Parsed::Manifest(_) => vec![digest],
-            Parsed::Index(i) => i.manifests.into_iter().map(|d| d.digest).collect(),
+            // As `verilay convert` converts them: the linux manifests.
+            Parsed::Index(i) => i
+                .manifests
+                .into_iter()
+                .filter(|d| d.platform.as_ref().is_none_or(|p| p.os == "linux"))
+                .map(|d| d.digest)
+                .collect(),
+        };
+        let valid = |d: &str| match oci::reference::valid_digest(d) {
+            true => Ok(()),
+            false => Err(format!("{r}: {d:?} is not a sha256 digest")),
         };
         let mut layers = Vec::new();
         for m in manifests {
+            valid(&m)?;
             for d in reg
                 .referrers(&r.repository, &m, CONVERSION_TYPE)
                 .map_err(|e| e.to_string())?
             {
+                valid(&d.digest)?;
                 let (bytes, _) = reg
                     .get_manifest(&r.repository, &d.digest)
                     .map_err(|e| e.to_string())?;

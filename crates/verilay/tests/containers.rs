@@ -697,6 +697,46 @@ fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() 
     let err = std::fs::remove_dir(&layer).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
 
+    // A conversion of another image, stored in the plain image's repository and listed
+    // as its referrer by someone who may push there: its subject is not the plain
+    // image's manifest, so it converts none of the plain image's layers.
+    let conv = j["manifests"][0]["conversion"].as_str().unwrap();
+    let conv_file = t.path().join("foreign-conversion.json");
+    curl(
+        &format!("http://127.0.0.1:{}/v2/app/manifests/{conv}", reg.port),
+        &conv_file,
+    );
+    let conv_bytes = std::fs::read_to_string(&conv_file).unwrap();
+    const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    // The registry takes a manifest only with its blobs: mounted from the app repository.
+    let conv_json: serde_json::Value = serde_json::from_str(&conv_bytes).unwrap();
+    let layers = conv_json["layers"].as_array().unwrap().iter();
+    for blob in layers.chain([&conv_json["config"]]) {
+        sh(&format!(
+            "curl -sf -X POST 'http://127.0.0.1:{}/v2/plain/blobs/uploads/?mount={}&from=app'",
+            reg.port,
+            blob["digest"].as_str().unwrap()
+        ));
+    }
+    reg.put_manifest(&format!("plain:{conv}"), &conv_bytes, MANIFEST);
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": MANIFEST, "digest": conv, "size": conv_bytes.len(),
+                       "artifactType": "application/vnd.verilay.layers.v1"}],
+    });
+    reg.put_manifest(
+        &format!("plain:{}", l2.manifest.replacen(':', "-", 1)),
+        &index.to_string(),
+        "application/vnd.oci.image.index.v1+json",
+    );
+    let plain_ref = reg.reference("plain:v1").replacen("oci://", "", 1);
+    let foreign = store.dir.join(b64(&plain_ref)).join(&l.layers[0]);
+    assert!(!foreign.exists(), "{}", foreign.display());
+    assert!(std::fs::read_to_string(t.path().join("store.log"))
+        .unwrap()
+        .contains("is not one of"));
+
     // What the store does not know is not there.
     let unknown = [
         store.dir.join("not-base64!"),
