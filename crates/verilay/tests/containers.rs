@@ -674,6 +674,22 @@ fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() 
     std::fs::write(&blob, bytes).unwrap();
 
     let store = Store::start(t.path(), &[], &[]);
+    // A second store on the same state directory is refused in one line.
+    let second = t.path().join("second");
+    std::fs::create_dir(&second).unwrap();
+    let out = verilay()
+        .arg("layer-store")
+        .arg(&second)
+        .arg("--state")
+        .arg(&store.state)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("in use by another layer store") && err.lines().count() == 1,
+        "{err}"
+    );
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let image = reg.reference("app:v1").replacen("oci://", "", 1);
     let layer = store.dir.join(b64(&image)).join(&l.layers[0]);

@@ -49,6 +49,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     std::fs::create_dir_all(&a.state)
         .with_context(|| format!("state directory {}", a.state.display()))?;
     let state = std::fs::canonicalize(&a.state)?;
+    let _held = hold_state(&state)?;
+    // Mounts a store before this one left (its options, not ours) are detached first.
+    detach_layers(&state.join("layers"));
     let program = std::env::current_exe().context("finding this program")?;
     let mut resolver = layerstore::OciResolver::new(state.clone(), program);
     resolver.insecure = a.insecure;
@@ -101,6 +104,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let served = plan.serve(fs, &mut Reporter::open(plan::Report::Stderr)?, None);
     detach_layers(&state.join("layers"));
     served.map(|()| 0)
+}
+
+/// The state directory, ours alone while the store runs: a second store on it would
+/// share its layer mounts and detach them all as it stopped.
+fn hold_state(state: &Path) -> anyhow::Result<std::fs::File> {
+    use rustix::fs::{flock, FlockOperation};
+    let path = state.join("lock");
+    let f = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
+    flock(&f, FlockOperation::NonBlockingLockExclusive).map_err(|e| {
+        anyhow::anyhow!(
+            "state directory {}: in use by another layer store ({e})",
+            state.display()
+        )
+    })?;
+    Ok(f)
 }
 
 /// Detaches every layer mount the store made (lazily: a container still using one keeps
