@@ -27,14 +27,6 @@ pub trait Filesystem: Send + Sync + 'static {
     fn forget(&self, ino: u64, nlookup: u64) {}
     /// The kernel asks to abandon request `unique` (if it still runs).
     fn interrupt(&self, unique: u64) {}
-    /// Whether `req` is answered soon: over io_uring it is then served on the queue's own
-    /// thread, without the hand-off to the worker pool (two thread wake-ups). A request
-    /// that may wait long (the network, hashing or copying a file, fsync) must say false:
-    /// served in place, it would hold up every request its CPU's queue receives meanwhile,
-    /// and the pool lets long ones run on every CPU at once.
-    fn quick(&self, req: &Request<'_>) -> bool {
-        false
-    }
 }
 
 /// Serves one split request: decode errors get their errno, FORGET and INTERRUPT no reply.

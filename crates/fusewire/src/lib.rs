@@ -1,8 +1,8 @@
 //! fusewire: verilay's FUSE request layer. It decodes the kernel's requests into typed
 //! [`Request`]s, encodes typed [`Reply`]s, negotiates INIT and serves a mounted /dev/fuse
 //! descriptor over either transport the kernel has: read/write on /dev/fuse (one cloned
-//! descriptor per worker) or FUSE over io_uring (a ring per possible CPU, handlers on a
-//! worker pool). Decoding and replying know nothing of the transport, so one filesystem
+//! descriptor per worker) or FUSE over io_uring (for each possible CPU's queue a few
+//! threads, each with a ring holding one entry). Decoding and replying know nothing of the transport, so one filesystem
 //! ([`Filesystem`]) serves both, and [`Stats`] say which one carried each request.
 
 pub mod abi;
@@ -12,7 +12,6 @@ mod dev;
 mod dispatch;
 mod event;
 mod init;
-mod pool;
 mod reply;
 mod request;
 mod ring_mem;
@@ -31,7 +30,7 @@ pub use init::{negotiate, InitError, Negotiated, Wants};
 pub use reply::{dirent_size, dirent_type, DirEntry, DirReply, Entry, Open, Reply, Sink};
 pub use request::{Caller, Request, SetAttr, SetTime};
 pub use session::{
-    Chosen, Config, Session, StartError, Stopper, Transport, DEFAULT_POLL, MAX_POLL,
+    Chosen, Config, Session, StartError, Stopper, Transport, DEFAULT_POLL, MAX_POLL, MIN_PER_QUEUE,
 };
 pub use split::{split_dev, split_uring, DecodeError, Raw};
 pub use stats::Stats;

@@ -1,5 +1,4 @@
-//! Request counters, per channel a request came on: /dev/fuse, and each io_uring queue;
-//! and of the ring requests, those handed to the worker pool (not answered in place).
+//! Request counters, per channel a request came on: /dev/fuse, and each io_uring queue.
 //! They prove which transport served a mount (a uring mount's lookups and reads land on
 //! its queues; FORGET and INTERRUPT always come on /dev/fuse) and where.
 
@@ -18,8 +17,6 @@ fn row() -> Row {
 pub struct Stats {
     dev: Row,
     queues: Box<[Row]>,
-    /// Ring requests the queue threads handed to the pool.
-    pooled: Row,
 }
 
 impl Stats {
@@ -27,7 +24,6 @@ impl Stats {
         Stats {
             dev: row(),
             queues: (0..queues).map(|_| row()).collect(),
-            pooled: row(),
         }
     }
 
@@ -43,20 +39,6 @@ impl Stats {
         if let Some(q) = self.queues.get(qid) {
             q[Self::slot(opcode)].fetch_add(1, Relaxed);
         }
-    }
-
-    pub(crate) fn count_pooled(&self, opcode: u32) {
-        self.pooled[Self::slot(opcode)].fetch_add(1, Relaxed);
-    }
-
-    /// Ring requests handed to the worker pool, by opcode name (those with any).
-    pub fn pooled(&self) -> Vec<(&'static str, u64)> {
-        self.pooled
-            .iter()
-            .enumerate()
-            .map(|(opcode, c)| (abi::op_name(opcode as u32), c.load(Relaxed)))
-            .filter(|&(_, n)| n > 0)
-            .collect()
     }
 
     /// Requests that came on /dev/fuse.
@@ -98,9 +80,6 @@ impl fmt::Display for Stats {
         line(f, "dev", &self.dev)?;
         for (q, r) in self.queues.iter().enumerate() {
             line(f, &format!("q{q}"), r)?;
-        }
-        if !self.queues.is_empty() {
-            line(f, "pooled", &self.pooled)?;
         }
         Ok(())
     }

@@ -1,15 +1,23 @@
 //! FUSE over io_uring: the kernel has one queue per possible CPU and puts a request on the
-//! queue of the CPU its sender runs on. Each queue here is one thread with one ring of
-//! 128-byte SQEs: it REGISTERs its entries (IORING_OP_URING_CMD on the /dev/fuse
-//! descriptor), serves each request the kernel completes itself when the filesystem calls
-//! it quick and hands the others to the worker pool, and commits each answered entry back
-//! with COMMIT_AND_FETCH, which also re-arms it. At unmount every
-//! entry completes with -ENOTCONN and the thread ends.
+//! queue of the CPU its sender runs on. Each queue here has a few serving threads, each
+//! with a ring of its own holding one entry of that queue (IORING_OP_URING_CMD with
+//! 128-byte SQEs on the /dev/fuse descriptor): it REGISTERs the entry, waits for the
+//! request the kernel puts in it, serves it in place and sends the answer back with
+//! COMMIT_AND_FETCH, which also re-arms the entry, and waits again, in one syscall.
+//!
+//! One entry per thread, as /dev/fuse has one request per read: a thread serving a long
+//! request (a fetch, hashing) holds only its own entry, so the kernel hands the CPU's
+//! next request to another thread's, and every answer (a 1 MiB READ's copy into the page
+//! cache) is committed by the thread that made it. (A thread per queue handing requests
+//! to a pool made each one cost two more wake-ups and had that thread copy every READ: a
+//! cold 256 MiB read took 1.15-1.36x as long as over /dev/fuse.) The threads are not
+//! pinned: a CPU's readers would then share it with all the hashing done for them.
+//! At unmount every entry completes with -ENOTCONN and its thread ends.
 
-use crate::abi::{self, UringCmdReq, UringReqHeader};
-use crate::decode::decode;
-use crate::dispatch::Filesystem;
-use crate::pool::{serve_entry, Completions, InFlight};
+use crate::abi::{self, OutHeader, UringCmdReq, UringReqHeader};
+use crate::dispatch::{serve, Filesystem};
+use crate::event::EventFd;
+use crate::reply::Sink;
 use crate::ring_mem::{EntryPtrs, QueueMem};
 use crate::split::split_uring;
 use crate::stats::Stats;
@@ -19,12 +27,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use std::time::Duration;
 use zerocopy::IntoBytes;
 
 type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
-/// The user_data of the wake-up read (entries use their index).
-const WAKE: u64 = u64::MAX;
+/// The user_data of the entry's commands and of the stop read.
+const ENTRY: u64 = 0;
+const WAKE: u64 = 1;
 
 /// The number of possible CPUs, as the kernel counts its queues (`num_possible_cpus()`),
 /// from a list like `0-3,6`.
@@ -62,7 +72,7 @@ fn register_sqe(fd: RawFd, qid: u16, mem: &QueueMem, idx: usize) -> squeue::Entr
         .cmd(cmd_area(qid, 0))
         .addr(Some(mem.iovec_pair(idx) as u64))
         .build()
-        .user_data(idx as u64);
+        .user_data(ENTRY);
     // io-uring 0.7 has no setter for sqe->len, the u32 at byte 24 of the SQE.
     // SAFETY: Entry128 is repr(C) and begins with struct io_uring_sqe, whose `len` field
     // is the aligned u32 at offset 24 of those 128 bytes.
@@ -76,15 +86,15 @@ fn register_sqe(fd: RawFd, qid: u16, mem: &QueueMem, idx: usize) -> squeue::Entr
     sqe
 }
 
-fn commit_sqe(fd: RawFd, qid: u16, commit_id: u64, idx: usize) -> squeue::Entry128 {
+fn commit_sqe(fd: RawFd, qid: u16, commit_id: u64) -> squeue::Entry128 {
     opcode::UringCmd80::new(types::Fd(fd), abi::URING_CMD_COMMIT_AND_FETCH)
         .cmd(cmd_area(qid, commit_id))
         .build()
-        .user_data(idx as u64)
+        .user_data(ENTRY)
 }
 
-fn wake_sqe(done: &Completions, mem: &QueueMem) -> squeue::Entry128 {
-    let fd = done.eventfd().fd().as_raw_fd();
+fn wake_sqe(stop: &EventFd, mem: &QueueMem) -> squeue::Entry128 {
+    let fd = stop.fd().as_raw_fd();
     squeue::Entry128::from(
         opcode::Read::new(types::Fd(fd), mem.wake_buf(), 8)
             .build()
@@ -92,53 +102,44 @@ fn wake_sqe(done: &Completions, mem: &QueueMem) -> squeue::Entry128 {
     )
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data, zeroed is empty; sched_setaffinity(0) affects only
-    // this thread, and failing leaves it unpinned (still correct, only slower).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-/// One queue: its id, ring depth, memory, the filesystem (for quick requests) and the way
-/// to the workers.
-pub(crate) struct Queue<F> {
+/// One serving thread: its queue, its entry's memory and the session's stop signal (a
+/// semaphore eventfd the session adds one to per thread).
+pub(crate) struct Server<F> {
     pub(crate) fs: Arc<F>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) fd: RawFd,
     pub(crate) qid: u16,
+    /// One entry (index 0), and the 8 bytes the stop read lands in.
     pub(crate) mem: Arc<QueueMem>,
-    pub(crate) done: Arc<Completions>,
-    pub(crate) jobs: Sender<InFlight>,
-    pub(crate) stop: Arc<AtomicBool>,
-    pub(crate) pin: bool,
+    pub(crate) stop: Arc<EventFd>,
+    pub(crate) stopping: Arc<AtomicBool>,
     /// How long to look for the next request before sleeping (see `spin`).
-    pub(crate) poll: std::time::Duration,
+    pub(crate) poll: Duration,
     /// A copy of each request served here (as large as the largest, made beforehand).
     pub(crate) input: Vec<u8>,
 }
 
-/// What the queue thread saw of its REGISTERs: sent to the session before serving.
+/// What a thread saw of its REGISTER: sent to the session before serving.
 pub(crate) type Registered = Result<(), io::Error>;
 
-/// Pushes an SQE; the ring has room for every entry and the wake read, so it never fills.
+/// Pushes an SQE; the ring has room for the entry's command and the stop read.
 fn push(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<()> {
-    // SAFETY: every SQE points at QueueMem memory, which outlives this thread's ring.
+    // SAFETY: every SQE points at QueueMem memory, which outlives this thread's ring
+    // (the session frees it after joining the thread).
     unsafe { ring.submission().push(sqe) }.map_err(|_| io::Error::other("submission queue full"))
 }
 
-impl<F: Filesystem> Queue<F> {
-    /// Registers every entry, reports how that went, then serves until every entry has
-    /// ended (unmount) or the session stops.
+fn completions(ring: &mut Ring) -> Vec<(u64, i32)> {
+    ring.completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect()
+}
+
+impl<F: Filesystem> Server<F> {
+    /// Registers the entry, reports how that went, then serves until the entry ends
+    /// (unmount) or the session stops.
     pub(crate) fn run(mut self, registered: Sender<Registered>) -> io::Result<()> {
-        if self.pin {
-            pin_to_cpu(self.qid as usize);
-        }
-        let depth = self.mem.depth();
-        let mut ring: Ring = match IoUring::builder().build((depth + 1).next_power_of_two() as u32)
-        {
+        let mut ring: Ring = match IoUring::builder().build(2) {
             Ok(r) => r,
             Err(e) => {
                 let _ = registered.send(Err(io::Error::new(
@@ -161,42 +162,21 @@ impl<F: Filesystem> Queue<F> {
         }
     }
 
-    /// REGISTERs the entries and arms the wake-up read. A refused REGISTER completes at
-    /// once, with an error; a registered entry completes only when a request comes (which
-    /// may already happen once the last queue registered): those are returned to serve.
+    /// REGISTERs the entry and arms the stop read. A refused REGISTER completes at once,
+    /// with an error; a registered entry completes only when a request comes (which may
+    /// already happen once the last queue registered): that is returned to serve.
     fn register(&self, ring: &mut Ring) -> io::Result<Vec<(u64, i32)>> {
-        for idx in 0..self.mem.depth() {
-            push(ring, &register_sqe(self.fd, self.qid, &self.mem, idx))?;
-        }
-        push(ring, &wake_sqe(&self.done, &self.mem))?;
+        push(ring, &register_sqe(self.fd, self.qid, &self.mem, 0))?;
+        push(ring, &wake_sqe(&self.stop, &self.mem))?;
         ring.submit()?;
-        let early: Vec<(u64, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
+        let early = completions(ring);
         match early
             .iter()
-            .find(|&&(user_data, res)| user_data != WAKE && res < 0)
+            .find(|&&(user_data, res)| user_data == ENTRY && res < 0)
         {
             Some(&(_, res)) => Err(io::Error::from_raw_os_error(-res)),
             None => Ok(early),
         }
-    }
-
-    /// Whether the filesystem calls the request in `entry` quick (a request that does not
-    /// decode is not: the pool answers its error).
-    fn is_quick(&self, entry: &EntryPtrs) -> bool {
-        // SAFETY: the kernel filled the entry before completing the command, and it is
-        // this thread's until handed to a worker; the payload is read, never written, here.
-        let (header, payload) = unsafe {
-            let header: UringReqHeader = entry.header.read();
-            let used = (header.ring_ent_in_out.payload_sz as usize).min(entry.payload_size);
-            (header, std::slice::from_raw_parts(entry.payload, used))
-        };
-        split_uring(&header, payload)
-            .ok()
-            .and_then(|raw| decode(&raw).ok())
-            .is_some_and(|req| self.fs.quick(&req))
     }
 
     fn serve(
@@ -205,23 +185,13 @@ impl<F: Filesystem> Queue<F> {
         early: Vec<(u64, i32)>,
         input: &mut Vec<u8>,
     ) -> io::Result<()> {
-        let depth = self.mem.depth();
-        let mut commit_ids = vec![0u64; depth];
-        let (mut ended, mut in_flight, mut stopping) = (0usize, 0usize, false);
-        let mut answered = Vec::new();
         let mut cqes = early;
-        while ended < depth && !(stopping && in_flight == 0) {
-            if cqes.is_empty() && in_flight == 0 {
-                // Commits go out first: their callers wait for them. Not while the pool
-                // works on this queue's requests: they want the CPU (a cold read of a
-                // compressed file took 0.35 s instead of 0.26 with the queue looking),
-                // and their answers wake the queue anyway.
+        loop {
+            if cqes.is_empty() {
+                // The commit goes out first: its caller waits for it.
                 ring.submit()?;
                 cqes = crate::spin::spin(self.poll, || {
-                    let found: Vec<(u64, i32)> = ring
-                        .completion()
-                        .map(|c| (c.user_data(), c.result()))
-                        .collect();
+                    let found = completions(ring);
                     Ok((!found.is_empty()).then_some(found))
                 })?
                 .unwrap_or_default();
@@ -232,58 +202,109 @@ impl<F: Filesystem> Queue<F> {
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                     Err(e) => return Err(e),
                 }
-                cqes = ring
-                    .completion()
-                    .map(|c| (c.user_data(), c.result()))
-                    .collect();
+                cqes = completions(ring);
             }
+            // A request first (its caller waits), then the stop.
+            cqes.sort_by_key(|&(user_data, _)| user_data);
             for (user_data, res) in std::mem::take(&mut cqes) {
                 if user_data == WAKE {
-                    self.done.take(&mut answered);
-                    for idx in answered.drain(..) {
-                        push(ring, &commit_sqe(self.fd, self.qid, commit_ids[idx], idx))?;
-                        in_flight -= 1;
+                    if self.stopping.load(Ordering::Acquire) {
+                        return Ok(());
                     }
-                    stopping = self.stop.load(Ordering::Acquire);
-                    // Re-armed even when stopping: answers still in the workers wake us.
-                    push(ring, &wake_sqe(&self.done, &self.mem))?;
+                    // Another session's signal cannot reach this eventfd; a spurious
+                    // completion only re-arms.
+                    push(ring, &wake_sqe(&self.stop, &self.mem))?;
                     continue;
                 }
-                let idx = user_data as usize;
-                if idx >= depth || res < 0 {
+                if res < 0 {
                     // -ENOTCONN at teardown; any other error also ends the entry.
-                    ended += 1;
-                    continue;
+                    return Ok(());
                 }
-                let entry = self.mem.entry(idx);
+                let entry = self.mem.entry(0);
                 // SAFETY: the kernel filled the entry before completing the command, and
-                // it is this thread's until handed to a worker below.
-                commit_ids[idx] = unsafe { (*entry.header).ring_ent_in_out.commit_id };
-                in_flight += 1;
-                let quick = self.is_quick(&entry);
-                let job = InFlight {
-                    qid: self.qid as usize,
-                    idx,
-                    entry,
-                    mem: self.mem.clone(),
-                    done: self.done.clone(),
-                    quiet: quick,
-                };
-                if quick {
-                    serve_entry(&*self.fs, job, &self.stats, input);
-                } else if self.jobs.send(job).is_err() {
-                    return Err(io::Error::other("the worker pool is gone"));
-                }
-            }
-            // Entries answered here (quietly, without the wake-up) go back at once.
-            self.done.take(&mut answered);
-            for idx in answered.drain(..) {
-                push(ring, &commit_sqe(self.fd, self.qid, commit_ids[idx], idx))?;
-                in_flight -= 1;
+                // it is this thread's until committed.
+                let commit_id = unsafe { (*entry.header).ring_ent_in_out.commit_id };
+                serve_entry(&*self.fs, self.qid as usize, entry, &self.stats, input);
+                push(ring, &commit_sqe(self.fd, self.qid, commit_id))?;
             }
         }
-        // Commits pushed in the last round still go out: their callers wait for them.
-        ring.submit()?;
-        Ok(())
     }
+}
+
+/// The reply side of an entry: the body goes into the entry's payload, the out header into
+/// its header. Dropped unanswered, it answers EIO (a ring entry must always be committed
+/// with an answer, or the kernel loses the request).
+struct UringSink {
+    entry: Option<EntryPtrs>,
+}
+
+impl UringSink {
+    fn answer(&mut self, unique: u64, error: i32, len: usize) {
+        let Some(entry) = self.entry.take() else {
+            return;
+        };
+        let len = len.min(entry.payload_size);
+        let out = OutHeader {
+            len: (16 + len) as u32,
+            error: -error,
+            unique,
+        };
+        // SAFETY: this thread holds the entry until it commits it; the header is live
+        // QueueMem memory.
+        let header = unsafe { &mut *entry.header };
+        header.in_out.fill(0);
+        header.in_out[..16].copy_from_slice(out.as_bytes());
+        header.ring_ent_in_out.payload_sz = len as u32;
+    }
+}
+
+impl Sink for UringSink {
+    fn body(&mut self) -> &mut [u8] {
+        match &self.entry {
+            // SAFETY: as in `answer`; the request's input was copied out before the
+            // handler ran, so the payload is free for the reply.
+            Some(entry) => unsafe {
+                std::slice::from_raw_parts_mut(entry.payload, entry.payload_size)
+            },
+            None => &mut [],
+        }
+    }
+
+    fn send(&mut self, unique: u64, error: i32, len: usize) {
+        self.answer(unique, error, len)
+    }
+}
+
+impl Drop for UringSink {
+    fn drop(&mut self) {
+        if let Some(entry) = &self.entry {
+            // SAFETY: as in `answer`.
+            let unique = unsafe { (*entry.header).ring_ent_in_out.commit_id };
+            self.answer(unique, libc::EIO, 0);
+        }
+    }
+}
+
+/// Copies the request out of the entry (the reply overwrites the payload), then serves it.
+fn serve_entry<F: Filesystem>(
+    fs: &F,
+    qid: usize,
+    entry: EntryPtrs,
+    stats: &Stats,
+    input: &mut Vec<u8>,
+) {
+    // SAFETY: this thread holds the entry; the kernel finished writing it before the CQE.
+    let header: UringReqHeader = unsafe { entry.header.read() };
+    let used = (header.ring_ent_in_out.payload_sz as usize).min(entry.payload_size);
+    input.clear();
+    // SAFETY: used <= payload_size, the payload's length; held as above.
+    input.extend_from_slice(unsafe { std::slice::from_raw_parts(entry.payload, used) });
+    let raw = split_uring(&header, input);
+    let (opcode, unique) = match &raw {
+        Ok(r) => (r.header.opcode, r.header.unique),
+        Err(_) => (0, header.ring_ent_in_out.commit_id),
+    };
+    stats.count_queue(qid, opcode);
+    let mut sink = UringSink { entry: Some(entry) };
+    serve(fs, raw, unique, &mut sink);
 }

@@ -26,8 +26,6 @@ fn config(transport: Transport) -> Config {
     Config {
         transport,
         workers: 4,
-        queue_depth: 4,
-        pin_queues: true,
         poll: fusewire::DEFAULT_POLL,
         wants: Wants {
             flags,
@@ -44,13 +42,11 @@ struct Served {
 }
 
 /// Mounts the test filesystem (entries and attributes never cached, so every access is a
-/// request) and starts serving it; over io_uring, every request but READ is served on
-/// its queue's own thread, READ on the worker pool, so both paths are exercised.
+/// request) and starts serving it.
 fn serve(transport: Transport) -> Served {
     let mnt = Mountpoint::new();
     let fd = mount_fuse(mnt.path()).expect("mount(2) of /dev/fuse");
-    let mut fs = MemFs::new(Duration::ZERO);
-    fs.quick = true;
+    let fs = MemFs::new(Duration::ZERO);
     let forgets = fs.forgets.clone();
     let session = Session::start(fd, fs, &config(transport)).expect("session start");
     Served {

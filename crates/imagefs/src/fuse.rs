@@ -30,50 +30,6 @@ pub struct Fuse<O: Ops> {
     owner: u32,
     /// Notifications and passthrough registrations, once INIT is agreed.
     channel: OnceLock<Channel>,
-    /// Which requests may wait long (the rest are served where they arrive).
-    waits: ops::Waits,
-}
-
-/// The largest READ answered where it arrives: bigger ones (readahead) verify enough
-/// blocks that spreading them over the pool, on every CPU, beats the hand-off's cost.
-const QUICK_READ: u32 = 64 << 10;
-
-/// Requests that never wait long on any filesystem here unless its images are remote:
-/// lookups, attributes, listings, xattrs and small reads.
-fn never_waits(req: &Request<'_>) -> bool {
-    match req {
-        Request::Read { size, .. } => *size <= QUICK_READ,
-        r => matches!(
-            r,
-            Request::Lookup { .. }
-                | Request::GetAttr { .. }
-                | Request::ReadLink { .. }
-                | Request::OpenDir { .. }
-                | Request::ReadDir { .. }
-                | Request::ReadDirPlus { .. }
-                | Request::ReleaseDir { .. }
-                | Request::GetXattr { .. }
-                | Request::ListXattr { .. }
-                | Request::StatFs { .. }
-                | Request::Access { .. }
-        ),
-    }
-}
-
-/// Making or removing a name: none copies a file up, but each waits for any copy-up under
-/// way on the mount (one lock for every change of the upper directory), and served in
-/// place it would hold up every request from its CPU that long. So they are served in
-/// place only while no change is under way (`Ops::changes_idle`).
-fn names_only(req: &Request<'_>) -> bool {
-    matches!(
-        req,
-        Request::Create { .. }
-            | Request::MkDir { .. }
-            | Request::MkNod { .. }
-            | Request::Symlink { .. }
-            | Request::Unlink { .. }
-            | Request::RmDir { .. }
-    )
 }
 
 /// What the filesystem wants of INIT, in the kernel's flags.
@@ -115,7 +71,6 @@ impl<O: Ops> Fuse<O> {
         let wants = ops.wants();
         Fuse {
             ttl: wants.ttl,
-            waits: wants.waits,
             ops,
             access,
             owner: rustix::process::geteuid().as_raw(),
@@ -297,25 +252,6 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
 
     fn forget(&self, ino: u64, nlookup: u64) {
         self.ops.forget(ino, nlookup)
-    }
-
-    fn quick(&self, req: &Request<'_>) -> bool {
-        match self.waits {
-            ops::Waits::Never => match req {
-                Request::Read { size, .. } => *size <= QUICK_READ,
-                _ => true,
-            },
-            ops::Waits::OnOpensAndChanges => {
-                never_waits(req)
-                    || (names_only(req) && self.ops.changes_idle())
-                    || match *req {
-                        Request::Open { ino, flags, .. } => self.ops.open_is_quick(ino, flags),
-                        Request::Release { ino, .. } => self.ops.release_is_quick(ino),
-                        _ => false,
-                    }
-            }
-            ops::Waits::Always => false,
-        }
     }
 
     fn request(&self, ctx: &Context, req: Request<'_>, reply: Reply<'_>) {
@@ -565,7 +501,6 @@ impl Session {
             workers: config.workers.max(1),
             poll: config.poll,
             wants,
-            ..fusewire::Config::default()
         };
         let inner = fusewire::Session::start(fd, Fuse::new(ops, config.access), &cfg)?;
         Ok(Session {
@@ -586,8 +521,7 @@ impl Session {
 
     /// `stats` with the session's members added: `transport` (what serves the mount), `poll_us`
     /// (how long its threads look for the next request before sleeping) and
-    /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue, and of
-    /// those, by opcode, how many the queue handed to the worker pool).
+    /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue).
     pub fn add_to_stats(&self, stats: StatsSource) -> StatsSource {
         let (chosen, counts) = (self.transport(), self.stats());
         let poll_us = u64::try_from(self.poll.as_micros()).unwrap_or(u64::MAX);
@@ -598,11 +532,6 @@ impl Session {
             let requests = serde_json::json!({
                 "dev": counts.dev_requests(),
                 "queues": counts.queue_requests(),
-                "pooled": counts
-                    .pooled()
-                    .into_iter()
-                    .map(|(op, n)| (op.to_string(), n.into()))
-                    .collect::<serde_json::Map<_, _>>(),
             });
             s.insert("fuse_requests".into(), requests);
             s

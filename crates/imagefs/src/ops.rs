@@ -37,21 +37,6 @@ pub struct Caller {
     pub pid: u32,
 }
 
-/// Which requests may keep the thread serving them waiting long. The transport answers
-/// the others where they arrive (no hand-off between threads); these go to a pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Waits {
-    /// None (images on this machine, nothing measured).
-    Never,
-    /// Opens, closes and changes: a measured open or a writer's close hashes a file, a
-    /// change may copy one up (and making or removing a name waits for any copy-up under
-    /// way), fsync waits for the disk. Lookups, attributes, listings, xattrs and reads
-    /// do not.
-    OnOpensAndChanges,
-    /// Any request: an image is read over the network.
-    Always,
-}
-
 /// What a filesystem asks of the kernel at INIT (each optional: a kernel that lacks one
 /// does without), and how long the kernel may cache its replies. Both ask for
 /// asynchronous and 1 MiB reads and parallel directory operations; the rest differs, as
@@ -86,8 +71,6 @@ pub struct Wants {
     /// The kernel's background queue and congestion threshold (read-only: 64 and 48;
     /// a writable mount keeps the kernel's defaults).
     pub background: Option<(u16, u16)>,
-    /// Which requests may wait long (not for the kernel: for the transport).
-    pub waits: Waits,
 }
 
 /// What the kernel agreed to at INIT, of what [`Wants`] asked.
@@ -230,20 +213,6 @@ pub trait Ops: Send + Sync + 'static {
     /// everything it reports is set up).
     fn stats(&self) -> crate::stats::StatsSource {
         std::sync::Arc::new(crate::stats::Stats::new)
-    }
-    /// Whether making or removing a name would run now without waiting for another
-    /// change (a copy-up) to finish: the transport then serves it where it arrives.
-    fn changes_idle(&self) -> bool {
-        false
-    }
-    /// Whether an OPEN of `ino` with `flags` would run now without a long wait (no file
-    /// to hash or copy up): the transport then serves it where it arrives.
-    fn open_is_quick(&self, _ino: u64, _flags: i32) -> bool {
-        false
-    }
-    /// Whether a RELEASE of `ino` would run without a long wait (no writer's file to hash).
-    fn release_is_quick(&self, _ino: u64) -> bool {
-        false
     }
 
     /// `name` in `parent`; `None` when absent (the kernel caches that too).

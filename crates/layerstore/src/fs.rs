@@ -15,7 +15,7 @@
 
 use crate::resolve::{Layer, Resolver};
 use base64::Engine;
-use imagefs::ops::{AddEntry, Caller, Errno, NotifierSlot, Opened, Register, Statfs, Waits, Wants};
+use imagefs::ops::{AddEntry, Caller, Errno, NotifierSlot, Opened, Register, Statfs, Wants};
 use imagefs::{Attr, Kind, Ops};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -172,8 +172,6 @@ impl<R: Resolver> Ops for StoreFs<R> {
             passthrough: false,
             kills_privileges: false,
             background: None,
-            // Lookups ask the registry; a readlink may mount a layer.
-            waits: Waits::Always,
         }
     }
 

@@ -10,6 +10,7 @@ const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 use common::registry::{free_port, http_status, Registry};
 use common::*;
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
@@ -958,6 +959,98 @@ fn a_server_trickling_bytes_fails_a_read_within_the_timeout() {
         std::fs::read(m.join("far")).unwrap() == far,
         "read back differs"
     );
+}
+
+/// A request waiting on the network holds up no other request from the same CPU: over
+/// io_uring the kernel queues each CPU's requests apart, and another thread of that queue
+/// serves a read of cached blocks while the first waits on a trickle (over /dev/fuse,
+/// another worker does). With one thread per queue, the cached read would wait too.
+#[test]
+fn a_read_waiting_on_the_network_holds_up_no_other_read_from_its_cpu() {
+    if prerequisites()
+        || skip_unless(is_root(), "needs root (mounts, drop_caches)")
+        || skip_unless(have("taskset"), "taskset missing")
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let near = unrepeating(1 << 20, 1 << 40);
+    std::fs::write(src.join("near"), &near).unwrap();
+    std::fs::write(src.join("far"), unrepeating(4 << 20, 2 << 40)).unwrap();
+    let image = t.path().join("app.img");
+    let out = build(&src, &image, &["--quiet"]);
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let (_server, url) = web_server(t.path());
+    let (m, cache) = (t.path().join("m"), t.path().join("cache"));
+    std::fs::create_dir_all(&m).unwrap();
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--timeout",
+            "5",
+            &url,
+            "--digest",
+            &digest,
+        ])
+        .arg("--cache")
+        .arg(&cache)
+        .arg(&m));
+    let _m = Unmount::fuse(&m);
+    assert!(std::fs::read(m.join("near")).unwrap() == near);
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    // The FUSE connection's count of requests sent and not yet answered.
+    let conn = std::fs::metadata(&m).unwrap().dev() & 0xff;
+    let waiting = || {
+        std::fs::read_to_string(format!("/sys/fs/fuse/connections/{conn}/waiting"))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    std::fs::write(t.path().join("slow"), b"").unwrap();
+    // One direct 4 KiB read of `far` from CPU 0: one READ, waiting on the trickle.
+    let mut far_reader = Command::new("taskset")
+        .args([
+            "-c",
+            "0",
+            "dd",
+            "bs=4096",
+            "count=1",
+            "iflag=direct",
+            "status=none",
+        ])
+        .arg(format!("if={}", m.join("far").display()))
+        .arg("of=/dev/null")
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while waiting() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "the READ never came"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // From the same CPU, `near` again: its blocks are in the cache, no fetch.
+    let again = Command::new("taskset")
+        .args(["-c", "0", "cat"])
+        .arg(m.join("near"))
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success() && again.stdout == near,
+        "near read back wrong"
+    );
+    assert!(
+        far_reader.try_wait().unwrap().is_none() && waiting() > 0,
+        "the read of near waited for the far one"
+    );
+    // Once the server answers again, the far read completes (a retry).
+    std::fs::remove_file(t.path().join("slow")).unwrap();
+    assert!(far_reader.wait().unwrap().success(), "far read failed");
 }
 
 /// A source tree of a small file and three big ones (`a`, then 8 MiB, then `b`), built

@@ -37,9 +37,6 @@ pub struct MemFs {
     /// FORGETs seen (shared: the session owns the filesystem).
     pub forgets: Arc<AtomicU64>,
     pub inits: Arc<AtomicU64>,
-    /// Every request but READ served where it arrives (over io_uring: on the queue's
-    /// thread), READ on the worker pool.
-    pub quick: bool,
 }
 
 /// The contents of /dir/big.bin.
@@ -93,7 +90,6 @@ impl MemFs {
             ttl,
             forgets: Arc::default(),
             inits: Arc::default(),
-            quick: false,
         }
     }
 
@@ -295,9 +291,5 @@ impl Filesystem for MemFs {
 
     fn forget(&self, _ino: u64, _nlookup: u64) {
         self.forgets.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn quick(&self, req: &Request<'_>) -> bool {
-        self.quick && !matches!(req, Request::Read { .. })
     }
 }

@@ -111,14 +111,6 @@ impl Measuring {
         Ok(h.finish())
     }
 
-    /// Whether a measurement of `key` now would reuse a digest kept (no hash to wait for).
-    pub fn has_digest(&self, key: &ContentKey) -> bool {
-        self.cache
-            .pin()
-            .get(key)
-            .is_some_and(|c| c.digest.is_some())
-    }
-
     /// The cache's entry for `key` once no hash begun at close is under way for it
     /// (waiting for one at most `HASH_AT_CLOSE_WAIT`).
     fn settled(&self, key: &ContentKey) -> Option<Cached> {

@@ -110,17 +110,6 @@ impl Measuring {
         self.policy.may_measure(fs)
     }
 
-    /// Whether an open with `flags` of a file on `fs` can ever be measured: the
-    /// functions it is checked as (FILE_CHECK; BPRM_CHECK too for an exec) have a rule.
-    pub fn may_measure_open(&self, fs: &FsIdentity, flags: i32) -> bool {
-        let funcs: &[Func] = if flags & FMODE_EXEC != 0 {
-            &[Func::BprmCheck, Func::FileCheck]
-        } else {
-            &[Func::FileCheck]
-        };
-        self.policy.may_measure_any_of(fs, funcs)
-    }
-
     /// Measures an open if the policy says so. An error (the file could not be read, or
     /// failed verification, or the list could not be written) fails the open: a measured
     /// open never succeeds unmeasured. Records the violations IMA records for it (see

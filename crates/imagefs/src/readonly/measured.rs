@@ -94,24 +94,6 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
     }
 
-    /// Whether a measured open of `ino` would find its digest ready: one whose file has
-    /// to be hashed first waits on the pool, not on an io_uring queue's thread.
-    pub(super) fn measured_open_is_quick(&self, ino: u64, flags: i32) -> bool {
-        let Some(s) = &self.hook.setup else {
-            return true;
-        };
-        let Ok(o) = self.obj(ino) else {
-            return false;
-        };
-        let key = measuring::ContentKey::Image {
-            layer: o.layer,
-            nid: o.nid,
-        };
-        s.layers.get(o.layer as usize).is_some_and(|fs| {
-            !s.measuring.may_measure_open(fs, flags) || s.measuring.has_digest(&key)
-        })
-    }
-
     /// With a policy: measures an open of `ino` (see `measuring`).
     pub(super) fn measure_open(
         &self,

@@ -44,7 +44,7 @@ use crate::ino::{fits, ino_obj, obj_ino};
 use crate::measuring::{self, Hook};
 use crate::ops::{
     AddEntry, AddEntryPlus, Caller, DirEntry, Errno, Granted, Logger, NotifierSlot, Opened, Ops,
-    Register, Statfs, Waits, Wants,
+    Register, Statfs, Wants,
 };
 use crate::paths::logged_subject;
 use crate::stack::{self, Obj, Resolved, Stack};
@@ -295,11 +295,6 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             passthrough: false,
             kills_privileges: false,
             background: Some((64, 48)),
-            waits: match (self.stack.remote(), measured) {
-                (true, _) => Waits::Always,
-                (false, true) => Waits::OnOpensAndChanges,
-                (false, false) => Waits::Never,
-            },
         }
     }
 
@@ -379,15 +374,6 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             keep_cache: true,
             ..Opened::default()
         })
-    }
-
-    fn open_is_quick(&self, ino: u64, flags: i32) -> bool {
-        self.measured_open_is_quick(ino, flags)
-    }
-
-    fn release_is_quick(&self, _ino: u64) -> bool {
-        // Only the inode's count of open handles changes.
-        true
     }
 
     fn release(&self, ino: u64, _fh: u64, _answer: &mut dyn FnMut()) {

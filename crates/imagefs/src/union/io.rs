@@ -65,18 +65,6 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         f(fd.as_fd())
     }
 
-    /// Whether opening node `id` with `flags` needs neither a hash (measuring) nor a
-    /// copy-up (a writer of a file only the images have).
-    pub(super) fn open_needs_no_wait(&self, id: u64, flags: i32) -> bool {
-        let writes =
-            flags & (rustix::fs::OFlags::ACCMODE.bits() as i32) != 0 || flags & libc_trunc() != 0;
-        self.hook.setup.is_none()
-            && (!writes
-                || self
-                    .with_node(id, |n| Ok(n.upper.is_some()))
-                    .unwrap_or(false))
-    }
-
     pub(super) fn open_file(
         &self,
         caller: &Caller,

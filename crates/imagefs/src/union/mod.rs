@@ -39,7 +39,7 @@ use crate::attr::{Attr, Kind};
 use crate::measuring::{Hook, Setup};
 use crate::ops::{
     AddEntry, Caller, Created, Errno, Granted, Logger, NotifierSlot, Opened, Ops, Register,
-    RenameFlags, SetAttr, Statfs, Waits, Wants,
+    RenameFlags, SetAttr, Statfs, Wants,
 };
 use crate::reaper::Reaper;
 use crate::stack::{Obj, Stack};
@@ -234,10 +234,6 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
             // `security.capability` on every write.
             kills_privileges: true,
             background: None,
-            waits: match self.stack.remote() {
-                true => Waits::Always,
-                false => Waits::OnOpensAndChanges,
-            },
         }
     }
 
@@ -251,14 +247,6 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
 
     fn notifier_slot(&self) -> NotifierSlot {
         self.notifier.clone()
-    }
-
-    fn changes_idle(&self) -> bool {
-        // At this instant: a copy-up that starts just after is waited for, rarely.
-        !matches!(
-            self.change.try_lock(),
-            Err(std::sync::TryLockError::WouldBlock)
-        )
     }
 
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno> {
@@ -372,15 +360,6 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
         register: Register<'_>,
     ) -> Result<Opened, Errno> {
         self.open_file(caller, id, flags, register)
-    }
-
-    fn open_is_quick(&self, id: u64, flags: i32) -> bool {
-        self.open_needs_no_wait(id, flags)
-    }
-
-    fn release_is_quick(&self, _id: u64) -> bool {
-        // Only a measured mount's release may hash the file its writer closed.
-        self.hook.setup.is_none()
     }
 
     fn read(&self, ino: u64, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {

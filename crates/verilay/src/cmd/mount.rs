@@ -45,7 +45,8 @@ pub struct Args {
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<OsString>,
     /// Worker threads that serve requests (default: one per CPU; at most 1024). Over
-    /// /dev/fuse each reads from a descriptor of its own.
+    /// /dev/fuse each reads from a descriptor of its own; over io_uring they are spread
+    /// over the CPUs' queues, at least 2 each.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// How requests reach the daemon (`-o transport=`): `uring` (FUSE over io_uring, or
