@@ -874,3 +874,394 @@ fn what_containers_run_from_the_store_is_measured_in_lists_evmctl_accepts() {
         );
     }
 }
+
+// --- Rootless: the test user's podman, and the store in podman's own namespaces.
+
+/// The `verilaytest` account with a subordinate ID range (podman's rootless user
+/// namespace maps container IDs 1 and up there) and newuidmap to set it up.
+fn rootless_prerequisites() -> bool {
+    let has_range = |file: &str| {
+        std::fs::read_to_string(file)
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("verilaytest:")))
+    };
+    podman_prerequisites()
+        || skip_unless(
+            have("newuidmap") && have("newgidmap"),
+            "rootless podman needs newuidmap and newgidmap (uidmap; scripts/setup)",
+        )
+        || skip_unless(
+            has_range("/etc/subuid") && has_range("/etc/subgid"),
+            "verilaytest has no range in /etc/subuid and /etc/subgid (scripts/setup)",
+        )
+}
+
+/// podman as `verilaytest`, everything its own under `dir` (owned by the user): home,
+/// XDG_RUNTIME_DIR (so its pause process, and with it its user and mount namespaces, are
+/// this test's alone), storage, and the same configuration as [`Podman`]'s.
+struct RootlessPodman {
+    dir: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl RootlessPodman {
+    fn new(dir: &Path, port: u16, store: &Path) -> RootlessPodman {
+        let run_dir = dir.join("run");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        std::fs::write(
+            dir.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\n\
+                 runroot = \"{0}/run/storage\"\n[storage.options]\n\
+                 additionallayerstores = [\"{1}:ref\"]\n",
+                dir.display(),
+                store.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
+             netns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
+             events_logger = \"file\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("registries.conf"),
+            format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"),
+        )
+        .unwrap();
+        sh(&format!(
+            "chown -R verilaytest: '{0}' && chmod 700 '{1}'",
+            dir.display(),
+            run_dir.display()
+        ));
+        let p = |f: &str| dir.join(f).display().to_string();
+        let mut env = vec![
+            ("HOME".to_string(), dir.display().to_string()),
+            ("USER".to_string(), "verilaytest".to_string()),
+            (
+                "PATH".to_string(),
+                "/usr/local/bin:/usr/bin:/bin".to_string(),
+            ),
+            ("XDG_RUNTIME_DIR".to_string(), run_dir.display().to_string()),
+            ("CONTAINERS_STORAGE_CONF".to_string(), p("storage.conf")),
+            ("CONTAINERS_CONF".to_string(), p("containers.conf")),
+            (
+                "CONTAINERS_REGISTRIES_CONF".to_string(),
+                p("registries.conf"),
+            ),
+            ("TMPDIR".to_string(), dir.display().to_string()),
+            ("VERILAY_CACHE".to_string(), p("verilay-cache")),
+        ];
+        // Each pass of scripts/test: the store's layers over the transport it names.
+        if let Ok(t) = std::env::var("VERILAY_TRANSPORT") {
+            env.push(("VERILAY_TRANSPORT".to_string(), t));
+        }
+        RootlessPodman {
+            dir: dir.to_path_buf(),
+            env,
+        }
+    }
+
+    /// `podman ARGS…` as the test user, in its environment alone.
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "verilaytest", "--", "env", "-i"])
+            .args(self.env.iter().map(|(k, v)| format!("{k}={v}")))
+            .arg("podman")
+            .current_dir(&self.dir);
+        c
+    }
+
+    /// `podman unshare ARGS…`: in podman's user and mount namespaces, as their root.
+    fn unshare(&self, args: &[&str]) -> std::process::Output {
+        self.cmd().arg("unshare").args(args).output().unwrap()
+    }
+
+    /// `podman run --rm IMAGE ARGS…` with `extra` options first: (exit code, stdout,
+    /// stderr).
+    fn run(&self, extra: &[&str], image: &str, args: &[&str]) -> (i32, String, String) {
+        let out = self
+            .cmd()
+            .args(["run", "--rm", "--network=none"])
+            .args(extra)
+            .arg(image)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for RootlessPodman {
+    fn drop(&mut self) {
+        let _ = self.cmd().args(["rm", "-a", "-f"]).output();
+        let _ = self.cmd().args(["rmi", "-a", "-f"]).output();
+        // Its pause process holds the namespaces (and the overlay mounts in them).
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("run/libpod/tmp/pause.pid")) {
+            if let Some(pid) = pid
+                .trim()
+                .parse()
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::Kill);
+            }
+        }
+    }
+}
+
+/// `verilay layer-store` as the test user inside `podman unshare`: the store and the
+/// layers it mounts are in podman's mount namespace, owned by podman's user namespace.
+/// Stopped (SIGTERM: it unmounts itself and its layers) when dropped.
+struct RootlessStore {
+    child: std::process::Child,
+    pid: PathBuf,
+    dir: PathBuf,
+    state: PathBuf,
+}
+
+impl RootlessStore {
+    fn start(pod: &RootlessPodman, env: &[(&str, &str)]) -> RootlessStore {
+        let (dir, state, pid) = (
+            pod.dir.join("store"),
+            pod.dir.join("state"),
+            pod.dir.join("store.pid"),
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        sh(&format!("chown verilaytest: '{}'", dir.display()));
+        let log = std::fs::File::create(pod.dir.join("store.log")).unwrap();
+        let child = pod
+            .cmd()
+            .arg("unshare")
+            .args(["sh", "-c", "echo $$ > \"$0\" && exec \"$@\""])
+            .arg(&pid)
+            .arg("env")
+            .args(env.iter().map(|(k, v)| format!("{k}={v}")))
+            .arg(env!("CARGO_BIN_EXE_verilay"))
+            .arg("layer-store")
+            .arg(&dir)
+            .arg("--state")
+            .arg(&state)
+            .arg("--cache")
+            .arg(pod.dir.join("cache"))
+            .arg("--insecure")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let store = RootlessStore {
+            child,
+            pid,
+            dir,
+            state,
+        };
+        let needle = format!(" {} ", store.dir.display());
+        let mounted = poll_until(Duration::from_secs(30), || {
+            String::from_utf8_lossy(&pod.unshare(&["cat", "/proc/self/mountinfo"]).stdout)
+                .contains(&needle)
+        });
+        assert!(
+            mounted,
+            "the store did not mount: {}",
+            std::fs::read_to_string(pod.dir.join("store.log")).unwrap_or_default()
+        );
+        store
+    }
+
+    /// The layer mounts the store made (directories; mounted in podman's namespace).
+    fn layers(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.state.join("layers"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for RootlessStore {
+    fn drop(&mut self) {
+        let pid = std::fs::read_to_string(&self.pid)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .and_then(rustix::process::Pid::from_raw);
+        let signal = |s| pid.map(|p| rustix::process::kill_process(p, s));
+        signal(rustix::process::Signal::Term);
+        // A store whose mount another namespace still holds would wait for it for good.
+        if !poll_until(Duration::from_secs(20), || {
+            self.child.try_wait().is_ok_and(|s| s.is_some())
+        }) {
+            signal(rustix::process::Signal::Kill);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn rootless_podman_runs_converted_images_through_a_store_in_its_user_namespace() {
+    if rootless_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let reg = Registry::start(false);
+    let dirs = three_layers(t.path());
+    // A file the image's root alone may read.
+    sh(&format!(
+        "echo rootonly > '{0}/etc/secret' && chmod 600 '{0}/etc/secret'",
+        dirs[2].display()
+    ));
+    let l = layout(t.path(), "v1", &dirs);
+    let src = format!("oci:{}:v1", l.dir.display());
+    run(verilay().args(["convert", &src, &reg.docker("app:v1"), "--insecure", "-q"]));
+    let image = reg.reference("app:v1").replacen("oci://", "", 1);
+    let pod = RootlessPodman::new(
+        &t.path().join("user"),
+        reg.port,
+        &t.path().join("user/store"),
+    );
+    let store = RootlessStore::start(&pod, &[("VERILAY_FETCH_EXACT", "1")]);
+
+    // The pull takes each layer from the store, and its use and release notices get the
+    // ENOENT of a counting store (anything else podman warns about).
+    let pulled = run(pod.cmd().args(["pull", "-q", &image]));
+    let err = String::from_utf8_lossy(&pulled.stderr);
+    assert!(!err.contains("Additional Layer Store"), "{err}");
+    let inspect = run(pod.cmd().args([
+        "image",
+        "inspect",
+        "--format",
+        "{{.GraphDriver.Data.LowerDir}}:{{.GraphDriver.Data.UpperDir}}",
+        &image,
+    ]));
+    let diffs: Vec<PathBuf> = String::from_utf8_lossy(&inspect.stdout)
+        .trim()
+        .split(':')
+        .filter(|s| !s.is_empty() && *s != "<no value>")
+        .map(PathBuf::from)
+        .collect();
+    assert_eq!(diffs.len(), 3, "{diffs:?}");
+    for d in &diffs {
+        let target = std::fs::read_link(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        assert!(
+            target.starts_with(&store.dir),
+            "{} -> {}",
+            d.display(),
+            target.display()
+        );
+    }
+
+    // Programs run from the layers.
+    let (code, out, err) = pod.run(&[], &image, &["/app/run.sh"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("app on base") && !out.contains("gone"),
+        "{out}"
+    );
+    let (code, out, err) = pod.run(
+        &[],
+        &image,
+        &[
+            "python3",
+            "-c",
+            "import hashlib; print(sum(range(10)), hashlib.sha256(b'x').hexdigest()[:8])",
+        ],
+    );
+    assert_eq!((code, out.as_str()), (0, "45 2d711642\n"), "{err}");
+    // The image's owners are the container's: root's files are root's (not the overflow
+    // ID of an owner the user namespace does not map), so its root reads a file of mode
+    // 600 and another container user may not.
+    let (code, out, err) = pod.run(
+        &[],
+        &image,
+        &[
+            "sh",
+            "-c",
+            "stat -c %u:%g /etc/secret /bin/busybox && cat /etc/secret",
+        ],
+    );
+    assert_eq!((code, out.as_str()), (0, "0:0\n0:0\nrootonly\n"), "{err}");
+    let (code, out, err) = pod.run(
+        &["--user", "1000:1000"],
+        &image,
+        &["sh", "-c", "/app/run.sh && cat /etc/secret"],
+    );
+    assert!(
+        code != 0 && out.contains("app on base"),
+        "{code} {out}{err}"
+    );
+    assert!(err.contains("Permission denied"), "{err}");
+
+    // The layers are mounted in podman's namespace only, and fetched as read: of the
+    // Python layer's unread data, nothing.
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let ns =
+        String::from_utf8_lossy(&pod.unshare(&["cat", "/proc/self/mountinfo"]).stdout).into_owned();
+    let layers = store.layers();
+    assert_eq!(layers.len(), 3, "{layers:?}");
+    let (mut fetched, mut size) = (0u64, 0u64);
+    for m in &layers {
+        let at = format!(" {} ", m.display());
+        assert!(ns.contains(&at) && !host.contains(&at), "{}", m.display());
+        let out = pod.unshare(&[
+            env!("CARGO_BIN_EXE_verilay"),
+            "stats",
+            "--json",
+            &m.display().to_string(),
+        ]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        // Served over the transport this pass of scripts/test names.
+        let want = match std::env::var("VERILAY_TRANSPORT").as_deref() {
+            Ok("uring") => Some("io_uring"),
+            Ok("dev") => Some("/dev/fuse"),
+            _ => None,
+        };
+        if let Some(want) = want {
+            let transport = s["transport"].as_str().unwrap_or_default();
+            assert!(transport.starts_with(want), "{s}");
+        }
+        fetched += s["remote_bytes_fetched"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+        size += s["remote_image_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+    }
+    assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
+
+    // A container's writes land in podman's upper directory, owned on the host by the
+    // user (the container's root), never in a layer.
+    let out = run(pod.cmd().args([
+        "run",
+        "--name",
+        "w",
+        "--network=none",
+        &image,
+        "sh",
+        "-c",
+        "echo written > /etc/new && rm /etc/os-release && cat /etc/new",
+    ]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
+    let upper = run(pod
+        .cmd()
+        .args(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", "w"]));
+    let upper = PathBuf::from(String::from_utf8_lossy(&upper.stdout).trim());
+    let new = upper.join("etc/new");
+    assert_eq!(std::fs::read_to_string(&new).unwrap(), "written\n");
+    let uid = std::fs::metadata(&pod.dir).unwrap().uid();
+    assert_eq!(std::fs::metadata(&new).unwrap().uid(), uid);
+    let mut seen = String::new();
+    for m in &layers {
+        let etc = m.join("etc").display().to_string();
+        seen += &String::from_utf8_lossy(&pod.unshare(&["ls", "-a", &etc]).stdout);
+    }
+    assert!(
+        seen.contains("os-release") && !seen.contains("new"),
+        "{seen}"
+    );
+    drop(store);
+}
