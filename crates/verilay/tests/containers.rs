@@ -379,19 +379,7 @@ impl Podman {
             ),
         )
         .unwrap();
-        // Test-only: this machine refuses crun and podman's default rlimits.
-        std::fs::write(
-            dir.join("containers.conf"),
-            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
-             netns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
-             events_logger = \"file\"\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("registries.conf"),
-            format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"),
-        )
-        .unwrap();
+        podman_conf(dir, port);
         Podman {
             dir: dir.to_path_buf(),
         }
@@ -491,9 +479,7 @@ impl Store {
 
     /// The layer mounts the store made.
     fn layers(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.state.join("layers"))
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default()
+        layer_mounts(&self.state)
     }
 }
 
@@ -594,39 +580,10 @@ fn podman_runs_converted_images_from_verified_lazily_fetched_layers() {
     // Only what the containers touched was fetched: of the Python layer, a small part.
     let layers = store.layers();
     assert_eq!(layers.len(), 3, "{layers:?}");
-    let (mut fetched, mut size) = (0u64, 0u64);
-    for m in &layers {
-        let s = stats_json(m);
-        fetched += s["remote_bytes_fetched"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{s}"));
-        size += s["remote_image_bytes"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{s}"));
-    }
-    assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
+    fetched_under_half(layers.iter().map(|m| stats_json(m)));
 
     // A container's writes land in podman's upper directory, never in a layer.
-    let out = run(lazy.cmd().args([
-        "run",
-        "--name",
-        "w",
-        "--network=none",
-        &image,
-        "sh",
-        "-c",
-        "echo written > /etc/new && rm /etc/os-release && cat /etc/new",
-    ]));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
-    let upper =
-        run(lazy
-            .cmd()
-            .args(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", "w"]));
-    let upper = PathBuf::from(String::from_utf8_lossy(&upper.stdout).trim());
-    assert_eq!(
-        std::fs::read_to_string(upper.join("etc/new")).unwrap(),
-        "written\n"
-    );
+    written_in_upper(|| lazy.cmd(), &image);
     for m in &layers {
         assert!(!m.join("etc/new").exists());
     }
@@ -875,6 +832,64 @@ fn what_containers_run_from_the_store_is_measured_in_lists_evmctl_accepts() {
     }
 }
 
+/// The layer mounts a store with state directory `state` made.
+fn layer_mounts(state: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state.join("layers"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// The test-only containers.conf (this machine refuses crun and podman's default
+/// rlimits) and a registries.conf letting podman reach the test registry over HTTP.
+fn podman_conf(dir: &Path, port: u16) {
+    std::fs::write(
+        dir.join("containers.conf"),
+        "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
+         netns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
+         events_logger = \"file\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("registries.conf"),
+        format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"),
+    )
+    .unwrap();
+}
+
+/// The layer mounts' `verilay stats` say less than half of their images was fetched.
+fn fetched_under_half(stats: impl Iterator<Item = serde_json::Value>) {
+    let (mut fetched, mut size) = (0u64, 0u64);
+    for s in stats {
+        fetched += s["remote_bytes_fetched"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+        size += s["remote_image_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+    }
+    assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
+}
+
+/// A container named `w` of `image` (podman as `podman` makes it) writes /etc/new and
+/// removes /etc/os-release: the new file is in its upper directory, whose path it returns.
+fn written_in_upper(podman: impl Fn() -> Command, image: &str) -> PathBuf {
+    let out = run(podman().args([
+        "run",
+        "--name",
+        "w",
+        "--network=none",
+        image,
+        "sh",
+        "-c",
+        "echo written > /etc/new && rm /etc/os-release && cat /etc/new",
+    ]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
+    let upper = run(podman().args(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", "w"]));
+    let new = PathBuf::from(String::from_utf8_lossy(&upper.stdout).trim()).join("etc/new");
+    assert_eq!(std::fs::read_to_string(&new).unwrap(), "written\n");
+    new
+}
+
 // --- Rootless: the test user's podman, and the store in podman's own namespaces.
 
 /// The `verilaytest` account with a subordinate ID range (podman's rootless user
@@ -918,18 +933,7 @@ impl RootlessPodman {
             ),
         )
         .unwrap();
-        std::fs::write(
-            dir.join("containers.conf"),
-            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
-             netns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
-             events_logger = \"file\"\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("registries.conf"),
-            format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"),
-        )
-        .unwrap();
+        podman_conf(dir, port);
         sh(&format!(
             "chown -R verilaytest: '{0}' && chmod 700 '{1}'",
             dir.display(),
@@ -1075,9 +1079,7 @@ impl RootlessStore {
 
     /// The layer mounts the store made (directories; mounted in podman's namespace).
     fn layers(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.state.join("layers"))
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default()
+        layer_mounts(&self.state)
     }
 }
 
@@ -1202,7 +1204,7 @@ fn rootless_podman_runs_converted_images_through_a_store_in_its_user_namespace()
         String::from_utf8_lossy(&pod.unshare(&["cat", "/proc/self/mountinfo"]).stdout).into_owned();
     let layers = store.layers();
     assert_eq!(layers.len(), 3, "{layers:?}");
-    let (mut fetched, mut size) = (0u64, 0u64);
+    let mut stats = Vec::new();
     for m in &layers {
         let at = format!(" {} ", m.display());
         assert!(ns.contains(&at) && !host.contains(&at), "{}", m.display());
@@ -1224,34 +1226,13 @@ fn rootless_podman_runs_converted_images_through_a_store_in_its_user_namespace()
             let transport = s["transport"].as_str().unwrap_or_default();
             assert!(transport.starts_with(want), "{s}");
         }
-        fetched += s["remote_bytes_fetched"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{s}"));
-        size += s["remote_image_bytes"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{s}"));
+        stats.push(s);
     }
-    assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
+    fetched_under_half(stats.into_iter());
 
     // A container's writes land in podman's upper directory, owned on the host by the
     // user (the container's root), never in a layer.
-    let out = run(pod.cmd().args([
-        "run",
-        "--name",
-        "w",
-        "--network=none",
-        &image,
-        "sh",
-        "-c",
-        "echo written > /etc/new && rm /etc/os-release && cat /etc/new",
-    ]));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
-    let upper = run(pod
-        .cmd()
-        .args(["inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", "w"]));
-    let upper = PathBuf::from(String::from_utf8_lossy(&upper.stdout).trim());
-    let new = upper.join("etc/new");
-    assert_eq!(std::fs::read_to_string(&new).unwrap(), "written\n");
+    let new = written_in_upper(|| pod.cmd(), &image);
     let uid = std::fs::metadata(&pod.dir).unwrap().uid();
     assert_eq!(std::fs::metadata(&new).unwrap().uid(), uid);
     let mut seen = String::new();
