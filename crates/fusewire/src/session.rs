@@ -348,6 +348,7 @@ impl Session {
                     stop: sem.clone(),
                     stopping: self.stopper.stop.clone(),
                     poll: config.poll,
+                    pin: i == 0,
                     input: dev::buffer(payload)?,
                 };
                 let reg_tx = reg_tx.clone();

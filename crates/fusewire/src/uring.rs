@@ -10,8 +10,12 @@
 //! next request to another thread's, and every answer (a 1 MiB READ's copy into the page
 //! cache) is committed by the thread that made it. (A thread per queue handing requests
 //! to a pool made each one cost two more wake-ups and had that thread copy every READ: a
-//! cold 256 MiB read took 1.15-1.36x as long as over /dev/fuse.) The threads are not
-//! pinned: a CPU's readers would then share it with all the hashing done for them.
+//! cold 256 MiB read took 1.15-1.36x as long as over /dev/fuse.)
+//!
+//! A queue's first thread is pinned to its CPU: a caller that waits for each answer finds
+//! it looking on its own CPU (the kernel hands the entry committed last the next request),
+//! where a thread on another CPU must be sent an interrupt. The others are not: a reader's
+//! readahead then spreads its hashing over every CPU.
 //! At unmount every entry completes with -ENOTCONN and its thread ends.
 
 use crate::abi::{self, OutHeader, UringCmdReq, UringReqHeader};
@@ -102,6 +106,16 @@ fn wake_sqe(stop: &EventFd, mem: &QueueMem) -> squeue::Entry128 {
     )
 }
 
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data, zeroed is empty; sched_setaffinity(0) affects only
+    // this thread, and failing leaves it unpinned (still correct, only slower).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// One serving thread: its queue, its entry's memory and the session's stop signal (a
 /// semaphore eventfd the session adds one to per thread).
 pub(crate) struct Server<F> {
@@ -115,6 +129,8 @@ pub(crate) struct Server<F> {
     pub(crate) stopping: Arc<AtomicBool>,
     /// How long to look for the next request before sleeping (see `spin`).
     pub(crate) poll: Duration,
+    /// Runs on the queue's CPU only.
+    pub(crate) pin: bool,
     /// A copy of each request served here (as large as the largest, made beforehand).
     pub(crate) input: Vec<u8>,
 }
@@ -139,6 +155,9 @@ impl<F: Filesystem> Server<F> {
     /// Registers the entry, reports how that went, then serves until the entry ends
     /// (unmount) or the session stops.
     pub(crate) fn run(mut self, registered: Sender<Registered>) -> io::Result<()> {
+        if self.pin {
+            pin_to_cpu(self.qid as usize);
+        }
         let mut ring: Ring = match IoUring::builder().build(2) {
             Ok(r) => r,
             Err(e) => {
