@@ -158,7 +158,15 @@ impl<F: Filesystem> Server<F> {
         if self.pin {
             pin_to_cpu(self.qid as usize);
         }
-        let mut ring: Ring = match IoUring::builder().build(2) {
+        // A request reaches this thread as task work it must run (copying the request into
+        // the entry). Cooperatively: a thread looking for its next request (see `spin`) on
+        // another CPU is not sent an interrupt but sees the ring's TASKRUN flag and enters
+        // the kernel itself; a sleeping one is woken as ever.
+        let built = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(2);
+        let mut ring: Ring = match built {
             Ok(r) => r,
             Err(e) => {
                 let _ = registered.send(Err(io::Error::new(
@@ -210,6 +218,10 @@ impl<F: Filesystem> Server<F> {
                 // The commit goes out first: its caller waits for it.
                 ring.submit()?;
                 cqes = crate::spin::spin(self.poll, || {
+                    if ring.submission().taskrun() {
+                        // Runs the task work, which posts the request's completion.
+                        ring.submit()?;
+                    }
                     let found = completions(ring);
                     Ok((!found.is_empty()).then_some(found))
                 })?
