@@ -73,8 +73,8 @@ struct Key {
 #[derive(Clone)]
 struct ByBytes;
 
-impl quick_cache::Weighter<Key, Arc<[u8]>> for ByBytes {
-    fn weight(&self, _key: &Key, val: &Arc<[u8]>) -> u64 {
+impl quick_cache::Weighter<Key, Arc<Vec<u8>>> for ByBytes {
+    fn weight(&self, _key: &Key, val: &Arc<Vec<u8>>) -> u64 {
         <[u8]>::len(val) as u64 + 64
     }
 }
@@ -82,7 +82,8 @@ impl quick_cache::Weighter<Key, Arc<[u8]>> for ByBytes {
 /// Decoded extents, shared by every thread reading the image (CLOCK-Pro eviction by bytes;
 /// concurrent misses on one extent decode it once).
 pub(crate) struct ZCache {
-    extents: quick_cache::sync::Cache<Key, Arc<[u8]>, ByBytes>,
+    /// A `Vec` behind the `Arc` so a decoded extent is kept without a copy.
+    extents: quick_cache::sync::Cache<Key, Arc<Vec<u8>>, ByBytes>,
     /// Extents decoded so far (the cache's misses).
     decodes: AtomicU64,
 }
@@ -282,7 +283,7 @@ impl<S: ByteSource> Image<S> {
     }
 
     /// The decoded bytes of extent `e` (a cluster), from the cache or decoded now.
-    fn decoded(&self, inode: &Inode, e: &ZExtent) -> Result<Arc<[u8]>> {
+    fn decoded(&self, inode: &Inode, e: &ZExtent) -> Result<Arc<Vec<u8>>> {
         let ZStored::Cluster { at, len, .. } = e.stored else {
             return corrupt(inode.offset, "fragment has no cluster");
         };
@@ -299,7 +300,7 @@ impl<S: ByteSource> Image<S> {
         };
         self.zcache.extents.get_or_insert_with(&key, || {
             self.zcache.decodes.fetch_add(1, Ordering::Relaxed);
-            self.decode(inode, e, key).map(Arc::from)
+            self.decode(inode, e, key).map(Arc::new)
         })
     }
 
