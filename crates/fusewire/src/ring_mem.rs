@@ -1,8 +1,8 @@
 //! The memory of one io_uring queue's entries: for each, a `fuse_uring_req_header` and a
 //! payload buffer the kernel copies requests into and replies out of, and the iovec pair
 //! REGISTER points at. The kernel keeps these addresses for the whole connection and writes
-//! them (from the queue thread's context) whenever it hands the entry a request, so the
-//! memory must outlive the queue thread: the session holds it until that thread is joined.
+//! them (from the serving thread's context) whenever it hands the entry a request, so the
+//! memory must outlive that thread: the session holds it until the thread is joined.
 
 use crate::abi::UringReqHeader;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -51,8 +51,9 @@ pub(crate) struct QueueMem {
 }
 
 // SAFETY: the buffers are plain memory reached through raw pointers; who may touch an
-// entry's memory at a time (the kernel, the queue thread, one worker) is decided by the
-// ring protocol and the queue's hand-off of each entry, never by sharing references.
+// entry's memory at a time (the kernel, or the entry's serving thread) is decided by the
+// ring protocol (an entry is its thread's from completion to commit), never by sharing
+// references.
 unsafe impl Send for QueueMem {}
 // SAFETY: as above; QueueMem itself hands out only raw pointers.
 unsafe impl Sync for QueueMem {}
