@@ -66,7 +66,8 @@ const FIRST_UPPER_ID: u64 = 1 << 62;
 /// A map whose values hold descriptors. A removed value is freed once no reader can see
 /// it, a batch at a time; papaya's batches of 32 per thread kept ~50 closed handles' and
 /// ~80 forgotten nodes' descriptors open under `ulimit -n 256`. Batches of 4 keep few,
-/// for one barrier per 4 removals (closes and FORGETs, not reads).
+/// for one fence per 4 removals (closes and FORGETs, not reads; a fence, not a
+/// membarrier(2): see Cargo.toml).
 fn holding_descriptors<K, V>() -> papaya::HashMap<K, V> {
     papaya::HashMap::builder()
         .collector(seize::Collector::new().batch_size(4))
