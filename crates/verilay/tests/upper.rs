@@ -738,18 +738,49 @@ fn a_hostile_redirect_is_an_error_not_a_loop() {
     assert_eq!(std::fs::read(m.dir.join("keep.txt")).unwrap(), b"keep\n");
 }
 
+/// The pid of the daemon serving `mnt`.
+fn daemon_of(mnt: &Path) -> String {
+    let out = run(Command::new("pgrep").arg("-f").arg(mnt));
+    let pid = String::from_utf8_lossy(&out.stdout);
+    pid.lines().next().unwrap().trim().to_string()
+}
+
 /// The daemon's descriptors now: one per upper object the kernel has cached, at least.
 fn descriptors_of(mnt: &Path) -> usize {
-    let out = run(Command::new("pgrep").arg("-f").arg(mnt));
-    let pid = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .to_string();
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
+    std::fs::read_dir(format!("/proc/{}/fd", daemon_of(mnt)))
         .unwrap()
         .count()
+}
+
+/// A line of `/proc/PID/FILE` starting with `key`, its first number.
+fn proc_number(pid: &str, file: &str, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
+    let line = text.lines().find(|l| l.starts_with(key)).unwrap();
+    line[key.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_daemon_grows_its_descriptor_table_before_its_threads_start() {
+    if prerequisites() {
+        return;
+    }
+    // Grown later, each doubling waits for an RCU grace period (10-20 ms) in the middle
+    // of some request: a fresh mount's first few hundred creates paid five.
+    let (t, image, _lower) = lower_fixture();
+    let d = dirs(t.path(), "table");
+    let m = verilay_mount(&image, &d, &t.path().join("m"));
+    let pid = daemon_of(&m.dir);
+    let limit = proc_number(&pid, "limits", "Max open files");
+    let slots = proc_number(&pid, "status", "FDSize:");
+    assert!(
+        slots >= limit.min(1 << 16),
+        "{slots} descriptor slots for a limit of {limit}"
+    );
 }
 
 #[test]

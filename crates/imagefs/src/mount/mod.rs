@@ -11,8 +11,8 @@ pub mod stats;
 
 pub use daemon::{start as start_daemon, Report, Reporter};
 pub use kernel::{
-    detach_leftover, hold_mountpoint, is_mount_point, operand, raise_descriptor_limit, unmount,
-    wait_for_daemon,
+    detach_leftover, hold_mountpoint, is_mount_point, operand, raise_descriptor_limit,
+    reserve_descriptor_table, unmount, wait_for_daemon,
 };
 
 use crate::fuse;

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub fn serve(s: Settings, report: plan::Report, timeout: Duration) -> anyhow::Result<i32> {
+    // First: no thread may exist yet (see there).
+    plan::reserve_descriptor_table();
     let mut reporter = Reporter::open(report)?;
     report_panics(&s);
     match mount_and_serve(&s, &mut reporter, timeout) {
