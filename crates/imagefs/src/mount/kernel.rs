@@ -298,23 +298,22 @@ pub fn raise_descriptor_limit() {
 
 /// Grows this process's descriptor table now, while the daemon has one thread: the kernel
 /// grows a table that threads share only after an RCU grace period (`expand_files` →
-/// `synchronize_rcu`, 10-20 ms here), once per doubling. A fresh writable mount paid five
-/// in its first 500 creates (perf's sched_switch stacks): 134 µs a create, against 61 µs
-/// once grown. Up to 65,536 slots (512 KiB of kernel memory), at most the limit.
+/// `synchronize_rcu`, 10-20 ms here), once per doubling: a fresh writable mount paid five
+/// in its first 500 creates (perf's sched_switch stacks). Up to 65,536 slots (512 KiB of
+/// kernel memory), at most the limit.
 pub fn reserve_descriptor_table() {
     use rustix::process::{getrlimit, Resource};
     const SLOTS: u64 = 1 << 16;
     let slots = getrlimit(Resource::Nofile)
         .current
-        .unwrap_or(SLOTS)
-        .min(SLOTS);
+        .map_or(SLOTS, |l| l.min(SLOTS));
     let Ok(null) = std::fs::File::open("/dev/null") else {
         return;
     };
     // The copy lands at the lowest free slot at or above this: the table grows to hold it,
     // and a table never shrinks.
-    let top = u32::try_from(slots.saturating_sub(1)).unwrap_or(0);
-    drop(rustix::io::fcntl_dupfd_cloexec(&null, top as _));
+    let top = i32::try_from(slots.saturating_sub(1)).unwrap_or(0);
+    drop(rustix::io::fcntl_dupfd_cloexec(&null, top));
 }
 
 /// The kernel caps FUSE readahead at the mount's bdi setting (128 KiB by default) whatever
