@@ -7,7 +7,7 @@ use crate::channel::write_all_parts;
 use crate::dispatch::{serve, Filesystem};
 use crate::event::EventFd;
 use crate::reply::Sink;
-use crate::spin::spin;
+use crate::spin::{spin, Activity};
 use crate::split::split_dev;
 use crate::stats::Stats;
 use std::io;
@@ -62,17 +62,19 @@ pub(crate) enum Got {
 }
 
 /// Waits for a request on `fd` (or for `stop`) and reads it into `buf`: looks for one
-/// for `poll` first (see `spin`), then sleeps in poll(2).
+/// while the session is busy (see `spin`), then sleeps in poll(2).
 pub(crate) fn next_request(
     fd: RawFd,
     stop: &EventFd,
     buf: &mut [u8],
     poll: Duration,
+    activity: &Activity,
 ) -> io::Result<Got> {
-    if let Some(got) = spin(poll, || read_once(fd, buf))? {
-        return Ok(got);
-    }
     loop {
+        // Also after a wake-up that found the request taken by another worker.
+        if let Some(got) = spin(poll, activity, || read_once(fd, buf))? {
+            return Ok(got);
+        }
         let mut fds = [
             libc::pollfd {
                 fd,
@@ -96,12 +98,10 @@ pub(crate) fn next_request(
         if fds[1].revents != 0 {
             return Ok(Got::Stopped);
         }
-        if fds[0].revents == 0 {
-            continue;
-        }
-        match read_once(fd, buf)? {
-            Some(got) => return Ok(got),
-            None => continue,
+        if fds[0].revents != 0 {
+            if let Some(got) = read_once(fd, buf)? {
+                return Ok(got);
+            }
         }
     }
 }
@@ -177,8 +177,13 @@ pub(crate) fn worker<F: Filesystem>(
     poll: Duration,
 ) -> io::Result<()> {
     let raw_fd = fd.as_raw_fd();
+    // Each worker looks only while it itself is busy: all of them looking while any is
+    // (as io_uring's threads do) made a warm labelled `ls -lR` 1.8 s -> 2.4-3.5 s, since
+    // one queue feeds them all and the worker on the other CPU than the caller's, looking
+    // already, takes each request and wakes the caller across CPUs.
+    let activity = Activity::new();
     loop {
-        let n = match next_request(raw_fd, stop, &mut input, poll)? {
+        let n = match next_request(raw_fd, stop, &mut input, poll, &activity)? {
             Got::Request(n) => n,
             Got::Gone | Got::Stopped => return Ok(()),
         };

@@ -12,6 +12,7 @@ use crate::init::{negotiate, InitError, Negotiated, Wants};
 use crate::request::Request;
 use crate::ring_mem::QueueMem;
 use crate::spawn;
+use crate::spin::Activity;
 use crate::split::split_dev;
 use crate::stats::Stats;
 use crate::uring::{possible_cpus, Server};
@@ -332,6 +333,7 @@ impl Session {
         stopper: &mut Stopper,
     ) -> io::Result<mpsc::Receiver<crate::uring::Registered>> {
         let sem = Arc::new(EventFd::semaphore()?);
+        let activity = Arc::new(Activity::new());
         stopper.uring_stop = Some((sem.clone(), 0));
         let (reg_tx, reg_rx) = mpsc::channel();
         let payload = self.negotiated.ring_payload_size();
@@ -348,6 +350,7 @@ impl Session {
                     stop: sem.clone(),
                     stopping: self.stopper.stop.clone(),
                     poll: config.poll,
+                    activity: activity.clone(),
                     pin: i == 0,
                     input: dev::buffer(payload)?,
                 };
@@ -402,7 +405,8 @@ impl Session {
 /// Reads the first request, which must be INIT: (unique, major, minor, readahead, flags).
 fn read_init(fd: &OwnedFd, stop: &EventFd) -> Result<(u64, u32, u32, u32, u64), StartError> {
     let mut buf = vec![0u8; abi::MIN_READ_BUFFER.max(64 << 10)];
-    let n = match dev::next_request(fd.as_raw_fd(), stop, &mut buf, Duration::ZERO)? {
+    let nobody = Activity::new();
+    let n = match dev::next_request(fd.as_raw_fd(), stop, &mut buf, Duration::ZERO, &nobody)? {
         Got::Request(n) => n,
         Got::Gone | Got::Stopped => return Err(io::Error::from_raw_os_error(libc::ENODEV).into()),
     };

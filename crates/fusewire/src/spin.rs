@@ -8,12 +8,45 @@
 //! looking for a while, yielding its CPU at every look, so a caller that wants the CPU
 //! gets it at once.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Looks with `look` until it finds something or `for_how_long` has passed since the
-/// spin began; `None` then, and the caller sleeps.
+/// When a session's threads last found a request: a thread keeps looking while any of
+/// them found one lately, not only itself, so that during a burst a thread stays awake on
+/// every CPU and a caller sleeping for its reply never leaves its CPU halted.
+pub(crate) struct Activity {
+    origin: Instant,
+    /// ns after `origin`.
+    last: AtomicU64,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Activity {
+        Activity {
+            origin: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn found(&self) {
+        self.last.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        Duration::from_nanos(self.now().saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+/// Looks with `look` until it finds something, or until `for_how_long` has passed both
+/// since the spin began and since any thread of `activity` found something; `None`
+/// then, and the caller sleeps.
 pub(crate) fn spin<T>(
     for_how_long: Duration,
+    activity: &Activity,
     mut look: impl FnMut() -> std::io::Result<Option<T>>,
 ) -> std::io::Result<Option<T>> {
     if for_how_long.is_zero() {
@@ -22,9 +55,10 @@ pub(crate) fn spin<T>(
     let start = Instant::now();
     loop {
         if let Some(found) = look()? {
+            activity.found();
             return Ok(Some(found));
         }
-        if start.elapsed() >= for_how_long {
+        if start.elapsed() >= for_how_long && activity.quiet_for() >= for_how_long {
             return Ok(None);
         }
         std::thread::yield_now();
@@ -37,21 +71,43 @@ mod tests {
 
     #[test]
     fn stops_when_found_or_when_the_time_is_up() {
+        let activity = Activity::new();
         let mut n = 0;
-        let found = spin(Duration::from_secs(5), || {
+        let found = spin(Duration::from_secs(5), &activity, || {
             n += 1;
             Ok((n == 3).then_some(n))
         });
         assert_eq!(found.unwrap(), Some(3));
         let start = Instant::now();
-        let none: Option<u8> = spin(Duration::from_millis(2), || Ok(None)).unwrap();
+        let none: Option<u8> = spin(Duration::from_millis(2), &activity, || Ok(None)).unwrap();
         assert!(none.is_none() && start.elapsed() >= Duration::from_millis(2));
         let mut looked = false;
-        let zero: Option<u8> = spin(Duration::ZERO, || {
+        let zero: Option<u8> = spin(Duration::ZERO, &activity, || {
             looked = true;
             Ok(None)
         })
         .unwrap();
         assert!(zero.is_none() && !looked, "a zero spin does not look");
+    }
+
+    #[test]
+    fn keeps_looking_while_another_thread_finds_requests() {
+        let activity = Activity::new();
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while start.elapsed() < Duration::from_millis(20) {
+                    activity.found();
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            });
+            let none: Option<u8> = spin(Duration::from_millis(2), &activity, || Ok(None)).unwrap();
+            assert!(none.is_none());
+            assert!(
+                start.elapsed() >= Duration::from_millis(20),
+                "{:?}",
+                start.elapsed()
+            );
+        });
     }
 }

@@ -129,6 +129,8 @@ pub(crate) struct Server<F> {
     pub(crate) stopping: Arc<AtomicBool>,
     /// How long to look for the next request before sleeping (see `spin`).
     pub(crate) poll: Duration,
+    /// Shared by every thread of every queue: each looks while any of them is busy.
+    pub(crate) activity: Arc<crate::spin::Activity>,
     /// Runs on the queue's CPU only.
     pub(crate) pin: bool,
     /// A copy of each request served here (as large as the largest, made beforehand).
@@ -217,7 +219,7 @@ impl<F: Filesystem> Server<F> {
             if cqes.is_empty() {
                 // The commit goes out first: its caller waits for it.
                 ring.submit()?;
-                cqes = crate::spin::spin(self.poll, || {
+                cqes = crate::spin::spin(self.poll, &self.activity, || {
                     if ring.submission().taskrun() {
                         // Runs the task work, which posts the request's completion.
                         ring.submit()?;
