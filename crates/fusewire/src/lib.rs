@@ -6,6 +6,7 @@
 //! ([`Filesystem`]) serves both, and [`Stats`] say which one carried each request.
 
 pub mod abi;
+mod affinity;
 mod channel;
 mod decode;
 mod dev;

@@ -3,6 +3,7 @@
 //! ([`Session::join`]) or the caller stops it ([`Stopper::stop`]).
 
 use crate::abi::{self, init};
+use crate::affinity::QueueThreads;
 use crate::channel::Channel;
 use crate::decode::decode;
 use crate::dev::{self, Got};
@@ -338,6 +339,7 @@ impl Session {
         let (reg_tx, reg_rx) = mpsc::channel();
         let payload = self.negotiated.ring_payload_size();
         for qid in 0..stats.queue_requests().len() {
+            let queue_threads = Arc::new(QueueThreads::new(qid, per_queue));
             for i in 0..per_queue {
                 let mem = Arc::new(QueueMem::new(1, payload)?);
                 self.queue_mem.push(mem.clone());
@@ -351,7 +353,8 @@ impl Session {
                     stopping: self.stopper.stop.clone(),
                     poll: config.poll,
                     activity: activity.clone(),
-                    pin: i == 0,
+                    threads: queue_threads.clone(),
+                    index: i,
                     input: dev::buffer(payload)?,
                 };
                 let reg_tx = reg_tx.clone();

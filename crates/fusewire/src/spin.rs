@@ -32,7 +32,7 @@ impl Activity {
         self.origin.elapsed().as_nanos() as u64
     }
 
-    fn found(&self) {
+    pub(crate) fn found(&self) {
         self.last.store(self.now(), Ordering::Relaxed);
     }
 

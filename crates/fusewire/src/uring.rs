@@ -12,18 +12,17 @@
 //! to a pool made each one cost two more wake-ups and had that thread copy every READ: a
 //! cold 256 MiB read took 1.15-1.36x as long as over /dev/fuse.)
 //!
-//! A queue's first thread is pinned to its CPU: a caller that waits for each answer finds
-//! it looking on its own CPU (the kernel hands the entry committed last the next request),
-//! where a thread on another CPU must be sent an interrupt. The others are not: a reader's
-//! readahead then spreads its hashing over every CPU.
+//! A queue's threads rest on its CPU, but while it streams big READs all but the first
+//! rest anywhere (see `affinity`).
 //! At unmount every entry completes with -ENOTCONN and its thread ends.
 
 use crate::abi::{self, OutHeader, UringCmdReq, UringReqHeader};
+use crate::affinity::{QueueThreads, BIG_IO};
 use crate::dispatch::{serve, Filesystem};
 use crate::event::EventFd;
 use crate::reply::Sink;
 use crate::ring_mem::{EntryPtrs, QueueMem};
-use crate::split::split_uring;
+use crate::split::{split_uring, Raw};
 use crate::stats::Stats;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
@@ -106,16 +105,6 @@ fn wake_sqe(stop: &EventFd, mem: &QueueMem) -> squeue::Entry128 {
     )
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data, zeroed is empty; sched_setaffinity(0) affects only
-    // this thread, and failing leaves it unpinned (still correct, only slower).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
 /// One serving thread: its queue, its entry's memory and the session's stop signal (a
 /// semaphore eventfd the session adds one to per thread).
 pub(crate) struct Server<F> {
@@ -131,8 +120,9 @@ pub(crate) struct Server<F> {
     pub(crate) poll: Duration,
     /// Shared by every thread of every queue: each looks while any of them is busy.
     pub(crate) activity: Arc<crate::spin::Activity>,
-    /// Runs on the queue's CPU only.
-    pub(crate) pin: bool,
+    /// Where this queue's threads may run; this one is `index` among them.
+    pub(crate) threads: Arc<QueueThreads>,
+    pub(crate) index: usize,
     /// A copy of each request served here (as large as the largest, made beforehand).
     pub(crate) input: Vec<u8>,
 }
@@ -157,9 +147,7 @@ impl<F: Filesystem> Server<F> {
     /// Registers the entry, reports how that went, then serves until the entry ends
     /// (unmount) or the session stops.
     pub(crate) fn run(mut self, registered: Sender<Registered>) -> io::Result<()> {
-        if self.pin {
-            pin_to_cpu(self.qid as usize);
-        }
+        self.threads.started(self.index);
         // A request reaches this thread as task work it must run (copying the request into
         // the entry). Cooperatively: a thread looking for its next request (see `spin`) on
         // another CPU is not sent an interrupt but sees the ring's TASKRUN flag and enters
@@ -219,6 +207,12 @@ impl<F: Filesystem> Server<F> {
             if cqes.is_empty() {
                 // The commit goes out first: its caller waits for it.
                 ring.submit()?;
+                self.threads.rest(self.index);
+                // Every thread looks while the session is busy: with only each queue's
+                // first looking, the kernel handed a walker's requests to the second
+                // (committed last), which slept between them; the other CPU went idle and
+                // the walker was woken there after every reply (a warm labelled `ls -lR`
+                // 3.5-4.9 s, 0.7-1.0 with all looking).
                 cqes = crate::spin::spin(self.poll, &self.activity, || {
                     if ring.submission().taskrun() {
                         // Runs the task work, which posts the request's completion.
@@ -257,7 +251,14 @@ impl<F: Filesystem> Server<F> {
                 // SAFETY: the kernel filled the entry before completing the command, and
                 // it is this thread's until committed.
                 let commit_id = unsafe { (*entry.header).ring_ent_in_out.commit_id };
-                serve_entry(&*self.fs, self.qid as usize, entry, &self.stats, input);
+                let served = Served {
+                    qid: self.qid as usize,
+                    stats: &self.stats,
+                    threads: &self.threads,
+                    index: self.index,
+                };
+                self.activity.found();
+                serve_entry(&*self.fs, entry, served, input);
                 push(ring, &commit_sqe(self.fd, self.qid, commit_id))?;
             }
         }
@@ -318,14 +319,16 @@ impl Drop for UringSink {
     }
 }
 
-/// Copies the request out of the entry (the reply overwrites the payload), then serves it.
-fn serve_entry<F: Filesystem>(
-    fs: &F,
+/// Where a request is served: the queue (for the stats) and the thread among its own.
+struct Served<'a> {
     qid: usize,
-    entry: EntryPtrs,
-    stats: &Stats,
-    input: &mut Vec<u8>,
-) {
+    stats: &'a Stats,
+    threads: &'a QueueThreads,
+    index: usize,
+}
+
+/// Copies the request out of the entry (the reply overwrites the payload), then serves it.
+fn serve_entry<F: Filesystem>(fs: &F, entry: EntryPtrs, at: Served, input: &mut Vec<u8>) {
     // SAFETY: this thread holds the entry; the kernel finished writing it before the CQE.
     let header: UringReqHeader = unsafe { entry.header.read() };
     let used = (header.ring_ent_in_out.payload_sz as usize).min(entry.payload_size);
@@ -337,7 +340,21 @@ fn serve_entry<F: Filesystem>(
         Ok(r) => (r.header.opcode, r.header.unique),
         Err(_) => (0, header.ring_ent_in_out.commit_id),
     };
-    stats.count_queue(qid, opcode);
+    at.stats.count_queue(at.qid, opcode);
+    let big = raw.as_ref().is_ok_and(is_big_io);
+    if big {
+        at.threads.begin_big(at.index);
+    }
     let mut sink = UringSink { entry: Some(entry) };
     serve(fs, raw, unique, &mut sink);
+}
+
+/// A READ or WRITE of at least [`BIG_IO`] bytes (both carry the size at the same offset).
+fn is_big_io(raw: &Raw) -> bool {
+    use crate::abi::op;
+    matches!(raw.header.opcode, op::READ | op::WRITE)
+        && raw
+            .op_in
+            .get(16..20)
+            .is_some_and(|size| u32::from_le_bytes(size.try_into().unwrap_or_default()) >= BIG_IO)
 }

@@ -1,0 +1,220 @@
+//! Where a queue's threads run.
+//!
+//! The kernel puts a request on the queue of the CPU its sender runs on, and hands it to the
+//! entry committed last (or any other idle one). A thread waiting on that CPU is woken
+//! there by the sender itself; one waiting on another CPU, which is idle and on a virtual
+//! machine halted, must be sent an interrupt (30-40 µs, traced). A caller that waits for
+//! each answer and also closes files (a create is LOOKUP, CREATE, then RELEASE, which
+//! nobody waits for, and the next file's GETATTR at once) keeps two threads of its queue
+//! busy: so every thread of a queue rests on its CPU.
+//!
+//! Except while the queue streams: readahead sends 1 MiB READs two at a time, and a
+//! thread hashing one holds its CPU for a millisecond. A sibling resting on the same CPU
+//! would wait for it; so a queue that served a big READ or WRITE in the last few
+//! milliseconds lets every thread but the first rest anywhere (measured: a cold 256 MiB
+//! read 0.19-0.22 s so, 0.29-0.35 with all of them pinned; a thread let loose only while
+//! a sibling was busy came too late: the kernel had queued its READ on the busy CPU).
+//!
+//! This holds only with every thread looking while the session is busy (`spin::Activity`):
+//! a CPU whose threads all sleep goes idle, and the scheduler wakes a caller there, on a
+//! halted CPU, rather than beside the thread that answered it.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A READ or WRITE this large keeps its thread busy for long (a 128 KiB READ of a cold
+/// image hashes 32 blocks).
+pub(crate) const BIG_IO: u32 = 64 * 1024;
+
+/// How long after its last big READ or WRITE a queue counts as streaming, in ns.
+const STREAMING_NS: u64 = 20_000_000;
+
+/// The threads of one queue: their thread IDs, whether each may run anywhere (`loose`)
+/// or only on the queue's CPU, and when the queue last served big I/O.
+pub(crate) struct QueueThreads {
+    cpu: usize,
+    anywhere: libc::cpu_set_t,
+    tids: Vec<AtomicI32>,
+    loose: Vec<AtomicBool>,
+    last_big_ns: AtomicU64,
+}
+
+impl QueueThreads {
+    pub(crate) fn new(cpu: usize, threads: usize) -> Self {
+        Self {
+            cpu,
+            anywhere: allowed_cpus(),
+            tids: (0..threads).map(|_| AtomicI32::new(0)).collect(),
+            loose: (0..threads).map(|_| AtomicBool::new(false)).collect(),
+            last_big_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Called by thread `me` as it starts: it rests on the queue's CPU.
+    pub(crate) fn started(&self, me: usize) {
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        self.tids[me].store(tid, Ordering::SeqCst);
+        set_affinity(0, &only(self.cpu));
+    }
+
+    /// Thread `me` starts big I/O: the queue streams, and its other threads but the
+    /// first may run anywhere from now.
+    pub(crate) fn begin_big(&self, me: usize) {
+        self.last_big_ns.store(now_ns(), Ordering::SeqCst);
+        for (j, tid) in self.tids.iter().enumerate().skip(1) {
+            let tid = tid.load(Ordering::SeqCst);
+            if j != me && tid != 0 && !self.loose[j].swap(true, Ordering::SeqCst) {
+                set_affinity(tid, &self.anywhere);
+            }
+        }
+    }
+
+    /// Thread `me` is about to wait for its next request: the first always on the queue's
+    /// CPU, the others there too unless the queue streams. (A race with a sibling's
+    /// `begin_big` can leave one pinned a while: slower, never wrong.)
+    pub(crate) fn rest(&self, me: usize) {
+        if me == 0 {
+            return;
+        }
+        let since = now_ns().saturating_sub(self.last_big_ns.load(Ordering::SeqCst));
+        let streaming = since < STREAMING_NS;
+        if self.loose[me].load(Ordering::SeqCst) != streaming {
+            self.loose[me].store(streaming, Ordering::SeqCst);
+            let set = if streaming {
+                self.anywhere
+            } else {
+                only(self.cpu)
+            };
+            set_affinity(0, &set);
+        }
+    }
+}
+
+/// Nanoseconds since the first call (never 0 after it, so `last_big_ns` 0 is "never").
+fn now_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    start.elapsed().as_nanos() as u64 + STREAMING_NS
+}
+
+fn only(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data and all zeroes is the empty set; the CPU is checked
+    // to fit in it (past that, the empty set is refused and the thread stays as it was).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        set
+    }
+}
+
+/// The CPUs this process may run on (all of them if that cannot be read).
+fn allowed_cpus() -> libc::cpu_set_t {
+    // SAFETY: as in `only`; sched_getaffinity writes at most the size given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            for cpu in 0..libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(cpu, &mut set);
+            }
+        }
+        set
+    }
+}
+
+/// Failing leaves the thread where it was: still correct, only slower.
+fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) {
+    // SAFETY: set is a live cpu_set_t of the size given; tid is a thread of this process
+    // (or 0, the caller).
+    unsafe {
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{mpsc, Arc, Barrier};
+
+    fn affinity_of(tid: libc::pid_t) -> libc::cpu_set_t {
+        // SAFETY: as in `allowed_cpus`.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
+            set
+        }
+    }
+
+    fn same(a: &libc::cpu_set_t, b: &libc::cpu_set_t) -> bool {
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: every CPU checked is within the sets' size.
+            .all(|c| unsafe { libc::CPU_ISSET(c, a) == libc::CPU_ISSET(c, b) })
+    }
+
+    fn nproc_at_least_two(set: &libc::cpu_set_t) -> bool {
+        // SAFETY: a live set.
+        unsafe { libc::CPU_COUNT(set) >= 2 }
+    }
+
+    #[test]
+    fn threads_rest_on_the_queue_cpu_and_all_but_the_first_anywhere_while_it_streams() {
+        let q = Arc::new(QueueThreads::new(0, 2));
+        let (tids_tx, tids) = mpsc::channel();
+        let (go_tx, go) = mpsc::channel::<()>();
+        let done = Arc::new(Barrier::new(2));
+        // The second thread: starts, then rests whenever told to, reporting its TID.
+        let worker = {
+            let (q, done) = (q.clone(), done.clone());
+            std::thread::spawn(move || {
+                q.started(1);
+                // SAFETY: gettid cannot fail.
+                tids_tx.send(unsafe { libc::gettid() }).unwrap();
+                while go.recv().is_ok() {
+                    q.rest(1);
+                    done.wait();
+                }
+            })
+        };
+        let second = tids.recv().unwrap();
+        q.started(0);
+        let pinned = only(0);
+        assert!(
+            nproc_at_least_two(&q.anywhere),
+            "a test of where threads run needs 2 CPUs"
+        );
+        assert!(
+            same(&affinity_of(0), &pinned),
+            "the first thread rests on CPU 0"
+        );
+        assert!(same(&affinity_of(second), &pinned), "so does the second");
+
+        q.begin_big(0);
+        assert!(
+            same(&affinity_of(second), &q.anywhere),
+            "loose once the queue streams"
+        );
+        assert!(same(&affinity_of(0), &pinned), "the first stays");
+        go_tx.send(()).unwrap();
+        done.wait();
+        assert!(
+            same(&affinity_of(second), &q.anywhere),
+            "and rests anywhere meanwhile"
+        );
+
+        std::thread::sleep(std::time::Duration::from_nanos(STREAMING_NS * 2));
+        go_tx.send(()).unwrap();
+        done.wait();
+        assert!(
+            same(&affinity_of(second), &pinned),
+            "back on CPU 0 once streaming ends"
+        );
+        drop(go_tx);
+        worker.join().unwrap();
+    }
+}
