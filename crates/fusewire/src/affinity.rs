@@ -15,11 +15,14 @@
 //! read 0.19-0.22 s so, 0.29-0.35 with all of them pinned; a thread let loose only while
 //! a sibling was busy came too late: the kernel had queued its READ on the busy CPU).
 //!
-//! This holds only with every thread looking while the session is busy (`spin::Activity`):
-//! a CPU whose threads all sleep goes idle, and the scheduler wakes a caller there, on a
-//! halted CPU, rather than beside the thread that answered it.
+//! This holds only with a thread looking on every CPU while the session is busy
+//! (`spin::Activity`): a CPU whose threads all sleep goes idle, and the scheduler wakes a
+//! caller there, on a halted CPU, rather than beside the thread that answered it. So a
+//! thread that finds a request after a quiet spell nudges every queue whose threads all
+//! sleep: one of them wakes and looks as long as the session stays busy.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use crate::event::EventFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -31,23 +34,51 @@ pub(crate) const BIG_IO: u32 = 64 * 1024;
 const STREAMING_NS: u64 = 20_000_000;
 
 /// The threads of one queue: their thread IDs, whether each may run anywhere (`loose`)
-/// or only on the queue's CPU, and when the queue last served big I/O.
+/// or only on the queue's CPU, when the queue last served big I/O, and how many sleep.
 pub(crate) struct QueueThreads {
     cpu: usize,
     anywhere: libc::cpu_set_t,
     tids: Vec<AtomicI32>,
     loose: Vec<AtomicBool>,
     last_big_ns: AtomicU64,
+    /// A semaphore every thread of the queue reads: the session's stop adds one per
+    /// thread, a nudge one.
+    pub(crate) wake: EventFd,
+    asleep: AtomicUsize,
 }
 
 impl QueueThreads {
-    pub(crate) fn new(cpu: usize, threads: usize) -> Self {
-        Self {
+    pub(crate) fn new(cpu: usize, threads: usize) -> std::io::Result<Self> {
+        Ok(Self {
             cpu,
             anywhere: allowed_cpus(),
             tids: (0..threads).map(|_| AtomicI32::new(0)).collect(),
             loose: (0..threads).map(|_| AtomicBool::new(false)).collect(),
             last_big_ns: AtomicU64::new(0),
+            wake: EventFd::semaphore()?,
+            asleep: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn threads(&self) -> usize {
+        self.tids.len()
+    }
+
+    /// A thread of the queue goes to sleep (`true`) or woke (`false`).
+    pub(crate) fn sleeping(&self, asleep: bool) {
+        if asleep {
+            self.asleep.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.asleep.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Another queue's thread found a request after a quiet spell: if every thread here
+    /// sleeps, one is woken to look on this CPU while the session is busy, so the CPU does
+    /// not sit idle for the scheduler to move the caller onto (see the module's comment).
+    pub(crate) fn nudge(&self) {
+        if self.asleep.load(Ordering::SeqCst) == self.tids.len() {
+            self.wake.signal();
         }
     }
 
@@ -164,7 +195,7 @@ mod tests {
 
     #[test]
     fn threads_rest_on_the_queue_cpu_and_all_but_the_first_anywhere_while_it_streams() {
-        let q = Arc::new(QueueThreads::new(0, 2));
+        let q = Arc::new(QueueThreads::new(0, 2).unwrap());
         let (tids_tx, tids) = mpsc::channel();
         let (go_tx, go) = mpsc::channel::<()>();
         let done = Arc::new(Barrier::new(2));

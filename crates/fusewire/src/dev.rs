@@ -187,6 +187,7 @@ pub(crate) fn worker<F: Filesystem>(
             Got::Request(n) => n,
             Got::Gone | Got::Stopped => return Ok(()),
         };
+        activity.found(poll);
         let buf = &input[..n];
         let header = abi::InHeader::read_from_prefix(buf).ok().map(|(h, _)| h);
         stats.count_dev(header.map_or(0, |h| h.opcode));

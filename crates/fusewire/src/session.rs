@@ -147,16 +147,16 @@ enum UringFailure {
 pub struct Stopper {
     stop: Arc<AtomicBool>,
     dev_stop: Arc<EventFd>,
-    /// The io_uring threads' stop semaphore and how many read it.
-    uring_stop: Option<(Arc<EventFd>, u64)>,
+    /// The io_uring queues, each with a wake semaphore its threads read.
+    uring_stop: Vec<Arc<QueueThreads>>,
 }
 
 impl Stopper {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.dev_stop.signal();
-        if let Some((sem, threads)) = &self.uring_stop {
-            sem.add(*threads);
+        for queue in &self.uring_stop {
+            queue.wake.add(queue.threads() as u64);
         }
     }
 }
@@ -212,7 +212,7 @@ impl Session {
         let stopper = Stopper {
             stop,
             dev_stop,
-            uring_stop: None,
+            uring_stop: Vec::new(),
         };
         let mut session = Session {
             chosen: Chosen::Dev { workers: 0 },
@@ -333,13 +333,17 @@ impl Session {
         threads: &mut Vec<JoinHandle<io::Result<()>>>,
         stopper: &mut Stopper,
     ) -> io::Result<mpsc::Receiver<crate::uring::Registered>> {
-        let sem = Arc::new(EventFd::semaphore()?);
         let activity = Arc::new(Activity::new());
-        stopper.uring_stop = Some((sem.clone(), 0));
+        let queues = (0..stats.queue_requests().len())
+            .map(|qid| QueueThreads::new(qid, per_queue).map(Arc::new))
+            .collect::<io::Result<Vec<_>>>()?;
+        let queues: Arc<[Arc<QueueThreads>]> = queues.into();
+        stopper.uring_stop = Vec::new();
         let (reg_tx, reg_rx) = mpsc::channel();
         let payload = self.negotiated.ring_payload_size();
-        for qid in 0..stats.queue_requests().len() {
-            let queue_threads = Arc::new(QueueThreads::new(qid, per_queue));
+        for (qid, queue_threads) in queues.iter().enumerate() {
+            // Stopped from the first thread on, so a failure midway stops those started.
+            stopper.uring_stop.push(queue_threads.clone());
             for i in 0..per_queue {
                 let mem = Arc::new(QueueMem::new(1, payload)?);
                 self.queue_mem.push(mem.clone());
@@ -349,18 +353,17 @@ impl Session {
                     fd: self.channel.fd().as_raw_fd(),
                     qid: u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?,
                     mem,
-                    stop: sem.clone(),
                     stopping: self.stopper.stop.clone(),
                     poll: config.poll,
                     activity: activity.clone(),
                     threads: queue_threads.clone(),
+                    queues: queues.clone(),
                     index: i,
                     input: dev::buffer(payload)?,
                 };
                 let reg_tx = reg_tx.clone();
                 let name = format!("fuse-ring-{qid}-{i}");
                 threads.push(spawn::spawn(name, move || server.run(reg_tx))?);
-                stopper.uring_stop = Some((sem.clone(), threads.len() as u64));
             }
         }
         Ok(reg_rx)

@@ -32,8 +32,11 @@ impl Activity {
         self.origin.elapsed().as_nanos() as u64
     }
 
-    pub(crate) fn found(&self) {
-        self.last.store(self.now(), Ordering::Relaxed);
+    /// A thread found a request: whether none had for `quiet` before (a burst begins).
+    pub(crate) fn found(&self, quiet: Duration) -> bool {
+        let now = self.now();
+        let before = self.last.swap(now, Ordering::Relaxed);
+        now.saturating_sub(before) >= quiet.as_nanos() as u64
     }
 
     fn quiet_for(&self) -> Duration {
@@ -42,8 +45,8 @@ impl Activity {
 }
 
 /// Looks with `look` until it finds something, or until `for_how_long` has passed both
-/// since the spin began and since any thread of `activity` found something; `None`
-/// then, and the caller sleeps.
+/// since the spin began and since any thread of `activity` found something (each says
+/// so: [`Activity::found`]); `None` then, and the caller sleeps.
 pub(crate) fn spin<T>(
     for_how_long: Duration,
     activity: &Activity,
@@ -55,7 +58,6 @@ pub(crate) fn spin<T>(
     let start = Instant::now();
     loop {
         if let Some(found) = look()? {
-            activity.found();
             return Ok(Some(found));
         }
         if start.elapsed() >= for_how_long && activity.quiet_for() >= for_how_long {
@@ -97,7 +99,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 while start.elapsed() < Duration::from_millis(20) {
-                    activity.found();
+                    activity.found(Duration::ZERO);
                     std::thread::sleep(Duration::from_micros(500));
                 }
             });
