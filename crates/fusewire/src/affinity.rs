@@ -248,4 +248,35 @@ mod tests {
         drop(go_tx);
         worker.join().unwrap();
     }
+
+    /// What a read of the queue's wake semaphore gives: 1, or None if nothing was added.
+    fn take_wake(q: &QueueThreads) -> Option<u64> {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd we own.
+        let n = unsafe {
+            libc::read(
+                std::os::fd::AsRawFd::as_raw_fd(&q.wake.fd()),
+                (&mut v as *mut u64).cast(),
+                8,
+            )
+        };
+        (n == 8).then_some(v)
+    }
+
+    #[test]
+    fn a_nudge_wakes_a_queue_only_when_all_its_threads_sleep() {
+        let q = QueueThreads::new(0, 2).unwrap();
+        q.nudge();
+        assert_eq!(take_wake(&q), None, "both threads awake: no nudge");
+        q.sleeping(true);
+        q.nudge();
+        assert_eq!(take_wake(&q), None, "one still awake: no nudge");
+        q.sleeping(true);
+        q.nudge();
+        assert_eq!(take_wake(&q), Some(1), "both asleep: one is woken");
+        assert_eq!(take_wake(&q), None, "and only one");
+        q.sleeping(false);
+        q.nudge();
+        assert_eq!(take_wake(&q), None, "a thread woke: no nudge");
+    }
 }

@@ -16,9 +16,12 @@ use std::time::{Duration, Instant};
 /// every CPU and a caller sleeping for its reply never leaves its CPU halted.
 pub(crate) struct Activity {
     origin: Instant,
-    /// ns after `origin`.
+    /// ns after `origin`, less [`QUIET_BEFORE`]: 0, the start, is a long quiet spell.
     last: AtomicU64,
 }
+
+/// How quiet a session counts as at its start (an hour), in ns.
+const QUIET_BEFORE: u64 = 3_600_000_000_000;
 
 impl Activity {
     pub(crate) fn new() -> Activity {
@@ -29,7 +32,7 @@ impl Activity {
     }
 
     fn now(&self) -> u64 {
-        self.origin.elapsed().as_nanos() as u64
+        self.origin.elapsed().as_nanos() as u64 + QUIET_BEFORE
     }
 
     /// A thread found a request: whether none had for `quiet` before (a burst begins).
@@ -111,5 +114,18 @@ mod tests {
                 start.elapsed()
             );
         });
+    }
+
+    #[test]
+    fn a_burst_begins_after_a_quiet_spell() {
+        let activity = Activity::new();
+        let quiet = Duration::from_millis(10);
+        assert!(
+            activity.found(quiet),
+            "the session's first request begins a burst"
+        );
+        assert!(!activity.found(quiet), "the next one at once does not");
+        std::thread::sleep(quiet + Duration::from_millis(2));
+        assert!(activity.found(quiet), "one after a quiet spell does");
     }
 }
