@@ -322,8 +322,9 @@ impl Session {
         Ok(())
     }
 
-    /// Starts `per_queue` serving threads for each queue (into `threads`, their stop
-    /// semaphore in `stopper`): the channel on which each says whether it registered.
+    /// Starts `per_queue` serving threads for each queue (into `threads`, the queues, whose
+    /// wake semaphores stop them, in `stopper`): the channel on which each says whether it
+    /// registered.
     fn spawn_uring<F: Filesystem>(
         &mut self,
         fs: &Arc<F>,

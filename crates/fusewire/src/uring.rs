@@ -35,7 +35,7 @@ use zerocopy::IntoBytes;
 
 type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
-/// The user_data of the entry's commands and of the stop read.
+/// The user_data of the entry's commands and of the wake read.
 const ENTRY: u64 = 0;
 const WAKE: u64 = 1;
 
@@ -112,7 +112,7 @@ pub(crate) struct Server<F> {
     pub(crate) stats: Arc<Stats>,
     pub(crate) fd: RawFd,
     pub(crate) qid: u16,
-    /// One entry (index 0), and the 8 bytes the stop read lands in.
+    /// One entry (index 0), and the 8 bytes the wake read lands in.
     pub(crate) mem: Arc<QueueMem>,
     pub(crate) stopping: Arc<AtomicBool>,
     /// How long to look for the next request before sleeping (see `spin`).
@@ -131,7 +131,7 @@ pub(crate) struct Server<F> {
 /// What a thread saw of its REGISTER: sent to the session before serving.
 pub(crate) type Registered = Result<(), io::Error>;
 
-/// Pushes an SQE; the ring has room for the entry's command and the stop read.
+/// Pushes an SQE; the ring has room for the entry's command and the wake read.
 fn push(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<()> {
     // SAFETY: every SQE points at QueueMem memory, which outlives this thread's ring
     // (the session frees it after joining the thread).
@@ -180,7 +180,7 @@ impl<F: Filesystem> Server<F> {
         }
     }
 
-    /// REGISTERs the entry and arms the stop read. A refused REGISTER completes at once,
+    /// REGISTERs the entry and arms the wake read. A refused REGISTER completes at once,
     /// with an error; a registered entry completes only when a request comes (which may
     /// already happen once the last queue registered): that is returned to serve.
     fn register(&self, ring: &mut Ring) -> io::Result<Vec<(u64, i32)>> {
