@@ -82,7 +82,8 @@ pub struct Config {
     /// queues, each getting its share rounded up, and at least [`MIN_PER_QUEUE`].
     pub workers: usize,
     /// How long a thread that has served a request keeps looking for the next one
-    /// (yielding its CPU to anyone who wants it) before it sleeps (see [`Spin`]).
+    /// (yielding its CPU to anyone who wants it) before it sleeps; over io_uring, how long
+    /// after any thread's last request (see `spin`).
     pub poll: Duration,
     pub wants: Wants,
 }

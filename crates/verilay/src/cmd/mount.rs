@@ -59,6 +59,7 @@ pub struct Args {
     /// one before it sleeps (`-o poll_us=`; default 50, at most 10000, 0: sleep at once).
     /// A caller waiting for each reply then finds it awake instead of waking it (tens of
     /// µs on a virtual machine whose idle CPUs halt); the thread yields its CPU meanwhile.
+    /// Over io_uring every thread keeps looking while any got a request within that time.
     #[arg(long, value_name = "N", value_parser = parse_poll_us)]
     poll_us: Option<u64>,
     /// Serve in the foreground, logging to stderr, until unmounted.
