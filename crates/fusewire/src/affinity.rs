@@ -77,7 +77,7 @@ impl QueueThreads {
     /// sleeps, one is woken to look on this CPU while the session is busy, so the CPU does
     /// not sit idle for the scheduler to move the caller onto (see the module's comment).
     pub(crate) fn nudge(&self) {
-        if self.asleep.load(Ordering::SeqCst) == self.tids.len() {
+        if self.asleep.load(Ordering::SeqCst) == self.threads() {
             self.wake.signal();
         }
     }

@@ -149,14 +149,14 @@ pub struct Stopper {
     stop: Arc<AtomicBool>,
     dev_stop: Arc<EventFd>,
     /// The io_uring queues, each with a wake semaphore its threads read.
-    uring_stop: Vec<Arc<QueueThreads>>,
+    uring_queues: Vec<Arc<QueueThreads>>,
 }
 
 impl Stopper {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.dev_stop.signal();
-        for queue in &self.uring_stop {
+        for queue in &self.uring_queues {
             queue.wake.add(queue.threads() as u64);
         }
     }
@@ -213,7 +213,7 @@ impl Session {
         let stopper = Stopper {
             stop,
             dev_stop,
-            uring_stop: Vec::new(),
+            uring_queues: Vec::new(),
         };
         let mut session = Session {
             chosen: Chosen::Dev { workers: 0 },
@@ -340,12 +340,11 @@ impl Session {
             .map(|qid| QueueThreads::new(qid, per_queue).map(Arc::new))
             .collect::<io::Result<Vec<_>>>()?;
         let queues: Arc<[Arc<QueueThreads>]> = queues.into();
-        stopper.uring_stop = Vec::new();
+        // Stoppable before any thread starts, so a failure midway stops those started.
+        stopper.uring_queues = queues.to_vec();
         let (reg_tx, reg_rx) = mpsc::channel();
         let payload = self.negotiated.ring_payload_size();
         for (qid, queue_threads) in queues.iter().enumerate() {
-            // Stopped from the first thread on, so a failure midway stops those started.
-            stopper.uring_stop.push(queue_threads.clone());
             for i in 0..per_queue {
                 let mem = Arc::new(QueueMem::new(1, payload)?);
                 self.queue_mem.push(mem.clone());
