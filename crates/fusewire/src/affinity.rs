@@ -34,42 +34,61 @@ pub(crate) const BIG_IO: u32 = 64 * 1024;
 const STREAMING_NS: u64 = 20_000_000;
 
 /// The threads of one queue: their thread IDs, whether each may run anywhere (`loose`)
-/// or only on the queue's CPU, when the queue last served big I/O, and how many sleep.
+/// or only on the queue's CPU, when the queue last served big I/O, and which sleep.
 pub(crate) struct QueueThreads {
-    cpu: usize,
+    /// Where the queue's threads rest: its CPU, or every CPU this process may use when
+    /// that one is not among them (`taskset`, a cpuset).
+    home: libc::cpu_set_t,
     anywhere: libc::cpu_set_t,
+    /// 0 before a thread starts and after it ended.
     tids: Vec<AtomicI32>,
     loose: Vec<AtomicBool>,
     last_big_ns: AtomicU64,
-    /// A semaphore every thread of the queue reads: the session's stop adds one per
-    /// thread, a nudge one.
-    pub(crate) wake: EventFd,
-    asleep: AtomicUsize,
+    /// One per thread, which only it reads: the session's stop signals each, a nudge one
+    /// thread's. (A semaphore they all read woke every thread per nudge: each pending
+    /// read is retried on a signal.)
+    wakes: Vec<EventFd>,
+    asleep: Vec<AtomicBool>,
+    /// Threads started and not ended, and how many of them sleep.
+    live: AtomicUsize,
+    sleepers: AtomicUsize,
 }
 
 impl QueueThreads {
     pub(crate) fn new(cpu: usize, threads: usize) -> std::io::Result<Self> {
+        let anywhere = allowed_cpus();
         Ok(Self {
-            cpu,
-            anywhere: allowed_cpus(),
+            home: only(cpu, &anywhere),
+            anywhere,
             tids: (0..threads).map(|_| AtomicI32::new(0)).collect(),
             loose: (0..threads).map(|_| AtomicBool::new(false)).collect(),
             last_big_ns: AtomicU64::new(0),
-            wake: EventFd::semaphore()?,
-            asleep: AtomicUsize::new(0),
+            wakes: (0..threads)
+                .map(|_| EventFd::new())
+                .collect::<std::io::Result<_>>()?,
+            asleep: (0..threads).map(|_| AtomicBool::new(false)).collect(),
+            live: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
         })
     }
 
-    pub(crate) fn threads(&self) -> usize {
-        self.tids.len()
+    /// Thread `me`'s wake eventfd, which it keeps a read pending on.
+    pub(crate) fn wake(&self, me: usize) -> &EventFd {
+        &self.wakes[me]
     }
 
-    /// A thread of the queue goes to sleep (`true`) or woke (`false`).
-    pub(crate) fn sleeping(&self, asleep: bool) {
+    /// Wakes every thread (the session stops).
+    pub(crate) fn wake_all(&self) {
+        self.wakes.iter().for_each(EventFd::signal);
+    }
+
+    /// Thread `me` goes to sleep (`true`) or woke (`false`).
+    pub(crate) fn sleeping(&self, me: usize, asleep: bool) {
+        self.asleep[me].store(asleep, Ordering::SeqCst);
         if asleep {
-            self.asleep.fetch_add(1, Ordering::SeqCst);
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
         } else {
-            self.asleep.fetch_sub(1, Ordering::SeqCst);
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -77,8 +96,12 @@ impl QueueThreads {
     /// sleeps, one is woken to look on this CPU while the session is busy, so the CPU does
     /// not sit idle for the scheduler to move the caller onto (see the module's comment).
     pub(crate) fn nudge(&self) {
-        if self.asleep.load(Ordering::SeqCst) == self.threads() {
-            self.wake.signal();
+        let live = self.live.load(Ordering::SeqCst);
+        if live == 0 || self.sleepers.load(Ordering::SeqCst) != live {
+            return;
+        }
+        if let Some(j) = self.asleep.iter().position(|a| a.load(Ordering::SeqCst)) {
+            self.wakes[j].signal();
         }
     }
 
@@ -87,7 +110,15 @@ impl QueueThreads {
         // SAFETY: gettid has no arguments and cannot fail.
         let tid = unsafe { libc::gettid() };
         self.tids[me].store(tid, Ordering::SeqCst);
-        set_affinity(0, &only(self.cpu));
+        self.live.fetch_add(1, Ordering::SeqCst);
+        set_affinity(0, &self.home);
+    }
+
+    /// Called by thread `me` as it ends: no nudge waits for it, and its thread ID, which
+    /// another thread may get next, is not moved again.
+    pub(crate) fn ended(&self, me: usize) {
+        self.tids[me].store(0, Ordering::SeqCst);
+        self.live.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Thread `me` starts big I/O: the queue streams, and its other threads but the
@@ -113,11 +144,7 @@ impl QueueThreads {
         let streaming = since < STREAMING_NS;
         if self.loose[me].load(Ordering::SeqCst) != streaming {
             self.loose[me].store(streaming, Ordering::SeqCst);
-            let set = if streaming {
-                self.anywhere
-            } else {
-                only(self.cpu)
-            };
+            let set = if streaming { self.anywhere } else { self.home };
             set_affinity(0, &set);
         }
     }
@@ -130,14 +157,16 @@ fn now_ns() -> u64 {
     start.elapsed().as_nanos() as u64 + STREAMING_NS
 }
 
-fn only(cpu: usize) -> libc::cpu_set_t {
+/// Just `cpu` if `allowed` holds it, else all of `allowed`.
+fn only(cpu: usize, allowed: &libc::cpu_set_t) -> libc::cpu_set_t {
     // SAFETY: cpu_set_t is plain data and all zeroes is the empty set; the CPU is checked
-    // to fit in it (past that, the empty set is refused and the thread stays as it was).
+    // to fit in it.
     unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu < libc::CPU_SETSIZE as usize {
-            libc::CPU_SET(cpu, &mut set);
+        if cpu >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(cpu, allowed) {
+            return *allowed;
         }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
         set
     }
 }
@@ -214,7 +243,7 @@ mod tests {
         };
         let second = tids.recv().unwrap();
         q.started(0);
-        let pinned = only(0);
+        let pinned = only(0, &q.anywhere);
         assert!(
             nproc_at_least_two(&q.anywhere),
             "a test of where threads run needs 2 CPUs"
@@ -249,13 +278,14 @@ mod tests {
         worker.join().unwrap();
     }
 
-    /// What a read of the queue's wake semaphore gives: 1, or None if nothing was added.
-    fn take_wake(q: &QueueThreads) -> Option<u64> {
+    /// What a read of thread `me`'s wake eventfd gives: the signals since the last read,
+    /// or None if there were none.
+    fn take_wake(q: &QueueThreads, me: usize) -> Option<u64> {
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd we own.
         let n = unsafe {
             libc::read(
-                std::os::fd::AsRawFd::as_raw_fd(&q.wake.fd()),
+                std::os::fd::AsRawFd::as_raw_fd(&q.wake(me).fd()),
                 (&mut v as *mut u64).cast(),
                 8,
             )
@@ -264,19 +294,61 @@ mod tests {
     }
 
     #[test]
-    fn a_nudge_wakes_a_queue_only_when_all_its_threads_sleep() {
+    fn a_nudge_wakes_one_thread_of_a_queue_only_when_all_its_threads_sleep() {
         let q = QueueThreads::new(0, 2).unwrap();
         q.nudge();
-        assert_eq!(take_wake(&q), None, "both threads awake: no nudge");
-        q.sleeping(true);
+        assert_eq!(take_wake(&q, 0), None, "no thread started: no nudge");
+        // Both threads started (without moving this one to CPU 0).
+        q.live.store(2, Ordering::SeqCst);
         q.nudge();
-        assert_eq!(take_wake(&q), None, "one still awake: no nudge");
-        q.sleeping(true);
+        assert_eq!(take_wake(&q, 0), None, "both threads awake: no nudge");
+        q.sleeping(1, true);
         q.nudge();
-        assert_eq!(take_wake(&q), Some(1), "both asleep: one is woken");
-        assert_eq!(take_wake(&q), None, "and only one");
-        q.sleeping(false);
+        assert_eq!(take_wake(&q, 1), None, "one still awake: no nudge");
+        q.sleeping(0, true);
         q.nudge();
-        assert_eq!(take_wake(&q), None, "a thread woke: no nudge");
+        assert_eq!(
+            (take_wake(&q, 0), take_wake(&q, 1)),
+            (Some(1), None),
+            "both asleep: one is woken, and only one"
+        );
+        q.sleeping(0, false);
+        q.nudge();
+        assert_eq!(take_wake(&q, 1), None, "a thread woke: no nudge");
+        q.sleeping(0, true);
+        q.ended(0);
+        q.sleeping(0, false);
+        q.nudge();
+        assert_eq!(
+            (take_wake(&q, 0), take_wake(&q, 1)),
+            (None, Some(1)),
+            "the one left, asleep, is woken after the other ended"
+        );
+        q.wake_all();
+        assert_eq!(
+            (take_wake(&q, 0), take_wake(&q, 1)),
+            (Some(1), Some(1)),
+            "a stop wakes all"
+        );
+    }
+
+    #[test]
+    fn threads_rest_within_the_cpus_the_process_may_use() {
+        // SAFETY: as in `allowed_cpus`.
+        let (zero, mut one) = unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(1, &mut one);
+            (only(0, &one), one)
+        };
+        assert!(same(&zero, &one), "CPU 0 not allowed: anywhere allowed");
+        // SAFETY: as above.
+        unsafe { libc::CPU_SET(0, &mut one) };
+        let zero = only(0, &one);
+        // SAFETY: a live set.
+        assert!(unsafe { libc::CPU_ISSET(0, &zero) && !libc::CPU_ISSET(1, &zero) });
+        assert!(
+            same(&only(libc::CPU_SETSIZE as usize, &one), &one),
+            "past the set's size"
+        );
     }
 }

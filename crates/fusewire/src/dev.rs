@@ -12,6 +12,7 @@ use crate::split::split_dev;
 use crate::stats::Stats;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -61,18 +62,24 @@ pub(crate) enum Got {
     Stopped,
 }
 
-/// Waits for a request on `fd` (or for `stop`) and reads it into `buf`: looks for one
-/// while the session is busy (see `spin`), then sleeps in poll(2).
+/// Waits for a request on `fd` (or for the stop: `stopping` set, then `stop` signalled)
+/// and reads it into `buf`: looks for one while the session is busy (see `spin`), then
+/// sleeps in poll(2).
 pub(crate) fn next_request(
     fd: RawFd,
-    stop: &EventFd,
+    (stop, stopping): (&EventFd, &AtomicBool),
     buf: &mut [u8],
     poll: Duration,
     activity: &Activity,
 ) -> io::Result<Got> {
     loop {
-        // Also after a wake-up that found the request taken by another worker.
-        if let Some(got) = spin(poll, activity, || read_once(fd, buf))? {
+        // Also after a wake-up that found the request taken by another worker. A worker
+        // kept busy never reaches poll(2): it sees the stop here.
+        let look = || match stopping.load(Ordering::Acquire) {
+            true => Ok(Some(Got::Stopped)),
+            false => read_once(fd, buf),
+        };
+        if let Some(got) = spin(poll, activity, look)? {
             return Ok(got);
         }
         let mut fds = [
@@ -173,7 +180,7 @@ pub(crate) fn worker<F: Filesystem>(
     setxattr_ext: bool,
     (mut input, mut output): (Vec<u8>, Vec<u8>),
     stats: &Stats,
-    stop: &EventFd,
+    stop: (&EventFd, &AtomicBool),
     poll: Duration,
 ) -> io::Result<()> {
     let raw_fd = fd.as_raw_fd();

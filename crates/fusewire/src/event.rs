@@ -1,4 +1,4 @@
-//! An eventfd: how a session wakes threads blocked on the kernel (shutdown).
+//! An eventfd: how a session wakes threads blocked on the kernel (to stop, or to look).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -8,17 +8,8 @@ pub(crate) struct EventFd(OwnedFd);
 
 impl EventFd {
     pub(crate) fn new() -> io::Result<EventFd> {
-        EventFd::with_flags(0)
-    }
-
-    /// A semaphore: each read takes 1, so `add(n)` wakes n readers.
-    pub(crate) fn semaphore() -> io::Result<EventFd> {
-        EventFd::with_flags(libc::EFD_SEMAPHORE)
-    }
-
-    fn with_flags(flags: libc::c_int) -> io::Result<EventFd> {
         // SAFETY: eventfd(2) takes no pointers; a non-negative result is a new descriptor.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | flags) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -28,10 +19,7 @@ impl EventFd {
 
     /// Adds 1: pollers see it readable until someone reads it.
     pub(crate) fn signal(&self) {
-        self.add(1)
-    }
-
-    pub(crate) fn add(&self, n: u64) {
+        let n = 1u64;
         // SAFETY: writes the 8 bytes of a live u64. It cannot fail short of the counter
         // overflowing, after which the fd is still readable, which is all a signal means.
         unsafe { libc::write(self.0.as_raw_fd(), (&n as *const u64).cast(), 8) };

@@ -148,7 +148,7 @@ enum UringFailure {
 pub struct Stopper {
     stop: Arc<AtomicBool>,
     dev_stop: Arc<EventFd>,
-    /// The io_uring queues, each with a wake semaphore its threads read.
+    /// The io_uring queues, whose threads each read a wake eventfd of their own.
     uring_queues: Vec<Arc<QueueThreads>>,
 }
 
@@ -157,7 +157,7 @@ impl Stopper {
         self.stop.store(true, Ordering::Release);
         self.dev_stop.signal();
         for queue in &self.uring_queues {
-            queue.wake.add(queue.threads() as u64);
+            queue.wake_all();
         }
     }
 }
@@ -227,6 +227,13 @@ impl Session {
         if want_uring {
             match session.start_uring(&fs, config) {
                 Ok(()) => return Ok(session),
+                // Unmounted while starting: the kernel refuses nothing then.
+                Err(UringFailure::Refused(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                    return Err(StartError::Io(io::Error::new(
+                        e.kind(),
+                        "the mount went away before the daemon served it (unmounted while starting?)",
+                    )))
+                }
                 Err(UringFailure::Refused(e)) if config.transport == Transport::Uring => {
                     return Err(StartError::UringUnavailable(format!(
                         "REGISTER refused: {e}"
@@ -267,16 +274,17 @@ impl Session {
         poll: Duration,
     ) -> io::Result<()> {
         let fd = dev::worker_fd(self.channel.fd())?;
-        let (fs, stats, stop) = (
+        let (fs, stats, stop, stopping) = (
             fs.clone(),
             self.stats.clone(),
             self.stopper.dev_stop.clone(),
+            self.stopper.stop.clone(),
         );
         let ext = self.negotiated.has(init::SETXATTR_EXT);
         let bufsize = self.negotiated.dev_buffer_size();
         let buffers = (dev::buffer(bufsize)?, dev::buffer(bufsize)?);
         let t = spawn::spawn(name, move || {
-            dev::worker(fd, &*fs, ext, buffers, &stats, &stop, poll)
+            dev::worker(fd, &*fs, ext, buffers, &stats, (&stop, &stopping), poll)
         })?;
         self.threads.push(t);
         Ok(())
@@ -324,7 +332,7 @@ impl Session {
     }
 
     /// Starts `per_queue` serving threads for each queue (into `threads`, the queues, whose
-    /// wake semaphores stop them, in `stopper`): the channel on which each says whether it
+    /// wake eventfds stop them, in `stopper`): the channel on which each says whether it
     /// registered.
     fn spawn_uring<F: Filesystem>(
         &mut self,
@@ -412,7 +420,8 @@ impl Session {
 /// Reads the first request, which must be INIT: (unique, major, minor, readahead, flags).
 fn read_init(fd: &OwnedFd, stop: &EventFd) -> Result<(u64, u32, u32, u32, u64), StartError> {
     let mut buf = vec![0u8; abi::MIN_READ_BUFFER.max(64 << 10)];
-    let nobody = Activity::new();
+    let (nobody, not_yet) = (Activity::new(), AtomicBool::new(false));
+    let stop = (stop, &not_yet);
     let n = match dev::next_request(fd.as_raw_fd(), stop, &mut buf, Duration::ZERO, &nobody)? {
         Got::Request(n) => n,
         Got::Gone | Got::Stopped => return Err(io::Error::from_raw_os_error(libc::ENODEV).into()),

@@ -96,8 +96,8 @@ fn commit_sqe(fd: RawFd, qid: u16, commit_id: u64) -> squeue::Entry128 {
         .user_data(ENTRY)
 }
 
-fn wake_sqe(stop: &EventFd, mem: &QueueMem) -> squeue::Entry128 {
-    let fd = stop.fd().as_raw_fd();
+fn wake_sqe(wake: &EventFd, mem: &QueueMem) -> squeue::Entry128 {
+    let fd = wake.fd().as_raw_fd();
     squeue::Entry128::from(
         opcode::Read::new(types::Fd(fd), mem.wake_buf(), 8)
             .build()
@@ -105,8 +105,8 @@ fn wake_sqe(stop: &EventFd, mem: &QueueMem) -> squeue::Entry128 {
     )
 }
 
-/// One serving thread: its queue, its entry's memory and the session's stop flag (the
-/// queue's wake semaphore says when to look at it).
+/// One serving thread: its queue, its entry's memory and the session's stop flag (its
+/// wake eventfd says when to look at it).
 pub(crate) struct Server<F> {
     pub(crate) fs: Arc<F>,
     pub(crate) stats: Arc<Stats>,
@@ -149,6 +149,12 @@ impl<F: Filesystem> Server<F> {
     /// (unmount) or the session stops.
     pub(crate) fn run(mut self, registered: Sender<Registered>) -> io::Result<()> {
         self.threads.started(self.index);
+        let result = self.run_started(registered);
+        self.threads.ended(self.index);
+        result
+    }
+
+    fn run_started(&mut self, registered: Sender<Registered>) -> io::Result<()> {
         // A request reaches this thread as task work it must run (copying the request into
         // the entry). Cooperatively: a thread looking for its next request (see `spin`) on
         // another CPU is not sent an interrupt but sees the ring's TASKRUN flag and enters
@@ -185,7 +191,7 @@ impl<F: Filesystem> Server<F> {
     /// already happen once the last queue registered): that is returned to serve.
     fn register(&self, ring: &mut Ring) -> io::Result<Vec<(u64, i32)>> {
         push(ring, &register_sqe(self.fd, self.qid, &self.mem, 0))?;
-        push(ring, &wake_sqe(&self.threads.wake, &self.mem))?;
+        push(ring, &wake_sqe(self.threads.wake(self.index), &self.mem))?;
         ring.submit()?;
         let early = completions(ring);
         match early
@@ -225,9 +231,9 @@ impl<F: Filesystem> Server<F> {
                 .unwrap_or_default();
             }
             if cqes.is_empty() {
-                self.threads.sleeping(true);
+                self.threads.sleeping(self.index, true);
                 let slept = ring.submit_and_wait(1);
-                self.threads.sleeping(false);
+                self.threads.sleeping(self.index, false);
                 match slept {
                     Ok(_) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -240,11 +246,13 @@ impl<F: Filesystem> Server<F> {
             for (user_data, res) in std::mem::take(&mut cqes) {
                 if user_data == WAKE {
                     if self.stopping.load(Ordering::Acquire) {
+                        // The answer to a request served in this batch goes out first.
+                        ring.submit()?;
                         return Ok(());
                     }
                     // A nudge (or a stop of an earlier, failed start): re-arm, then look
                     // for requests while the session is busy.
-                    push(ring, &wake_sqe(&self.threads.wake, &self.mem))?;
+                    push(ring, &wake_sqe(self.threads.wake(self.index), &self.mem))?;
                     continue;
                 }
                 if res < 0 {
@@ -275,6 +283,10 @@ impl<F> Server<F> {
     /// only compete with the hashing thread let loose there (a cold 256 MiB read, one
     /// bench run each: 1.12x /dev/fuse's time counting them, 1.02x not).
     fn busy(&self) {
+        // With --poll-us 0 no thread looks: a nudged one would only go back to sleep.
+        if self.poll.is_zero() {
+            return;
+        }
         if self.activity.found(self.poll) {
             self.queues
                 .iter()

@@ -9,10 +9,11 @@ use common::memfs::{self, MemFs, SMALL_FILES};
 use common::*;
 use fusewire::abi::{init, op};
 use fusewire::{Chosen, Config, Session, Transport, Wants};
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -32,6 +33,29 @@ fn config(transport: Transport) -> Config {
             ..Wants::default()
         },
     }
+}
+
+/// Runs `test` over `transport`, one mount test at a time; skipped (and recorded) without
+/// root, or over io_uring where this kernel has none.
+fn on(transport: Transport, test: fn(Transport)) {
+    let _serial = serial();
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return;
+    }
+    let _uring = match transport {
+        Transport::Uring => match UringEnabled::new() {
+            Some(on) => Some(on),
+            None => {
+                skip_unless(
+                    false,
+                    "this kernel has no FUSE over io_uring (enable_uring)",
+                );
+                return;
+            }
+        },
+        _ => None,
+    };
+    test(transport);
 }
 
 /// A served mount; `forgets` counts the filesystem's FORGETs.
@@ -228,27 +252,12 @@ fn exercise(transport: Transport) {
 
 #[test]
 fn dev_transport_serves_real_tools() {
-    let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    exercise(Transport::Dev);
+    on(Transport::Dev, exercise);
 }
 
 #[test]
 fn uring_transport_serves_real_tools() {
-    let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    let Some(_uring) = UringEnabled::new() else {
-        skip_unless(
-            false,
-            "this kernel has no FUSE over io_uring (enable_uring)",
-        );
-        return;
-    };
-    exercise(Transport::Uring);
+    on(Transport::Uring, exercise);
 }
 
 /// Auto says what it chose: io_uring when the kernel offers it, /dev/fuse when not.
@@ -365,52 +374,121 @@ fn fuse_connection(mnt: &Path) -> u32 {
 
 #[test]
 fn an_abort_ends_a_dev_session() {
-    let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    abort_through_fusectl(Transport::Dev);
+    on(Transport::Dev, abort_through_fusectl);
 }
 
 #[test]
 fn an_abort_ends_a_uring_session() {
-    let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    let Some(_uring) = UringEnabled::new() else {
-        skip_unless(
-            false,
-            "this kernel has no FUSE over io_uring (enable_uring)",
-        );
-        return;
-    };
-    abort_through_fusectl(Transport::Uring);
+    on(Transport::Uring, abort_through_fusectl);
 }
 
 #[test]
 fn stop_ends_a_dev_session() {
-    let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    stop_then_unmount(Transport::Dev);
+    on(Transport::Dev, stop_then_unmount);
 }
 
 #[test]
 fn stop_ends_a_uring_session() {
-    let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
+    on(Transport::Uring, stop_then_unmount);
+}
+
+/// Counts the GETATTRs it serves per calling thread.
+struct CountingGetattr {
+    inner: MemFs,
+    served: Arc<Mutex<HashMap<u32, u64>>>,
+}
+
+impl fusewire::Filesystem for CountingGetattr {
+    fn init(&mut self, n: &fusewire::Negotiated, c: &fusewire::Channel) {
+        self.inner.init(n, c)
     }
-    let Some(_uring) = UringEnabled::new() else {
-        skip_unless(
-            false,
-            "this kernel has no FUSE over io_uring (enable_uring)",
+    fn request(
+        &self,
+        ctx: &fusewire::Context,
+        req: fusewire::Request<'_>,
+        reply: fusewire::Reply<'_>,
+    ) {
+        if matches!(req, fusewire::Request::GetAttr { .. }) {
+            *self
+                .served
+                .lock()
+                .unwrap()
+                .entry(ctx.caller.pid)
+                .or_default() += 1;
+        }
+        self.inner.request(ctx, req, reply)
+    }
+}
+
+/// A stop in the middle of a storm of GETATTRs (six threads calling fstat, attributes
+/// never cached): every thread ends, and every request served was answered: each caller
+/// got exactly as many answers as the filesystem served for it (its next request waits
+/// unserved until the connection closes).
+fn stop_under_load_answers_what_it_served(transport: Transport) {
+    for round in 0..20u64 {
+        let mnt = Mountpoint::new();
+        let fd = mount_fuse(mnt.path()).expect("mount(2) of /dev/fuse");
+        let served = Arc::new(Mutex::new(HashMap::new()));
+        let fs = CountingGetattr {
+            inner: MemFs::new(Duration::ZERO),
+            served: served.clone(),
+        };
+        let session = Session::start(fd, fs, &config(transport)).expect("session start");
+        let path = mnt.path().join("hello.txt");
+        let callers: Vec<_> = (0..6)
+            .map(|_| {
+                let path = path.clone();
+                let (tid_tx, tid_rx) = mpsc::channel();
+                let answered = Arc::new(AtomicU64::new(0));
+                let count = answered.clone();
+                let caller = std::thread::spawn(move || {
+                    // SAFETY: gettid has no arguments and cannot fail.
+                    tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+                    let f = std::fs::File::open(&path).expect("open");
+                    // Ends when the connection closes under a waiting fstat.
+                    while f.metadata().is_ok() {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+                (caller, tid_rx.recv().unwrap(), answered)
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20 + (round % 7) * 5));
+        session.stopper().stop();
+        assert!(
+            poll_until(DEADLINE, || session_threads().is_empty()),
+            "{transport:?}, round {round}: threads left after stop: {:?}",
+            session_threads()
         );
-        return;
-    };
-    stop_then_unmount(Transport::Uring);
+        // A caller answered is counted a moment after its answer.
+        std::thread::sleep(Duration::from_millis(100));
+        let served = served.lock().unwrap().clone();
+        for (_, tid, answered) in &callers {
+            let (s, a) = (
+                served.get(tid).copied().unwrap_or(0),
+                answered.load(Ordering::SeqCst),
+            );
+            assert_eq!(
+                s, a,
+                "{transport:?}, round {round}: a caller's GETATTRs served / answered"
+            );
+        }
+        drop(session);
+        for (caller, _, _) in callers {
+            caller.join().unwrap();
+        }
+        unmount(mnt.path()).expect("umount2 after stop");
+    }
+}
+
+#[test]
+fn a_dev_stop_under_load_answers_what_it_served() {
+    on(Transport::Dev, stop_under_load_answers_what_it_served);
+}
+
+#[test]
+fn a_uring_stop_under_load_answers_what_it_served() {
+    on(Transport::Uring, stop_under_load_answers_what_it_served);
 }
 
 /// Asking for io_uring where the kernel does not offer it is an error, and the mount

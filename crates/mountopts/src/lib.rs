@@ -31,7 +31,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 /// Worker threads a mount may have at most: each is a thread, a cloned /dev/fuse
-/// descriptor and a 16 MiB request buffer, and past a few per CPU they only cost (a
+/// descriptor or an io_uring ring, and 2 MiB of request buffers, and past a few per CPU they only cost (a
 /// request holds a worker only while the daemon works on it).
 pub const MAX_THREADS: usize = 1024;
 
@@ -461,7 +461,7 @@ pub fn check_threads(n: usize) -> Result<usize, String> {
         0 => Err("at least 1 worker thread is needed".into()),
         n if n > MAX_THREADS => Err(format!(
             "{n} worker threads: at most {MAX_THREADS} (each is a thread, a /dev/fuse \
-             descriptor and a 16 MiB request buffer)"
+             descriptor or an io_uring ring, and 2 MiB of request buffers)"
         )),
         n => Ok(n),
     }
