@@ -72,16 +72,20 @@ pub(crate) fn next_request(
     poll: Duration,
     activity: &Activity,
 ) -> io::Result<Got> {
+    let mut look_for = poll;
     loop {
-        // Also after a wake-up that found the request taken by another worker. A worker
-        // kept busy never reaches poll(2): it sees the stop here.
+        // A worker kept busy never reaches poll(2): it sees the stop here.
         let look = || match stopping.load(Ordering::Acquire) {
             true => Ok(Some(Got::Stopped)),
             false => read_once(fd, buf),
         };
-        if let Some(got) = spin(poll, activity, look)? {
+        if let Some(got) = spin(look_for, activity, look)? {
             return Ok(got);
         }
+        // Woken for a request another worker took: back to sleep at once. Looking, this
+        // worker (likely on another CPU than the caller's) would take the caller's next
+        // request and wake the caller across CPUs (see `affinity::pin_worker`).
+        look_for = Duration::ZERO;
         let mut fds = [
             libc::pollfd {
                 fd,

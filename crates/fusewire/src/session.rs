@@ -261,18 +261,21 @@ impl Session {
         let workers = config.workers.max(1);
         self.stats = Arc::new(Stats::new(0));
         for i in 0..workers {
-            self.spawn_dev_worker(fs, format!("fuse-dev-{i}"), config.poll)?;
+            self.spawn_dev_worker(fs, Some((i, workers)), config.poll)?;
         }
         self.chosen = Chosen::Dev { workers };
         Ok(())
     }
 
+    /// Starts /dev/fuse worker `index` = (i, of how many) (`None`: the reader of FORGET
+    /// and INTERRUPT beside the rings, which rests anywhere).
     fn spawn_dev_worker<F: Filesystem>(
         &mut self,
         fs: &Arc<F>,
-        name: String,
+        index: Option<(usize, usize)>,
         poll: Duration,
     ) -> io::Result<()> {
+        let name = index.map_or("fuse-dev-forget".into(), |(i, _)| format!("fuse-dev-{i}"));
         let fd = dev::worker_fd(self.channel.fd())?;
         let (fs, stats, stop, stopping) = (
             fs.clone(),
@@ -284,6 +287,9 @@ impl Session {
         let bufsize = self.negotiated.dev_buffer_size();
         let buffers = (dev::buffer(bufsize)?, dev::buffer(bufsize)?);
         let t = spawn::spawn(name, move || {
+            if let Some((i, workers)) = index {
+                crate::affinity::pin_worker(i, workers);
+            }
             dev::worker(fd, &*fs, ext, buffers, &stats, (&stop, &stopping), poll)
         })?;
         self.threads.push(t);
@@ -325,7 +331,7 @@ impl Session {
         self.stats = stats;
         self.threads = threads;
         // FORGET and INTERRUPT: nobody waits for the first, the second is rare.
-        self.spawn_dev_worker(fs, "fuse-dev-forget".into(), Duration::ZERO)
+        self.spawn_dev_worker(fs, None, Duration::ZERO)
             .map_err(UringFailure::Threads)?;
         self.chosen = Chosen::Uring { queues, per_queue };
         Ok(())
