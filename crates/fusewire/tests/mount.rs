@@ -27,7 +27,7 @@ fn config(transport: Transport) -> Config {
     Config {
         transport,
         workers: 4,
-        poll: fusewire::DEFAULT_POLL,
+        poll: None,
         wants: Wants {
             flags,
             ..Wants::default()

@@ -477,14 +477,14 @@ pub struct Config {
     /// Threads that run the filesystem's handlers.
     pub workers: usize,
     pub transport: Transport,
-    /// How long a serving thread looks for the next request before it sleeps.
-    pub poll: std::time::Duration,
+    /// How long a serving thread looks for the next request before it sleeps (`None`:
+    /// the transport's default, `fusewire::Config::poll`).
+    pub poll: Option<std::time::Duration>,
 }
 
 /// A filesystem being served on a mounted /dev/fuse descriptor.
 pub struct Session {
     inner: fusewire::Session,
-    poll: std::time::Duration,
 }
 
 impl Session {
@@ -503,10 +503,7 @@ impl Session {
             wants,
         };
         let inner = fusewire::Session::start(fd, Fuse::new(ops, config.access), &cfg)?;
-        Ok(Session {
-            inner,
-            poll: config.poll,
-        })
+        Ok(Session { inner })
     }
 
     /// The transport chosen.
@@ -524,7 +521,7 @@ impl Session {
     /// `fuse_requests` (how many came on /dev/fuse and on each io_uring queue).
     pub fn add_to_stats(&self, stats: StatsSource) -> StatsSource {
         let (chosen, counts) = (self.transport(), self.stats());
-        let poll_us = u64::try_from(self.poll.as_micros()).unwrap_or(u64::MAX);
+        let poll_us = u64::try_from(self.inner.poll().as_micros()).unwrap_or(u64::MAX);
         Arc::new(move || {
             let mut s = stats();
             s.insert("transport".into(), chosen.to_string().into());

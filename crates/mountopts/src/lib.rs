@@ -113,7 +113,7 @@ pub struct MountOptions {
     pub threads: Option<usize>,
     pub transport: Option<Transport>,
     /// `poll_us=N`: how long, in µs, a serving thread looks for the next request before
-    /// it sleeps.
+    /// it sleeps (unset: 50 over io_uring, 0 over /dev/fuse).
     pub poll_us: Option<u64>,
     pub log: Option<PathBuf>,
     pub upper: Option<PathBuf>,

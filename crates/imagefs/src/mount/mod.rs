@@ -21,7 +21,6 @@ pub use crate::ops::Access;
 use crate::ops::Ops;
 use anyhow::Context;
 /// How long serving threads look for the next request unless told (`Plan::poll`).
-pub use fusewire::DEFAULT_POLL;
 pub use mountopts::Atime;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -69,8 +68,8 @@ pub struct Plan {
     /// offers it.
     pub transport: Transport,
     /// How long a serving thread looks for the next request before it sleeps
-    /// (`fusewire::Config::poll`).
-    pub poll: Duration,
+    /// (`fusewire::Config::poll`; `None`: the transport's default).
+    pub poll: Option<Duration>,
     /// Mounted with mount(2) by root, else through fusermount3.
     pub as_root: bool,
     /// The longest each setup step may take.

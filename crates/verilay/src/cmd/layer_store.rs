@@ -90,7 +90,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             Transport::Uring => plan::Transport::Uring,
             Transport::Dev => plan::Transport::Dev,
         },
-        poll: plan::DEFAULT_POLL,
+        poll: None,
         as_root,
         timeout: Duration::from_secs(a.timeout.max(1)),
     };

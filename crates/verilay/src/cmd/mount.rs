@@ -56,7 +56,8 @@ pub struct Args {
     #[arg(long, value_name = "auto|uring|dev", value_parser = Transport::parse)]
     transport: Option<Transport>,
     /// How long, in µs, a thread that has served a request keeps looking for the next
-    /// one before it sleeps (`-o poll_us=`; default 50, at most 10000, 0: sleep at once).
+    /// one before it sleeps (`-o poll_us=`; default 50 over io_uring and 0 over
+    /// /dev/fuse, at most 10000, 0: sleep at once).
     /// A caller waiting for each reply then finds it awake instead of waking it (tens of
     /// µs on a virtual machine whose idle CPUs halt); the thread yields its CPU meanwhile.
     /// Over io_uring every thread keeps looking while any got a request within that time.
@@ -207,10 +208,7 @@ impl Settings {
                 Transport::Uring => plan::Transport::Uring,
                 Transport::Dev => plan::Transport::Dev,
             },
-            poll: self
-                .opts
-                .poll_us
-                .map_or(plan::DEFAULT_POLL, Duration::from_micros),
+            poll: self.opts.poll_us.map(Duration::from_micros),
             as_root: self.root,
             timeout,
         }
