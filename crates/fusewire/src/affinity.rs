@@ -11,12 +11,9 @@
 //! Except while the queue streams: readahead sends 1 MiB READs two at a time, and a
 //! thread hashing one holds its CPU for a millisecond. A sibling resting on the same CPU
 //! would wait for it; so a queue that served a big READ or WRITE in the last few
-//! milliseconds has its thread j rest on the j-th CPU after its own (measured: a cold
-//! 256 MiB read 0.19-0.22 s with all but the first anywhere, 0.29-0.35 with all of them
-//! pinned; anywhere, the scheduler often left two hashing threads on one CPU: io_uring
-//! 1.095x the time of /dev/fuse, whose workers rest one per CPU, and the same time spread
-//! so, paired medians of 12 runs; a thread let loose only while a sibling was busy came
-//! too late: the kernel had queued its READ on the busy CPU).
+//! milliseconds lets every thread but the first rest anywhere (measured: a cold 256 MiB
+//! read 0.19-0.22 s so, 0.29-0.35 with all of them pinned; a thread let loose only while
+//! a sibling was busy came too late: the kernel had queued its READ on the busy CPU).
 //!
 //! This holds only with a thread looking on every CPU while the session is busy
 //! (`spin::Activity`): a CPU whose threads all sleep goes idle, and the scheduler wakes a
@@ -36,16 +33,13 @@ pub(crate) const BIG_IO: u32 = 64 * 1024;
 /// How long after its last big READ or WRITE a queue counts as streaming, in ns.
 const STREAMING_NS: u64 = 20_000_000;
 
-/// The threads of one queue: their thread IDs, whether each rests on its CPU for
-/// streaming (`loose`) or on the queue's, when the queue last served big I/O, and which
-/// sleep.
+/// The threads of one queue: their thread IDs, whether each may run anywhere (`loose`)
+/// or only on the queue's CPU, when the queue last served big I/O, and which sleep.
 pub(crate) struct QueueThreads {
     /// Where the queue's threads rest: its CPU, or every CPU this process may use when
     /// that one is not among them (`taskset`, a cpuset).
     home: libc::cpu_set_t,
-    /// Where each thread rests while the queue streams: thread j on the j-th CPU the
-    /// process may use after the queue's own.
-    streaming: Vec<libc::cpu_set_t>,
+    anywhere: libc::cpu_set_t,
     /// 0 before a thread starts and after it ended.
     tids: Vec<AtomicI32>,
     loose: Vec<AtomicBool>,
@@ -62,17 +56,10 @@ pub(crate) struct QueueThreads {
 
 impl QueueThreads {
     pub(crate) fn new(cpu: usize, threads: usize) -> std::io::Result<Self> {
-        let allowed = allowed_cpus();
-        let cpus = cpu_list(&allowed);
-        let at = cpus.iter().position(|&c| c == cpu).unwrap_or(0);
+        let anywhere = allowed_cpus();
         Ok(Self {
-            home: only(cpu, &allowed),
-            streaming: (0..threads)
-                .map(|j| match cpus.is_empty() {
-                    true => allowed,
-                    false => only(cpus[(at + j) % cpus.len()], &allowed),
-                })
-                .collect(),
+            home: only(cpu, &anywhere),
+            anywhere,
             tids: (0..threads).map(|_| AtomicI32::new(0)).collect(),
             loose: (0..threads).map(|_| AtomicBool::new(false)).collect(),
             last_big_ns: AtomicU64::new(0),
@@ -135,13 +122,13 @@ impl QueueThreads {
     }
 
     /// Thread `me` starts big I/O: the queue streams, and its other threads but the
-    /// first rest each on its own CPU from now.
+    /// first may run anywhere from now.
     pub(crate) fn begin_big(&self, me: usize) {
         self.last_big_ns.store(now_ns(), Ordering::SeqCst);
         for (j, tid) in self.tids.iter().enumerate().skip(1) {
             let tid = tid.load(Ordering::SeqCst);
             if j != me && tid != 0 && !self.loose[j].swap(true, Ordering::SeqCst) {
-                set_affinity(tid, &self.streaming[j]);
+                set_affinity(tid, &self.anywhere);
             }
         }
     }
@@ -157,11 +144,7 @@ impl QueueThreads {
         let streaming = since < STREAMING_NS;
         if self.loose[me].load(Ordering::SeqCst) != streaming {
             self.loose[me].store(streaming, Ordering::SeqCst);
-            let set = if streaming {
-                self.streaming[me]
-            } else {
-                self.home
-            };
+            let set = if streaming { self.anywhere } else { self.home };
             set_affinity(0, &set);
         }
     }
@@ -183,18 +166,13 @@ fn now_ns() -> u64 {
 /// looking after such a wake 1.21-1.62; see `dev::next_request`).
 pub(crate) fn pin_worker(i: usize, workers: usize) {
     let allowed = allowed_cpus();
-    let cpus = cpu_list(&allowed);
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: every CPU asked about is within the set's size.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &allowed) })
+        .collect();
     if !cpus.is_empty() && workers >= cpus.len() {
         set_affinity(0, &only(cpus[i % cpus.len()], &allowed));
     }
-}
-
-/// The CPUs in `set`, in order.
-fn cpu_list(set: &libc::cpu_set_t) -> Vec<usize> {
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: every CPU asked about is within the set's size.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, set) })
-        .collect()
 }
 
 /// Just `cpu` if `allowed` holds it, else all of `allowed`.
@@ -263,8 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn threads_rest_on_the_queue_cpu_and_each_on_its_own_while_it_streams() {
-        let allowed = allowed_cpus();
+    fn threads_rest_on_the_queue_cpu_and_all_but_the_first_anywhere_while_it_streams() {
         let q = Arc::new(QueueThreads::new(0, 2).unwrap());
         let (tids_tx, tids) = mpsc::channel();
         let (go_tx, go) = mpsc::channel::<()>();
@@ -284,12 +261,11 @@ mod tests {
         };
         let second = tids.recv().unwrap();
         q.started(0);
-        let pinned = only(0, &allowed);
+        let pinned = only(0, &q.anywhere);
         assert!(
-            nproc_at_least_two(&allowed),
+            nproc_at_least_two(&q.anywhere),
             "a test of where threads run needs 2 CPUs"
         );
-        let next = only(cpu_list(&allowed)[1], &allowed);
         assert!(
             same(&affinity_of(0), &pinned),
             "the first thread rests on CPU 0"
@@ -298,15 +274,15 @@ mod tests {
 
         q.begin_big(0);
         assert!(
-            same(&affinity_of(second), &next),
-            "on the next CPU once the queue streams"
+            same(&affinity_of(second), &q.anywhere),
+            "loose once the queue streams"
         );
         assert!(same(&affinity_of(0), &pinned), "the first stays");
         go_tx.send(()).unwrap();
         done.wait();
         assert!(
-            same(&affinity_of(second), &next),
-            "and rests there meanwhile"
+            same(&affinity_of(second), &q.anywhere),
+            "and rests anywhere meanwhile"
         );
 
         std::thread::sleep(std::time::Duration::from_nanos(STREAMING_NS * 2));
