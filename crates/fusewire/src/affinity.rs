@@ -22,7 +22,7 @@
 //! sleep: one of them wakes and looks as long as the session stays busy.
 
 use crate::event::EventFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -40,7 +40,7 @@ pub(crate) struct QueueThreads {
     /// that one is not among them (`taskset`, a cpuset).
     home: libc::cpu_set_t,
     anywhere: libc::cpu_set_t,
-    /// 0 before a thread starts and after it ended.
+    /// 0 before a thread starts and after it ended (then it counts for no nudge).
     tids: Vec<AtomicI32>,
     loose: Vec<AtomicBool>,
     last_big_ns: AtomicU64,
@@ -49,9 +49,6 @@ pub(crate) struct QueueThreads {
     /// read is retried on a signal.)
     wakes: Vec<EventFd>,
     asleep: Vec<AtomicBool>,
-    /// Threads started and not ended, and how many of them sleep.
-    live: AtomicUsize,
-    sleepers: AtomicUsize,
 }
 
 impl QueueThreads {
@@ -67,8 +64,6 @@ impl QueueThreads {
                 .map(|_| EventFd::new())
                 .collect::<std::io::Result<_>>()?,
             asleep: (0..threads).map(|_| AtomicBool::new(false)).collect(),
-            live: AtomicUsize::new(0),
-            sleepers: AtomicUsize::new(0),
         })
     }
 
@@ -85,22 +80,23 @@ impl QueueThreads {
     /// Thread `me` goes to sleep (`true`) or woke (`false`).
     pub(crate) fn sleeping(&self, me: usize, asleep: bool) {
         self.asleep[me].store(asleep, Ordering::SeqCst);
-        if asleep {
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        }
     }
 
     /// Another queue's thread found a request after a quiet spell: if every thread here
     /// sleeps, one is woken to look on this CPU while the session is busy, so the CPU does
     /// not sit idle for the scheduler to move the caller onto (see the module's comment).
     pub(crate) fn nudge(&self) {
-        let live = self.live.load(Ordering::SeqCst);
-        if live == 0 || self.sleepers.load(Ordering::SeqCst) != live {
-            return;
+        let mut sleeper = None;
+        for (j, tid) in self.tids.iter().enumerate() {
+            if tid.load(Ordering::SeqCst) == 0 {
+                continue;
+            }
+            if !self.asleep[j].load(Ordering::SeqCst) {
+                return;
+            }
+            sleeper.get_or_insert(j);
         }
-        if let Some(j) = self.asleep.iter().position(|a| a.load(Ordering::SeqCst)) {
+        if let Some(j) = sleeper {
             self.wakes[j].signal();
         }
     }
@@ -110,7 +106,6 @@ impl QueueThreads {
         // SAFETY: gettid has no arguments and cannot fail.
         let tid = unsafe { libc::gettid() };
         self.tids[me].store(tid, Ordering::SeqCst);
-        self.live.fetch_add(1, Ordering::SeqCst);
         set_affinity(0, &self.home);
     }
 
@@ -118,7 +113,6 @@ impl QueueThreads {
     /// another thread may get next, is not moved again.
     pub(crate) fn ended(&self, me: usize) {
         self.tids[me].store(0, Ordering::SeqCst);
-        self.live.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Thread `me` starts big I/O: the queue streams, and its other threads but the
@@ -317,7 +311,7 @@ mod tests {
         q.nudge();
         assert_eq!(take_wake(&q, 0), None, "no thread started: no nudge");
         // Both threads started (without moving this one to CPU 0).
-        q.live.store(2, Ordering::SeqCst);
+        q.tids.iter().for_each(|t| t.store(1, Ordering::SeqCst));
         q.nudge();
         assert_eq!(take_wake(&q, 0), None, "both threads awake: no nudge");
         q.sleeping(1, true);

@@ -31,8 +31,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 /// Worker threads a mount may have at most: each is a thread, a cloned /dev/fuse
-/// descriptor or an io_uring ring, and 2 MiB of request buffers, and past a few per CPU they only cost (a
-/// request holds a worker only while the daemon works on it).
+/// descriptor or an io_uring ring, and 2 MiB of request buffers, and past a few per CPU
+/// they only cost (a request holds a worker only while the daemon works on it).
 pub const MAX_THREADS: usize = 1024;
 
 /// When the kernel updates access times (one of these, or its default, `relatime`).

@@ -281,8 +281,8 @@ fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
 
 /// How long serving threads look for the next request before sleeping: 50 µs over
 /// io_uring and 0 over /dev/fuse unless `--poll-us` or `-o poll_us=` says otherwise (0:
-/// never), as `verilay stats` reports; a value past 10 ms or not a number is refused before anything is
-/// mounted.
+/// never), as `verilay stats` reports; a value past 10 ms or not a number is refused
+/// before anything is mounted.
 #[test]
 fn serving_threads_look_for_requests_as_long_as_asked() {
     if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
