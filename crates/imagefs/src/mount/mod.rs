@@ -90,7 +90,12 @@ impl Plan {
         report.step("mount");
         let (fd, guard) =
             kernel::mount(self).with_context(|| format!("mounting on {}", mp.display()))?;
-        report.step("answer the kernel's first request and start the workers");
+        // The count is named here too: a daemon that runs out of memory while its threads
+        // start is aborted by the allocator, and the caller then says only this step.
+        report.step(&format!(
+            "answer the kernel's first request and start {} workers",
+            self.threads.max(1)
+        ));
         let config = fuse::Config {
             access: self.access,
             workers: self.threads,
