@@ -65,3 +65,23 @@ impl HashAlg {
         }
     }
 }
+
+/// Blocks hashed per call to the multi-buffer hasher: a few times its lane width.
+const BATCH: usize = 32;
+
+/// `SHA-256(prefix || block)` of each `bs`-byte block of `data` (a whole number of them)
+/// into consecutive 32-byte digests of `out`, several blocks at once: SHA-NI's rounds are
+/// one long dependency chain, and interleaving independent blocks keeps the unit busy
+/// (the kernel's fs-verity hashes two blocks at once for the same reason). Measured here,
+/// 4 KiB blocks: 1.36 GB/s one at a time, 1.8-2.4 GB/s four at a time.
+pub(crate) fn sha256_blocks(prefix: &[u8], data: &[u8], bs: usize, out: &mut [u8]) {
+    let (digests, _) = out.as_chunks_mut::<32>();
+    for (blocks, digests) in data.chunks(bs * BATCH).zip(digests.chunks_mut(BATCH)) {
+        let mut bodies: [&[u8]; BATCH] = [&[]; BATCH];
+        let n = blocks.len() / bs;
+        for (body, block) in bodies.iter_mut().zip(blocks.chunks_exact(bs)) {
+            *body = block;
+        }
+        tape_sha256::hash_many_prefixed(prefix, &bodies[..n], &mut digests[..n]);
+    }
+}
