@@ -243,7 +243,6 @@ impl<O: Ops> fusewire::Filesystem for Fuse<O> {
             no_open: negotiated.has(init::NO_OPEN_SUPPORT),
             no_opendir: negotiated.has(init::NO_OPENDIR_SUPPORT),
             passthrough: negotiated.has(init::PASSTHROUGH),
-            over_io_uring: negotiated.has(init::OVER_IO_URING),
         };
         self.ops.granted(&granted);
         let _ = self.ops.notifier_slot().set(Box::new(channel.clone()));

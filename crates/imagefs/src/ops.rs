@@ -79,8 +79,6 @@ pub struct Granted {
     pub no_open: bool,
     pub no_opendir: bool,
     pub passthrough: bool,
-    /// Requests may come over io_uring (FUSE_OVER_IO_URING granted).
-    pub over_io_uring: bool,
 }
 
 /// How the kernel is told of changes it cannot see, and handed pages (notifications).

@@ -88,8 +88,6 @@ pub struct ImageFs<S: ByteSource> {
     /// an open or a release allocates nothing once the inode has an entry.
     opens: papaya::HashMap<u64, AtomicU64>,
     notifier: NotifierSlot,
-    /// Small files' bytes are handed over at open (`prime`): not over io_uring.
-    primes: bool,
 }
 
 impl<S: ByteSource + 'static> ImageFs<S> {
@@ -122,7 +120,6 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             hook: Hook::default(),
             names: Names::new(),
             opens: papaya::HashMap::new(),
-            primes: true,
             notifier: Arc::new(OnceLock::new()),
         })
     }
@@ -301,7 +298,6 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
     fn granted(&mut self, granted: &Granted) {
         self.no_open = granted.no_open;
         self.no_opendir = granted.no_opendir;
-        self.primes = !granted.over_io_uring;
     }
 
     fn stats(&self) -> crate::stats::StatsSource {
