@@ -5,6 +5,7 @@
 use crate::abi::{self, notify};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use zerocopy::{Immutable, IntoBytes};
 
@@ -12,11 +13,50 @@ use zerocopy::{Immutable, IntoBytes};
 #[derive(Clone, Debug)]
 pub struct Channel {
     fd: Arc<OwnedFd>,
+    stores: Arc<StoreSlots>,
+}
+
+/// How many stores may be under way at once (see [`Channel::store`]).
+#[derive(Debug)]
+struct StoreSlots {
+    limit: AtomicUsize,
+    busy: AtomicUsize,
+}
+
+/// A store's slot, given back when it ends.
+struct StoreSlot<'a>(&'a StoreSlots);
+
+impl Drop for StoreSlot<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl StoreSlots {
+    fn take(&self) -> Option<StoreSlot<'_>> {
+        let limit = self.limit.load(Ordering::Acquire);
+        self.busy
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                (b < limit).then_some(b + 1)
+            })
+            .ok()
+            .map(|_| StoreSlot(self))
+    }
 }
 
 impl Channel {
     pub(crate) fn new(fd: Arc<OwnedFd>) -> Channel {
-        Channel { fd }
+        let stores = Arc::new(StoreSlots {
+            limit: AtomicUsize::new(usize::MAX),
+            busy: AtomicUsize::new(0),
+        });
+        Channel { fd, stores }
+    }
+
+    /// At most `limit` stores at once (the session sets it for its transport, before it
+    /// serves a request; see [`Channel::store`]).
+    pub(crate) fn limit_stores(&self, limit: usize) {
+        self.stores.limit.store(limit, Ordering::Release);
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -68,8 +108,21 @@ impl Channel {
         self.notify(notify::DELETE, &out, &[name, b"\0"])
     }
 
-    /// Hands the kernel `data` as the page cache of `ino` at `offset`.
+    /// Hands the kernel `data` as the page cache of `ino` at `offset`. The kernel locks
+    /// each page to fill it, so a store waits for any page a READ in flight holds
+    /// (readahead's pages stay locked until their READ is answered): call it only for an
+    /// inode no open handle reads, as its open is served, so it can wait only for a READ
+    /// from a handle opened meanwhile. Over /dev/fuse any worker serves that READ, and the
+    /// last worker to begin a store can wait only for a handle another, free, worker
+    /// opened after it began. Over io_uring only the queue of the CPU the READ was sent
+    /// from serves it, and stores could hold every thread of that queue (a reader opening
+    /// on one CPU and reading on the other hung a mount that way), so the session allows
+    /// all but one of a queue's threads to store at once; a store past that is refused
+    /// with `WouldBlock`, and the pages are left to the READ.
     pub fn store(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        let Some(_slot) = self.stores.take() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
         let size =
             u32::try_from(data.len()).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
         let out = abi::NotifyStoreOut {
@@ -173,5 +226,25 @@ impl Drop for Backing {
                 &id,
             )
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_past_the_limit_are_refused_until_one_ends() {
+        let slots = StoreSlots {
+            limit: AtomicUsize::new(1),
+            busy: AtomicUsize::new(0),
+        };
+        let first = slots.take().expect("the first store may go");
+        assert!(slots.take().is_none(), "a second at once is refused");
+        drop(first);
+        assert!(slots.take().is_some(), "the slot came back");
+        slots.limit.store(2, Ordering::Release);
+        let (_a, _b) = (slots.take().unwrap(), slots.take().unwrap());
+        assert!(slots.take().is_none());
     }
 }

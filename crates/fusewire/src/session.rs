@@ -320,6 +320,8 @@ impl Session {
         let queues = possible_cpus().map_err(UringFailure::Threads)?;
         let per_queue = config.workers.div_ceil(queues).max(MIN_PER_QUEUE);
         let stats = Arc::new(Stats::new(queues));
+        // Before any request is served: see `Channel::store`.
+        self.channel.limit_stores(per_queue - 1);
         let mut threads = Vec::new();
         let mut stopper = self.stopper.clone();
         let started = self.spawn_uring(fs, per_queue, &stats, &mut threads, &mut stopper);
@@ -336,6 +338,7 @@ impl Session {
             // The stop was for the rings only: /dev/fuse workers may still have to run.
             self.stopper.stop.store(false, Ordering::Release);
             self.stopper.dev_stop = Arc::new(EventFd::new().map_err(UringFailure::Threads)?);
+            self.channel.limit_stores(usize::MAX);
             return Err(f);
         }
         self.stopper = stopper;

@@ -46,12 +46,9 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 .unwrap_or_else(|v| v)
         };
         let first = was & OPEN_HANDLES == 0 && was & PRIMED == 0;
-        // Over io_uring too: a store that waits holds only its own thread's ring entry,
-        // and every queue has two threads or more to serve the READ it waits for. (With
-        // one thread holding all of a queue's entries, as fusewire once had, stores hung
-        // the race test in 2 of 6 runs; with an entry per thread, 40 of 40 passed, a
-        // third of them beside a CPU hog. A cold read of 2,000 measured 4 KiB files:
-        // 9.2k -> 12.3k files/s, bench ima.)
+        // Over both transports; how many stores may wait at once is the transport's
+        // (`fusewire::Channel::store`). A cold read of 2,000 measured 4 KiB files over
+        // io_uring: 9.2k -> 12.3k files/s with it (bench ima).
         if !first || flags & libc::O_DIRECT != 0 {
             return;
         }
@@ -70,11 +67,12 @@ impl<S: ByteSource + 'static> ImageFs<S> {
             let Ok(n) = self.image(o).read(inode, 0, &mut buf[..want]) else {
                 return;
             };
-            if notifier.store(ino, 0, &buf[..n]).is_ok() {
-                if let Some(s) = &self.hook.setup {
-                    s.measuring.counters.primed.add(1);
-                    s.measuring.counters.bytes_primed.add(n as u64);
-                }
+            if notifier.store(ino, 0, &buf[..n]).is_err() {
+                // Refused (too many stores under way) or failed: a later first open tries.
+                self.forget_primed(ino);
+            } else if let Some(s) = &self.hook.setup {
+                s.measuring.counters.primed.add(1);
+                s.measuring.counters.bytes_primed.add(n as u64);
             }
         });
     }
