@@ -59,6 +59,12 @@ impl Channel {
         self.stores.limit.store(limit, Ordering::Release);
     }
 
+    /// Whether [`Channel::store`] would be let through now (another may take the slot
+    /// first): lets a caller skip preparing data for a store that would be refused.
+    pub fn may_store(&self) -> bool {
+        self.stores.busy.load(Ordering::Acquire) < self.stores.limit.load(Ordering::Acquire)
+    }
+
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.fd.as_fd()

@@ -227,6 +227,10 @@ impl Notify for Channel {
         Channel::store(self, ino, offset, data)
     }
 
+    fn may_store(&self) -> bool {
+        Channel::may_store(self)
+    }
+
     fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> std::io::Result<()> {
         Channel::inval_inode(self, ino, offset, len)
     }

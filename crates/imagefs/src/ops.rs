@@ -84,6 +84,8 @@ pub struct Granted {
 /// How the kernel is told of changes it cannot see, and handed pages (notifications).
 pub trait Notify: Send + Sync {
     fn store(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Whether a store now would be let through (a hint: `store` decides).
+    fn may_store(&self) -> bool;
     /// Drops cached attributes (and pages from `offset` on, for `len` bytes; a negative
     /// offset leaves pages alone).
     fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> io::Result<()>;

@@ -58,23 +58,28 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         if !inode.is_reg() || inode.size == 0 || inode.size > PRIME_MAX {
             return;
         }
-        PRIME_BUF.with(|b| {
+        let stored = PRIME_BUF.with(|b| {
+            // Not worth reading the file for a store that would be refused.
+            if !notifier.may_store() {
+                return None;
+            }
             let mut buf = b.borrow_mut();
             let want = inode.size as usize;
             if buf.len() < want {
                 buf.resize(want, 0);
             }
-            let Ok(n) = self.image(o).read(inode, 0, &mut buf[..want]) else {
-                return;
-            };
-            if notifier.store(ino, 0, &buf[..n]).is_err() {
-                // Refused (too many stores under way) or failed: a later first open tries.
-                self.forget_primed(ino);
-            } else if let Some(s) = &self.hook.setup {
+            let n = self.image(o).read(inode, 0, &mut buf[..want]).ok()?;
+            notifier.store(ino, 0, &buf[..n]).ok().map(|()| n)
+        });
+        match (stored, &self.hook.setup) {
+            (Some(n), Some(s)) => {
                 s.measuring.counters.primed.add(1);
                 s.measuring.counters.bytes_primed.add(n as u64);
             }
-        });
+            (Some(_), None) => {}
+            // Refused (too many stores under way) or failed: a later first open tries.
+            (None, _) => self.forget_primed(ino),
+        }
     }
 
     /// A handle on `ino` is closed.
