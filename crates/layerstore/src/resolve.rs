@@ -2,14 +2,16 @@
 //! asks about, mounting it, and fetching the original blob.
 //!
 //! The chain of trust: the reference's manifest (from the registry; pinned when the
-//! reference carries a digest), its conversion (a referrer of that manifest whose
-//! `subject` is that manifest, listing the layer by its source digest), the layer's image
-//! artifact (its manifest by digest, computed here from the conversion), and the image
-//! digest that artifact records, which the mount pins: every byte the layer's files give
-//! is checked against it. A conversion is trusted as the image manifest is: whoever may
-//! push to the repository may push either.
+//! reference carries a digest), the verilay image its layer descriptor names (a bound
+//! manifest, `oci::conversion::bind`: the annotations are part of the bytes the digest
+//! covers), the layer's image artifact (its manifest by digest, computed here from those
+//! annotations), and the image digest it records, which the mount pins: every byte the
+//! layer's files give is checked against it. Nothing else leads to an image: a conversion
+//! found as a referrer of the manifest is a link anyone who may push to the repository
+//! can add, so a layer the manifest itself does not bind is not in the store, and podman
+//! pulls it the ordinary way.
 
-use oci::conversion::{self, ConvertedLayer, CONVERSION_TYPE};
+use oci::conversion::{self, ConvertedLayer};
 use oci::image::{self, Parsed};
 use oci::{Reference, Registry};
 use std::collections::HashMap;
@@ -86,6 +88,9 @@ pub fn info_of(l: &ConvertedLayer) -> Vec<u8> {
 
 /// How long what a reference resolved to is kept (a tag may move).
 const KEEP: Duration = Duration::from_secs(10);
+/// The most references kept resolved at once: each holds what its manifests list, and
+/// podman asks about as many references as it is given.
+const KEPT_REFERENCES: usize = 256;
 
 /// The converted layers of each reference asked about, and when they were found.
 type Known = HashMap<String, (Instant, Arc<Vec<ConvertedLayer>>)>;
@@ -147,46 +152,62 @@ impl OciResolver {
             ));
         }
         let manifests = match image::parse(&bytes, &media_type).map_err(|e| format!("{r}: {e}"))? {
-            Parsed::Manifest(_) => vec![digest],
-            // As `verilay convert` converts them: the linux manifests.
-            Parsed::Index(i) => i
-                .manifests
-                .into_iter()
-                .filter(|d| d.platform.as_ref().is_none_or(|p| p.os == "linux"))
-                .map(|d| d.digest)
-                .collect(),
-        };
-        let valid = |d: &str| match oci::reference::valid_digest(d) {
-            true => Ok(()),
-            false => Err(format!("{r}: {d:?} is not a sha256 digest")),
-        };
-        let mut layers = Vec::new();
-        for m in manifests {
-            valid(&m)?;
-            for d in reg
-                .referrers(&r.repository, &m, CONVERSION_TYPE)
-                .map_err(|e| e.to_string())?
-            {
-                valid(&d.digest)?;
-                let (bytes, _) = reg
-                    .get_manifest(&r.repository, &d.digest)
-                    .map_err(|e| e.to_string())?;
-                if oci::registry::sha256_digest(&bytes) != d.digest
-                    || conversion::subject_of(&bytes).as_deref() != Some(m.as_str())
-                {
-                    return Err(format!("{r}: conversion {} is not one of {m}", d.digest));
+            Parsed::Manifest(_) => vec![(digest, bytes)],
+            // As `verilay convert` converts them: the linux manifests, each fetched by
+            // the digest the index (fetched by digest, or by tag) lists.
+            Parsed::Index(i) => {
+                let mut v = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                for d in i.manifests {
+                    if d.platform.as_ref().is_some_and(|p| p.os != "linux")
+                        || !seen.insert(d.digest.clone())
+                    {
+                        continue;
+                    }
+                    if !oci::reference::valid_digest(&d.digest) {
+                        return Err(format!("{r}: {:?} is not a sha256 digest", d.digest));
+                    }
+                    let (bytes, _) = reg
+                        .get_manifest(&r.repository, &d.digest)
+                        .map_err(|e| e.to_string())?;
+                    if oci::registry::sha256_digest(&bytes) != d.digest {
+                        return Err(format!(
+                            "{r}: the registry sent another manifest than {}",
+                            d.digest
+                        ));
+                    }
+                    v.push((d.digest, bytes));
                 }
-                layers.extend(
-                    conversion::layers_of(&bytes)
-                        .map_err(|e| format!("{r}: conversion {}: {e}", d.digest))?,
-                );
+                v
+            }
+        };
+        let mut layers: Vec<ConvertedLayer> = Vec::new();
+        for (m, bytes) in manifests {
+            for l in conversion::bound_layers(&bytes).map_err(|e| format!("{r}: {m}: {e}"))? {
+                match layers.iter().find(|o| o.source.digest == l.source.digest) {
+                    // Two platforms of one index may share a layer, never with two images.
+                    Some(o) if *o != l => {
+                        return Err(format!(
+                            "{r}: layer {} is bound to two different images ({} and {})",
+                            l.source.digest, o.image_digest, l.image_digest
+                        ))
+                    }
+                    Some(_) => {}
+                    None => layers.push(l),
+                }
             }
         }
         let layers = Arc::new(layers);
-        self.known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.to_string(), (Instant::now(), layers.clone()));
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|_, (at, _)| at.elapsed() < KEEP);
+        if known.len() >= KEPT_REFERENCES {
+            let oldest = known
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone());
+            known.remove(&oldest.expect("not empty"));
+        }
+        known.insert(key.to_string(), (Instant::now(), layers.clone()));
         Ok(layers)
     }
 }
@@ -198,7 +219,8 @@ fn hex_of(digest: &str) -> &str {
 impl Resolver for OciResolver {
     fn layer(&self, reference: &str, digest: &str) -> Result<Option<Layer>, String> {
         let r = parse_reference(reference)?;
-        let layers = self.converted(reference, &r)?;
+        // Keyed by the reference as parsed: every spelling of one shares an entry.
+        let layers = self.converted(&r.to_string(), &r)?;
         Ok(layers
             .iter()
             .find(|l| l.source.digest == digest)

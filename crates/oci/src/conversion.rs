@@ -1,8 +1,15 @@
-//! A container image converted to verilay images: one sealed image per layer, listed in
-//! order in an artifact manifest whose subject is the image's manifest, each annotated
-//! with the layer it came from. A client holding the image's manifest finds it among that
-//! manifest's referrers (see `referrers`); the layer store maps a layer digest to its
-//! verilay image with it.
+//! A container image converted to verilay images: one sealed image per layer.
+//!
+//! Two records of a conversion are written, and they are trusted differently:
+//! - The **bound manifest** ([`bind`]): the image's own manifest with each layer descriptor
+//!   annotated with its verilay image (blob, size, image digest). It lists the same config
+//!   and layer blobs, so any engine pulls it as an ordinary image, and its digest covers
+//!   the annotations: whoever pins it pins every verilay image it leads to. The layer store
+//!   and `mount` take a layer's image from here only ([`bound_layers`]).
+//! - The **conversion manifest** ([`manifest`]): an artifact whose `subject` is the
+//!   original manifest, recorded as its referrer, so a client holding only the original
+//!   finds it. A referrer is a weak, mutable link (anyone who may push to the repository
+//!   may add one), so it is never trusted for being found.
 
 use crate::artifact::{self, Descriptor, Manifest, DIGEST_ANNOTATION, LAYER_TYPE};
 use std::collections::BTreeMap;
@@ -17,6 +24,11 @@ pub const SOURCE_MEDIA_TYPE: &str = "dev.verilay.source.media-type";
 pub const SOURCE_DIFF_ID: &str = "dev.verilay.source.diff-id";
 /// Bytes of the uncompressed tar.
 pub const SOURCE_TAR_SIZE: &str = "dev.verilay.source.tar-size";
+/// On a bound manifest's layer: the verilay image's blob (`sha256:…` of the file) and size.
+pub const IMAGE_BLOB: &str = "dev.verilay.image.blob";
+pub const IMAGE_SIZE: &str = "dev.verilay.image.size";
+/// On a bound manifest or index: the digest of the manifest or index it was made from.
+pub const CONVERTED_FROM: &str = "dev.verilay.converted-from";
 
 /// One layer and the verilay image made of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +99,37 @@ pub fn subject_of(bytes: &[u8]) -> Option<String> {
     m.subject.map(|s| s.digest)
 }
 
+/// A layer descriptor's annotations, read for one of ours: each value named in errors.
+struct Notes<'a> {
+    layer: usize,
+    d: &'a Descriptor,
+}
+
+impl Notes<'_> {
+    fn text(&self, k: &str) -> Result<String, String> {
+        let i = self.layer;
+        self.d
+            .annotations
+            .get(k)
+            .cloned()
+            .ok_or_else(|| format!("layer {i}: no {k} annotation"))
+    }
+
+    fn digest(&self, k: &str) -> Result<String, String> {
+        let (i, v) = (self.layer, self.text(k)?);
+        match crate::reference::valid_digest(&v) {
+            true => Ok(v),
+            false => Err(format!("layer {i}: {k} {v:?} is not a sha256 digest")),
+        }
+    }
+
+    fn number(&self, k: &str) -> Result<u64, String> {
+        let (i, v) = (self.layer, self.text(k)?);
+        v.parse::<u64>()
+            .map_err(|_| format!("layer {i}: {k} {v:?} is not a number"))
+    }
+}
+
 /// The layers a conversion manifest lists; an error says why `bytes` is not one (every
 /// field checked: what the layer store serves comes from here).
 pub fn layers_of(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
@@ -102,24 +145,8 @@ pub fn layers_of(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let note = |k: &str| {
-                d.annotations
-                    .get(k)
-                    .cloned()
-                    .ok_or_else(|| format!("layer {i}: no {k} annotation"))
-            };
-            let digest = |k: &str| {
-                let v = note(k)?;
-                match crate::reference::valid_digest(&v) {
-                    true => Ok(v),
-                    false => Err(format!("layer {i}: {k} {v:?} is not a sha256 digest")),
-                }
-            };
-            let number = |k: &str| {
-                let v = note(k)?;
-                v.parse::<u64>()
-                    .map_err(|_| format!("layer {i}: {k} {v:?} is not a number"))
-            };
+            let n = Notes { layer: i, d };
+            let (note, digest, number) = (|k| n.text(k), |k| n.digest(k), |k| n.number(k));
             if d.media_type != LAYER_TYPE {
                 return Err(format!("layer {i}: media type {:?}", d.media_type));
             }
@@ -142,6 +169,160 @@ pub fn layers_of(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
             })
         })
         .collect()
+}
+
+/// The bound manifest of the image manifest `original` (its bytes), whose layers became
+/// `layers` (in its order): the same JSON with each layer descriptor annotated with its
+/// verilay image, and the manifest with the digest it was made from. Every field of the
+/// original is kept, so engines that know nothing of verilay pull it as that image.
+pub fn bind(original: &[u8], layers: &[ConvertedLayer]) -> Result<Vec<u8>, String> {
+    use serde_json::Value;
+    let mut m: Value =
+        serde_json::from_slice(original).map_err(|e| format!("not a manifest: {e}"))?;
+    let listed = m
+        .get_mut("layers")
+        .and_then(Value::as_array_mut)
+        .ok_or("the manifest lists no layers")?;
+    if listed.len() != layers.len() {
+        return Err(format!(
+            "the manifest lists {} layers, the conversion {}",
+            listed.len(),
+            layers.len()
+        ));
+    }
+    for (i, (d, l)) in listed.iter_mut().zip(layers).enumerate() {
+        if d.get("digest").and_then(Value::as_str) != Some(l.source.digest.as_str()) {
+            return Err(format!("layer {i}: not the layer {}", l.source.digest));
+        }
+        let d = d
+            .as_object_mut()
+            .ok_or(format!("layer {i}: not an object"))?;
+        let notes = d
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()))
+            .as_object_mut()
+            .ok_or(format!("layer {i}: annotations are not an object"))?;
+        for (k, v) in layer_notes(l) {
+            notes.insert(k.into(), Value::String(v));
+        }
+    }
+    let digest = crate::registry::sha256_digest(original);
+    annotate(&mut m, &digest)?;
+    Ok(serde_json::to_vec_pretty(&m).expect("a manifest serialises"))
+}
+
+/// The annotations a bound manifest gives a converted layer.
+const BOUND_KEYS: [&str; 5] = [
+    DIGEST_ANNOTATION,
+    IMAGE_BLOB,
+    IMAGE_SIZE,
+    SOURCE_DIFF_ID,
+    SOURCE_TAR_SIZE,
+];
+
+/// What a bound manifest says of a layer ([`BOUND_KEYS`]), besides the descriptor's own
+/// fields.
+fn layer_notes(l: &ConvertedLayer) -> [(&'static str, String); 5] {
+    let values = [
+        l.image_digest.clone(),
+        l.image_blob.clone(),
+        l.image_size.to_string(),
+        l.diff_id.clone(),
+        l.tar_size.to_string(),
+    ];
+    std::array::from_fn(|i| (BOUND_KEYS[i], values[i].clone()))
+}
+
+/// Adds [`CONVERTED_FROM`] to a manifest's or index's own annotations.
+fn annotate(m: &mut serde_json::Value, from: &str) -> Result<(), String> {
+    use serde_json::Value;
+    let top = m.as_object_mut().ok_or("not a JSON object")?;
+    let notes = top
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()))
+        .as_object_mut()
+        .ok_or("its annotations are not an object")?;
+    notes.insert(CONVERTED_FROM.into(), Value::String(from.into()));
+    Ok(())
+}
+
+/// The bound index of the index `original`: the entries of the manifests converted
+/// (`bound`: original digest, bound manifest's digest and size), pointing at the bound
+/// manifests, and no other entry (a platform not converted is not in the conversion).
+pub fn bind_index(original: &[u8], bound: &[(String, String, u64)]) -> Result<Vec<u8>, String> {
+    use serde_json::Value;
+    let mut i: Value =
+        serde_json::from_slice(original).map_err(|e| format!("not an index: {e}"))?;
+    let listed = i
+        .get_mut("manifests")
+        .and_then(Value::as_array_mut)
+        .ok_or("the index lists no manifests")?;
+    let mut kept = Vec::new();
+    for d in listed.drain(..) {
+        let was = d.get("digest").and_then(Value::as_str).unwrap_or_default();
+        let Some((_, digest, size)) = bound.iter().find(|(o, ..)| o == was) else {
+            continue;
+        };
+        if kept
+            .iter()
+            .any(|k: &Value| k.get("digest").and_then(Value::as_str) == Some(digest))
+        {
+            continue; // listed twice in the original: once here
+        }
+        let mut d = d;
+        let o = d.as_object_mut().ok_or("an index entry is not an object")?;
+        o.insert("digest".into(), Value::String(digest.clone()));
+        o.insert("size".into(), Value::from(*size));
+        kept.push(d);
+    }
+    *listed = kept;
+    annotate(&mut i, &crate::registry::sha256_digest(original))?;
+    Ok(serde_json::to_vec_pretty(&i).expect("an index serialises"))
+}
+
+/// The verilay images a bound manifest lists, each with the layer it stands for (a layer
+/// with no verilay annotation is not converted, and not listed). Every field is checked,
+/// and a layer listed twice with two images is an error: what the layer store serves
+/// comes from here.
+pub fn bound_layers(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
+    let m: Manifest =
+        serde_json::from_slice(bytes).map_err(|e| format!("not an image manifest: {e}"))?;
+    let mut out: Vec<ConvertedLayer> = Vec::new();
+    for (i, d) in m.layers.iter().enumerate() {
+        let ours = BOUND_KEYS
+            .iter()
+            .filter(|k| d.annotations.contains_key(**k))
+            .count();
+        if ours == 0 {
+            continue;
+        }
+        let n = Notes { layer: i, d };
+        let (digest, number) = (|k| n.digest(k), |k| n.number(k));
+        if !crate::reference::valid_digest(&d.digest) {
+            return Err(format!("layer {i}: digest {:?} is not sha256", d.digest));
+        }
+        let mut source = d.clone();
+        source.annotations.clear();
+        let l = ConvertedLayer {
+            source,
+            diff_id: digest(SOURCE_DIFF_ID)?,
+            tar_size: number(SOURCE_TAR_SIZE)?,
+            image_blob: digest(IMAGE_BLOB)?,
+            image_size: number(IMAGE_SIZE)?,
+            image_digest: digest(DIGEST_ANNOTATION)?,
+        };
+        match out.iter().find(|o| o.source.digest == l.source.digest) {
+            Some(o) if *o != l => {
+                return Err(format!(
+                    "layer {i}: {} is listed twice, with two different images",
+                    l.source.digest
+                ))
+            }
+            Some(_) => {}
+            None => out.push(l),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -178,5 +359,90 @@ mod tests {
             .replace(&h('2'), "sha256:zz");
         assert!(layers_of(bad.as_bytes()).unwrap_err().contains("diff-id"));
         assert!(layers_of(&artifact::manifest(&h('5'), 1, &h('6'), "x")).is_err());
+    }
+
+    #[test]
+    fn a_bound_manifest_keeps_the_original_and_names_each_layers_image() {
+        let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let original = format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json",
+            "config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{}","size":2}},
+            "layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{}","size":3,
+                        "annotations":{{"keep":"me"}}}},
+                      {{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{}","size":4}}],
+            "annotations":{{"org.example":"x"}},"unknown":[1]}}"#,
+            h('0'),
+            h('1'),
+            h('2')
+        );
+        let layer = |d: char, size: u64, media: &str, image: char| ConvertedLayer {
+            source: {
+                let mut s = Descriptor::of(media, b"");
+                s.digest = h(d);
+                s.size = size;
+                s
+            },
+            diff_id: h('d'),
+            tar_size: 9,
+            image_blob: h(image),
+            image_size: 99,
+            image_digest: h('e'),
+        };
+        let layers = [
+            layer('1', 3, "application/vnd.oci.image.layer.v1.tar+gzip", 'a'),
+            layer('2', 4, "application/vnd.oci.image.layer.v1.tar", 'b'),
+        ];
+        let bound = bind(original.as_bytes(), &layers).unwrap();
+        assert_eq!(bound_layers(&bound).unwrap(), layers);
+        let v: serde_json::Value = serde_json::from_slice(&bound).unwrap();
+        assert_eq!(v["unknown"], serde_json::json!([1]));
+        assert_eq!(v["annotations"]["org.example"], "x");
+        assert_eq!(
+            v["annotations"][CONVERTED_FROM].as_str(),
+            Some(crate::registry::sha256_digest(original.as_bytes()).as_str())
+        );
+        assert_eq!(v["layers"][0]["annotations"]["keep"], "me");
+        // The original lists no image; a layer of the wrong count or digest is refused.
+        assert_eq!(bound_layers(original.as_bytes()).unwrap(), vec![]);
+        assert!(bind(original.as_bytes(), &layers[..1]).is_err());
+        assert!(bind(original.as_bytes(), &[layers[1].clone(), layers[0].clone()]).is_err());
+        // Half an annotation set, a bad number or digest: named.
+        let text = String::from_utf8(bound.clone()).unwrap();
+        let no_blob = text.replacen(IMAGE_BLOB, "x-other", 1);
+        assert!(bound_layers(no_blob.as_bytes())
+            .unwrap_err()
+            .contains(IMAGE_BLOB));
+        let bad_size = text.replacen("\"99\"", "\"-1\"", 1);
+        assert!(bound_layers(bad_size.as_bytes())
+            .unwrap_err()
+            .contains("not a number"));
+        // One layer listed twice with two images: an error, never the first.
+        let twice = bind(
+            original.replace(&h('2'), &h('1')).as_bytes(),
+            &[
+                layers[0].clone(),
+                layer('1', 3, "application/vnd.oci.image.layer.v1.tar+gzip", 'c'),
+            ],
+        );
+        let twice = twice.unwrap_or_else(|e| panic!("{e}"));
+        assert!(bound_layers(&twice).unwrap_err().contains("twice"));
+
+        // An index keeps the converted entries only, pointing at the bound manifests.
+        let index = format!(
+            r#"{{"schemaVersion":2,"manifests":[
+              {{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{}","size":5,
+                "platform":{{"architecture":"amd64","os":"linux"}}}},
+              {{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{}","size":6,
+                "platform":{{"architecture":"amd64","os":"windows"}}}}]}}"#,
+            h('5'),
+            h('6')
+        );
+        let bound = bind_index(index.as_bytes(), &[(h('5'), h('7'), 70)]).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&bound).unwrap();
+        let listed = v["manifests"].as_array().unwrap();
+        assert_eq!(listed.len(), 1, "{v}");
+        assert_eq!(listed[0]["digest"].as_str(), Some(h('7').as_str()));
+        assert_eq!(listed[0]["size"], 70);
+        assert_eq!(listed[0]["platform"]["os"], "linux");
     }
 }

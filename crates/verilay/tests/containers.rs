@@ -4,98 +4,13 @@
 
 mod common;
 
+use common::containers::*;
 use common::registry::Registry;
 use common::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-
-fn prerequisites() -> bool {
-    skip_unless(
-        have("docker-registry"),
-        "needs docker-registry (scripts/setup)",
-    ) || skip_unless(have("skopeo"), "needs skopeo (scripts/setup)")
-        || skip_unless(have("curl"), "needs curl (scripts/setup)")
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
-
-/// An OCI image layout made by hand from layer directories (bottom first), each packed as
-/// a gzip tarball (whiteouts are files named `.wh.*`, as image builders write them):
-/// what `skopeo copy` would write, with known DiffIDs. Returns the layout's manifest
-/// digest and the DiffIDs.
-struct Layout {
-    dir: PathBuf,
-    manifest: String,
-    diff_ids: Vec<String>,
-    layers: Vec<String>,
-}
-
-fn layout(base: &Path, tag: &str, layer_dirs: &[PathBuf]) -> Layout {
-    let dir = base.join("layout");
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    let put = |bytes: &[u8]| -> String {
-        let hex = sha256_hex(bytes);
-        std::fs::write(blobs.join(&hex), bytes).unwrap();
-        format!("sha256:{hex}")
-    };
-    let (mut diff_ids, mut layers) = (Vec::new(), Vec::new());
-    for (i, l) in layer_dirs.iter().enumerate() {
-        let tar = base.join(format!("layer{i}.tar"));
-        sh(&format!(
-            "tar --sort=name --mtime=@1700000000 --owner=0 --group=0 --numeric-owner \
-             --xattrs -C '{}' -cf '{}' .",
-            l.display(),
-            tar.display()
-        ));
-        let raw = std::fs::read(&tar).unwrap();
-        diff_ids.push(format!("sha256:{}", sha256_hex(&raw)));
-        sh(&format!("gzip -n -f '{}'", tar.display()));
-        let gz = std::fs::read(base.join(format!("layer{i}.tar.gz"))).unwrap();
-        layers.push((put(&gz), gz.len()));
-    }
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Cmd": ["/bin/sh"]},
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    });
-    let config = serde_json::to_vec(&config).unwrap();
-    let config_digest = put(&config);
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": config_digest, "size": config.len()},
-        "layers": layers.iter().map(|(d, n)| serde_json::json!({
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            "digest": d, "size": n,
-        })).collect::<Vec<_>>(),
-    });
-    let manifest = serde_json::to_vec(&manifest).unwrap();
-    let manifest_digest = put(&manifest);
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest, "size": manifest.len(),
-            "annotations": {"org.opencontainers.image.ref.name": tag},
-        }],
-    });
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
-    Layout {
-        dir,
-        manifest: manifest_digest,
-        diff_ids,
-        layers: layers.into_iter().map(|(d, _)| d).collect(),
-    }
-}
 
 /// Two layers: a base, and an app layer that deletes a file and makes a directory opaque.
 fn two_layers(base: &Path) -> (Vec<PathBuf>, PathBuf) {
@@ -147,11 +62,13 @@ fn convert_stores_each_layer_as_a_verilay_image_the_original_manifest_leads_to()
         "{j}"
     );
 
-    // The original is in the registry as skopeo sees it, under the layout's tag.
+    // The tag names the bound manifest, an ordinary image to skopeo: the original's layers.
+    let pinned = j["pinned"].as_str().unwrap();
+    assert_eq!(m["bound"].as_str(), Some(pinned), "{j}");
     let inspect =
         run(Command::new("skopeo").args(["inspect", "--tls-verify=false", &reg.docker("app:v1")]));
     let seen: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
-    assert_eq!(seen["Digest"].as_str(), Some(l.manifest.as_str()));
+    assert_eq!(seen["Digest"].as_str(), Some(pinned));
     let seen_layers: Vec<&str> = seen["Layers"]
         .as_array()
         .unwrap()
@@ -159,6 +76,37 @@ fn convert_stores_each_layer_as_a_verilay_image_the_original_manifest_leads_to()
         .map(|v| v.as_str().unwrap())
         .collect();
     assert_eq!(seen_layers, l.layers);
+    // The original is there by its own digest.
+    let inspect = run(Command::new("skopeo").args([
+        "inspect",
+        "--tls-verify=false",
+        &reg.docker(&format!("app@{}", l.manifest)),
+    ]));
+    let seen: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(seen["Digest"].as_str(), Some(l.manifest.as_str()));
+    // The bound manifest names each layer's image; it was made from the original.
+    let bound = t.path().join("bound.json");
+    curl(
+        &format!("http://127.0.0.1:{}/v2/app/manifests/{pinned}", reg.port),
+        &bound,
+    );
+    let bound: serde_json::Value = serde_json::from_slice(&std::fs::read(&bound).unwrap()).unwrap();
+    assert_eq!(
+        bound["annotations"]["dev.verilay.converted-from"].as_str(),
+        Some(l.manifest.as_str())
+    );
+    for (i, layer) in bound["layers"].as_array().unwrap().iter().enumerate() {
+        let want = &m["layers"][i];
+        assert_eq!(layer["digest"], want["digest"]);
+        assert_eq!(
+            layer["annotations"]["dev.verilay.image.digest"],
+            want["image_digest"]
+        );
+        assert_eq!(
+            layer["annotations"]["dev.verilay.image.blob"],
+            want["image_blob"]
+        );
+    }
 
     // The referrers tag schema's index, read with plain HTTP, leads to the conversion.
     let base = format!("http://127.0.0.1:{}/v2/app", reg.port);
@@ -231,12 +179,35 @@ fn convert_stores_each_layer_as_a_verilay_image_the_original_manifest_leads_to()
         assert_diff_clean(&want, &mnt);
     }
 
-    // Reproducible: the same image converted again (from the registry this time, into
-    // another repository) gives the same images and the same conversion.
-    let again = convert_json(&[&reg.docker("app:v1"), &reg.docker("copy"), "--insecure"]);
+    // Reproducible: the same image converted again (from the registry this time, by its
+    // digest, into another repository) gives the same images, the same conversion and
+    // the same bound manifest, tagged `latest` there.
+    let again = convert_json(&[
+        &reg.docker(&format!("app@{}", l.manifest)),
+        &reg.docker("copy"),
+        "--insecure",
+    ]);
     assert_eq!(
         again["manifests"][0]["conversion"], m["conversion"],
         "{again}"
+    );
+    assert_eq!(again["pinned"], j["pinned"]);
+    assert!(again["pinned_reference"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("/copy:latest@{pinned}")));
+    // Converting a tag into its own repository moves no tag the user did not name.
+    let same = convert_json(&[
+        &reg.docker("copy:latest"),
+        &reg.docker("copy"),
+        "--insecure",
+    ]);
+    assert!(
+        same["pinned_reference"]
+            .as_str()
+            .unwrap()
+            .contains("/copy:latest-verilay@"),
+        "{same}"
     );
     let layers = |v: &serde_json::Value| -> BTreeMap<String, String> {
         v["manifests"][0]["layers"]
@@ -319,15 +290,6 @@ fn convert_refuses_what_is_not_there_or_not_what_it_claims() {
 
 // --- The layer store: podman pulls and runs converted images through `verilay layer-store`.
 
-fn podman_prerequisites() -> bool {
-    prerequisites()
-        || lacks_test_user()
-        || skip_unless(is_root(), "the layer store test runs podman as root")
-        || skip_unless(have("podman"), "needs podman (scripts/setup)")
-        || skip_unless(have("runc"), "needs runc (scripts/setup)")
-        || skip_unless(have("busybox"), "needs busybox-static (scripts/setup)")
-}
-
 /// Three layers: busybox as the base (with a file the top layer deletes), a Python
 /// installation (this machine's interpreter, its libraries and standard library, and
 /// 25 MB of data no program reads, as images carry), and an app layer with a script.
@@ -353,147 +315,6 @@ fn three_layers(base: &Path) -> Vec<PathBuf> {
         l2.display()
     ));
     vec![l0, l1, l2]
-}
-
-/// podman with its own storage (graphroot, runroot) and configuration, all under `dir`:
-/// runc, the rlimits this machine allows, plain HTTP to the test registry, and, given a
-/// store, `additionallayerstores = ["STORE:ref"]`.
-struct Podman {
-    dir: PathBuf,
-}
-
-impl Podman {
-    fn new(dir: &Path, port: u16, store: Option<&Path>) -> Podman {
-        std::fs::create_dir_all(dir).unwrap();
-        let als = store.map_or(String::new(), |s| {
-            format!(
-                "[storage.options]\nadditionallayerstores = [\"{}:ref\"]\n",
-                s.display()
-            )
-        });
-        std::fs::write(
-            dir.join("storage.conf"),
-            format!(
-                "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n{als}",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        podman_conf(dir, port);
-        Podman {
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new("podman");
-        c.env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
-            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
-            .env(
-                "CONTAINERS_REGISTRIES_CONF",
-                self.dir.join("registries.conf"),
-            )
-            .env("TMPDIR", &self.dir);
-        c
-    }
-
-    /// `podman run --rm IMAGE ARGS…`: (exit code, stdout, stderr).
-    fn run(&self, image: &str, args: &[&str]) -> (i32, String, String) {
-        let out = self
-            .cmd()
-            .args(["run", "--rm", "--network=none", image])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    /// The image's layers' `diff` in podman's own storage, bottom first.
-    fn layer_diffs(&self, image: &str) -> Vec<PathBuf> {
-        let out = run(self.cmd().args([
-            "image",
-            "inspect",
-            "--format",
-            "{{.GraphDriver.Data.LowerDir}}:{{.GraphDriver.Data.UpperDir}}",
-            image,
-        ]));
-        let mut v: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .split(':')
-            .filter(|s| !s.is_empty() && *s != "<no value>")
-            .map(PathBuf::from)
-            .collect();
-        v.reverse();
-        v
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = self.cmd().args(["rm", "-a", "-f"]).output();
-        let _ = self.cmd().args(["rmi", "-a", "-f"]).output();
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.join("graph/overlay"))
-            .status();
-    }
-}
-
-/// `verilay layer-store STORE` in the foreground until dropped (SIGTERM: it unmounts
-/// itself and detaches the layers it mounted).
-struct Store {
-    child: std::process::Child,
-    dir: PathBuf,
-    state: PathBuf,
-}
-
-impl Store {
-    fn start(base: &Path, extra: &[&str], env: &[(&str, &str)]) -> Store {
-        let (dir, state) = (base.join("store"), base.join("state"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = verilay()
-            .arg("layer-store")
-            .arg(&dir)
-            .arg("--state")
-            .arg(&state)
-            .arg("--cache")
-            .arg(base.join("cache"))
-            .arg("--insecure")
-            .args(extra)
-            .envs(env.iter().copied())
-            .stderr(std::fs::File::create(base.join("store.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let store = Store { child, dir, state };
-        wait_until(Duration::from_secs(20), "the store to mount", || {
-            std::fs::read_to_string("/proc/self/mountinfo")
-                .unwrap()
-                .contains(&format!(" {} ", store.dir.display()))
-        });
-        store
-    }
-
-    /// The layer mounts the store made.
-    fn layers(&self) -> Vec<PathBuf> {
-        layer_mounts(&self.state)
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
-            rustix::process::Signal::Term,
-        );
-        let _ = self.child.wait();
-        for l in self.layers() {
-            let _ = verilay().args(["umount", "--lazy"]).arg(l).status();
-        }
-    }
 }
 
 fn stats_json(mnt: &Path) -> serde_json::Value {
@@ -670,9 +491,10 @@ fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() 
     let err = std::fs::remove_dir(&layer).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
 
-    // A conversion of another image, stored in the plain image's repository and listed
-    // as its referrer by someone who may push there: its subject is not the plain
-    // image's manifest, so it converts none of the plain image's layers.
+    // A conversion stored in the plain image's repository and listed as its referrer by
+    // someone who may push there: a referrer is never trusted for being found, so it
+    // converts none of the plain image's layers (the hostile tests forge one whose
+    // subject is the plain manifest itself).
     let conv = j["manifests"][0]["conversion"].as_str().unwrap();
     let conv_file = t.path().join("foreign-conversion.json");
     curl(
@@ -706,9 +528,6 @@ fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() 
     let plain_ref = reg.reference("plain:v1").replacen("oci://", "", 1);
     let foreign = store.dir.join(b64(&plain_ref)).join(&l.layers[0]);
     assert!(!foreign.exists(), "{}", foreign.display());
-    assert!(std::fs::read_to_string(t.path().join("store.log"))
-        .unwrap()
-        .contains("is not one of"));
 
     // What the store does not know is not there.
     let unknown = [
@@ -833,29 +652,6 @@ fn what_containers_run_from_the_store_is_measured_in_lists_evmctl_accepts() {
 }
 
 /// The layer mounts a store with state directory `state` made.
-fn layer_mounts(state: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(state.join("layers"))
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default()
-}
-
-/// The test-only containers.conf (this machine refuses crun and podman's default
-/// rlimits) and a registries.conf letting podman reach the test registry over HTTP.
-fn podman_conf(dir: &Path, port: u16) {
-    std::fs::write(
-        dir.join("containers.conf"),
-        "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
-         netns = \"none\"\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
-         events_logger = \"file\"\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("registries.conf"),
-        format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"),
-    )
-    .unwrap();
-}
-
 /// The layer mounts' `verilay stats` say less than half of their images was fetched.
 fn fetched_under_half(stats: impl Iterator<Item = serde_json::Value>) {
     let (mut fetched, mut size) = (0u64, 0u64);

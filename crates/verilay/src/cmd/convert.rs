@@ -1,7 +1,9 @@
 //! `verilay convert SRC DEST`: every layer of a container image becomes a sealed verilay
-//! image, stored in DEST's repository with the original image and tied to its manifest as
-//! a referrer (`oci::conversion`), so that a client holding only the original manifest
-//! finds it.
+//! image, stored in DEST's repository with the original image. DEST's tag names the bound
+//! manifest (`oci::conversion::bind`: the original with each layer's verilay image in its
+//! annotations), whose digest is printed: pinning it pins every image it leads to. The
+//! conversion is also recorded as a referrer of the original manifest, a link that is
+//! never trusted for being found (`layerstore::resolve`).
 //!
 //! Per layer: the blob is fetched into a temporary file and checked against its digest,
 //! read as a layer tarball (whiteouts and opaque markers kept, its DiffID taken on the
@@ -29,8 +31,10 @@ pub struct Args {
     /// `oci:DIR[:TAG]` (an OCI image layout, as `skopeo copy` writes it).
     source: String,
     /// `docker://HOST[:PORT]/REPOSITORY[:TAG]`: where the conversion is stored, next to
-    /// the original image (copied there first when the source is elsewhere; TAG, default
-    /// the source's tag or `latest`, then names it).
+    /// the original image (copied there first, by digest, when the source is elsewhere).
+    /// TAG names the bound manifest, the image to pin: default the source's tag (or
+    /// `latest`), or `TAG-verilay` where that is the source's own tag in the same
+    /// repository (a source tag moves only when named).
     dest: String,
     #[command(flatten)]
     remote: Remote,
@@ -167,9 +171,12 @@ fn targets(src: &Source) -> anyhow::Result<(Vec<u8>, Descriptor, Vec<Target>)> {
             manifest: *manifest,
         }],
         Parsed::Index(index) => {
-            let mut out = Vec::new();
+            let mut out: Vec<Target> = Vec::new();
             for d in index.manifests {
-                if d.platform.as_ref().is_some_and(|p| p.os != "linux") {
+                // A manifest listed twice is converted once.
+                if d.platform.as_ref().is_some_and(|p| p.os != "linux")
+                    || out.iter().any(|t| t.desc.digest == d.digest)
+                {
                     continue;
                 }
                 let bytes = src.manifest(&d)?;
@@ -317,6 +324,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         (oci::reference::Target::Tag(t), _) if tag_given => t.clone(),
         (_, Source::Registry(_, r)) => match &r.target {
+            oci::reference::Target::Tag(t) if src.is(&dest) => format!("{t}-verilay"),
             oci::reference::Target::Tag(t) => t.clone(),
             oci::reference::Target::Digest(_) => "latest".into(),
         },
@@ -382,7 +390,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 reg.put_manifest(repo, &t.desc.digest, &t.bytes, &t.desc.media_type)?;
             }
         }
-        reg.put_manifest(repo, &dest_tag, &root, &root_desc.media_type)?;
+        reg.put_manifest(repo, &root_desc.digest, &root, &root_desc.media_type)?;
         if !quiet {
             eprintln!("{}: copied to {}", src.name(), docker_name(&dest));
         }
@@ -413,6 +421,31 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let results = recorded;
 
+    // The bound manifests, then (for an index) the bound index, under DEST's tag: what
+    // users pin.
+    let mut bound = Vec::new();
+    for (t, _, _, layers) in &results {
+        let bytes = conversion::bind(&t.bytes, layers)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", t.desc.digest))?;
+        let digest = oci::registry::sha256_digest(&bytes);
+        reg.put_manifest(repo, &digest, &bytes, &t.desc.media_type)?;
+        bound.push((t.desc.digest.clone(), digest, bytes));
+    }
+    let (pinned, pinned_bytes) = match image::parse(&root, &root_desc.media_type) {
+        Ok(Parsed::Index(_)) => {
+            let entries: Vec<_> = bound
+                .iter()
+                .map(|(from, to, bytes)| (from.clone(), to.clone(), bytes.len() as u64))
+                .collect();
+            let bytes = conversion::bind_index(&root, &entries)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", src.name()))?;
+            (oci::registry::sha256_digest(&bytes), bytes)
+        }
+        _ => (bound[0].1.clone(), bound[0].2.clone()),
+    };
+    reg.put_manifest(repo, &dest_tag, &pinned_bytes, &root_desc.media_type)?;
+    let pinned_name = format!("{}@{pinned}", docker_name(&dest));
+
     if a.json {
         let manifests: Vec<serde_json::Value> = results
             .iter()
@@ -421,6 +454,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     "manifest": t.desc.digest,
                     "platform": t.desc.platform,
                     "conversion": digest,
+                    "bound": bound.iter().find(|b| b.0 == t.desc.digest).map(|b| b.1.clone()),
                     "recorded": match how {
                         Recorded::Api => "referrers API".to_string(),
                         Recorded::Tag => format!("tag {}", oci::referrers::fallback_tag(&t.desc.digest).unwrap_or_default()),
@@ -440,14 +474,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             serde_json::json!({
                 "source": src.name(),
                 "dest": docker_name(&dest),
+                "pinned": pinned,
+                "pinned_reference": pinned_name,
                 "manifests": manifests,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );
     } else {
-        for (t, digest, how, layers) in &results {
-            outln!("{digest}");
-            if !a.quiet {
+        outln!("{pinned}");
+        if !a.quiet {
+            for (t, digest, how, layers) in &results {
                 let recorded = match how {
                     Recorded::Api => "the registry's referrers API".to_string(),
                     Recorded::Tag => format!(
@@ -456,13 +492,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                     ),
                 };
                 eprintln!(
-                    "{}: {} layers converted; conversion {digest} refers to manifest {} (recorded by {recorded}), {:.1} s",
+                    "{}: {} layers converted; conversion {digest} refers to manifest {} (recorded by {recorded})",
                     docker_name(&dest),
                     layers.len(),
                     t.desc.digest,
-                    start.elapsed().as_secs_f64()
                 );
             }
+            eprintln!(
+                "{pinned_name}: the converted image, {:.1} s; pin this digest (podman pull, the layer store and mount take layer images only from it)",
+                start.elapsed().as_secs_f64()
+            );
         }
     }
     Ok(0)

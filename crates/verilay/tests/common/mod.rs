@@ -26,6 +26,7 @@ pub fn is_root() -> bool {
 #[path = "../../../erofs/tests/common/skip.rs"]
 mod skip;
 pub use skip::skip_unless;
+pub mod containers;
 pub mod registry;
 
 /// Polls `cond` every 10 ms until it holds or `timeout` passes; says whether it held.

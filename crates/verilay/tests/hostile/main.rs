@@ -14,6 +14,7 @@ mod extract;
 mod fuzz;
 mod measure;
 mod mount;
+mod registry;
 mod tar;
 mod xattrs;
 
