@@ -71,15 +71,7 @@ pub fn lookup(registry: &str) -> Result<Option<Credentials>, String> {
 
 fn read_bounded(file: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    // Without blocking (a FIFO's open would wait for a writer), and a regular file only.
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(file)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
+    let f = verity::source::open_input(file, false)?;
     let mut text = String::new();
     f.take(AUTH_FILE_MAX + 1).read_to_string(&mut text)?;
     if text.len() as u64 > AUTH_FILE_MAX {

@@ -18,6 +18,11 @@ pub struct Layout {
 impl Layout {
     /// The layout at `dir`; an error names the file that makes it none.
     pub fn open(dir: &Path) -> Result<Layout, String> {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(format!("{}: not a directory", dir.display())),
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        }
         let marker = dir.join("oci-layout");
         let text = read_small(&marker)?;
         let v: serde_json::Value = serde_json::from_slice(&text)
@@ -83,13 +88,13 @@ impl Layout {
     /// A blob, open for reading; the caller checks its digest.
     pub fn blob(&self, digest: &str) -> Result<File, String> {
         let p = self.blob_path(digest)?;
-        File::open(&p).map_err(|e| format!("{}: {e}", p.display()))
+        verity::source::open_input(&p, false).map_err(|e| format!("{}: {e}", p.display()))
     }
 }
 
 fn read_small(p: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read as _;
-    let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let f = verity::source::open_input(p, false).map_err(|e| format!("{}: {e}", p.display()))?;
     let mut out = Vec::new();
     f.take(JSON_MAX + 1)
         .read_to_end(&mut out)

@@ -147,7 +147,7 @@ pub fn detect(magic: &[u8]) -> Compression {
 /// Whether `path` looks like a tar (any compression): what `verilay build` checks to tell
 /// a layer from a directory.
 pub fn is_archive(path: &Path) -> bool {
-    let Ok(mut f) = File::open(path) else {
+    let Ok(mut f) = verity::source::open_input(path, false) else {
         return false;
     };
     let mut head = [0u8; 512];
@@ -160,8 +160,10 @@ pub fn is_archive(path: &Path) -> bool {
     }
     match detect(&head[..n]) {
         // USTAR's magic, or a V7 header's good checksum.
+        // A file cut inside its first header still shows the magic: read as a tar, it is
+        // refused naming the truncation.
         Compression::None => {
-            n == 512 && (&head[257..262] == b"ustar" || header::checksum_ok(&head))
+            (n >= 262 && &head[257..262] == b"ustar") || (n == 512 && header::checksum_ok(&head))
         }
         _ => true,
     }
@@ -688,7 +690,7 @@ pub fn read_layer(
     progress: &dyn Fn(u64),
 ) -> Result<(Tree, Stats), Error> {
     let name = path.display().to_string();
-    let file = File::open(path).map_err(|err| Error::Io {
+    let file = verity::source::open_input(path, false).map_err(|err| Error::Io {
         path: name.clone(),
         err,
     })?;

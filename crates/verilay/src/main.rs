@@ -83,6 +83,12 @@ fn main() {
         finish(cmd::mount::mount_helper(&argv[1..]));
     }
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Mount(_) | Command::Umount(_) | Command::LayerStore(_) | Command::Stats(_)
+    ) {
+        end_quietly_on_closed_pipes();
+    }
     let result = match cli.command {
         Command::Build(a) => cmd::build::run(*a),
         Command::Seal(a) => cmd::seal::run(a),
@@ -103,6 +109,17 @@ fn main() {
         Command::Log(a) => cmd::log::run(a),
     };
     finish(result)
+}
+
+/// A command whose reader goes away (`verilay verify IMG | head -1`) ends as coreutils do,
+/// by SIGPIPE's default action: Rust ignores SIGPIPE, so the next write to stderr would
+/// panic. Daemons and socket clients keep it ignored: to them a closed socket is an error
+/// they handle.
+fn end_quietly_on_closed_pipes() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler; no other thread runs yet.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 fn finish(result: anyhow::Result<i32>) -> ! {

@@ -122,3 +122,104 @@ fn hostile_images_get_one_line_and_exit_1() {
         }
     }
 }
+
+/// Issue 36: `verify IMAGE 2>&1 | head -1` exited 101 (a panic writing to the closed
+/// pipe). A closed pipe ends a command quietly, as in coreutils: by SIGPIPE, or exit 0.
+#[test]
+fn a_closed_output_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..50 {
+        std::fs::write(src.join(format!("f{i}")), "x").unwrap();
+    }
+    let image = t.path().join("x.img");
+    common::build(&src, &image, &["--quiet"]);
+    for args in [
+        vec!["verify".into(), image.clone().into_os_string()],
+        vec!["inspect".into(), image.clone().into_os_string(), "/".into()],
+        vec!["fsck".into(), image.clone().into_os_string()],
+    ] {
+        // Both outputs to a pipe nobody reads: the first write fails with EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = common::verilay()
+            .args(&args)
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        assert!(
+            status.signal() == Some(libc::SIGPIPE) || status.code() == Some(0),
+            "{args:?}: {status}"
+        );
+    }
+}
+
+/// Issue 36: `convert oci:DIR` hung forever when `DIR/index.json` was a FIFO, and so did
+/// `verify` of one. Every file input is refused at once unless it is a regular file (or,
+/// for an image, a block device), in one line naming it.
+#[test]
+fn special_files_as_inputs_are_refused_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let fifo = t.path().join("fifo");
+    sh(&format!("mkfifo '{}'", fifo.display()));
+    let layout = t.path().join("layout");
+    std::fs::create_dir(&layout).unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    sh(&format!("mkfifo '{}'", layout.join("index.json").display()));
+    let fifo_s = fifo.to_str().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["verify".into(), fifo_s.into()], "not a regular file"),
+        (vec!["inspect".into(), fifo_s.into()], "not a regular file"),
+        (
+            vec!["cat".into(), fifo_s.into(), "/x".into()],
+            "not a regular file",
+        ),
+        (
+            vec![
+                "build".into(),
+                fifo_s.into(),
+                "-o".into(),
+                t.path().join("o.img").to_str().unwrap().into(),
+            ],
+            "neither a directory nor a layer tarball",
+        ),
+        (
+            vec![
+                "convert".into(),
+                format!("oci:{}:v1", layout.display()),
+                "docker://127.0.0.1:1/x".into(),
+                "--insecure".into(),
+            ],
+            "index.json: not a regular file",
+        ),
+        (
+            vec![
+                "convert".into(),
+                format!("oci:{fifo_s}:v1"),
+                "docker://127.0.0.1:1/x".into(),
+            ],
+            "not a directory",
+        ),
+    ];
+    for (args, needle) in cases {
+        let start = std::time::Instant::now();
+        let out = verilay().args(&args).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(needle) && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "{args:?}"
+        );
+    }
+}

@@ -182,9 +182,33 @@ pub struct FileSource {
 /// `O_DIRECT` alignment of offsets, lengths and memory; 4 KiB satisfies every common device.
 const DIRECT_ALIGN: usize = 4096;
 
+/// Opens `path` for reading as an input file: without waiting (`O_NONBLOCK`: opening a
+/// FIFO would wait for a writer, forever) and only if it is a regular file, or a block
+/// device where `devices` allows one. Nothing else (a FIFO, a character device such as
+/// /dev/zero, a directory, a socket) may stand for an image, a tarball or a manifest:
+/// it could hang a command or stream without end.
+pub fn open_input(path: &Path, devices: bool) -> io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32)
+        .open(path)?;
+    let t = f.metadata()?.file_type();
+    if t.is_file() || (devices && t.is_block_device()) {
+        // O_NONBLOCK changes nothing for these: reads wait for the disk as usual.
+        Ok(f)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ))
+    }
+}
+
 impl FileSource {
+    /// An image file (or a block device holding one).
     pub fn open(path: impl AsRef<Path>) -> io::Result<FileSource> {
-        FileSource::new(File::open(path)?)
+        FileSource::new(open_input(path.as_ref(), true)?)
     }
 
     /// Opens with `O_DIRECT`, so image bytes are not cached a second time under a mount

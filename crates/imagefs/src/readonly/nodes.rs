@@ -212,17 +212,15 @@ impl<S: ByteSource + 'static> ImageFs<S> {
 
     /// A listed entry of directory `dir` as READDIRPLUS gives it: name and attributes,
     /// each checked as a lookup checks it. "." and ".." get no dentry from readdirplus
-    /// (their attributes are not used); an entry refused (`check_entry`,
-    /// `check_merged`) is listed without an inode (nodeid 0, which readdir(3) skips): the
-    /// kernel links no dentry, and a lookup of the name gets the refusal.
+    /// (their attributes are not used). An entry refused (`check_entry`, `check_merged`:
+    /// an inode or xattr block that fails its hash, a false record) fails the whole
+    /// listing with EIO, as a damaged directory block does: a listing never comes back
+    /// short (nodeid 0 would have had readdir(3) skip the entry, so a tampered block
+    /// could hide chosen files from a program that enumerates a directory).
     pub(super) fn plus<'e>(&self, dir: u64, e: &'e Listed<'_>) -> Result<(&'e [u8], Attr), Errno> {
         let dot = |ino| Attr {
             ino,
             kind: Kind::Directory,
-            ..Attr::negative()
-        };
-        let refused = |kind| Attr {
-            kind,
             ..Attr::negative()
         };
         Ok(match e {
@@ -235,20 +233,15 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                     dot(self.ino(o))
                 } else {
                     let i = self.obj_inode(o, About::entry(dir, &e.name, Some(o)))?;
-                    match self.check_entry(dir, &e.name, o, &i) {
-                        Ok(()) => self.attr(o, &i),
-                        Err(_) => refused(kind(i.mode.into())),
-                    }
+                    self.check_entry(dir, &e.name, o, &i)?;
+                    self.attr(o, &i)
                 };
                 (&e.name[..], attr)
             }
             Listed::Dot(name, ino) => (name, dot(*ino)),
             Listed::Merged(name, r, d, chain, guard) => {
-                let attr = match self.check_merged(*d, chain, name, r) {
-                    Ok(()) => self.child_attr(r, *d, *guard),
-                    Err(_) => refused(kind(r.inode.mode.into())),
-                };
-                (name, attr)
+                self.check_merged(*d, chain, name, r)?;
+                (name, self.child_attr(r, *d, *guard))
             }
         })
     }

@@ -183,7 +183,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     progress::counting(&pb, "scanning");
     let bar = Bar(pb);
     let building = || format!("building {}", a.output.display());
-    let summary = if tarlayer::is_archive(&a.src) {
+    let is_tar = tarlayer::is_archive(&a.src);
+    match std::fs::metadata(&a.src) {
+        Ok(m) if !is_tar && !m.is_dir() => {
+            bail!(
+                "{}: neither a directory nor a layer tarball (tar, tar.gz, tar.zst){}",
+                a.src.display(),
+                match m.len() {
+                    n if m.is_file() && n < 512 =>
+                        format!(": {n} bytes, shorter than one tar header (512 bytes)"),
+                    _ => String::new(),
+                }
+            )
+        }
+        _ => {}
+    }
+    let summary = if is_tar {
         if !a.exclude_path.is_empty() || !a.exclude_regex.is_empty() {
             bail!("--exclude-path and --exclude-regex apply to directories, not to tar layers");
         }

@@ -783,3 +783,87 @@ fn a_false_record_of_no_xattr_at_all_hides_none() {
         "{logged}"
     );
 }
+
+/// Issue 36, item 5: two files of `conf.d/` share one xattr (stored once, in the shared
+/// xattr block); one byte of that block flipped. The listing used to come back without
+/// the two files (readdirplus gave them no inode, and readdir(3) skipped them), so a
+/// program enumerating config fragments or deny lists silently missed them. A listing
+/// whose entries cannot all be served fails with EIO; the intact file is still read by
+/// name; both damaged files are named in the log. Alone and in a stack.
+#[test]
+fn a_tampered_shared_xattr_block_fails_the_listing_never_shortens_it() {
+    if skip_unless(is_root(), "needs root (mounts, user.* xattrs)")
+        || skip_unless(have("setfattr"), "setfattr missing")
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("conf.d")).unwrap();
+    for f in ["a", "b", "c"] {
+        fs::write(src.join("conf.d").join(f), f).unwrap();
+    }
+    for f in ["a", "b"] {
+        setfattr(&src.join("conf.d").join(f), "user.tag", "sharedvalue");
+    }
+    let image = t.path().join("x.img");
+    build(&src, &image, &["--quiet"]);
+    let mut bytes = fs::read(&image).unwrap();
+    let at = bytes
+        .windows(11)
+        .position(|w| w == b"sharedvalue")
+        .expect("the shared value is stored once");
+    assert_eq!(
+        bytes.windows(11).filter(|w| *w == b"sharedvalue").count(),
+        1,
+        "shared, not inline"
+    );
+    bytes[at] ^= 1;
+    let tampered = t.path().join("tampered.img");
+    fs::write(&tampered, bytes).unwrap();
+    let other_src = t.path().join("other");
+    fs::create_dir_all(other_src.join("conf.d")).unwrap();
+    fs::write(other_src.join("conf.d/z"), "z").unwrap();
+    let other = t.path().join("other.img");
+    build(&other_src, &other, &["--quiet"]);
+
+    for (n, stack) in [vec![&tampered], vec![&other, &tampered]]
+        .iter()
+        .enumerate()
+    {
+        let mnt = t.path().join(format!("m{n}"));
+        fs::create_dir(&mnt).unwrap();
+        let log = t.path().join(format!("log{n}"));
+        run(verilay()
+            .arg("mount")
+            .args(stack.iter())
+            .arg(&mnt)
+            .arg("--log")
+            .arg(&log));
+        let _m = Unmount::fuse(&mnt);
+        let dir = mnt.join("conf.d");
+        let err = fs::read_dir(&dir)
+            .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+            .map(|v| v.iter().map(|e| e.file_name()).collect::<Vec<_>>())
+            .expect_err("a listing of conf.d");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{stack:?}: {err}");
+        for tool in ["ls", "find"] {
+            let out = Command::new(tool).arg(&dir).output().unwrap();
+            assert!(!out.status.success(), "{tool} {stack:?} succeeded");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("Input/output error"),
+                "{tool}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert_eq!(fs::read(dir.join("c")).unwrap(), b"c");
+        for f in ["a", "b"] {
+            let err = fs::metadata(dir.join(f)).expect_err("stat of a damaged file");
+            assert_eq!(err.raw_os_error(), Some(libc::EIO), "{f}: {err}");
+        }
+        let logged = fs::read_to_string(&log).unwrap();
+        for f in ["/conf.d/a", "/conf.d/b"] {
+            assert!(logged.contains(f), "{logged} lacks {f}");
+        }
+    }
+}
