@@ -144,14 +144,22 @@ pub(crate) fn open_in(
         };
     let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(FILE_MODE))
         .map_err(nofollow_error)?;
-    checked(fd, private)
+    checked(fd, private, !matches!(how, How::Read))
 }
 
-/// The opened descriptor as a file, if it is a regular file (and private, if asked).
-fn checked(fd: OwnedFd, private: bool) -> Result<File, OpenError> {
+/// The opened descriptor as a file, if it is a regular file (and private, if asked). A
+/// file to be written must have one link: another name for it could be any file its
+/// planter could not write (`/etc/shadow` hard-linked as a root mount's lock file).
+fn checked(fd: OwnedFd, private: bool, written: bool) -> Result<File, OpenError> {
     let st = fstat_as(fd.as_fd(), FileType::RegularFile)?.map_err(OpenError::Refused)?;
     if private {
         check_private(&st).map_err(OpenError::Refused)?;
+    }
+    if written && st.st_nlink > 1 {
+        return Err(OpenError::Refused(format!(
+            "has {} hard links: another name for it could be any file",
+            st.st_nlink
+        )));
     }
     // Regular files ignore O_NONBLOCK; the flag only kept a FIFO's open from waiting.
     Ok(File::from(fd))
@@ -212,7 +220,7 @@ pub(crate) fn read_capped(f: &mut File, cap: u64) -> io::Result<Result<Vec<u8>, 
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, OpenError> {
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(io::Error::from)?;
-    let mut f = checked(fd, false)?;
+    let mut f = checked(fd, false, false)?;
     match read_capped(&mut f, cap)? {
         Ok(bytes) => Ok(bytes),
         Err(size) => Err(OpenError::Refused(format!(
@@ -234,7 +242,7 @@ pub fn open_private_append(path: &Path) -> Result<File, OpenError> {
         | OFlags::NOCTTY;
     let fd =
         rustix::fs::open(path, flags, Mode::from_raw_mode(FILE_MODE)).map_err(nofollow_error)?;
-    checked(fd, true)
+    checked(fd, true, true)
 }
 
 /// Tries to take an open-file-description lock on the whole of `f` (exclusive, or shared

@@ -74,8 +74,11 @@ pub(crate) fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(st.stx_mnt_id)
 }
 
+/// Opens the upper or work directory, which must be the mounting user's own: another
+/// owner could change it under the mount (swap a name for a link between a check and a
+/// use), and a root mount would then act on that owner's behalf.
 fn open_dir(what: &str, path: &Path) -> io::Result<OwnedFd> {
-    rfs::open(
+    let fd = rfs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
@@ -83,7 +86,16 @@ fn open_dir(what: &str, path: &Path) -> io::Result<OwnedFd> {
     .map_err(|e| {
         let e = io::Error::from(e);
         io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
-    })
+    })?;
+    let owner = rfs::fstat(&fd)?.st_uid;
+    let euid = rustix::process::geteuid().as_raw();
+    if owner != euid {
+        return Err(fail(format!(
+            "{what} {} is owned by uid {owner}, not by the mounting user (uid {euid}): refused (its owner could change it under the mount)",
+            path.display()
+        )));
+    }
+    Ok(fd)
 }
 
 /// The directory and every directory above it, up to the root, as the kernel walks `..`
@@ -510,6 +522,17 @@ fn lock_work(work: BorrowedFd<'_>, path: &Path) -> io::Result<std::fs::File> {
         return Err(fail(format!(
             "work directory {}: {LOCK_FILE} is not a regular file",
             path.display()
+        )));
+    }
+    // The record is rewritten in place: a second name for the file could be any file
+    // (one its planter could not write), and another owner's could change under us.
+    let euid = rustix::process::geteuid().as_raw();
+    if st.st_nlink != 1 || st.st_uid != euid {
+        return Err(fail(format!(
+            "work directory {}: {LOCK_FILE} has {} links and owner uid {} (one link and uid {euid} expected): refused",
+            path.display(),
+            st.st_nlink,
+            st.st_uid
         )));
     }
     let file = std::fs::File::from(fd);

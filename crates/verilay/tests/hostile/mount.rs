@@ -868,7 +868,9 @@ fn another_users_mount_around_ours_does_not_keep_ours_out() {
     run(Command::new("chown")
         .args(["-R", "verilaytest"])
         .arg(theirs.path()));
-    // Their mount takes the (root-owned, readable) base itself as its upper directory.
+    // Their mount takes the base itself as its upper directory (theirs: a mount's upper
+    // directory is its owner's); root's directories inside it stay root's.
+    run(Command::new("chown").arg("verilaytest").arg(base.path()));
     let out = as_test_user(
         theirs.path(),
         &format!(
@@ -1684,4 +1686,58 @@ fn a_name_made_during_a_long_copy_up_holds_up_no_other_request() {
         "a lookup from CPU 0 waited {took:?}, until the copy-up of another file ended: \
          the mkdir before it, waiting for that copy-up, held up CPU 0's queue"
     );
+}
+
+/// Issue 36, item 5: a lock file is rewritten in place, so a second name for it (a hard
+/// link planted as `WORK/verilay.lock`, or as a measurement list's `verilay.lock`) had a
+/// root mount truncate whatever file it named; and a root mount took an upper and a work
+/// directory another user owns (who could change them under it). All refused in one line,
+/// the linked file intact.
+#[test]
+fn lock_files_with_other_names_and_other_users_directories_are_refused() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let base = Base::new();
+    let image = image(&base);
+    let victim = base.path().join("victim");
+    std::fs::write(&victim, b"precious\n").unwrap();
+    let (u, w, m) = (base.dir("u"), base.dir("w"), base.dir("m"));
+    std::fs::hard_link(&victim, w.join("verilay.lock")).unwrap();
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert_refused(&out, &m, &["verilay.lock", "2 links"]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious\n");
+    std::fs::remove_file(w.join("verilay.lock")).unwrap();
+
+    let list = base.dir("list");
+    std::fs::set_permissions(&list, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::hard_link(&victim, list.join("verilay.lock")).unwrap();
+    let policy = base.path().join("policy");
+    std::fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
+    let (out, _) = verilay_bounded(&[
+        os("mount"),
+        image.as_os_str(),
+        m.as_os_str(),
+        os("--policy"),
+        policy.as_os_str(),
+        os("--measure-log"),
+        list.as_os_str(),
+    ]);
+    assert_refused(&out, &m, &["verilay.lock", "hard links"]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious\n");
+
+    for (what, dir) in [("upper directory", &u), ("work directory", &w)] {
+        run(Command::new("chown").arg("verilaytest").arg(dir));
+        let out = mount_upper(&image, &m, &u, &w, &[]);
+        assert_refused(
+            &out,
+            &m,
+            &[what, "owned by uid", "not by the mounting user"],
+        );
+        run(Command::new("chown").arg("root").arg(dir));
+    }
+    // Both the root's again: the mount is made.
+    let out = mount_upper(&image, &m, &u, &w, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let _m = Unmount::fuse(&m);
 }
