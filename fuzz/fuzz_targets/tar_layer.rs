@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let dir = std::env::temp_dir().join(format!("tar_layer_fuzz.{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    if let Ok((tree, _)) = tarlayer::read_from(data, "fuzz", &dir, &|_| {}) {
+    if let Ok((tree, _)) = tarlayer::read_from(data, "fuzz", &dir, 64 << 20, &|_| {}) {
         let opts = BuildOptions {
             verity: false,
             ..Default::default()

@@ -7,4 +7,4 @@ pub mod fs;
 pub mod resolve;
 
 pub use fs::StoreFs;
-pub use resolve::{Layer, OciResolver, Resolver};
+pub use resolve::{Layer, OciResolver, Resolver, STORE_THREADS};

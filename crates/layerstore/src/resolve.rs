@@ -109,7 +109,18 @@ pub struct OciResolver {
     pub measure_logs: Option<PathBuf>,
     known: Mutex<Known>,
     mounting: Mutex<()>,
+    /// One fetch per original blob however many read it (`blobs/HEX` → its lock), and
+    /// how many readers are fetching or waiting for one.
+    fetching: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    fetchers: std::sync::atomic::AtomicUsize,
 }
+
+/// The most readers fetching or waiting for original blobs at once: each holds one of the
+/// store's threads ([`STORE_THREADS`]), and the rest must stay free for lookups of other
+/// references.
+pub const BLOB_READERS: usize = 4;
+/// The threads the store's mount serves requests with.
+pub const STORE_THREADS: usize = 16;
 
 impl OciResolver {
     pub fn new(state: PathBuf, mount_program: PathBuf) -> OciResolver {
@@ -122,6 +133,8 @@ impl OciResolver {
             measure_logs: None,
             known: Mutex::new(HashMap::new()),
             mounting: Mutex::new(()),
+            fetching: Mutex::new(HashMap::new()),
+            fetchers: Default::default(),
         }
     }
 
@@ -283,10 +296,32 @@ impl Resolver for OciResolver {
     }
 
     fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
+        use std::sync::atomic::Ordering::Relaxed;
         let dir = self.state.join("blobs");
-        let path = dir.join(hex_of(&layer.source.digest));
+        let hex = hex_of(&layer.source.digest);
+        let path = dir.join(hex);
         if path.exists() {
             return Ok(path);
+        }
+        struct Leave<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Relaxed);
+            }
+        }
+        let _counted = Leave(&self.fetchers);
+        if self.fetchers.fetch_add(1, Relaxed) >= BLOB_READERS {
+            return Err(format!(
+                "{BLOB_READERS} readers are already fetching or waiting for blobs: try again"
+            ));
+        }
+        let one = {
+            let mut f = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+            f.entry(hex.to_string()).or_default().clone()
+        };
+        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+        if path.exists() {
+            return Ok(path); // fetched by the reader this one waited for
         }
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let reg = self.registry(&layer.reference)?;
@@ -308,6 +343,10 @@ impl Resolver for OciResolver {
         }
         tmp.persist(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
+        self.fetching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(hex);
         Ok(path)
     }
 }

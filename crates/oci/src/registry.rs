@@ -144,8 +144,8 @@ impl Registry {
                 .and_then(auth::parse_challenge);
             let header = match challenge {
                 Some(Challenge::Basic) => match &self.credentials {
-                    Some(c) => c.basic(),
-                    None => return Ok(resp),
+                    Some(c) if keeps_secrets(url) => c.basic(),
+                    _ => return Ok(resp),
                 },
                 Some(Challenge::Bearer {
                     realm,
@@ -176,7 +176,7 @@ impl Registry {
         }
         // Credentials go to the registry alone, not to a host an answer points at
         // (an upload's Location, a blob's redirect).
-        if let Some(a) = auth.filter(|_| self.is_ours(url)) {
+        if let Some(a) = auth.filter(|_| self.is_ours(url) && keeps_secrets(url)) {
             req = req.header("Authorization", a);
         }
         let failed = |e: &dyn std::fmt::Display| {
@@ -228,21 +228,32 @@ impl Registry {
                 sep = '&';
             }
         }
-        // Plain HTTP only for the token server of a registry already reached so.
+        // Plain HTTP only for a token server on this machine, of a registry reached so
+        // (`--insecure`): credentials travel over TLS or over loopback, never the network.
         let plain_ok = url.starts_with("http://") && self.base.starts_with("http://");
-        if !(url.starts_with("https://") || plain_ok) {
+        if !(url.starts_with("https://") || (plain_ok && keeps_secrets(&url))) {
             return Err(Error(format!(
-                "registry {}: token server {realm:?} is not https",
+                "registry {}: token server {realm:?} is neither https nor on this machine",
                 self.name
             )));
         }
         let basic = self.credentials.as_ref().map(|c| c.basic());
-        let mut req = self.agent.get(&url);
+        let mut req = ureq::http::Request::builder().method("GET").uri(&url);
         if let Some(b) = &basic {
             req = req.header("Authorization", b);
         }
-        let mut resp = req
-            .call()
+        let req = req
+            .body(())
+            .map_err(|e| Error(format!("token server {realm}: {e}")))?;
+        // Bounded as a whole: a token server trickling its answer cannot hold a mount.
+        let req = self
+            .agent
+            .configure_request(req)
+            .timeout_global(Some(self.timeout * 2))
+            .build();
+        let mut resp = self
+            .agent
+            .run(req)
             .map_err(|e| Error(format!("token server {realm}: {}", reachability(e))))?;
         if !resp.status().is_success() {
             let what = if basic.is_some() {
@@ -421,7 +432,10 @@ impl Registry {
         if !resp.status().is_success() {
             return Err(self.refused("GET", &url, resp));
         }
-        Ok(Box::new(resp.into_body().into_reader()))
+        Ok(Box::new(Paced::new(
+            resp.into_body().into_reader(),
+            self.timeout,
+        )))
     }
 
     /// A client for a plain URL (`http(s)://HOST[:PORT]/PATH`) of an image file: the same
@@ -542,6 +556,70 @@ impl Registry {
 }
 
 /// ureq's error in words a user acts on.
+/// Whether credentials sent to `url` stay secret: over TLS, or over plain HTTP to this
+/// machine (the `--insecure` registry, and its token server) only.
+fn keeps_secrets(url: &str) -> bool {
+    if url.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let host_port = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host_port.rsplit_once(':').map_or(host_port, |(h, _)| h),
+    };
+    is_local(host)
+}
+
+/// Bytes a streamed body must bring in every period of `--timeout`: a server trickling
+/// a blob (a byte a second passes every per-read bound) is cut off within one period,
+/// so a whole fetch takes at most one period per this many bytes.
+pub const MIN_BYTES_PER_PERIOD: u64 = 64 << 10;
+
+/// A blob's body, failing with `TimedOut` once a period of `timeout` brings fewer than
+/// [`MIN_BYTES_PER_PERIOD`] bytes.
+struct Paced<R> {
+    inner: R,
+    timeout: Duration,
+    since: std::time::Instant,
+    got: u64,
+}
+
+impl<R> Paced<R> {
+    fn new(inner: R, timeout: Duration) -> Paced<R> {
+        Paced {
+            inner,
+            timeout,
+            since: std::time::Instant::now(),
+            got: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Paced<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.got += n as u64;
+        if n > 0 && self.since.elapsed() >= self.timeout {
+            if self.got < MIN_BYTES_PER_PERIOD {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the server sent {} bytes in {:.0} s, fewer than {MIN_BYTES_PER_PERIOD} per --timeout",
+                        self.got,
+                        self.since.elapsed().as_secs_f64()
+                    ),
+                ));
+            }
+            self.since = std::time::Instant::now();
+            self.got = 0;
+        }
+        Ok(n)
+    }
+}
+
 fn reachability(e: ureq::Error) -> String {
     match e {
         ureq::Error::HostNotFound => "host not found".into(),
@@ -567,4 +645,64 @@ fn percent_encode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_travel_over_tls_or_loopback_only() {
+        for (url, ok) in [
+            ("https://registry.example/v2/", true),
+            ("http://127.0.0.1:5000/v2/", true),
+            ("http://localhost/token", true),
+            ("http://[::1]:8080/x", true),
+            ("http://registry.example/v2/", false),
+            ("http://10.0.0.1:5000/v2/", false),
+            ("http://127.0.0.1.example/x", false),
+            ("http://[::2]/x", false),
+            ("ftp://127.0.0.1/x", false),
+        ] {
+            assert_eq!(keeps_secrets(url), ok, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_trickling_body_is_cut_off_within_a_period() {
+        /// A byte per read, each after 20 ms.
+        struct Trickle;
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                std::thread::sleep(Duration::from_millis(20));
+                buf[0] = 1;
+                Ok(1)
+            }
+        }
+        let start = std::time::Instant::now();
+        let mut p = Paced::new(Trickle, Duration::from_millis(200));
+        let err = std::io::copy(&mut p, &mut std::io::sink()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // A steady body (8 KiB each 5 ms: 2.5 times the floor) passes whole over many
+        // periods.
+        struct Steady(u32);
+        impl Read for Steady {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.0 == 0 {
+                    return Ok(0);
+                }
+                self.0 -= 1;
+                std::thread::sleep(Duration::from_millis(5));
+                let n = buf.len().min(8 << 10);
+                buf[..n].fill(7);
+                Ok(n)
+            }
+        }
+        let mut p = Paced::new(Steady(100), Duration::from_millis(100));
+        assert_eq!(
+            std::io::copy(&mut p, &mut std::io::sink()).unwrap(),
+            100 << 13
+        );
+    }
 }

@@ -114,6 +114,9 @@ struct Hashing<R> {
     inner: R,
     hash: sha2::Sha256,
     bytes: u64,
+    /// The most bytes the uncompressed tar may have: a few KB of zstd can expand to
+    /// terabytes of zeros, and every byte costs disk (spilled, then built).
+    max: u64,
 }
 
 impl<R: Read> Read for Hashing<R> {
@@ -122,6 +125,12 @@ impl<R: Read> Read for Hashing<R> {
         let n = self.inner.read(buf)?;
         self.hash.update(&buf[..n]);
         self.bytes += n as u64;
+        if self.bytes > self.max {
+            return Err(std::io::Error::other(format!(
+                "the uncompressed layer is larger than the limit of {} bytes",
+                self.max
+            )));
+        }
         Ok(n)
     }
 }
@@ -687,6 +696,7 @@ impl EntryType {
 pub fn read_layer(
     path: &Path,
     spill_dir: &Path,
+    max: u64,
     progress: &dyn Fn(u64),
 ) -> Result<(Tree, Stats), Error> {
     let name = path.display().to_string();
@@ -694,14 +704,16 @@ pub fn read_layer(
         path: name.clone(),
         err,
     })?;
-    read_from(file, &name, spill_dir, progress)
+    read_from(file, &name, spill_dir, max, progress)
 }
 
-/// [`read_layer`] from any reader; `name` is what errors call it.
+/// [`read_layer`] from any reader; `name` is what errors call it. An uncompressed tar of
+/// more than `max` bytes is an error.
 pub fn read_from<R: Read>(
     input: R,
     name: &str,
     spill_dir: &Path,
+    max: u64,
     progress: &dyn Fn(u64),
 ) -> Result<(Tree, Stats), Error> {
     let ioerr = |err| Error::Io {
@@ -725,6 +737,7 @@ pub fn read_from<R: Read>(
         inner: input,
         hash: sha2::Sha256::default(),
         bytes: 0,
+        max,
     };
     let stream = Stream::new(hashing, source);
     let spill = tempfile::tempfile_in(spill_dir).map_err(|err| Error::Io {

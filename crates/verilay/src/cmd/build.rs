@@ -207,9 +207,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => std::path::Path::new("."),
         };
-        let (mut tree, stats) =
-            tarlayer::read_layer(&a.src, spill_dir, &|n| build::Progress::scanned(&bar, n))
-                .with_context(building)?;
+        let (mut tree, stats) = tarlayer::read_layer(&a.src, spill_dir, u64::MAX, &|n| {
+            build::Progress::scanned(&bar, n)
+        })
+        .with_context(building)?;
         build::apply_overrides(&mut tree, &opts.overrides);
         let mut s = build::build_tree(&tree, &opts, &a.output, &bar).with_context(building)?;
         s.skipped_xattrs = stats.skipped_xattrs;

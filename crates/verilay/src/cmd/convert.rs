@@ -40,6 +40,13 @@ pub struct Args {
     remote: Remote,
     #[command(flatten)]
     compression: CompressArgs,
+    /// The most bytes a layer may expand to (its uncompressed tar; K, M, G, T): a few KB
+    /// of zstd can expand to terabytes.
+    #[arg(long, value_name = "SIZE", default_value = "32G", value_parser = mountopts::parse_size)]
+    max_layer_size: u64,
+    /// The most layers an image (each image of an index) may have.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_layers: usize,
     /// No progress and no summary.
     #[arg(short, long)]
     quiet: bool,
@@ -221,6 +228,8 @@ struct Converter<'a> {
     /// The source is another repository: each layer blob, once checked, is stored in
     /// the destination too.
     copy: bool,
+    /// `--max-layer-size`.
+    max_layer_size: u64,
 }
 
 impl Converter<'_> {
@@ -262,8 +271,10 @@ impl Converter<'_> {
         }
         progress::counting(&pb, &format!("layer {n}/{total}: reading"));
         let (mut tree, stats) =
-            tarlayer::read_layer(&blob_path, self.work.path(), &|k| pb.set_position(k))
-                .with_context(|| what.clone())?;
+            tarlayer::read_layer(&blob_path, self.work.path(), self.max_layer_size, &|k| {
+                pb.set_position(k)
+            })
+            .with_context(|| format!("{what} (--max-layer-size raises the limit)"))?;
         std::fs::remove_file(&blob_path)?;
         build::apply_overrides(&mut tree, &self.opts.overrides);
         let image_path = self.work.path().join("image");
@@ -335,6 +346,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let repo = dest.repository.as_str();
 
     let (root, root_desc, targets) = targets(&src)?;
+    for t in &targets {
+        if t.manifest.layers.len() > a.max_layers {
+            bail!(
+                "{}: manifest {} has {} layers, more than the limit of {} (--max-layers raises it)",
+                src.name(),
+                t.desc.digest,
+                t.manifest.layers.len(),
+                a.max_layers
+            );
+        }
+    }
     let copy = !src.is(&dest);
     let env_epoch = match std::env::var("SOURCE_DATE_EPOCH") {
         Ok(v) => v
@@ -357,6 +379,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         work: tempfile::tempdir().context("a temporary directory")?,
         quiet,
         copy,
+        max_layer_size: a.max_layer_size,
     };
     let config = oci::artifact::empty_config();
     reg.push_blob(

@@ -84,7 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // no other user may make the store look up references (registry requests with
         // root's credentials) or fill its memory with names.
         access: plan::Access::Owner,
-        threads: 4,
+        threads: layerstore::STORE_THREADS,
         transport: match a.transport.unwrap_or(Transport::Auto) {
             Transport::Auto => plan::Transport::Auto,
             Transport::Uring => plan::Transport::Uring,

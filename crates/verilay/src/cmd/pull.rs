@@ -28,6 +28,10 @@ pub struct Args {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// The largest image pulled (K, M, G, T): a manifest may claim any size, and the
+    /// blob is written to disk before it can be verified.
+    #[arg(long, value_name = "SIZE", default_value = "32G", value_parser = mountopts::parse_size)]
+    max_size: u64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -43,25 +47,48 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let image =
         oci::artifact::image_of(&manifest, &media_type).map_err(|e| anyhow::anyhow!("{r}: {e}"))?;
     let pin = pin_of(&r, &a.pin, image.digest.as_deref())?;
-    let (tmp, file) = create_partial(&a.output)?;
+    if image.blob.size > a.max_size {
+        anyhow::bail!(
+            "{r}: the image is {} bytes, more than the limit of {} (--max-size raises it)",
+            image.blob.size,
+            a.max_size
+        );
+    }
+    // Unnamed until whole and verified where the filesystem allows (O_TMPFILE): a pull
+    // killed on the way leaves nothing behind.
+    let (file, named) = match unnamed_beside(&a.output) {
+        Ok(f) => (f, None),
+        Err(_) => {
+            let (path, f) = create_partial(&a.output)?;
+            (f, Some(path))
+        }
+    };
     let result = fetch(&a, &r, &reg, &image.blob, &file)
         .and_then(|()| verify(&a, &r, &pin, &file))
         .and_then(|digest| {
+            let tmp = match &named {
+                Some(p) => p.clone(),
+                None => link_partial(&a.output, &file)?,
+            };
             // Our file, still under its name (nobody swapped it), takes the output's name.
             let ours = file.metadata()?;
-            let named = std::fs::symlink_metadata(&tmp)?;
-            if (ours.dev(), ours.ino()) != (named.dev(), named.ino()) {
+            let on_disk = std::fs::symlink_metadata(&tmp)?;
+            if (ours.dev(), ours.ino()) != (on_disk.dev(), on_disk.ino()) {
                 anyhow::bail!("{}: replaced by someone else while pulling", tmp.display());
             }
             file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-            std::fs::rename(&tmp, &a.output)
-                .with_context(|| format!("naming {} {}", tmp.display(), a.output.display()))?;
+            std::fs::rename(&tmp, &a.output).with_context(|| {
+                let _ = std::fs::remove_file(&tmp);
+                format!("naming {} {}", tmp.display(), a.output.display())
+            })?;
             Ok(digest)
         });
     let digest = match result {
         Ok(d) => d,
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
+            if let Some(tmp) = &named {
+                let _ = std::fs::remove_file(tmp);
+            }
             return Err(e);
         }
     };
@@ -112,9 +139,27 @@ fn pin_of(r: &oci::Reference, pin: &Pin, annotated: Option<&str>) -> anyhow::Res
     }
 }
 
-/// A new file `DIR/.NAME.partial.RANDOM` beside the output (so the rename is atomic),
-/// created exclusively and 0600: never a file or link someone else put there.
-fn create_partial(out: &Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
+/// An unnamed file (O_TMPFILE, 0600) in the output's directory, so it can be linked there.
+fn unnamed_beside(out: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(dir)
+}
+
+/// Names `DIR/.NAME.partial.RANDOM` beside the output (so a rename is atomic), tried in
+/// turn by `make` until one is free; never a file or link someone else put there.
+fn partial_name<T>(
+    out: &Path,
+    make: impl Fn(&Path) -> std::io::Result<T>,
+) -> anyhow::Result<(PathBuf, T)> {
     let name = out
         .file_name()
         .with_context(|| format!("-o {}: not a file name", out.display()))?;
@@ -127,14 +172,8 @@ fn create_partial(out: &Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
         tmp.push(name);
         tmp.push(format!(".partial.{:016x}", seed));
         let path = out.with_file_name(tmp);
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(f) => return Ok((path, f)),
+        match make(&path) {
+            Ok(t) => return Ok((path, t)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 seed = seed.rotate_left(17).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 1;
             }
@@ -145,6 +184,34 @@ fn create_partial(out: &Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
         "{}: no free name for a partial file beside it",
         out.display()
     )
+}
+
+/// A new file under a partial name, created exclusively and 0600.
+fn create_partial(out: &Path) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    partial_name(out, |path| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+    })
+}
+
+/// The unnamed `file`, linked under a partial name (the rename to the output follows).
+fn link_partial(out: &Path, file: &std::fs::File) -> anyhow::Result<PathBuf> {
+    let own = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let (path, ()) = partial_name(out, |path| {
+        rustix::fs::linkat(
+            rustix::fs::CWD,
+            &own,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+        )
+        .map_err(std::io::Error::from)
+    })?;
+    Ok(path)
 }
 
 /// Every block of the fetched file (read through its descriptor, whatever its name now

@@ -224,3 +224,398 @@ fn a_conversion_the_pinned_manifest_does_not_name_never_runs() {
         ("genuine".to_string(), true)
     );
 }
+
+// --- A hostile registry: a server on 127.0.0.1 that answers as the test tells it.
+
+/// How the hostile server answers one request: status, headers, body, and how slowly
+/// (`Some((bytes, pause))`: that many body bytes, then the pause, until the body ends).
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    trickle: Option<(usize, std::time::Duration)>,
+}
+
+impl Answer {
+    fn ok(body: &[u8], content_type: &str) -> Answer {
+        Answer {
+            status: 200,
+            headers: vec![("Content-Type".into(), content_type.into())],
+            body: body.to_vec(),
+            trickle: None,
+        }
+    }
+}
+
+/// A server on 127.0.0.1 answering each request (method, path, headers) with `answer`;
+/// it records every request's head. Stops when dropped (its connections end with it).
+struct Hostile {
+    port: u16,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Hostile {
+    fn start(answer: impl Fn(&str, &str) -> Answer + Send + Sync + 'static) -> Hostile {
+        use std::io::{BufRead, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answer = std::sync::Arc::new(answer);
+        let (h, s) = (heads.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let (h, s, answer) = (h.clone(), s.clone(), answer.clone());
+                std::thread::spawn(move || {
+                    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+                    let mut r = std::io::BufReader::new(conn.try_clone().unwrap());
+                    loop {
+                        let mut head = String::new();
+                        loop {
+                            let mut line = String::new();
+                            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push_str(&line);
+                        }
+                        h.lock().unwrap().push(head.clone());
+                        let first = head.lines().next().unwrap_or("").to_string();
+                        let mut f = first.split(' ');
+                        let (method, path) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+                        let a = answer(method, path);
+                        let mut out = format!("HTTP/1.1 {} X\r\n", a.status);
+                        for (k, v) in &a.headers {
+                            out.push_str(&format!("{k}: {v}\r\n"));
+                        }
+                        out.push_str(&format!("Content-Length: {}\r\n\r\n", a.body.len()));
+                        if conn.write_all(out.as_bytes()).is_err() {
+                            return;
+                        }
+                        let body = if method == "HEAD" {
+                            &[][..]
+                        } else {
+                            &a.body[..]
+                        };
+                        match a.trickle {
+                            None => {
+                                if conn.write_all(body).is_err() {
+                                    return;
+                                }
+                            }
+                            Some((n, pause)) => {
+                                for piece in body.chunks(n) {
+                                    if s.load(Ordering::Relaxed) || conn.write_all(piece).is_err() {
+                                        return;
+                                    }
+                                    std::thread::sleep(pause);
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Hostile { port, heads, stop }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// A verilay image artifact as `push` stores it, of a small image: (manifest, its digest,
+/// blob bytes).
+fn small_artifact(base: &Path) -> (Vec<u8>, String, Vec<u8>, String) {
+    let src = base.join("small-src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), vec![b'x'; 300_000]).unwrap();
+    let image = base.join("small.img");
+    let out = build(&src, &image, &["--quiet"]);
+    let image_digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let blob = std::fs::read(&image).unwrap();
+    let manifest = oci::artifact::manifest(
+        &digest_of(&blob),
+        blob.len() as u64,
+        &image_digest,
+        "small.img",
+    );
+    let digest = digest_of(&manifest);
+    (manifest, digest, blob, image_digest)
+}
+
+/// `verilay ARGS` with an empty auth file, stopped after 60 s: (exit code, stderr, time).
+fn bounded(args: &[&str], auth: &Path) -> (Option<i32>, String, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(env!("CARGO_BIN_EXE_verilay"))
+        .args(args)
+        .env("REGISTRY_AUTH_FILE", auth)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        start.elapsed(),
+    )
+}
+
+/// Issue 36, item 2: a token server trickling its answer kept `mount --timeout 3` running
+/// until killed; a trickled blob kept `pull --timeout 3` running and left its partial
+/// file. Every request now has an overall bound from `--timeout` (a blob must bring 64 KiB
+/// each period), each failure is one line, and nothing partial is left.
+#[test]
+fn a_trickling_server_cannot_outlast_the_timeout() {
+    let t = tempfile::tempdir().unwrap();
+    let auth = t.path().join("auth.json");
+    std::fs::write(&auth, "{}").unwrap();
+    let (manifest, digest, blob, image_digest) = small_artifact(t.path());
+    let slow = std::time::Duration::from_millis(500);
+    let port_cell = std::sync::Arc::new(std::sync::OnceLock::<u16>::new());
+    let pc = port_cell.clone();
+    let tokens = Hostile::start(move |_, path| {
+        let port = *pc.get().unwrap();
+        let challenge = Answer {
+            status: 401,
+            headers: vec![(
+                "WWW-Authenticate".into(),
+                format!("Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"x\""),
+            )],
+            body: vec![],
+            trickle: None,
+        };
+        if path.starts_with("/token") {
+            Answer {
+                trickle: Some((1, slow)),
+                ..Answer::ok(
+                    b"{\"token\":\"abcdefghijklmnopqrstuvwxyz\"}",
+                    "application/json",
+                )
+            }
+        } else {
+            challenge
+        }
+    });
+    port_cell.set(tokens.port).unwrap();
+    let (m, d, b) = (manifest.clone(), digest.clone(), blob.clone());
+    let blobs = Hostile::start(move |_, path| {
+        if path.contains("/manifests/") {
+            Answer::ok(&m, "application/vnd.oci.image.manifest.v1+json")
+        } else if path.contains("/blobs/") {
+            Answer {
+                trickle: Some((100, std::time::Duration::from_millis(100))),
+                ..Answer::ok(&b, "application/octet-stream")
+            }
+        } else {
+            let _ = &d;
+            Answer::ok(b"{}", "application/json")
+        }
+    });
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("x.img");
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let at = |port: u16| format!("oci://127.0.0.1:{port}/app@{digest}");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "pull".into(),
+                at(tokens.port),
+                "-o".into(),
+                out.display().to_string(),
+            ],
+            "token server",
+        ),
+        (
+            vec![
+                "mount".into(),
+                at(tokens.port),
+                mnt.display().to_string(),
+                "--no-cache".into(),
+            ],
+            "token server",
+        ),
+        (
+            vec![
+                "pull".into(),
+                at(blobs.port),
+                "-o".into(),
+                out.display().to_string(),
+            ],
+            "fewer than 65536",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--insecure", "--timeout", "2"]);
+        let (code, err, took) = bounded(&args, &auth);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            took < std::time::Duration::from_secs(15),
+            "{args:?}: {took:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&out_dir).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+    assert!(mount_at_none(&mnt));
+    let _ = image_digest;
+}
+
+fn mount_at_none(mnt: &Path) -> bool {
+    let canon = std::fs::canonicalize(mnt).unwrap();
+    !std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+}
+
+/// Issue 36, item 4: a local `--insecure` registry whose token realm is plain HTTP on
+/// another host received the auth file's credentials in cleartext. Credentials travel
+/// over TLS, or over plain HTTP to this machine only: the token request is refused before
+/// anything is sent, and the registry itself never sees them either.
+#[test]
+fn credentials_never_travel_in_the_clear_off_this_machine() {
+    use base64::Engine as _;
+    let t = tempfile::tempdir().unwrap();
+    let (_, digest, _, _) = small_artifact(t.path());
+    let registry = Hostile::start(|_, _| Answer {
+        status: 401,
+        headers: vec![(
+            "WWW-Authenticate".into(),
+            "Bearer realm=\"http://token.example/token\",service=\"x\"".into(),
+        )],
+        body: vec![],
+        trickle: None,
+    });
+    let auth = t.path().join("auth.json");
+    let secret = base64::engine::general_purpose::STANDARD.encode("u:secret");
+    std::fs::write(
+        &auth,
+        format!(
+            r#"{{"auths":{{"127.0.0.1:{}":{{"auth":"{secret}"}}}}}}"#,
+            registry.port
+        ),
+    )
+    .unwrap();
+    let out = t.path().join("x.img");
+    let (code, err, _) = bounded(
+        &[
+            "pull",
+            &format!("oci://127.0.0.1:{}/app@{digest}", registry.port),
+            "-o",
+            out.to_str().unwrap(),
+            "--insecure",
+            "--timeout",
+            "5",
+        ],
+        &auth,
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("neither https nor on this machine"), "{err}");
+    let heads = registry.heads();
+    assert!(!heads.is_empty());
+    assert!(
+        heads
+            .iter()
+            .all(|h| !h.to_ascii_lowercase().contains("authorization")),
+        "{heads:?}"
+    );
+}
+
+/// Issue 36, item 3: `pull` wrote whatever the server sent up to the manifest's size claim
+/// (2^63-1 accepted), and a 72 KB zstd layer of zeros became a 2.1 GB image. Each limit
+/// is named when hit, before the bytes are spent: an image's size, a layer's expanded
+/// size, an image's layer count.
+#[test]
+fn what_a_registry_or_layer_claims_cannot_fill_the_disk() {
+    let t = tempfile::tempdir().unwrap();
+    let auth = t.path().join("auth.json");
+    std::fs::write(&auth, "{}").unwrap();
+    let (manifest, _, _, _) = small_artifact(t.path());
+    let mut huge: serde_json::Value = json(&manifest);
+    huge["layers"][0]["size"] = serde_json::json!(i64::MAX);
+    let huge = serde_json::to_vec(&huge).unwrap();
+    let huge_digest = digest_of(&huge);
+    let registry = Hostile::start(move |_, path| {
+        if path.contains("/manifests/") {
+            Answer::ok(&huge, "application/vnd.oci.image.manifest.v1+json")
+        } else {
+            Answer::ok(&vec![0u8; 1 << 20], "application/octet-stream")
+        }
+    });
+    let out = t.path().join("x.img");
+    let (code, err, _) = bounded(
+        &[
+            "pull",
+            &format!("oci://127.0.0.1:{}/app@{huge_digest}", registry.port),
+            "-o",
+            out.to_str().unwrap(),
+            "--insecure",
+        ],
+        &auth,
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("more than the limit") && err.contains("--max-size"),
+        "{err}"
+    );
+    assert!(registry.heads().iter().all(|h| !h.contains("/blobs/")));
+
+    if skip_unless(
+        have("docker-registry"),
+        "needs docker-registry (scripts/setup)",
+    ) {
+        return;
+    }
+    // A layer of 64 MiB of zeros (64 KiB gzipped), and a second layer.
+    let (l0, l1) = (t.path().join("l0"), t.path().join("l1"));
+    sh(&format!(
+        "mkdir -p {0} {1} && head -c 67108864 /dev/zero > {0}/zeros && echo x > {1}/x",
+        l0.display(),
+        l1.display()
+    ));
+    let l = layout(t.path(), "v1", &[l0, l1]);
+    let reg = Registry::start(false);
+    let src = format!("oci:{}:v1", l.dir.display());
+    for (extra, needles) in [
+        (
+            ["--max-layer-size", "16M"],
+            &[
+                "layer 1/2",
+                "larger than the limit of 16777216 bytes",
+                "--max-layer-size",
+            ][..],
+        ),
+        (["--max-layers", "1"], &["2 layers", "--max-layers"][..]),
+    ] {
+        let out = verilay()
+            .args(["convert", &src, &reg.docker("app:v1"), "--insecure", "-q"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "{extra:?}: {err} lacks {n}");
+        }
+    }
+}

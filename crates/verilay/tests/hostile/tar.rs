@@ -152,7 +152,7 @@ impl Tar {
 /// The importer on `bytes`, in this process: the tree, or the error line.
 fn import(bytes: &[u8]) -> Result<Tree, String> {
     let tmp = tempfile::tempdir().unwrap();
-    tarlayer::read_from(bytes, "layer.tar", tmp.path(), &|_| {})
+    tarlayer::read_from(bytes, "layer.tar", tmp.path(), u64::MAX, &|_| {})
         .map(|(tree, _)| tree)
         .map_err(|e| e.to_string())
 }
