@@ -26,8 +26,7 @@ const ACL_PREFIX: &[u8] = b"system.posix_acl_";
 pub(crate) struct Rules {
     /// overlayfs's namespaces in this mount, hidden and refused: none for one image
     /// (served as the kernel's erofs shows it, `trusted.overlay.*` included),
-    /// `trusted.overlay.` for a stack, and on a writable mount also its own markers'
-    /// (`user.overlay.` rootless). The mount, a later one and kernel overlayfs read them
+    /// `trusted.overlay.` for a stack, and on a writable mount `user.overlay.` as well. The mount, a later one and kernel overlayfs read them
     /// as markers, so none is shown, read, set or removed through the mount.
     overlay: [Option<&'static [u8]>; 2],
     /// A writable mount's `user.containers.override_*` (its rootless ownership): hidden,
@@ -66,10 +65,16 @@ impl Rules {
         }
     }
 
-    /// A writable mount keeping its markers in `ns`.
-    pub fn writable(ns: Namespace) -> Rules {
+    /// A writable mount: both of overlayfs's namespaces are markers, whichever this mount
+    /// keeps its own in, since its upper directory is also mounted the other way (root,
+    /// rootless, kernel overlayfs with `userxattr`): an image's `user.overlay.opaque`,
+    /// copied up by a root mount, would be a marker to a rootless one.
+    pub fn writable() -> Rules {
         Rules {
-            overlay: [Some(PRIVATE_XATTR_PREFIX), Some(ns.prefix().as_bytes())],
+            overlay: [
+                Some(PRIVATE_XATTR_PREFIX),
+                Some(Namespace::User.prefix().as_bytes()),
+            ],
             overrides: true,
             unlabelled: false,
             aclless: false,
@@ -205,8 +210,15 @@ mod tests {
 
     #[test]
     fn a_writable_mount_keeps_its_markers_and_overrides() {
-        let r = Rules::writable(Namespace::User);
+        let r = Rules::writable();
         assert_eq!(get(&r, &USER, "user.overlay.opaque"), Err(Errno::OPNOTSUPP));
+        assert_eq!(
+            get(&r, &ROOT, "trusted.overlay.opaque"),
+            Err(Errno::OPNOTSUPP)
+        );
+        assert!(!r.listed(&ROOT, b"user.overlay.opaque"));
+        assert!(!r.copied_up(b"user.overlay.opaque"));
+        assert_eq!(r.may_change(5, b"user.overlay.x"), Err(Errno::PERM));
         assert_eq!(get(&r, &USER, OVERRIDE_XATTR), Err(Errno::NODATA));
         assert_eq!(get(&r, &USER, "security.selinux"), Ok(None));
         assert_eq!(
@@ -232,7 +244,7 @@ mod tests {
             let stats = r.get(&ROOT, 1, name.as_bytes(), || b"{}".to_vec());
             assert_eq!(stats, Err(Errno::NOSYS), "{name} of the root");
         }
-        assert_eq!(Rules::writable(Namespace::Trusted).any(), Ok(()));
+        assert_eq!(Rules::writable().any(), Ok(()));
         assert_eq!(Rules::read_only(true, Absent::default()).any(), Ok(()));
     }
 

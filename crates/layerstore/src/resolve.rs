@@ -107,6 +107,9 @@ pub struct OciResolver {
     pub mount_args: Vec<OsString>,
     /// Each layer's measurement list goes to `DIR/IMAGE_HEX` (`--measure-log`).
     pub measure_logs: Option<PathBuf>,
+    /// The signature policy (podman's `policy.json`): every manifest fetched must satisfy
+    /// it, and a conversion found as a referrer is used only when signed under it.
+    pub trust: Option<signatures::Trust>,
     known: Mutex<Known>,
     mounting: Mutex<()>,
     /// One fetch per original blob however many read it (`blobs/HEX` → its lock), and
@@ -131,6 +134,7 @@ impl OciResolver {
             mount_program,
             mount_args: Vec::new(),
             measure_logs: None,
+            trust: None,
             known: Mutex::new(HashMap::new()),
             mounting: Mutex::new(()),
             fetching: Mutex::new(HashMap::new()),
@@ -164,6 +168,11 @@ impl OciResolver {
                 "{r}: the registry sent another manifest than the one named"
             ));
         }
+        // The manifest the store serves layers of must be one podman would pull: fetched
+        // by tag, it may differ from podman's.
+        if let Some(t) = &self.trust {
+            t.check(&reg, r, &digest)?;
+        }
         let manifests = match image::parse(&bytes, &media_type).map_err(|e| format!("{r}: {e}"))? {
             Parsed::Manifest(_) => vec![(digest, bytes)],
             // As `verilay convert` converts them: the linux manifests, each fetched by
@@ -196,7 +205,12 @@ impl OciResolver {
         };
         let mut layers: Vec<ConvertedLayer> = Vec::new();
         for (m, bytes) in manifests {
-            for l in conversion::bound_layers(&bytes).map_err(|e| format!("{r}: {m}: {e}"))? {
+            let mut bound =
+                conversion::bound_layers(&bytes).map_err(|e| format!("{r}: {m}: {e}"))?;
+            if bound.is_empty() {
+                bound = self.signed_referrers(&reg, r, &m)?;
+            }
+            for l in bound {
                 match layers.iter().find(|o| o.source.digest == l.source.digest) {
                     // Two platforms of one index may share a layer, never with two images.
                     Some(o) if *o != l => {
@@ -221,6 +235,84 @@ impl OciResolver {
             known.remove(&oldest.expect("not empty"));
         }
         known.insert(key.to_string(), (Instant::now(), layers.clone()));
+        Ok(layers)
+    }
+}
+
+/// The most referrers of one manifest looked at.
+const REFERRERS_MAX: usize = 16;
+
+impl OciResolver {
+    /// The layers of the conversions of manifest `m` found as its referrers and signed
+    /// under the policy (a sigstore signature the policy's key verifies, for the
+    /// conversion's own digest in `r`'s repository); none without a policy. A referrer
+    /// is a link anyone who may push can add: unsigned, or signed by another key, it is
+    /// passed over with a log line. Signed conversions that disagree on a layer are an
+    /// error, never "the first".
+    fn signed_referrers(
+        &self,
+        reg: &Registry,
+        r: &Reference,
+        m: &str,
+    ) -> Result<Vec<ConvertedLayer>, String> {
+        let Some(trust) = &self.trust else {
+            return Ok(Vec::new());
+        };
+        let mut found = reg
+            .referrers(&r.repository, m, conversion::CONVERSION_TYPE)
+            .map_err(|e| e.to_string())?;
+        let mut seen = std::collections::HashSet::new();
+        found.retain(|d| seen.insert(d.digest.clone()));
+        let mut layers: Vec<ConvertedLayer> = Vec::new();
+        for d in found.iter().take(REFERRERS_MAX) {
+            if !oci::reference::valid_digest(&d.digest) {
+                continue;
+            }
+            let (bytes, _) = reg
+                .get_manifest(&r.repository, &d.digest)
+                .map_err(|e| e.to_string())?;
+            if oci::registry::sha256_digest(&bytes) != d.digest
+                || conversion::subject_of(&bytes).as_deref() != Some(m)
+            {
+                eprintln!(
+                    "verilay layer-store: {r}: referrer {} is not a conversion of {m}: passed over",
+                    d.digest
+                );
+                continue;
+            }
+            let at = Reference {
+                target: oci::reference::Target::Digest(d.digest.clone()),
+                ..r.clone()
+            };
+            match trust.check(reg, &at, &d.digest) {
+                Ok(a) if a.signed => {}
+                Ok(_) => {
+                    eprintln!("verilay layer-store: {r}: conversion {} of {m} is not signed under the policy ({}): passed over", d.digest, trust.policy.origin());
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "verilay layer-store: conversion {} of {m}: {e}: passed over",
+                        d.digest
+                    );
+                    continue;
+                }
+            }
+            for l in conversion::layers_of(&bytes)
+                .map_err(|e| format!("{r}: conversion {}: {e}", d.digest))?
+            {
+                match layers.iter().find(|o| o.source.digest == l.source.digest) {
+                    Some(o) if *o != l => {
+                        return Err(format!(
+                            "{r}: signed conversions of {m} bind layer {} to two different images",
+                            l.source.digest
+                        ))
+                    }
+                    Some(_) => {}
+                    None => layers.push(l),
+                }
+            }
+        }
         Ok(layers)
     }
 }

@@ -272,13 +272,7 @@ impl Registry {
             .limit(SMALL_MAX)
             .read_to_string()
             .map_err(|e| Error(format!("token server {realm}: answer: {e}")))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error(format!("token server {realm}: answer is not JSON: {e}")))?;
-        v.get("token")
-            .or_else(|| v.get("access_token"))
-            .and_then(|t| t.as_str())
-            .map(str::to_string)
-            .ok_or_else(|| Error(format!("token server {realm}: no token in its answer")))
+        token_of_answer(&text).map_err(|e| Error(format!("token server {realm}: {e}")))
     }
 
     /// Whether `url` is on this registry (scheme, host and port).
@@ -556,6 +550,18 @@ impl Registry {
 }
 
 /// ureq's error in words a user acts on.
+/// The token a token server's answer (JSON, read within bounds) gives: `token`, else
+/// `access_token`.
+pub fn token_of_answer(text: &str) -> std::result::Result<String, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("answer is not JSON: {e}"))?;
+    v.get("token")
+        .or_else(|| v.get("access_token"))
+        .and_then(|t| t.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| "no token in its answer".to_string())
+}
+
 /// Whether credentials sent to `url` stay secret: over TLS, or over plain HTTP to this
 /// machine (the `--insecure` registry, and its token server) only.
 fn keeps_secrets(url: &str) -> bool {

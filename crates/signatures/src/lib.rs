@@ -32,6 +32,7 @@ pub use registries_d::RegistriesD;
 
 use attachments::{Attachment, SIGNATURE_ANNOTATION, SIGSTORE_MIME};
 use base64::Engine as _;
+use std::path::Path;
 
 /// An image the policy accepted, and on what grounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,6 +290,57 @@ pub fn sign(
         payload,
         base64::engine::general_purpose::STANDARD.encode(signature),
     ))
+}
+
+/// A signature policy and registries.d, loaded once, as podman loads them for a pull.
+pub struct Trust {
+    /// The policy every manifest fetched must satisfy.
+    pub policy: Policy,
+    /// Where signatures are looked for.
+    pub registries_d: RegistriesD,
+}
+
+impl Trust {
+    /// `policy` (else [`Policy::default_path`], where a missing file means no policy: a
+    /// verilay command does not require one, as podman does) and `registries_d` (else
+    /// [`RegistriesD::default_dir`]). A policy named but missing or unreadable is an
+    /// error.
+    pub fn load(
+        policy: Option<&Path>,
+        registries_d: Option<&Path>,
+    ) -> Result<Option<Trust>, String> {
+        let policy = match policy {
+            Some(p) => Policy::from_file(p)?,
+            None => {
+                let p = Policy::default_path();
+                if !p.exists() {
+                    return Ok(None);
+                }
+                Policy::from_file(&p)?
+            }
+        };
+        let dir = registries_d.map_or_else(RegistriesD::default_dir, Path::to_path_buf);
+        Ok(Some(Trust {
+            policy,
+            registries_d: RegistriesD::from_dir(&dir)?,
+        }))
+    }
+
+    /// [`check`] under this policy.
+    pub fn check(
+        &self,
+        registry: &oci::Registry,
+        reference: &oci::Reference,
+        manifest_digest: &str,
+    ) -> Result<Accepted, String> {
+        check(
+            &self.policy,
+            &self.registries_d,
+            registry,
+            reference,
+            manifest_digest,
+        )
+    }
 }
 
 #[cfg(test)]

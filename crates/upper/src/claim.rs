@@ -216,8 +216,8 @@ impl Claim {
             check_outside(&dirs, what, path)?;
         }
         in_use_by_overlayfs(&[
-            ("upper directory", upper, ids[0]),
-            ("work directory", work, ids[1]),
+            ("upper directory", upper, ancestry(upper_fd.as_fd())?),
+            ("work directory", work, ancestry(work_fd.as_fd())?),
         ])?;
         // All locks first: nothing in the work directory is looked at or made before
         // it, and everything around it, is ours.
@@ -821,11 +821,12 @@ fn mount_tables() -> Vec<(String, PathBuf, Option<u32>)> {
     tables
 }
 
-/// Refuses a directory that a kernel overlayfs mount uses as its upperdir or workdir, in
-/// any mount namespace this process can see: overlayfs shows both in its mount options.
+/// Refuses a directory that is, is inside, or holds one a kernel overlayfs mount uses as
+/// its upperdir or workdir, in any mount namespace this process can see: overlayfs shows
+/// both in its mount options.
 /// A path it shows relative (as given to mount) is resolved from here in our own
 /// namespace only.
-fn in_use_by_overlayfs(ours: &[(&str, &Path, Id)]) -> io::Result<()> {
+fn in_use_by_overlayfs(ours: &[(&str, &Path, Vec<Id>)]) -> io::Result<()> {
     for (info, root, pid) in mount_tables() {
         for line in info.lines() {
             let Some((_, after)) = line.split_once(" - ") else {
@@ -849,17 +850,33 @@ fn in_use_by_overlayfs(ours: &[(&str, &Path, Id)]) -> io::Result<()> {
                     Err(_) if pid.is_none() => value,
                     Err(_) => continue,
                 };
-                let Ok(st) = rfs::stat(&resolved) else {
+                let Ok(theirs) = rfs::open(
+                    &resolved,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) else {
                     continue;
                 };
-                for (what, path, ours) in ours {
-                    if (st.st_dev, st.st_ino) == *ours {
+                let Ok(their_line) = ancestry(theirs.as_fd()) else {
+                    continue;
+                };
+                // Ours is theirs, inside theirs, or holds theirs: each would have two
+                // writers of one tree.
+                for (what, path, our_line) in ours {
+                    if our_line.contains(&their_line[0]) || their_line.contains(&our_line[0]) {
                         let whose = match pid {
                             Some(p) => format!(" (in the mount namespace of process {p})"),
                             None => String::new(),
                         };
+                        let how = if our_line[0] == their_line[0] {
+                            "is"
+                        } else if our_line.contains(&their_line[0]) {
+                            "is inside"
+                        } else {
+                            "holds"
+                        };
                         return Err(busy(format!(
-                            "{what} {} is in use as the {key} of the overlayfs mount on {}{whose}",
+                            "{what} {} {how} the {key} of the overlayfs mount on {}{whose}",
                             path.display(),
                             point.display()
                         )));

@@ -174,7 +174,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             passthrough: false,
             hook: Hook::default(),
             measured_fhs: papaya::HashMap::new(),
-            xattrs: Rules::writable(upper.ns),
+            xattrs: Rules::writable(),
             upper,
             name,
             log,

@@ -38,6 +38,13 @@ pub struct Args {
     dest: String,
     #[command(flatten)]
     remote: Remote,
+    /// Signs the bound manifest (and each conversion manifest, which a layer store
+    /// then trusts as a referrer under a policy requiring this key) as DEST.
+    #[command(flatten)]
+    sign: super::registry::Sign,
+    /// The source's manifest must satisfy it, as a podman pull would (registries only).
+    #[command(flatten)]
+    signatures: super::registry::Policy,
     #[command(flatten)]
     compression: CompressArgs,
     /// The most bytes a layer may expand to (its uncompressed tar; K, M, G, T): a few KB
@@ -325,6 +332,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             return Ok(2);
         }
     };
+    let key = a.sign.key()?;
+    let trust = a.signatures.load()?;
     let src = Source::open(&a.source, &a.remote)?;
     let mut dest = docker_reference(&a.dest)?;
     // The last path element holds the tag, if one was given (a port is in the first).
@@ -346,6 +355,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let repo = dest.repository.as_str();
 
     let (root, root_desc, targets) = targets(&src)?;
+    if let (Some(t), Source::Registry(reg, r)) = (&trust, &src) {
+        t.check(reg, r, &root_desc.digest)
+            .map_err(anyhow::Error::msg)?;
+    }
     for t in &targets {
         if t.manifest.layers.len() > a.max_layers {
             bail!(
@@ -468,6 +481,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     reg.put_manifest(repo, &dest_tag, &pinned_bytes, &root_desc.media_type)?;
     let pinned_name = format!("{}@{pinned}", docker_name(&dest));
+    if let Some(key) = &key {
+        let identity = format!("{}/{}:{dest_tag}", dest.registry, dest.repository);
+        super::registry::sign_manifest(&reg, &dest, &identity, &pinned, key)?;
+        for (_, conv, _, _) in &results {
+            super::registry::sign_manifest(&reg, &dest, &identity, conv, key)?;
+        }
+    }
 
     if a.json {
         let manifests: Vec<serde_json::Value> = results
@@ -498,6 +518,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 "source": src.name(),
                 "dest": docker_name(&dest),
                 "pinned": pinned,
+                "signed": key.is_some(),
                 "pinned_reference": pinned_name,
                 "manifests": manifests,
                 "seconds": start.elapsed().as_secs_f64(),

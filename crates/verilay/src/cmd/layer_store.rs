@@ -41,6 +41,10 @@ pub struct Args {
     /// The longest a registry request may take, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     timeout: u64,
+    /// Every manifest the store serves layers of must satisfy it, as podman's pulls do;
+    /// a conversion found as a referrer is used only when signed under it.
+    #[command(flatten)]
+    signatures: super::registry::Policy,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -56,6 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let mut resolver = layerstore::OciResolver::new(state.clone(), program);
     resolver.insecure = a.insecure;
     resolver.timeout = Duration::from_secs(a.timeout.max(1));
+    resolver.trust = a.signatures.load()?;
     if let Some(c) = &a.cache {
         resolver
             .mount_args

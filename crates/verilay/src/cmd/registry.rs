@@ -29,3 +29,90 @@ impl Remote {
 pub fn reference(s: &str) -> anyhow::Result<oci::Reference> {
     oci::Reference::parse(s).map_err(anyhow::Error::msg)
 }
+
+/// Signing what a command stores, as `skopeo copy --sign-by-sigstore-private-key` signs.
+#[derive(clap::Args, Clone, Default)]
+pub struct Sign {
+    /// Sign what is stored with this sigstore (cosign) private key: the signature goes
+    /// beside it (`sha256-HEX.sig`), where podman and verilay look when registries.d
+    /// turns on `use-sigstore-attachments`.
+    #[arg(long, value_name = "KEY")]
+    pub sign_by_sigstore_private_key: Option<std::path::PathBuf>,
+    /// The key's passphrase: the first line of FILE (default: an empty passphrase).
+    #[arg(long, value_name = "FILE", requires = "sign_by_sigstore_private_key")]
+    pub sign_passphrase_file: Option<std::path::PathBuf>,
+}
+
+impl Sign {
+    /// The key and passphrase, read now (so a bad one fails before anything is stored).
+    pub fn key(&self) -> anyhow::Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let Some(key) = &self.sign_by_sigstore_private_key else {
+            return Ok(None);
+        };
+        let read = |p: &std::path::Path| -> anyhow::Result<Vec<u8>> {
+            use std::io::Read as _;
+            let f = verity::source::open_input(p, false)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            let mut v = Vec::new();
+            f.take(1 << 20).read_to_end(&mut v)?;
+            Ok(v)
+        };
+        let pem = read(key)?;
+        let pass = match &self.sign_passphrase_file {
+            Some(f) => {
+                let text = read(f)?;
+                let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+                line.strip_suffix(b"\r").unwrap_or(line).to_vec()
+            }
+            None => Vec::new(),
+        };
+        // A wrong passphrase or a key of another format: refused before anything is stored.
+        signatures::sign(
+            &pem,
+            &pass,
+            "localhost/check:check",
+            &oci::registry::sha256_digest(b""),
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", key.display()))?;
+        Ok(Some((pem, pass)))
+    }
+}
+
+/// Signs manifest `digest` of `r`'s repository as `identity` (`HOST/REPO:TAG`) with
+/// `key` (from [`Sign::key`]) and stores the signature beside it.
+pub fn sign_manifest(
+    reg: &oci::Registry,
+    r: &oci::Reference,
+    identity: &str,
+    digest: &str,
+    key: &(Vec<u8>, Vec<u8>),
+) -> anyhow::Result<()> {
+    let (payload, signature) =
+        signatures::sign(&key.0, &key.1, identity, digest).map_err(anyhow::Error::msg)?;
+    signatures::attach(reg, &r.repository, digest, &payload, &signature)
+        .map_err(|e| anyhow::anyhow!("{r}: storing the signature of {digest}: {e}"))
+}
+
+/// The signature policy manifests fetched must satisfy, as podman's.
+#[derive(clap::Args, Clone, Default)]
+pub struct Policy {
+    /// containers-policy.json(5) every manifest fetched must satisfy (default:
+    /// ~/.config/containers/policy.json, else /etc/containers/policy.json, when there is
+    /// one; sigstore keys only).
+    #[arg(long, value_name = "FILE")]
+    pub signature_policy: Option<std::path::PathBuf>,
+    /// containers-registries.d(5): where `use-sigstore-attachments` says signatures are
+    /// (default: ~/.config/containers/registries.d, else /etc/containers/registries.d).
+    #[arg(long = "registries.d", value_name = "DIR")]
+    pub registries_d: Option<std::path::PathBuf>,
+}
+
+impl Policy {
+    pub fn load(&self) -> anyhow::Result<Option<signatures::Trust>> {
+        signatures::Trust::load(
+            self.signature_policy.as_deref(),
+            self.registries_d.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)
+    }
+}

@@ -658,6 +658,23 @@ fn a_directory_of_a_kernel_overlayfs_mount_is_refused() {
     ]);
     let ks = k.display().to_string();
     assert_refused(&out, &m, &["upper directory", "upperdir", "overlayfs", &ks]);
+    // A directory inside it (issue 36: only the exact directory was refused).
+    let inner = u.join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let (out, _) = verilay_bounded(&[
+        os("mount"),
+        image.as_os_str(),
+        m.as_os_str(),
+        os("--upper"),
+        inner.as_os_str(),
+        os("--work"),
+        w2.as_os_str(),
+    ]);
+    assert_refused(
+        &out,
+        &m,
+        &["upper directory", "is inside the upperdir", &ks],
+    );
 }
 
 #[test]

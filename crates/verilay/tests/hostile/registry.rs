@@ -619,3 +619,171 @@ fn what_a_registry_or_layer_claims_cannot_fill_the_disk() {
         }
     }
 }
+
+/// Issue 36, item 1: a conversion found only as a referrer is used only when it is signed
+/// by a key the user trusts for that image (policy.json's `sigstoreSigned`, registries.d's
+/// `use-sigstore-attachments`, signatures where `skopeo copy --sign-by-sigstore-private-key`
+/// stores them). A forged conversion listed first and signed by another key is passed
+/// over; the publisher's signed conversion serves the layers lazily; two conversions
+/// that both verify and disagree on a layer are refused, never "the first".
+#[test]
+fn a_referrer_runs_only_when_signed_by_a_trusted_key() {
+    if podman_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = Registry::start(false);
+    let keys = |name: &str| {
+        let (private, public) = signatures::generate_key(b"pass").unwrap();
+        let (k, p) = (
+            t.path().join(format!("{name}.key")),
+            t.path().join(format!("{name}.pub")),
+        );
+        std::fs::write(&k, private).unwrap();
+        std::fs::write(&p, public).unwrap();
+        (k, p)
+    };
+    let (publisher, publisher_pub) = keys("publisher");
+    let (attacker, _) = keys("attacker");
+    let pass = t.path().join("pass");
+    std::fs::write(&pass, "pass\n").unwrap();
+    let l = layout(t.path(), "v1", &genuine_layers(t.path()));
+    let out = run(verilay()
+        .args([
+            "convert",
+            &format!("oci:{}:v1", l.dir.display()),
+            &reg.docker("app:v1"),
+        ])
+        .args(["--insecure", "--json", "--sign-by-sigstore-private-key"])
+        .arg(&publisher)
+        .arg("--sign-passphrase-file")
+        .arg(&pass));
+    let j = json(&out.stdout);
+    assert_eq!(j["signed"], true, "{j}");
+    let genuine_conv = j["manifests"][0]["conversion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let identity = format!("127.0.0.1:{}/app:v1", reg.port);
+    let registry = oci::Registry::connect(
+        &oci::Reference::parse(&reg.reference("app:v1")).unwrap(),
+        true,
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    let sign = |key: &Path, digest: &str| {
+        let (payload, sig) =
+            signatures::sign(&std::fs::read(key).unwrap(), b"pass", &identity, digest).unwrap();
+        signatures::attach(&registry, "app", digest, &payload, &sig).unwrap();
+    };
+    // The publisher signs the original image too (the policy covers every manifest).
+    sign(&publisher, &l.manifest);
+
+    // The attacker's conversion: the app layer bound to other content, signed with the
+    // attacker's key, listed first.
+    let evil_dir = t.path().join("evil");
+    sh(&format!(
+        "mkdir -p {0}/etc && echo attacker > {0}/etc/msg",
+        evil_dir.display()
+    ));
+    let evil = t.path().join("evil.img");
+    let evil_digest = String::from_utf8_lossy(&build(&evil_dir, &evil, &["--quiet"]).stdout)
+        .trim()
+        .to_string();
+    run(verilay()
+        .arg("push")
+        .arg(&evil)
+        .arg(reg.reference("app:evil"))
+        .args(["--insecure", "--quiet"]));
+    let evil_bytes = std::fs::read(&evil).unwrap();
+    let genuine = get(&reg, &format!("app/manifests/{genuine_conv}"));
+    let mut forged = json(&genuine);
+    forged["layers"][1]["digest"] = digest_of(&evil_bytes).into();
+    forged["layers"][1]["size"] = evil_bytes.len().into();
+    forged["layers"][1]["annotations"]["dev.verilay.image.digest"] = evil_digest.into();
+    let forged = serde_json::to_vec(&forged).unwrap();
+    let forged_conv = digest_of(&forged);
+    reg.put_manifest(
+        &format!("app:{forged_conv}"),
+        std::str::from_utf8(&forged).unwrap(),
+        MANIFEST,
+    );
+    for c in oci::conversion::layers_of(&forged).unwrap() {
+        let artifact = oci::conversion::layer_manifest(&c);
+        reg.put_manifest(
+            &format!("app:{}", digest_of(&artifact)),
+            std::str::from_utf8(&artifact).unwrap(),
+            MANIFEST,
+        );
+    }
+    sign(&attacker, &forged_conv);
+    let referrers = serde_json::json!({
+        "schemaVersion": 2, "mediaType": INDEX,
+        "manifests": [
+            {"mediaType": MANIFEST, "digest": forged_conv, "size": forged.len(),
+             "artifactType": "application/vnd.verilay.layers.v1"},
+            {"mediaType": MANIFEST, "digest": genuine_conv, "size": genuine.len(),
+             "artifactType": "application/vnd.verilay.layers.v1"},
+        ],
+    });
+    reg.put_manifest(
+        &format!("app:{}", l.manifest.replacen(':', "-", 1)),
+        &referrers.to_string(),
+        INDEX,
+    );
+
+    // The policy: the app repository needs the publisher's signature.
+    let policy = t.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        serde_json::json!({
+            "default": [{"type": "insecureAcceptAnything"}],
+            "transports": {"docker": {format!("127.0.0.1:{}/app", reg.port): [
+                {"type": "sigstoreSigned", "keyPath": publisher_pub}
+            ]}},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let regd = t.path().join("registries.d");
+    std::fs::create_dir(&regd).unwrap();
+    std::fs::write(
+        regd.join("default.yaml"),
+        "default-docker:\n  use-sigstore-attachments: true\n",
+    )
+    .unwrap();
+    let original = reg
+        .reference(&format!("app@{}", l.manifest))
+        .replacen("oci://", "", 1);
+    let store_args = [
+        "--signature-policy",
+        policy.to_str().unwrap(),
+        "--registries.d",
+        regd.to_str().unwrap(),
+    ];
+    {
+        let base = t.path().join("one");
+        std::fs::create_dir(&base).unwrap();
+        let store = Store::start(&base, &store_args, &[]);
+        let pod = Podman::new(&base.join("pod"), reg.port, Some(&store.dir));
+        assert_eq!(
+            message(&pod, &original, &store),
+            ("genuine".to_string(), true)
+        );
+        let log = std::fs::read_to_string(base.join("store.log")).unwrap();
+        assert!(log.contains(&format!("conversion {forged_conv}")), "{log}");
+    }
+    // The forged conversion signed with the publisher's key as well: two signed
+    // conversions disagree on the app layer, and neither is used.
+    sign(&publisher, &forged_conv);
+    let base = t.path().join("two");
+    std::fs::create_dir(&base).unwrap();
+    let store = Store::start(&base, &store_args, &[]);
+    let pod = Podman::new(&base.join("pod"), reg.port, Some(&store.dir));
+    assert_eq!(
+        message(&pod, &original, &store),
+        ("genuine".to_string(), false)
+    );
+    let log = std::fs::read_to_string(base.join("store.log")).unwrap();
+    assert!(log.contains("two different images"), "{log}");
+}

@@ -1176,3 +1176,68 @@ fn a_squatted_stats_name_costs_the_mount_its_statistics_only() {
     assert!(squatter.wait().unwrap().success());
     assert_eq!(rest.trim(), "fds 0", "the squatter got a descriptor");
 }
+
+/// Issue 36, item 5: a root writable mount listed and copied up `user.overlay.*` xattrs
+/// an image carried, while they are markers to a rootless mount (and kernel overlayfs
+/// with `userxattr`) of the same upper directory: an image could plant an opaque marker
+/// or a redirect there. Both of overlayfs's namespaces are the mount's own on every
+/// writable mount: not listed, not read, not set, never copied up.
+#[test]
+fn a_root_mount_never_copies_up_an_images_user_overlay_markers() {
+    if skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("setfattr"), "setfattr missing")
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (src, up, work, mnt) = (
+        t.path().join("src"),
+        t.path().join("u"),
+        t.path().join("w"),
+        t.path().join("m"),
+    );
+    for d in [&src, &up, &work, &mnt] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::write(src.join("f"), "image\n").unwrap();
+    std::fs::create_dir(src.join("d")).unwrap();
+    sh(&format!(
+        "setfattr -n user.overlay.opaque -v y {0}/f && setfattr -n user.overlay.redirect -v /x {0}/d && setfattr -n user.keep -v 1 {0}/f",
+        src.display()
+    ));
+    let image = t.path().join("i.img");
+    build(&src, &image, &["--quiet"]);
+    crate::common::run(
+        crate::common::verilay()
+            .arg("mount")
+            .arg(&image)
+            .arg(&mnt)
+            .arg("--upper")
+            .arg(&up)
+            .arg("--work")
+            .arg(&work),
+    );
+    let _m = crate::common::Unmount::fuse(&mnt);
+    let listed = sh(&format!("getfattr -d -m- {0}/f {0}/d", mnt.display()));
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(!listed.contains("user.overlay"), "{listed}");
+    assert!(listed.contains("user.keep"), "{listed}");
+    let set = Command::new("setfattr")
+        .args(["-n", "user.overlay.opaque", "-v", "y"])
+        .arg(mnt.join("f"))
+        .output()
+        .unwrap();
+    assert!(
+        !set.status.success(),
+        "set user.overlay.opaque through the mount"
+    );
+    // Copy-up of both (a write, a chmod): no user.overlay.* lands in the upper directory.
+    sh(&format!(
+        "echo more >> {0}/f && chmod 700 {0}/d",
+        mnt.display()
+    ));
+    let upper = sh(&format!("getfattr -d -m- {0}/f {0}/d", up.display()));
+    let upper = String::from_utf8_lossy(&upper.stdout);
+    assert!(!upper.contains("user.overlay"), "{upper}");
+    assert!(upper.contains("user.keep"), "{upper}");
+}
