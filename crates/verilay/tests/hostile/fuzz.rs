@@ -186,6 +186,11 @@ fn fuzz_measure_list() {
 }
 
 #[test]
+fn fuzz_oci_manifest() {
+    fuzz("oci_manifest");
+}
+
+#[test]
 fn fuzz_mount_options() {
     fuzz("mount_options");
 }
