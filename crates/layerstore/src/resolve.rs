@@ -114,9 +114,13 @@ pub struct OciResolver {
     mounting: Mutex<()>,
     /// One fetch per original blob however many read it (`blobs/HEX` → its lock), and
     /// how many readers are fetching or waiting for one.
-    fetching: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    fetching: Mutex<HashMap<String, Arc<Mutex<Fetched>>>>,
     fetchers: std::sync::atomic::AtomicUsize,
 }
+
+/// How the last fetch of a blob ended, for the readers that waited for it: a failure
+/// (and when) is theirs too, rather than a fetch again each, one after another.
+type Fetched = Option<(Instant, String)>;
 
 /// The most readers fetching or waiting for original blobs at once: each holds one of the
 /// store's threads ([`STORE_THREADS`]), and the rest must stay free for lookups of other
@@ -409,20 +413,46 @@ impl Resolver for OciResolver {
         }
         let one = {
             let mut f = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+            // Failures are remembered only while some reader may still be told them.
+            if f.len() >= 1024 {
+                f.retain(|_, v| Arc::strong_count(v) > 1);
+            }
             f.entry(hex.to_string()).or_default().clone()
         };
-        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = one.lock().unwrap_or_else(|e| e.into_inner());
         if path.exists() {
             return Ok(path); // fetched by the reader this one waited for
         }
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some((at, e)) = &*last {
+            if at.elapsed() < self.timeout {
+                return Err(e.clone()); // the fetch this one waited for failed
+            }
+        }
+        let fetched = self.fetch_blob(layer, &dir, &path);
+        match &fetched {
+            Ok(_) => {
+                self.fetching
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(hex);
+            }
+            Err(e) => *last = Some((Instant::now(), e.clone())),
+        }
+        fetched
+    }
+}
+
+impl OciResolver {
+    /// The original blob of `layer` fetched whole into `dir`, checked, and named `path`.
+    fn fetch_blob(&self, layer: &Layer, dir: &Path, path: &Path) -> Result<PathBuf, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let reg = self.registry(&layer.reference)?;
         let reader = reg
             .get_blob(&layer.reference.repository, &layer.source.digest)
             .map_err(|e| e.to_string())?;
         // Named only once whole and checked; removed on any failure before that.
         let tmp =
-            tempfile::NamedTempFile::new_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         // One byte more than listed is read, to see a blob that runs on.
         let limit = layer.source.size.saturating_add(1);
         let got = oci::sha256_copy(reader, tmp.as_file(), limit, &|_| {})
@@ -433,13 +463,9 @@ impl Resolver for OciResolver {
                 got.1, got.0, layer.source.digest
             ));
         }
-        tmp.persist(&path)
+        tmp.persist(path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        self.fetching
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(hex);
-        Ok(path)
+        Ok(path.to_path_buf())
     }
 }
 

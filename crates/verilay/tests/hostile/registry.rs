@@ -787,3 +787,95 @@ fn a_referrer_runs_only_when_signed_by_a_trusted_key() {
     let log = std::fs::read_to_string(base.join("store.log")).unwrap();
     assert!(log.contains("two different images"), "{log}");
 }
+
+/// Issue 36, item 2: a trickled layer blob wedged the layer store (`info` of another,
+/// already resolved reference hung until the registry died) and each concurrent reader of
+/// `blob` fetched the whole blob again. Now one fetch serves every reader waiting for it
+/// (its failure too), at most 4 readers take threads for blobs, the fetch ends within
+/// its bound, and another reference's `info` is served meanwhile.
+#[test]
+fn a_trickled_blob_never_wedges_the_layer_store() {
+    use base64::Engine as _;
+    if skip_unless(is_root(), "the layer store is root's") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let blob = vec![7u8; 200_000];
+    let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let layer_digest = digest_of(&blob);
+    let original = serde_json::json!({
+        "schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h('c'), "size": 2},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": blob.len()}],
+    })
+    .to_string();
+    let mut source = oci::artifact::Descriptor::of("application/vnd.oci.image.layer.v1.tar", b"");
+    source.digest = layer_digest.clone();
+    source.size = blob.len() as u64;
+    let converted = oci::conversion::ConvertedLayer {
+        source,
+        diff_id: h('d'),
+        tar_size: blob.len() as u64,
+        image_blob: h('e'),
+        image_size: 4096,
+        image_digest: h('f'),
+    };
+    let bound = oci::conversion::bind(original.as_bytes(), &[converted]).unwrap();
+    let registry = Hostile::start(move |_, path| {
+        if path.contains("/manifests/") {
+            Answer::ok(&bound, MANIFEST)
+        } else if path.contains("/blobs/") {
+            Answer {
+                trickle: Some((100, std::time::Duration::from_millis(100))),
+                ..Answer::ok(&blob, "application/octet-stream")
+            }
+        } else {
+            Answer::ok(b"{}", "application/json")
+        }
+    });
+    let store = Store::start(t.path(), &["--timeout", "2"], &[]);
+    let dir = |tag: &str| {
+        let r = format!("127.0.0.1:{}/app:{tag}", registry.port);
+        store
+            .dir
+            .join(base64::engine::general_purpose::STANDARD.encode(r))
+            .join(&layer_digest)
+    };
+    let (one, two) = (dir("v1"), dir("v2"));
+    assert!(one.join("info").exists() && two.join("info").exists());
+    let start = std::time::Instant::now();
+    let readers: Vec<_> = (0..6)
+        .map(|_| {
+            let b = one.join("blob");
+            std::thread::spawn(move || std::fs::read(b).map(|v| v.len()))
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Another reference's info, while six readers wait for the trickle.
+    let info_start = std::time::Instant::now();
+    let info = std::fs::read(two.join("info")).unwrap();
+    assert!(!info.is_empty());
+    assert!(
+        info_start.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        info_start.elapsed()
+    );
+    for r in readers {
+        let err = r
+            .join()
+            .unwrap()
+            .expect_err("a trickled blob is never served");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let fetches = registry
+        .heads()
+        .iter()
+        .filter(|h| h.contains("/blobs/"))
+        .count();
+    assert_eq!(fetches, 1, "one fetch for every reader");
+}
