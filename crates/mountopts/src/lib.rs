@@ -19,7 +19,8 @@
 //!   `owner`, `group`, `_netdev`, `comment=…`, `x-…`, `X-…`, FUSE's legacy `nonempty`):
 //!   accepted, and nothing for the mount itself;
 //! - verilay's own: `digest=`, `threads=`, `transport=`, `poll_us=`, `log=`, `upper=`,
-//!   `work=`, `policy=`, `measure_log=`, `measure_hash=`.
+//!   `work=`, `policy=`, `measure_log=`, `measure_hash=`, and the signature policy
+//!   `oci://` images must satisfy: `signature_policy=FILE`, `registries_d=DIR`.
 //!
 //! Options are separated by commas; a value may be put in double quotes to hold commas
 //! (`log="/var/log/a,b"`), and a quote is allowed nowhere else. Where options contradict
@@ -121,6 +122,12 @@ pub struct MountOptions {
     pub policy: Option<PathBuf>,
     pub measure_log: Option<PathBuf>,
     pub measure_hash: Option<String>,
+    /// `signature_policy=FILE`: the containers-policy.json(5) `oci://` images' manifests
+    /// must satisfy (not `policy=`, the measurement policy).
+    pub signature_policy: Option<PathBuf>,
+    /// `registries_d=DIR`: the containers-registries.d(5) directory saying where
+    /// signatures are.
+    pub registries_d: Option<PathBuf>,
 }
 
 /// Why an option string was refused; names the option.
@@ -258,6 +265,8 @@ impl MountOptions {
             "work" => self.work = Some(path()),
             "policy" => self.policy = Some(path()),
             "measure_log" => self.measure_log = Some(path()),
+            "signature_policy" => self.signature_policy = Some(path()),
+            "registries_d" => self.registries_d = Some(path()),
             "measure_hash" => {
                 let name = text_value(opt, value)?;
                 if measure::log::HashAlgo::from_name(name).is_none() {
@@ -365,6 +374,8 @@ impl MountOptions {
             ("work", &self.work),
             ("policy", &self.policy),
             ("measure_log", &self.measure_log),
+            ("signature_policy", &self.signature_policy),
+            ("registries_d", &self.registries_d),
         ] {
             if let Some(p) = p {
                 value(key, p.as_os_str().as_bytes());
@@ -538,7 +549,12 @@ mod tests {
 
     #[test]
     fn cache_options_round_trip_and_sizes_are_checked() {
-        let o = parse("cache=/c,cache_size=2G,prefetch,insecure").unwrap();
+        let o = parse(
+            "cache=/c,cache_size=2G,prefetch,insecure,signature_policy=/p.json,registries_d=\"/r,d\"",
+        )
+        .unwrap();
+        assert_eq!(o.signature_policy, Some(PathBuf::from("/p.json")));
+        assert_eq!(o.registries_d, Some(PathBuf::from("/r,d")));
         assert_eq!(o.cache_size, Some(2 << 30));
         assert!(o.prefetch && !o.nocache);
         assert_eq!(MountOptions::parse(o.render().as_bytes()).unwrap(), o);

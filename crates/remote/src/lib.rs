@@ -147,8 +147,15 @@ pub struct Opened {
 impl RemoteSource {
     /// Opens `spec`: an `oci://` reference (its manifest fetched now; a verilay image
     /// artifact, see `oci::artifact`) or an `http(s)://` URL of an image file.
-    /// `insecure`: plain HTTP to a registry on this machine.
-    pub fn open(spec: &str, insecure: bool, timeout: Duration) -> Result<Opened, String> {
+    /// `insecure`: plain HTTP to a registry on this machine. With `trust`, the manifest
+    /// of an `oci://` reference must satisfy its policy before the manifest is even read
+    /// for its blob (a URL has no manifest: the policy does not apply to it).
+    pub fn open(
+        spec: &str,
+        insecure: bool,
+        timeout: Duration,
+        trust: Option<&signatures::Trust>,
+    ) -> Result<Opened, String> {
         if spec.starts_with("oci://") {
             let r = oci::Reference::parse(spec)?;
             let registry =
@@ -157,10 +164,16 @@ impl RemoteSource {
                 .get_manifest(&r.repository, r.target_str())
                 .map_err(|e| e.to_string())?;
             let by_digest = matches!(r.target, oci::reference::Target::Digest(_));
-            if by_digest && oci::registry::sha256_digest(&manifest) != r.target_str() {
+            let digest = oci::registry::sha256_digest(&manifest);
+            if by_digest && digest != r.target_str() {
                 return Err(format!(
                     "{r}: the registry sent another manifest than the one pinned"
                 ));
+            }
+            // The digest of the bytes in hand, not of whatever the tag names by now: the
+            // manifest accepted is the one whose blob is read.
+            if let Some(trust) = trust {
+                trust.check(&registry, &r, &digest)?;
             }
             let image =
                 oci::artifact::image_of(&manifest, &media_type).map_err(|e| format!("{r}: {e}"))?;

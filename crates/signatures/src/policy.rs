@@ -95,6 +95,19 @@ impl Policy {
         parse_policy(bytes, origin).map_err(|e| format!("policy {origin}: {e}"))
     }
 
+    /// Whether every scope accepts anything (`insecureAcceptAnything` alone): such a
+    /// policy judges no image, so an image it cannot name judges nothing either.
+    pub fn accepts_anything(&self) -> bool {
+        let open =
+            |rs: &[Requirement]| rs.iter().all(|r| *r == Requirement::InsecureAcceptAnything);
+        open(&self.default)
+            && self
+                .docker
+                .iter()
+                .flat_map(|d| d.values())
+                .all(|rs| open(rs))
+    }
+
     /// Where the policy came from.
     pub fn origin(&self) -> &str {
         &self.origin
@@ -801,5 +814,14 @@ mod tests {
             &r("mirror.io/library/busybox:1"),
             "docker.io/library/busybox:1"
         ));
+    }
+
+    #[test]
+    fn a_policy_that_judges_nothing_is_told_apart() {
+        let p = |text: &str| Policy::from_bytes(text.as_bytes(), "t").unwrap();
+        assert!(p(r#"{"default":[{"type":"insecureAcceptAnything"}]}"#).accepts_anything());
+        assert!(p(r#"{"default":[{"type":"insecureAcceptAnything"}],"transports":{"docker":{"a.b/c":[{"type":"insecureAcceptAnything"}]}}}"#).accepts_anything());
+        assert!(!p(r#"{"default":[{"type":"reject"}]}"#).accepts_anything());
+        assert!(!p(r#"{"default":[{"type":"insecureAcceptAnything"}],"transports":{"docker":{"a.b/c":[{"type":"reject"}]}}}"#).accepts_anything());
     }
 }

@@ -207,6 +207,25 @@ fn special_files_as_inputs_are_refused_at_once() {
             ],
             "not a directory",
         ),
+        // An output: build renames its result over it (`-o /dev/null` replaced the device).
+        (
+            vec![
+                "build".into(),
+                layout.to_str().unwrap().into(),
+                "-o".into(),
+                fifo_s.into(),
+            ],
+            "exists and is not a regular file",
+        ),
+        (
+            vec![
+                "pull".into(),
+                "oci://127.0.0.1:1/x:v1".into(),
+                "-o".into(),
+                fifo_s.into(),
+            ],
+            "exists and is not a regular file",
+        ),
     ];
     for (args, needle) in cases {
         let start = std::time::Instant::now();
@@ -222,4 +241,9 @@ fn special_files_as_inputs_are_refused_at_once() {
             "{args:?}"
         );
     }
+    use std::os::unix::fs::FileTypeExt as _;
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
 }

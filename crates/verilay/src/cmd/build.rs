@@ -182,6 +182,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let pb = progress::bar(a.quiet || a.json);
     progress::counting(&pb, "scanning");
     let bar = Bar(pb);
+    super::registry::check_output(&a.output)?;
     let building = || format!("building {}", a.output.display());
     let is_tar = tarlayer::is_archive(&a.src);
     match std::fs::metadata(&a.src) {

@@ -87,6 +87,9 @@ pub struct ReadOpts {
     /// `cache` is the default directory, not one asked for: when it cannot be used (a
     /// home that is not there, say), the mount goes on without it.
     pub default_cache: bool,
+    /// The signature policy an `oci://` image's manifest must satisfy before any of its
+    /// bytes are read (`None`: no policy; `http(s)://` images are never checked).
+    pub trust: Option<Arc<signatures::Trust>>,
 }
 
 impl Default for ReadOpts {
@@ -99,6 +102,7 @@ impl Default for ReadOpts {
             timeout: std::time::Duration::from_secs(30),
             cache: None,
             default_cache: false,
+            trust: None,
         }
     }
 }
@@ -178,8 +182,9 @@ fn remote_source(
     pin: &Pin,
     opts: &ReadOpts,
 ) -> anyhow::Result<(Arc<remote::RemoteSource>, PinBytes)> {
-    let opened = remote::RemoteSource::open(spec, opts.insecure, opts.timeout)
-        .map_err(anyhow::Error::msg)?;
+    let opened =
+        remote::RemoteSource::open(spec, opts.insecure, opts.timeout, opts.trust.as_deref())
+            .map_err(anyhow::Error::msg)?;
     let digest = match (pin.digest.as_deref(), opened.pinned.as_deref()) {
         (Some(given), Some(noted)) if !given.eq_ignore_ascii_case(noted) => {
             bail!("{spec}: the pinned manifest records image digest {noted}, not --digest {given}")

@@ -1,9 +1,11 @@
 //! `verilay pull REF -o IMAGE`: the image fetched whole from an OCI registry, checked
 //! against the registry's blob digest and then every block against the pinned image
 //! digest (`--digest`, or the manifest's annotation), before it takes the name IMAGE.
+//! Under a signature policy (`--signature-policy`, else podman's default file when there
+//! is one) the manifest must satisfy it before its blob is fetched.
 
 use super::image::{open_verified, Pin};
-use super::registry::{reference, Remote};
+use super::registry::{reference, Policy, Remote};
 use crate::progress;
 use anyhow::Context as _;
 use erofs::read::ByteSource as _;
@@ -22,6 +24,8 @@ pub struct Args {
     pin: Pin,
     #[command(flatten)]
     remote: Remote,
+    #[command(flatten)]
+    policy: Policy,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -35,15 +39,28 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    super::registry::check_output(&a.output)?;
     let r = reference(&a.reference)?;
+    // Read first: a policy that cannot be used fails before the network is asked.
+    let trust = a.policy.load()?;
     let reg = a.remote.connect(&r)?;
     let (manifest, media_type) = reg.get_manifest(&r.repository, r.target_str())?;
+    let manifest_digest = oci::registry::sha256_digest(&manifest);
     if let oci::reference::Target::Digest(want) = &r.target {
-        let got = oci::registry::sha256_digest(&manifest);
-        if &got != want {
-            anyhow::bail!("{r}: the registry sent a manifest whose digest is {got}");
+        if &manifest_digest != want {
+            anyhow::bail!("{r}: the registry sent a manifest whose digest is {manifest_digest}");
         }
     }
+    // The manifest in hand is what the policy judges, and the only one whose blob is
+    // fetched: a tag moved after this check changes nothing here.
+    let accepted = match &trust {
+        Some(t) => Some(
+            t.check(&reg, &r, &manifest_digest)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
+    let signed = accepted.as_ref().is_some_and(|a| a.signed);
     let image =
         oci::artifact::image_of(&manifest, &media_type).map_err(|e| anyhow::anyhow!("{r}: {e}"))?;
     let pin = pin_of(&r, &a.pin, image.digest.as_deref())?;
@@ -100,18 +117,25 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 "image": a.output,
                 "image_digest": digest,
                 "pinned": a.pin.digest.is_some() || matches!(r.target, oci::reference::Target::Digest(_)),
+                "signed": signed,
                 "bytes": image.blob.size,
             })
         );
     } else if !a.quiet {
-        // The annotation of a manifest fetched by tag is the registry's word: it checks
-        // the bytes' integrity, not who made them.
-        let trust = if a.pin.digest.is_some()
-            || matches!(r.target, oci::reference::Target::Digest(_))
-        {
-            "pinned"
-        } else {
-            "as the manifest's annotation says; not pinned: give --digest or pull by manifest digest"
+        // The annotation of a manifest fetched by tag is the registry's word (its blob
+        // digest checks the bytes' integrity, not who made them), unless a signature the
+        // policy accepted vouches for that manifest.
+        let pinned =
+            a.pin.digest.is_some() || matches!(r.target, oci::reference::Target::Digest(_));
+        let signed_by = accepted
+            .as_ref()
+            .filter(|acc| acc.signed)
+            .map(|acc| format!("the manifest's signature accepted by policy {}", acc.scope));
+        let trust = match (pinned, signed_by) {
+            (true, None) => "pinned".to_string(),
+            (true, Some(s)) => format!("pinned; {s}"),
+            (false, Some(s)) => format!("as the signed manifest says; {s}"),
+            (false, None) => "as the manifest's annotation says; not pinned: give --digest or pull by manifest digest".to_string(),
         };
         eprintln!(
             "{}: pulled from {r} ({}), every block verified, digest {digest} ({trust})",

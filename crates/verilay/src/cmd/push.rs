@@ -1,8 +1,10 @@
 //! `verilay push IMAGE REF`: the image, checked whole, stored in an OCI registry as one
 //! blob of an artifact manifest recording its digest; prints the manifest's digest.
+//! With `--sign-by-sigstore-private-key`, the manifest is signed as the reference pushed
+//! (`HOST/REPO:TAG`) and the signature stored beside it, as skopeo stores one.
 
 use super::image::{open_verified, Pin};
-use super::registry::{reference, Remote};
+use super::registry::{reference, sign_manifest, Remote, Sign};
 use crate::progress;
 use erofs::read::ByteSource as _;
 use oci::registry::Body;
@@ -15,6 +17,8 @@ pub struct Args {
     reference: String,
     #[command(flatten)]
     remote: Remote,
+    #[command(flatten)]
+    sign: Sign,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -30,6 +34,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         oci::reference::Target::Digest(_) => {
             anyhow::bail!("{r}: push to a tag; a manifest digest is what push prints")
         }
+    };
+    // The key and the identity signed, checked before anything is read or stored: a bad
+    // key, a wrong passphrase or a reference containers/image would read as another
+    // repository fails here, with nothing pushed.
+    let key = a.sign.key()?;
+    let identity = match &key {
+        Some(_) => Some(
+            signatures::image_identity(&r)
+                .map_err(anyhow::Error::msg)?
+                .to_string(),
+        ),
+        None => None,
     };
     let name = a.image.display();
     // What is pushed verifies: every block against the image's own tree.
@@ -67,6 +83,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let manifest = oci::artifact::manifest(&blob, size, &image_digest, &title);
     let manifest_digest =
         reg.put_manifest(&r.repository, &tag, &manifest, oci::artifact::MANIFEST_TYPE)?;
+    if let (Some(key), Some(identity)) = (&key, &identity) {
+        sign_manifest(&reg, &r, identity, &manifest_digest, key).map_err(|e| {
+            e.context(format!(
+                "manifest {manifest_digest} is pushed, but not signed"
+            ))
+        })?;
+    }
     if a.json {
         outln!(
             "{}",
@@ -76,14 +99,20 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 "image_digest": image_digest,
                 "blob": blob,
                 "bytes": size,
+                "signed": identity.is_some(),
+                "signed_as": identity,
             })
         );
         return Ok(0);
     }
     outln!("{manifest_digest}");
     if !a.quiet {
+        let signed = identity
+            .as_ref()
+            .map(|i| format!(", signed as {i}"))
+            .unwrap_or_default();
         eprintln!(
-            "{name}: pushed to {r} ({}), manifest {manifest_digest}, image digest {image_digest}",
+            "{name}: pushed to {r} ({}), manifest {manifest_digest}, image digest {image_digest}{signed}",
             progress::human(size)
         );
     }

@@ -116,3 +116,16 @@ impl Policy {
         .map_err(anyhow::Error::msg)
     }
 }
+
+/// Refuses an output path where something other than a regular file is: `build` and
+/// `pull` rename their result over it, which would replace a device (`-o /dev/null`), a
+/// FIFO or a socket with a file.
+pub fn check_output(out: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::symlink_metadata(out) {
+        Ok(m) if !m.is_file() => anyhow::bail!(
+            "-o {}: exists and is not a regular file (the output is written beside it and renamed over it)",
+            out.display()
+        ),
+        _ => Ok(()),
+    }
+}

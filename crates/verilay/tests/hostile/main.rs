@@ -15,6 +15,7 @@ mod fuzz;
 mod measure;
 mod mount;
 mod registry;
+mod signed;
 mod tar;
 mod xattrs;
 
