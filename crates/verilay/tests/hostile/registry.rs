@@ -762,9 +762,21 @@ fn a_referrer_runs_only_when_signed_by_a_trusted_key() {
         regd.to_str().unwrap(),
     ];
     {
+        // The policy found where podman finds it ($HOME's), and the layer mounts the store
+        // makes still work under it: their artifacts are pinned, not signed.
+        let home = t.path().join("home");
+        let conf = home.join(".config/containers");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::copy(&policy, conf.join("policy.json")).unwrap();
+        std::fs::create_dir(conf.join("registries.d")).unwrap();
+        std::fs::copy(
+            regd.join("default.yaml"),
+            conf.join("registries.d/default.yaml"),
+        )
+        .unwrap();
         let base = t.path().join("one");
         std::fs::create_dir(&base).unwrap();
-        let store = Store::start(&base, &store_args, &[]);
+        let store = Store::start(&base, &[], &[("HOME", home.to_str().unwrap())]);
         let pod = Podman::new(&base.join("pod"), reg.port, Some(&store.dir));
         assert_eq!(
             message(&pod, &original, &store),
