@@ -6,10 +6,11 @@
 //! manifest, `oci::conversion::bind`: the annotations are part of the bytes the digest
 //! covers), the layer's image artifact (its manifest by digest, computed here from those
 //! annotations), and the image digest it records, which the mount pins: every byte the
-//! layer's files give is checked against it. Nothing else leads to an image: a conversion
-//! found as a referrer of the manifest is a link anyone who may push to the repository
-//! can add, so a layer the manifest itself does not bind is not in the store, and podman
-//! pulls it the ordinary way.
+//! layer's files give is checked against it. A conversion found as a referrer of a
+//! manifest that binds nothing is a link anyone who may push to the repository can add:
+//! it leads to images only when signed under the user's signature policy
+//! (`signed_referrers`); otherwise the layer is not in the store, and podman pulls it the
+//! ordinary way.
 
 use oci::conversion::{self, ConvertedLayer};
 use oci::image::{self, Parsed};
@@ -111,7 +112,8 @@ pub struct OciResolver {
     /// it, and a conversion found as a referrer is used only when signed under it.
     pub trust: Option<signatures::Trust>,
     known: Mutex<Known>,
-    mounting: Mutex<()>,
+    /// Each layer image's mount lock.
+    mounting: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// One fetch per original blob however many read it (`blobs/HEX` → its lock), and
     /// how many readers are fetching or waiting for one.
     fetching: Mutex<HashMap<String, Arc<Mutex<Fetched>>>>,
@@ -140,7 +142,7 @@ impl OciResolver {
             measure_logs: None,
             trust: None,
             known: Mutex::new(HashMap::new()),
-            mounting: Mutex::new(()),
+            mounting: Mutex::new(HashMap::new()),
             fetching: Mutex::new(HashMap::new()),
             fetchers: Default::default(),
         }
@@ -189,6 +191,11 @@ impl OciResolver {
                         || !seen.insert(d.digest.clone())
                     {
                         continue;
+                    }
+                    if seen.len() > INDEX_MANIFESTS_MAX {
+                        return Err(format!(
+                            "{r}: the index lists more than {INDEX_MANIFESTS_MAX} linux manifests"
+                        ));
                     }
                     if !oci::reference::valid_digest(&d.digest) {
                         return Err(format!("{r}: {:?} is not a sha256 digest", d.digest));
@@ -245,6 +252,8 @@ impl OciResolver {
 
 /// The most referrers of one manifest looked at.
 const REFERRERS_MAX: usize = 16;
+/// The most manifests of an index fetched (each up to 4 MiB, held until resolved).
+const INDEX_MANIFESTS_MAX: usize = 32;
 
 impl OciResolver {
     /// The layers of the conversions of manifest `m` found as its referrers and signed
@@ -262,9 +271,14 @@ impl OciResolver {
         let Some(trust) = &self.trust else {
             return Ok(Vec::new());
         };
-        let mut found = reg
-            .referrers(&r.repository, m, conversion::CONVERSION_TYPE)
-            .map_err(|e| e.to_string())?;
+        // A bad referrer (or list) is passed over: podman then pulls the ordinary way.
+        let mut found = match reg.referrers(&r.repository, m, conversion::CONVERSION_TYPE) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("verilay layer-store: {r}: the referrers of {m}: {e}: passed over");
+                return Ok(Vec::new());
+            }
+        };
         let mut seen = std::collections::HashSet::new();
         found.retain(|d| seen.insert(d.digest.clone()));
         let mut layers: Vec<ConvertedLayer> = Vec::new();
@@ -272,9 +286,16 @@ impl OciResolver {
             if !oci::reference::valid_digest(&d.digest) {
                 continue;
             }
-            let (bytes, _) = reg
-                .get_manifest(&r.repository, &d.digest)
-                .map_err(|e| e.to_string())?;
+            let bytes = match reg.get_manifest(&r.repository, &d.digest) {
+                Ok((b, _)) => b,
+                Err(e) => {
+                    eprintln!(
+                        "verilay layer-store: {r}: referrer {}: {e}: passed over",
+                        d.digest
+                    );
+                    continue;
+                }
+            };
             if oci::registry::sha256_digest(&bytes) != d.digest
                 || conversion::subject_of(&bytes).as_deref() != Some(m)
             {
@@ -284,9 +305,15 @@ impl OciResolver {
                 );
                 continue;
             }
-            let at = Reference {
-                target: oci::reference::Target::Digest(d.digest.clone()),
-                ..r.clone()
+            // Judged as the image podman asked about is: a tag's own scope and identity
+            // (a key trusted only for another tag of the repository is not enough); by
+            // digest, the repository's. The subject check above binds it to `m`.
+            let at = match r.target {
+                oci::reference::Target::Tag(_) => r.clone(),
+                oci::reference::Target::Digest(_) => Reference {
+                    target: oci::reference::Target::Digest(d.digest.clone()),
+                    ..r.clone()
+                },
             };
             match trust.check(reg, &at, &d.digest) {
                 Ok(a) if a.signed => {}
@@ -302,9 +329,17 @@ impl OciResolver {
                     continue;
                 }
             }
-            for l in conversion::layers_of(&bytes)
-                .map_err(|e| format!("{r}: conversion {}: {e}", d.digest))?
-            {
+            let listed = match conversion::layers_of(&bytes) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!(
+                        "verilay layer-store: {r}: conversion {}: {e}: passed over",
+                        d.digest
+                    );
+                    continue;
+                }
+            };
+            for l in listed {
                 match layers.iter().find(|o| o.source.digest == l.source.digest) {
                     Some(o) if *o != l => {
                         return Err(format!(
@@ -353,8 +388,18 @@ impl Resolver for OciResolver {
         if mounted(&dir) == Some(true) {
             return Ok(dir);
         }
-        // One mount at a time: two lookups of a layer must not both mount it.
-        let _one = self.mounting.lock().unwrap_or_else(|e| e.into_inner());
+        // One mount of a layer at a time (two lookups must not both mount it); other
+        // layers' mounts do not wait for this one.
+        let one = {
+            let mut m = self.mounting.lock().unwrap_or_else(|e| e.into_inner());
+            if m.len() >= 1024 {
+                m.retain(|_, v| Arc::strong_count(v) > 1);
+            }
+            m.entry(layer.converted.image_digest.clone())
+                .or_default()
+                .clone()
+        };
+        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
         match mounted(&dir) {
             Some(true) => return Ok(dir),
             Some(false) => {}

@@ -120,6 +120,13 @@ pub fn image_of(bytes: &[u8], media_type: &str) -> Result<Image, String> {
     }
     let m: Manifest = serde_json::from_slice(bytes)
         .map_err(|e| format!("the manifest is not an OCI image manifest: {e}"))?;
+    // Another kind of artifact (a conversion also lists verilay images, one per layer) is
+    // not an image, whatever its layers are.
+    if let Some(t) = m.artifact_type.as_deref().filter(|t| *t != ARTIFACT_TYPE) {
+        return Err(format!(
+            "the manifest is an artifact of type {t:?}, not a verilay image ({ARTIFACT_TYPE})"
+        ));
+    }
     let mine: Vec<&Descriptor> = m
         .layers
         .iter()

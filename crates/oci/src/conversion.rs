@@ -4,12 +4,13 @@
 //! - The **bound manifest** ([`bind`]): the image's own manifest with each layer descriptor
 //!   annotated with its verilay image (blob, size, image digest). It lists the same config
 //!   and layer blobs, so any engine pulls it as an ordinary image, and its digest covers
-//!   the annotations: whoever pins it pins every verilay image it leads to. The layer store
-//!   and `mount` take a layer's image from here only ([`bound_layers`]).
+//!   the annotations: whoever pins it pins every verilay image it leads to
+//!   ([`bound_layers`]).
 //! - The **conversion manifest** ([`manifest`]): an artifact whose `subject` is the
 //!   original manifest, recorded as its referrer, so a client holding only the original
 //!   finds it. A referrer is a weak, mutable link (anyone who may push to the repository
-//!   may add one), so it is never trusted for being found.
+//!   may add one), so it is never trusted for being found: only for a signature the
+//!   user's policy accepts (`layerstore::resolve`).
 
 use crate::artifact::{self, Descriptor, Manifest, DIGEST_ANNOTATION, LAYER_TYPE};
 use std::collections::BTreeMap;

@@ -572,6 +572,11 @@ fn keeps_secrets(url: &str) -> bool {
         return false;
     };
     let host_port = rest.split(['/', '?', '#']).next().unwrap_or("");
+    // Userinfo (`http://127.0.0.1:1@evil/`): the host is after the `@`, wherever a naive
+    // split finds one; such a URL is never ours to trust.
+    if host_port.contains('@') {
+        return false;
+    }
     let host = match host_port.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => host_port.rsplit_once(':').map_or(host_port, |(h, _)| h),
@@ -669,6 +674,10 @@ mod tests {
             ("http://127.0.0.1.example/x", false),
             ("http://[::2]/x", false),
             ("ftp://127.0.0.1/x", false),
+            ("http://127.0.0.1:1@evil.example/token", false),
+            ("http://localhost:x@evil.example/", false),
+            ("http://[::1]:1@evil.example/", false),
+            ("http://u@127.0.0.1/", false),
         ] {
             assert_eq!(keeps_secrets(url), ok, "{url}");
         }

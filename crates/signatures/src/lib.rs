@@ -325,10 +325,12 @@ impl Trust {
             Some(p) => Policy::from_file(p)?,
             None => {
                 let p = Policy::default_path();
-                if !p.exists() {
-                    return Ok(None);
+                // Only a policy that is not there is no policy: one that cannot be read
+                // (EACCES, a dangling link) is an error, as podman makes it.
+                match std::fs::symlink_metadata(&p) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    _ => Policy::from_file(&p)?,
                 }
-                Policy::from_file(&p)?
             }
         };
         let dir = registries_d.map_or_else(RegistriesD::default_dir, Path::to_path_buf);

@@ -543,7 +543,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 );
             }
             eprintln!(
-                "{pinned_name}: the converted image, {:.1} s; pin this digest (podman pull, the layer store and mount take layer images only from it)",
+                "{pinned_name}: the converted image, {:.1} s; pin this digest (through it the layer store takes each layer's image)",
                 start.elapsed().as_secs_f64()
             );
         }

@@ -65,11 +65,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     // conversion gives: pinned, it needs no signature of its own, whatever the policy
     // says of its repository.
     let pinned_policy = state.join("pinned-policy.json");
-    std::fs::write(
-        &pinned_policy,
-        r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
-    )
-    .with_context(|| format!("{}", pinned_policy.display()))?;
+    // Written new and renamed into place: a link planted there is replaced, not followed.
+    let mut tmp = tempfile::NamedTempFile::new_in(&state)?;
+    std::io::Write::write_all(
+        &mut tmp,
+        br#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+    )?;
+    tmp.persist(&pinned_policy)
+        .with_context(|| format!("{}", pinned_policy.display()))?;
     resolver
         .mount_args
         .extend(["--signature-policy".into(), pinned_policy.into_os_string()]);
