@@ -93,8 +93,14 @@ const KEEP: Duration = Duration::from_secs(10);
 /// podman asks about as many references as it is given.
 const KEPT_REFERENCES: usize = 256;
 
-/// The converted layers of each reference asked about, and when they were found.
-type Known = HashMap<String, (Instant, Arc<Vec<ConvertedLayer>>)>;
+/// What each reference asked about resolved to (its converted layers, or why none could
+/// be found), and when.
+type Resolved = Result<Arc<Vec<ConvertedLayer>>, String>;
+type Known = HashMap<String, (Instant, Resolved)>;
+/// A lookup's whole budget, in periods of `--timeout`: checked before each request, so
+/// one lookup ends within this plus one request's own bound however many manifests,
+/// referrers and signatures a registry lists.
+const LOOKUP_PERIODS: u32 = 4;
 
 /// The registry side: references resolved through the OCI referrers of their manifests,
 /// layers mounted by running `verilay mount` on their image artifacts.
@@ -112,6 +118,8 @@ pub struct OciResolver {
     /// it, and a conversion found as a referrer is used only when signed under it.
     pub trust: Option<signatures::Trust>,
     known: Mutex<Known>,
+    /// Each reference's lookup lock.
+    resolving: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Each layer image's mount lock.
     mounting: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// One fetch per original blob however many read it (`blobs/HEX` → its lock), and
@@ -142,6 +150,7 @@ impl OciResolver {
             measure_logs: None,
             trust: None,
             known: Mutex::new(HashMap::new()),
+            resolving: Mutex::new(HashMap::new()),
             mounting: Mutex::new(HashMap::new()),
             fetching: Mutex::new(HashMap::new()),
             fetchers: Default::default(),
@@ -153,17 +162,48 @@ impl OciResolver {
     }
 
     /// Every converted layer of the image(s) `r` names (each platform of an index).
-    fn converted(&self, key: &str, r: &Reference) -> Result<Arc<Vec<ConvertedLayer>>, String> {
-        if let Some((at, layers)) = self
-            .known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-        {
-            if at.elapsed() < KEEP {
-                return Ok(layers.clone());
-            }
+    fn converted(&self, key: &str, r: &Reference) -> Resolved {
+        let cached = || {
+            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            known
+                .get(key)
+                .filter(|(at, _)| at.elapsed() < KEEP)
+                .map(|(_, found)| found.clone())
+        };
+        if let Some(found) = cached() {
+            return found;
         }
+        // One lookup of a reference at a time: the others wait for it and take its answer
+        // (an error too), rather than each asking the registry again.
+        let one = {
+            let mut r = self.resolving.lock().unwrap_or_else(|e| e.into_inner());
+            if r.len() >= KEPT_REFERENCES {
+                r.retain(|_, v| Arc::strong_count(v) > 1);
+            }
+            r.entry(key.to_string()).or_default().clone()
+        };
+        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = cached() {
+            return found;
+        }
+        let found = self
+            .resolve(r, Instant::now() + self.timeout * LOOKUP_PERIODS)
+            .map(Arc::new);
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|_, (at, _)| at.elapsed() < KEEP);
+        if known.len() >= KEPT_REFERENCES {
+            let oldest = known
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone());
+            known.remove(&oldest.expect("not empty"));
+        }
+        known.insert(key.to_string(), (Instant::now(), found.clone()));
+        found
+    }
+
+    /// The converted layers of `r` from the registry, within `deadline`.
+    fn resolve(&self, r: &Reference, deadline: Instant) -> Result<Vec<ConvertedLayer>, String> {
         let reg = self.registry(r)?;
         let (bytes, media_type) = reg
             .get_manifest(&r.repository, r.target_str())
@@ -200,6 +240,7 @@ impl OciResolver {
                     if !oci::reference::valid_digest(&d.digest) {
                         return Err(format!("{r}: {:?} is not a sha256 digest", d.digest));
                     }
+                    in_time(r, deadline)?;
                     let (bytes, _) = reg
                         .get_manifest(&r.repository, &d.digest)
                         .map_err(|e| e.to_string())?;
@@ -219,7 +260,7 @@ impl OciResolver {
             let mut bound =
                 conversion::bound_layers(&bytes).map_err(|e| format!("{r}: {m}: {e}"))?;
             if bound.is_empty() {
-                bound = self.signed_referrers(&reg, r, &m)?;
+                bound = self.signed_referrers(&reg, r, &m, deadline)?;
             }
             for l in bound {
                 match layers.iter().find(|o| o.source.digest == l.source.digest) {
@@ -235,17 +276,6 @@ impl OciResolver {
                 }
             }
         }
-        let layers = Arc::new(layers);
-        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        known.retain(|_, (at, _)| at.elapsed() < KEEP);
-        if known.len() >= KEPT_REFERENCES {
-            let oldest = known
-                .iter()
-                .min_by_key(|(_, (at, _))| *at)
-                .map(|(k, _)| k.clone());
-            known.remove(&oldest.expect("not empty"));
-        }
-        known.insert(key.to_string(), (Instant::now(), layers.clone()));
         Ok(layers)
     }
 }
@@ -267,6 +297,7 @@ impl OciResolver {
         reg: &Registry,
         r: &Reference,
         m: &str,
+        deadline: Instant,
     ) -> Result<Vec<ConvertedLayer>, String> {
         let Some(trust) = &self.trust else {
             return Ok(Vec::new());
@@ -286,6 +317,7 @@ impl OciResolver {
             if !oci::reference::valid_digest(&d.digest) {
                 continue;
             }
+            in_time(r, deadline)?;
             let bytes = match reg.get_manifest(&r.repository, &d.digest) {
                 Ok((b, _)) => b,
                 Err(e) => {
@@ -353,6 +385,16 @@ impl OciResolver {
             }
         }
         Ok(layers)
+    }
+}
+
+/// Whether a lookup of `r` may make another request.
+fn in_time(r: &Reference, deadline: Instant) -> Result<(), String> {
+    match Instant::now() < deadline {
+        true => Ok(()),
+        false => Err(format!(
+            "{r}: the lookup took longer than {LOOKUP_PERIODS} times --timeout"
+        )),
     }
 }
 

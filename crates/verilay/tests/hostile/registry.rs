@@ -891,3 +891,87 @@ fn a_trickled_blob_never_wedges_the_layer_store() {
         .count();
     assert_eq!(fetches, 1, "one fetch for every reader");
 }
+
+/// Issue 36, items 2 and 3: a registry listing many slow manifests in an index held one
+/// layer-store lookup for as long as it liked, and each concurrent lookup of the same
+/// reference asked again. A lookup now has one budget (4 periods of `--timeout`), and
+/// concurrent lookups of a reference share one answer.
+#[test]
+fn a_lookup_has_one_deadline_and_concurrent_ones_share_it() {
+    use base64::Engine as _;
+    if skip_unless(is_root(), "the layer store is root's") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let h = |i: usize| format!("sha256:{:064x}", i + 1);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h(0), "size": 2},
+        "layers": [],
+    })
+    .to_string();
+    // 32 distinct manifests (each a different annotation), each sent slowly (~0.9 s).
+    let manifests: Vec<String> = (0..32)
+        .map(|i| {
+            manifest.replacen(
+                "\"layers\"",
+                &format!("\"annotations\":{{\"n\":\"{i}\"}},\"layers\""),
+                1,
+            )
+        })
+        .collect();
+    let index = serde_json::json!({
+        "schemaVersion": 2, "mediaType": INDEX,
+        "manifests": manifests.iter().map(|m| serde_json::json!({
+            "mediaType": MANIFEST, "digest": digest_of(m.as_bytes()), "size": m.len(),
+            "platform": {"architecture": "amd64", "os": "linux"},
+        })).collect::<Vec<_>>(),
+    })
+    .to_string();
+    let by_digest: std::collections::HashMap<String, String> = manifests
+        .iter()
+        .map(|m| (digest_of(m.as_bytes()), m.clone()))
+        .collect();
+    let registry = Hostile::start(move |_, path| {
+        match path.rsplit('/').next().and_then(|d| by_digest.get(d)) {
+            Some(m) => Answer {
+                trickle: Some((m.len() / 3 + 1, std::time::Duration::from_millis(300))),
+                ..Answer::ok(m.as_bytes(), MANIFEST)
+            },
+            None if path.contains("/manifests/") => Answer::ok(index.as_bytes(), INDEX),
+            None => Answer::ok(b"{}", "application/json"),
+        }
+    });
+    let store = Store::start(t.path(), &["--timeout", "1"], &[]);
+    let r = format!("127.0.0.1:{}/app:v1", registry.port);
+    let dir = store
+        .dir
+        .join(base64::engine::general_purpose::STANDARD.encode(&r));
+    let start = std::time::Instant::now();
+    // Three layers of one reference (three names: the kernel merges lookups of one).
+    let lookups: Vec<_> = (7..10)
+        .map(|i| {
+            let d = dir.join(h(i));
+            std::thread::spawn(move || std::fs::metadata(d))
+        })
+        .collect();
+    for l in lookups {
+        let err = l.join().unwrap().expect_err("no such layer");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    // 32 manifests at ~0.9 s each would take ~29 s; the budget is 4 s plus one request.
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(12),
+        "{:?}",
+        start.elapsed()
+    );
+    let index_gets = registry
+        .heads()
+        .iter()
+        .filter(|h| h.contains("/manifests/v1"))
+        .count();
+    // Shared while one runs, kept (an error too) for a moment after.
+    assert_eq!(index_gets, 1, "one registry lookup for three");
+    let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
+    assert!(log.contains("times --timeout"), "{log}");
+}
