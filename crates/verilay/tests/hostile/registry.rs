@@ -44,6 +44,79 @@ fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", sha256_hex(bytes))
 }
 
+/// The attacker's image: the app layer with other content (`/etc/msg` says `attacker`),
+/// pushed to the repository `app`.
+struct Evil {
+    /// Its image digest, and its blob's digest and size.
+    digest: String,
+    blob: String,
+    size: usize,
+}
+
+fn push_evil(base: &Path, reg: &Registry) -> Evil {
+    let dir = base.join("evil");
+    sh(&format!(
+        "mkdir -p {0}/etc && echo attacker > {0}/etc/msg",
+        dir.display()
+    ));
+    let image = base.join("evil.img");
+    let built = build(&dir, &image, &["--quiet"]);
+    run(verilay()
+        .arg("push")
+        .arg(&image)
+        .arg(reg.reference("app:evil"))
+        .args(["--insecure", "--quiet"]));
+    let bytes = std::fs::read(&image).unwrap();
+    Evil {
+        digest: String::from_utf8_lossy(&built.stdout).trim().to_string(),
+        blob: digest_of(&bytes),
+        size: bytes.len(),
+    }
+}
+
+/// A forged conversion of `manifest`: the genuine conversion `genuine_conv` with the app
+/// layer (the second) bound to `evil`, its subject still the genuine manifest; stored with
+/// its layer artifacts, and listed before the genuine one in `manifest`'s referrers index
+/// (the tag schema this registry uses). Its digest.
+fn forge_referrer(reg: &Registry, manifest: &str, genuine_conv: &str, evil: &Evil) -> String {
+    let genuine = get(reg, &format!("app/manifests/{genuine_conv}"));
+    let mut forged = json(&genuine);
+    let app = &mut forged["layers"][1];
+    app["digest"] = evil.blob.clone().into();
+    app["size"] = evil.size.into();
+    app["annotations"]["dev.verilay.image.digest"] = evil.digest.clone().into();
+    let forged = serde_json::to_vec(&forged).unwrap();
+    let forged_conv = digest_of(&forged);
+    reg.put_manifest(
+        &format!("app:{forged_conv}"),
+        std::str::from_utf8(&forged).unwrap(),
+        MANIFEST,
+    );
+    for c in oci::conversion::layers_of(&forged).unwrap() {
+        let artifact = oci::conversion::layer_manifest(&c);
+        reg.put_manifest(
+            &format!("app:{}", digest_of(&artifact)),
+            std::str::from_utf8(&artifact).unwrap(),
+            MANIFEST,
+        );
+    }
+    let referrers = serde_json::json!({
+        "schemaVersion": 2, "mediaType": INDEX,
+        "manifests": [
+            {"mediaType": MANIFEST, "digest": forged_conv, "size": forged.len(),
+             "artifactType": "application/vnd.verilay.layers.v1"},
+            {"mediaType": MANIFEST, "digest": genuine_conv, "size": genuine.len(),
+             "artifactType": "application/vnd.verilay.layers.v1"},
+        ],
+    });
+    reg.put_manifest(
+        &format!("app:{}", manifest.replacen(':', "-", 1)),
+        &referrers.to_string(),
+        INDEX,
+    );
+    forged_conv
+}
+
 /// `podman run IMAGE cat /etc/msg` through a store: what it printed, and whether the app
 /// layer came from the store (a link to a layer mount) or was pulled the ordinary way.
 fn message(pod: &Podman, image: &str, store: &Store) -> (String, bool) {
@@ -84,63 +157,10 @@ fn a_conversion_the_pinned_manifest_does_not_name_never_runs() {
         .unwrap()
         .to_string();
 
-    // The attacker's image: the app layer with other content, pushed to the repository.
-    let evil_dir = t.path().join("evil");
-    sh(&format!(
-        "mkdir -p {0}/etc && echo attacker > {0}/etc/msg",
-        evil_dir.display()
-    ));
-    let evil = t.path().join("evil.img");
-    let built = build(&evil_dir, &evil, &["--quiet"]);
-    let evil_digest = String::from_utf8_lossy(&built.stdout).trim().to_string();
-    run(verilay()
-        .arg("push")
-        .arg(&evil)
-        .arg(reg.reference("app:evil"))
-        .args(["--insecure", "--quiet"]));
-    let evil_bytes = std::fs::read(&evil).unwrap();
-    let (evil_blob, evil_size) = (digest_of(&evil_bytes), evil_bytes.len());
-
-    // A forged conversion: the genuine one with the app layer's image replaced, its
-    // subject the genuine manifest; its layer artifact stored too, and a referrers index
-    // (the tag schema this registry uses) listing it before the genuine one.
-    let genuine = get(&reg, &format!("app/manifests/{genuine_conv}"));
-    let mut forged = json(&genuine);
-    {
-        let app = &mut forged["layers"][1];
-        app["digest"] = evil_blob.clone().into();
-        app["size"] = evil_size.into();
-        app["annotations"]["dev.verilay.image.digest"] = evil_digest.clone().into();
-    }
-    let forged = serde_json::to_vec(&forged).unwrap();
-    let forged_conv = digest_of(&forged);
-    reg.put_manifest(
-        &format!("app:{forged_conv}"),
-        std::str::from_utf8(&forged).unwrap(),
-        MANIFEST,
-    );
-    for c in oci::conversion::layers_of(&forged).unwrap() {
-        let artifact = oci::conversion::layer_manifest(&c);
-        reg.put_manifest(
-            &format!("app:{}", digest_of(&artifact)),
-            std::str::from_utf8(&artifact).unwrap(),
-            MANIFEST,
-        );
-    }
-    let referrers = serde_json::json!({
-        "schemaVersion": 2, "mediaType": INDEX,
-        "manifests": [
-            {"mediaType": MANIFEST, "digest": forged_conv, "size": forged.len(),
-             "artifactType": "application/vnd.verilay.layers.v1"},
-            {"mediaType": MANIFEST, "digest": genuine_conv, "size": genuine.len(),
-             "artifactType": "application/vnd.verilay.layers.v1"},
-        ],
-    });
-    reg.put_manifest(
-        &format!("app:{}", l.manifest.replacen(':', "-", 1)),
-        &referrers.to_string(),
-        INDEX,
-    );
+    // The attacker's image, and a forged conversion of the genuine manifest that binds
+    // the app layer to it, listed first among its referrers.
+    let evil = push_evil(t.path(), &reg);
+    forge_referrer(&reg, &l.manifest, &genuine_conv, &evil);
 
     // A forged bound manifest (the genuine one with the evil image in the app layer's
     // annotations), moved onto the tag, and an index binding the layer twice.
@@ -148,9 +168,9 @@ fn a_conversion_the_pinned_manifest_does_not_name_never_runs() {
     let mut forged_bound = json(&bound);
     {
         let notes = &mut forged_bound["layers"][1]["annotations"];
-        notes["dev.verilay.image.digest"] = evil_digest.clone().into();
-        notes["dev.verilay.image.blob"] = evil_blob.clone().into();
-        notes["dev.verilay.image.size"] = evil_size.to_string().into();
+        notes["dev.verilay.image.digest"] = evil.digest.clone().into();
+        notes["dev.verilay.image.blob"] = evil.blob.clone().into();
+        notes["dev.verilay.image.size"] = evil.size.to_string().into();
     }
     let forged_bound = serde_json::to_vec(&forged_bound).unwrap();
     let forged_bound_digest = digest_of(&forged_bound);
@@ -681,56 +701,9 @@ fn a_referrer_runs_only_when_signed_by_a_trusted_key() {
 
     // The attacker's conversion: the app layer bound to other content, signed with the
     // attacker's key, listed first.
-    let evil_dir = t.path().join("evil");
-    sh(&format!(
-        "mkdir -p {0}/etc && echo attacker > {0}/etc/msg",
-        evil_dir.display()
-    ));
-    let evil = t.path().join("evil.img");
-    let evil_digest = String::from_utf8_lossy(&build(&evil_dir, &evil, &["--quiet"]).stdout)
-        .trim()
-        .to_string();
-    run(verilay()
-        .arg("push")
-        .arg(&evil)
-        .arg(reg.reference("app:evil"))
-        .args(["--insecure", "--quiet"]));
-    let evil_bytes = std::fs::read(&evil).unwrap();
-    let genuine = get(&reg, &format!("app/manifests/{genuine_conv}"));
-    let mut forged = json(&genuine);
-    forged["layers"][1]["digest"] = digest_of(&evil_bytes).into();
-    forged["layers"][1]["size"] = evil_bytes.len().into();
-    forged["layers"][1]["annotations"]["dev.verilay.image.digest"] = evil_digest.into();
-    let forged = serde_json::to_vec(&forged).unwrap();
-    let forged_conv = digest_of(&forged);
-    reg.put_manifest(
-        &format!("app:{forged_conv}"),
-        std::str::from_utf8(&forged).unwrap(),
-        MANIFEST,
-    );
-    for c in oci::conversion::layers_of(&forged).unwrap() {
-        let artifact = oci::conversion::layer_manifest(&c);
-        reg.put_manifest(
-            &format!("app:{}", digest_of(&artifact)),
-            std::str::from_utf8(&artifact).unwrap(),
-            MANIFEST,
-        );
-    }
+    let evil = push_evil(t.path(), &reg);
+    let forged_conv = forge_referrer(&reg, &l.manifest, &genuine_conv, &evil);
     sign(&attacker, &forged_conv);
-    let referrers = serde_json::json!({
-        "schemaVersion": 2, "mediaType": INDEX,
-        "manifests": [
-            {"mediaType": MANIFEST, "digest": forged_conv, "size": forged.len(),
-             "artifactType": "application/vnd.verilay.layers.v1"},
-            {"mediaType": MANIFEST, "digest": genuine_conv, "size": genuine.len(),
-             "artifactType": "application/vnd.verilay.layers.v1"},
-        ],
-    });
-    reg.put_manifest(
-        &format!("app:{}", l.manifest.replacen(':', "-", 1)),
-        &referrers.to_string(),
-        INDEX,
-    );
 
     // The policy: the app repository needs the publisher's signature.
     let policy = t.path().join("policy.json");
