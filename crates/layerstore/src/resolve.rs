@@ -262,17 +262,14 @@ impl OciResolver {
             if bound.is_empty() {
                 bound = self.signed_referrers(&reg, r, &m, deadline)?;
             }
+            // Two platforms of one index may share a layer, never with two images.
             for l in bound {
-                match layers.iter().find(|o| o.source.digest == l.source.digest) {
-                    // Two platforms of one index may share a layer, never with two images.
-                    Some(o) if *o != l => {
-                        return Err(format!(
-                            "{r}: layer {} is bound to two different images ({} and {})",
-                            l.source.digest, o.image_digest, l.image_digest
-                        ))
-                    }
-                    Some(_) => {}
-                    None => layers.push(l),
+                let image = l.image_digest.clone();
+                if let Err(o) = conversion::add_layer(&mut layers, l) {
+                    return Err(format!(
+                        "{r}: layer {} is bound to two different images ({} and {image})",
+                        o.source.digest, o.image_digest
+                    ));
                 }
             }
         }
@@ -372,15 +369,11 @@ impl OciResolver {
                 }
             };
             for l in listed {
-                match layers.iter().find(|o| o.source.digest == l.source.digest) {
-                    Some(o) if *o != l => {
-                        return Err(format!(
-                            "{r}: signed conversions of {m} bind layer {} to two different images",
-                            l.source.digest
-                        ))
-                    }
-                    Some(_) => {}
-                    None => layers.push(l),
+                if let Err(o) = conversion::add_layer(&mut layers, l) {
+                    return Err(format!(
+                        "{r}: signed conversions of {m} bind layer {} to two different images",
+                        o.source.digest
+                    ));
                 }
             }
         }

@@ -147,7 +147,6 @@ pub fn layers_of(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
         .enumerate()
         .map(|(i, d)| {
             let n = Notes { layer: i, d };
-            let (note, digest, number) = (|k| n.text(k), |k| n.digest(k), |k| n.number(k));
             if d.media_type != LAYER_TYPE {
                 return Err(format!("layer {i}: media type {:?}", d.media_type));
             }
@@ -157,16 +156,16 @@ pub fn layers_of(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
                     d.digest
                 ));
             }
-            let mut source = Descriptor::of(&note(SOURCE_MEDIA_TYPE)?, b"");
-            source.digest = digest(SOURCE_DIGEST)?;
-            source.size = number(SOURCE_SIZE)?;
+            let mut source = Descriptor::of(&n.text(SOURCE_MEDIA_TYPE)?, b"");
+            source.digest = n.digest(SOURCE_DIGEST)?;
+            source.size = n.number(SOURCE_SIZE)?;
             Ok(ConvertedLayer {
                 source,
-                diff_id: digest(SOURCE_DIFF_ID)?,
-                tar_size: number(SOURCE_TAR_SIZE)?,
+                diff_id: n.digest(SOURCE_DIFF_ID)?,
+                tar_size: n.number(SOURCE_TAR_SIZE)?,
                 image_blob: d.digest.clone(),
                 image_size: d.size,
-                image_digest: digest(DIGEST_ANNOTATION)?,
+                image_digest: n.digest(DIGEST_ANNOTATION)?,
             })
         })
         .collect()
@@ -195,20 +194,10 @@ pub fn bind(original: &[u8], layers: &[ConvertedLayer]) -> Result<Vec<u8>, Strin
         if d.get("digest").and_then(Value::as_str) != Some(l.source.digest.as_str()) {
             return Err(format!("layer {i}: not the layer {}", l.source.digest));
         }
-        let d = d
-            .as_object_mut()
-            .ok_or(format!("layer {i}: not an object"))?;
-        let notes = d
-            .entry("annotations")
-            .or_insert_with(|| Value::Object(Default::default()))
-            .as_object_mut()
-            .ok_or(format!("layer {i}: annotations are not an object"))?;
-        for (k, v) in layer_notes(l) {
-            notes.insert(k.into(), Value::String(v));
-        }
+        annotate(d, layer_notes(l)).map_err(|e| format!("layer {i}: {e}"))?;
     }
-    let digest = crate::registry::sha256_digest(original);
-    annotate(&mut m, &digest)?;
+    let from = crate::registry::sha256_digest(original);
+    annotate(&mut m, [(CONVERTED_FROM, from)])?;
     Ok(serde_json::to_vec_pretty(&m).expect("a manifest serialises"))
 }
 
@@ -234,16 +223,23 @@ fn layer_notes(l: &ConvertedLayer) -> [(&'static str, String); 5] {
     std::array::from_fn(|i| (BOUND_KEYS[i], values[i].clone()))
 }
 
-/// Adds [`CONVERTED_FROM`] to a manifest's or index's own annotations.
-fn annotate(m: &mut serde_json::Value, from: &str) -> Result<(), String> {
+/// Sets `notes` in the annotations of `m` (a manifest, an index or a descriptor), keeping
+/// the others it has.
+fn annotate<const N: usize>(
+    m: &mut serde_json::Value,
+    notes: [(&str, String); N],
+) -> Result<(), String> {
     use serde_json::Value;
-    let top = m.as_object_mut().ok_or("not a JSON object")?;
-    let notes = top
+    let annotations = m
+        .as_object_mut()
+        .ok_or("not a JSON object")?
         .entry("annotations")
         .or_insert_with(|| Value::Object(Default::default()))
         .as_object_mut()
         .ok_or("its annotations are not an object")?;
-    notes.insert(CONVERTED_FROM.into(), Value::String(from.into()));
+    for (k, v) in notes {
+        annotations.insert(k.into(), Value::String(v));
+    }
     Ok(())
 }
 
@@ -277,7 +273,10 @@ pub fn bind_index(original: &[u8], bound: &[(String, String, u64)]) -> Result<Ve
         kept.push(d);
     }
     *listed = kept;
-    annotate(&mut i, &crate::registry::sha256_digest(original))?;
+    annotate(
+        &mut i,
+        [(CONVERTED_FROM, crate::registry::sha256_digest(original))],
+    )?;
     Ok(serde_json::to_vec_pretty(&i).expect("an index serialises"))
 }
 
@@ -298,7 +297,6 @@ pub fn bound_layers(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
             continue;
         }
         let n = Notes { layer: i, d };
-        let (digest, number) = (|k| n.digest(k), |k| n.number(k));
         if !crate::reference::valid_digest(&d.digest) {
             return Err(format!("layer {i}: digest {:?} is not sha256", d.digest));
         }
@@ -306,24 +304,40 @@ pub fn bound_layers(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
         source.annotations.clear();
         let l = ConvertedLayer {
             source,
-            diff_id: digest(SOURCE_DIFF_ID)?,
-            tar_size: number(SOURCE_TAR_SIZE)?,
-            image_blob: digest(IMAGE_BLOB)?,
-            image_size: number(IMAGE_SIZE)?,
-            image_digest: digest(DIGEST_ANNOTATION)?,
+            diff_id: n.digest(SOURCE_DIFF_ID)?,
+            tar_size: n.number(SOURCE_TAR_SIZE)?,
+            image_blob: n.digest(IMAGE_BLOB)?,
+            image_size: n.number(IMAGE_SIZE)?,
+            image_digest: n.digest(DIGEST_ANNOTATION)?,
         };
-        match out.iter().find(|o| o.source.digest == l.source.digest) {
-            Some(o) if *o != l => {
-                return Err(format!(
-                    "layer {i}: {} is listed twice, with two different images",
-                    l.source.digest
-                ))
-            }
-            Some(_) => {}
-            None => out.push(l),
+        if let Err(o) = add_layer(&mut out, l) {
+            return Err(format!(
+                "layer {i}: {} is listed twice, with two different images",
+                o.source.digest
+            ));
         }
     }
     Ok(out)
+}
+
+/// Adds `l` to `layers` unless the same layer is there already; the same layer with
+/// another image is refused (the one there is returned), never "the first": a layer
+/// stands for one image wherever several manifests or conversions list it.
+pub fn add_layer<'a>(
+    layers: &'a mut Vec<ConvertedLayer>,
+    l: ConvertedLayer,
+) -> Result<(), &'a ConvertedLayer> {
+    match layers
+        .iter()
+        .position(|o| o.source.digest == l.source.digest)
+    {
+        Some(i) if layers[i] != l => Err(&layers[i]),
+        Some(_) => Ok(()),
+        None => {
+            layers.push(l);
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]
