@@ -323,10 +323,10 @@ pub fn bound_layers(bytes: &[u8]) -> Result<Vec<ConvertedLayer>, String> {
 /// Adds `l` to `layers` unless the same layer is there already; the same layer with
 /// another image is refused (the one there is returned), never "the first": a layer
 /// stands for one image wherever several manifests or conversions list it.
-pub fn add_layer<'a>(
-    layers: &'a mut Vec<ConvertedLayer>,
+pub fn add_layer(
+    layers: &mut Vec<ConvertedLayer>,
     l: ConvertedLayer,
-) -> Result<(), &'a ConvertedLayer> {
+) -> Result<(), &ConvertedLayer> {
     match layers
         .iter()
         .position(|o| o.source.digest == l.source.digest)
