@@ -70,14 +70,8 @@ pub fn lookup(registry: &str) -> Result<Option<Credentials>, String> {
 }
 
 fn read_bounded(file: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Read as _;
-    let f = verity::source::open_input(file, false)?;
-    let mut text = String::new();
-    f.take(AUTH_FILE_MAX + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > AUTH_FILE_MAX {
-        return Err(std::io::Error::other("larger than 1 MiB"));
-    }
-    Ok(text)
+    String::from_utf8(verity::source::read_input(file, AUTH_FILE_MAX)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
 /// The entry for `registry` in an auth file's `auths` (keys may carry a scheme or a

@@ -93,16 +93,7 @@ impl Layout {
 }
 
 fn read_small(p: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let f = verity::source::open_input(p, false).map_err(|e| format!("{}: {e}", p.display()))?;
-    let mut out = Vec::new();
-    f.take(JSON_MAX + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("{}: {e}", p.display()))?;
-    if out.len() as u64 > JSON_MAX {
-        return Err(format!("{}: larger than {JSON_MAX} bytes", p.display()));
-    }
-    Ok(out)
+    verity::source::read_input(p, JSON_MAX).map_err(|e| format!("{}: {e}", p.display()))
 }
 
 #[cfg(test)]

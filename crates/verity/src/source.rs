@@ -205,6 +205,29 @@ pub fn open_input(path: &Path, devices: bool) -> io::Result<File> {
     }
 }
 
+/// The whole of the input file `path` (a regular file, [`open_input`]) if it has at most
+/// `max` bytes: small inputs (manifests, policies, keys, auth files) are read whole, so
+/// their size, not what they say, bounds the memory they take. Errors keep the I/O
+/// error's kind (a caller tells "not found" apart).
+pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    open_input(path, false)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        let limit = match max % (1 << 20) {
+            0 => format!("{} MiB", max >> 20),
+            _ => format!("{max} bytes"),
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {limit}"),
+        ));
+    }
+    Ok(bytes)
+}
+
 impl FileSource {
     /// An image file (or a block device holding one).
     pub fn open(path: impl AsRef<Path>) -> io::Result<FileSource> {

@@ -49,13 +49,9 @@ impl Sign {
         let Some(key) = &self.sign_by_sigstore_private_key else {
             return Ok(None);
         };
-        let read = |p: &std::path::Path| -> anyhow::Result<Vec<u8>> {
-            use std::io::Read as _;
-            let f = verity::source::open_input(p, false)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            let mut v = Vec::new();
-            f.take(1 << 20).read_to_end(&mut v)?;
-            Ok(v)
+        let read = |p: &std::path::Path| {
+            verity::source::read_input(p, 1 << 20)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
         };
         let pem = read(key)?;
         let pass = match &self.sign_passphrase_file {
