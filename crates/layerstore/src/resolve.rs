@@ -136,6 +136,8 @@ type Fetched = Option<(Instant, String)>;
 /// store's threads ([`STORE_THREADS`]), and the rest must stay free for lookups of other
 /// references.
 pub const BLOB_READERS: usize = 4;
+/// The largest original blob the store fetches whole (`verilay pull`'s default limit).
+const BLOB_MAX: u64 = 32 << 30;
 /// The threads the store's mount serves requests with.
 pub const STORE_THREADS: usize = 16;
 
@@ -525,6 +527,13 @@ impl Resolver for OciResolver {
 impl OciResolver {
     /// The original blob of `layer` fetched whole into `dir`, checked, and named `path`.
     fn fetch_blob(&self, layer: &Layer, dir: &Path, path: &Path) -> Result<PathBuf, String> {
+        // The size is the manifest's claim, and the blob is written before it is checked.
+        if layer.source.size > BLOB_MAX {
+            return Err(format!(
+                "the blob is {} bytes, more than the {BLOB_MAX} the store fetches",
+                layer.source.size
+            ));
+        }
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let reg = self.registry(&layer.reference)?;
         let reader = reg

@@ -203,7 +203,9 @@ impl Registry {
                 self.agent.run(req)
             }
             Body::Reader(len, open) => {
-                let mut r = open().map_err(|e| failed(&e))?;
+                // Paced as a download is: a registry reading an upload a byte at a time
+                // cannot hold a push past its bound either.
+                let mut r = Paced::new(open().map_err(|e| failed(&e))?, self.timeout);
                 let req = req
                     .header("Content-Length", len.to_string())
                     .body(ureq::SendBody::from_reader(&mut r))
@@ -589,8 +591,8 @@ fn keeps_secrets(url: &str) -> bool {
 /// so a whole fetch takes at most one period per this many bytes.
 pub const MIN_BYTES_PER_PERIOD: u64 = 64 << 10;
 
-/// A blob's body, failing with `TimedOut` once a period of `timeout` brings fewer than
-/// [`MIN_BYTES_PER_PERIOD`] bytes.
+/// A blob's body (fetched, or read for an upload), failing with `TimedOut` once a period
+/// of `timeout` brings fewer than [`MIN_BYTES_PER_PERIOD`] bytes.
 struct Paced<R> {
     inner: R,
     timeout: Duration,

@@ -249,6 +249,15 @@ impl Converter<'_> {
                 d.media_type
             );
         }
+        // The blob is written whole before it is checked: its size is the manifest's claim,
+        // bounded as what it expands to is (a compressed tar is never much larger).
+        if d.size > self.max_layer_size {
+            bail!(
+                "{what}: the blob is {} bytes, more than the limit of {} (--max-layer-size raises it)",
+                d.size,
+                self.max_layer_size
+            );
+        }
         let pb = progress::bar(self.quiet);
         progress::bytes(&pb, &format!("layer {n}/{total}: fetching"), d.size);
         // Fetched whole and checked before anything reads it.

@@ -638,6 +638,33 @@ fn what_a_registry_or_layer_claims_cannot_fill_the_disk() {
             assert!(err.contains(n), "{extra:?}: {err} lacks {n}");
         }
     }
+    // A source whose manifest claims a 2^62-byte layer blob: refused before a byte of it
+    // is fetched (the blob is written whole before it can be checked).
+    let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let claim = serde_json::json!({
+        "schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h('c'), "size": 2},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": h('1'), "size": 1u64 << 62}],
+    })
+    .to_string();
+    let source = Hostile::start(move |_, path| match path.contains("/manifests/") {
+        true => Answer::ok(claim.as_bytes(), MANIFEST),
+        false => Answer::ok(&vec![0u8; 1 << 20], "application/octet-stream"),
+    });
+    let out = verilay()
+        .arg("convert")
+        .arg(format!("docker://127.0.0.1:{}/app:v1", source.port))
+        .args([&reg.docker("claimed:v1"), "--insecure", "-q"])
+        .env("REGISTRY_AUTH_FILE", &auth)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("more than the limit") && err.contains("--max-layer-size"),
+        "{err}"
+    );
+    assert!(source.heads().iter().all(|h| !h.contains("/blobs/")));
 }
 
 /// Issue 36, item 1: a conversion found only as a referrer is used only when it is signed
