@@ -494,6 +494,43 @@ fn mount_helper_fstab_style_and_sigterm() {
     );
 }
 
+/// Issue 36: SIGTERM ends a daemon within a bound. A lazily detached mount lives on while
+/// a file on it is open, and its daemon with it; after its grace (10 s) the daemon aborts
+/// the connection, so the open file's reads fail with ENOTCONN, and exits.
+#[test]
+fn sigterm_ends_the_daemon_within_a_bound_though_a_file_is_held_open() {
+    use std::io::Read;
+    if prerequisites() {
+        return;
+    }
+    let (t, _src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"held").unwrap());
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run(verilay().arg("mount").arg(&image).arg(&mnt));
+    let mut held = std::fs::File::open(mnt.join("f")).unwrap();
+    let daemons = daemons_of(&mnt);
+    assert_eq!(daemons.len(), 1, "{daemons:?}");
+    let signalled = std::time::Instant::now();
+    run(Command::new("kill").args(["-TERM", &daemons[0].to_string()]));
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the mount to be detached after SIGTERM",
+        || mount_type(&mnt).is_none(),
+    );
+    wait_until(
+        std::time::Duration::from_secs(30),
+        "the daemon to end after SIGTERM with a file held open",
+        || daemons_of(&mnt).is_empty(),
+    );
+    let took = signalled.elapsed();
+    assert!(
+        took >= std::time::Duration::from_secs(9),
+        "ended after {took:?}: no grace"
+    );
+    let err = held.read(&mut [0u8; 16]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+}
+
 #[test]
 fn inode_numbers_are_stable_and_unique() {
     if prerequisites() {

@@ -316,6 +316,16 @@ pub fn reserve_descriptor_table() {
     drop(rustix::io::fcntl_dupfd_cloexec(&null, top));
 }
 
+/// Aborts the FUSE connection of the mount on device `dev` through fusectl: every request
+/// waiting and every later one fails with ENOTCONN, and the session's reads end.
+pub fn abort_connection(dev: u64) -> anyhow::Result<()> {
+    // fusectl names a connection by the kernel's dev_t (major << 20 | minor); a FUSE
+    // mount's device is anonymous (major 0), so that is its minor.
+    let minor = rustix::fs::minor(dev);
+    let path = format!("/sys/fs/fuse/connections/{minor}/abort");
+    std::fs::write(&path, b"1").with_context(|| format!("aborting the connection: {path}"))
+}
+
 /// The kernel caps FUSE readahead at the mount's bdi setting (128 KiB by default) whatever
 /// INIT negotiated; let sequential reads arrive as 1 MiB requests. Root only; best effort.
 pub fn raise_readahead(mountpoint: &Path) {

@@ -76,6 +76,12 @@ pub struct Plan {
     pub timeout: Duration,
 }
 
+/// How long a signalled daemon lets readers and open files finish before it aborts the
+/// connection.
+pub const SIGNAL_GRACE: Duration = Duration::from_secs(10);
+/// How long after aborting the connection the daemon waits for its session to end.
+pub const ABORT_GRACE: Duration = Duration::from_secs(5);
+
 impl Plan {
     /// Mounts `fs` as planned and serves it until it is unmounted (by us on SIGTERM,
     /// SIGINT or SIGHUP, or by anyone). `report` hears of each step, and that the mount
@@ -116,7 +122,9 @@ impl Plan {
         let stats = session.add_to_stats(stats);
         let _stats = stats::Channel::start(mp, self.access, stats)?;
         report.step("install signal handlers");
-        self.unmount_on_signals()?;
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(mp).context("the new mount")?.dev();
+        self.unmount_on_signals(dev)?;
         // Serving: from here on the mount is the user's to unmount.
         guard.keep();
         report.ready(&session.transport().to_string());
@@ -125,8 +133,11 @@ impl Plan {
     }
 
     /// SIGTERM, SIGINT and SIGHUP detach the mount: the session ends as soon as the
-    /// kernel lets go of it.
-    fn unmount_on_signals(&self) -> anyhow::Result<()> {
+    /// kernel lets go of it, or [`SIGNAL_GRACE`] later whatever holds it (a file left
+    /// open, a reader waiting on a registry): the connection is aborted, so every waiting
+    /// and later request fails with ENOTCONN, and if the session still has not ended
+    /// [`ABORT_GRACE`] after that, the daemon exits. `dev` is the mount's device.
+    fn unmount_on_signals(&self, dev: u64) -> anyhow::Result<()> {
         let mut signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGTERM,
             signal_hook::consts::SIGINT,
@@ -135,9 +146,22 @@ impl Plan {
         .context("installing signal handlers")?;
         let mountpoint = self.mountpoint.clone();
         std::thread::spawn(move || {
-            if signals.forever().next().is_some() {
-                let _ = kernel::unmount(&mountpoint, true);
+            let Some(signal) = signals.forever().next() else {
+                return;
+            };
+            let _ = kernel::unmount(&mountpoint, true);
+            std::thread::sleep(SIGNAL_GRACE);
+            let name = mountpoint.display();
+            eprintln!(
+                "verilay: {name}: still in use {}s after signal {signal}: aborting the connection",
+                SIGNAL_GRACE.as_secs()
+            );
+            if let Err(e) = kernel::abort_connection(dev) {
+                eprintln!("verilay: {name}: {e}");
             }
+            std::thread::sleep(ABORT_GRACE);
+            eprintln!("verilay: {name}: the session did not end: exiting");
+            std::process::exit(1);
         });
         Ok(())
     }

@@ -13,6 +13,8 @@ pub struct Args {
     paths: Vec<String>,
     #[command(flatten)]
     pin: Pin,
+    #[command(flatten)]
+    remote: super::registry::Remote,
     /// Read the image with O_DIRECT, bypassing the page cache.
     #[arg(long)]
     direct_io: bool,
@@ -28,6 +30,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let opts = ReadOpts {
         readahead: !a.no_readahead,
         direct: a.direct_io,
+        insecure: a.remote.insecure,
+        timeout: a.remote.timeout()?,
         ..ReadOpts::default()
     };
     let img = open_with(&a.image, &a.pin, false, &opts)?.img;

@@ -40,6 +40,8 @@ pub struct Args {
     image: PathBuf,
     #[command(flatten)]
     pin: super::image::Pin,
+    #[command(flatten)]
+    remote: super::registry::Remote,
     /// Directory to create (or an empty existing one; not a symlink to one).
     dir: PathBuf,
     /// Extract only this path of the image: a directory's contents, or one file (into DIR
@@ -57,7 +59,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let opened = open(&a.image, &a.pin, false)?;
+    let opened = open(&a.image, &a.pin, &a.remote, false)?;
     let trust = opened.trust();
     let img = opened.img;
     refuse_unsound(&img, &a.image)?;

@@ -8,6 +8,8 @@ pub struct Args {
     image: PathBuf,
     #[command(flatten)]
     pin: super::image::Pin,
+    #[command(flatten)]
+    remote: super::registry::Remote,
     /// Stop after this many problems.
     #[arg(long, default_value_t = 100)]
     max_problems: usize,
@@ -20,15 +22,18 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let img = match open(&a.image, &a.pin, true) {
+    let img = match open(&a.image, &a.pin, &a.remote, true) {
         Ok(o) => o.img,
         Err(e) => {
-            // An image that does not even open is a problem to report, not a usage error.
-            outln!(
-                "{}: {}",
-                a.image.display(),
-                format!("{e:#}").replace('\n', " ")
-            );
+            // An image that does not even open (or that its policy refuses) is a problem
+            // to report, not a usage error; named once.
+            let name = a.image.display().to_string();
+            let why = format!("{e:#}").replace('\n', " ");
+            if why.starts_with(&format!("{name}: ")) {
+                outln!("{why}");
+            } else {
+                outln!("{name}: {why}");
+            }
             return Ok(1);
         }
     };

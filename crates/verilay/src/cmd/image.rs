@@ -10,13 +10,16 @@ use verity::{OpenError, VerifiedSource};
 /// image has a verity section, else (where the command allows it) the raw file.
 pub type Img = Image<Arc<dyn ByteSource>>;
 
-/// `--digest`, shared by every command that reads an image.
+/// What the image must be: `--digest`, and for `oci://` images the signature policy their
+/// manifest must satisfy; shared by every command that reads an image.
 #[derive(clap::Args, Clone, Default)]
 pub struct Pin {
     /// Refuse the image unless its digest is this (`sha256:HEX`, as `verilay build` and
     /// `fsverity digest` print it).
     #[arg(long, value_name = "ALG:HEX")]
     pub digest: Option<String>,
+    #[command(flatten)]
+    pub policy: super::registry::Policy,
 }
 
 pub struct Opened {
@@ -62,11 +65,22 @@ pub fn parse_digest(s: &str) -> anyhow::Result<Vec<u8>> {
     }
 }
 
-/// Opens an image for reading. Images with a verity section are always read through the
-/// verified source; a plain EROFS image is accepted only when `allow_plain` (inspection
-/// commands) and never with `--digest`.
-pub fn open(path: &Path, pin: &Pin, allow_plain: bool) -> anyhow::Result<Opened> {
-    open_with(path, pin, allow_plain, &ReadOpts::default())
+/// Opens an image (a file, or `oci://`/`http(s)://` reached as `remote` says) for
+/// reading. Images with a verity section are always read through the verified source; a
+/// plain EROFS image is accepted only when `allow_plain` (inspection commands) and never
+/// with `--digest`.
+pub fn open(
+    path: &Path,
+    pin: &Pin,
+    remote: &super::registry::Remote,
+    allow_plain: bool,
+) -> anyhow::Result<Opened> {
+    let opts = ReadOpts {
+        insecure: remote.insecure,
+        timeout: remote.timeout()?,
+        ..ReadOpts::default()
+    };
+    open_with(path, pin, allow_plain, &opts)
 }
 
 /// How the image file is read.
@@ -88,7 +102,8 @@ pub struct ReadOpts {
     /// home that is not there, say), the mount goes on without it.
     pub default_cache: bool,
     /// The signature policy an `oci://` image's manifest must satisfy before any of its
-    /// bytes are read (`None`: no policy; `http(s)://` images are never checked).
+    /// bytes are read (`None`: the pin's policy, loaded when the image is `oci://`;
+    /// `http(s)://` images have no manifest to check).
     pub trust: Option<Arc<signatures::Trust>>,
 }
 
@@ -182,9 +197,14 @@ fn remote_source(
     pin: &Pin,
     opts: &ReadOpts,
 ) -> anyhow::Result<(Arc<remote::RemoteSource>, PinBytes)> {
-    let opened =
-        remote::RemoteSource::open(spec, opts.insecure, opts.timeout, opts.trust.as_deref())
-            .map_err(anyhow::Error::msg)?;
+    // Loaded before the registry is asked anything: a bad policy fails at once.
+    let trust = match &opts.trust {
+        Some(t) => Some(t.clone()),
+        None if spec.starts_with("oci://") => pin.policy.load()?.map(Arc::new),
+        None => None,
+    };
+    let opened = remote::RemoteSource::open(spec, opts.insecure, opts.timeout, trust.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let digest = match (pin.digest.as_deref(), opened.pinned.as_deref()) {
         (Some(given), Some(noted)) if !given.eq_ignore_ascii_case(noted) => {
             bail!("{spec}: the pinned manifest records image digest {noted}, not --digest {given}")

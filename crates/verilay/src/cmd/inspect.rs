@@ -13,13 +13,15 @@ pub struct Args {
     path: Option<String>,
     #[command(flatten)]
     pin: super::image::Pin,
+    #[command(flatten)]
+    remote: super::registry::Remote,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let opened = open(&a.image, &a.pin, true)?;
+    let opened = open(&a.image, &a.pin, &a.remote, true)?;
     let img = &opened.img;
     let v = match &a.path {
         None => {

@@ -380,6 +380,7 @@ fn transport_from_env() -> anyhow::Result<Option<Transport>> {
 fn pins(digests: &[String], option: Option<&str>, n: usize) -> anyhow::Result<Vec<Pin>> {
     let pin = |d: &str| Pin {
         digest: Some(d.to_string()),
+        ..Pin::default()
     };
     match (digests.len(), option) {
         (0, None) => Ok(vec![Pin::default(); n]),

@@ -5,7 +5,7 @@
 //! is one) the manifest must satisfy it before its blob is fetched.
 
 use super::image::{open_verified, Pin};
-use super::registry::{reference, Policy, Remote};
+use super::registry::{reference, Remote};
 use crate::progress;
 use anyhow::Context as _;
 use erofs::read::ByteSource as _;
@@ -24,8 +24,6 @@ pub struct Args {
     pin: Pin,
     #[command(flatten)]
     remote: Remote,
-    #[command(flatten)]
-    policy: Policy,
     /// No progress bar and no summary line.
     #[arg(short, long)]
     quiet: bool,
@@ -42,7 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     super::registry::check_output(&a.output)?;
     let r = reference(&a.reference)?;
     // Read first: a policy that cannot be used fails before the network is asked.
-    let trust = a.policy.load()?;
+    let trust = a.pin.policy.load()?;
     let reg = a.remote.connect(&r)?;
     let (manifest, media_type) = reg.get_manifest(&r.repository, r.target_str())?;
     let manifest_digest = oci::registry::sha256_digest(&manifest);
@@ -155,6 +153,7 @@ fn pin_of(r: &oci::Reference, pin: &Pin, annotated: Option<&str>) -> anyhow::Res
         (Some(_), _) => Ok(pin.clone()),
         (None, Some(noted)) => Ok(Pin {
             digest: Some(noted.to_string()),
+            ..pin.clone()
         }),
         (None, None) => anyhow::bail!(
             "{r}: the manifest records no image digest ({}); give --digest",

@@ -1,4 +1,5 @@
-//! What `push` and `pull` share: a reference and how to reach its registry.
+//! What the commands that reach a registry share: a reference, how to reach its registry,
+//! signing what is stored and the policy what is fetched must satisfy.
 
 use std::time::Duration;
 
@@ -14,14 +15,18 @@ pub struct Remote {
 
 impl Remote {
     pub fn connect(&self, r: &oci::Reference) -> anyhow::Result<oci::Registry> {
+        Ok(oci::Registry::connect(r, self.insecure, self.timeout()?)?)
+    }
+
+    /// `--timeout`, checked (at most a day).
+    pub fn timeout(&self) -> anyhow::Result<Duration> {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             anyhow::bail!(
                 "--timeout {}: expected a positive number of seconds",
                 self.timeout
             );
         }
-        let timeout = Duration::from_secs_f64(self.timeout.min(86_400.0));
-        Ok(oci::Registry::connect(r, self.insecure, timeout)?)
+        Ok(Duration::from_secs_f64(self.timeout.min(86_400.0)))
     }
 }
 

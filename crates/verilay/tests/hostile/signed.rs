@@ -170,6 +170,42 @@ impl Rig {
         assert_one_line_error(&out, reference, needles);
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert!(left.is_empty(), "pull {reference} left {left:?}");
+        // The commands that read an image where it is check the same policy.
+        let into = dir.join("extracted");
+        let reads: [Vec<OsString>; 4] = [
+            vec!["cat".into(), reference.into(), "f".into()],
+            vec!["inspect".into(), reference.into()],
+            vec!["fsck".into(), reference.into()],
+            vec!["extract".into(), reference.into(), into.clone().into()],
+        ];
+        for read in reads {
+            let name = read[0].clone();
+            let out = bounded(
+                read.into_iter()
+                    .chain(["--insecure".into(), "--digest".into(), image_digest.into()])
+                    .chain(self.policy_args()),
+            );
+            if name == "fsck" {
+                // fsck reports an image it cannot open as its one problem, on stdout.
+                let out = Output {
+                    stderr: out.stdout,
+                    stdout: vec![],
+                    ..out
+                };
+                assert_one_line_error(&out, reference, needles);
+                continue;
+            }
+            assert!(
+                out.stdout.is_empty(),
+                "{name:?} {reference} printed something"
+            );
+            assert_one_line_error(&out, reference, needles);
+        }
+        assert!(
+            !into.exists(),
+            "extract {reference} made {}",
+            into.display()
+        );
         if !can_mount() {
             return;
         }
@@ -198,6 +234,22 @@ impl Rig {
         assert_eq!(out.status.code(), Some(0), "pull {reference}: {err}");
         assert!(std::fs::read(&out_file).unwrap() == std::fs::read(&self.image).unwrap());
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // `cat` where the image is, under the same policy and pin as the mount.
+        let digest = extra.iter().skip_while(|a| *a != "--digest").take(2);
+        let cat = bounded(
+            [
+                "cat".into(),
+                reference.into(),
+                "f".into(),
+                "--insecure".into(),
+            ]
+            .into_iter()
+            .chain(digest.cloned())
+            .chain(self.policy_args()),
+        );
+        let err = String::from_utf8_lossy(&cat.stderr);
+        assert_eq!(cat.status.code(), Some(0), "cat {reference}: {err}");
+        assert!(cat.stdout == self.content, "cat {reference}: other bytes");
         if can_mount() {
             let mnt = self.t.path().join(format!("mnt-{}", short(reference)));
             let out = self.mount(reference, &mnt, extra);
