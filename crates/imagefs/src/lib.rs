@@ -12,6 +12,7 @@
 pub mod attr;
 mod backing;
 pub mod fuse;
+pub mod imagefiles;
 mod ino;
 pub mod measuring;
 pub mod mount;

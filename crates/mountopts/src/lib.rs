@@ -18,7 +18,7 @@
 //!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
 //!   `owner`, `group`, `_netdev`, `comment=…`, `x-…`, `X-…`, FUSE's legacy `nonempty`):
 //!   accepted, and nothing for the mount itself;
-//! - verilay's own: `digest=`, `threads=`, `transport=`, `poll_us=`, `log=`, `upper=`,
+//! - verilay's own: `engine=`, `digest=`, `threads=`, `transport=`, `poll_us=`, `log=`, `upper=`,
 //!   `work=`, `policy=`, `measure_log=`, `measure_hash=`, and the signature policy
 //!   `oci://` images must satisfy: `signature_policy=FILE`, `registries_d=DIR`.
 //!
@@ -81,6 +81,41 @@ impl Transport {
     }
 }
 
+/// What serves a mount (`engine=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// `kernel` when the caller is root and the kernel and the mount allow it, else `fuse`.
+    Auto,
+    /// The kernel's erofs (and overlayfs for stacks) over image files verilay serves and
+    /// verifies through a private FUSE mount; root only.
+    Kernel,
+    /// verilay's own filesystem over FUSE (rootless too).
+    Fuse,
+}
+
+impl Engine {
+    pub const NAMES: [(&'static str, Engine); 3] = [
+        ("auto", Engine::Auto),
+        ("kernel", Engine::Kernel),
+        ("fuse", Engine::Fuse),
+    ];
+
+    pub fn parse(name: &str) -> Result<Engine, String> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, e)| *e)
+            .ok_or_else(|| format!("{name:?}: not one of auto, kernel, fuse"))
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, e)| *e == self)
+            .map_or("auto", |(n, _)| n)
+    }
+}
+
 /// A parsed option string. `None` means "not said": the mount gets its default.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MountOptions {
@@ -112,6 +147,7 @@ pub struct MountOptions {
     /// `digest=`: the one image's pinned digest.
     pub digest: Option<String>,
     pub threads: Option<usize>,
+    pub engine: Option<Engine>,
     pub transport: Option<Transport>,
     /// `poll_us=N`: how long, in µs, a serving thread looks for the next request before
     /// it sleeps (unset: 50 over io_uring, 0 over /dev/fuse).
@@ -250,6 +286,10 @@ impl MountOptions {
                     .map_err(|_| refuse(opt, "not a number of microseconds"))?;
                 self.poll_us = Some(check_poll_us(n).map_err(|why| refuse(opt, why))?)
             }
+            "engine" => {
+                let e = Engine::parse(text_value(opt, value)?).map_err(|why| refuse(opt, why))?;
+                self.engine = Some(e)
+            }
             "transport" => {
                 let t =
                     Transport::parse(text_value(opt, value)?).map_err(|why| refuse(opt, why))?;
@@ -357,6 +397,9 @@ impl MountOptions {
         }
         if let Some(t) = self.threads {
             value("threads", t.to_string().as_bytes());
+        }
+        if let Some(e) = self.engine {
+            value("engine", e.name().as_bytes());
         }
         if let Some(t) = self.transport {
             value("transport", t.name().as_bytes());
@@ -524,6 +567,7 @@ mod tests {
             "log=\"a",
             "measure_hash=md5",
             "transport=fast",
+            "engine=fast",
             "transport=",
         ] {
             let e = parse(&format!("ro,{bad}")).unwrap_err();
@@ -537,11 +581,12 @@ mod tests {
     #[test]
     fn values_with_commas_are_quoted_and_round_trip() {
         let o = parse(
-            "log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w,transport=uring,poll_us=0",
+            "log=\"/a,b\",threads=3,digest=sha256:00,upper=/u,work=/w,transport=uring,poll_us=0,engine=kernel",
         )
         .unwrap();
         assert_eq!(o.log, Some(PathBuf::from("/a,b")));
         assert_eq!(o.transport, Some(Transport::Uring));
+        assert_eq!(o.engine, Some(Engine::Kernel));
         assert_eq!(o.poll_us, Some(0));
         let again = MountOptions::parse(o.render().as_bytes()).unwrap();
         assert_eq!(again, o);

@@ -54,7 +54,7 @@ pub fn mount(p: &Plan) -> anyhow::Result<(OwnedFd, Mounted)> {
 
 /// The mount(2) flags of the generic options. Unsaid, a root mount is like the kernel's
 /// own mount of the image: set-id bits, devices and programs work.
-fn mount_flags(o: &Flags, writable: bool) -> MountFlags {
+pub(super) fn mount_flags(o: &Flags, writable: bool) -> MountFlags {
     let mut f = MountFlags::empty();
     let mut set = |on: bool, flag: MountFlags| {
         if on {

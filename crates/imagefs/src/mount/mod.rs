@@ -6,6 +6,7 @@
 //! `stats.rs` is the socket `verilay stats` reads a mount's statistics from.
 
 mod daemon;
+mod engine;
 mod kernel;
 pub mod stats;
 

@@ -21,7 +21,7 @@ use super::measuring::{HashName, MeasureArgs};
 use super::registry::Policy;
 use anyhow::{bail, Context};
 use imagefs::mount::{self as plan, operand, MAX_TIMEOUT};
-use mountopts::{check_threads, MountOptions, Transport};
+use mountopts::{check_threads, Engine, MountOptions, Transport};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -51,6 +51,14 @@ pub struct Args {
     /// over the CPUs' queues, at least 2 each.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// What serves the mount (`-o engine=`): `kernel` (the kernel's erofs, and overlayfs
+    /// for stacks, over image files verilay serves and verifies; root only, read-only
+    /// mounts without measurement for now), `fuse` (verilay's own filesystem over FUSE),
+    /// or `auto` (`kernel` when it can serve the mount, else `fuse`; the default, or
+    /// $VERILAY_ENGINE). A kernel-engine mount is like `mount -t erofs`: every user
+    /// reads it as the files' modes allow.
+    #[arg(long, value_name = "auto|kernel|fuse", value_parser = Engine::parse)]
+    engine: Option<Engine>,
     /// How requests reach the daemon (`-o transport=`): `uring` (FUSE over io_uring, or
     /// no mount), `dev` (/dev/fuse), or `auto` (io_uring when the kernel offers it, else
     /// /dev/fuse; the default, or $VERILAY_TRANSPORT). io_uring needs Linux 6.14+ and
@@ -175,6 +183,8 @@ struct Settings {
     root: bool,
     /// The signature policy `oci://` images must satisfy, loaded once (`None`: none).
     trust: Option<Arc<signatures::Trust>>,
+    /// The engine that serves the mount (never `Auto`), and why it was chosen.
+    engine: (Engine, String),
 }
 
 impl Settings {
@@ -290,6 +300,10 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     if opts.transport.is_none() {
         opts.transport = transport_from_env()?;
     }
+    fold(&mut opts.engine, &a.engine, "engine")?;
+    if opts.engine.is_none() {
+        opts.engine = from_env("VERILAY_ENGINE", Engine::parse)?;
+    }
     fold(&mut opts.log, &a.log, "log")?;
     fold(&mut opts.cache, &a.cache, "cache")?;
     fold(&mut opts.cache_size, &a.cache_size, "cache-size")?;
@@ -338,6 +352,9 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     }
     let root = rustix::process::geteuid().is_root();
     check(&opts, root)?;
+    // Decided once, here: the daemon is told the engine chosen.
+    let engine = choose_engine(&opts, root)?;
+    opts.engine = Some(engine.0);
     // The daemon gets the options as one string: it must read back as the same value.
     if MountOptions::parse(opts.render().as_bytes()).as_ref() != Ok(&opts) {
         bail!("a path among the options holds a double quote or is empty: rename it");
@@ -361,18 +378,51 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
         opts,
         root,
         trust,
+        engine,
     })
 }
 
 /// `$VERILAY_TRANSPORT`, the transport of mounts that do not name one.
 fn transport_from_env() -> anyhow::Result<Option<Transport>> {
-    match std::env::var("VERILAY_TRANSPORT") {
+    from_env("VERILAY_TRANSPORT", Transport::parse)
+}
+
+/// The value of `$NAME` (unset or empty: none).
+fn from_env<T>(name: &str, parse: fn(&str) -> Result<T, String>) -> anyhow::Result<Option<T>> {
+    match std::env::var(name) {
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) => Transport::parse(&v)
+        Ok(v) => parse(&v)
             .map(Some)
-            .map_err(|e| anyhow::anyhow!("VERILAY_TRANSPORT={e}")),
+            .map_err(|e| anyhow::anyhow!("{name}={e}")),
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => bail!("VERILAY_TRANSPORT: not UTF-8"),
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{name}: not UTF-8"),
+    }
+}
+
+/// The engine that serves a mount with options `o` (`root`: the caller is root), and
+/// why: `kernel` asked for a mount it cannot serve is an error naming what is missing.
+fn choose_engine(o: &MountOptions, root: bool) -> anyhow::Result<(Engine, String)> {
+    let asked = o.engine.unwrap_or(Engine::Auto);
+    if asked == Engine::Fuse {
+        return Ok((Engine::Fuse, "asked for".into()));
+    }
+    let unserved = if !root {
+        Some("erofs mounts need root (in the first user namespace)".to_string())
+    } else if o.upper.is_some() {
+        Some("writable mounts (--upper) are the FUSE engine's for now".into())
+    } else if o.policy.is_some() || o.measure_log.is_some() {
+        Some("measured mounts are the FUSE engine's for now".into())
+    } else {
+        host::mounts::file_backed_erofs().err()
+    };
+    match (asked, unserved) {
+        (Engine::Kernel, Some(why)) => bail!("engine=kernel: {why}"),
+        (Engine::Kernel, None) => Ok((Engine::Kernel, "asked for".into())),
+        (_, Some(why)) => Ok((Engine::Fuse, why)),
+        (_, None) => Ok((
+            Engine::Kernel,
+            "root, and the kernel has file-backed erofs".into(),
+        )),
     }
 }
 
@@ -452,7 +502,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let transport = spawn_daemon(&s, &a.digests, a.timeout)?;
     if !a.quiet {
         announce(&s, &trust);
-        eprintln!("{}: served over {transport}", s.mountpoint.display());
+        let (engine, why) = &s.engine;
+        eprintln!(
+            "{}: served over {transport}, {} engine ({why})",
+            s.mountpoint.display(),
+            engine.name()
+        );
     }
     Ok(0)
 }

@@ -29,6 +29,8 @@ pub fn serve(s: Settings, report: plan::Report, timeout: Duration) -> anyhow::Re
 /// the policy, and `verilay stats` members for the remote ones.
 struct Layers {
     images: Vec<Img>,
+    /// Each image's verified source (the kernel engine serves these as files).
+    verified: Vec<imagefs::imagefiles::Verified>,
     ids: Vec<LayerId>,
     extra: Option<ExtraStats>,
 }
@@ -53,6 +55,9 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     };
     r.step("open the log file");
     let log = logger(s, r.on_stderr())?;
+    if s.engine.0 == mountopts::Engine::Kernel {
+        return serve_kernel(s, &plan, layers, log, r);
+    }
     let measure = s.measure();
     match claim {
         Some(claim) => serve_writable(s, &plan, layers, claim, log, &measure, r),
@@ -68,6 +73,7 @@ fn open_layers(s: &Settings, timeout: Duration) -> anyhow::Result<Layers> {
     };
     let mut layers = Layers {
         images: Vec::new(),
+        verified: Vec::new(),
         ids: Vec::new(),
         extra: None,
     };
@@ -94,6 +100,9 @@ fn open_layers(s: &Settings, timeout: Duration) -> anyhow::Result<Layers> {
                 _ => None,
             };
             remotes.push((remote, progress));
+        }
+        if let Some(v) = &opened.verified {
+            layers.verified.push(v.clone());
         }
         layers.images.push(opened.img);
     }
@@ -156,6 +165,34 @@ fn serve_writable(
     // The directories are ours no longer once the kernel let go of the mount.
     drop(claim);
     finish_measuring(served, measuring)
+}
+
+/// The images alone, read-only, by the kernel's erofs (and overlayfs) over the image
+/// files this daemon serves.
+fn serve_kernel(
+    s: &Settings,
+    plan: &plan::Plan,
+    layers: Layers,
+    log: imagefs::Logger,
+    r: &mut Reporter,
+) -> anyhow::Result<()> {
+    use imagefs::imagefiles::{ImageFile, ImageFiles};
+    // Every image of a mount is opened verified (plain images are refused), so each
+    // has its source.
+    anyhow::ensure!(
+        layers.verified.len() == s.images.len(),
+        "the kernel engine serves verified images only"
+    );
+    let files = layers
+        .verified
+        .into_iter()
+        .zip(&s.images)
+        .map(|(source, image)| ImageFile {
+            source,
+            name: image.display().to_string(),
+        })
+        .collect();
+    plan.serve_kernel(ImageFiles::new(files, log), r)
 }
 
 /// The images alone, read-only.

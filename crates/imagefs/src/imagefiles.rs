@@ -1,0 +1,249 @@
+//! The kernel engine's FUSE side: each image of a mount as one read-only file (`0`, `1`,
+//! … in a root directory of their own), every READ answered from the verified source, so
+//! the kernel's erofs, which mounts these files, never sees a byte the image's Merkle tree
+//! (and its pinned digest) does not cover.
+//!
+//! What holds, and why:
+//! - No passthrough is asked for: erofs refuses a backing file on a filesystem with a
+//!   stack depth, which FUSE gets when passthrough is negotiated (`fs/erofs/super.c`).
+//! - The files never change, so entries, attributes and pages are cached forever, and a
+//!   page that fails its check is never cached (the read fails with EIO).
+//! - A failed read is one log line naming the image, the offset and, where the image's
+//!   own tree says, the file inside it the bytes belong to.
+
+use crate::attr::{Attr, Kind};
+use crate::ops::{
+    AddEntry, Caller, Errno, Logger, NotifierSlot, Opened, Ops, Register, Statfs, Wants,
+};
+use erofs::read::{ByteSource, Image};
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+use verity::VerifiedSource;
+
+/// The verified source of an image.
+pub type Verified = Arc<VerifiedSource<Box<dyn ByteSource>>>;
+
+/// One image served as a file.
+pub struct ImageFile {
+    /// Its bytes, each block checked against the Merkle tree before it is returned.
+    pub source: Verified,
+    /// How log lines name it (the image's path or reference).
+    pub name: String,
+}
+
+/// The unchecked bytes under a verified source: only to name what a bad block holds
+/// (the rest of the tree still leads to it), never to serve.
+struct Unchecked(Verified);
+
+impl ByteSource for Unchecked {
+    fn len(&self) -> u64 {
+        self.0.inner().len()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.inner().read_exact_at(buf, offset)
+    }
+}
+
+/// What the image's own tree says is stored at `[offset, offset + len)`.
+fn owners(source: &Verified, offset: u64, len: u64) -> String {
+    match Image::open(Unchecked(source.clone())) {
+        Ok(img) => img.owners(offset, len, 4).join(", "),
+        Err(_) => "the superblock cannot be read".into(),
+    }
+}
+
+/// The image files of one mount.
+pub struct ImageFiles {
+    files: Vec<ImageFile>,
+    log: Logger,
+    notifier: NotifierSlot,
+}
+
+/// The root directory's inode; file `i` is inode `FIRST_FILE + i`.
+const ROOT: u64 = 1;
+const FIRST_FILE: u64 = 2;
+/// "Forever" for the kernel's caches: the files never change.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+impl ImageFiles {
+    pub fn new(files: Vec<ImageFile>, log: Logger) -> ImageFiles {
+        ImageFiles {
+            files,
+            log,
+            notifier: NotifierSlot::default(),
+        }
+    }
+
+    /// How many image files there are.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// The name of file `i` under the mount's root.
+    pub fn file_name(i: usize) -> String {
+        i.to_string()
+    }
+
+    fn file(&self, ino: u64) -> Result<&ImageFile, Errno> {
+        ino.checked_sub(FIRST_FILE)
+            .and_then(|i| self.files.get(i as usize))
+            .ok_or(Errno::NOENT)
+    }
+
+    fn attr(&self, ino: u64) -> Result<Attr, Errno> {
+        let (kind, perm, size, nlink) = if ino == ROOT {
+            (Kind::Directory, 0o500, 0, 2)
+        } else {
+            let f = self.file(ino)?;
+            (Kind::RegularFile, 0o400, f.source.len(), 1)
+        };
+        Ok(Attr {
+            ino,
+            size,
+            blocks: size.div_ceil(512),
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind,
+            perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+        })
+    }
+}
+
+impl Ops for ImageFiles {
+    fn wants(&self) -> Wants {
+        Wants {
+            ttl: FOREVER,
+            readdirplus: false,
+            cache_symlinks: false,
+            posix_acl: false,
+            no_open: false,
+            no_opendir: true,
+            dont_mask: false,
+            writes: false,
+            passthrough: false,
+            kills_privileges: false,
+            background: Some((64, 48)),
+        }
+    }
+
+    fn notifier_slot(&self) -> NotifierSlot {
+        self.notifier.clone()
+    }
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno> {
+        if parent != ROOT {
+            return Err(Errno::NOTDIR);
+        }
+        let found = std::str::from_utf8(name)
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&i| i < self.files.len() && Self::file_name(i).as_bytes() == name);
+        match found {
+            Some(i) => self.attr(FIRST_FILE + i as u64).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        self.attr(ino)
+    }
+
+    fn readlink(&self, _ino: u64) -> Result<Vec<u8>, Errno> {
+        Err(Errno::INVAL)
+    }
+
+    fn open(
+        &self,
+        _caller: &Caller,
+        ino: u64,
+        _flags: i32,
+        _register: Register<'_>,
+    ) -> Result<Opened, Errno> {
+        self.file(ino)?;
+        Ok(Opened {
+            keep_cache: true,
+            ..Opened::default()
+        })
+    }
+
+    fn read(&self, ino: u64, _fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
+        let f = self.file(ino)?;
+        let source = &f.source;
+        let len = source.len();
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = buf.len().min((len - offset) as usize);
+        match source.read_exact_at(&mut buf[..n], offset) {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                (self.log)(&format!(
+                    "{}: read of {n} bytes at offset {offset} ({}) failed: {e}",
+                    f.name,
+                    owners(source, offset, n as u64)
+                ));
+                Err(Errno::IO)
+            }
+        }
+    }
+
+    fn readdir(&self, ino: u64, _fh: u64, offset: u64, add: AddEntry<'_>) -> Result<(), Errno> {
+        if ino != ROOT {
+            return Err(Errno::NOTDIR);
+        }
+        for i in offset as usize..self.files.len() {
+            let name = Self::file_name(i);
+            let full = add(crate::ops::DirEntry {
+                ino: FIRST_FILE + i as u64,
+                next: i as u64 + 1,
+                kind: Kind::RegularFile,
+                name: name.as_bytes(),
+            });
+            if full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn statfs(&self) -> Result<Statfs, Errno> {
+        let blocks = self
+            .files
+            .iter()
+            .map(|f| f.source.len().div_ceil(4096))
+            .sum();
+        Ok(Statfs {
+            blocks,
+            bfree: 0,
+            bavail: 0,
+            files: self.files.len() as u64 + 1,
+            ffree: 0,
+            bsize: 4096,
+            namelen: 255,
+            frsize: 4096,
+        })
+    }
+
+    fn getxattr(&self, _caller: &Caller, ino: u64, _name: &[u8]) -> Result<Vec<u8>, Errno> {
+        self.attr(ino)?;
+        Err(Errno::NODATA)
+    }
+
+    fn listxattr(&self, _caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno> {
+        self.attr(ino)?;
+        Ok(Vec::new())
+    }
+}

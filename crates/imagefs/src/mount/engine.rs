@@ -1,0 +1,118 @@
+//! The kernel engine: the kernel's erofs serves each image, mounted over a file that
+//! verilay serves through a private FUSE mount of its own ([`ImageFiles`]: every read
+//! checked against the image's Merkle tree); several images stack as a read-only
+//! overlayfs of those erofs mounts. The kernel then caches dentries, inodes, xattrs and
+//! pages itself, and the daemon sees only reads of image blocks it has not cached.
+//!
+//! What holds, and why:
+//! - Users see only the result on the mountpoint: the image files' FUSE mount and the
+//!   layers' erofs mounts are made in a private directory (`host::private`) and
+//!   detached as soon as what stands on them holds them (an erofs mount holds its open
+//!   image file, overlayfs its lower layers).
+//! - The daemon serves until the kernel lets go of the image files: unmounting the
+//!   mountpoint frees the erofs mounts, which close their files, which ends the FUSE
+//!   connection, and the session with it.
+//! - A failing step leaves nothing mounted: what was mounted is detached again.
+
+use super::{kernel, Plan, Reporter};
+use crate::fuse;
+use crate::imagefiles::ImageFiles;
+use crate::ops::Access;
+use anyhow::Context;
+use host::mounts::{detach, mount_erofs, mount_overlay};
+use host::private::PrivateDir;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Mounts detached again on drop unless kept (a setup step failed).
+struct Detach(Vec<PathBuf>);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = detach(p);
+        }
+    }
+}
+
+impl Plan {
+    /// Serves `files` (one per image, top first) to the kernel, mounts erofs over each
+    /// and, for a stack, overlayfs over those on the mountpoint, and serves until the
+    /// kernel lets go of the files.
+    pub fn serve_kernel(&self, files: ImageFiles, report: &mut Reporter) -> anyhow::Result<()> {
+        let count = files.len();
+        report.step("make the private directory for the image files");
+        let private = PrivateDir::new()?;
+        let files_dir = private.subdir("files")?;
+        let files_plan = Plan {
+            source: "verilay-image-files".into(),
+            mountpoint: files_dir.clone(),
+            writable: false,
+            flags: super::Flags {
+                nosuid: true,
+                nodev: true,
+                noexec: true,
+                ..super::Flags::default()
+            },
+            access: Access::Owner,
+            ..self.clone()
+        };
+        report.step("mount the image files");
+        let (fd, guard) = kernel::mount(&files_plan)
+            .with_context(|| format!("mounting the image files on {}", files_dir.display()))?;
+        report.step(&format!(
+            "answer the kernel's first request and start {} workers",
+            self.threads.max(1)
+        ));
+        let config = fuse::Config {
+            access: Access::Owner,
+            workers: self.threads,
+            transport: self.transport,
+            poll: self.poll,
+        };
+        let session = fuse::Session::start(files, fd, &config)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("talking to the kernel")?;
+        kernel::raise_readahead(&files_dir);
+        let fuse_dev = std::fs::metadata(&files_dir)
+            .context("the image files' mount")?
+            .dev();
+        let flags = kernel::mount_flags(&self.flags, false);
+        let mut mounted = Detach(Vec::new());
+        let file = |i: usize| files_dir.join(ImageFiles::file_name(i));
+        if count == 1 {
+            report.step("mount erofs on the mountpoint");
+            mount_erofs(&file(0), &self.mountpoint, flags)?;
+            mounted.0.push(self.mountpoint.clone());
+        } else {
+            let mut lowers = Vec::new();
+            for i in 0..count {
+                report.step(&format!("mount erofs for layer {i}"));
+                let lower = private.subdir(&format!("layer-{i}"))?;
+                mount_erofs(&file(i), &lower, rustix::mount::MountFlags::empty())?;
+                mounted.0.push(lower.clone());
+                lowers.push(lower);
+            }
+            report.step("mount overlayfs on the mountpoint");
+            let refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
+            mount_overlay(&refs, &self.mountpoint, flags)?;
+            mounted.0.push(self.mountpoint.clone());
+            // The overlay holds its layers: their own mounts go from view.
+            report.step("detach the layers' erofs mounts");
+            for l in &lowers {
+                detach(l)?;
+            }
+        }
+        report.step("detach the image files' mount");
+        // From here the erofs mounts hold the files; the FUSE mount goes from view.
+        guard.keep();
+        detach(&files_dir)?;
+        drop(private);
+        report.step("install signal handlers");
+        self.unmount_on_signals(fuse_dev)?;
+        mounted.0.clear();
+        report.ready(&session.transport().to_string());
+        // Returns when the kernel has let go of the image files.
+        session.join().context("serving")
+    }
+}
