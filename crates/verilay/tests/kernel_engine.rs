@@ -1,0 +1,332 @@
+//! The kernel engine (`--engine kernel`): the kernel's erofs over image files the daemon
+//! serves and verifies, overlayfs for stacks. Checked against the source tree, the
+//! FUSE engine's mount of the same images and the kernel's own erofs mount of the image
+//! file; tampering under a live mount; what users see of the private mounts; how
+//! `auto` chooses.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn prerequisites() -> bool {
+    skip_unless(is_root(), "needs root (erofs mounts)")
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+}
+
+/// A `verilay mount ENGINE IMAGES… DIR` with a daemon log, unmounted (and its daemon
+/// waited for) when dropped.
+struct EngineMount {
+    dir: PathBuf,
+    said: String,
+    log: PathBuf,
+}
+
+impl EngineMount {
+    fn new(engine: &str, images: &[&Path], dir: &Path, extra: &[&str]) -> EngineMount {
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.with_extension("daemon.log");
+        let out = run(verilay()
+            .arg("mount")
+            .args(images)
+            .arg(dir)
+            .args(["--engine", engine, "--log"])
+            .arg(&log)
+            .args(extra));
+        EngineMount {
+            dir: dir.to_path_buf(),
+            said: String::from_utf8_lossy(&out.stderr).into_owned(),
+            log,
+        }
+    }
+}
+
+impl Drop for EngineMount {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(text) = std::fs::read_to_string(&self.log) {
+                eprintln!("daemon log of {}:\n{text}", self.dir.display());
+            }
+        }
+        let _ = verilay().arg("umount").arg(&self.dir).status();
+    }
+}
+
+/// (fstype, source, options) of the mount on `dir`, from /proc/self/mountinfo.
+fn mount_of(dir: &Path) -> Option<(String, String, String)> {
+    let canon = std::fs::canonicalize(dir).ok()?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let f: Vec<&str> = left.split(' ').collect();
+        (Path::new(f.get(4)?) == canon).then(|| {
+            let r: Vec<&str> = right.split(' ').collect();
+            (r[0].to_string(), r[1].to_string(), r[2].to_string())
+        })
+    })
+}
+
+/// Every mount made under the engine's private directory that is still in view (the
+/// user's mount names its detached image file or layers as its source or options).
+fn private_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.starts_with("/run/verilay/engine"))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// One image: the kernel engine's tree equals the source, the kernel's erofs mount of
+/// the image file and the FUSE engine's (contents, stat, xattrs, ACLs); the mount is
+/// erofs, read-only, with none of its private mounts in view; `umount` returns once the
+/// daemon is gone.
+#[test]
+fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let kernel = EngineMount::new("kernel", &[&image], &t.path().join("k"), &[]);
+    assert!(
+        kernel.said.contains("kernel engine (asked for)"),
+        "{}",
+        kernel.said
+    );
+    let (fstype, _, opts) = mount_of(&kernel.dir).expect("mounted");
+    assert_eq!(fstype, "erofs");
+    assert!(opts.starts_with("ro"), "{opts}");
+    assert!(private_mounts().is_empty(), "{:?}", private_mounts());
+    assert_eq!(daemons_of(&kernel.dir).len(), 1);
+    let fuse = EngineMount::new("fuse", &[&image], &t.path().join("f"), &[]);
+    assert_eq!(mount_of(&fuse.dir).unwrap().0, "fuse.verilay");
+    let plain = Mount::erofs(&image, &t.path().join("e"));
+    assert_diff_clean(&src, &kernel.dir);
+    assert_same_stats(&plain.dir, &kernel.dir);
+    assert_same_stats(&fuse.dir, &kernel.dir);
+    assert_eq!(xattr_dump(&fuse.dir), xattr_dump(&kernel.dir));
+    assert_eq!(acl_dump(&fuse.dir), acl_dump(&kernel.dir));
+    assert_eq!(ls_lr(&plain.dir), ls_lr(&kernel.dir));
+    // umount waits for the daemon: it serves until the kernel lets go of the image file.
+    let dir = kernel.dir.clone();
+    drop(kernel);
+    assert!(mount_of(&dir).is_none());
+    assert!(daemons_of(&dir).is_empty(), "the daemon outlived umount");
+    assert!(private_mounts().is_empty(), "{:?}", private_mounts());
+}
+
+/// A stack of three images with whiteouts and an opaque directory: the kernel engine's
+/// overlayfs tree equals the FUSE engine's; the layers' erofs mounts are out of view.
+#[test]
+fn a_stack_is_the_fuse_engine_stack() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let layer = |name: &str, script: &str| {
+        let dir = t.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        sh(&format!("cd {} && {script}", dir.display()));
+        let image = t.path().join(format!("{name}.img"));
+        build(&dir, &image, &["--quiet"]);
+        image
+    };
+    let bottom = layer(
+        "bottom",
+        "mkdir -p d gone keep && echo a > d/a && echo b > gone/b && echo k > keep/k && echo 1 > f",
+    );
+    let middle = layer(
+        "middle",
+        "mkdir -p d && echo a2 > d/a && mknod gone c 0 0 && echo 2 > f2 && setfattr -n user.m -v 1 f2",
+    );
+    let top = layer(
+        "top",
+        "mkdir -p keep && setfattr -n trusted.overlay.opaque -v y keep && echo n > keep/new && ln -s f2 link",
+    );
+    let images: [&Path; 3] = [&top, &middle, &bottom];
+    let kernel = EngineMount::new("kernel", &images, &t.path().join("k"), &[]);
+    assert_eq!(mount_of(&kernel.dir).unwrap().0, "overlay");
+    assert!(private_mounts().is_empty(), "{:?}", private_mounts());
+    let fuse = EngineMount::new("fuse", &images, &t.path().join("f"), &[]);
+    let listing = |d: &Path| {
+        let out = run(Command::new("find")
+            .args([".", "-printf", "%p %y %m %s %U %G %l\\n"])
+            .current_dir(d));
+        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let seen = listing(&kernel.dir);
+    assert_eq!(seen, listing(&fuse.dir));
+    assert!(
+        seen.iter().any(|l| l.starts_with("./keep/new ")),
+        "{seen:?}"
+    );
+    assert!(!seen.iter().any(|l| l.starts_with("./keep/k ")), "{seen:?}");
+    assert!(!seen.iter().any(|l| l.starts_with("./gone")), "{seen:?}");
+    assert_eq!(std::fs::read(kernel.dir.join("d/a")).unwrap(), b"a2\n");
+    assert_diff_clean(&fuse.dir, &kernel.dir);
+    assert_eq!(xattr_dump(&fuse.dir), xattr_dump(&kernel.dir));
+}
+
+/// A byte flipped in the image file under a live kernel-engine mount: once the caches
+/// are dropped the read fails with EIO, and the log names the image, the offset and the
+/// file the block belongs to; the rest of the tree still reads.
+#[test]
+fn a_byte_flipped_under_a_live_mount_is_eio_naming_the_file() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let big: Vec<u8> = (0..1_000_000u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    std::fs::write(src.join("big"), &big).unwrap();
+    std::fs::write(src.join("small"), b"still fine").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let m = EngineMount::new("kernel", &[&image], &t.path().join("k"), &[]);
+    assert!(std::fs::read(m.dir.join("big")).unwrap() == big);
+    // The file's data: where its first 4 KiB are in the image (stored uncompressed).
+    let bytes = std::fs::read(&image).unwrap();
+    let at = bytes
+        .windows(4096)
+        .position(|w| w == &big[..4096])
+        .expect("the file's first block in the image") as u64;
+    let flip = at + 5 * 4096 + 17;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap();
+        f.write_all_at(&[bytes[flip as usize] ^ 0x40], flip)
+            .unwrap();
+        f.sync_all().unwrap();
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let err = std::fs::read(m.dir.join("big")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_eq!(std::fs::read(m.dir.join("small")).unwrap(), b"still fine");
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    let block = flip / 4096 * 4096;
+    assert!(
+        log.lines().any(|l| l.contains(&image.display().to_string())
+            && l.contains("the data of /big")
+            && l.contains(&format!("block at byte {block} fails its hash"))),
+        "{log}"
+    );
+}
+
+/// `--engine kernel` for a mount it cannot serve is one line naming why, and nothing is
+/// mounted; `auto` serves it with the FUSE engine and says why.
+#[test]
+fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    let (upper, work, mnt) = (t.path().join("u"), t.path().join("w"), t.path().join("m"));
+    for d in [&upper, &work, &mnt] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let out = verilay()
+        .arg("mount")
+        .arg(&image)
+        .arg(&mnt)
+        .args(["--engine", "kernel", "--upper"])
+        .arg(&upper)
+        .arg("--work")
+        .arg(&work)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("engine=kernel: writable mounts"), "{err}");
+    assert!(mount_of(&mnt).is_none());
+    let m = EngineMount::new(
+        "auto",
+        &[&image],
+        &mnt,
+        &[
+            "--upper",
+            upper.to_str().unwrap(),
+            "--work",
+            work.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        m.said.contains("fuse engine (writable mounts"),
+        "{}",
+        m.said
+    );
+    assert_eq!(mount_of(&m.dir).unwrap().0, "fuse.verilay");
+    drop(m);
+    let m = EngineMount::new("auto", &[&image], &mnt, &[]);
+    assert!(
+        m.said
+            .contains("kernel engine (root, and the kernel has file-backed erofs)"),
+        "{}",
+        m.said
+    );
+}
+
+/// An ordinary user gets the FUSE engine from `auto`, told why, and is refused `kernel`.
+#[test]
+fn auto_picks_fuse_for_an_ordinary_user() {
+    if prerequisites() || lacks_test_user() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"rootless").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet"]);
+    sh(&format!(
+        "chmod 755 {0} && chmod 644 {0}/img",
+        t.path().display()
+    ));
+    let mnt = t.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    sh(&format!("chown verilaytest {}", mnt.display()));
+    let exe = env!("CARGO_BIN_EXE_verilay");
+    let out = as_test_user(
+        t.path(),
+        &format!("{exe} mount --engine kernel img m; echo rc=$?"),
+    );
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("engine=kernel: erofs mounts need root"),
+        "{said}"
+    );
+    assert!(said.contains("rc=1"), "{said}");
+    let out = as_test_user(
+        t.path(),
+        &format!("VERILAY_ENGINE=auto {exe} mount img m && cat m/f && {exe} umount m"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(out.stdout, b"rootless");
+    assert!(err.contains("fuse engine (erofs mounts need root"), "{err}");
+}
