@@ -210,6 +210,9 @@ fn open_reply(o: &ops::Opened) -> Open {
     if o.cache_dir {
         flags |= fopen::CACHE_DIR;
     }
+    if o.direct_io {
+        flags |= fopen::DIRECT_IO;
+    }
     Open {
         fh: o.fh,
         flags,

@@ -173,8 +173,12 @@ impl Ops for ImageFiles {
         _register: Register<'_>,
     ) -> Result<Opened, Errno> {
         self.file(ino)?;
+        // erofs reads data through read_iter (into its own page cache: caching it here
+        // too would hold every byte twice) and metadata through read_folio, which
+        // caches here whatever this says.
         Ok(Opened {
             keep_cache: true,
+            direct_io: true,
             ..Opened::default()
         })
     }

@@ -120,6 +120,9 @@ pub struct Opened {
     pub keep_cache: bool,
     /// Directory listings are cached too.
     pub cache_dir: bool,
+    /// read(2) and write(2) bypass the page cache (each is a request); pages reached
+    /// through `read_folio` (mmap, a filesystem's metadata reads) are still cached.
+    pub direct_io: bool,
     /// The kernel does the file's I/O itself.
     pub passthrough: Option<Arc<Passthrough>>,
 }
