@@ -106,6 +106,10 @@ fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
     assert!(opts.starts_with("ro"), "{opts}");
     assert!(private_mounts().is_empty(), "{:?}", private_mounts());
     assert_eq!(daemons_of(&kernel.dir).len(), 1);
+    let stats = run(verilay().args(["stats", "--json"]).arg(&kernel.dir));
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["engine"], "kernel", "{stats}");
+    assert_eq!(stats["engine_why"], "asked for", "{stats}");
     let fuse = EngineMount::new("fuse", &[&image], &t.path().join("f"), &[]);
     assert_eq!(mount_of(&fuse.dir).unwrap().0, "fuse.verilay");
     let plain = Mount::erofs(&image, &t.path().join("e"));
@@ -282,12 +286,16 @@ fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
     assert_eq!(mount_of(&m.dir).unwrap().0, "fuse.verilay");
     drop(m);
     let m = EngineMount::new("auto", &[&image], &mnt, &[]);
+    let why = "root, and the kernel has file-backed erofs";
     assert!(
-        m.said
-            .contains("kernel engine (root, and the kernel has file-backed erofs)"),
+        m.said.contains(&format!("kernel engine ({why})")),
         "{}",
         m.said
     );
+    let stats = run(verilay().args(["stats", "--json"]).arg(&m.dir));
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["engine"], "kernel", "{stats}");
+    assert_eq!(stats["engine_why"], why, "{stats}");
 }
 
 /// An ordinary user gets the FUSE engine from `auto`, told why, and is refused `kernel`.

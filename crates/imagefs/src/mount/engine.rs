@@ -70,6 +70,7 @@ impl Plan {
             transport: self.transport,
             poll: self.poll,
         };
+        let stats = crate::ops::Ops::stats(&files);
         let session = fuse::Session::start(files, fd, &config)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("talking to the kernel")?;
@@ -108,6 +109,10 @@ impl Plan {
         guard.keep();
         detach(&files_dir)?;
         drop(private);
+        report.step("listen for verilay stats");
+        // The mount is open to every user the files' modes admit, as erofs is.
+        let stats = super::with_engine(session.add_to_stats(stats), "kernel", &self.engine_why);
+        let _stats = super::stats::Channel::start(&self.mountpoint, Access::All, stats)?;
         report.step("install signal handlers");
         self.unmount_on_signals(fuse_dev)?;
         mounted.0.clear();

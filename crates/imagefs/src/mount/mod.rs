@@ -75,6 +75,23 @@ pub struct Plan {
     pub as_root: bool,
     /// The longest each setup step may take.
     pub timeout: Duration,
+    /// Why this engine serves the mount, for `verilay stats` ("asked for", …).
+    pub engine_why: String,
+}
+
+/// `stats` with the engine that serves the mount, and why.
+fn with_engine(
+    stats: crate::stats::StatsSource,
+    engine: &'static str,
+    why: &str,
+) -> crate::stats::StatsSource {
+    let why = why.to_string();
+    std::sync::Arc::new(move || {
+        let mut s = stats();
+        s.insert("engine".into(), engine.into());
+        s.insert("engine_why".into(), why.clone().into());
+        s
+    })
 }
 
 /// How long a signalled daemon lets readers and open files finish before it aborts the
@@ -120,7 +137,7 @@ impl Plan {
             mounted(mp, dev)?;
         }
         report.step("listen for verilay stats");
-        let stats = session.add_to_stats(stats);
+        let stats = with_engine(session.add_to_stats(stats), "fuse", &self.engine_why);
         let _stats = stats::Channel::start(mp, self.access, stats)?;
         report.step("install signal handlers");
         use std::os::unix::fs::MetadataExt;

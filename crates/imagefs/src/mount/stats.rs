@@ -343,7 +343,7 @@ pub fn query(mountpoint: &Path, timeout: Duration) -> anyhow::Result<Answer> {
     let dev = rustix::fs::fstat(&root)
         .with_context(|| format!("{mp}: stat"))?
         .st_dev;
-    let Some(owner) = fuse_mount_owner(dev) else {
+    let Some(owner) = mount_owner(dev) else {
         bail!("{mp}: not a verilay mount (no statistics)");
     };
     let name = socket_name(dev);
@@ -407,9 +407,10 @@ fn read_reply(sock: &OwnedFd) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The uid owning the FUSE mount with device `dev` (its `user_id=` in the mount table),
-/// if it is one.
-fn fuse_mount_owner(dev: Dev) -> Option<u32> {
+/// The uid of the daemon a verilay mount with device `dev` would have: a FUSE mount's
+/// `user_id=` in the mount table, root for the kernel engine's erofs or overlayfs (only
+/// root mounts them); `None` for any other mount.
+fn mount_owner(dev: Dev) -> Option<u32> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
     info.lines().find_map(|line| {
@@ -418,7 +419,11 @@ fn fuse_mount_owner(dev: Dev) -> Option<u32> {
             return None;
         }
         let mut fs = fs.split(' ');
-        if !fs.next()?.starts_with("fuse") {
+        let fstype = fs.next()?;
+        if fstype == "erofs" || fstype == "overlay" {
+            return Some(0);
+        }
+        if !fstype.starts_with("fuse") {
             return None;
         }
         let options = fs.nth(1)?;

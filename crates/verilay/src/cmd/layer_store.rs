@@ -113,6 +113,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         poll: None,
         as_root,
         timeout: Duration::from_secs(a.timeout.max(1)),
+        engine_why: "the layer store itself is a FUSE filesystem".into(),
     };
     let log: imagefs::Logger = Box::new(|line| eprintln!("verilay layer-store: {line}"));
     let fs = layerstore::StoreFs::new(resolver, log);

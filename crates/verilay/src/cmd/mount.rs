@@ -229,6 +229,7 @@ impl Settings {
             poll: self.opts.poll_us.map(Duration::from_micros),
             as_root: self.root,
             timeout,
+            engine_why: self.engine.1.clone(),
         }
     }
 
@@ -352,9 +353,8 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     }
     let root = rustix::process::geteuid().is_root();
     check(&opts, root)?;
-    // Decided once, here: the daemon is told the engine chosen.
+    // The daemon, given the same options, decides the same way, for the same reason.
     let engine = choose_engine(&opts, root)?;
-    opts.engine = Some(engine.0);
     // The daemon gets the options as one string: it must read back as the same value.
     if MountOptions::parse(opts.render().as_bytes()).as_ref() != Ok(&opts) {
         bail!("a path among the options holds a double quote or is empty: rename it");
