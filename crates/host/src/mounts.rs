@@ -65,30 +65,58 @@ pub fn mount_erofs(file: &Path, target: &Path, flags: MountFlags) -> anyhow::Res
     })
 }
 
-/// Mounts a read-only overlayfs of `lowers` (top first) on `target`, with `flags`.
-/// The lower paths must hold none of `:,\` (overlayfs's separators), which the caller's
-/// private directories never do.
-pub fn mount_overlay(lowers: &[&Path], target: &Path, flags: MountFlags) -> anyhow::Result<()> {
-    if lowers.len() < 2 {
+/// Mounts overlayfs on `target` with `flags`: `lowers` (top first) under `upper` (an
+/// upper and a work directory, `redirect_dir=on` as verilay's FUSE engine writes
+/// renamed directories), or read-only over two or more lowers when there is none.
+pub fn mount_overlay(
+    lowers: &[&Path],
+    upper: Option<(&Path, &Path)>,
+    target: &Path,
+    flags: MountFlags,
+) -> anyhow::Result<()> {
+    if lowers.is_empty() || (upper.is_none() && lowers.len() < 2) {
         bail!("a read-only overlay needs at least two lower directories");
     }
-    let mut joined = Vec::new();
-    for l in lowers {
-        let s = l
-            .to_str()
-            .filter(|s| !s.contains([':', ',', '\\']))
-            .with_context(|| format!("lower directory {}: not a plain path", l.display()))?;
-        joined.push(s);
+    let mut data = String::from("lowerdir=");
+    for (i, l) in lowers.iter().enumerate() {
+        if i > 0 {
+            data.push(':');
+        }
+        data.push_str(&escape(l)?);
     }
-    let data = format!("lowerdir={}", joined.join(":"));
-    rustix::mount::mount(
-        "overlay",
-        target,
-        "overlay",
-        flags | MountFlags::RDONLY,
-        data.as_str(),
-    )
-    .with_context(|| format!("mounting overlayfs on {}", target.display()))
+    let flags = match upper {
+        Some((u, w)) => {
+            data += &format!(
+                ",upperdir={},workdir={},redirect_dir=on",
+                escape(u)?,
+                escape(w)?
+            );
+            flags
+        }
+        None => flags | MountFlags::RDONLY,
+    };
+    rustix::mount::mount("overlay", target, "overlay", flags, data.as_str())
+        .with_context(|| format!("mounting overlayfs on {}", target.display()))
+}
+
+/// `path` as overlayfs's option string takes it: `\`, `,` and `:` escaped with a
+/// backslash (overlayfs unescapes each layer's path); a path that is not UTF-8 is
+/// refused.
+fn escape(path: &Path) -> anyhow::Result<String> {
+    let s = path.to_str().with_context(|| {
+        format!(
+            "{}: not UTF-8, which overlayfs options cannot hold",
+            path.display()
+        )
+    })?;
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '\\' | ',' | ':') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    Ok(out)
 }
 
 /// Detaches the mount on `target` at once; the kernel frees it when its last user goes.
@@ -99,6 +127,8 @@ pub fn detach(target: &Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     #[test]
     fn the_running_kernel_has_a_version() {
         let (major, _) = super::kernel_version().unwrap();
@@ -106,15 +136,12 @@ mod tests {
     }
 
     #[test]
-    fn bad_lower_paths_are_refused_before_mounting() {
+    fn overlay_paths_are_escaped_and_one_lower_needs_an_upper() {
+        let escaped = super::escape(Path::new(r"/a:b,c\d")).unwrap();
+        assert_eq!(escaped, r"/a\:b\,c\\d");
         let t = tempfile::tempdir().unwrap();
-        let bad = t.path().join("a:b");
-        let good = t.path().join("c");
-        let e = super::mount_overlay(&[&bad, &good], t.path(), rustix::mount::MountFlags::empty())
-            .unwrap_err();
-        assert!(e.to_string().contains("not a plain path"), "{e}");
-        let e = super::mount_overlay(&[&good], t.path(), rustix::mount::MountFlags::empty())
-            .unwrap_err();
+        let flags = rustix::mount::MountFlags::empty();
+        let e = super::mount_overlay(&[t.path()], None, t.path(), flags).unwrap_err();
         assert!(e.to_string().contains("at least two"), "{e}");
     }
 }

@@ -2,7 +2,9 @@
 //! verilay serves through a private FUSE mount of its own ([`ImageFiles`]: every read
 //! checked against the image's Merkle tree); several images stack as a read-only
 //! overlayfs of those erofs mounts. The kernel then caches dentries, inodes, xattrs and
-//! pages itself, and the daemon sees only reads of image blocks it has not cached.
+//! pages itself, and the daemon sees only reads of image blocks it has not cached. With
+//! an upper directory the overlayfs is writable: kernel overlayfs over the erofs layers,
+//! in the layout verilay's FUSE engine writes too.
 //!
 //! What holds, and why:
 //! - Users see only the result on the mountpoint: the image files' FUSE mount and the
@@ -14,7 +16,7 @@
 //!   connection, and the session with it.
 //! - A failing step leaves nothing mounted: what was mounted is detached again.
 
-use super::{kernel, Plan, Reporter};
+use super::{kernel, Mounted, Plan, Reporter};
 use crate::fuse;
 use crate::imagefiles::ImageFiles;
 use crate::ops::Access;
@@ -37,9 +39,16 @@ impl Drop for Detach {
 
 impl Plan {
     /// Serves `files` (one per image, top first) to the kernel, mounts erofs over each
-    /// and, for a stack, overlayfs over those on the mountpoint, and serves until the
-    /// kernel lets go of the files.
-    pub fn serve_kernel(&self, files: ImageFiles, report: &mut Reporter) -> anyhow::Result<()> {
+    /// and, for a stack or under `upper` (the upper and work directories, claimed by the
+    /// caller), overlayfs over those on the mountpoint, and serves until the kernel lets
+    /// go of the files. `mounted`, if given, is told the new mount's device.
+    pub fn serve_kernel(
+        &self,
+        files: ImageFiles,
+        upper: Option<(&Path, &Path)>,
+        mounted_hook: Option<Mounted<'_>>,
+        report: &mut Reporter,
+    ) -> anyhow::Result<()> {
         let count = files.len();
         report.step("make the private directory for the image files");
         let private = PrivateDir::new()?;
@@ -78,10 +87,10 @@ impl Plan {
         let fuse_dev = std::fs::metadata(&files_dir)
             .context("the image files' mount")?
             .dev();
-        let flags = kernel::mount_flags(&self.flags, false);
+        let flags = kernel::mount_flags(&self.flags, self.writable);
         let mut mounted = Detach(Vec::new());
         let file = |i: usize| files_dir.join(ImageFiles::file_name(i));
-        if count == 1 {
+        if count == 1 && upper.is_none() {
             report.step("mount erofs on the mountpoint");
             mount_erofs(&file(0), &self.mountpoint, flags)?;
             mounted.0.push(self.mountpoint.clone());
@@ -96,13 +105,19 @@ impl Plan {
             }
             report.step("mount overlayfs on the mountpoint");
             let refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
-            mount_overlay(&refs, &self.mountpoint, flags)?;
+            mount_overlay(&refs, upper, &self.mountpoint, flags)?;
             mounted.0.push(self.mountpoint.clone());
             // The overlay holds its layers: their own mounts go from view.
             report.step("detach the layers' erofs mounts");
             for l in &lowers {
                 detach(l)?;
             }
+        }
+        if let Some(hook) = mounted_hook {
+            let dev = std::fs::metadata(&self.mountpoint)
+                .context("the new mount")?
+                .dev();
+            hook(&self.mountpoint, dev)?;
         }
         report.step("detach the image files' mount");
         // From here the erofs mounts hold the files; the FUSE mount goes from view.

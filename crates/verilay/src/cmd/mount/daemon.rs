@@ -56,7 +56,7 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     r.step("open the log file");
     let log = logger(s, r.on_stderr())?;
     if s.engine.0 == mountopts::Engine::Kernel {
-        return serve_kernel(s, &plan, layers, log, r);
+        return serve_kernel(s, &plan, layers, claim, log, r);
     }
     let measure = s.measure();
     match claim {
@@ -167,12 +167,13 @@ fn serve_writable(
     finish_measuring(served, measuring)
 }
 
-/// The images alone, read-only, by the kernel's erofs (and overlayfs) over the image
-/// files this daemon serves.
+/// The images by the kernel's erofs over the image files this daemon serves, and
+/// overlayfs for a stack or under the claimed upper and work directories.
 fn serve_kernel(
     s: &Settings,
     plan: &plan::Plan,
     layers: Layers,
+    mut claim: Option<upper::Claim>,
     log: imagefs::Logger,
     r: &mut Reporter,
 ) -> anyhow::Result<()> {
@@ -192,7 +193,50 @@ fn serve_kernel(
             name: image.display().to_string(),
         })
         .collect();
-    plan.serve_kernel(ImageFiles::new(files, log), r)
+    let dirs = match (&s.opts.upper, &s.opts.work, &claim) {
+        (Some(u), Some(w), Some(c)) => Some(claimed_paths(u, w, c)?),
+        _ => None,
+    };
+    let dirs = dirs.as_ref().map(|(u, w)| (u.as_path(), w.as_path()));
+    let mut record = |mp: &Path, dev: u64| match claim.as_mut() {
+        Some(c) => c
+            .mounted(mp, dev)
+            .context("recording the mount in the work directory's lock"),
+        None => Ok(()),
+    };
+    let served = plan.serve_kernel(ImageFiles::new(files, log), dirs, Some(&mut record), r);
+    // The directories are ours no longer once the kernel let go of the mount.
+    drop(claim);
+    served
+}
+
+/// The upper and work directories as overlayfs is told them: absolute (mount tables
+/// show them as given, and other mounts' checks read them there), and still the
+/// directories claimed (a path moved since names another directory: refused).
+fn claimed_paths(
+    upper: &Path,
+    work: &Path,
+    claim: &upper::Claim,
+) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for ((name, dir), id) in [("upper", upper), ("work", work)]
+        .into_iter()
+        .zip(claim.ids())
+    {
+        let abs = std::fs::canonicalize(dir)
+            .with_context(|| format!("{name} directory {}", dir.display()))?;
+        let m = std::fs::metadata(&abs)
+            .with_context(|| format!("{name} directory {}", abs.display()))?;
+        anyhow::ensure!(
+            (m.dev(), m.ino()) == id,
+            "{name} directory {}: another directory since it was claimed",
+            dir.display()
+        );
+        out.push(abs);
+    }
+    let work = out.pop().expect("two paths");
+    Ok((out.pop().expect("two paths"), work))
 }
 
 /// The images alone, read-only.
