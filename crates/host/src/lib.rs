@@ -5,5 +5,6 @@
 //! Nothing here knows images or FUSE: it is mount(2), directories and the kernel's
 //! answers, each failure said in one line that names the path.
 
+pub mod fanotify;
 pub mod mounts;
 pub mod private;

@@ -1,8 +1,13 @@
-//! The kernel's own filesystems, mounted: erofs over an image file (a file-backed mount,
-//! Linux 6.12+) and a read-only overlayfs over several lower directories.
+//! The kernel's own filesystems, mounted with the new mount API (fsopen, fsconfig,
+//! fsmount, move_mount): erofs over an image file (a file-backed mount, Linux 6.12+) and
+//! overlayfs over erofs mounts, made detached and attached where they belong once the
+//! caller is ready (see [`Detached`]).
 
-use anyhow::{bail, Context};
-use rustix::mount::{MountFlags, UnmountFlags};
+use anyhow::{bail, Context as _};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::mount::{
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
+};
 use std::path::Path;
 
 /// Whether the kernel can mount erofs over a regular file: erofs is known (built in or
@@ -48,60 +53,103 @@ fn filesystem_known(name: &str) -> bool {
         .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().last() == Some(name)))
 }
 
-/// Mounts the erofs image in the regular file `file` on `target`, read-only, with
-/// `flags` besides.
-pub fn mount_erofs(file: &Path, target: &Path, flags: MountFlags) -> anyhow::Result<()> {
-    rustix::mount::mount(file, target, "erofs", flags | MountFlags::RDONLY, "").map_err(|e| match e
-    {
-        rustix::io::Errno::NOTBLK => anyhow::anyhow!(
-            "{}: the kernel refuses a file-backed erofs mount over this file (ENOTBLK)",
-            file.display()
-        ),
-        e => anyhow::anyhow!(
-            "mounting erofs from {} on {}: {e}",
-            file.display(),
-            target.display()
-        ),
-    })
+/// A mount made with the new mount API and not attached anywhere yet: nobody can reach
+/// it until [`Detached::attach`] puts it on a directory, so whatever must watch it
+/// (a fanotify mark) is in place before its first user. Dropped unattached, it is gone.
+pub struct Detached {
+    fd: OwnedFd,
 }
 
-/// Mounts overlayfs on `target` with `flags`: `lowers` (top first) under `upper` (an
-/// upper and a work directory, `redirect_dir=on` as verilay's FUSE engine writes
-/// renamed directories), or read-only over two or more lowers when there is none.
-pub fn mount_overlay(
+impl Detached {
+    /// The mount's root (an `O_PATH` descriptor, as fsmount gives it).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The mount's root opened for reading: what calls that refuse `O_PATH` descriptors
+    /// take (a fanotify mark on it marks the mount).
+    pub fn open_root(&self) -> anyhow::Result<OwnedFd> {
+        rustix::fs::openat(
+            self.fd.as_fd(),
+            ".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .context("opening the new mount's root")
+    }
+
+    /// Attaches the mount on `target`.
+    pub fn attach(self, target: &Path) -> anyhow::Result<()> {
+        rustix::mount::move_mount(
+            self.fd.as_fd(),
+            "",
+            rustix::fs::CWD,
+            target,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .with_context(|| format!("attaching the mount on {}", target.display()))
+    }
+}
+
+/// The erofs image in the regular file `file`, mounted read-only with `flags` besides.
+pub fn erofs(file: &Path, flags: MountFlags) -> anyhow::Result<Detached> {
+    let name = file.display();
+    let fs = Context::open("erofs")?;
+    fs.set("source", file.as_os_str())
+        .and_then(|()| fs.create(flags | MountFlags::RDONLY))
+        .map_err(|e| match e {
+            (rustix::io::Errno::NOTBLK, _) => anyhow::anyhow!(
+                "{name}: the kernel refuses a file-backed erofs mount over this file (ENOTBLK)"
+            ),
+            (e, why) => anyhow::anyhow!("mounting erofs from {name}: {e}{why}"),
+        })?;
+    fs.mount(flags | MountFlags::RDONLY)
+        .with_context(|| format!("mounting erofs from {name}"))
+}
+
+/// overlayfs with `flags`: `lowers` (top first) under `upper` (an upper and a work
+/// directory, `redirect_dir=on` as verilay's FUSE engine writes renamed directories),
+/// or read-only over two or more lowers when there is none. `xino=off`: a file's
+/// `st_dev` is its layer's, which tells the layers apart.
+pub fn overlay(
     lowers: &[&Path],
     upper: Option<(&Path, &Path)>,
-    target: &Path,
     flags: MountFlags,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Detached> {
     if lowers.is_empty() || (upper.is_none() && lowers.len() < 2) {
         bail!("a read-only overlay needs at least two lower directories");
     }
-    let mut data = String::from("lowerdir=");
+    let mut lowerdir = String::new();
     for (i, l) in lowers.iter().enumerate() {
         if i > 0 {
-            data.push(':');
+            lowerdir.push(':');
         }
-        data.push_str(&escape(l)?);
+        lowerdir.push_str(&escape(l)?);
     }
     let flags = match upper {
-        Some((u, w)) => {
-            data += &format!(
-                ",upperdir={},workdir={},redirect_dir=on",
-                escape(u)?,
-                escape(w)?
-            );
-            flags
-        }
+        Some(_) => flags,
         None => flags | MountFlags::RDONLY,
     };
-    rustix::mount::mount("overlay", target, "overlay", flags, data.as_str())
-        .with_context(|| format!("mounting overlayfs on {}", target.display()))
+    let fs = Context::open("overlay")?;
+    let mut options = vec![("lowerdir", lowerdir), ("xino", "off".into())];
+    if let Some((u, w)) = upper {
+        options.push(("upperdir", escape(u)?));
+        options.push(("workdir", escape(w)?));
+        options.push(("redirect_dir", "on".into()));
+    }
+    for (key, value) in &options {
+        fs.set(key, std::ffi::OsStr::new(value))
+            .map_err(|(e, why)| anyhow::anyhow!("overlayfs option {key}={value}: {e}{why}"))?;
+    }
+    fs.create(flags)
+        .map_err(|(e, why)| anyhow::anyhow!("mounting overlayfs: {e}{why}"))?;
+    fs.mount(flags).context("mounting overlayfs")
 }
 
-/// `path` as overlayfs's option string takes it: `\`, `,` and `:` escaped with a
-/// backslash (overlayfs unescapes each layer's path); a path that is not UTF-8 is
-/// refused.
+/// `path` as overlayfs takes a layer's path: `\\`, `,` and `:` escaped with a backslash
+/// (overlayfs unescapes each layer's path); a path that is not UTF-8 is refused.
 fn escape(path: &Path) -> anyhow::Result<String> {
     let s = path.to_str().with_context(|| {
         format!(
@@ -117,6 +165,95 @@ fn escape(path: &Path) -> anyhow::Result<String> {
         out.push(c);
     }
     Ok(out)
+}
+
+/// A filesystem context (fsopen), whose errors carry the kernel's own message.
+struct Context {
+    fd: OwnedFd,
+}
+
+/// An error, and the kernel's message for it (": …", or nothing).
+type Refusal = (rustix::io::Errno, String);
+
+impl Context {
+    fn open(fstype: &str) -> anyhow::Result<Context> {
+        let fd = rustix::mount::fsopen(fstype, FsOpenFlags::FSOPEN_CLOEXEC)
+            .with_context(|| format!("fsopen({fstype})"))?;
+        Ok(Context { fd })
+    }
+
+    fn set(&self, key: &str, value: &std::ffi::OsStr) -> Result<(), Refusal> {
+        rustix::mount::fsconfig_set_string(self.fd.as_fd(), key, value)
+            .map_err(|e| (e, self.message()))
+    }
+
+    /// Sets the superblock flags among `flags` and creates the superblock.
+    fn create(&self, flags: MountFlags) -> Result<(), Refusal> {
+        for (flag, key) in [
+            (MountFlags::RDONLY, "ro"),
+            (MountFlags::SYNCHRONOUS, "sync"),
+            (MountFlags::DIRSYNC, "dirsync"),
+            (MountFlags::LAZYTIME, "lazytime"),
+        ] {
+            if flags.contains(flag) {
+                rustix::mount::fsconfig_set_flag(self.fd.as_fd(), key)
+                    .map_err(|e| (e, self.message()))?;
+            }
+        }
+        rustix::mount::fsconfig_create(self.fd.as_fd()).map_err(|e| (e, self.message()))
+    }
+
+    /// The mount of the created superblock, with the mount attributes among `flags`.
+    fn mount(&self, flags: MountFlags) -> anyhow::Result<Detached> {
+        let mut attrs = MountAttrFlags::empty();
+        for (flag, attr) in [
+            (MountFlags::RDONLY, MountAttrFlags::MOUNT_ATTR_RDONLY),
+            (MountFlags::NOSUID, MountAttrFlags::MOUNT_ATTR_NOSUID),
+            (MountFlags::NODEV, MountAttrFlags::MOUNT_ATTR_NODEV),
+            (MountFlags::NOEXEC, MountAttrFlags::MOUNT_ATTR_NOEXEC),
+            (MountFlags::NOATIME, MountAttrFlags::MOUNT_ATTR_NOATIME),
+            (
+                MountFlags::STRICTATIME,
+                MountAttrFlags::MOUNT_ATTR_STRICTATIME,
+            ),
+            (
+                MountFlags::NODIRATIME,
+                MountAttrFlags::MOUNT_ATTR_NODIRATIME,
+            ),
+            (
+                MountFlags::NOSYMFOLLOW,
+                MountAttrFlags::MOUNT_ATTR_NOSYMFOLLOW,
+            ),
+        ] {
+            if flags.contains(flag) {
+                attrs |= attr;
+            }
+        }
+        let fd = rustix::mount::fsmount(self.fd.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, attrs)
+            .map_err(|e| anyhow::anyhow!("fsmount: {e}{}", self.message()))?;
+        Ok(Detached { fd })
+    }
+
+    /// The kernel's messages about this context (`fs/fs_context.c`: lines of "e …",
+    /// "w …"), as ": …", or nothing. Read without waiting, at most 1 KiB.
+    fn message(&self) -> String {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1024];
+        while out.len() < 1024 {
+            match rustix::io::read(&self.fd, &mut buf) {
+                Ok(n) if n > 0 => {
+                    let line = String::from_utf8_lossy(&buf[..n]);
+                    out.push(line.get(2..).unwrap_or("").trim().to_string());
+                }
+                _ => break,
+            }
+        }
+        if out.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", out.join("; "))
+        }
+    }
 }
 
 /// Detaches the mount on `target` at once; the kernel frees it when its last user goes.
@@ -141,7 +278,7 @@ mod tests {
         assert_eq!(escaped, r"/a\:b\,c\\d");
         let t = tempfile::tempdir().unwrap();
         let flags = rustix::mount::MountFlags::empty();
-        let e = super::mount_overlay(&[t.path()], None, t.path(), flags).unwrap_err();
+        let e = super::overlay(&[t.path()], None, flags).err().unwrap();
         assert!(e.to_string().contains("at least two"), "{e}");
     }
 }

@@ -59,6 +59,8 @@ pub struct ImageFiles {
     files: Vec<ImageFile>,
     log: Logger,
     notifier: NotifierSlot,
+    /// What `verilay stats` reports besides the session's counts (measuring, fetching).
+    stats: Vec<crate::stats::StatsSource>,
 }
 
 /// The root directory's inode; file `i` is inode `FIRST_FILE + i`.
@@ -73,7 +75,13 @@ impl ImageFiles {
             files,
             log,
             notifier: NotifierSlot::default(),
+            stats: Vec::new(),
         }
+    }
+
+    /// Adds members to what `verilay stats` reports.
+    pub fn add_stats(&mut self, source: crate::stats::StatsSource) {
+        self.stats.push(source);
     }
 
     /// How many image files there are.
@@ -141,6 +149,17 @@ impl Ops for ImageFiles {
 
     fn notifier_slot(&self) -> NotifierSlot {
         self.notifier.clone()
+    }
+
+    fn stats(&self) -> crate::stats::StatsSource {
+        let sources = self.stats.clone();
+        Arc::new(move || {
+            let mut s = crate::stats::Stats::new();
+            for source in &sources {
+                s.extend(source());
+            }
+            s
+        })
     }
 
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno> {

@@ -492,6 +492,12 @@ impl Policy {
         None
     }
 
+    /// Whether some rule has a uid, euid, gid or egid condition: then the decision for
+    /// one file can differ from one opener to the next.
+    pub fn depends_on_task(&self) -> bool {
+        self.rules.iter().any(Rule::needs_task)
+    }
+
     /// Whether any access to a file on `fs` can be measured. False only when provably
     /// not: no measure rule accepts `fs`, or a `dont_measure` rule with nothing but
     /// filesystem conditions (or none) accepts `fs` before any measure rule that does.

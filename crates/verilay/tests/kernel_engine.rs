@@ -235,7 +235,7 @@ fn a_byte_flipped_under_a_live_mount_is_eio_naming_the_file() {
     );
 }
 
-/// `--engine kernel` for a mount it cannot serve (a measured one, for now) is one line
+/// `--engine kernel` for a mount it cannot serve (a measured writable one, for now) is one line
 /// naming why, and nothing is mounted; `auto` serves it with the FUSE engine and says
 /// why, and serves a plain one with the kernel engine, saying why.
 #[test]
@@ -256,11 +256,16 @@ fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
     );
     std::fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
     std::fs::create_dir_all(&mnt).unwrap();
+    let d = dirs(t.path(), "w");
     let measured = [
         "--policy",
         policy.to_str().unwrap(),
         "--measure-log",
         list.to_str().unwrap(),
+        "--upper",
+        d.upper.to_str().unwrap(),
+        "--work",
+        d.work.to_str().unwrap(),
     ];
     let out = verilay()
         .arg("mount")
@@ -273,11 +278,14 @@ fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains("engine=kernel: measured mounts"), "{err}");
+    assert!(
+        err.contains("engine=kernel: measured writable mounts"),
+        "{err}"
+    );
     assert!(mount_of(&mnt).is_none());
     let m = EngineMount::new("auto", &[&image], &mnt, &measured);
     assert!(
-        m.said.contains("fuse engine (measured mounts"),
+        m.said.contains("fuse engine (measured writable mounts"),
         "{}",
         m.said
     );
@@ -447,4 +455,185 @@ fn auto_picks_fuse_for_an_ordinary_user() {
     assert!(out.status.success(), "{err}");
     assert_eq!(out.stdout, b"rootless");
     assert!(err.contains("fuse engine (erofs mounts need root"), "{err}");
+}
+
+/// A stack of an image holding a program and one holding files, and a policy measuring
+/// reads (FILE_CHECK) and execs (BPRM_CHECK): (tempdir, images top first, policy).
+fn measured_fixture() -> (tempfile::TempDir, [PathBuf; 2], PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let bin = t.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy("/bin/true", bin.join("true")).unwrap();
+    let files = t.path().join("files");
+    std::fs::create_dir_all(files.join("d")).unwrap();
+    for n in ["a", "b", "c"] {
+        std::fs::write(files.join("d").join(n), format!("file {n}\n")).unwrap();
+    }
+    let images = [t.path().join("bin.img"), t.path().join("files.img")];
+    build(&bin, &images[0], &["--quiet"]);
+    build(&files, &images[1], &["--quiet"]);
+    let policy = t.path().join("policy");
+    std::fs::write(
+        &policy,
+        "measure func=FILE_CHECK mask=MAY_READ\nmeasure func=BPRM_CHECK\n",
+    )
+    .unwrap();
+    (t, images, policy)
+}
+
+/// The list's entries (ascii), without the boot aggregate.
+fn entries(list: &Path) -> Vec<String> {
+    std::fs::read_to_string(list.join("ascii_runtime_measurements"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The same measured workload (reads, an exec, each a hundred times) on both engines, on
+/// the same mountpoint: the same entries, which evmctl and `verilay log verify` accept;
+/// the kernel engine asks the policy once per file and kind of open (ignore marks), and
+/// for every open when a rule depends on who opens.
+#[test]
+fn measured_opens_give_the_same_list_on_both_engines() {
+    if prerequisites() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let (t, images, policy) = measured_fixture();
+    let images: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+    let mnt = t.path().join("m");
+    let mut lists = Vec::new();
+    for engine in ["kernel", "fuse"] {
+        let list = t.path().join(format!("list-{engine}"));
+        let m = EngineMount::new(
+            engine,
+            &images,
+            &mnt,
+            &[
+                "--policy",
+                policy.to_str().unwrap(),
+                "--measure-log",
+                list.to_str().unwrap(),
+            ],
+        );
+        sh(&format!(
+            "cd {} && for i in $(seq 100); do cat d/a d/b >/dev/null && ./true; done",
+            m.dir.display()
+        ));
+        let stats = run(verilay().args(["stats", "--json"]).arg(&m.dir));
+        let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+        if engine == "kernel" {
+            // Two reads and an exec (BPRM_CHECK and FILE_CHECK): four checks in all.
+            assert_eq!(stats["checked"], 4, "{stats}");
+            assert_eq!(stats["engine"], "kernel", "{stats}");
+        }
+        drop(m);
+        assert!(
+            evmctl_accepts(&list),
+            "evmctl rejects the {engine} engine's list"
+        );
+        let out = verilay()
+            .args(["log", "verify"])
+            .arg(&list)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut e = entries(&list);
+        e.sort();
+        lists.push(e);
+    }
+    assert_eq!(lists[0].len(), 3, "{:?}", lists[0]);
+    assert_eq!(
+        lists[0], lists[1],
+        "kernel engine's entries, then the FUSE engine's"
+    );
+    // A rule on who opens: no ignore mark is exact, so every open is asked about.
+    let by_uid = t.path().join("by-uid");
+    std::fs::write(&by_uid, "measure func=FILE_CHECK uid=0\n").unwrap();
+    let list = t.path().join("list-uid");
+    let m = EngineMount::new(
+        "kernel",
+        &images,
+        &mnt,
+        &[
+            "--policy",
+            by_uid.to_str().unwrap(),
+            "--measure-log",
+            list.to_str().unwrap(),
+        ],
+    );
+    sh(&format!(
+        "cd {} && for i in $(seq 50); do cat d/a >/dev/null; done",
+        m.dir.display()
+    ));
+    let stats = run(verilay().args(["stats", "--json"]).arg(&m.dir));
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert!(stats["checked"].as_u64().unwrap() >= 50, "{stats}");
+    assert_eq!(stats["logged"], 1, "{stats}");
+}
+
+/// fanotify fails open: `kill -9` of a measured kernel-engine mount's daemon lets later
+/// opens through unmeasured. The list shows it: `log verify` refuses it as not closed
+/// cleanly, and the next mount records the gap as a violation entry first, which
+/// evmctl replays only when told to ignore violations.
+#[test]
+fn a_killed_kernel_engine_daemon_leaves_a_gap_the_next_mount_records() {
+    if prerequisites() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let (t, images, policy) = measured_fixture();
+    let images: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+    let (mnt, list) = (t.path().join("m"), t.path().join("list"));
+    let measured = [
+        "--policy",
+        policy.to_str().unwrap(),
+        "--measure-log",
+        list.to_str().unwrap(),
+    ];
+    let m = EngineMount::new("kernel", &images, &mnt, &measured);
+    assert_eq!(std::fs::read(m.dir.join("d/a")).unwrap(), b"file a\n");
+    let daemons = daemons_of(&m.dir);
+    assert_eq!(daemons.len(), 1);
+    run(Command::new("kill").args(["-9", &daemons[0].to_string()]));
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "the killed daemon to be gone",
+        || daemons_of(&m.dir).is_empty(),
+    );
+    drop(m);
+    let out = verilay()
+        .args(["log", "verify"])
+        .arg(&list)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not closed cleanly"), "{err}");
+    let m = EngineMount::new("kernel", &images, &mnt, &measured);
+    assert_eq!(std::fs::read(m.dir.join("d/b")).unwrap(), b"file b\n");
+    drop(m);
+    let out = verilay()
+        .args(["log", "verify", "--ignore-violations", "--json"])
+        .arg(&list)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["state"], "closed", "{json}");
+    assert_eq!(
+        json["violations"][0]["name"], "verilay:unclean-shutdown",
+        "{json}"
+    );
+    assert!(!evmctl_accepts(&list), "evmctl missed the violation");
+    let last = entries(&list).pop().unwrap();
+    assert!(last.ends_with(&format!("{}/d/b", mnt.display())), "{last}");
 }

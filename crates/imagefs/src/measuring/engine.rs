@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// The open flag the kernel adds to an exec's open (`__FMODE_EXEC`).
-const FMODE_EXEC: i32 = 0x20;
+pub(super) const FMODE_EXEC: i32 = 0x20;
 
 /// How long a measured reader of a file with a writer waits for that writer's RELEASE
 /// before recording open_writers (and a writer for the measured readers', before
@@ -102,6 +102,12 @@ impl Measuring {
             counters,
             mount: MountWatch::new(mountpoint),
         }
+    }
+
+    /// Whether some rule depends on who opens (uid, euid, gid, egid): then two opens of
+    /// one unchanged file can be decided differently.
+    pub fn depends_on_task(&self) -> bool {
+        self.policy.depends_on_task()
     }
 
     /// Whether a layer with this identity can ever be measured (else opens of its files

@@ -20,6 +20,7 @@ mod content;
 mod counters;
 mod digests;
 mod engine;
+pub mod fanotify;
 mod identity;
 mod inbox;
 mod opens;
@@ -61,7 +62,7 @@ pub struct Setup {
 impl Setup {
     /// The counters and the identity each layer reports (what `verilay stats` prints),
     /// made by a closure that holds what it needs (the stats socket's thread calls it).
-    fn stats_source(&self) -> impl Fn() -> Stats + Send + Sync + 'static {
+    pub fn stats_source(&self) -> impl Fn() -> Stats + Send + Sync + 'static {
         let measuring = self.measuring.clone();
         let layers = self.layers.clone();
         let upper = self.upper.clone();

@@ -16,15 +16,21 @@
 //!   connection, and the session with it.
 //! - A failing step leaves nothing mounted: what was mounted is detached again.
 
-use super::{kernel, Mounted, Plan, Reporter};
+use super::{kernel, Plan, Reporter};
 use crate::fuse;
 use crate::imagefiles::ImageFiles;
 use crate::ops::Access;
 use anyhow::Context;
-use host::mounts::{detach, mount_erofs, mount_overlay};
+use host::mounts::{detach, erofs, overlay};
 use host::private::PrivateDir;
+use rustix::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+/// Told, before the mount is attached on the mountpoint (so before anyone can open a
+/// file on it), its root, its device and the device of each image layer's erofs mount
+/// (top first): what watches opens is in place before the first.
+pub type BeforeAttach<'a> = &'a mut dyn FnMut(BorrowedFd<'_>, u64, &[u64]) -> anyhow::Result<()>;
 
 /// Mounts detached again on drop unless kept (a setup step failed).
 struct Detach(Vec<PathBuf>);
@@ -41,12 +47,12 @@ impl Plan {
     /// Serves `files` (one per image, top first) to the kernel, mounts erofs over each
     /// and, for a stack or under `upper` (the upper and work directories, claimed by the
     /// caller), overlayfs over those on the mountpoint, and serves until the kernel lets
-    /// go of the files. `mounted`, if given, is told the new mount's device.
+    /// go of the files. `before_attach`, if given, is told about the mount first.
     pub fn serve_kernel(
         &self,
         files: ImageFiles,
         upper: Option<(&Path, &Path)>,
-        mounted_hook: Option<Mounted<'_>>,
+        before_attach: Option<BeforeAttach<'_>>,
         report: &mut Reporter,
     ) -> anyhow::Result<()> {
         let count = files.len();
@@ -90,34 +96,43 @@ impl Plan {
         let flags = kernel::mount_flags(&self.flags, self.writable);
         let mut mounted = Detach(Vec::new());
         let file = |i: usize| files_dir.join(ImageFiles::file_name(i));
-        if count == 1 && upper.is_none() {
-            report.step("mount erofs on the mountpoint");
-            mount_erofs(&file(0), &self.mountpoint, flags)?;
-            mounted.0.push(self.mountpoint.clone());
+        let dev_of = |fd: BorrowedFd<'_>| -> anyhow::Result<u64> {
+            Ok(rustix::fs::fstat(fd).context("the new mount")?.st_dev)
+        };
+        let mut lowers = Vec::new();
+        let mut devices = Vec::new();
+        let top = if count == 1 && upper.is_none() {
+            report.step("mount erofs");
+            let m = erofs(&file(0), flags)?;
+            devices.push(dev_of(m.fd())?);
+            m
         } else {
-            let mut lowers = Vec::new();
             for i in 0..count {
                 report.step(&format!("mount erofs for layer {i}"));
                 let lower = private.subdir(&format!("layer-{i}"))?;
-                mount_erofs(&file(i), &lower, rustix::mount::MountFlags::empty())?;
+                let m = erofs(&file(i), rustix::mount::MountFlags::empty())?;
+                devices.push(dev_of(m.fd())?);
+                m.attach(&lower)?;
                 mounted.0.push(lower.clone());
                 lowers.push(lower);
             }
-            report.step("mount overlayfs on the mountpoint");
+            report.step("mount overlayfs");
             let refs: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
-            mount_overlay(&refs, upper, &self.mountpoint, flags)?;
-            mounted.0.push(self.mountpoint.clone());
-            // The overlay holds its layers: their own mounts go from view.
+            overlay(&refs, upper, flags)?
+        };
+        if let Some(hook) = before_attach {
+            let root = top.open_root()?;
+            hook(rustix::fd::AsFd::as_fd(&root), dev_of(top.fd())?, &devices)?;
+        }
+        report.step("attach the mount on the mountpoint");
+        top.attach(&self.mountpoint)?;
+        mounted.0.push(self.mountpoint.clone());
+        // The overlay holds its layers: their own mounts go from view.
+        if !lowers.is_empty() {
             report.step("detach the layers' erofs mounts");
             for l in &lowers {
                 detach(l)?;
             }
-        }
-        if let Some(hook) = mounted_hook {
-            let dev = std::fs::metadata(&self.mountpoint)
-                .context("the new mount")?
-                .dev();
-            hook(&self.mountpoint, dev)?;
         }
         report.step("detach the image files' mount");
         // From here the erofs mounts hold the files; the FUSE mount goes from view.

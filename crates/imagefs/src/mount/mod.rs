@@ -7,6 +7,7 @@
 
 mod daemon;
 mod engine;
+pub use engine::BeforeAttach;
 mod kernel;
 pub mod stats;
 

@@ -408,8 +408,8 @@ fn choose_engine(o: &MountOptions, root: bool) -> anyhow::Result<(Engine, String
     }
     let unserved = if !root {
         Some("erofs mounts need root (in the first user namespace)".to_string())
-    } else if o.policy.is_some() || o.measure_log.is_some() {
-        Some("measured mounts are the FUSE engine's for now".into())
+    } else if (o.policy.is_some() || o.measure_log.is_some()) && o.upper.is_some() {
+        Some("measured writable mounts are the FUSE engine's for now".into())
     } else {
         host::mounts::file_backed_erofs().err()
     };

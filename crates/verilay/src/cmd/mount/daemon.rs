@@ -55,10 +55,10 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     };
     r.step("open the log file");
     let log = logger(s, r.on_stderr())?;
-    if s.engine.0 == mountopts::Engine::Kernel {
-        return serve_kernel(s, &plan, layers, claim, log, r);
-    }
     let measure = s.measure();
+    if s.engine.0 == mountopts::Engine::Kernel {
+        return serve_kernel(s, &plan, layers, claim, log, &measure, r);
+    }
     match claim {
         Some(claim) => serve_writable(s, &plan, layers, claim, log, &measure, r),
         None => serve_read_only(s, &plan, layers, log, &measure, r),
@@ -175,9 +175,35 @@ fn serve_kernel(
     layers: Layers,
     mut claim: Option<upper::Claim>,
     log: imagefs::Logger,
+    measure: &MeasureArgs,
     r: &mut Reporter,
 ) -> anyhow::Result<()> {
     use imagefs::imagefiles::{ImageFile, ImageFiles};
+    use imagefs::measuring::fanotify;
+    // Opens are measured from fanotify's events, on as many threads as the mount serves
+    // requests with.
+    r.step("open the measurement list");
+    let setup = crate::cmd::measuring::setup(measure, &layers.ids, None, &s.mountpoint)?;
+    let measuring = setup.as_ref().map(|s| s.measuring.clone());
+    let mut stats: Vec<imagefs::stats::StatsSource> = Vec::new();
+    if let Some(setup) = &setup {
+        stats.push(Arc::new(setup.stats_source()));
+    }
+    stats.extend(layers.extra.clone());
+    let log = Arc::new(log);
+    let log_to = |log: &Arc<imagefs::Logger>| -> imagefs::Logger {
+        let log = log.clone();
+        Box::new(move |line: &str| log(line))
+    };
+    let mut front = setup.map(|setup| fanotify::Front {
+        setup,
+        images: layers.images,
+        devices: Vec::new(),
+        learnt: Default::default(),
+        mountpoint: std::fs::canonicalize(&s.mountpoint).unwrap_or_else(|_| s.mountpoint.clone()),
+        log: log_to(&log),
+        name: plan.source.clone(),
+    });
     // Every image of a mount is opened verified (plain images are refused), so each
     // has its source.
     anyhow::ensure!(
@@ -198,16 +224,31 @@ fn serve_kernel(
         _ => None,
     };
     let dirs = dirs.as_ref().map(|(u, w)| (u.as_path(), w.as_path()));
-    let mut record = |mp: &Path, dev: u64| match claim.as_mut() {
-        Some(c) => c
-            .mounted(mp, dev)
-            .context("recording the mount in the work directory's lock"),
-        None => Ok(()),
+    let threads = plan.threads;
+    let mut before_attach = |root: std::os::fd::BorrowedFd<'_>, dev: u64, devices: &[u64]| {
+        if let Some(c) = claim.as_mut() {
+            c.mounted(&s.mountpoint, dev)
+                .context("recording the mount in the work directory's lock")?;
+        }
+        if let Some(mut front) = front.take() {
+            // A single image's files show its erofs mount's device; a stack's show
+            // overlayfs's pseudo devices, learnt as they come.
+            if devices.len() == 1 && dirs.is_none() {
+                front.devices = devices.to_vec();
+            }
+            let group = host::fanotify::Group::on_mount(root)?;
+            fanotify::start(group, front, threads).context("starting the fanotify threads")?;
+        }
+        Ok(())
     };
-    let served = plan.serve_kernel(ImageFiles::new(files, log), dirs, Some(&mut record), r);
+    let mut files = ImageFiles::new(files, log_to(&log));
+    for source in stats {
+        files.add_stats(source);
+    }
+    let served = plan.serve_kernel(files, dirs, Some(&mut before_attach), r);
     // The directories are ours no longer once the kernel let go of the mount.
     drop(claim);
-    served
+    finish_measuring(served, measuring)
 }
 
 /// The upper and work directories as overlayfs is told them: absolute (mount tables

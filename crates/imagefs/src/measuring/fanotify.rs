@@ -1,0 +1,225 @@
+//! The kernel engine's front to the measuring engine: opens and execs on the mount come
+//! as fanotify permission events (`host::fanotify`), each decided and measured as the
+//! FUSE filesystems' OPEN is ([`Setup::measure`]), then answered: allowed, or denied
+//! (EPERM) when a measurement the policy asked for could not be made.
+//!
+//! What holds, and why:
+//! - A file is found by what it is: its `st_ino` is its erofs nid, and its `st_dev` says
+//!   which image layer serves it: the layer's erofs mount for a single image, and for a
+//!   stack the pseudo device overlayfs gives each lower layer's files (`xino=off`),
+//!   learnt from the first file of each layer met, found by its path (the topmost layer
+//!   holding a regular file of that nid there). Its bytes and fs-verity digest come from
+//!   the daemon's own verified reader of that image.
+//! - Images never change, so after a file's first open of a kind (read or exec) is
+//!   decided, an ignore mark spares every later one, exactly when no rule of the policy
+//!   depends on who opens (uid, euid, gid, egid); otherwise every open is an event.
+//! - An execve raises an exec event and then an open event: the second, seen while the
+//!   thread is still in execve, is allowed unmeasured (the first measured it as IMA
+//!   measures an exec: BPRM_CHECK and FILE_CHECK with MAY_EXEC).
+
+use super::{ContentKey, Opening, Setup};
+use crate::ops::Logger;
+use host::fanotify::{in_exec, Event, Group, Open};
+use std::io;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+type Img = erofs::read::Image<Arc<dyn erofs::read::ByteSource>>;
+
+/// What the front needs: the measuring setup, each layer's image (top first) and the
+/// device of its erofs mount, and where log lines go.
+pub struct Front {
+    pub setup: Setup,
+    pub images: Vec<Img>,
+    /// Each layer's device as its files show it, where known (a single image's erofs
+    /// mount); a stack's are learnt (`learnt`).
+    pub devices: Vec<u64>,
+    /// The device overlayfs shows for each layer's files, once learnt.
+    pub learnt: Mutex<Vec<(u64, usize)>>,
+    /// The mountpoint, absolute: where the paths events name begin.
+    pub mountpoint: std::path::PathBuf,
+    pub log: Logger,
+    /// How log lines name the mount.
+    pub name: String,
+}
+
+/// Serves `group`'s events with `workers` threads until the group is closed (the
+/// process ends).
+pub fn start(group: Group, front: Front, workers: usize) -> anyhow::Result<()> {
+    let group = Arc::new(group);
+    let front = Arc::new(front);
+    let (send, receive) = mpsc::channel::<Event>();
+    let receive = Arc::new(Mutex::new(receive));
+    for i in 0..workers.max(1) {
+        let (group, front, receive) = (group.clone(), front.clone(), receive.clone());
+        std::thread::Builder::new()
+            .name(format!("verilay-fanotify-{i}"))
+            .spawn(move || loop {
+                let next = receive.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                let Ok(event) = next else { return };
+                front.answer(&group, &event);
+            })?;
+    }
+    let reader_group = group.clone();
+    let log = front.clone();
+    std::thread::Builder::new()
+        .name("verilay-fanotify".into())
+        .spawn(move || loop {
+            match reader_group.next() {
+                Ok(events) => {
+                    for e in events {
+                        if send.send(e).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    (log.log)(&format!("{}: reading fanotify events: {e}", log.name));
+                    return;
+                }
+            }
+        })?;
+    Ok(())
+}
+
+impl Front {
+    /// Decides `event`, answers it, and spares later opens where that is exact.
+    fn answer(&self, group: &Group, event: &Event) {
+        let (allow, ignore) = match self.decide(event) {
+            Ok(decided) => decided,
+            Err(e) => {
+                (self.log)(&format!("{}: measuring an open: {e}", self.name));
+                (false, false)
+            }
+        };
+        if let Err(e) = group.answer(event, allow) {
+            (self.log)(&format!("{}: answering an open: {e}", self.name));
+        }
+        if allow && ignore && !self.setup.measuring.depends_on_task() {
+            let _ = group.ignore(event, event.kind());
+        }
+    }
+
+    /// (allow, whether an ignore mark may spare later opens of this kind).
+    fn decide(&self, event: &Event) -> io::Result<(bool, bool)> {
+        let kind = event.kind();
+        if kind == Open::File && in_exec(event.tid()) {
+            return Ok((true, false));
+        }
+        let Some(fd) = event.file() else {
+            return Ok((true, false));
+        };
+        let st = rustix::fs::fstat(fd)?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            // Directories and devices are never measured.
+            return Ok((true, true));
+        }
+        let path = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            rustix::fd::AsRawFd::as_raw_fd(&fd)
+        ))?;
+        let layer = self.layer_of(st.st_dev, st.st_ino, &path)?;
+        let image = &self.images[layer];
+        let inode = image
+            .inode(st.st_ino)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let content = ImageContent {
+            file: super::ImageFile {
+                image,
+                inode: &inode,
+            },
+            path: std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec(),
+        };
+        let flags = match kind {
+            Open::Exec => super::engine::FMODE_EXEC,
+            Open::File => 0,
+        };
+        let opening = Opening {
+            flags,
+            pid: event.tid(),
+            owner: (st.st_uid, st.st_gid),
+            fs: &self.setup.layers[layer],
+            key: ContentKey::Image {
+                layer: layer as u16,
+                nid: st.st_ino,
+            },
+            cookie: None,
+            opens: None,
+        };
+        match self
+            .setup
+            .measure(&opening, &content, &self.log, &self.name)
+        {
+            Ok(_) => Ok((true, true)),
+            Err(_) => Ok((false, false)),
+        }
+    }
+}
+
+impl Front {
+    /// The layer whose file has device `dev` and inode `nid`, at `path` on the mount.
+    fn layer_of(&self, dev: u64, nid: u64, path: &std::path::Path) -> io::Result<usize> {
+        if let Some(layer) = self.devices.iter().position(|&d| d == dev) {
+            return Ok(layer);
+        }
+        let mut learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(_, layer)) = learnt.iter().find(|(d, _)| *d == dev) {
+            return Ok(layer);
+        }
+        let unknown = || {
+            io::Error::other(format!(
+                "{}: on device {}:{}, in no image layer",
+                path.display(),
+                rustix::fs::major(dev),
+                rustix::fs::minor(dev)
+            ))
+        };
+        let inside = path.strip_prefix(&self.mountpoint).map_err(|_| unknown())?;
+        let layer = (0..self.images.len())
+            .filter(|&l| !learnt.iter().any(|&(_, known)| known == l))
+            .find(|&l| regular_nid(&self.images[l], inside) == Some(nid))
+            .ok_or_else(unknown)?;
+        learnt.push((dev, layer));
+        Ok(layer)
+    }
+}
+
+/// The nid of the regular file at `path` (relative) in `image`, if there is one.
+fn regular_nid(image: &Img, path: &std::path::Path) -> Option<u64> {
+    let mut inode = image.inode(image.root_nid()).ok()?;
+    let mut nid = image.root_nid();
+    for c in path.components() {
+        let std::path::Component::Normal(name) = c else {
+            return None;
+        };
+        let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
+        let entry = image.lookup(&inode, name).ok()??;
+        nid = entry.nid;
+        inode = image.inode(nid).ok()?;
+    }
+    inode.is_reg().then_some(nid)
+}
+
+/// An image file as the list names it (its path through the mount) and measures it.
+struct ImageContent<'a> {
+    file: super::ImageFile<'a, Arc<dyn erofs::read::ByteSource>>,
+    path: Vec<u8>,
+}
+
+impl super::Content for ImageContent<'_> {
+    fn path(&self) -> Vec<u8> {
+        self.path.clone()
+    }
+
+    fn reader(&self, _size: Option<u64>) -> io::Result<(Box<dyn io::Read + '_>, u64)> {
+        Ok(self.file.reader())
+    }
+
+    fn verity_digest(&self) -> io::Result<Option<[u8; 32]>> {
+        self.file.verity_digest()
+    }
+
+    fn ima_xattr(&self) -> Option<Vec<u8>> {
+        self.file.ima_xattr()
+    }
+}
