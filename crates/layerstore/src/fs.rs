@@ -12,8 +12,13 @@
 //! driver announces use by creating `use` in a layer directory and release by removing
 //! the directory; a store that counts them answers both with ENOENT, which is what it
 //! expects (anything else it logs as "GC doesn't seem to be supported").
+//!
+//! A layer the resolver refuses (`Found::Refused`) is there too, with an empty `diff`
+//! directory and empty `info` and `blob` files, but opening `info` or `blob` fails with
+//! EIO: the driver takes a layer it cannot stat for one the store lacks (and podman then
+//! reuses what it holds of the blob), while a failing `info` fails the pull.
 
-use crate::resolve::{Layer, Resolver};
+use crate::resolve::{Found, Layer, Refused, Resolver};
 use base64::Engine;
 use imagefs::ops::{AddEntry, Caller, Errno, NotifierSlot, Opened, Register, Statfs, Wants};
 use imagefs::{Attr, Kind, Ops};
@@ -34,6 +39,11 @@ enum Node {
     Diff(Arc<Layer>),
     Info(Arc<Layer>),
     Blob(Arc<Layer>),
+    /// A refused layer's directory, and its `diff` (an empty directory), `info` and
+    /// `blob` (empty files that fail to open).
+    Refused(Arc<Refused>),
+    RefusedDiff,
+    RefusedFile(Arc<Refused>),
 }
 
 #[derive(Default)]
@@ -43,11 +53,20 @@ struct Nodes {
 }
 
 impl Nodes {
-    /// The inode of `name` in `parent`, made by `make` the first time.
-    fn get_or_add(&mut self, parent: u64, name: &[u8], make: impl FnOnce() -> Node) -> u64 {
+    /// The inode of `name` in `parent` if it has one to `keep`; otherwise a new one made
+    /// by `make` (an old one lives on for the kernel, under no name).
+    fn get_or_replace(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        keep: impl FnOnce(&Node) -> bool,
+        make: impl FnOnce() -> Node,
+    ) -> u64 {
         let key = (parent, name.to_vec());
         if let Some(&ino) = self.by_name.get(&key) {
-            return ino;
+            if self.by_ino.get(&ino).is_some_and(|(_, _, n)| keep(n)) {
+                return ino;
+            }
         }
         let ino = ROOT + 1 + self.by_ino.len() as u64;
         self.by_ino
@@ -102,11 +121,22 @@ impl<R: Resolver> StoreFs<R> {
     }
 
     fn add(&self, parent: u64, name: &[u8], make: impl FnOnce() -> Node) -> Result<Attr, Errno> {
+        self.replace(parent, name, |_| true, make)
+    }
+
+    /// [`Nodes::get_or_replace`], and its attributes.
+    fn replace(
+        &self,
+        parent: u64,
+        name: &[u8],
+        keep: impl FnOnce(&Node) -> bool,
+        make: impl FnOnce() -> Node,
+    ) -> Result<Attr, Errno> {
         let ino = self
             .nodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get_or_add(parent, name, make);
+            .get_or_replace(parent, name, keep, make);
         self.getattr(ino)
     }
 
@@ -129,8 +159,9 @@ impl<R: Resolver> StoreFs<R> {
         }
     }
 
-    /// A layer directory for `name` (a digest) of `reference`, if the layer was converted.
-    fn lookup_layer(&self, reference: &str, name: &[u8]) -> Result<Option<Layer>, Errno> {
+    /// A layer directory for `name` (a digest) of `reference`, if the layer was converted
+    /// (or must be refused).
+    fn lookup_layer(&self, reference: &str, name: &[u8]) -> Result<Option<Found>, Errno> {
         let Some(digest) = std::str::from_utf8(name)
             .ok()
             .filter(|d| oci::reference::valid_digest(d))
@@ -186,13 +217,33 @@ impl<R: Resolver> Ops for StoreFs<R> {
                 Some(r) => self.add(parent, name, || Node::Reference(r)).map(Some),
                 None => Ok(None),
             },
+            // A layer's node is kept while it is served (a tag that moved to another
+            // image keeps its layers until the store restarts); a layer refused since, or
+            // served again after a refusal, gets a new one.
             Node::Reference(r) => match self.lookup_layer(r, name)? {
-                Some(layer) => {
-                    let layer = Arc::new(layer);
-                    self.add(parent, name, || Node::Layer(layer)).map(Some)
+                Some(Found::Layer(layer)) => {
+                    let layer = Arc::new(*layer);
+                    let keep = |n: &Node| matches!(n, Node::Layer(_));
+                    self.replace(parent, name, keep, || Node::Layer(layer))
+                        .map(Some)
+                }
+                Some(Found::Refused(no)) => {
+                    let no = Arc::new(no);
+                    let keep = |n: &Node| matches!(n, Node::Refused(o) if o.why == no.why);
+                    self.replace(parent, name, keep, || Node::Refused(no.clone()))
+                        .map(Some)
                 }
                 None => Ok(None),
             },
+            Node::Refused(no) => {
+                let no = no.clone();
+                match name {
+                    b"diff" => self.add(parent, name, || Node::RefusedDiff).map(Some),
+                    b"info" | b"blob" => self.add(parent, name, || Node::RefusedFile(no)).map(Some),
+                    _ => Ok(None),
+                }
+            }
+            Node::RefusedDiff => Ok(None),
             Node::Layer(layer) => {
                 let make: fn(Arc<Layer>) -> Node = match name {
                     b"diff" => Node::Diff,
@@ -209,9 +260,11 @@ impl<R: Resolver> Ops for StoreFs<R> {
 
     fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
         Ok(match &*self.node(ino)? {
-            Node::Root | Node::Reference(_) | Node::Layer(_) => {
+            Node::Root | Node::Reference(_) | Node::Layer(_) | Node::Refused(_) => {
                 self.attr(ino, Kind::Directory, 0o755, 4096)
             }
+            Node::RefusedDiff => self.attr(ino, Kind::Directory, 0o555, 4096),
+            Node::RefusedFile(_) => self.attr(ino, Kind::RegularFile, 0o444, 0),
             Node::Diff(l) => {
                 let len = self.resolver.diff_path(l).as_os_str().len() as u64;
                 self.attr(ino, Kind::Symlink, 0o777, len)
@@ -295,6 +348,13 @@ impl<R: Resolver> Ops for StoreFs<R> {
                 keep_cache: true,
                 ..Opened::default()
             }),
+            Node::RefusedFile(no) => {
+                (self.log)(&format!(
+                    "layer {} of {}: refused: {}",
+                    no.digest, no.reference, no.why
+                ));
+                Err(Errno::IO)
+            }
             _ => Err(Errno::ISDIR),
         }
     }
@@ -323,6 +383,7 @@ impl<R: Resolver> Ops for StoreFs<R> {
         };
         entries.push((parent, b"..".to_vec(), Kind::Directory));
         match &*node {
+            Node::RefusedDiff => {}
             Node::Root | Node::Reference(_) => {
                 let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
                 entries.extend(
@@ -332,7 +393,7 @@ impl<R: Resolver> Ops for StoreFs<R> {
                         .map(|(i, name, _)| (i, name, Kind::Directory)),
                 );
             }
-            Node::Layer(_) => {
+            Node::Layer(_) | Node::Refused(_) => {
                 for (name, kind) in [
                     (&b"diff"[..], Kind::Symlink),
                     (b"info", Kind::RegularFile),
@@ -388,7 +449,7 @@ impl<R: Resolver> StoreFs<R> {
     /// removed); anywhere else the store is read-only.
     fn refuse_change<T>(&self, parent: u64) -> Result<T, Errno> {
         match &*self.node(parent)? {
-            Node::Layer(_) | Node::Reference(_) => Err(Errno::NOENT),
+            Node::Layer(_) | Node::Reference(_) | Node::Refused(_) => Err(Errno::NOENT),
             _ => Err(Errno::ROFS),
         }
     }
@@ -420,6 +481,74 @@ fn read_at(f: &std::fs::File, offset: u64, buf: &mut [u8]) -> Result<usize, Errn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resolve::Refused;
+    use std::path::PathBuf;
+
+    /// Answers every layer with what `answer` holds at the time.
+    struct Fixed {
+        answer: Mutex<Option<Found>>,
+    }
+
+    impl Resolver for Fixed {
+        fn layer(&self, _: &str, _: &str) -> Result<Option<Found>, String> {
+            Ok(self.answer.lock().unwrap().clone())
+        }
+        fn diff_path(&self, _: &Layer) -> PathBuf {
+            PathBuf::from("/nowhere")
+        }
+        fn mount(&self, _: &Layer) -> Result<PathBuf, String> {
+            Err("no".into())
+        }
+        fn blob(&self, _: &Layer) -> Result<PathBuf, String> {
+            Err("no".into())
+        }
+    }
+
+    /// A refused layer: `diff`, `info` and `blob` stat, so the driver does not take it
+    /// for a missing one (and reuse what it holds), and `info` fails to open, naming why.
+    #[test]
+    fn a_refused_layer_is_there_and_fails_to_open() {
+        let refused = Found::Refused(Refused {
+            reference: "127.0.0.1:5000/app@sha256:0".into(),
+            digest: format!("sha256:{}", "d".repeat(64)),
+            why: "image X does not hold it".into(),
+        });
+        let logged = Arc::new(Mutex::new(Vec::new()));
+        let log = logged.clone();
+        let fs = StoreFs::new(
+            Fixed {
+                answer: Mutex::new(Some(refused)),
+            },
+            Box::new(move |l: &str| log.lock().unwrap().push(l.to_string())),
+        );
+        let enc = base64::engine::general_purpose::STANDARD.encode("127.0.0.1:5000/app:v1");
+        let r = fs.lookup(ROOT, enc.as_bytes()).unwrap().unwrap().ino;
+        let digest = format!("sha256:{}", "d".repeat(64));
+        let layer = fs.lookup(r, digest.as_bytes()).unwrap().unwrap().ino;
+        let diff = fs.lookup(layer, b"diff").unwrap().unwrap();
+        assert_eq!(diff.kind, Kind::Directory);
+        let caller = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let register: Register<'_> = &|_| Err(std::io::Error::other("no"));
+        for name in [&b"info"[..], b"blob"] {
+            let f = fs.lookup(layer, name).unwrap().unwrap();
+            assert_eq!(f.kind, Kind::RegularFile);
+            assert_eq!(
+                fs.open(&caller, f.ino, libc::O_RDONLY, register).err(),
+                Some(Errno::IO)
+            );
+        }
+        assert!(logged.lock().unwrap()[0].contains("does not hold it"));
+        // The driver's use and release notices get ENOENT, as on a served layer.
+        assert_eq!(fs.rmdir(r, digest.as_bytes()).err(), Some(Errno::NOENT));
+        assert_eq!(fs.rmdir(layer, b"use").err(), Some(Errno::NOENT));
+        // Answered otherwise later: a new node, which the kernel learns at its next lookup.
+        *fs.resolver.answer.lock().unwrap() = None;
+        assert!(fs.lookup(r, digest.as_bytes()).unwrap().is_none());
+    }
 
     #[test]
     fn names_decode_to_references_only() {

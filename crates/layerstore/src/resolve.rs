@@ -11,7 +11,17 @@
 //! it leads to images only when signed under the user's signature policy
 //! (`signed_referrers`); otherwise the layer is not in the store, and podman pulls it the
 //! ordinary way.
+//!
+//! What podman makes of an answer outlives it: containers/storage keeps the layer under
+//! its blob digest and DiffID, and reuses it for any later image listing either. So every
+//! binding served is recorded (`served`), and a layer that another binding (or none) may
+//! be reused for is answered only once each binding involved is found to hold the layer's
+//! files (`check`); one that does not makes every other image's request for the layer
+//! fail (`Found::Refused`), which fails its pull.
 
+use crate::check;
+use crate::served::{Binding, Record, Verdict};
+use oci::artifact::Descriptor;
 use oci::conversion::{self, ConvertedLayer};
 use oci::image::{self, Parsed};
 use oci::{Reference, Registry};
@@ -19,7 +29,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// One converted layer of an image, as the store serves it.
@@ -33,10 +43,28 @@ pub struct Layer {
     pub info: Vec<u8>,
 }
 
+/// A layer the store must not answer for: containers/storage would reuse for this image
+/// a layer made of an image that does not hold the layer's files. Its `info` fails to
+/// open, which fails podman's pull (a missing layer would let it reuse one).
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub reference: String,
+    pub digest: String,
+    pub why: String,
+}
+
+/// What the store answers for a layer it knows.
+#[derive(Debug, Clone)]
+pub enum Found {
+    Layer(Box<Layer>),
+    Refused(Refused),
+}
+
 /// What the store asks of the world.
 pub trait Resolver: Send + Sync + 'static {
-    /// Layer `digest` of the image `reference` names, if it was converted.
-    fn layer(&self, reference: &str, digest: &str) -> Result<Option<Layer>, String>;
+    /// Layer `digest` of the image `reference` names: its image if it was converted, a
+    /// refusal if it must not be answered for.
+    fn layer(&self, reference: &str, digest: &str) -> Result<Option<Found>, String>;
     /// Where the layer's files are once mounted (the `diff` link's target).
     fn diff_path(&self, layer: &Layer) -> PathBuf;
     /// Mounts the layer at [`Resolver::diff_path`] unless it is mounted.
@@ -93,14 +121,41 @@ const KEEP: Duration = Duration::from_secs(10);
 /// podman asks about as many references as it is given.
 const KEPT_REFERENCES: usize = 256;
 
-/// What each reference asked about resolved to (its converted layers, or why none could
-/// be found), and when.
-type Resolved = Result<Arc<Vec<ConvertedLayer>>, String>;
+/// What a reference resolved to: its converted layers, and what its manifests list (to
+/// find a layer's DiffID in their configs when it binds none).
+struct Resolution {
+    layers: Vec<ConvertedLayer>,
+    /// Each manifest's config and layers.
+    listed: Vec<(Descriptor, Vec<Descriptor>)>,
+    /// Each layer's DiffIDs, from the configs: fetched once, when first needed.
+    diff_ids: OnceLock<Result<HashMap<String, Vec<String>>, String>>,
+}
+
+impl Resolution {
+    /// How the manifests list layer `digest`.
+    fn listing(&self, digest: &str) -> Option<&Descriptor> {
+        self.listed
+            .iter()
+            .flat_map(|(_, layers)| layers)
+            .find(|d| d.digest == digest)
+    }
+}
+
+/// What each reference asked about resolved to (or why nothing could be found), and when.
+type Resolved = Result<Arc<Resolution>, String>;
 type Known = HashMap<String, (Instant, Resolved)>;
 /// A lookup's whole budget, in periods of `--timeout`: checked before each request, so
 /// one lookup ends within this plus one request's own bound however many manifests,
 /// referrers and signatures a registry lists.
 const LOOKUP_PERIODS: u32 = 4;
+/// The largest image config read (for its DiffIDs), as a manifest.
+const CONFIG_MAX: u64 = 4 << 20;
+/// The most lookups checking bindings or waiting to (one checks at a time: each rebuilds
+/// a layer on disk); each holds one of the store's threads.
+const CHECKERS: usize = 8;
+/// The most rounds of checks one lookup makes while other lookups serve new bindings of
+/// its layer.
+const CHECK_ROUNDS: usize = 4;
 
 /// The registry side: references resolved through the OCI referrers of their manifests,
 /// layers mounted by running `verilay mount` on their image artifacts.
@@ -126,6 +181,11 @@ pub struct OciResolver {
     /// how many readers are fetching or waiting for one.
     fetching: Mutex<HashMap<String, Arc<Mutex<Fetched>>>>,
     fetchers: std::sync::atomic::AtomicUsize,
+    /// Every binding served and every verdict found (`served.json`; [`Self::open_record`]).
+    record: Mutex<Record>,
+    /// One check at a time, and how many lookups are checking or waiting to.
+    checking: Mutex<()>,
+    checkers: std::sync::atomic::AtomicUsize,
 }
 
 /// How the last fetch of a blob ended, for the readers that waited for it: a failure
@@ -140,13 +200,16 @@ pub const BLOB_READERS: usize = 4;
 const BLOB_MAX: u64 = 32 << 30;
 /// The threads the store's mount serves requests with.
 pub const STORE_THREADS: usize = 16;
+/// The record of bindings served, in the state directory.
+const RECORD: &str = "served.json";
+/// Where checks rebuild layers (one directory per check, removed after it).
+const CHECKS: &str = "checks";
 
 impl OciResolver {
     pub fn new(state: PathBuf, mount_program: PathBuf) -> OciResolver {
         OciResolver {
             insecure: false,
             timeout: Duration::from_secs(30),
-            state,
             mount_program,
             mount_args: Vec::new(),
             measure_logs: None,
@@ -156,7 +219,30 @@ impl OciResolver {
             mounting: Mutex::new(HashMap::new()),
             fetching: Mutex::new(HashMap::new()),
             fetchers: Default::default(),
+            record: Mutex::new(Record::empty(&state.join(RECORD))),
+            checking: Mutex::new(()),
+            checkers: Default::default(),
+            state,
         }
+    }
+
+    /// Reads what the store served before (`STATE/served.json`), and clears what checks
+    /// left behind. A record that cannot be read is an error: the layers it names may be
+    /// in podman's storage still.
+    pub fn open_record(&mut self) -> Result<(), String> {
+        let record = Record::open(&self.state.join(RECORD))?;
+        *self.record.get_mut().unwrap_or_else(|e| e.into_inner()) = record;
+        let checks = self.state.join(CHECKS);
+        match std::fs::remove_dir_all(&checks) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(format!("{}: {e}", checks.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn record(&self) -> MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn registry(&self, r: &Reference) -> Result<Registry, String> {
@@ -205,7 +291,7 @@ impl OciResolver {
     }
 
     /// The converted layers of `r` from the registry, within `deadline`.
-    fn resolve(&self, r: &Reference, deadline: Instant) -> Result<Vec<ConvertedLayer>, String> {
+    fn resolve(&self, r: &Reference, deadline: Instant) -> Result<Resolution, String> {
         let reg = self.registry(r)?;
         let (bytes, media_type) = reg
             .get_manifest(&r.repository, r.target_str())
@@ -258,7 +344,12 @@ impl OciResolver {
             }
         };
         let mut layers: Vec<ConvertedLayer> = Vec::new();
+        let mut listed = Vec::new();
         for (m, bytes) in manifests {
+            // Attestations and other artifacts an index lists list no layers of the image.
+            if let Ok(parsed) = serde_json::from_slice::<oci::artifact::Manifest>(&bytes) {
+                listed.push((parsed.config, parsed.layers));
+            }
             let mut bound =
                 conversion::bound_layers(&bytes).map_err(|e| format!("{r}: {m}: {e}"))?;
             if bound.is_empty() {
@@ -275,7 +366,73 @@ impl OciResolver {
                 }
             }
         }
-        Ok(layers)
+        Ok(Resolution {
+            layers,
+            listed,
+            diff_ids: OnceLock::new(),
+        })
+    }
+
+    /// The DiffIDs the configs of `r`'s manifests give layer blob `digest` (each config's
+    /// `rootfs.diff_ids`, by position), fetched once per resolution.
+    fn diff_ids(
+        &self,
+        r: &Reference,
+        res: &Resolution,
+        digest: &str,
+    ) -> Result<Vec<String>, String> {
+        let all = res.diff_ids.get_or_init(|| {
+            let reg = self.registry(r)?;
+            let mut all: HashMap<String, Vec<String>> = HashMap::new();
+            let deadline = Instant::now() + self.timeout * LOOKUP_PERIODS;
+            for (config, layers) in &res.listed {
+                in_time(r, deadline)?;
+                for (layer, diff_id) in layers.iter().zip(self.config_diff_ids(&reg, r, config)?) {
+                    let ids = all.entry(layer.digest.clone()).or_default();
+                    if !ids.contains(&diff_id) {
+                        ids.push(diff_id);
+                    }
+                }
+            }
+            Ok(all)
+        });
+        match all {
+            Ok(all) => Ok(all.get(digest).cloned().unwrap_or_default()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// `rootfs.diff_ids` of the config `d` of an image in `r`'s repository.
+    fn config_diff_ids(
+        &self,
+        reg: &Registry,
+        r: &Reference,
+        d: &Descriptor,
+    ) -> Result<Vec<String>, String> {
+        use std::io::Read;
+        let what = |e: &dyn std::fmt::Display| format!("{r}: config {}: {e}", d.digest);
+        if d.size > CONFIG_MAX {
+            return Err(what(&format!("{} bytes, more than {CONFIG_MAX}", d.size)));
+        }
+        let mut bytes = Vec::new();
+        reg.get_blob(&r.repository, &d.digest)
+            .map_err(|e| what(&e))?
+            .take(d.size + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| what(&e))?;
+        if bytes.len() as u64 != d.size || oci::registry::sha256_digest(&bytes) != d.digest {
+            return Err(what(&"the registry sent other bytes"));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| what(&e))?;
+        Ok(v.pointer("/rootfs/diff_ids")
+            .and_then(|v| v.as_array())
+            .map(|ids| {
+                ids.iter()
+                    // Kept in place, so each stays with its layer.
+                    .map(|i| i.as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 }
 
@@ -398,19 +555,55 @@ fn hex_of(digest: &str) -> &str {
 }
 
 impl Resolver for OciResolver {
-    fn layer(&self, reference: &str, digest: &str) -> Result<Option<Layer>, String> {
+    fn layer(&self, reference: &str, digest: &str) -> Result<Option<Found>, String> {
         let r = parse_reference(reference)?;
-        // Keyed by the reference as parsed: every spelling of one shares an entry.
-        let layers = self.converted(&r.to_string(), &r)?;
-        Ok(layers
-            .iter()
-            .find(|l| l.source.digest == digest)
-            .map(|l| Layer {
-                reference: r.clone(),
-                source: l.source.clone(),
-                converted: l.clone(),
-                info: info_of(l),
-            }))
+        let refuse = |why: String| {
+            Ok(Some(Found::Refused(Refused {
+                reference: reference.to_string(),
+                digest: digest.to_string(),
+                why,
+            })))
+        };
+        // Keyed by the reference as parsed: every spelling of one shares an entry. An image
+        // the store cannot look up gets no answer (podman looked it up itself, and may
+        // reuse what it holds of the layer: see SECURITY.md).
+        let res = self.converted(&r.to_string(), &r)?;
+        let bound = res.layers.iter().find(|l| l.source.digest == digest);
+        let Some(listed) = res.listing(digest) else {
+            // Not a layer of this image: podman asks about it for another one.
+            return Ok(None);
+        };
+        let own = bound.map(|l| Binding::of(&r.to_string(), l));
+        // The DiffID podman files the layer under: the binding's claim, or the config's.
+        let (nothing_served, unchecked) = {
+            let record = self.record();
+            (record.is_empty(), record.unchecked())
+        };
+        let diff_ids = match (&own, nothing_served) {
+            (Some(b), _) => vec![b.diff_id.clone()],
+            (None, true) => Vec::new(),
+            (None, false) => match self.diff_ids(&r, &res, digest) {
+                Ok(ids) => ids,
+                // podman needs the config as much: without it, a layer served and not
+                // found to hold its files might be the one it reuses.
+                Err(e) if unchecked => {
+                    return refuse(format!("the layer's DiffID cannot be found: {e}"))
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        match self.clear(&r, digest, listed, &diff_ids, own.as_ref()) {
+            Err(why) => refuse(why),
+            Ok(false) => Ok(None),
+            Ok(true) => Ok(bound.map(|l| {
+                Found::Layer(Box::new(Layer {
+                    reference: r.clone(),
+                    source: l.source.clone(),
+                    converted: l.clone(),
+                    info: info_of(l),
+                }))
+            })),
+        }
     }
 
     fn diff_path(&self, layer: &Layer) -> PathBuf {
@@ -474,9 +667,17 @@ impl Resolver for OciResolver {
     }
 
     fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
+        self.blob_of(&layer.reference, &layer.source)
+    }
+}
+
+impl OciResolver {
+    /// The layer blob `source` from `reference`'s repository, fetched whole once for all
+    /// its readers, checked, and kept under `blobs/`.
+    fn blob_of(&self, reference: &Reference, source: &Descriptor) -> Result<PathBuf, String> {
         use std::sync::atomic::Ordering::Relaxed;
         let dir = self.state.join("blobs");
-        let hex = hex_of(&layer.source.digest);
+        let hex = hex_of(&source.digest);
         let path = dir.join(hex);
         if path.exists() {
             return Ok(path);
@@ -510,7 +711,11 @@ impl Resolver for OciResolver {
                 return Err(e.clone()); // the fetch this one waited for failed
             }
         }
-        let fetched = self.fetch_blob(layer, &dir, &path);
+        let fetched = self.download(reference, source, &dir).and_then(|tmp| {
+            tmp.persist(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(path.clone())
+        });
         match &fetched {
             Ok(_) => {
                 self.fetching
@@ -525,37 +730,226 @@ impl Resolver for OciResolver {
 }
 
 impl OciResolver {
-    /// The original blob of `layer` fetched whole into `dir`, checked, and named `path`.
-    fn fetch_blob(&self, layer: &Layer, dir: &Path, path: &Path) -> Result<PathBuf, String> {
+    /// The blob `source` from `reference`'s repository, fetched whole into a temporary
+    /// file in `dir` and checked: removed on any failure, and unless the caller keeps it.
+    fn download(
+        &self,
+        reference: &Reference,
+        source: &Descriptor,
+        dir: &Path,
+    ) -> Result<tempfile::NamedTempFile, String> {
         // The size is the manifest's claim, and the blob is written before it is checked.
-        if layer.source.size > BLOB_MAX {
+        if source.size > BLOB_MAX {
             return Err(format!(
                 "the blob is {} bytes, more than the {BLOB_MAX} the store fetches",
-                layer.source.size
+                source.size
             ));
         }
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let reg = self.registry(&layer.reference)?;
+        let reg = self.registry(reference)?;
         let reader = reg
-            .get_blob(&layer.reference.repository, &layer.source.digest)
+            .get_blob(&reference.repository, &source.digest)
             .map_err(|e| e.to_string())?;
-        // Named only once whole and checked; removed on any failure before that.
         let tmp =
             tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         // One byte more than listed is read, to see a blob that runs on.
-        let limit = layer.source.size.saturating_add(1);
+        let limit = source.size.saturating_add(1);
         let got = oci::sha256_copy(reader, tmp.as_file(), limit, &|_| {})
             .map_err(|e| format!("fetching: {e}"))?;
-        if got != (layer.source.digest.clone(), layer.source.size) {
+        if got != (source.digest.clone(), source.size) {
             return Err(format!(
                 "the blob fetched ({} bytes) hashes to {}, not to {}",
-                got.1, got.0, layer.source.digest
+                got.1, got.0, source.digest
             ));
         }
-        tmp.persist(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(path.to_path_buf())
+        Ok(tmp)
     }
+
+    /// Whether the store may answer for layer `digest` of `r`, which binds it as `own`
+    /// (or not at all) and whose DiffIDs for it are `diff_ids`; `listed` is how `r` lists
+    /// it. podman may reuse for it a layer made of any binding served for that blob or
+    /// claiming one of those DiffIDs: unless `own` is the only one, each of them (and
+    /// `own`, which is about to be served beside them) must first be found to hold the
+    /// layer's files. `Ok(true)`: answer as always, `own` recorded as served first;
+    /// `Ok(false)`: `own` cannot be recorded, so it is not served (the others hold the
+    /// layer: podman may reuse them, or pull it); `Err`: refused, and why.
+    fn clear(
+        &self,
+        r: &Reference,
+        digest: &str,
+        listed: &Descriptor,
+        diff_ids: &[String],
+        own: Option<&Binding>,
+    ) -> Result<bool, String> {
+        for _ in 0..CHECK_ROUNDS {
+            let pending = {
+                let mut record = self.record();
+                let mut judged: Vec<Binding> = record
+                    .relevant(digest, diff_ids)
+                    .into_iter()
+                    .map(|e| e.binding)
+                    .filter(|b| own.is_none_or(|o| !b.same(o)))
+                    .collect();
+                if !judged.is_empty() {
+                    judged.extend(own.cloned());
+                }
+                for b in &judged {
+                    if let Some(Verdict::Differs(why)) = record.verdict(b) {
+                        return Err(refusal(digest, b, own, &why));
+                    }
+                }
+                judged.retain(|b| record.verdict(b).is_none());
+                if judged.is_empty() {
+                    // Decided and recorded under one lock: no binding is served between.
+                    let Some(own) = own else { return Ok(true) };
+                    return match record.serve(own) {
+                        Ok(true) => Ok(true),
+                        Ok(false) => {
+                            eprintln!("verilay layer-store: layer {digest} of {r}: not served: the record of layers served is full of layers not found to hold their files");
+                            Ok(false)
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "verilay layer-store: layer {digest} of {r}: not served: {e}"
+                            );
+                            Ok(false)
+                        }
+                    };
+                }
+                judged
+            };
+            self.check(r, digest, listed, &pending)
+                .map_err(|e| format!("layer {digest}: {e}"))?;
+        }
+        Err(format!(
+            "layer {digest}: other images keep binding it to new images: try again"
+        ))
+    }
+
+    /// Checks each of `pending` against its layer blob and records the verdict. Blobs
+    /// come from `r`'s repository for layer `digest` (`r` lists it as `listed`: podman
+    /// pulls it from there), else from that of the reference that bound them.
+    fn check(
+        &self,
+        r: &Reference,
+        digest: &str,
+        listed: &Descriptor,
+        pending: &[Binding],
+    ) -> Result<(), String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        struct Leave<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Relaxed);
+            }
+        }
+        let _counted = Leave(&self.checkers);
+        if self.checkers.fetch_add(1, Relaxed) >= CHECKERS {
+            return Err(format!(
+                "{CHECKERS} lookups are already checking layers or waiting to: try again"
+            ));
+        }
+        let _one = self.checking.lock().unwrap_or_else(|e| e.into_inner());
+        // Judged by another lookup while this one waited: kept.
+        let pending: Vec<&Binding> = pending
+            .iter()
+            .filter(|b| self.record().verdict(b).is_none())
+            .collect();
+        let mut layers: Vec<&str> = pending.iter().map(|b| b.layer.as_str()).collect();
+        layers.sort();
+        layers.dedup();
+        for layer in layers {
+            let group: Vec<&Binding> = pending
+                .iter()
+                .copied()
+                .filter(|b| b.layer == layer)
+                .collect();
+            let Some(&b) = group.first() else { continue };
+            let fail = |e: String| {
+                format!(
+                    "image {} (bound by {}) could not be checked against the layer's blob: {e}",
+                    b.image, b.reference
+                )
+            };
+            let (from, source) = if layer == digest {
+                (r.clone(), listed.clone())
+            } else {
+                let from = parse_reference(&b.reference).map_err(fail)?;
+                let mut d = Descriptor::of(&b.media_type, b"");
+                d.digest = b.layer.clone();
+                d.size = b.layer_size;
+                (from, d)
+            };
+            for b in &group {
+                eprintln!(
+                    "verilay layer-store: layer {layer}: checking image {} (bound by {}) against the layer's blob",
+                    b.image, b.reference
+                );
+            }
+            let blob = self.blob_of(&from, &source).map_err(fail)?;
+            let checks = self.state.join(CHECKS);
+            std::fs::create_dir_all(&checks)
+                .map_err(|e| fail(format!("{}: {e}", checks.display())))?;
+            // Removed with everything in it once this layer is judged, or on any failure.
+            let work = tempfile::TempDir::new_in(&checks)
+                .map_err(|e| fail(format!("{}: {e}", checks.display())))?;
+            let rebuilt = check::rebuild(&blob, work.path()).map_err(fail)?;
+            for b in group {
+                let fail = |e: String| {
+                    format!(
+                        "image {} (bound by {}) could not be checked against the layer's blob: {e}",
+                        b.image, b.reference
+                    )
+                };
+                let verdict = match &rebuilt {
+                    Err(why) => Verdict::Differs(why.clone()),
+                    Ok(rebuilt) => {
+                        let from = parse_reference(&b.reference).map_err(fail)?;
+                        let mut d = Descriptor::of(oci::artifact::LAYER_TYPE, b"");
+                        d.digest = b.image_blob.clone();
+                        d.size = b.image_size;
+                        let image = self.download(&from, &d, work.path()).map_err(fail)?;
+                        check::judge(b, image.path(), rebuilt).map_err(fail)?
+                    }
+                };
+                let served = {
+                    let mut record = self.record();
+                    record.set_verdict(b, verdict.clone()).map_err(fail)?;
+                    record.is_served(b)
+                };
+                let then = match served {
+                    true => "every other image's request for the layer is refused",
+                    false => "it is not served",
+                };
+                match verdict {
+                    Verdict::Holds => eprintln!(
+                        "verilay layer-store: layer {layer}: image {} (bound by {}) holds the layer's files: reusing it is harmless",
+                        b.image, b.reference
+                    ),
+                    Verdict::Differs(why) => eprintln!(
+                        "verilay layer-store: layer {layer}: image {} (bound by {}) does not hold the layer's files ({why}): {then}",
+                        b.image, b.reference
+                    ),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why layer `digest` is refused: binding `b` does not hold it (`why`). `own` is the
+/// binding of the image asking, if any.
+fn refusal(digest: &str, b: &Binding, own: Option<&Binding>, why: &str) -> String {
+    if own.is_some_and(|o| o.same(b)) {
+        return format!(
+            "layer {digest}: this image binds it to image {}, which does not hold its files ({why}), and other images were served the layer",
+            b.image
+        );
+    }
+    format!(
+        "layer {digest} was served as image {} (bound by {}), which does not hold its files ({why}): podman would reuse that layer for this image",
+        b.image, b.reference
+    )
 }
 
 /// Whether a live mount is on `dir` (its device is not its parent's); `None` for a

@@ -10,6 +10,7 @@
 //!   configs, decoding through a cache of decoded extents.
 //! - `dir`: directory blocks, `readdir` with kernel-compatible offsets, `lookup`.
 //! - `xattr`: inline and shared xattrs, long prefixes and the name bloom filter.
+//! - `compare`: two images compared as the trees they show ([`compare_trees`]).
 //! - `check`: `fsck` (whole-tree consistency, with or without the file data) and `exercise`
 //!   (bounded walk for fuzzing).
 //!
@@ -20,6 +21,7 @@
 
 mod check;
 mod claims;
+mod compare;
 mod data;
 mod digest;
 mod dir;
@@ -33,6 +35,7 @@ mod zmap;
 
 pub use check::{exercise, fsck, fsck_structure, FsckReport};
 pub use claims::ClaimsReport;
+pub use compare::{compare_trees, CompareError, Difference, Which};
 pub use data::{Extent, LayoutInfo};
 pub use dir::{DirEntry, ReadDir};
 pub use inode::Inode;

@@ -15,7 +15,8 @@ pub struct Args {
     /// The store's directory, mounted over. podman finds it through storage.conf:
     /// `additionallayerstores = ["DIR:ref"]` (under `[storage.options]`).
     dir: PathBuf,
-    /// Where layers are mounted (`layers/`) and original blobs kept (`blobs/`).
+    /// Where layers are mounted (`layers/`), original blobs kept (`blobs/`), and what was
+    /// served for each layer recorded (`served.json`; `checks/` while one is checked).
     #[arg(
         long,
         value_name = "DIR",
@@ -58,6 +59,13 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     detach_layers(&state.join("layers"));
     let program = std::env::current_exe().context("finding this program")?;
     let mut resolver = layerstore::OciResolver::new(state.clone(), program);
+    // What was served before: podman's storage may still hold layers made of it.
+    resolver.open_record().map_err(|e| {
+        anyhow::anyhow!(
+            "{e} (the record of the layers this store served: delete it only once no \
+             podman storage holds a layer the store served)"
+        )
+    })?;
     resolver.insecure = a.insecure;
     resolver.timeout = Duration::from_secs(a.timeout.max(1));
     resolver.trust = a.signatures.load()?;

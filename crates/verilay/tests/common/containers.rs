@@ -31,6 +31,41 @@ pub struct Layout {
 }
 
 pub fn layout(base: &Path, tag: &str, layer_dirs: &[PathBuf]) -> Layout {
+    let packed: Vec<Packed> = layer_dirs
+        .iter()
+        .enumerate()
+        .map(|(i, l)| pack(base, &format!("layer{i}"), l))
+        .collect();
+    layout_of(base, tag, &packed)
+}
+
+/// A layer directory packed as [`layout`] packs it: its gzip tarball and DiffID. GNU tar
+/// records atime and ctime (`--xattrs` writes PAX headers), so one directory packed twice
+/// gives two blobs: images meant to share a layer share one `Packed`.
+#[derive(Clone)]
+pub struct Packed {
+    pub gz: Vec<u8>,
+    pub diff_id: String,
+}
+
+pub fn pack(base: &Path, name: &str, dir: &Path) -> Packed {
+    std::fs::create_dir_all(base).unwrap();
+    let tar = base.join(format!("{name}.tar"));
+    sh(&format!(
+        "tar --sort=name --mtime=@1700000000 --owner=0 --group=0 --numeric-owner \
+         --xattrs -C '{}' -cf '{}' .",
+        dir.display(),
+        tar.display()
+    ));
+    let raw = std::fs::read(&tar).unwrap();
+    let diff_id = format!("sha256:{}", sha256_hex(&raw));
+    sh(&format!("gzip -n -f '{}'", tar.display()));
+    let gz = std::fs::read(base.join(format!("{name}.tar.gz"))).unwrap();
+    Packed { gz, diff_id }
+}
+
+/// An OCI image layout in `base/layout` of packed layers (bottom first).
+pub fn layout_of(base: &Path, tag: &str, packed: &[Packed]) -> Layout {
     let dir = base.join("layout");
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
@@ -40,21 +75,8 @@ pub fn layout(base: &Path, tag: &str, layer_dirs: &[PathBuf]) -> Layout {
         std::fs::write(blobs.join(&hex), bytes).unwrap();
         format!("sha256:{hex}")
     };
-    let (mut diff_ids, mut layers) = (Vec::new(), Vec::new());
-    for (i, l) in layer_dirs.iter().enumerate() {
-        let tar = base.join(format!("layer{i}.tar"));
-        sh(&format!(
-            "tar --sort=name --mtime=@1700000000 --owner=0 --group=0 --numeric-owner \
-             --xattrs -C '{}' -cf '{}' .",
-            l.display(),
-            tar.display()
-        ));
-        let raw = std::fs::read(&tar).unwrap();
-        diff_ids.push(format!("sha256:{}", sha256_hex(&raw)));
-        sh(&format!("gzip -n -f '{}'", tar.display()));
-        let gz = std::fs::read(base.join(format!("layer{i}.tar.gz"))).unwrap();
-        layers.push((put(&gz), gz.len()));
-    }
+    let diff_ids: Vec<String> = packed.iter().map(|p| p.diff_id.clone()).collect();
+    let layers: Vec<(String, usize)> = packed.iter().map(|p| (put(&p.gz), p.gz.len())).collect();
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
@@ -167,13 +189,18 @@ impl Podman {
             "{{.GraphDriver.Data.LowerDir}}:{{.GraphDriver.Data.UpperDir}}",
             image,
         ]));
-        let mut v: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        // LowerDir lists the layers below the top one, top first; UpperDir is the top's.
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut v: Vec<PathBuf> = text
             .trim()
             .split(':')
             .filter(|s| !s.is_empty() && *s != "<no value>")
             .map(PathBuf::from)
             .collect();
-        v.reverse();
+        if let Some(top) = v.pop() {
+            v.reverse();
+            v.push(top);
+        }
         v
     }
 }

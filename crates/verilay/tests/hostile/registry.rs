@@ -59,14 +59,18 @@ fn push_evil(base: &Path, reg: &Registry) -> Evil {
         "mkdir -p {0}/etc && echo attacker > {0}/etc/msg",
         dir.display()
     ));
-    let image = base.join("evil.img");
-    let built = build(&dir, &image, &["--quiet"]);
+    push_image(&dir, &base.join("evil.img"), reg, "app:evil")
+}
+
+/// The directory `dir` built into `image` and pushed as `repo_tag`.
+fn push_image(dir: &Path, image: &Path, reg: &Registry, repo_tag: &str) -> Evil {
+    let built = build(dir, image, &["--quiet"]);
     run(verilay()
         .arg("push")
-        .arg(&image)
-        .arg(reg.reference("app:evil"))
+        .arg(image)
+        .arg(reg.reference(repo_tag))
         .args(["--insecure", "--quiet"]));
-    let bytes = std::fs::read(&image).unwrap();
+    let bytes = std::fs::read(image).unwrap();
     Evil {
         digest: String::from_utf8_lossy(&built.stdout).trim().to_string(),
         blob: digest_of(&bytes),
@@ -228,21 +232,260 @@ fn a_conversion_the_pinned_manifest_does_not_name_never_runs() {
     );
     let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
     assert!(log.contains("bound to two different images"), "{log}");
-    // A forged bound manifest is another digest: it runs what that digest pins (whoever
-    // owns a tag decides what it names, for podman as for verilay), and the digest the
-    // user pinned still runs the genuine layer.
-    assert_eq!(
-        message(
-            &fresh("forged"),
-            &name(&format!("app@{forged_bound_digest}")),
-            &store
-        ),
-        ("attacker".to_string(), true)
+    // A forged bound manifest is another digest, which pins what it binds (whoever owns
+    // a tag decides what it names, for podman as for verilay); but the store served the
+    // app layer as the genuine image already, and podman would file the forged image's
+    // layer under the same blob and DiffID: checked against the layer blob, the forged
+    // image does not hold it, and is refused. The digest the user pinned still runs the
+    // genuine layer.
+    let forged = fresh("forged");
+    let forged_ref = name(&format!("app@{forged_bound_digest}"));
+    let (pulled, said) = pull(&forged, &forged_ref);
+    assert!(!pulled && said.contains(&l.layers[1]), "{said}");
+    let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
+    assert!(
+        log.contains(&format!("image {} (bound by", evil.digest))
+            && log.contains("does not hold the layer's files"),
+        "{log}"
     );
     assert_eq!(
         message(&fresh("again"), &name(&format!("app@{pinned}")), &store),
         ("genuine".to_string(), true)
     );
+}
+
+/// A base layer that two images share, packed once (busybox, `/etc/msg` saying
+/// `genuine`), and the layouts of image A (that layer, then `/etc/a`) and image B (that
+/// layer, then `/etc/b`): B's own layer leaves `/etc/msg` to the base.
+struct Shared {
+    /// The base layer's directory and blob digest.
+    dir: PathBuf,
+    digest: String,
+    a: Layout,
+    b: Layout,
+}
+
+fn shared_base(base: &Path) -> Shared {
+    let dirs = base.join("dirs");
+    let (d, a, b) = (dirs.join("base"), dirs.join("a"), dirs.join("b"));
+    sh(&format!(
+        "set -e; mkdir -p {0}/bin {0}/etc {0}/tmp; cp \"$(command -v busybox)\" {0}/bin/busybox; \
+         for c in sh cat; do ln -s busybox {0}/bin/$c; done; echo genuine > {0}/etc/msg; \
+         mkdir -p {1}/etc {2}/etc; echo a > {1}/etc/a; echo b > {2}/etc/b",
+        d.display(),
+        a.display(),
+        b.display()
+    ));
+    let packed = pack(&base.join("packed"), "base", &d);
+    let layout = |name: &str, top: &Path| {
+        let at = base.join(name);
+        let own = pack(&at, "top", top);
+        layout_of(&at, "v1", &[packed.clone(), own])
+    };
+    let (a, b) = (layout("a", &a), layout("b", &b));
+    assert_eq!(a.layers[0], b.layers[0], "one base layer blob");
+    Shared {
+        digest: a.layers[0].clone(),
+        dir: d,
+        a,
+        b,
+    }
+}
+
+/// `verilay convert` of a layout to `dest` (`REPO:TAG`) in `reg`: its JSON report.
+fn convert(reg: &Registry, l: &Layout, dest: &str, extra: &[&str]) -> serde_json::Value {
+    json(
+        &run(verilay()
+            .arg("convert")
+            .arg(format!("oci:{}:v1", l.dir.display()))
+            .arg(reg.docker(dest))
+            .args(["--insecure", "--json", "--quiet"])
+            .args(extra))
+        .stdout,
+    )
+}
+
+/// The bound manifest `pinned` of `repo` with its base layer (the genuine blob: digest,
+/// size and DiffID) bound to `x` instead, stored with the layer artifacts it leads to:
+/// an image anyone may publish, and a user may pin. Its digest.
+fn rebind_base(reg: &Registry, repo: &str, pinned: &str, x: &Evil) -> String {
+    let mut m = json(&get(reg, &format!("{repo}/manifests/{pinned}")));
+    let notes = &mut m["layers"][0]["annotations"];
+    notes["dev.verilay.image.digest"] = x.digest.clone().into();
+    notes["dev.verilay.image.blob"] = x.blob.clone().into();
+    notes["dev.verilay.image.size"] = x.size.to_string().into();
+    let bytes = serde_json::to_vec(&m).unwrap();
+    let digest = digest_of(&bytes);
+    reg.put_manifest(
+        &format!("{repo}:{digest}"),
+        std::str::from_utf8(&bytes).unwrap(),
+        MANIFEST,
+    );
+    for c in oci::conversion::bound_layers(&bytes).unwrap() {
+        let artifact = oci::conversion::layer_manifest(&c);
+        reg.put_manifest(
+            &format!("{repo}:{}", digest_of(&artifact)),
+            std::str::from_utf8(&artifact).unwrap(),
+            MANIFEST,
+        );
+    }
+    digest
+}
+
+/// `podman pull IMAGE`: whether it succeeded, and what it printed on stderr.
+fn pull(pod: &Podman, image: &str) -> (bool, String) {
+    let out = pod.cmd().args(["pull", "-q", image]).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether the bottom layer of `image` in podman's storage is a layer of the store.
+fn base_from_store(pod: &Podman, image: &str, store: &Store) -> bool {
+    let diffs = pod.layer_diffs(image);
+    std::fs::read_link(&diffs[0]).is_ok_and(|t| t.starts_with(&store.dir))
+}
+
+/// Cross-image layer poisoning: containers/storage keeps a layer under its blob digest
+/// and DiffID and reuses it for every later image listing either, so an image A whose
+/// bound manifest binds a popular base layer D (genuine digest, size and DiffID) to an
+/// image of other content decided what D held for every image pulled after it: B,
+/// genuine, converted honestly or not converted at all, ran A's files. Now the store
+/// keeps which images it served for each layer; asked about D for another image, it first
+/// checks A's image against D's blob (rebuilt as `convert` builds it, compared file by
+/// file) and, as it differs, refuses D to every other image: their pulls fail, naming D,
+/// and nothing of A's image runs for them. A's user pinned A, and A still runs what it
+/// binds.
+#[test]
+fn a_shared_layer_bound_to_other_contents_never_runs_for_another_image() {
+    if podman_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = Registry::start(false);
+    let s = shared_base(t.path());
+
+    // The attacker's image A: converted, then its base layer bound to an image of D's
+    // files with `/etc/msg` saying `attacker` (converted from such a layer, so that file
+    // is all that differs).
+    let a = convert(&reg, &s.a, "attacker:v1", &[]);
+    let x_dir = t.path().join("dirs/x");
+    sh(&format!(
+        "cp -a {} {1} && echo attacker > {1}/etc/msg",
+        s.dir.display(),
+        x_dir.display()
+    ));
+    let xl = layout_of(
+        &t.path().join("x"),
+        "v1",
+        &[pack(&t.path().join("x"), "base", &x_dir)],
+    );
+    let xj = &convert(&reg, &xl, "attacker:x", &[])["manifests"][0]["layers"][0];
+    let x = Evil {
+        digest: xj["image_digest"].as_str().unwrap().to_string(),
+        blob: xj["image_blob"].as_str().unwrap().to_string(),
+        size: xj["image_bytes"].as_u64().unwrap() as usize,
+    };
+    let a_pinned = rebind_base(&reg, "attacker", a["pinned"].as_str().unwrap(), &x);
+    // B, genuine, sharing D: converted honestly (its original copied along).
+    let b = convert(&reg, &s.b, "app:v1", &[]);
+    let b_pinned = b["pinned"].as_str().unwrap().to_string();
+
+    let store = Store::start(t.path(), &[], &[]);
+    let name = |r: &str| reg.reference(r).replacen("oci://", "", 1);
+    // One podman, one storage: where a layer is reused.
+    let pod = Podman::new(&t.path().join("pod"), reg.port, Some(&store.dir));
+    let a_ref = name(&format!("attacker@{a_pinned}"));
+    run(pod.cmd().args(["pull", "-q", &a_ref]));
+    let (code, out, err) = pod.run(&a_ref, &["cat", "/etc/msg"]);
+    assert_eq!((code, out.trim()), (0, "attacker"), "{err}");
+
+    // B, converted and not: refused, naming D, and A's files never run for it.
+    let refused = |store: &Store| {
+        for b in [&b_pinned, &s.b.manifest] {
+            let r = name(&format!("app@{b}"));
+            let (pulled, said) = pull(&pod, &r);
+            let (code, out, err) = pod.run(&r, &["cat", "/etc/msg"]);
+            assert!(
+                !out.contains("attacker"),
+                "{r} ran A's image of its base layer {}: {out:?}",
+                s.digest
+            );
+            assert!(!pulled, "{r}: pulled: {said}");
+            assert!(said.contains(&s.digest), "{r}: {said}");
+            assert_ne!(code, 0, "{r}: {out} {err}");
+            assert!(!err.contains("attacker"), "{err}");
+        }
+        std::fs::read_to_string(store.dir.parent().unwrap().join("store.log")).unwrap()
+    };
+    let log = refused(&store);
+    let verdict = log
+        .lines()
+        .find(|l| l.contains("does not hold"))
+        .unwrap_or_else(|| panic!("no verdict: {log}"));
+    for part in [
+        s.digest.as_str(),
+        x.digest.as_str(),
+        "attacker@",
+        "/etc/msg",
+    ] {
+        assert!(verdict.contains(part), "{part}: {verdict}");
+    }
+    // A still runs what its user pinned.
+    let (code, out, err) = pod.run(&a_ref, &["cat", "/etc/msg"]);
+    assert_eq!((code, out.trim()), (0, "attacker"), "{err}");
+
+    // The verdict outlives the store: started again, it refuses B without checking again.
+    drop(store);
+    let store = Store::start(t.path(), &[], &[]);
+    let log = refused(&store);
+    assert!(!log.contains("checking"), "{log}");
+    assert!(log.contains("refused"), "{log}");
+}
+
+/// The benign side of cross-image layer reuse: A binds D to an honest conversion of it,
+/// and B shares D unconverted, or converted with other build options (another image of
+/// the same files). Asked about D for B, the store checks A's image against D's blob
+/// once, finds that it holds D's files, and lets podman reuse it (or serves B's own
+/// image, checked too): B runs `genuine`.
+#[test]
+fn a_shared_layer_whose_image_holds_it_is_reused_after_a_check() {
+    if podman_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = Registry::start(false);
+    let s = shared_base(t.path());
+    let a = convert(&reg, &s.a, "base:v1", &[]);
+    let a_pinned = a["pinned"].as_str().unwrap().to_string();
+    let b = convert(&reg, &s.b, "app:v1", &["-z", "lz4hc"]);
+    let b_pinned = b["pinned"].as_str().unwrap().to_string();
+    let image_of_d = |j: &serde_json::Value| j["manifests"][0]["layers"][0]["image_digest"].clone();
+    assert_ne!(image_of_d(&a), image_of_d(&b), "two images of D");
+
+    let store = Store::start(t.path(), &[], &[]);
+    let name = |r: &str| reg.reference(r).replacen("oci://", "", 1);
+    let pod = Podman::new(&t.path().join("pod"), reg.port, Some(&store.dir));
+    for (r, lazy) in [
+        (name(&format!("base@{a_pinned}")), true),
+        // Unconverted: podman reuses A's layer of D once the store found it to hold D.
+        (name(&format!("app@{}", s.b.manifest)), true),
+        (name(&format!("app@{b_pinned}")), true),
+    ] {
+        let (pulled, said) = pull(&pod, &r);
+        assert!(pulled, "{r}: {said}");
+        let (code, out, err) = pod.run(&r, &["cat", "/etc/msg"]);
+        assert_eq!((code, out.trim()), (0, "genuine"), "{r}: {err}");
+        let log = || std::fs::read_to_string(t.path().join("store.log")).unwrap();
+        assert_eq!(base_from_store(&pod, &r, &store), lazy, "{r}: {}", log());
+    }
+    let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
+    let held = log
+        .lines()
+        .filter(|l| l.contains("holds the layer's files"));
+    assert_eq!(held.count(), 2, "A's image, then B's own: {log}");
+    assert!(!log.contains("does not hold"), "{log}");
 }
 
 // --- A hostile registry: a server on 127.0.0.1 that answers as the test tells it.

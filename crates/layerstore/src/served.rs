@@ -1,0 +1,336 @@
+//! What the store has served for each layer, and what checking each image found: kept in
+//! `STATE/served.json` across restarts, since the layers podman made of them outlive the
+//! store.
+//!
+//! containers/storage records a layer made from the store under the layer's blob digest
+//! and its DiffID, and reuses it for any later image that lists that blob (or, with the
+//! same parent layers, that DiffID), whatever the store answers for that image: for a
+//! verilay layer neither names its contents, the binding manifest chose them. So the
+//! store remembers every binding it served, and before it answers for a layer that an
+//! image served under another binding (or none) may be reused for, every such binding is
+//! checked against the layer blob (`check`) and its verdict kept here.
+
+use oci::conversion::ConvertedLayer;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One verilay image as the store serves it for a layer: what the `info` file tells
+/// podman, and the image the `diff` mount pins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    /// The layer blob: digest, size and media type as the binding manifest lists them.
+    pub layer: String,
+    pub layer_size: u64,
+    pub media_type: String,
+    /// The DiffID and tar size the `info` file gives.
+    pub diff_id: String,
+    pub tar_size: u64,
+    /// The image digest (what the mount pins), its blob and size.
+    pub image: String,
+    pub image_blob: String,
+    pub image_size: u64,
+    /// The reference that bound it: its repository holds the image blob (and lists the
+    /// layer blob).
+    pub reference: String,
+}
+
+impl Binding {
+    pub fn of(reference: &str, l: &ConvertedLayer) -> Binding {
+        Binding {
+            layer: l.source.digest.clone(),
+            layer_size: l.source.size,
+            media_type: l.source.media_type.clone(),
+            diff_id: l.diff_id.clone(),
+            tar_size: l.tar_size,
+            image: l.image_digest.clone(),
+            image_blob: l.image_blob.clone(),
+            image_size: l.image_size,
+            reference: reference.to_string(),
+        }
+    }
+
+    /// Whether `o` gives podman the same layer: the same blob, claims and files (the
+    /// reference that bound it aside).
+    pub fn same(&self, o: &Binding) -> bool {
+        (&self.layer, &self.diff_id, self.tar_size, &self.image)
+            == (&o.layer, &o.diff_id, o.tar_size, &o.image)
+    }
+}
+
+/// What checking a binding's image against its layer blob found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// The image holds exactly the layer's files, and the blob has the DiffID and tar
+    /// size the binding claims: a layer made of it is the layer, reusable by anyone.
+    Holds,
+    /// It does not: why (the first difference, by path).
+    Differs(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    #[serde(flatten)]
+    pub binding: Binding,
+    /// Answered to podman (a layer it may have made); otherwise only checked (a binding
+    /// refused before it was served).
+    pub served: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct File {
+    version: u32,
+    entries: Vec<Entry>,
+}
+
+/// The largest record file read: [`ENTRIES_MAX`] entries take about 3 MiB.
+const FILE_MAX: u64 = 16 << 20;
+/// The most entries kept. Entries that matter (served and not found to hold their layer)
+/// are never dropped; when only those are left, a new layer is not served (podman pulls
+/// it the ordinary way).
+pub const ENTRIES_MAX: usize = 4096;
+
+#[derive(Debug)]
+pub struct Record {
+    path: PathBuf,
+    entries: Vec<Entry>,
+}
+
+impl Record {
+    /// The record at `path` (none yet: empty). One that cannot be read is an error, never
+    /// an empty record: what it named may still be in podman's storage.
+    pub fn open(path: &Path) -> Result<Record, String> {
+        use std::io::Read;
+        let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let f = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Record::empty(path));
+            }
+            Err(e) => return Err(what(&e)),
+        };
+        let mut bytes = Vec::new();
+        f.take(FILE_MAX + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| what(&e))?;
+        if bytes.len() as u64 > FILE_MAX {
+            return Err(what(&format!("larger than {FILE_MAX} bytes")));
+        }
+        let file: File = serde_json::from_slice(&bytes).map_err(|e| what(&e))?;
+        if file.version != 1 || file.entries.len() > ENTRIES_MAX {
+            return Err(what(&format!(
+                "version {} with {} entries: not a record this store writes",
+                file.version,
+                file.entries.len()
+            )));
+        }
+        Ok(Record {
+            path: path.to_path_buf(),
+            entries: file.entries,
+        })
+    }
+
+    pub fn empty(path: &Path) -> Record {
+        Record {
+            path: path.to_path_buf(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Written whole to a new file, synced, and renamed over the old one: a crash leaves
+    /// one or the other, and a link planted there is replaced, not followed.
+    fn save(&self) -> Result<(), String> {
+        use std::io::Write;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let what = |e: &dyn std::fmt::Display| format!("{}: {e}", self.path.display());
+        let bytes = serde_json::to_vec(&File {
+            version: 1,
+            entries: self.entries.clone(),
+        })
+        .map_err(|e| what(&e))?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| what(&e))?;
+        tmp.write_all(&bytes).map_err(|e| what(&e))?;
+        tmp.as_file().sync_all().map_err(|e| what(&e))?;
+        tmp.persist(&self.path).map_err(|e| what(&e))?;
+        Ok(())
+    }
+
+    /// The bindings served that podman may reuse for layer `digest` of an image whose
+    /// DiffIDs for it are `diff_ids`: those of the same blob, and those claiming one of
+    /// those DiffIDs (a layer made of them has the same ID wherever the parents match).
+    pub fn relevant(&self, digest: &str, diff_ids: &[String]) -> Vec<Entry> {
+        self.entries
+            .iter()
+            .filter(|e| e.served)
+            .filter(|e| e.binding.layer == digest || diff_ids.contains(&e.binding.diff_id))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether nothing was served yet.
+    pub fn is_empty(&self) -> bool {
+        !self.entries.iter().any(|e| e.served)
+    }
+
+    /// Whether a binding served has not been found to hold its layer: one that an image
+    /// whose DiffIDs are unknown might reuse.
+    pub fn unchecked(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.served && e.verdict != Some(Verdict::Holds))
+    }
+
+    pub fn verdict(&self, b: &Binding) -> Option<Verdict> {
+        self.entries
+            .iter()
+            .find(|e| e.binding.same(b))
+            .and_then(|e| e.verdict.clone())
+    }
+
+    pub fn is_served(&self, b: &Binding) -> bool {
+        self.entries.iter().any(|e| e.served && e.binding.same(b))
+    }
+
+    /// Keeps `verdict` for `b` (served or not).
+    pub fn set_verdict(&mut self, b: &Binding, verdict: Verdict) -> Result<(), String> {
+        match self.entries.iter_mut().find(|e| e.binding.same(b)) {
+            Some(e) => e.verdict = Some(verdict),
+            None => {
+                if !self.make_room() {
+                    return Err(format!(
+                        "{}: full of layers served and not found to hold their files",
+                        self.path.display()
+                    ));
+                }
+                self.entries.push(Entry {
+                    binding: b.clone(),
+                    served: false,
+                    verdict: Some(verdict),
+                });
+            }
+        }
+        self.save()
+    }
+
+    /// Records `b` as served, before podman learns of it. False when the record is full
+    /// of entries it must keep: then `b` must not be served.
+    pub fn serve(&mut self, b: &Binding) -> Result<bool, String> {
+        match self.entries.iter_mut().find(|e| e.binding.same(b)) {
+            Some(e) if e.served => return Ok(true),
+            Some(e) => e.served = true,
+            None => {
+                if !self.make_room() {
+                    return Ok(false);
+                }
+                self.entries.push(Entry {
+                    binding: b.clone(),
+                    served: true,
+                    verdict: None,
+                });
+            }
+        }
+        self.save().map(|()| true)
+    }
+
+    /// Room for one more entry: the oldest that can go is dropped if the record is full.
+    /// A binding found to hold its layer, or never served, can go: a layer made of it is
+    /// the layer, or there is none. Others stay.
+    fn make_room(&mut self) -> bool {
+        if self.entries.len() < ENTRIES_MAX {
+            return true;
+        }
+        let spare = |e: &Entry| !e.served || e.verdict == Some(Verdict::Holds);
+        match self.entries.iter().position(spare) {
+            Some(i) => {
+                self.entries.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(layer: char, image: char, diff_id: char) -> Binding {
+        let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        Binding {
+            layer: h(layer),
+            layer_size: 10,
+            media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+            diff_id: h(diff_id),
+            tar_size: 20,
+            image: h(image),
+            image_blob: h('f'),
+            image_size: 30,
+            reference: "127.0.0.1:5000/app@sha256:0".into(),
+        }
+    }
+
+    #[test]
+    fn what_was_served_and_found_outlives_the_store_within_bounds() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("served.json");
+        let mut r = Record::open(&path).unwrap();
+        let (x, y, z) = (
+            binding('1', 'a', '7'),
+            binding('1', 'b', '7'),
+            binding('2', 'c', '7'),
+        );
+        assert!(r.serve(&x).unwrap());
+        assert!(r.serve(&z).unwrap());
+        r.set_verdict(&y, Verdict::Differs("/etc/msg: contents".into()))
+            .unwrap();
+        let r = Record::open(&path).unwrap();
+        // The same blob, or the same DiffID under another blob; a checked, unserved
+        // binding is no layer podman holds.
+        assert_eq!(r.relevant(&x.layer, &[]).len(), 1);
+        assert_eq!(
+            r.relevant(
+                &binding('3', 'a', '8').layer,
+                std::slice::from_ref(&x.diff_id)
+            )
+            .len(),
+            2
+        );
+        assert_eq!(
+            r.verdict(&y),
+            Some(Verdict::Differs("/etc/msg: contents".into()))
+        );
+        assert!(r.is_served(&x) && !r.is_served(&y));
+        assert!(r.unchecked());
+        // The reference is no part of what podman gets.
+        let mut x2 = x.clone();
+        x2.reference = "elsewhere/x@sha256:1".into();
+        assert!(r.is_served(&x2));
+
+        // Full: entries that can go make room, the others never.
+        let mut r = Record::empty(&path);
+        for i in 0..ENTRIES_MAX {
+            let mut b = binding('1', 'a', '7');
+            b.image = format!("sha256:{i:064x}");
+            r.entries.push(Entry {
+                binding: b,
+                served: true,
+                verdict: None,
+            });
+        }
+        assert!(!r.serve(&binding('9', '9', '9')).unwrap());
+        let mut first = binding('1', 'a', '7');
+        first.image = format!("sha256:{:064x}", 0);
+        r.set_verdict(&first, Verdict::Holds).unwrap();
+        assert!(r.serve(&binding('9', '9', '9')).unwrap());
+        assert!(!r.is_served(&first));
+        assert_eq!(Record::open(&path).unwrap().entries.len(), ENTRIES_MAX);
+
+        // A record that cannot be read is an error, not an empty record.
+        std::fs::write(&path, b"{").unwrap();
+        assert!(Record::open(&path).is_err());
+        std::fs::write(&path, vec![b' '; FILE_MAX as usize + 1]).unwrap();
+        assert!(Record::open(&path).unwrap_err().contains("larger than"));
+    }
+}
