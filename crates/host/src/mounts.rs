@@ -35,6 +35,15 @@ pub fn file_backed_erofs() -> Result<(), String> {
     }
 }
 
+/// Whether this process is in the first user namespace (its uid map is the identity over
+/// every id), where root may mount erofs: in any other, even uid 0 may not.
+pub fn in_first_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| {
+        let fields: Vec<&str> = m.split_whitespace().collect();
+        fields == ["0", "0", "4294967295"]
+    })
+}
+
 /// The running kernel's major and minor version.
 fn kernel_version() -> Result<(u32, u32), String> {
     let uname = rustix::system::uname();

@@ -447,6 +447,19 @@ fn auto_picks_fuse_for_an_ordinary_user() {
         "{said}"
     );
     assert!(said.contains("rc=1"), "{said}");
+    // uid 0 in a user namespace of its own (rootless podman's) is not root to erofs.
+    let out = Command::new("unshare")
+        .args(["-U", "-r", exe, "mount", "--engine", "kernel"])
+        .arg(&image)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("engine=kernel: erofs mounts need root (in the first user namespace)"),
+        "{err}"
+    );
     let out = as_test_user(
         t.path(),
         &format!("VERILAY_ENGINE=auto {exe} mount img m && cat m/f && {exe} umount m"),
@@ -636,4 +649,59 @@ fn a_killed_kernel_engine_daemon_leaves_a_gap_the_next_mount_records() {
     assert!(!evmctl_accepts(&list), "evmctl missed the violation");
     let last = entries(&list).pop().unwrap();
     assert!(last.ends_with(&format!("{}/d/b", mnt.display())), "{last}");
+}
+
+/// A validly sealed image whose metadata is hostile (a file's size claims 256 MiB of
+/// inline data in a one-block image): the kernel's erofs would parse it, so the kernel
+/// engine refuses it before mounting, naming the file; the FUSE engine, whose reader is
+/// verilay's own, serves the rest of the tree and fails that file alone.
+#[test]
+fn a_pinned_image_with_hostile_metadata_never_reaches_the_kernel() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    // Enough files that the last one's inode is past the superblock's block (which
+    // its checksum covers: a change there the kernel refuses itself).
+    for i in 0..300 {
+        std::fs::write(src.join(format!("d/f{i:03}")), b"hello\n").unwrap();
+    }
+    std::fs::write(src.join("ok"), b"fine\n").unwrap();
+    let image = t.path().join("img");
+    build(&src, &image, &["--quiet", "--no-verity"]);
+    let out = run(verilay().args(["inspect", "--json"]).arg(&image).arg("d/f299"));
+    let inode: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let at = inode["inode"]["offset"].as_u64().unwrap() as usize + 8;
+    assert!(at > 4096, "{inode}");
+    // i_size: 32 bits in a compact inode, 64 in an extended one.
+    let mut raw = std::fs::read(&image).unwrap();
+    let size = 256u64 << 20;
+    match inode["inode"]["version"].as_str() {
+        Some("compact") => raw[at..at + 4].copy_from_slice(&(size as u32).to_le_bytes()),
+        _ => raw[at..at + 8].copy_from_slice(&size.to_le_bytes()),
+    }
+    std::fs::write(&image, &raw).unwrap();
+    let digest = run(verilay().args(["seal", "--quiet"]).arg(&image)).stdout;
+    let digest = String::from_utf8(digest).unwrap().trim().to_string();
+    let mnt = t.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let out = verilay()
+        .arg("mount")
+        .arg(&image)
+        .arg(&mnt)
+        .args(["--engine", "kernel", "--digest", &digest])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("refused for the kernel engine"), "{err}");
+    assert!(err.contains("d/f299"), "{err}");
+    assert!(mount_of(&mnt).is_none());
+    assert!(daemons_of(&mnt).is_empty());
+    let m = EngineMount::new("fuse", &[&image], &mnt, &["--digest", &digest]);
+    assert_eq!(std::fs::read(m.dir.join("ok")).unwrap(), b"fine\n");
+    assert!(std::fs::read(m.dir.join("d/f299")).is_err());
 }

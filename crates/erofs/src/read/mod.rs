@@ -33,7 +33,7 @@ mod xattr;
 mod zdata;
 mod zmap;
 
-pub use check::{exercise, fsck, fsck_structure, FsckReport};
+pub use check::{check_kernel_metadata, exercise, fsck, fsck_structure, FsckReport};
 pub use claims::ClaimsReport;
 pub use compare::{compare_trees, CompareError, Difference, Which};
 pub use data::{Extent, LayoutInfo};

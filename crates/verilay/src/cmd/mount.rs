@@ -406,7 +406,7 @@ fn choose_engine(o: &MountOptions, root: bool) -> anyhow::Result<(Engine, String
     if asked == Engine::Fuse {
         return Ok((Engine::Fuse, "asked for".into()));
     }
-    let unserved = if !root {
+    let unserved = if !root || !host::mounts::in_first_user_namespace() {
         Some("erofs mounts need root (in the first user namespace)".to_string())
     } else if (o.policy.is_some() || o.measure_log.is_some()) && o.upper.is_some() {
         Some("measured writable mounts are the FUSE engine's for now".into())

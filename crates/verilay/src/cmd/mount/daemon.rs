@@ -180,6 +180,20 @@ fn serve_kernel(
 ) -> anyhow::Result<()> {
     use imagefs::imagefiles::{ImageFile, ImageFiles};
     use imagefs::measuring::fanotify;
+    // The kernel's erofs parses what it mounts: every image's metadata (superblock,
+    // inodes, directories, xattrs, extent maps; through the verified source, so only
+    // pinned bytes) passes verilay's own checks first, and a hostile but validly pinned
+    // image is refused here, naming its first problem.
+    r.step("check the images' structure");
+    for (img, name) in layers.images.iter().zip(&s.images) {
+        let report = erofs::read::check_kernel_metadata(img, 1);
+        if let Some(problem) = report.problems.first() {
+            anyhow::bail!(
+                "image {}: refused for the kernel engine: {problem}",
+                name.display()
+            );
+        }
+    }
     // Opens are measured from fanotify's events, on as many threads as the mount serves
     // requests with.
     r.step("open the measurement list");
