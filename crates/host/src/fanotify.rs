@@ -39,8 +39,10 @@ pub enum Open {
 
 impl Group {
     /// A group that hears every open and exec on the mount whose root is `mount_root`
-    /// (open; the mount may still be detached).
-    pub fn on_mount(mount_root: BorrowedFd<'_>) -> anyhow::Result<Group> {
+    /// (open; the mount may still be detached), or with `whole_filesystem` on every
+    /// mount of its filesystem: the opens other mounts stacked on it make too (an
+    /// overlayfs whose lower layer it is: a container's), which a mount mark misses.
+    pub fn on_mount(mount_root: BorrowedFd<'_>, whole_filesystem: bool) -> anyhow::Result<Group> {
         let fan = Fanotify::init(
             InitFlags::FAN_CLASS_CONTENT
                 | InitFlags::FAN_CLOEXEC
@@ -50,12 +52,17 @@ impl Group {
         )
         .context("fanotify_init (permission events need CAP_SYS_ADMIN)")?;
         fan.mark::<std::path::Path>(
-            MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_MOUNT,
+            MarkFlags::FAN_MARK_ADD
+                | if whole_filesystem {
+                    MarkFlags::FAN_MARK_FILESYSTEM
+                } else {
+                    MarkFlags::FAN_MARK_MOUNT
+                },
             MaskFlags::FAN_OPEN_PERM | MaskFlags::FAN_OPEN_EXEC_PERM,
             Some(mount_root.as_raw_fd()),
             None,
         )
-        .context("fanotify_mark of the mount")?;
+        .context("fanotify_mark")?;
         Ok(Group { fan })
     }
 

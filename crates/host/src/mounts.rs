@@ -119,7 +119,8 @@ pub fn erofs(file: &Path, flags: MountFlags) -> anyhow::Result<Detached> {
 }
 
 /// overlayfs with `flags`: `lowers` (top first) under `upper` (an upper and a work
-/// directory, `redirect_dir=on` as verilay's FUSE engine writes renamed directories),
+/// directory, `redirect_dir=on` as verilay's FUSE engine writes renamed directories, and
+/// `uuid=null`),
 /// or read-only over two or more lowers when there is none. `xino=off`: a file's
 /// `st_dev` is its layer's, which tells the layers apart.
 pub fn overlay(
@@ -147,6 +148,9 @@ pub fn overlay(
         options.push(("upperdir", escape(u)?));
         options.push(("workdir", escape(w)?));
         options.push(("redirect_dir", "on".into()));
+        // No trusted.overlay.uuid on the upper directory (a new one per mount): the
+        // FUSE engine writes none, and an upper directory is the same either way.
+        options.push(("uuid", "null".into()));
     }
     for (key, value) in &options {
         fs.set(key, std::ffi::OsStr::new(value))

@@ -245,12 +245,16 @@ fn serve_kernel(
                 .context("recording the mount in the work directory's lock")?;
         }
         if let Some(mut front) = front.take() {
-            // A single image's files show its erofs mount's device; a stack's show
-            // overlayfs's pseudo devices, learnt as they come.
-            if devices.len() == 1 && dirs.is_none() {
+            // A single image's erofs filesystem is this mount's alone: marked whole, so
+            // opens through an overlayfs stacked on it (a container's, when the layer
+            // store mounted it) are measured too, named as that overlay shows them. Its
+            // files show its device. A stack's files show overlayfs's pseudo devices,
+            // learnt as they come, and its mount is marked.
+            let single = devices.len() == 1 && dirs.is_none();
+            if single {
                 front.devices = devices.to_vec();
             }
-            let group = host::fanotify::Group::on_mount(root)?;
+            let group = host::fanotify::Group::on_mount(root, single)?;
             fanotify::start(group, front, threads).context("starting the fanotify threads")?;
         }
         Ok(())
