@@ -671,7 +671,10 @@ fn a_pinned_image_with_hostile_metadata_never_reaches_the_kernel() {
     std::fs::write(src.join("ok"), b"fine\n").unwrap();
     let image = t.path().join("img");
     build(&src, &image, &["--quiet", "--no-verity"]);
-    let out = run(verilay().args(["inspect", "--json"]).arg(&image).arg("d/f299"));
+    let out = run(verilay()
+        .args(["inspect", "--json"])
+        .arg(&image)
+        .arg("d/f299"));
     let inode: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let at = inode["inode"]["offset"].as_u64().unwrap() as usize + 8;
     assert!(at > 4096, "{inode}");
