@@ -708,3 +708,71 @@ fn a_pinned_image_with_hostile_metadata_never_reaches_the_kernel() {
     assert_eq!(std::fs::read(m.dir.join("ok")).unwrap(), b"fine\n");
     assert!(std::fs::read(m.dir.join("d/f299")).is_err());
 }
+
+/// mount(8) and the generic options on the kernel engine: `mount -t fuse.verilay -o
+/// ro,nosuid,nodev,noexec,engine=kernel,digest=…` gives an erofs mount with those flags,
+/// util-linux's `umount` ends the daemon; `verilay umount --lazy` of a busy mount
+/// detaches it at once, an open file still reads, and the daemon ends once it is closed.
+#[test]
+fn mount8_options_and_a_lazy_umount_work_on_the_kernel_engine() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"via mount(8)").unwrap();
+    let image = t.path().join("img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    let mnt = t.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let helper = Path::new("/sbin/mount.fuse.verilay");
+    let _ = std::fs::remove_file(helper);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_verilay"), helper).unwrap();
+    let out = Command::new("mount")
+        .args(["-t", "fuse.verilay", "-o"])
+        .arg(format!(
+            "ro,nosuid,nodev,noexec,engine=kernel,digest={}",
+            digest.trim()
+        ))
+        .arg(&image)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(helper);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (fstype, _, _) = mount_of(&mnt).expect("mounted");
+    assert_eq!(fstype, "erofs");
+    let canon = std::fs::canonicalize(&mnt).unwrap();
+    let line = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == canon.to_str())
+        .unwrap()
+        .to_string();
+    let per_mount = line.split(' ').nth(5).unwrap();
+    for flag in ["ro", "nosuid", "nodev", "noexec"] {
+        assert!(per_mount.split(',').any(|f| f == flag), "{flag}: {line}");
+    }
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"via mount(8)");
+    run(Command::new("umount").arg(&mnt));
+    wait_daemon_gone(&mnt);
+
+    run(verilay()
+        .args(["mount", "-q", "--engine", "kernel"])
+        .arg(&image)
+        .arg(&mnt));
+    let mut held = std::fs::File::open(mnt.join("f")).unwrap();
+    run(verilay().args(["umount", "--lazy"]).arg(&mnt));
+    assert!(mount_of(&mnt).is_none(), "still in the mount table");
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut held, &mut got).unwrap();
+    assert_eq!(got, b"via mount(8)");
+    assert_eq!(daemons_of(&mnt).len(), 1, "the daemon serves the open file");
+    drop(held);
+    wait_daemon_gone(&mnt);
+}
