@@ -1135,6 +1135,69 @@ fn a_trickled_blob_never_wedges_the_layer_store() {
     assert_eq!(fetches, 1, "one fetch for every reader");
 }
 
+/// Issue 36, item 3: the store fetches an original layer blob whole before it can check
+/// it, so what a bound manifest claims of its size is capped (32 GiB): a claim of 2^62
+/// bytes fails the blob's read with EIO and one log line naming the limit, before a byte
+/// of it is asked for.
+#[test]
+fn a_blob_claimed_past_the_stores_limit_is_never_fetched() {
+    use base64::Engine as _;
+    if skip_unless(is_root(), "the layer store is root's") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let claimed = 1u64 << 62;
+    let original = serde_json::json!({
+        "schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h('c'), "size": 2},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": h('1'), "size": claimed}],
+    })
+    .to_string();
+    let mut source = oci::artifact::Descriptor::of("application/vnd.oci.image.layer.v1.tar", b"");
+    source.digest = h('1');
+    source.size = claimed;
+    let converted = oci::conversion::ConvertedLayer {
+        source,
+        diff_id: h('d'),
+        tar_size: claimed,
+        image_blob: h('e'),
+        image_size: 4096,
+        image_digest: h('f'),
+    };
+    let bound = oci::conversion::bind(original.as_bytes(), &[converted]).unwrap();
+    let registry = Hostile::start(move |_, path| {
+        if path.contains("/manifests/") {
+            Answer::ok(&bound, MANIFEST)
+        } else {
+            Answer::ok(&vec![0u8; 1 << 20], "application/octet-stream")
+        }
+    });
+    let store = Store::start(t.path(), &["--timeout", "2"], &[]);
+    let r = format!("127.0.0.1:{}/app:v1", registry.port);
+    let layer = store
+        .dir
+        .join(base64::engine::general_purpose::STANDARD.encode(r))
+        .join(h('1'));
+    assert!(layer.join("info").exists());
+    // Read into a small buffer: the node's size is the claim, which std::fs::read
+    // would try to reserve.
+    let mut f = std::fs::File::open(layer.join("blob")).unwrap();
+    let err = std::io::Read::read(&mut f, &mut [0u8; 4096]).expect_err("a blob past the limit");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        registry.heads().iter().all(|h| !h.contains("/blobs/")),
+        "{:?}",
+        registry.heads()
+    );
+    let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("blob")
+            && l.contains(&format!("{claimed} bytes, more than the {}", 32u64 << 30))),
+        "{log}"
+    );
+}
+
 /// Issue 36, items 2 and 3: a registry listing many slow manifests in an index held one
 /// layer-store lookup for as long as it liked, and each concurrent lookup of the same
 /// reference asked again. A lookup now has one budget (4 periods of `--timeout`), and
