@@ -776,3 +776,54 @@ fn mount8_options_and_a_lazy_umount_work_on_the_kernel_engine() {
     drop(held);
     wait_daemon_gone(&mnt);
 }
+
+/// A remote image on the kernel engine (asked for: `auto` leaves remote images to the
+/// FUSE engine, and says why): its metadata fetched in large reads before the check, its
+/// tree the local image's, and a file's bytes fetched when first read, verified.
+#[test]
+fn a_remote_image_mounts_on_the_kernel_engine_and_auto_leaves_it_lazy() {
+    if prerequisites()
+        || skip_unless(
+            have("docker-registry"),
+            "needs docker-registry (scripts/setup)",
+        )
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    generate_tree(&src);
+    let image = t.path().join("img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    let reg = common::registry::Registry::start(false);
+    let reference = reg.reference("tree:1");
+    run(verilay()
+        .args(["push", "-q", "--insecure"])
+        .arg(&image)
+        .arg(&reference));
+    let mnt = t.path().join("m");
+    let remote: &Path = Path::new(&reference);
+    let pinned = ["--insecure", "--no-cache", "--digest", digest.trim()];
+    let m = EngineMount::new("kernel", &[remote], &mnt, &pinned);
+    assert_eq!(mount_of(&m.dir).unwrap().0, "erofs");
+    let stats = |dir: &Path| -> serde_json::Value {
+        let out = run(verilay().args(["stats", "--json"]).arg(dir));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let before = stats(&m.dir)["remote_bytes_fetched"].as_u64().unwrap();
+    let size = std::fs::metadata(&image).unwrap().len();
+    assert!(before < size, "mounting fetched {before} of {size} bytes");
+    let local = Mount::erofs(&image, &t.path().join("e"));
+    assert_diff_clean(&local.dir, &m.dir);
+    assert_same_stats(&local.dir, &m.dir);
+    assert_eq!(xattr_dump(&local.dir), xattr_dump(&m.dir));
+    assert!(stats(&m.dir)["remote_bytes_fetched"].as_u64().unwrap() > before);
+    drop(m);
+    let m = EngineMount::new("auto", &[remote], &mnt, &pinned);
+    assert!(
+        m.said
+            .contains("fuse engine (remote images: the FUSE engine fetches as it reads"),
+        "{}",
+        m.said
+    );
+}

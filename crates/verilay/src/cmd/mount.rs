@@ -354,7 +354,7 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     let root = rustix::process::geteuid().is_root();
     check(&opts, root)?;
     // The daemon, given the same options, decides the same way, for the same reason.
-    let engine = choose_engine(&opts, root)?;
+    let engine = choose_engine(&opts, root, &images)?;
     // The daemon gets the options as one string: it must read back as the same value.
     if MountOptions::parse(opts.render().as_bytes()).as_ref() != Ok(&opts) {
         bail!("a path among the options holds a double quote or is empty: rename it");
@@ -401,10 +401,24 @@ fn from_env<T>(name: &str, parse: fn(&str) -> Result<T, String>) -> anyhow::Resu
 
 /// The engine that serves a mount with options `o` (`root`: the caller is root), and
 /// why: `kernel` asked for a mount it cannot serve is an error naming what is missing.
-fn choose_engine(o: &MountOptions, root: bool) -> anyhow::Result<(Engine, String)> {
+fn choose_engine(
+    o: &MountOptions,
+    root: bool,
+    images: &[PathBuf],
+) -> anyhow::Result<(Engine, String)> {
     let asked = o.engine.unwrap_or(Engine::Auto);
     if asked == Engine::Fuse {
         return Ok((Engine::Fuse, "asked for".into()));
+    }
+    // The kernel engine checks all of an image's metadata before the kernel sees it,
+    // which for a remote image means fetching it all first (a 63k-entry image: 105 MB in
+    // 101 requests, 1.6 s over loopback, against 5 MB and 0.1 s for the FUSE engine,
+    // which fetches as it reads): asked for, it does; `auto` leaves remote images lazy.
+    if asked == Engine::Auto && images.iter().any(|i| is_remote(i)) {
+        return Ok((
+            Engine::Fuse,
+            "remote images: the FUSE engine fetches as it reads, the kernel engine all their metadata first".into(),
+        ));
     }
     let unserved = if !root || !host::mounts::in_first_user_namespace() {
         Some("erofs mounts need root (in the first user namespace)".to_string())
