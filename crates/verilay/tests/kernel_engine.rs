@@ -52,6 +52,29 @@ impl Drop for EngineMount {
     }
 }
 
+/// `verilay stats --json` of the mount on `dir`.
+fn stats(dir: &Path) -> serde_json::Value {
+    let out = run(verilay().args(["stats", "--json"]).arg(dir));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A mount of `images` measured under `policy` into the list directory `list`.
+fn measured_mount(
+    engine: &str,
+    images: &[&Path],
+    mnt: &Path,
+    policy: &Path,
+    list: &Path,
+) -> EngineMount {
+    let args = [
+        "--policy",
+        policy.to_str().unwrap(),
+        "--measure-log",
+        list.to_str().unwrap(),
+    ];
+    EngineMount::new(engine, images, mnt, &args)
+}
+
 /// (fstype, source, options) of the mount on `dir`, from /proc/self/mountinfo.
 fn mount_of(dir: &Path) -> Option<(String, String, String)> {
     let canon = std::fs::canonicalize(dir).ok()?;
@@ -106,8 +129,7 @@ fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
     assert!(opts.starts_with("ro"), "{opts}");
     assert!(private_mounts().is_empty(), "{:?}", private_mounts());
     assert_eq!(daemons_of(&kernel.dir).len(), 1);
-    let stats = run(verilay().args(["stats", "--json"]).arg(&kernel.dir));
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let stats = stats(&kernel.dir);
     assert_eq!(stats["engine"], "kernel", "{stats}");
     assert_eq!(stats["engine_why"], "asked for", "{stats}");
     let fuse = EngineMount::new("fuse", &[&image], &t.path().join("f"), &[]);
@@ -298,8 +320,7 @@ fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
         "{}",
         m.said
     );
-    let stats = run(verilay().args(["stats", "--json"]).arg(&m.dir));
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let stats = stats(&m.dir);
     assert_eq!(stats["engine"], "kernel", "{stats}");
     assert_eq!(stats["engine_why"], why, "{stats}");
 }
@@ -519,23 +540,12 @@ fn measured_opens_give_the_same_list_on_both_engines() {
     let mut lists = Vec::new();
     for engine in ["kernel", "fuse"] {
         let list = t.path().join(format!("list-{engine}"));
-        let m = EngineMount::new(
-            engine,
-            &images,
-            &mnt,
-            &[
-                "--policy",
-                policy.to_str().unwrap(),
-                "--measure-log",
-                list.to_str().unwrap(),
-            ],
-        );
+        let m = measured_mount(engine, &images, &mnt, &policy, &list);
         sh(&format!(
             "cd {} && for i in $(seq 100); do cat d/a d/b >/dev/null && ./true; done",
             m.dir.display()
         ));
-        let stats = run(verilay().args(["stats", "--json"]).arg(&m.dir));
-        let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+        let stats = stats(&m.dir);
         if engine == "kernel" {
             // Two reads and an exec (BPRM_CHECK and FILE_CHECK): four checks in all.
             assert_eq!(stats["checked"], 4, "{stats}");
@@ -569,23 +579,12 @@ fn measured_opens_give_the_same_list_on_both_engines() {
     let by_uid = t.path().join("by-uid");
     std::fs::write(&by_uid, "measure func=FILE_CHECK uid=0\n").unwrap();
     let list = t.path().join("list-uid");
-    let m = EngineMount::new(
-        "kernel",
-        &images,
-        &mnt,
-        &[
-            "--policy",
-            by_uid.to_str().unwrap(),
-            "--measure-log",
-            list.to_str().unwrap(),
-        ],
-    );
+    let m = measured_mount("kernel", &images, &mnt, &by_uid, &list);
     sh(&format!(
         "cd {} && for i in $(seq 50); do cat d/a >/dev/null; done",
         m.dir.display()
     ));
-    let stats = run(verilay().args(["stats", "--json"]).arg(&m.dir));
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let stats = stats(&m.dir);
     assert!(stats["checked"].as_u64().unwrap() >= 50, "{stats}");
     assert_eq!(stats["logged"], 1, "{stats}");
 }
@@ -806,10 +805,6 @@ fn a_remote_image_mounts_on_the_kernel_engine_and_auto_leaves_it_lazy() {
     let pinned = ["--insecure", "--no-cache", "--digest", digest.trim()];
     let m = EngineMount::new("kernel", &[remote], &mnt, &pinned);
     assert_eq!(mount_of(&m.dir).unwrap().0, "erofs");
-    let stats = |dir: &Path| -> serde_json::Value {
-        let out = run(verilay().args(["stats", "--json"]).arg(dir));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
     let before = stats(&m.dir)["remote_bytes_fetched"].as_u64().unwrap();
     let size = std::fs::metadata(&image).unwrap().len();
     assert!(before < size, "mounting fetched {before} of {size} bytes");
