@@ -46,6 +46,69 @@ impl ByteSource for Unchecked {
     }
 }
 
+/// The most metadata of one image copied into memory to be checked (beyond it, the check
+/// reads through the verified source, hashing blocks again as it meets them).
+const MAX_HEAD: u64 = 512 << 20;
+
+/// An image's first bytes (its inode area), read and checked once, in memory, and the
+/// verified source for the rest: so a walk of the metadata hashes each block once.
+struct HeadCopy {
+    head: Vec<u8>,
+    rest: Verified,
+}
+
+impl ByteSource for HeadCopy {
+    fn len(&self) -> u64 {
+        self.rest.len()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = offset.saturating_add(buf.len() as u64);
+        if end <= self.head.len() as u64 {
+            buf.copy_from_slice(&self.head[offset as usize..end as usize]);
+            Ok(())
+        } else {
+            self.rest.read_exact_at(buf, offset)
+        }
+    }
+}
+
+impl ImageFile {
+    /// Checks what the kernel's erofs will parse of this image (its superblock, inodes,
+    /// directories, xattrs and extent maps, through the verified source) with verilay's
+    /// own bounded walk (`erofs::read::check_kernel_metadata`); the first problem is the
+    /// error. The inode area (where small files' data is inline too) is read first in
+    /// large sequential reads, which a remote image fetches in few requests.
+    pub fn check_metadata(&self) -> anyhow::Result<()> {
+        let name = &self.name;
+        let refused =
+            |why: String| anyhow::anyhow!("image {name}: refused for the kernel engine: {why}");
+        let img = Image::open(self.source.clone()).map_err(|e| refused(e.to_string()))?;
+        let sb = img.superblock();
+        let end = (u64::from(sb.xattr_blkaddr) << sb.blkszbits).min(self.source.len());
+        let report = if end <= MAX_HEAD {
+            let mut head = vec![0u8; end as usize];
+            for (i, chunk) in head.chunks_mut(4 << 20).enumerate() {
+                self.source
+                    .read_exact_at(chunk, (i as u64) << 22)
+                    .map_err(|e| anyhow::anyhow!("image {name}: reading its metadata: {e}"))?;
+            }
+            let copy = HeadCopy {
+                head,
+                rest: self.source.clone(),
+            };
+            let img = Image::open(copy).map_err(|e| refused(e.to_string()))?;
+            erofs::read::check_kernel_metadata(&img, 1)
+        } else {
+            erofs::read::check_kernel_metadata(&img, 1)
+        };
+        match report.problems.into_iter().next() {
+            Some(problem) => Err(refused(problem)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// What the image's own tree says is stored at `[offset, offset + len)`.
 fn owners(source: &Verified, offset: u64, len: u64) -> String {
     match Image::open(Unchecked(source.clone())) {
@@ -82,6 +145,11 @@ impl ImageFiles {
     /// Adds members to what `verilay stats` reports.
     pub fn add_stats(&mut self, source: crate::stats::StatsSource) {
         self.stats.push(source);
+    }
+
+    /// Checks every image's metadata ([`ImageFile::check_metadata`]).
+    pub fn check_metadata(&self) -> anyhow::Result<()> {
+        self.files.iter().try_for_each(ImageFile::check_metadata)
     }
 
     /// How many image files there are.

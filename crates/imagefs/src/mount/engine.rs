@@ -56,6 +56,10 @@ impl Plan {
         report: &mut Reporter,
     ) -> anyhow::Result<()> {
         let count = files.len();
+        // The kernel's erofs parses what it mounts: only metadata verilay's own checks
+        // accept reaches it (a hostile but validly pinned image is refused here).
+        report.step("check the images' metadata");
+        files.check_metadata()?;
         report.step("make the private directory for the image files");
         let private = PrivateDir::new()?;
         let files_dir = private.subdir("files")?;

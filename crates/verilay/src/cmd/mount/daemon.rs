@@ -180,40 +180,6 @@ fn serve_kernel(
 ) -> anyhow::Result<()> {
     use imagefs::imagefiles::{ImageFile, ImageFiles};
     use imagefs::measuring::fanotify;
-    // The kernel's erofs parses what it mounts: every image's metadata (superblock,
-    // inodes, directories, xattrs, extent maps; through the verified source, so only
-    // pinned bytes) passes verilay's own checks first, and a hostile but validly pinned
-    // image is refused here, naming its first problem.
-    use erofs::read::ByteSource as _;
-    // A remote image's metadata (the inode area before its shared xattrs, where small
-    // files' data is inline too) is fetched first in large sequential reads, which the
-    // check would otherwise ask for a block at a time.
-    for ((img, verified), name) in layers.images.iter().zip(&layers.verified).zip(&s.images) {
-        if super::is_remote(name) {
-            r.step(&format!("fetch the metadata of {}", name.display()));
-            let sb = img.superblock();
-            let end = (u64::from(sb.xattr_blkaddr) << sb.blkszbits).min(verified.len());
-            let mut buf = vec![0u8; 4 << 20];
-            let mut at = 0;
-            while at < end {
-                let n = buf.len().min((end - at) as usize);
-                verified
-                    .read_exact_at(&mut buf[..n], at)
-                    .with_context(|| format!("{}: reading its metadata", name.display()))?;
-                at += n as u64;
-            }
-        }
-    }
-    r.step("check the images' structure");
-    for (img, name) in layers.images.iter().zip(&s.images) {
-        let report = erofs::read::check_kernel_metadata(img, 1);
-        if let Some(problem) = report.problems.first() {
-            anyhow::bail!(
-                "image {}: refused for the kernel engine: {problem}",
-                name.display()
-            );
-        }
-    }
     // Opens are measured from fanotify's events, on as many threads as the mount serves
     // requests with.
     r.step("open the measurement list");
