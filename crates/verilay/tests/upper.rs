@@ -209,6 +209,8 @@ print(out)
 
 #[test]
 fn open_files_and_running_programs_behave_as_in_overlayfs() {
+    // The FUSE engine: kernel overlayfs (the kernel engine) copies a running image
+    // program up empty on O_TRUNC, which this test holds the FUSE engine to avoid.
     if prerequisites() {
         return;
     }
@@ -222,7 +224,7 @@ fn open_files_and_running_programs_behave_as_in_overlayfs() {
         saw(&k.dir)
     };
     let ours = {
-        let v = verilay_mount(&image, &dirs(t.path(), "verilay"), &t.path().join("v"));
+        let v = verilay_mount_fuse(&image, &dirs(t.path(), "verilay"), &t.path().join("v"));
         saw(&v.dir)
     };
     assert!(
@@ -300,6 +302,8 @@ verify()
 
 #[test]
 fn fallocate_never_shows_old_data_on_ext4_or_xfs() {
+    // The FUSE engine: it refuses collapse and insert ranges, which kernel overlayfs
+    // (the kernel engine) passes to the host filesystem.
     if prerequisites() {
         return;
     }
@@ -335,7 +339,7 @@ except OSError:
             upper: host.dir.join("up"),
             work: host.dir.join("wk"),
         };
-        let m = verilay_mount(&image, &d, &base.join("m"));
+        let m = verilay_mount_fuse(&image, &d, &base.join("m"));
         let py = |phase: &str| {
             run(Command::new("python3")
                 .arg("-c")
@@ -375,6 +379,8 @@ except OSError:
 
 #[test]
 fn a_killed_daemon_loses_no_acknowledged_write_and_leaves_no_half_copy() {
+    // The FUSE engine, whose daemon the writes pass through (the kernel engine's never
+    // do).
     if prerequisites() {
         return;
     }
@@ -389,7 +395,7 @@ fn a_killed_daemon_loses_no_acknowledged_write_and_leaves_no_half_copy() {
     build(&base.join("src"), &image, &["--quiet"]);
     let d = dirs(base, "c");
     let mnt = base.join("m");
-    let m = verilay_mount(&image, &d, &mnt);
+    let m = verilay_mount_fuse(&image, &d, &mnt);
     let mut writer = Command::new("python3")
         .arg("-c")
         .arg(CRASH_WRITER)
@@ -432,7 +438,7 @@ fn a_killed_daemon_loses_no_acknowledged_write_and_leaves_no_half_copy() {
     drop(m);
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();
 
-    let m = verilay_mount(&image, &d, &mnt);
+    let m = verilay_mount_fuse(&image, &d, &mnt);
     let original =
         |i: usize| std::fs::read(base.join(format!("src/lower/f{:03}", i % 200))).unwrap();
     for &i in &acked {
@@ -709,6 +715,7 @@ fn a_copied_up_file_keeps_its_inode_number_across_remounts() {
 
 #[test]
 fn a_hostile_redirect_is_an_error_not_a_loop() {
+    // The FUSE engine's reading of redirects (kernel overlayfs answers EACCES).
     if prerequisites() {
         return;
     }
@@ -725,7 +732,7 @@ fn a_hostile_redirect_is_an_error_not_a_loop() {
         std::fs::create_dir(d.upper.join(dir)).unwrap();
         setfattr(&d.upper.join(dir), "trusted.overlay.redirect", to);
     }
-    let m = verilay_mount(&image, &d, &t.path().join("m"));
+    let m = verilay_mount_fuse(&image, &d, &t.path().join("m"));
     for dir in ["up", "empty", "slash"] {
         let err = std::fs::read_dir(m.dir.join(dir)).map(|_| ()).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(5), "{dir}: {err}");
@@ -878,6 +885,8 @@ fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
 
 #[test]
 fn hardlinks_in_an_image_stay_together_when_copied_up() {
+    // The FUSE engine: kernel overlayfs without index=on (the kernel engine) breaks hard
+    // links apart on copy-up.
     if prerequisites() {
         return;
     }
@@ -910,7 +919,7 @@ fn hardlinks_in_an_image_stay_together_when_copied_up() {
         assert!(lines[0].ends_with(" 3"), "{lines:?}");
     };
     {
-        let m = verilay_mount(&image, &d, &mnt);
+        let m = verilay_mount_fuse(&image, &d, &mnt);
         sh(&format!("echo more >> {}/a", m.dir.display()));
         check(&m.dir);
         assert_eq!(std::fs::read_to_string(m.dir.join("d")).unwrap(), "lone\n");
@@ -920,7 +929,7 @@ fn hardlinks_in_an_image_stay_together_when_copied_up() {
     let ino = |p: &str| std::fs::metadata(d.upper.join(p)).unwrap().ino();
     assert_eq!(ino("a"), ino("sub/b"));
     assert_eq!(ino("a"), ino("other/c"));
-    let m = verilay_mount(&image, &d, &mnt);
+    let m = verilay_mount_fuse(&image, &d, &mnt);
     check(&m.dir);
 }
 

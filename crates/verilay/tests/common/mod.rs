@@ -546,9 +546,20 @@ pub fn dirs(base: &Path, tag: &str) -> Dirs {
 /// `verilay mount IMAGE --upper --work MNT --allow-other` (pjdfstest acts as other
 /// users), unmounted when dropped.
 pub fn verilay_mount(image: &Path, d: &Dirs, mnt: &Path) -> Unmount {
+    verilay_mount_with(image, d, mnt, &[])
+}
+
+/// [`verilay_mount`] on the FUSE engine, for tests of what only it promises (where the
+/// kernel engine is kernel overlayfs, with overlayfs's own behaviour).
+pub fn verilay_mount_fuse(image: &Path, d: &Dirs, mnt: &Path) -> Unmount {
+    verilay_mount_with(image, d, mnt, &["--engine", "fuse"])
+}
+
+fn verilay_mount_with(image: &Path, d: &Dirs, mnt: &Path, extra: &[&str]) -> Unmount {
     std::fs::create_dir_all(mnt).unwrap();
     run(verilay()
         .arg("mount")
+        .args(extra)
         .arg("--allow-other")
         .arg(image)
         .arg("--upper")
