@@ -1,15 +1,18 @@
 """latency: what one file-system call costs, in µs (median and p99), on each FUSE
-transport and on the kernel's own filesystems (issue 21).
+transport, on verilay's kernel engine and on the kernel's own filesystems (issue 21).
 
 One image of 10,000 files of 1 KiB (2,000 with --quick) in 50 directories, every entry
 labelled `security.selinux`, mounted side by side, each afresh for every run, the mounts
 taking turns at going first:
 
   read-only   kernel-erofs (`mount -t erofs` of the image file), verilay-uring (FUSE over
-              io_uring), verilay-dev (/dev/fuse): `verilay mount IMAGE --transport T`
+              io_uring), verilay-dev (/dev/fuse): `verilay mount IMAGE --engine fuse
+              --transport T`, and verilay-kernel (`--engine kernel`: the kernel's erofs on
+              the image file verilay serves and verifies)
   writable    overlay (the kernel's overlayfs over the image's kernel erofs mount),
-              verilay-uring and verilay-dev with `--upper --work`; the upper directories
-              on an ext4 made afresh in a loop file for every run (harness.stacks)
+              verilay-uring, verilay-dev and verilay-kernel with `--upper --work`; the
+              upper directories on an ext4 made afresh in a loop file for every run
+              (harness.stacks)
 
 A small C program times each call alone (clock_gettime around it), once per file:
 
@@ -32,7 +35,8 @@ A small C program times each call alone (clock_gettime around it), once per file
 
 Reported per mount and operation: the median over runs of each run's median and 99th
 percentile (every run's percentiles 0..100 are in the JSON). The issue sets no target
-here; the io_uring/dev ratio of the medians is printed as INFO.
+here; the io_uring/dev ratio of the medians and the kernel engine's ratio to the kernel's
+own mount (erofs read-only, overlayfs writable) are printed as INFO.
 """
 
 import os
@@ -43,7 +47,7 @@ import subprocess
 from harness import datasets, report, stacks, timing, tools, transport
 from benches.mount import mounts_for, record_served_over
 
-DESCRIPTION = "per-operation latency (µs) over io_uring, /dev/fuse and the kernel"
+DESCRIPTION = "per-operation latency (µs) over io_uring, /dev/fuse, the kernel engine and the kernel"
 
 NDIRS = 50
 FILE_SIZE = 1024
@@ -270,9 +274,10 @@ def run(ctx):
                    stdout=subprocess.DEVNULL)
     shutil.rmtree(src)
 
-    ro = mounts_for({"erofs": image}, scratch, "ro", verilay, {}, ctx.transports)
+    kernel = transport.kernel_column(verilay, data)
+    ro = mounts_for({"erofs": image}, scratch, "ro", verilay, {}, ctx.transports, kernel)
     rw = stacks.WritableStacks(scratch, image, verilay, None, ctx.transports,
-                               fresh_fs="ext4")
+                               fresh_fs="ext4", kernel=kernel)
     samples = data["samples"]
     try:
         for i in range(ctx.runs):
@@ -315,6 +320,7 @@ def run(ctx):
 
 
 MODES = {"ro": "read-only mounts", "rw": "writable mounts (upper on ext4)"}
+KERNEL_OWN = {"ro": "kernel-erofs", "rw": "overlay"}  # the kernel's own mount, per mode
 
 
 def print_results(data):
@@ -331,6 +337,12 @@ def print_results(data):
                 print(f"INFO  {mode} {op}: io_uring median {u[op]['median_us']:.1f} µs, "
                       f"/dev/fuse {d[op]['median_us']:.1f} µs "
                       f"({u[op]['median_us'] / d[op]['median_us']:.2f}x)")
+        k, own = per_tool.get(transport.KERNEL), per_tool.get(KERNEL_OWN[mode])
+        if k and own:
+            for op in ops:
+                print(f"INFO  {mode} {op}: kernel engine median {k[op]['median_us']:.1f} µs, "
+                      f"{KERNEL_OWN[mode]} {own[op]['median_us']:.1f} µs "
+                      f"({k[op]['median_us'] / max(own[op]['median_us'], 0.01):.2f}x)")
     print()
 
 

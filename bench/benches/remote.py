@@ -18,9 +18,14 @@ At 0, 10 and 50 ms RTT, each run cold (caches dropped, a fresh mount, a fresh em
 `--cache` directory when `verilay mount` has that option), the modes taking turns at
 going first:
 
-  lazy-oci    `verilay mount oci://PROXY/bench/tree@sha256:MANIFEST DIR --insecure`
-  lazy-http   `verilay mount http://PROXY/tree.img DIR --digest D`
-  pull        `verilay pull oci://PROXY/... -o IMAGE --insecure`, then `verilay mount IMAGE DIR`
+  lazy-oci    `verilay mount oci://PROXY/bench/tree@sha256:MANIFEST DIR --insecure
+              --engine fuse`
+  lazy-oci-kernel
+              the same with `--engine kernel` (the kernel's erofs on the image file the
+              daemon serves, fetching lazily, through its private FUSE mount)
+  lazy-http   `verilay mount http://PROXY/tree.img DIR --digest D --engine fuse`
+  pull        `verilay pull oci://PROXY/... -o IMAGE --insecure`, then `verilay mount IMAGE
+              DIR --engine fuse`
   skopeo      `skopeo copy docker://PROXY/bench/tree:1 dir:DIR` (the same blob, whole)
 
 timing, from the start: the mount being usable; `etc/os-release` read in full (first
@@ -37,11 +42,14 @@ ms and once at 10 and 50 ms (it fetches the same bytes every run; at 50 ms one r
 
 Read-all: mount and `cat` of every regular file, the registry reached directly (no
 proxy, no added latency) against the same image file mounted local (`verilay mount
-IMAGE`), both cold, taking turns.
+IMAGE`), both cold, taking turns. Every mount but lazy-oci-kernel's is the FUSE engine's
+(`--engine fuse`).
 
 Targets: at 10 ms RTT, lazy-oci's first file in under 0.5 s and at least 10x sooner than
 pull's first file and than skopeo's copy; sparse bytes fetched / bytes read <= 1.5;
-read-all remote at least 0.8x local's speed.
+read-all remote at least 0.8x local's speed; lazy-oci-kernel's first file and program no
+slower than lazy-oci's (the FUSE engine's): the median of the per-run ratios (the two run in
+the same round) within 1.05x, this host's noise.
 """
 
 import contextlib
@@ -54,7 +62,7 @@ import statistics
 import subprocess
 import time
 
-from harness import datasets, net, report, timing, tools
+from harness import datasets, net, report, timing, tools, transport
 
 DESCRIPTION = "lazy mounts from a registry (0/10/50 ms RTT) vs verilay pull and skopeo copy"
 
@@ -71,7 +79,10 @@ FIRST_LIMIT_S = 0.5
 SPEEDUP = 10.0
 AMPLIFICATION = 1.5
 READ_ALL_RATIO = 0.8
-MODES = ("lazy-oci", "lazy-http", "pull", "skopeo")
+MODES = ("lazy-oci", "lazy-oci-kernel", "lazy-http", "pull", "skopeo")
+KERNEL_MODE = "lazy-oci-kernel"
+# The kernel engine "no slower" than the FUSE engine, within this host's noise.
+KERNEL_VS_FUSE = 1.05
 REPO, TAG = "bench/tree", "1"
 # The full run's budget (~10 min): N runs at the targets' RTT, at most this many at the
 # others and of read-all; sparse reads this many at 0 ms and one at the others (they fetch
@@ -87,11 +98,11 @@ class Mounts:
     def __init__(self, verilay):
         self.verilay, self.up = verilay, set()
 
-    def mount(self, argv, mnt, env=None):
+    def mount(self, argv, mnt, env=None, engine="fuse"):
         os.makedirs(mnt, exist_ok=True)
         self.up.add(mnt)
-        subprocess.run([self.verilay, "mount", *argv, mnt, "--quiet"], check=True,
-                       stdout=subprocess.DEVNULL, env=env)
+        subprocess.run([self.verilay, "mount", *argv, mnt, "--quiet", "--engine", engine],
+                       check=True, stdout=subprocess.DEVNULL, env=env)
 
     def down(self, mnt):
         if subprocess.run([self.verilay, "umount", mnt], stdout=subprocess.DEVNULL,
@@ -147,8 +158,8 @@ def read_range(path, at):
 class Bench:
     """Everything one run of the benchmark sets up; `close()` takes it all down."""
 
-    def __init__(self, ctx, verilay, registry_bin, skopeo, scratch, cache_option):
-        self.ctx, self.verilay, self.skopeo = ctx, verilay, skopeo
+    def __init__(self, ctx, verilay, registry_bin, skopeo, scratch, cache_option, kernel):
+        self.ctx, self.verilay, self.skopeo, self.kernel = ctx, verilay, skopeo, kernel
         self.scratch, self.cache_option = scratch, cache_option
         self.registry_bin = registry_bin
         self.stack = contextlib.ExitStack()
@@ -217,7 +228,7 @@ class Bench:
         return f"oci://127.0.0.1:{port}/{REPO}{target}"
 
     def lazy_argv(self, mode, port):
-        if mode == "lazy-oci":
+        if mode in ("lazy-oci", KERNEL_MODE):
             return [self.oci_ref(port), "--insecure"]
         return [f"http://127.0.0.1:{port}/tree.img", "--digest", self.digest]
 
@@ -230,16 +241,21 @@ class Bench:
         sample["program_s"] = time.perf_counter() - start
 
     def run_lazy(self, mode):
-        proxy = self.reg_proxy if mode == "lazy-oci" else self.web_proxy
+        proxy = self.web_proxy if mode == "lazy-http" else self.reg_proxy
+        engine = "kernel" if mode == KERNEL_MODE else "fuse"
         cache, cache_dir = self.fresh_cache()
         timing.drop_caches()
         proxy.reset()
         sample = {}
         try:
             start = time.perf_counter()
-            self.mounts.mount([*self.lazy_argv(mode, proxy.port), *cache], self.mnt)
+            self.mounts.mount([*self.lazy_argv(mode, proxy.port), *cache], self.mnt,
+                              engine=engine)
             sample["mount_s"] = time.perf_counter() - start
             s = stats(self.verilay, self.mnt)
+            if s.get("engine", "fuse") != engine:
+                raise RuntimeError(f"{mode}: asked for the {engine} engine, verilay stats "
+                                   f"says {s.get('engine')}")
             sample["mount_fetched"], sample["mount_requests"] = (s["remote_bytes_fetched"],
                                                                  s["remote_requests"])
             self.first_and_program(start, sample)
@@ -366,7 +382,8 @@ class Bench:
             sparse_runs = min(self.ctx.runs, SLOW_RUNS) if rtt_ms == 0 else 1
             res = {m: [] for m in MODES}
             res["sparse"] = []
-            modes = [m for m in MODES if m != "skopeo" or self.skopeo]
+            modes = [m for m in MODES if (m != "skopeo" or self.skopeo)
+                     and (m != KERNEL_MODE or self.kernel)]
             for i in range(runs):
                 print(f"  rtt {rtt_ms} ms: run {i + 1}/{runs}", flush=True)
                 r = i % len(modes)
@@ -466,7 +483,8 @@ def run(ctx):
                                  "(fetched chunks are kept in the daemon's memory only)")
     print(f"cache: {data['settings']['cache']}", flush=True)
 
-    bench = Bench(ctx, verilay, registry_bin, skopeo, scratch, cache_option)
+    kernel = transport.kernel_column(verilay, data)
+    bench = Bench(ctx, verilay, registry_bin, skopeo, scratch, cache_option, kernel)
     try:
         bench.setup(data)
         bench.proxy_throughput(data)
@@ -509,7 +527,8 @@ def print_results(data):
                          fmt(median(s, "fetched") / 2**20, ",.1f"),
                          fmt(median(s, "mount_requests"), ".0f"),
                          fmt(median(s, "requests"), ".0f"), f"{conns:.0f}",
-                         fmt(first / lazy_first, ".1f") if mode in ("pull", "skopeo") else ""])
+                         fmt(first / lazy_first, ".2f" if mode == KERNEL_MODE else ".1f")
+                         if mode in ("pull", "skopeo", KERNEL_MODE) else ""])
     report.print_table(["rtt", "mode", "n", "mount", "first", "program", "copy", "fetched MiB",
                         "mount req", "requests", "connections", "x lazy-oci first"], rows,
                        left=2)
@@ -579,6 +598,9 @@ def check_targets(data):
         print(f"INFO  program at {TARGET_RTT_MS} ms RTT: lazy-oci "
               f"{median(res['lazy-oci'], 'program_s'):.3f} s, pull "
               f"{median(res['pull'], 'program_s'):.3f} s to `python3 -c 'import json'` done")
+    for rtt, r in data["rtt"].items():
+        if r.get(KERNEL_MODE) and r.get("lazy-oci"):
+            t += kernel_vs_fuse(r, rtt, int(rtt) == TARGET_RTT_MS)
     base = data["rtt"].get("0", {}).get("lazy-oci")
     for rtt, r in data["rtt"].items():
         lazy = r["lazy-oci"]
@@ -618,6 +640,27 @@ def check_targets(data):
     return t
 
 
+def kernel_vs_fuse(res, rtt, verdict):
+    """lazy-oci-kernel's first file and program against lazy-oci's (the FUSE engine's) at
+    one RTT: the median of the per-run ratios (the two ran in the same round), no slower
+    within KERNEL_VS_FUSE. A target at the targets' RTT (`verdict`), INFO lines at the
+    others."""
+    t = []
+    for key, what in (("first_s", "first file"), ("program_s", "`import json`")):
+        k, f = res[KERNEL_MODE], res["lazy-oci"]
+        ratios = [a[key] / b[key] for a, b in zip(k, f)]
+        ratio = statistics.median(ratios)
+        detail = (f"{ratio:.2f}x the FUSE engine's time, median of {len(ratios)} runs' ratios "
+                  f"({min(ratios):.2f}..{max(ratios):.2f}; {median(k, key):.3f} s vs "
+                  f"{median(f, key):.3f} s; target <= {KERNEL_VS_FUSE}x)")
+        name = f"{what} at {rtt} ms RTT: kernel engine vs FUSE engine (lazy-oci)"
+        if verdict:
+            t.append(report.target(name, ratio <= KERNEL_VS_FUSE, detail))
+        else:
+            print(f"INFO  {name}: {detail}")
+    return t
+
+
 def plot(data, png):
     if not data.get("rtt"):
         return
@@ -629,6 +672,9 @@ def plot(data, png):
     fig, (ax_t, ax_b, ax_r) = plt.subplots(1, 3, figsize=(17, 4.8))
     lines = [("lazy-oci", "first_s", "lazy-oci: first file", "tab:red", "o-"),
              ("lazy-oci", "program_s", "lazy-oci: program", "tab:red", "s--"),
+             (KERNEL_MODE, "first_s", "lazy-oci, kernel engine: first file", "tab:brown", "o-"),
+             (KERNEL_MODE, "program_s", "lazy-oci, kernel engine: program", "tab:brown",
+              "s--"),
              ("lazy-http", "first_s", "lazy-http: first file", "tab:orange", "o-"),
              ("lazy-http", "program_s", "lazy-http: program", "tab:orange", "s--"),
              ("pull", "first_s", "pull + mount: first file", "tab:blue", "o-"),
@@ -645,6 +691,7 @@ def plot(data, png):
     ax_t.legend(fontsize="small")
 
     bars = [("lazy-oci", "lazy-oci: first + program", "tab:red", "o-"),
+            (KERNEL_MODE, "lazy-oci, kernel engine: first + program", "tab:brown", "x--"),
             ("lazy-http", "lazy-http: first + program", "tab:orange", "x--"),
             ("sparse", f"sparse: {SPARSE_FILES} random files", "tab:purple", "o-"),
             ("pull", "pull", "tab:blue", "o-"), ("skopeo", "skopeo copy", "tab:green", "x--")]

@@ -5,16 +5,21 @@ mounted three ways side by side:
 
   overlay          the kernel's overlayfs (lower: the image's kernel erofs mount)
   fuse-overlayfs   fuse-overlayfs over that same kernel erofs mount
-  verilay-uring    `verilay mount IMAGE --upper --work --transport uring` (verification on)
+  verilay-uring    `verilay mount IMAGE --upper --work --engine fuse --transport uring`
+                   (verification on)
   verilay-dev      the same over /dev/fuse (`--transport dev`)
+  verilay-kernel   the kernel engine (`--engine kernel`): the kernel's overlayfs over the
+                   kernel's erofs of the image file verilay serves and verifies
 
 Each thread walks the tree's path list from its own starting point: lstat, and for regular
 files open(O_RDONLY) and close. After one warm pass, each thread count runs for a fixed
 time and the total operations per second are reported. A small C program does the storm
 (compiled here with cc: Python threads would measure the interpreter lock).
 
-Targets: verilay ahead of fuse-overlayfs at every thread count, and no drop in total
-throughput as threads are added (each count within 5% of the best of the fewer ones).
+Targets, per FUSE transport: verilay ahead of fuse-overlayfs at every thread count, and no
+drop in total throughput as threads are added (each count within 5% of the best of the
+fewer ones). The kernel engine: at every thread count, the kernel's overlayfs over kernel
+erofs at most 1.1x its ops/s.
 """
 
 import os
@@ -29,6 +34,7 @@ DESCRIPTION = "stat/open storm over a merged tree, 1-8 threads: verilay vs overl
 THREADS = (1, 2, 4, 8)
 SECONDS = 3.0
 DROP_TOLERANCE = 0.95
+KERNEL_ENGINE_RATIO = 1.1  # kernel overlayfs's ops/s over the kernel engine's, at most
 
 STORM_C = r"""
 #include <fcntl.h>
@@ -131,7 +137,9 @@ def run(ctx):
             for name in sorted(dirs + files):
                 f.write(os.path.normpath(os.path.join(rel, name)) + "\n")
     secs = 1.0 if ctx.quick else SECONDS
-    mounts = stacks.WritableStacks(scratch, image, verilay, fov, ctx.transports)
+    kernel = transport.kernel_column(verilay, data)
+    mounts = stacks.WritableStacks(scratch, image, verilay, fov, ctx.transports,
+                                   kernel=kernel)
     try:
         where = mounts.up()
         mounts.record(data)
@@ -159,7 +167,26 @@ def run(ctx):
     r = data["results"]
     for tool in (t for t in tools_seen if transport.transport_of(t)):
         data["targets"] += targets_for(r, tool)
+    if transport.KERNEL in r:
+        data["targets"] += kernel_targets(r)
     return data
+
+
+def kernel_targets(r):
+    """The kernel engine at every thread count: the kernel's overlayfs (over kernel erofs)
+    at most KERNEL_ENGINE_RATIO times its ops/s; its ratio to the FUSE engine alongside."""
+    t = []
+    k = r[transport.KERNEL]
+    fuse = next((transport.tool_name(x) for x in transport.TRANSPORTS
+                 if transport.tool_name(x) in r), None)
+    for n in THREADS:
+        v = k[str(n)]["median"]
+        ratio = r["overlay"][str(n)]["median"] / v
+        vs = f"; {v / r[fuse][str(n)]['median']:.2f}x {fuse}'s ops/s" if fuse else ""
+        t.append(report.target(
+            f"{n} threads {transport.KERNEL} vs kernel overlayfs", ratio <= KERNEL_ENGINE_RATIO,
+            f"overlayfs {ratio:.2f}x its ops/s (target <= {KERNEL_ENGINE_RATIO}x{vs})"))
+    return t
 
 
 def targets_for(r, tool):
@@ -198,7 +225,8 @@ def plot(data, png_path):
     for w, per in data["results"].items():
         xs = [int(n) for n in per]
         ax.plot(xs, [per[n]["median"] for n in per], marker="o", label=w,
-                color={"verilay-uring": "tab:red", "verilay-dev": "tab:orange"}.get(w))
+                color={"verilay-uring": "tab:red", "verilay-dev": "tab:orange",
+                       transport.KERNEL: "tab:purple"}.get(w))
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(THREADS), [str(n) for n in THREADS])
     ax.set_xlabel("threads")

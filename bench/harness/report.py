@@ -44,6 +44,13 @@ def target(name, ok, detail):
     return {"target": name, "verdict": verdict, "detail": detail}
 
 
+def not_measured(name, why):
+    """One NOT MEASURED line (a target the run could not measure, and why) and its JSON
+    record."""
+    print(f"NOT MEASURED  {name}: {why}")
+    return {"target": name, "verdict": "NOT MEASURED", "detail": why}
+
+
 def bar_grid(path, title, rows, columns):
     """Save a PNG with one bar chart per (row, column) cell.
 

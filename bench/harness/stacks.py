@@ -83,9 +83,10 @@ class FreshFs:
 class WritableStacks:
     """One image as the lower layer of a writable stack, mounted side by side by the
     kernel's overlayfs and fuse-overlayfs (both over the image's kernel erofs mount) and
-    `verilay mount --upper` once per FUSE transport (`verilay-uring`, `verilay-dev`:
-    harness.transport); `up()` mounts them afresh, with empty upper directories, and
-    returns {tool: mountpoint}. fuse-overlayfs is left out when `fov` is None.
+    `verilay mount --upper` once per FUSE transport (`verilay-uring`, `verilay-dev`), and
+    with `kernel` by the kernel engine (`verilay-kernel`: harness.transport); `up()` mounts
+    them afresh, with empty upper directories, and returns {tool: mountpoint}.
+    fuse-overlayfs is left out when `fov` is None.
     `served_over[tool]` is what each verilay mount said it was served over, last time.
 
     With `fresh_fs` (an mkfs type), the upper and work directories live on a filesystem
@@ -94,11 +95,11 @@ class WritableStacks:
 
     PEERS = ("overlay", "fuse-overlayfs")
 
-    def __init__(self, scratch, image, verilay, fov, transports, fresh_fs=None):
+    def __init__(self, scratch, image, verilay, fov, transports, fresh_fs=None, kernel=False):
         self.scratch, self.image, self.verilay, self.fov = scratch, image, verilay, fov
         self.fresh_fs = fresh_fs
         self.tools = [t for t in self.PEERS if t != "fuse-overlayfs" or fov]
-        self.tools += transport.verilay_tools(transports)
+        self.tools += transport.verilay_tools(transports, kernel)
         self.lower = os.path.join(scratch, "lower")
         os.makedirs(self.lower, exist_ok=True)
         subprocess.run(["mount", "-t", "erofs", "-o", "ro", image, self.lower], check=True)
@@ -128,9 +129,8 @@ class WritableStacks:
             elif tool == "fuse-overlayfs":
                 subprocess.run([self.fov, "-o", opts, mnt], check=True)
             else:
-                self.served_over[tool] = transport.mount(
-                    self.verilay, [self.image], mnt, transport.transport_of(tool),
-                    ["--upper", up, "--work", work])
+                self.served_over[tool] = transport.mount_tool(
+                    self.verilay, [self.image], mnt, tool, ["--upper", up, "--work", work])
             self.mounted.append(mnt)
             where[tool] = mnt
         return where

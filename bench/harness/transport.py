@@ -1,17 +1,26 @@
-"""Mounting verilay with a chosen FUSE transport (issue 21): one function every benchmark
-uses, and the kernel switch FUSE over io_uring needs.
+"""Mounting verilay with a chosen engine and FUSE transport (issue 21): one function every
+benchmark uses, and the kernel switch FUSE over io_uring needs.
 
-`verilay mount --transport uring|dev` serves over FUSE over io_uring or /dev/fuse and says
-which on stderr (`DIR: served over io_uring (2 queues x 8 entries, 2 workers)`), which
-`mount` returns so a benchmark can record it. io_uring needs Linux 6.14+ and
+Columns: `verilay-uring` and `verilay-dev` are the FUSE engine (`verilay mount --engine fuse
+--transport uring|dev`: verilay's own filesystem over FUSE over io_uring or /dev/fuse);
+`verilay-kernel` is the kernel engine (`--engine kernel --transport auto`: the kernel's erofs
+on image files the daemon serves and verifies through a private FUSE mount, a kernel
+overlayfs for stacks and `--upper`). Each mount says what serves it on stderr (`DIR: served
+over io_uring (2 queues x 2 threads), kernel engine (asked for)`), which `mount` returns so a
+benchmark can record it, and checks. io_uring needs Linux 6.14+ and
 /sys/module/fuse/parameters/enable_uring = Y; `uring_switch` turns it on for a benchmark
-(as root) and puts it back as it was afterwards."""
+(as root) and puts it back as it was afterwards. The kernel engine needs root and a kernel
+with file-backed erofs: `kernel_column` tries it once."""
 
 import functools
+import os
+import shutil
 import subprocess
+import tempfile
 
 URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
 TRANSPORTS = ("uring", "dev")
+KERNEL = "verilay-kernel"
 
 
 class MountFailed(Exception):
@@ -19,26 +28,38 @@ class MountFailed(Exception):
 
 
 def tool_name(transport):
-    """The column a transport's verilay mount gets in tables and plots."""
+    """The column a transport's FUSE-engine verilay mount gets in tables and plots."""
     return f"verilay-{transport}"
 
 
 def transport_of(tool):
-    """The transport of a `tool_name` column, or None for another tool."""
+    """The transport of a FUSE-engine `tool_name` column, or None for another tool (the
+    kernel engine's column included)."""
     prefix = "verilay-"
     t = tool.split("/")[0][len(prefix):] if tool.startswith(prefix) else None
     return t if t in TRANSPORTS else None
 
 
-def verilay_tools(transports):
-    return [tool_name(t) for t in transports]
+def engine_of(tool):
+    """"kernel" for the kernel engine's column (`verilay-kernel`, also with a `/variant`),
+    "fuse" for a transport's column, None for another tool."""
+    if tool.split("/")[0] == KERNEL:
+        return "kernel"
+    return "fuse" if transport_of(tool) else None
 
 
-def mount(verilay, operands, mnt, transport, extra=()):
-    """`verilay mount OPERANDS... MNT --transport T EXTRA...`: returns what the mount says
-    it is served over (the text after `served over`), and fails if it is not the transport
-    asked for."""
-    argv = [verilay, "mount", *operands, mnt, "--transport", transport, *extra]
+def verilay_tools(transports, kernel=False):
+    """The verilay columns: the FUSE engine once per transport, then the kernel engine's
+    if `kernel`."""
+    return [tool_name(t) for t in transports] + ([KERNEL] if kernel else [])
+
+
+def mount(verilay, operands, mnt, transport, extra=(), engine="fuse"):
+    """`verilay mount OPERANDS... MNT --engine E --transport T EXTRA...`: returns what the
+    mount says it is served over (the text after `served over`, the engine included), and
+    fails if it is not the transport and engine asked for."""
+    argv = [verilay, "mount", *operands, mnt, "--engine", engine, "--transport", transport,
+            *extra]
     out = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
@@ -46,10 +67,58 @@ def mount(verilay, operands, mnt, transport, extra=()):
                           f"{out.stderr.strip()}")
     said = served_over(out.stderr, mnt)
     want = {"uring": "io_uring", "dev": "/dev/fuse"}.get(transport)
-    if said is None or (want and not said.startswith(want)):
-        raise MountFailed(f"`{' '.join(argv)}`: asked for {transport}, the mount said "
-                          f"{said or out.stderr.strip()!r}")
+    if (said is None or (want and not said.startswith(want))
+            or f", {engine} engine" not in said):
+        raise MountFailed(f"`{' '.join(argv)}`: asked for {transport}, {engine} engine, "
+                          f"the mount said {said or out.stderr.strip()!r}")
     return said
+
+
+def mount_tool(verilay, operands, mnt, tool, extra=()):
+    """Mounts for one verilay column (`verilay_tools`): the FUSE engine on the column's
+    transport, or the kernel engine over the default transport (`auto`)."""
+    engine = engine_of(tool)
+    if engine is None:
+        raise ValueError(f"{tool} is no verilay column")
+    return mount(verilay, operands, mnt, transport_of(tool) or "auto", extra, engine)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_engine_why_not(verilay):
+    """None if `verilay mount --engine kernel` mounts here (tried once on a one-file image),
+    else why not."""
+    if os.geteuid() != 0:
+        return "the kernel engine needs root"
+    tmp = tempfile.mkdtemp(prefix="verilay-kernel-probe-", dir="/var/tmp")
+    try:
+        src, img, mnt = (os.path.join(tmp, x) for x in ("src", "probe.img", "mnt"))
+        os.makedirs(src)
+        os.makedirs(mnt)
+        with open(os.path.join(src, "f"), "w") as f:
+            f.write("probe\n")
+        subprocess.run([verilay, "build", src, "-o", img, "--quiet"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            mount(verilay, [img], mnt, "auto", engine="kernel")
+        except MountFailed as e:
+            return str(e)
+        subprocess.run([verilay, "umount", mnt], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        return None
+    finally:
+        subprocess.run(["umount", "-l", os.path.join(tmp, "mnt")], stderr=subprocess.DEVNULL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kernel_column(verilay, data):
+    """Whether a benchmark gets the kernel engine's column: True where it mounts here, else
+    False with the reason printed; noted in data["settings"]["kernel_engine"]."""
+    why = kernel_engine_why_not(verilay)
+    data.setdefault("settings", {})["kernel_engine"] = {"measured": why is None,
+                                                        "why_not": why}
+    if why:
+        print(f"kernel engine not measured: {why}")
+    return why is None
 
 
 def served_over(stderr, mnt):
