@@ -10,23 +10,33 @@
 //!   where it matters (the measurement list marks the gap).
 //! - Ignore marks are evictable inode marks: they cost no pinned inode, and an inode the
 //!   kernel drops comes back as one event again.
+//! - Events are read one at a time (a read of exactly one event's length), so several
+//!   threads can each take the next event and answer it, with no hand-over between
+//!   threads: nix's reader takes a page of events at once, which one thread would then
+//!   answer in turn. (Reading and answering are written here for that reason; groups and
+//!   marks are nix's.)
 
 use anyhow::Context;
-use nix::sys::fanotify::{
-    EventFFlags, Fanotify, FanotifyEvent, FanotifyResponse, InitFlags, MarkFlags, MaskFlags,
-    Response,
-};
-use rustix::fd::{AsRawFd, BorrowedFd};
+use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// A group watching opens on one mount.
 pub struct Group {
     fan: Fanotify,
 }
 
-/// One open waiting for its answer.
+/// One open waiting for its answer: the file the kernel opened for us (closed when the
+/// event is dropped), the opening thread and what it asked.
 pub struct Event {
-    inner: FanotifyEvent,
+    file: OwnedFd,
+    tid: i32,
+    mask: u64,
 }
+
+/// `struct fanotify_event_metadata` (include/uapi/linux/fanotify.h): an event's length,
+/// version, metadata length, mask, descriptor and pid, as the kernel writes them (no
+/// information records follow: the group asks for none).
+const EVENT_LEN: usize = 24;
 
 /// What an event asks about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,38 +76,67 @@ impl Group {
         Ok(Group { fan })
     }
 
-    /// The next events, waiting for at least one.
-    pub fn next(&self) -> std::io::Result<Vec<Event>> {
+    /// The next event, waiting for it.
+    pub fn next(&self) -> std::io::Result<Event> {
+        let mut buf = [0u8; EVENT_LEN];
         loop {
-            match self.fan.read_events() {
-                Ok(events) => return Ok(events.into_iter().map(|inner| Event { inner }).collect()),
-                Err(nix::errno::Errno::EINTR) => continue,
+            let n = match rustix::io::read(self.fan.as_fd(), &mut buf) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
+            };
+            let field = |at: usize, len: usize| {
+                let mut b = [0u8; 8];
+                b[..len].copy_from_slice(&buf[at..at + len]);
+                u64::from_ne_bytes(b)
+            };
+            let (event_len, version) = (field(0, 4) as usize, buf[4]);
+            if n != EVENT_LEN
+                || event_len != EVENT_LEN
+                || version != libc::FANOTIFY_METADATA_VERSION
+            {
+                return Err(std::io::Error::other(format!(
+                    "fanotify gave {n} bytes, an event of {event_len} bytes, version {version}"
+                )));
             }
+            let (mask, fd, tid) = (
+                field(8, 8),
+                field(16, 4) as u32 as i32,
+                field(20, 4) as u32 as i32,
+            );
+            if fd < 0 {
+                // A queue overflow (FAN_NOFD): none with an unlimited queue.
+                continue;
+            }
+            // SAFETY: the kernel opened `fd` for this event and handed it to us alone;
+            // the event owns it from here and closes it once answered.
+            let file = unsafe { OwnedFd::from_raw_fd(fd) };
+            return Ok(Event { file, tid, mask });
         }
     }
 
     /// Answers `event`: the open goes on, or fails with EPERM.
     pub fn answer(&self, event: &Event, allow: bool) -> std::io::Result<()> {
-        let Some(fd) = event.inner.fd() else {
-            return Ok(());
-        };
         let response = if allow {
-            Response::FAN_ALLOW
+            libc::FAN_ALLOW
         } else {
-            Response::FAN_DENY
+            libc::FAN_DENY
         };
-        self.fan
-            .write_response(FanotifyResponse::new(fd, response))
-            .map_err(Into::into)
+        // `struct fanotify_response`: the event's descriptor, then the answer.
+        let mut reply = [0u8; 8];
+        reply[..4].copy_from_slice(&event.file.as_raw_fd().to_ne_bytes());
+        reply[4..].copy_from_slice(&response.to_ne_bytes());
+        let n = rustix::io::write(self.fan.as_fd(), &reply)?;
+        if n != reply.len() {
+            return Err(std::io::Error::other("a short write of a fanotify answer"));
+        }
+        Ok(())
     }
 
     /// Later opens of `kind` of the file `event` is about raise no event (until the
     /// kernel evicts the inode).
     pub fn ignore(&self, event: &Event, kind: Open) -> std::io::Result<()> {
-        let Some(fd) = event.inner.fd() else {
-            return Ok(());
-        };
+        let fd = event.file.as_fd();
         let mask = match kind {
             Open::File => MaskFlags::FAN_OPEN_PERM,
             Open::Exec => MaskFlags::FAN_OPEN_EXEC_PERM,
@@ -118,27 +157,22 @@ impl Group {
 
 impl Event {
     /// The file opened (a descriptor the kernel opened for us, read-only).
-    pub fn file(&self) -> Option<BorrowedFd<'_>> {
-        self.inner.fd()
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 
     /// The opening thread.
     pub fn tid(&self) -> u32 {
-        self.inner.pid().max(0) as u32
+        self.tid.max(0) as u32
     }
 
     /// What is being opened: an exec's program, else a file.
     pub fn kind(&self) -> Open {
-        if self.inner.mask().contains(MaskFlags::FAN_OPEN_EXEC_PERM) {
+        if self.mask & MaskFlags::FAN_OPEN_EXEC_PERM.bits() != 0 {
             Open::Exec
         } else {
             Open::File
         }
-    }
-
-    /// The queue overflowed (no file): cannot happen with an unlimited queue.
-    pub fn is_overflow(&self) -> bool {
-        self.inner.fd().is_none()
     }
 }
 

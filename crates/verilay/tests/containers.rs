@@ -605,6 +605,8 @@ fn podman_runs_a_rootfs_a_verilay_mount_serves_with_its_writes_on_top() {
     );
 }
 
+/// On both engines (the store's `--engine`): the kernel engine's layer mounts are erofs,
+/// and what the container's overlayfs opens on them is measured through fanotify.
 #[test]
 fn what_containers_run_from_the_store_is_measured_in_lists_evmctl_accepts() {
     if podman_prerequisites() || skip_unless(have("evmctl"), "needs evmctl (scripts/setup)") {
@@ -616,38 +618,53 @@ fn what_containers_run_from_the_store_is_measured_in_lists_evmctl_accepts() {
     let l = layout(t.path(), "v1", &[dirs[0].clone(), dirs[2].clone()]);
     let src = format!("oci:{}:v1", l.dir.display());
     run(verilay().args(["convert", &src, &reg.docker("app:v1"), "--insecure", "-q"]));
-    let (policy, logs) = (t.path().join("policy"), t.path().join("lists"));
-    std::fs::write(&policy, "measure func=BPRM_CHECK\n").unwrap();
-    let p = policy.display().to_string();
-    let m = logs.display().to_string();
-    let store = Store::start(t.path(), &["--policy", &p, "--measure-log", &m], &[]);
-    let pod = Podman::new(&t.path().join("pod"), reg.port, Some(&store.dir));
-    let image = reg.reference("app:v1").replacen("oci://", "", 1);
-    run(pod.cmd().args(["pull", "-q", &image]));
-    let (code, out, err) = pod.run(&image, &["/app/run.sh"]);
-    assert_eq!(
-        (code, out.lines().next()),
-        (0, Some("app on base")),
-        "{err}"
-    );
-
-    // One list per layer, named by its image digest; the programs run are in them.
-    let mut seen = String::new();
-    for dir in std::fs::read_dir(&logs)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-    {
-        assert!(evmctl_accepts(&dir), "evmctl refuses {}", dir.display());
-        run(verilay().args(["log", "verify"]).arg(&dir));
-        seen += &std::fs::read_to_string(dir.join("ascii_runtime_measurements")).unwrap();
-    }
-    for program in ["/app/run.sh", "/bin/busybox"] {
-        assert!(
-            seen.lines()
-                .any(|l| l.contains(" ima-ng sha256:") && l.ends_with(program)),
-            "{program} not measured: {seen}"
+    for (engine, fstype) in [("fuse", "fuse.verilay"), ("kernel", "erofs")] {
+        let base = t.path().join(engine);
+        std::fs::create_dir_all(&base).unwrap();
+        let (policy, logs) = (base.join("policy"), base.join("lists"));
+        std::fs::write(&policy, "measure func=BPRM_CHECK\n").unwrap();
+        let p = policy.display().to_string();
+        let m = logs.display().to_string();
+        let extra = ["--policy", &p, "--measure-log", &m, "--engine", engine];
+        let store = Store::start(&base, &extra, &[]);
+        let pod = Podman::new(&base.join("pod"), reg.port, Some(&store.dir));
+        let image = reg.reference("app:v1").replacen("oci://", "", 1);
+        run(pod.cmd().args(["pull", "-q", &image]));
+        let (code, out, err) = pod.run(&image, &["/app/run.sh"]);
+        assert_eq!(
+            (code, out.lines().next()),
+            (0, Some("app on base")),
+            "{engine}: {err}"
         );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!store.layers().is_empty(), "{engine}: no layer mounts");
+        for layer in store.layers() {
+            let at = format!(" {} ", layer.display());
+            let line = mounts
+                .lines()
+                .find(|l| l.contains(&at))
+                .expect("a layer mount");
+            assert!(line.contains(&format!(" - {fstype} ")), "{engine}: {line}");
+        }
+
+        // One list per layer, named by its image digest; the programs run are in them.
+        let mut seen = String::new();
+        for dir in std::fs::read_dir(&logs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+        {
+            assert!(evmctl_accepts(&dir), "evmctl refuses {}", dir.display());
+            run(verilay().args(["log", "verify"]).arg(&dir));
+            seen += &std::fs::read_to_string(dir.join("ascii_runtime_measurements")).unwrap();
+        }
+        for program in ["/app/run.sh", "/bin/busybox"] {
+            assert!(
+                seen.lines()
+                    .any(|l| l.contains(" ima-ng sha256:") && l.ends_with(program)),
+                "{engine}: {program} not measured: {seen}"
+            );
+        }
     }
 }
 

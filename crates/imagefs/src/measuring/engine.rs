@@ -116,6 +116,17 @@ impl Measuring {
         self.policy.may_measure(fs)
     }
 
+    /// [`Measuring::may_measure`] for an open (`exec`: an exec's, checked as BPRM_CHECK and
+    /// FILE_CHECK; else a file's, FILE_CHECK only).
+    pub fn may_measure_open(&self, fs: &FsIdentity, exec: bool) -> bool {
+        let funcs: &[Func] = if exec {
+            &[Func::BprmCheck, Func::FileCheck]
+        } else {
+            &[Func::FileCheck]
+        };
+        self.policy.may_measure_any_of(fs, funcs)
+    }
+
     /// Measures an open if the policy says so. An error (the file could not be read, or
     /// failed verification, or the list could not be written) fails the open: a measured
     /// open never succeeds unmeasured. Records the violations IMA records for it (see

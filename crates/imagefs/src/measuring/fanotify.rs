@@ -21,7 +21,6 @@ use super::{ContentKey, Opening, Setup};
 use crate::ops::Logger;
 use host::fanotify::{in_exec, Event, Group, Open};
 use std::io;
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 type Img = erofs::read::Image<Arc<dyn erofs::read::ByteSource>>;
@@ -38,47 +37,33 @@ pub struct Front {
     pub learnt: Mutex<Vec<(u64, usize)>>,
     /// The mountpoint, absolute: where the paths events name begin.
     pub mountpoint: std::path::PathBuf,
+    /// The file each thread last exec'd and when ((tid, dev, ino), time): its next open
+    /// event for that file is the exec's own second event.
+    pub execs: Mutex<Vec<(ExecdFile, std::time::Instant)>>,
     pub log: Logger,
     /// How log lines name the mount.
     pub name: String,
 }
 
-/// Serves `group`'s events with `workers` threads until the group is closed (the
-/// process ends).
+/// Serves `group`'s events on `workers` threads, each taking the next event and
+/// answering it, until the group is closed (the process ends).
 pub fn start(group: Group, front: Front, workers: usize) -> anyhow::Result<()> {
     let group = Arc::new(group);
     let front = Arc::new(front);
-    let (send, receive) = mpsc::channel::<Event>();
-    let receive = Arc::new(Mutex::new(receive));
     for i in 0..workers.max(1) {
-        let (group, front, receive) = (group.clone(), front.clone(), receive.clone());
+        let (group, front) = (group.clone(), front.clone());
         std::thread::Builder::new()
             .name(format!("verilay-fanotify-{i}"))
             .spawn(move || loop {
-                let next = receive.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                let Ok(event) = next else { return };
-                front.answer(&group, &event);
-            })?;
-    }
-    let reader_group = group.clone();
-    let log = front.clone();
-    std::thread::Builder::new()
-        .name("verilay-fanotify".into())
-        .spawn(move || loop {
-            match reader_group.next() {
-                Ok(events) => {
-                    for e in events {
-                        if send.send(e).is_err() {
-                            return;
-                        }
+                match group.next() {
+                    Ok(event) => front.answer(&group, &event),
+                    Err(e) => {
+                        (front.log)(&format!("{}: reading fanotify events: {e}", front.name));
+                        return;
                     }
                 }
-                Err(e) => {
-                    (log.log)(&format!("{}: reading fanotify events: {e}", log.name));
-                    return;
-                }
-            }
-        })?;
+            })?;
+    }
     Ok(())
 }
 
@@ -103,22 +88,34 @@ impl Front {
     /// (allow, whether an ignore mark may spare later opens of this kind).
     fn decide(&self, event: &Event) -> io::Result<(bool, bool)> {
         let kind = event.kind();
-        if kind == Open::File && in_exec(event.tid()) {
-            return Ok((true, false));
-        }
-        let Some(fd) = event.file() else {
-            return Ok((true, false));
-        };
+        let fd = event.file();
         let st = rustix::fs::fstat(fd)?;
         if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
             // Directories and devices are never measured.
             return Ok((true, true));
         }
-        let path = std::fs::read_link(format!(
-            "/proc/self/fd/{}",
-            rustix::fd::AsRawFd::as_raw_fd(&fd)
-        ))?;
+        let file = (event.tid(), st.st_dev, st.st_ino);
+        if kind == Open::Exec {
+            self.exec_seen(file);
+        } else if self.exec_second_event(file, st.st_mode) {
+            return Ok((true, false));
+        }
+        let path = || -> io::Result<std::path::PathBuf> {
+            std::fs::read_link(format!(
+                "/proc/self/fd/{}",
+                rustix::fd::AsRawFd::as_raw_fd(&fd)
+            ))
+        };
         let layer = self.layer_of(st.st_dev, st.st_ino, &path)?;
+        let fs = &self.setup.layers[layer];
+        if !self
+            .setup
+            .measuring
+            .may_measure_open(fs, kind == Open::Exec)
+        {
+            // No rule can measure this kind of open of this layer's files.
+            return Ok((true, true));
+        }
         let image = &self.images[layer];
         let inode = image
             .inode(st.st_ino)
@@ -128,7 +125,7 @@ impl Front {
                 image,
                 inode: &inode,
             },
-            path: std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec(),
+            path: &path,
         };
         let flags = match kind {
             Open::Exec => super::engine::FMODE_EXEC,
@@ -138,7 +135,7 @@ impl Front {
             flags,
             pid: event.tid(),
             owner: (st.st_uid, st.st_gid),
-            fs: &self.setup.layers[layer],
+            fs,
             key: ContentKey::Image {
                 layer: layer as u16,
                 nid: st.st_ino,
@@ -154,11 +151,48 @@ impl Front {
             Err(_) => Ok((false, false)),
         }
     }
+
+    /// Notes that thread `file.0` is exec'ing the file `(file.1, file.2)`.
+    fn exec_seen(&self, file: ExecdFile) {
+        let now = std::time::Instant::now();
+        let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        execs.retain(|&(f, at)| f.0 != file.0 && now.duration_since(at) < EXEC_WINDOW);
+        execs.push((file, now));
+    }
+
+    /// Whether this open of `file` is an exec's second event: its thread exec'd it a
+    /// moment ago (the record is taken), or, for an executable file no record explains
+    /// (the exec's own event spared by an ignore mark), the thread is inside execve now.
+    fn exec_second_event(&self, file: ExecdFile, mode: u32) -> bool {
+        let now = std::time::Instant::now();
+        let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = execs
+            .iter()
+            .position(|&(f, at)| f == file && now.duration_since(at) < EXEC_WINDOW)
+        {
+            execs.swap_remove(i);
+            return true;
+        }
+        drop(execs);
+        mode & 0o111 != 0 && in_exec(file.0)
+    }
 }
+
+/// A thread and the file it exec'd: (tid, dev, ino).
+pub type ExecdFile = (u32, u64, u64);
+
+/// How long after an exec event its open event may come (it comes at once: the thread
+/// waits for the first answer, then opens).
+const EXEC_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Front {
     /// The layer whose file has device `dev` and inode `nid`, at `path` on the mount.
-    fn layer_of(&self, dev: u64, nid: u64, path: &std::path::Path) -> io::Result<usize> {
+    fn layer_of(
+        &self,
+        dev: u64,
+        nid: u64,
+        path: &dyn Fn() -> io::Result<std::path::PathBuf>,
+    ) -> io::Result<usize> {
         if let Some(layer) = self.devices.iter().position(|&d| d == dev) {
             return Ok(layer);
         }
@@ -166,6 +200,7 @@ impl Front {
         if let Some(&(_, layer)) = learnt.iter().find(|(d, _)| *d == dev) {
             return Ok(layer);
         }
+        let path = path()?;
         let unknown = || {
             io::Error::other(format!(
                 "{}: on device {}:{}, in no image layer",
@@ -200,15 +235,17 @@ fn regular_nid(image: &Img, path: &std::path::Path) -> Option<u64> {
     inode.is_reg().then_some(nid)
 }
 
-/// An image file as the list names it (its path through the mount) and measures it.
+/// An image file as the list names it (its path through the mount, looked up only when
+/// an entry needs it) and measures it.
 struct ImageContent<'a> {
     file: super::ImageFile<'a, Arc<dyn erofs::read::ByteSource>>,
-    path: Vec<u8>,
+    path: &'a dyn Fn() -> io::Result<std::path::PathBuf>,
 }
 
 impl super::Content for ImageContent<'_> {
     fn path(&self) -> Vec<u8> {
-        self.path.clone()
+        let path = (self.path)().unwrap_or_default();
+        std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec()
     }
 
     fn reader(&self, _size: Option<u64>) -> io::Result<(Box<dyn io::Read + '_>, u64)> {

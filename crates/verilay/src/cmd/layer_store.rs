@@ -39,6 +39,11 @@ pub struct Args {
     /// How the store and its layers' mounts take requests: auto, uring or dev.
     #[arg(long, value_name = "auto|uring|dev", value_parser = Transport::parse)]
     transport: Option<Transport>,
+    /// What serves the layers' mounts (`verilay mount --engine`): `kernel` (the kernel's
+    /// erofs over each layer's image, all its metadata fetched and checked first), `fuse`,
+    /// or `auto` (the default, or $VERILAY_ENGINE: remote layers are `fuse`'s).
+    #[arg(long, value_name = "auto|kernel|fuse", value_parser = mountopts::Engine::parse)]
+    engine: Option<mountopts::Engine>,
     /// The longest a registry request may take, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     timeout: u64,
@@ -88,6 +93,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         resolver
             .mount_args
             .extend(["--cache".into(), c.clone().into()]);
+    }
+    if let Some(e) = a.engine {
+        resolver
+            .mount_args
+            .push(format!("--engine={}", e.name()).into());
     }
     if let Some(p) = &a.policy {
         resolver

@@ -51,12 +51,13 @@ pub struct Args {
     /// over the CPUs' queues, at least 2 each.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// What serves the mount (`-o engine=`): `kernel` (the kernel's erofs, and overlayfs
-    /// for stacks, over image files verilay serves and verifies; root only, read-only
-    /// mounts without measurement for now), `fuse` (verilay's own filesystem over FUSE),
-    /// or `auto` (`kernel` when it can serve the mount, else `fuse`; the default, or
-    /// $VERILAY_ENGINE). A kernel-engine mount is like `mount -t erofs`: every user
-    /// reads it as the files' modes allow.
+    /// What serves the mount (`-o engine=`): `kernel` (the kernel's erofs over image
+    /// files verilay serves and verifies, overlayfs for stacks and --upper, measurement
+    /// through fanotify; root in the first user namespace, not measured writable mounts),
+    /// `fuse` (verilay's own filesystem over FUSE), or `auto` (`kernel` when it can serve
+    /// the mount and no image is remote, else `fuse`; the default, or $VERILAY_ENGINE). A
+    /// kernel-engine mount is like `mount -t erofs`: every user reads it as the files'
+    /// modes allow.
     #[arg(long, value_name = "auto|kernel|fuse", value_parser = Engine::parse)]
     engine: Option<Engine>,
     /// How requests reach the daemon (`-o transport=`): `uring` (FUSE over io_uring, or

@@ -200,6 +200,7 @@ fn serve_kernel(
         images: layers.images,
         devices: Vec::new(),
         learnt: Default::default(),
+        execs: Default::default(),
         mountpoint: std::fs::canonicalize(&s.mountpoint).unwrap_or_else(|_| s.mountpoint.clone()),
         log: log_to(&log),
         name: plan.source.clone(),
