@@ -695,6 +695,8 @@ fn a_copied_up_file_keeps_its_inode_number_across_remounts() {
         std::fs::write(m.dir.join("made.txt"), b"new").unwrap();
         before
     };
+    // The lazy unmount returns at once; the directories are free once the daemon is gone.
+    wait_daemon_gone(&mnt);
     let m = verilay_mount(&image, &d, &mnt);
     assert_eq!(
         ino(&m.dir.join("keep.txt")),
@@ -929,6 +931,7 @@ fn hardlinks_in_an_image_stay_together_when_copied_up() {
     let ino = |p: &str| std::fs::metadata(d.upper.join(p)).unwrap().ino();
     assert_eq!(ino("a"), ino("sub/b"));
     assert_eq!(ino("a"), ino("other/c"));
+    wait_daemon_gone(&mnt);
     let m = verilay_mount_fuse(&image, &d, &mnt);
     check(&m.dir);
 }
