@@ -182,17 +182,7 @@ fn a_stack_is_the_fuse_engine_stack() {
     assert_eq!(mount_of(&kernel.dir).unwrap().0, "overlay");
     assert!(private_mounts().is_empty(), "{:?}", private_mounts());
     let fuse = EngineMount::new("fuse", &images, &t.path().join("f"), &[]);
-    let listing = |d: &Path| {
-        let out = run(Command::new("find")
-            .args([".", "-printf", "%p %y %m %s %U %G %l\\n"])
-            .current_dir(d));
-        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect();
-        lines.sort();
-        lines
-    };
+    let listing = |d: &Path| find_sorted(d, "%p %y %m %s %U %G %l\\n");
     let seen = listing(&kernel.dir);
     assert_eq!(seen, listing(&fuse.dir));
     assert!(
@@ -352,8 +342,13 @@ fn writable_layers(t: &Path) -> (PathBuf, PathBuf) {
 
 /// `find` of a tree: path, type, mode, size, owner, link target and link count.
 fn listing(dir: &Path) -> Vec<String> {
+    find_sorted(dir, "%p %y %m %s %U %G %l %n\\n")
+}
+
+/// `find -printf FORMAT` of the tree at `dir`, run from inside it, lines sorted.
+fn find_sorted(dir: &Path, format: &str) -> Vec<String> {
     let out = run(Command::new("find")
-        .args([".", "-printf", "%p %y %m %s %U %G %l %n\\n"])
+        .args([".", "-printf", format])
         .current_dir(dir));
     let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()

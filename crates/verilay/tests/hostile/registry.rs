@@ -1043,6 +1043,30 @@ fn a_referrer_runs_only_when_signed_by_a_trusted_key() {
     assert!(log.contains("two different images"), "{log}");
 }
 
+/// A bound manifest of one tar layer, `layer` of `size` bytes, whose verilay image (and
+/// config, DiffID) are made-up digests: what a registry hands the store to look up.
+fn bound_one_layer(layer: &str, size: u64) -> Vec<u8> {
+    let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let original = serde_json::json!({
+        "schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h('c'), "size": 2},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": size}],
+    })
+    .to_string();
+    let mut source = oci::artifact::Descriptor::of("application/vnd.oci.image.layer.v1.tar", b"");
+    source.digest = layer.to_string();
+    source.size = size;
+    let converted = oci::conversion::ConvertedLayer {
+        source,
+        diff_id: h('d'),
+        tar_size: size,
+        image_blob: h('e'),
+        image_size: 4096,
+        image_digest: h('f'),
+    };
+    oci::conversion::bind(original.as_bytes(), &[converted]).unwrap()
+}
+
 /// Issue 36, item 2: a trickled layer blob wedged the layer store (`info` of another,
 /// already resolved reference hung until the registry died) and each concurrent reader of
 /// `blob` fetched the whole blob again. Now one fetch serves every reader waiting for it
@@ -1056,26 +1080,8 @@ fn a_trickled_blob_never_wedges_the_layer_store() {
     }
     let t = tempfile::tempdir().unwrap();
     let blob = vec![7u8; 200_000];
-    let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
     let layer_digest = digest_of(&blob);
-    let original = serde_json::json!({
-        "schemaVersion": 2, "mediaType": MANIFEST,
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h('c'), "size": 2},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": blob.len()}],
-    })
-    .to_string();
-    let mut source = oci::artifact::Descriptor::of("application/vnd.oci.image.layer.v1.tar", b"");
-    source.digest = layer_digest.clone();
-    source.size = blob.len() as u64;
-    let converted = oci::conversion::ConvertedLayer {
-        source,
-        diff_id: h('d'),
-        tar_size: blob.len() as u64,
-        image_blob: h('e'),
-        image_size: 4096,
-        image_digest: h('f'),
-    };
-    let bound = oci::conversion::bind(original.as_bytes(), &[converted]).unwrap();
+    let bound = bound_one_layer(&layer_digest, blob.len() as u64);
     let registry = Hostile::start(move |_, path| {
         if path.contains("/manifests/") {
             Answer::ok(&bound, MANIFEST)
@@ -1148,24 +1154,7 @@ fn a_blob_claimed_past_the_stores_limit_is_never_fetched() {
     let t = tempfile::tempdir().unwrap();
     let h = |c: char| format!("sha256:{}", c.to_string().repeat(64));
     let claimed = 1u64 << 62;
-    let original = serde_json::json!({
-        "schemaVersion": 2, "mediaType": MANIFEST,
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": h('c'), "size": 2},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": h('1'), "size": claimed}],
-    })
-    .to_string();
-    let mut source = oci::artifact::Descriptor::of("application/vnd.oci.image.layer.v1.tar", b"");
-    source.digest = h('1');
-    source.size = claimed;
-    let converted = oci::conversion::ConvertedLayer {
-        source,
-        diff_id: h('d'),
-        tar_size: claimed,
-        image_blob: h('e'),
-        image_size: 4096,
-        image_digest: h('f'),
-    };
-    let bound = oci::conversion::bind(original.as_bytes(), &[converted]).unwrap();
+    let bound = bound_one_layer(&h('1'), claimed);
     let registry = Hostile::start(move |_, path| {
         if path.contains("/manifests/") {
             Answer::ok(&bound, MANIFEST)
