@@ -50,13 +50,15 @@ pub struct Front {
 pub fn start(group: Group, front: Front, workers: usize) -> anyhow::Result<()> {
     let group = Arc::new(group);
     let front = Arc::new(front);
+    // Decided once: whether an ignore mark is exact for this policy.
+    let spare = !front.setup.measuring.depends_on_task();
     for i in 0..workers.max(1) {
         let (group, front) = (group.clone(), front.clone());
         std::thread::Builder::new()
             .name(format!("verilay-fanotify-{i}"))
             .spawn(move || loop {
                 match group.next() {
-                    Ok(event) => front.answer(&group, &event),
+                    Ok(event) => front.answer(&group, &event, spare),
                     Err(e) => {
                         (front.log)(&format!("{}: reading fanotify events: {e}", front.name));
                         return;
@@ -68,8 +70,9 @@ pub fn start(group: Group, front: Front, workers: usize) -> anyhow::Result<()> {
 }
 
 impl Front {
-    /// Decides `event`, answers it, and spares later opens where that is exact.
-    fn answer(&self, group: &Group, event: &Event) {
+    /// Decides `event`, answers it, and (with `spare`: no rule depends on who opens)
+    /// spares later opens of its kind of the file where the decision allows it.
+    fn answer(&self, group: &Group, event: &Event, spare: bool) {
         let (allow, ignore) = match self.decide(event) {
             Ok(decided) => decided,
             Err(e) => {
@@ -80,7 +83,7 @@ impl Front {
         if let Err(e) = group.answer(event, allow) {
             (self.log)(&format!("{}: answering an open: {e}", self.name));
         }
-        if allow && ignore && !self.setup.measuring.depends_on_task() {
+        if allow && ignore && spare {
             let _ = group.ignore(event, event.kind());
         }
     }

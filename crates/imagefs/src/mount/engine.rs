@@ -93,7 +93,6 @@ impl Plan {
         let session = fuse::Session::start(files, fd, &config)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("talking to the kernel")?;
-        kernel::raise_readahead(&files_dir);
         let fuse_dev = std::fs::metadata(&files_dir)
             .context("the image files' mount")?
             .dev();
