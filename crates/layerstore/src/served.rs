@@ -102,22 +102,16 @@ impl Record {
     /// The record at `path` (none yet: empty). One that cannot be read is an error, never
     /// an empty record: what it named may still be in podman's storage.
     pub fn open(path: &Path) -> Result<Record, String> {
-        use std::io::Read;
         let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        let f = match std::fs::File::open(path) {
-            Ok(f) => f,
+        // A regular file of at most FILE_MAX bytes, opened without waiting (a FIFO there
+        // would hold the store's start forever).
+        let bytes = match verity::source::read_input(path, FILE_MAX) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Record::empty(path));
             }
             Err(e) => return Err(what(&e)),
         };
-        let mut bytes = Vec::new();
-        f.take(FILE_MAX + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| what(&e))?;
-        if bytes.len() as u64 > FILE_MAX {
-            return Err(what(&format!("larger than {FILE_MAX} bytes")));
-        }
         let file: File = serde_json::from_slice(&bytes).map_err(|e| what(&e))?;
         if file.version != 1 || file.entries.len() > ENTRIES_MAX {
             return Err(what(&format!(
@@ -269,6 +263,30 @@ mod tests {
             image_size: 30,
             reference: "127.0.0.1:5000/app@sha256:0".into(),
         }
+    }
+
+    /// A FIFO, an oversized or a garbled record is refused at once, naming the file,
+    /// never taken for an empty record.
+    #[test]
+    fn a_record_that_is_not_one_is_refused_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("served.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let e = Record::open(&path).unwrap_err();
+        assert!(
+            e.contains("served.json") && e.contains("not a regular file"),
+            "{e}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, vec![b' '; FILE_MAX as usize + 1]).unwrap();
+        let e = Record::open(&path).unwrap_err();
+        assert!(e.contains("served.json"), "{e}");
+        std::fs::write(&path, b"{\"version\": 1, \"entries\": [").unwrap();
+        assert!(Record::open(&path).is_err());
     }
 
     #[test]
