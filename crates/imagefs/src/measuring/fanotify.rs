@@ -80,11 +80,13 @@ impl Front {
                 (false, false)
             }
         };
-        if let Err(e) = group.answer(event, allow) {
-            (self.log)(&format!("{}: answering an open: {e}", self.name));
-        }
+        // The mark first: once answered, the opener goes on while the file we were handed
+        // still holds the mount, so nothing more is done between the answer and its close.
         if allow && ignore && spare {
             let _ = group.ignore(event, event.kind());
+        }
+        if let Err(e) = group.answer(event, allow) {
+            (self.log)(&format!("{}: answering an open: {e}", self.name));
         }
     }
 

@@ -195,6 +195,9 @@ fn mount_fusermount(p: &Plan) -> anyhow::Result<OwnedFd> {
     }
 }
 
+/// How long an unmount that finds the mount busy tries again.
+const BUSY_PATIENCE: Duration = Duration::from_secs(1);
+
 pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     if rustix::process::geteuid().is_root() {
         let flags = if lazy {
@@ -202,7 +205,17 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
         } else {
             rustix::mount::UnmountFlags::empty()
         };
-        return rustix::mount::unmount(mountpoint, flags).map_err(|e| match e {
+        // A measured kernel-engine mount's fanotify thread closes the file it was handed
+        // for an open just after answering it, so the opener, woken by the answer, can
+        // reach umount while that file still holds the mount for an instant: busy is
+        // tried again for a moment before it is an error.
+        let deadline = Instant::now() + BUSY_PATIENCE;
+        let mut result = rustix::mount::unmount(mountpoint, flags);
+        while result == Err(rustix::io::Errno::BUSY) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            result = rustix::mount::unmount(mountpoint, flags);
+        }
+        return result.map_err(|e| match e {
             rustix::io::Errno::BUSY => {
                 anyhow::anyhow!("{}: busy (try --lazy)", mountpoint.display())
             }
