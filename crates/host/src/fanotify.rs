@@ -10,6 +10,12 @@
 //!   where it matters (the measurement list marks the gap).
 //! - Ignore marks are evictable inode marks: they cost no pinned inode, and an inode the
 //!   kernel drops comes back as one event again.
+//! - fanotify does not say how a file is being opened, nor how else it is open. The
+//!   opener is blocked in its system call meanwhile, whose arguments `/proc/TID/syscall`
+//!   shows ([`open_flags`]); whether the file has writers is a lease's question
+//!   ([`has_writers`]), whether it has readers a look through every process's open
+//!   files (`crate::holders`). Close events would not do: fanotify merges a thread's
+//!   closes of one file that wait in its queue, so they cannot be counted.
 //! - Events are read one at a time (a read of exactly one event's length), so several
 //!   threads can each take the next event and answer it, with no hand-over between
 //!   threads: nix's reader takes a page of events at once, which one thread would then
@@ -134,7 +140,7 @@ impl Group {
     }
 
     /// Later opens of `kind` of the file `event` is about raise no event (until the
-    /// kernel evicts the inode).
+    /// kernel evicts the inode). Kept through modifications: for files that never change.
     pub fn ignore(&self, event: &Event, kind: Open) -> std::io::Result<()> {
         let fd = event.file.as_fd();
         let mask = match kind {
@@ -188,4 +194,58 @@ pub fn in_exec(tid: u32) -> bool {
         .next()
         .and_then(|n| n.parse::<i64>().ok());
     nr == Some(libc::SYS_execve) || nr == Some(libc::SYS_execveat)
+}
+
+/// The flags thread `tid` is opening a file with, from the system call it is blocked in
+/// (`/proc/TID/syscall`: its number, then its arguments in hex): open, openat, creat,
+/// open_by_handle_at, and openat2 (whose `struct open_how` begins with the flags, read
+/// from the thread's memory). `None` for anything else: an io_uring worker's open, a
+/// thread no longer there.
+pub fn open_flags(tid: u32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{tid}/syscall")).ok()?;
+    let mut fields = text.split_whitespace();
+    let nr: i64 = fields.next()?.parse().ok()?;
+    let mut args = [0u64; 6];
+    for a in &mut args {
+        *a = u64::from_str_radix(fields.next()?.strip_prefix("0x")?, 16).ok()?;
+    }
+    match nr {
+        libc::SYS_openat | libc::SYS_open_by_handle_at => Some(args[2] as i32),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open => Some(args[1] as i32),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_creat => Some(libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC),
+        libc::SYS_openat2 => {
+            let mem = std::fs::File::open(format!("/proc/{tid}/mem")).ok()?;
+            let mut flags = [0u8; 8];
+            std::os::unix::fs::FileExt::read_exact_at(&mem, &mut flags, args[2]).ok()?;
+            Some(u64::from_ne_bytes(flags) as i32)
+        }
+        _ => None,
+    }
+}
+
+/// Whether anyone has the file `fd` (open read-only) is open on for writing now: a read
+/// lease is refused exactly then (the kernel's `i_writecount`; overlayfs included). The
+/// lease is let go at once. A writer opening meanwhile waits for that (its open breaks
+/// the lease, which signals SIGIO to this process: ignored from the first call on).
+pub fn has_writers(fd: BorrowedFd<'_>) -> std::io::Result<bool> {
+    static IGNORE_SIGIO: std::sync::Once = std::sync::Once::new();
+    IGNORE_SIGIO.call_once(|| {
+        // SAFETY: SIG_IGN installs no handler: nothing runs in signal context.
+        unsafe {
+            libc::signal(libc::SIGIO, libc::SIG_IGN);
+        }
+    });
+    // SAFETY: fcntl(F_SETLEASE) takes an integer argument and touches no memory of ours.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+    if r == 0 {
+        // SAFETY: as above.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+        return Ok(false);
+    }
+    match std::io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::EAGAIN) => Ok(true),
+        e => Err(e),
+    }
 }

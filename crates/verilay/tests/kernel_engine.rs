@@ -58,20 +58,23 @@ fn stats(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// A mount of `images` measured under `policy` into the list directory `list`.
+/// A mount of `images` measured under `policy` into the list directory `list`, with
+/// `extra` options.
 fn measured_mount(
     engine: &str,
     images: &[&Path],
     mnt: &Path,
     policy: &Path,
     list: &Path,
+    extra: &[&str],
 ) -> EngineMount {
-    let args = [
+    let mut args = vec![
         "--policy",
         policy.to_str().unwrap(),
         "--measure-log",
         list.to_str().unwrap(),
     ];
+    args.extend_from_slice(extra);
     EngineMount::new(engine, images, mnt, &args)
 }
 
@@ -247,11 +250,11 @@ fn a_byte_flipped_under_a_live_mount_is_eio_naming_the_file() {
     );
 }
 
-/// `--engine kernel` for a mount it cannot serve (a measured writable one, for now) is one line
-/// naming why, and nothing is mounted; `auto` serves it with the FUSE engine and says
-/// why, and serves a plain one with the kernel engine, saying why.
+/// As root, `auto` serves a plain mount and a measured writable one with the kernel
+/// engine and says why (what it leaves to the FUSE engine: `auto_picks_fuse_for_an_
+/// ordinary_user`, and remote images, `a_remote_image_mounts_on_the_kernel_engine_…`).
 #[test]
-fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
+fn auto_picks_the_kernel_engine_as_root_and_says_why() {
     if prerequisites() {
         return;
     }
@@ -267,7 +270,6 @@ fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
         t.path().join("m"),
     );
     std::fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
-    std::fs::create_dir_all(&mnt).unwrap();
     let d = dirs(t.path(), "w");
     let measured = [
         "--policy",
@@ -279,40 +281,20 @@ fn the_kernel_engine_refuses_what_it_cannot_serve_and_auto_says_why() {
         "--work",
         d.work.to_str().unwrap(),
     ];
-    let out = verilay()
-        .arg("mount")
-        .arg(&image)
-        .arg(&mnt)
-        .args(["--engine", "kernel"])
-        .args(measured)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("engine=kernel: measured writable mounts"),
-        "{err}"
-    );
-    assert!(mount_of(&mnt).is_none());
-    let m = EngineMount::new("auto", &[&image], &mnt, &measured);
-    assert!(
-        m.said.contains("fuse engine (measured writable mounts"),
-        "{}",
-        m.said
-    );
-    assert_eq!(mount_of(&m.dir).unwrap().0, "fuse.verilay");
-    drop(m);
-    let m = EngineMount::new("auto", &[&image], &mnt, &[]);
     let why = "root, and the kernel has file-backed erofs";
-    assert!(
-        m.said.contains(&format!("kernel engine ({why})")),
-        "{}",
-        m.said
-    );
-    let stats = stats(&m.dir);
-    assert_eq!(stats["engine"], "kernel", "{stats}");
-    assert_eq!(stats["engine_why"], why, "{stats}");
+    for extra in [&measured[..], &[]] {
+        let m = EngineMount::new("auto", &[&image], &mnt, extra);
+        assert!(
+            m.said.contains(&format!("kernel engine ({why})")),
+            "{}",
+            m.said
+        );
+        let stats = stats(&m.dir);
+        assert_eq!(stats["engine"], "kernel", "{stats}");
+        assert_eq!(stats["engine_why"], why, "{stats}");
+        let fstype = if extra.is_empty() { "erofs" } else { "overlay" };
+        assert_eq!(mount_of(&m.dir).unwrap().0, fstype);
+    }
 }
 
 /// The writes a container makes: new files, an append to an image file, a renamed
@@ -510,6 +492,28 @@ fn measured_fixture() -> (tempfile::TempDir, [PathBuf; 2], PathBuf) {
     (t, images, policy)
 }
 
+/// The entries of `engine`'s closed list, sorted, once evmctl and `verilay log verify`
+/// accept it.
+fn accepted_entries(list: &Path, engine: &str) -> Vec<String> {
+    assert!(
+        evmctl_accepts(list),
+        "evmctl rejects the {engine} engine's list"
+    );
+    let out = verilay()
+        .args(["log", "verify"])
+        .arg(list)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut e = entries(list);
+    e.sort();
+    e
+}
+
 /// The list's entries (ascii), without the boot aggregate.
 fn entries(list: &Path) -> Vec<String> {
     std::fs::read_to_string(list.join("ascii_runtime_measurements"))
@@ -518,6 +522,37 @@ fn entries(list: &Path) -> Vec<String> {
         .skip(1)
         .map(str::to_string)
         .collect()
+}
+
+/// `workload` (a shell script run in the mount) on a measured mount of the
+/// `measured_fixture` stack on each engine (kernel first; writable with `writable`), on
+/// the same mountpoint; `check` sees each mount before it goes. The lists' entries,
+/// sorted, once evmctl and `verilay log verify` accept them.
+fn lists_of_both_engines(
+    t: &Path,
+    (images, policy): (&[PathBuf; 2], &Path),
+    writable: bool,
+    workload: &str,
+    check: impl Fn(&str, &EngineMount),
+) -> [Vec<String>; 2] {
+    let images: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+    let mnt = t.join("m");
+    ["kernel", "fuse"].map(|engine| {
+        let list = t.join(format!("list-{engine}"));
+        let d = dirs(t, engine);
+        let rw = [
+            "--upper",
+            d.upper.to_str().unwrap(),
+            "--work",
+            d.work.to_str().unwrap(),
+        ];
+        let extra: &[&str] = if writable { &rw } else { &[] };
+        let m = measured_mount(engine, &images, &mnt, policy, &list, extra);
+        sh(&format!("cd {} && {workload}", m.dir.display()));
+        check(engine, &m);
+        drop(m);
+        accepted_entries(&list, engine)
+    })
 }
 
 /// The same measured workload (reads, an exec, each a hundred times) on both engines, on
@@ -530,41 +565,15 @@ fn measured_opens_give_the_same_list_on_both_engines() {
         return;
     }
     let (t, images, policy) = measured_fixture();
-    let images: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
-    let mnt = t.path().join("m");
-    let mut lists = Vec::new();
-    for engine in ["kernel", "fuse"] {
-        let list = t.path().join(format!("list-{engine}"));
-        let m = measured_mount(engine, &images, &mnt, &policy, &list);
-        sh(&format!(
-            "cd {} && for i in $(seq 100); do cat d/a d/b >/dev/null && ./true; done",
-            m.dir.display()
-        ));
+    let workload = "for i in $(seq 100); do cat d/a d/b >/dev/null && ./true; done";
+    let lists = lists_of_both_engines(t.path(), (&images, &policy), false, workload, |e, m| {
         let stats = stats(&m.dir);
-        if engine == "kernel" {
+        if e == "kernel" {
             // Two reads and an exec (BPRM_CHECK and FILE_CHECK): four checks in all.
             assert_eq!(stats["checked"], 4, "{stats}");
             assert_eq!(stats["engine"], "kernel", "{stats}");
         }
-        drop(m);
-        assert!(
-            evmctl_accepts(&list),
-            "evmctl rejects the {engine} engine's list"
-        );
-        let out = verilay()
-            .args(["log", "verify"])
-            .arg(&list)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut e = entries(&list);
-        e.sort();
-        lists.push(e);
-    }
+    });
     assert_eq!(lists[0].len(), 3, "{:?}", lists[0]);
     assert_eq!(
         lists[0], lists[1],
@@ -574,7 +583,8 @@ fn measured_opens_give_the_same_list_on_both_engines() {
     let by_uid = t.path().join("by-uid");
     std::fs::write(&by_uid, "measure func=FILE_CHECK uid=0\n").unwrap();
     let list = t.path().join("list-uid");
-    let m = measured_mount("kernel", &images, &mnt, &by_uid, &list);
+    let images: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+    let m = measured_mount("kernel", &images, &t.path().join("m"), &by_uid, &list, &[]);
     sh(&format!(
         "cd {} && for i in $(seq 50); do cat d/a >/dev/null; done",
         m.dir.display()
@@ -582,6 +592,41 @@ fn measured_opens_give_the_same_list_on_both_engines() {
     let stats = stats(&m.dir);
     assert!(stats["checked"].as_u64().unwrap() >= 50, "{stats}");
     assert_eq!(stats["logged"], 1, "{stats}");
+}
+
+/// A measured workload on a writable stack (new files written and read, an image file
+/// appended to and read, a program copied into the upper directory and run, a file
+/// read, rewritten and read again) gives the same entries on both engines, which
+/// evmctl and `verilay log verify` accept; files copied up are measured by their new
+/// bytes and named by their paths.
+#[test]
+fn a_measured_writable_mount_gives_the_same_list_on_both_engines() {
+    if prerequisites() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return;
+    }
+    let (t, images, policy) = measured_fixture();
+    let workload = "echo new > n && cat n d/a >/dev/null && echo more >> d/b && \
+        cat d/b >/dev/null && cp true t2 && ./t2 && echo one > r && cat r >/dev/null && \
+        echo two > r && cat r >/dev/null && for i in $(seq 20); do cat n d/b >/dev/null; done";
+    let lists = lists_of_both_engines(t.path(), (&images, &policy), true, workload, |_, _| {});
+    let named = |n: &str| {
+        lists[0]
+            .iter()
+            .filter(|l| l.ends_with(&format!("/m/{n}")))
+            .count()
+    };
+    // n, d/a, d/b (its new bytes), true (read by cp), t2 (run), r twice (two contents).
+    assert_eq!(lists[0].len(), 7, "{:?}", lists[0]);
+    assert_eq!(
+        (named("r"), named("d/b"), named("t2")),
+        (2, 1, 1),
+        "{:?}",
+        lists[0]
+    );
+    assert_eq!(
+        lists[0], lists[1],
+        "kernel engine's entries, then the FUSE engine's"
+    );
 }
 
 /// fanotify fails open: `kill -9` of a measured kernel-engine mount's daemon lets later

@@ -90,3 +90,17 @@ pub fn cookie(st: &rustix::fs::Stat) -> Cookie {
         st.st_size as u64,
     )
 }
+
+/// Reads a descriptor from the start with pread, leaving its offset alone.
+pub struct PositionalReader<'a> {
+    pub fd: rustix::fd::BorrowedFd<'a>,
+    pub at: u64,
+}
+
+impl std::io::Read for PositionalReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = rustix::io::pread(self.fd, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}

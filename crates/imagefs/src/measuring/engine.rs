@@ -235,7 +235,7 @@ impl Measuring {
     /// Waits (at most [`RELEASE_WAIT`]) while the file has `open` handles (writers, or
     /// measured readers), whose RELEASE may be on its way (see there).
     fn wait_for_release(&self, opens: &Opens, open: fn(&Opens) -> bool) {
-        if !open(opens) {
+        if !open(opens) || opens.seen() {
             return;
         }
         let (lock, cv) = &self.released;

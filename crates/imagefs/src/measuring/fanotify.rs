@@ -16,11 +16,26 @@
 //! - An execve raises an exec event and then an open event: the second, seen while the
 //!   thread is still in execve, is allowed unmeasured (the first measured it as IMA
 //!   measures an exec: BPRM_CHECK and FILE_CHECK with MAY_EXEC).
+//! - A writable mount (overlayfs with an upper directory) differs in three ways. A file
+//!   is the image's while it is pristine: its layer's device, and the ctime, mtime and
+//!   size of its image inode (erofs shows ctime = mtime; a copy-up gets a ctime of its
+//!   own, which no caller can set back); else it is the upper directory's, measured by
+//!   the bytes the mount reads (through the event's descriptor) and the upper
+//!   filesystem's identity, its digest kept by the device and inode the mount shows (the
+//!   same before and after copy-up) and the upper file's change cookie. No regular file
+//!   gets an ignore mark: a copy-up without a write (a chmod) would keep it while the
+//!   file's layer, so the policy's answer, changes. IMA's violations are decided as the
+//!   kernel decides them, from how the file is open at that moment, asked of the kernel
+//!   (`host::fanotify`: the opener's flags, whether it has writers; `host::holders`:
+//!   whether it has readers, asked only of a write open that could record ToMToU).
 
-use super::{ContentKey, Opening, Setup};
+use super::{ContentKey, Opening, Opens, PositionalReader, Setup};
 use crate::ops::Logger;
-use host::fanotify::{in_exec, Event, Group, Open};
+use host::fanotify::{has_writers, in_exec, open_flags, Event, Group, Open};
+use rustix::fd::{AsRawFd, BorrowedFd};
+use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex};
 
 type Img = erofs::read::Image<Arc<dyn erofs::read::ByteSource>>;
@@ -33,8 +48,9 @@ pub struct Front {
     /// Each layer's device as its files show it, where known (a single image's erofs
     /// mount); a stack's are learnt (`learnt`).
     pub devices: Vec<u64>,
-    /// The device overlayfs shows for each layer's files, once learnt.
-    pub learnt: Mutex<Vec<(u64, usize)>>,
+    /// The device overlayfs shows for each layer's files (`None`: the upper
+    /// directory's), once learnt.
+    pub learnt: Mutex<Vec<(u64, Option<usize>)>>,
     /// The mountpoint, absolute: where the paths events name begin.
     pub mountpoint: std::path::PathBuf,
     /// The file each thread last exec'd and when ((tid, dev, ino), time): its next open
@@ -43,6 +59,22 @@ pub struct Front {
     pub log: Logger,
     /// How log lines name the mount.
     pub name: String,
+    /// A writable mount's upper directory.
+    pub upper: Option<rustix::fd::OwnedFd>,
+    /// A writable mount's files by the device and inode the mount shows them with (the
+    /// same before and after copy-up): IMA's two bits of each file a policy measured.
+    pub bits: Mutex<HashMap<(u64, u64), Arc<AtomicU8>>>,
+}
+
+/// Which later opens of a file an ignore mark may spare.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spare {
+    /// None (a regular file of a writable mount, an exec's second event).
+    Never,
+    /// Those of its kind, when no rule depends on who opens.
+    IfExact,
+    /// All: it is no regular file, so never measured.
+    Always,
 }
 
 /// Serves `group`'s events on `workers` threads, each taking the next event and
@@ -77,12 +109,12 @@ impl Front {
             Ok(decided) => decided,
             Err(e) => {
                 (self.log)(&format!("{}: measuring an open: {e}", self.name));
-                (false, false)
+                (false, Spare::Never)
             }
         };
         // The mark first: once answered, the opener goes on while the file we were handed
         // still holds the mount, so nothing more is done between the answer and its close.
-        if allow && ignore && spare {
+        if allow && (ignore == Spare::Always || (ignore == Spare::IfExact && spare)) {
             let _ = group.ignore(event, event.kind());
         }
         if let Err(e) = group.answer(event, allow) {
@@ -90,70 +122,264 @@ impl Front {
         }
     }
 
-    /// (allow, whether an ignore mark may spare later opens of this kind).
-    fn decide(&self, event: &Event) -> io::Result<(bool, bool)> {
+    /// (allow, which later opens an ignore mark may spare).
+    fn decide(&self, event: &Event) -> io::Result<(bool, Spare)> {
         let kind = event.kind();
         let fd = event.file();
         let st = rustix::fs::fstat(fd)?;
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        if !is_regular(st.st_mode) {
             // Directories and devices are never measured.
-            return Ok((true, true));
+            return Ok((true, Spare::Always));
         }
+        let writable = self.upper.is_some();
+        let shown = (st.st_dev, st.st_ino);
         let file = (event.tid(), st.st_dev, st.st_ino);
         if kind == Open::Exec {
             self.exec_seen(file);
         } else if self.exec_second_event(file, st.st_mode) {
-            return Ok((true, false));
+            return Ok((true, Spare::Never));
         }
-        let path = || -> io::Result<std::path::PathBuf> {
-            std::fs::read_link(format!(
-                "/proc/self/fd/{}",
-                rustix::fd::AsRawFd::as_raw_fd(&fd)
-            ))
-        };
-        let layer = self.layer_of(st.st_dev, st.st_ino, &path)?;
-        let fs = &self.setup.layers[layer];
-        if !self
-            .setup
-            .measuring
-            .may_measure_open(fs, kind == Open::Exec)
-        {
-            // No rule can measure this kind of open of this layer's files.
-            return Ok((true, true));
-        }
-        let image = &self.images[layer];
-        let inode = image
-            .inode(st.st_ino)
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        let content = ImageContent {
-            file: super::ImageFile {
-                image,
-                inode: &inode,
-            },
-            path: &path,
-        };
         let flags = match kind {
             Open::Exec => super::engine::FMODE_EXEC,
+            // Unknown (an io_uring worker's open): taken as a read, the open measurement
+            // cannot skip (its writes still show to later opens: it has the file open
+            // for writing, and its cookie changes).
+            Open::File if writable => {
+                open_flags(event.tid()).unwrap_or(libc::O_RDONLY) & !super::engine::FMODE_EXEC
+            }
+            // A read-only mount's files open for reading only.
             Open::File => 0,
         };
+        // The path the opener used, taken once (a detached mount's later shows no
+        // mountpoint): the list and log lines name the file by it.
+        let named = std::cell::OnceCell::new();
+        let path = || -> io::Result<std::path::PathBuf> {
+            if let Some(p) = named.get() {
+                return Ok(std::path::PathBuf::clone(p));
+            }
+            let p = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+            Ok(named.get_or_init(|| p).clone())
+        };
+        let writer = matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR);
+        // A write open copies an image file up: it is measured as the upper file it
+        // becomes (the same bytes, the upper filesystem's identity), as the FUSE engine
+        // measures it once it has copied it up.
+        let what = match self.what(&st, &path)? {
+            What::Image { .. } if writable && writer => What::Upper,
+            what => what,
+        };
+        let spare = if writable {
+            Spare::Never
+        } else {
+            Spare::IfExact
+        };
+        let opens = match writable {
+            true => Some(self.opens(fd, shown, flags)?),
+            false => None,
+        };
+        if writer {
+            // Whatever was kept of the file's content is no longer sure.
+            self.setup.measuring.changed(ContentKey::Upper {
+                dev: shown.0,
+                ino: shown.1,
+            });
+        }
+        let allow = self.measure(event, &what, flags, &st, opens.as_ref(), &path)?;
+        if let Some(o) = &opens {
+            self.keep_bits(shown, o);
+        }
+        Ok((allow, spare))
+    }
+
+    /// How the file a writable mount shows as `shown` (open on `fd`) is open now, for an
+    /// open with `flags`: whether it has writers (counting a writer opening it), and, for
+    /// a write open that could record ToMToU, whether it has read-only handles.
+    fn opens(&self, fd: BorrowedFd<'_>, shown: (u64, u64), flags: i32) -> io::Result<Opens> {
+        let bits = self
+            .bits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&shown)
+            .cloned()
+            .unwrap_or_default();
+        let readers = super::writes(flags)
+            && Opens::may_emit_tomtou(&bits)
+            && host::holders::open_read_only_elsewhere(shown.0, shown.1);
+        Ok(Opens::as_seen(has_writers(fd)?, readers, bits))
+    }
+
+    /// Keeps the file's bits once one is set (a file no policy measured keeps none).
+    fn keep_bits(&self, shown: (u64, u64), o: &Opens) {
+        let set = o.bits();
+        if set.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut bits = self.bits.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = bits.entry(shown).or_insert_with(|| set.clone());
+        if !Arc::ptr_eq(kept, set) {
+            // Another open of the file kept its own meanwhile: both count.
+            kept.fetch_or(
+                set.load(std::sync::atomic::Ordering::SeqCst),
+                std::sync::atomic::Ordering::SeqCst,
+            );
+        }
+    }
+
+    /// Measures the open (with `flags`) of the file `what` says, whose descriptor and
+    /// status the event gave: allowed, or refused when the measurement failed.
+    fn measure(
+        &self,
+        event: &Event,
+        what: &What,
+        flags: i32,
+        st: &rustix::fs::Stat,
+        opens: Option<&Opens>,
+        path: &dyn Fn() -> io::Result<std::path::PathBuf>,
+    ) -> io::Result<bool> {
+        let exec = flags & super::engine::FMODE_EXEC != 0;
+        let fs = match what {
+            What::Image { layer, .. } => &self.setup.layers[*layer],
+            What::Upper => self.setup.upper.as_ref().ok_or_else(|| {
+                io::Error::other("a writable mount measured with no upper identity")
+            })?,
+        };
+        if !self.setup.measuring.may_measure_open(fs, exec) {
+            // No rule can measure this kind of open of this layer's files; a write open
+            // still records ToMToU for measured readers the file has.
+            if let Some(o) = opens.filter(|_| super::writes(flags)) {
+                let p = || lossy(path());
+                return Ok(self.setup.write_opened(o, p, &self.log, &self.name).is_ok());
+            }
+            return Ok(true);
+        }
+        let image;
+        let upper;
+        let (content, key, cookie): (&dyn super::Content, _, _) = match what {
+            What::Image { layer, inode } => {
+                image = ImageContent {
+                    file: super::ImageFile {
+                        image: &self.images[*layer],
+                        inode,
+                    },
+                    path,
+                };
+                let key = ContentKey::Image {
+                    layer: *layer as u16,
+                    nid: st.st_ino,
+                };
+                (&image, key, None)
+            }
+            What::Upper => {
+                upper = UpperContent {
+                    fd: event.file(),
+                    path,
+                };
+                let key = ContentKey::Upper {
+                    dev: st.st_dev,
+                    ino: st.st_ino,
+                };
+                (&upper, key, Some(super::cookie(st)))
+            }
+        };
+        // Named now: a hash can outlast the mount.
+        let _ = path();
         let opening = Opening {
             flags,
             pid: event.tid(),
             owner: (st.st_uid, st.st_gid),
             fs,
-            key: ContentKey::Image {
-                layer: layer as u16,
-                nid: st.st_ino,
-            },
-            cookie: None,
-            opens: None,
+            key,
+            cookie,
+            opens,
         };
-        match self
+        Ok(self
             .setup
-            .measure(&opening, &content, &self.log, &self.name)
-        {
-            Ok(_) => Ok((true, true)),
-            Err(_) => Ok((false, false)),
+            .measure(&opening, content, &self.log, &self.name)
+            .is_ok())
+    }
+
+    /// Whose file the mount shows with status `st` (at `path`): an image layer's, or (a
+    /// writable mount's) the upper directory's. A device is learnt from a file that is
+    /// surely its: a layer's from a pristine file of that layer at that path with that
+    /// nid, the upper directory's from a file of its at that path with that inode that no
+    /// layer holds there.
+    fn what(
+        &self,
+        st: &rustix::fs::Stat,
+        path: &dyn Fn() -> io::Result<std::path::PathBuf>,
+    ) -> io::Result<What> {
+        let (dev, ino) = (st.st_dev, st.st_ino);
+        let known = self
+            .devices
+            .iter()
+            .position(|&d| d == dev)
+            .map(Some)
+            .or_else(|| {
+                let learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
+                learnt.iter().find(|(d, _)| *d == dev).map(|&(_, l)| l)
+            });
+        let image = |layer: usize| -> io::Result<Option<erofs::read::Inode>> {
+            let inode = self.images[layer]
+                .inode(ino)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            Ok((self.upper.is_none() || pristine(st, &inode)).then_some(inode))
+        };
+        match known {
+            Some(Some(layer)) => {
+                return Ok(match image(layer)? {
+                    Some(inode) => What::Image { layer, inode },
+                    None => What::Upper,
+                })
+            }
+            Some(None) => return Ok(What::Upper),
+            None => {}
+        }
+        let path = path()?;
+        let unknown = || {
+            io::Error::other(format!(
+                "{}: on device {}:{}, in no image layer",
+                path.display(),
+                rustix::fs::major(dev),
+                rustix::fs::minor(dev)
+            ))
+        };
+        let inside = path.strip_prefix(&self.mountpoint).ok();
+        let mut learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
+        let layer = inside.and_then(|inside| {
+            (0..self.images.len())
+                .filter(|&l| !learnt.iter().any(|&(_, known)| known == Some(l)))
+                .find(|&l| regular_nid(&self.images[l], inside) == Some(ino))
+        });
+        match (layer, &self.upper) {
+            (Some(layer), _) => match image(layer)? {
+                Some(inode) => {
+                    learnt.push((dev, Some(layer)));
+                    Ok(What::Image { layer, inode })
+                }
+                // Copied up: its device is its layer's, not learnt from it.
+                None => Ok(What::Upper),
+            },
+            (None, Some(upper)) => {
+                // Beneath it, through no symlink: whoever writes the upper directory
+                // cannot point the look-up elsewhere.
+                let theirs = inside.and_then(|inside| {
+                    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+                    let fd = openat2(
+                        upper,
+                        inside,
+                        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+                    )
+                    .ok()?;
+                    rustix::fs::fstat(fd).ok()
+                });
+                if theirs.is_some_and(|u| u.st_ino == ino && is_regular(u.st_mode)) {
+                    learnt.push((dev, None));
+                }
+                Ok(What::Upper)
+            }
+            (None, None) => Err(unknown()),
         }
     }
 
@@ -190,40 +416,6 @@ pub type ExecdFile = (u32, u64, u64);
 /// waits for the first answer, then opens).
 const EXEC_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
-impl Front {
-    /// The layer whose file has device `dev` and inode `nid`, at `path` on the mount.
-    fn layer_of(
-        &self,
-        dev: u64,
-        nid: u64,
-        path: &dyn Fn() -> io::Result<std::path::PathBuf>,
-    ) -> io::Result<usize> {
-        if let Some(layer) = self.devices.iter().position(|&d| d == dev) {
-            return Ok(layer);
-        }
-        let mut learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&(_, layer)) = learnt.iter().find(|(d, _)| *d == dev) {
-            return Ok(layer);
-        }
-        let path = path()?;
-        let unknown = || {
-            io::Error::other(format!(
-                "{}: on device {}:{}, in no image layer",
-                path.display(),
-                rustix::fs::major(dev),
-                rustix::fs::minor(dev)
-            ))
-        };
-        let inside = path.strip_prefix(&self.mountpoint).map_err(|_| unknown())?;
-        let layer = (0..self.images.len())
-            .filter(|&l| !learnt.iter().any(|&(_, known)| known == l))
-            .find(|&l| regular_nid(&self.images[l], inside) == Some(nid))
-            .ok_or_else(unknown)?;
-        learnt.push((dev, layer));
-        Ok(layer)
-    }
-}
-
 /// The nid of the regular file at `path` (relative) in `image`, if there is one.
 fn regular_nid(image: &Img, path: &std::path::Path) -> Option<u64> {
     let mut inode = image.inode(image.root_nid()).ok()?;
@@ -240,6 +432,65 @@ fn regular_nid(image: &Img, path: &std::path::Path) -> Option<u64> {
     inode.is_reg().then_some(nid)
 }
 
+/// Whether a file of a writable mount, shown with status `st`, is still its image's
+/// `inode`: erofs shows ctime = mtime, and a copy-up takes a ctime of its own.
+fn pristine(st: &rustix::fs::Stat, inode: &erofs::read::Inode) -> bool {
+    let image = (inode.mtime, inode.mtime_nsec as i64);
+    (st.st_ctime as i64, st.st_ctime_nsec as i64) == image
+        && (st.st_mtime as i64, st.st_mtime_nsec as i64) == image
+        && st.st_size as u64 == inode.size
+}
+
+fn is_regular(mode: u32) -> bool {
+    rustix::fs::FileType::from_raw_mode(mode) == rustix::fs::FileType::RegularFile
+}
+
+/// Whose a file is (see [`Front::what`]).
+enum What {
+    Image {
+        layer: usize,
+        inode: erofs::read::Inode,
+    },
+    /// The upper directory's: new, or copied up.
+    Upper,
+}
+
+/// A path as the list names it (none when it cannot be had: a log line says why).
+fn lossy(path: io::Result<std::path::PathBuf>) -> Vec<u8> {
+    std::os::unix::ffi::OsStrExt::as_bytes(path.unwrap_or_default().as_os_str()).to_vec()
+}
+
+/// An upper file (new or copied up) as the list names it and measures it: the bytes the
+/// mount reads, through the descriptor the event gave.
+struct UpperContent<'a> {
+    fd: BorrowedFd<'a>,
+    path: &'a dyn Fn() -> io::Result<std::path::PathBuf>,
+}
+
+impl super::Content for UpperContent<'_> {
+    fn path(&self) -> Vec<u8> {
+        lossy((self.path)())
+    }
+
+    fn reader(&self, size: Option<u64>) -> io::Result<(Box<dyn io::Read + '_>, u64)> {
+        let size = match size {
+            Some(s) => s,
+            None => rustix::fs::fstat(self.fd)?.st_size as u64,
+        };
+        let r = PositionalReader { fd: self.fd, at: 0 };
+        Ok((Box::new(r), size))
+    }
+
+    fn verity_digest(&self) -> io::Result<Option<[u8; 32]>> {
+        Ok(None)
+    }
+
+    fn ima_xattr(&self) -> Option<Vec<u8>> {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).ok()?;
+        crate::backing::host_xattr(&path, c"security.ima").ok()?
+    }
+}
+
 /// An image file as the list names it (its path through the mount, looked up only when
 /// an entry needs it) and measures it.
 struct ImageContent<'a> {
@@ -249,8 +500,7 @@ struct ImageContent<'a> {
 
 impl super::Content for ImageContent<'_> {
     fn path(&self) -> Vec<u8> {
-        let path = (self.path)().unwrap_or_default();
-        std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec()
+        lossy((self.path)())
     }
 
     fn reader(&self, _size: Option<u64>) -> io::Result<(Box<dyn io::Read + '_>, u64)> {

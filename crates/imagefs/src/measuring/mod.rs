@@ -28,7 +28,7 @@ mod task;
 mod watch;
 
 pub use crate::stats::Counter;
-pub use content::{cookie, Content, ContentKey, Cookie, ImageFile};
+pub use content::{cookie, Content, ContentKey, Cookie, ImageFile, PositionalReader};
 pub use counters::Counters;
 pub use digests::HASH_AT_CLOSE;
 pub use engine::{access_mask, writes, Measured, Measuring, Opening};

@@ -1,17 +1,24 @@
 //! How one file is open through a writable mount, as IMA's violation checks need it.
 
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
 
-/// How one file (a FUSE inode) is open through a writable mount, as IMA's
-/// `ima_rdwr_violation_check` needs it: the handles that can write (the kernel's
-/// `i_writecount`), the read-only handles whose open the policy measured, and the iint's
-/// two bits that let each violation be recorded once per event. Only opens of layers the
-/// policy can measure touch it; a mount without a policy never does.
+/// How one file is open through a writable mount, as IMA's `ima_rdwr_violation_check`
+/// needs it: the handles that can write (the kernel's `i_writecount`), the read-only
+/// handles whose open the policy measured, and the iint's two bits that let each
+/// violation be recorded once per event. Only opens of layers the policy can measure
+/// touch it; a mount without a policy never does.
+///
+/// The FUSE engine counts a FUSE inode's handles as it opens and releases them. The
+/// kernel engine asks the kernel how the file is open at the moment of each open
+/// ([`Opens::as_seen`]): then its counts are exact and nothing waits for them to change.
 #[derive(Default)]
 pub struct Opens {
     writers: AtomicU32,
     readers: AtomicU32,
-    bits: AtomicU8,
+    bits: Arc<AtomicU8>,
+    /// Counts as seen a moment ago: no close is on its way to them.
+    seen: bool,
 }
 
 /// A measured reader opened the file since the last ToMToU (`IMA_MAY_EMIT_TOMTOU`).
@@ -21,6 +28,38 @@ const MAY_EMIT_TOMTOU: u8 = 1;
 const EMITTED_OPEN_WRITERS: u8 = 2;
 
 impl Opens {
+    /// How a file is open as the kernel sees it now (whether it has writers, whether it
+    /// has read-only handles), with the file's two bits, kept from open to open.
+    pub fn as_seen(writers: bool, readers: bool, bits: Arc<AtomicU8>) -> Opens {
+        if !writers {
+            // The last writer closed since the bit was set, if it was: as
+            // ima_check_last_writer, which would have cleared it then.
+            bits.fetch_and(!EMITTED_OPEN_WRITERS, Ordering::SeqCst);
+        }
+        Opens {
+            writers: AtomicU32::new(writers.into()),
+            readers: AtomicU32::new(readers.into()),
+            bits,
+            seen: true,
+        }
+    }
+
+    /// Whether a write open now would ask for readers ([`Opens::time_of_use`]): a
+    /// measured reader opened since the last ToMToU (`bits` as [`Opens::as_seen`] takes them).
+    pub fn may_emit_tomtou(bits: &AtomicU8) -> bool {
+        bits.load(Ordering::SeqCst) & MAY_EMIT_TOMTOU != 0
+    }
+
+    /// The file's two bits.
+    pub fn bits(&self) -> &Arc<AtomicU8> {
+        &self.bits
+    }
+
+    /// Counts seen a moment ago ([`Opens::as_seen`]): no close is on its way to them.
+    pub(super) fn seen(&self) -> bool {
+        self.seen
+    }
+
     /// A handle that can write is being opened: counted before its measurement, so that
     /// keeps no digest.
     pub fn writer_opened(&self) {
@@ -65,11 +104,14 @@ impl Opens {
     /// so of a reader and a writer opening at once, at least one sees the other.
     pub(super) fn measured_reader(&self) -> (ReaderCount<'_>, bool) {
         self.bits.fetch_or(MAY_EMIT_TOMTOU, Ordering::SeqCst);
-        self.readers.fetch_add(1, Ordering::SeqCst);
+        // Seen for this open alone, the reader is the kernel's to count.
+        if !self.seen {
+            self.readers.fetch_add(1, Ordering::SeqCst);
+        }
         let open_writers = self.writers()
             && self.bits.fetch_or(EMITTED_OPEN_WRITERS, Ordering::SeqCst) & EMITTED_OPEN_WRITERS
                 == 0;
-        (ReaderCount(Some(self)), open_writers)
+        (ReaderCount((!self.seen).then_some(self)), open_writers)
     }
 }
 

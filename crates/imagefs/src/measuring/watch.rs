@@ -60,9 +60,10 @@ impl<R: io::Read> io::Read for Watched<'_, R> {
 }
 
 /// Tells whether the mount measured is still attached: by its mount id in
-/// /proc/self/mountinfo, learnt before the first hash starts (the topmost FUSE mount on
-/// the mountpoint then: a request came through it, so it is there unless already
-/// detached). If none is found then, it is never taken for gone.
+/// /proc/self/mountinfo, learnt before the first hash starts (the topmost verilay mount
+/// on the mountpoint then: FUSE for the FUSE engine, erofs or overlayfs for the kernel
+/// engine; an open came through it, so it is there unless already detached). If none is
+/// found then, it is never taken for gone.
 pub(super) struct MountWatch {
     mountpoint: Vec<u8>,
     id: std::sync::OnceLock<Option<u64>>,
@@ -80,7 +81,7 @@ impl MountWatch {
     fn learn(&self) {
         self.id.get_or_init(|| {
             let info = std::fs::read("/proc/self/mountinfo").ok()?;
-            fuse_mount_on(&info, &self.mountpoint)
+            served_mount_on(&info, &self.mountpoint)
         });
     }
 
@@ -92,15 +93,17 @@ impl MountWatch {
     }
 }
 
-/// The id of the last (topmost) FUSE mount on `mountpoint` in a mountinfo text.
-fn fuse_mount_on(info: &[u8], mountpoint: &[u8]) -> Option<u64> {
+/// The id of the last (topmost) mount of a type verilay serves on `mountpoint` in a
+/// mountinfo text.
+fn served_mount_on(info: &[u8], mountpoint: &[u8]) -> Option<u64> {
     info.split(|&b| b == b'\n')
         .filter_map(|line| {
             let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
             let sep = fields.iter().position(|f| *f == b"-")?;
             let fstype = fields.get(sep + 1)?;
-            let fuse = *fstype == b"fuse" || fstype.starts_with(b"fuse.");
-            (fuse && unescape(fields.get(4)?) == mountpoint)
+            let served =
+                matches!(*fstype, b"fuse" | b"erofs" | b"overlay") || fstype.starts_with(b"fuse.");
+            (served && unescape(fields.get(4)?) == mountpoint)
                 .then(|| std::str::from_utf8(fields[0]).ok()?.parse().ok())
                 .flatten()
         })
@@ -139,11 +142,13 @@ fn unescape(field: &[u8]) -> Vec<u8> {
 
 /// Whether task `pid` (a thread) has SIGKILL pending: it is being killed, by SIGKILL or
 /// by any signal it does not handle (the kernel turns those into SIGKILL for each
-/// thread), and waits only for its request's answer.
+/// thread), and waits only for its request's answer; or it is gone (a killed opener
+/// does not wait for a fanotify answer). Pid 0 is an opener this daemon cannot see.
 fn being_killed(pid: u32) -> bool {
     const SIGKILL_BIT: u64 = 1 << (9 - 1);
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
+    let status = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => status,
+        Err(e) => return pid != 0 && e.kind() == io::ErrorKind::NotFound,
     };
     status.lines().any(|l| {
         let pending = l

@@ -6,7 +6,7 @@ use super::io::IMAGE_HANDLE;
 use super::nodes::Node;
 use super::UnionFs;
 use crate::backing::host_xattr;
-use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, Setup};
+use crate::measuring::{Content, ContentKey, Cookie, ImageFile, Opening, PositionalReader, Setup};
 use crate::ops::Errno;
 use crate::paths::measured_path;
 use erofs::read::ByteSource;
@@ -316,20 +316,6 @@ pub(super) type MeasuredAs<'s> = (
     Option<Cookie>,
     Option<(u32, u32)>,
 );
-
-/// Reads a descriptor from the start with pread, leaving its offset alone.
-struct PositionalReader<'a> {
-    fd: BorrowedFd<'a>,
-    at: u64,
-}
-
-impl std::io::Read for PositionalReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = rustix::io::pread(self.fd, buf, self.at)?;
-        self.at += n as u64;
-        Ok(n)
-    }
-}
 
 /// A union node's content, for measuring.
 struct UnionContent<'a, S: ByteSource> {

@@ -53,7 +53,7 @@ pub struct Args {
     threads: Option<usize>,
     /// What serves the mount (`-o engine=`): `kernel` (the kernel's erofs over image
     /// files verilay serves and verifies, overlayfs for stacks and --upper, measurement
-    /// through fanotify; root in the first user namespace, not measured writable mounts),
+    /// through fanotify; root in the first user namespace),
     /// `fuse` (verilay's own filesystem over FUSE), or `auto` (`kernel` when it can serve
     /// the mount and no image is remote, else `fuse`; the default, or $VERILAY_ENGINE). A
     /// kernel-engine mount is like `mount -t erofs`: every user reads it as the files'
@@ -423,8 +423,6 @@ fn choose_engine(
     }
     let unserved = if !root || !host::mounts::in_first_user_namespace() {
         Some("erofs mounts need root (in the first user namespace)".to_string())
-    } else if (o.policy.is_some() || o.measure_log.is_some()) && o.upper.is_some() {
-        Some("measured writable mounts are the FUSE engine's for now".into())
     } else {
         host::mounts::file_backed_erofs().err()
     };

@@ -740,9 +740,19 @@ fn a_list_or_log_another_user_can_write_is_refused() {
     assert!(log_verify(&log, &[]).status.success());
 }
 
-/// A writable mount of `image` (upper and work directories in `base`) measured as
-/// `policy` says into `log`, with the daemon's log in `base/daemon.log`.
-fn mount_upper(base: &Path, image: &Path, policy: &str, log: &Path) -> (PathBuf, Unmount) {
+/// Both engines: each measured writable mount below is made with each (the kernel
+/// engine's measures through fanotify, `imagefs::measuring::fanotify`).
+const ENGINES: [&str; 2] = ["fuse", "kernel"];
+
+/// A writable mount of `image` on `engine` (upper and work directories in `base`)
+/// measured as `policy` says into `log`, with the daemon's log in `base/daemon.log`.
+fn mount_upper(
+    engine: &str,
+    base: &Path,
+    image: &Path,
+    policy: &str,
+    log: &Path,
+) -> (PathBuf, Unmount) {
     let (mnt, upper, work) = (base.join("mnt"), base.join("upper"), base.join("work"));
     fs::create_dir_all(&upper).unwrap();
     fs::create_dir_all(&work).unwrap();
@@ -761,6 +771,8 @@ fn mount_upper(base: &Path, image: &Path, policy: &str, log: &Path) -> (PathBuf,
             &work,
             Path::new("--log"),
             &daemon_log,
+            Path::new("--engine"),
+            Path::new(engine),
         ],
     );
     (mnt, m)
@@ -812,6 +824,12 @@ fn open_writers_and_tomtou_are_recorded_as_the_kernel_records_them() {
     if mounts() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
         return;
     }
+    for engine in ENGINES {
+        open_writers_and_tomtou_on(engine);
+    }
+}
+
+fn open_writers_and_tomtou_on(engine: &str) {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     fs::create_dir_all(&src).unwrap();
@@ -821,6 +839,7 @@ fn open_writers_and_tomtou_are_recorded_as_the_kernel_records_them() {
     build(&src, &image, &["--quiet"]);
     let log = t.path().join("log");
     let (mnt, m) = mount_upper(
+        engine,
         t.path(),
         &image,
         "measure func=FILE_CHECK mask=^MAY_READ\n",
@@ -901,11 +920,18 @@ fn tomtou_is_recorded_when_the_writer_copies_up_into_an_unmeasured_layer() {
     if mounts() {
         return;
     }
-    let (t, image, _) = fixture();
-    let log = t.path().join("log");
+    for engine in ENGINES {
+        let (t, image, _) = fixture();
+        tomtou_into_an_unmeasured_layer_on(engine, t.path(), &image);
+    }
+}
+
+fn tomtou_into_an_unmeasured_layer_on(engine: &str, base: &Path, image: &Path) {
+    let log = base.join("log");
     let (mnt, m) = mount_upper(
-        t.path(),
-        &image,
+        engine,
+        base,
+        image,
         "measure func=FILE_CHECK fsmagic=0xe0f5e1e2\n",
         &log,
     );
@@ -934,6 +960,12 @@ fn an_exec_through_a_new_hardlink_is_listed_under_that_name() {
     if mounts() {
         return;
     }
+    for engine in ENGINES {
+        exec_through_a_new_hardlink_on(engine);
+    }
+}
+
+fn exec_through_a_new_hardlink_on(engine: &str) {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     fs::create_dir_all(src.join("usr/bin")).unwrap();
@@ -943,7 +975,7 @@ fn an_exec_through_a_new_hardlink_is_listed_under_that_name() {
     let image = t.path().join("img");
     build(&src, &image, &["--quiet"]);
     let log = t.path().join("log");
-    let (mnt, m) = mount_upper(t.path(), &image, "measure func=BPRM_CHECK\n", &log);
+    let (mnt, m) = mount_upper(engine, t.path(), &image, "measure func=BPRM_CHECK\n", &log);
     let scratch = mnt.join("var/tmp/scratch.log");
     let evil = b"#!/bin/sh\necho EVIL\n";
     fs::write(&scratch, evil).unwrap();
@@ -968,9 +1000,16 @@ fn a_name_with_a_newline_is_listed_as_the_kernel_lists_it() {
     if mounts() || skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
         return;
     }
+    for engine in ENGINES {
+        a_name_with_a_newline_on(engine);
+    }
+}
+
+fn a_name_with_a_newline_on(engine: &str) {
     let (t, image, _) = fixture();
     let log = t.path().join("log");
     let (mnt, m) = mount_upper(
+        engine,
         t.path(),
         &image,
         "measure func=FILE_CHECK mask=^MAY_READ\n",
@@ -1204,9 +1243,11 @@ fn stats_measured(mnt: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// An opener of `file` killed while its measured open hashes: it dies of SIGKILL (its open
-/// answered), and the mount still serves.
-fn opener_killed_mount_serves_on(mnt: &Path, file: &Path) {
+/// An opener of `file` killed while its measured open hashes: it dies of SIGKILL (the FUSE
+/// engine's once its open is answered, the kernel engine's at once: fanotify does not
+/// wait), the hash stops for it (the daemon says so in `daemon_log`), and the mount still
+/// serves.
+fn opener_killed_mount_serves_on(mnt: &Path, file: &Path, daemon_log: &Path) {
     let opener = start_opener(mnt, file, 1);
     run(Command::new("kill").args(["-9", &opener.id().to_string()]));
     let status = ended(opener, "SIGKILL");
@@ -1214,6 +1255,9 @@ fn opener_killed_mount_serves_on(mnt: &Path, file: &Path) {
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9)
     );
+    wait_until(Duration::from_secs(10), "the hash to stop", || {
+        fs::read_to_string(daemon_log).is_ok_and(|l| l.contains("the opener is being killed"))
+    });
     read_through(mnt, &["a"]);
 }
 
@@ -1256,17 +1300,24 @@ fn a_hash_that_would_take_days_stops_at_unmount_sigterm_or_the_openers_kill() {
     if mounts() {
         return;
     }
+    for engine in ENGINES {
+        a_hash_that_would_take_days_on(engine);
+    }
+}
+
+fn a_hash_that_would_take_days_on(engine: &str) {
     let (t, _, policy) = fixture();
     let image = huge_sparse_image(t.path());
     let (mnt, log) = (t.path().join("mnt"), t.path().join("log"));
     let daemon_log = t.path().join("daemon.log");
     let flag = Path::new("--log");
     let file = mnt.join("sparse");
+    let extra = [flag, &daemon_log, Path::new("--engine"), Path::new(engine)];
 
     // The opener killed: its open is answered (EIO), so it dies; the mount serves on.
-    let m = mount_ok(&image, &mnt, &policy, &log, &[flag, &daemon_log]);
+    let m = mount_ok(&image, &mnt, &policy, &log, &extra);
     let daemon = KillOnDrop(daemon_of(&mnt));
-    opener_killed_mount_serves_on(&mnt, &file);
+    opener_killed_mount_serves_on(&mnt, &file, &daemon_log);
 
     // A lazy unmount: the open fails, the daemon finishes and exits.
     let opener = start_opener(&mnt, &file, 3);
@@ -1277,7 +1328,7 @@ fn a_hash_that_would_take_days_stops_at_unmount_sigterm_or_the_openers_kill() {
     wait_gone(daemon.0);
 
     // SIGTERM to the daemon: the same.
-    let m = mount_ok(&image, &mnt, &policy, &log, &[flag, &daemon_log]);
+    let m = mount_ok(&image, &mnt, &policy, &log, &extra);
     let daemon = KillOnDrop(daemon_of(&mnt));
     let opener = start_opener(&mnt, &file, 1);
     run(Command::new("kill").args(["-TERM", &daemon.0.to_string()]));
@@ -1310,15 +1361,21 @@ fn a_hash_of_a_huge_sparse_upper_file_stops_at_sigterm_or_the_openers_kill() {
     if mounts() {
         return;
     }
+    for engine in ENGINES {
+        a_huge_sparse_upper_file_on(engine);
+    }
+}
+
+fn a_huge_sparse_upper_file_on(engine: &str) {
     let (t, image, _) = fixture();
     let log = t.path().join("log");
     let policy = "measure func=FILE_CHECK mask=^MAY_READ\n";
-    let (mnt, m) = mount_upper(t.path(), &image, policy, &log);
+    let (mnt, m) = mount_upper(engine, t.path(), &image, policy, &log);
     let daemon = KillOnDrop(daemon_of(&mnt));
     let file = mnt.join("huge");
     fs::File::create(&file).unwrap().set_len(1 << 43).unwrap();
 
-    opener_killed_mount_serves_on(&mnt, &file);
+    opener_killed_mount_serves_on(&mnt, &file, &t.path().join("daemon.log"));
 
     let opener = start_opener(&mnt, &file, 3);
     run(Command::new("kill").args(["-TERM", &daemon.0.to_string()]));

@@ -182,8 +182,32 @@ fn serve_kernel(
     use imagefs::measuring::fanotify;
     // Opens are measured from fanotify's events, on as many threads as the mount serves
     // requests with.
+    let dirs = match (&s.opts.upper, &s.opts.work, &claim) {
+        (Some(u), Some(w), Some(c)) => Some(claimed_paths(u, w, c)?),
+        _ => None,
+    };
+    // A writable mount's upper directory: its filesystem's identity is its files' (asked
+    // by ioctl, which an O_PATH descriptor cannot take).
+    let upper = match &dirs {
+        Some((u, _)) => Some(
+            rustix::fs::open(
+                u.as_path(),
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .with_context(|| format!("upper directory {}", u.display()))?,
+        ),
+        None => None,
+    };
     r.step("open the measurement list");
-    let setup = crate::cmd::measuring::setup(measure, &layers.ids, None, &s.mountpoint)?;
+    let setup = crate::cmd::measuring::setup(
+        measure,
+        &layers.ids,
+        upper.as_ref().map(std::os::fd::AsFd::as_fd),
+        &s.mountpoint,
+    )?;
     let measuring = setup.as_ref().map(|s| s.measuring.clone());
     let mut stats: Vec<imagefs::stats::StatsSource> = Vec::new();
     if let Some(setup) = &setup {
@@ -204,6 +228,8 @@ fn serve_kernel(
         mountpoint: std::fs::canonicalize(&s.mountpoint).unwrap_or_else(|_| s.mountpoint.clone()),
         log: log_to(&log),
         name: plan.source.clone(),
+        upper,
+        bits: Default::default(),
     });
     // Every image of a mount is opened verified (plain images are refused), so each
     // has its source.
@@ -220,10 +246,6 @@ fn serve_kernel(
             name: image.display().to_string(),
         })
         .collect();
-    let dirs = match (&s.opts.upper, &s.opts.work, &claim) {
-        (Some(u), Some(w), Some(c)) => Some(claimed_paths(u, w, c)?),
-        _ => None,
-    };
     let dirs = dirs.as_ref().map(|(u, w)| (u.as_path(), w.as_path()));
     let threads = plan.threads;
     let mut before_attach = |root: std::os::fd::BorrowedFd<'_>, dev: u64, devices: &[u64]| {
