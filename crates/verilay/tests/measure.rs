@@ -485,6 +485,84 @@ fn the_kernel_engine_hashes_each_version_of_an_upper_file_and_logs_none_stale() 
     assert!(evmctl_accepts(&log), "evmctl rejects the list");
 }
 
+/// An upper directory made elsewhere can hold a copied-up file whose ctime and mtime are
+/// its image file's (debugfs sets a ctime), with other bytes of the same size: overlayfs
+/// shows it with the image layer's device and nid, as if it were the image's. The kernel
+/// engine still measures the bytes it serves (the upper directory holds the file).
+#[test]
+fn a_copied_up_file_forged_to_look_pristine_is_measured_by_its_bytes() {
+    if prerequisites() || skip_unless(have("debugfs"), "needs debugfs (e2fsprogs)") {
+        return;
+    }
+    let (t, _src, image) = fixture();
+    let base = t.path();
+    let upperfs = ext4_with_uuid(base);
+    let d = dirs(&upperfs.dir, "f");
+    let policy = base.join("policy");
+    fs::write(&policy, "measure func=FILE_CHECK\n").unwrap();
+    let (log, mnt) = (base.join("log"), base.join("mnt"));
+    let kernel = ["--engine", "kernel"];
+    // Copied up by a chmod: the upper file names its origin, the image's /a.
+    let m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &kernel);
+    sh_ok(&format!("chmod 600 {}/a", mnt.display()));
+    drop(m);
+    let shown: serde_json::Value = serde_json::from_slice(
+        &run(verilay().args(["inspect", "--json"]).arg(&image).arg("/a")).stdout,
+    )
+    .unwrap();
+    let (sec, nsec) = (
+        shown["mtime"].as_i64().unwrap(),
+        shown["mtime_nsec"].as_i64().unwrap(),
+    );
+    let forged = b"EVIL!\n";
+    assert_eq!(forged.len(), b"alpha\n".len());
+    fs::write(d.upper.join("a"), forged).unwrap();
+    run(Command::new("touch")
+        .arg("-d")
+        .arg(format!("@{sec}.{nsec:09}"))
+        .arg(d.upper.join("a")));
+    // The ctime, on the unmounted filesystem (ext4's extra field: nanoseconds << 2).
+    run(Command::new("umount").arg(&upperfs.dir));
+    let img = base.join("upperfs.img");
+    for (field, value) in [
+        ("ctime", format!("@{sec}")),
+        ("ctime_extra", (nsec << 2).to_string()),
+    ] {
+        run(Command::new("debugfs")
+            .arg("-w")
+            .arg("-R")
+            .arg(format!("set_inode_field /f-upper/a {field} {value}"))
+            .arg(&img));
+    }
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(&upperfs.dir));
+
+    let _m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &kernel);
+    let st = fs::metadata(mnt.join("a")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (
+            st.ctime(),
+            st.ctime_nsec(),
+            st.mtime(),
+            st.mtime_nsec(),
+            st.ino()
+        ),
+        (sec, nsec, sec, nsec, shown["nid"].as_u64().unwrap()),
+        "the forgery does not look pristine"
+    );
+    assert_eq!(fs::read(mnt.join("a")).unwrap(), forged);
+    stats(&mnt);
+    let got: Vec<String> = entries(&log)
+        .into_iter()
+        .filter(|e| e.3.ends_with("/mnt/a"))
+        .map(|e| e.2)
+        .collect();
+    assert_eq!(got, [format!("sha256:{}", sha256_hex(forged))]);
+}
+
 #[test]
 fn verity_digests_are_measured_without_reading_file_data() {
     if prerequisites() {

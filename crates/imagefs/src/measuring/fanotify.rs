@@ -299,10 +299,12 @@ impl Front {
     }
 
     /// Whose file the mount shows with status `st` (at `path`): an image layer's, or (a
-    /// writable mount's) the upper directory's. A device is learnt from a file that is
-    /// surely its: a layer's from a pristine file of that layer at that path with that
-    /// nid, the upper directory's from a file of its at that path with that inode that no
-    /// layer holds there.
+    /// writable mount's) the upper directory's. A writable mount's file is the image's
+    /// only while it is pristine, reached by a path that still names it, and the upper
+    /// directory has nothing there: a copied-up file shows its layer's device and nid,
+    /// and an upper directory made elsewhere can hold any ctime. A device is learnt from
+    /// a file that is surely its: a layer's from a file of that layer at that path with
+    /// that nid, the upper directory's from a file of its there with that inode.
     fn what(
         &self,
         st: &rustix::fs::Stat,
@@ -318,68 +320,86 @@ impl Front {
                 let learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
                 learnt.iter().find(|(d, _)| *d == dev).map(|&(_, l)| l)
             });
-        let image = |layer: usize| -> io::Result<Option<erofs::read::Inode>> {
-            let inode = self.images[layer]
+        let inode = |layer: usize| {
+            self.images[layer]
                 .inode(ino)
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            Ok((self.upper.is_none() || pristine(st, &inode)).then_some(inode))
+                .map_err(|e| io::Error::other(e.to_string()))
         };
-        match known {
-            Some(Some(layer)) => {
-                return Ok(match image(layer)? {
-                    Some(inode) => What::Image { layer, inode },
-                    None => What::Upper,
-                })
+        match (known, &self.upper) {
+            (Some(None), _) => return Ok(What::Upper),
+            (Some(Some(layer)), None) => {
+                let inode = inode(layer)?;
+                return Ok(What::Image { layer, inode });
             }
-            Some(None) => return Ok(What::Upper),
-            None => {}
+            _ => {}
         }
         let path = path()?;
-        let unknown = || {
-            io::Error::other(format!(
+        let deleted = path.as_os_str().as_encoded_bytes().ends_with(b" (deleted)");
+        let inside = path
+            .strip_prefix(&self.mountpoint)
+            .ok()
+            .filter(|_| !deleted);
+        // What the upper directory holds there: beneath it, through no symlink, so that
+        // whoever writes it cannot point the look-up elsewhere.
+        let in_upper = |upper: &rustix::fd::OwnedFd| {
+            use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+            let fd = openat2(
+                upper,
+                inside?,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+            )
+            .ok()?;
+            rustix::fs::fstat(fd).ok()
+        };
+        let layer = match known {
+            Some(layer) => layer,
+            None => inside.and_then(|inside| {
+                let learnt = self
+                    .learnt
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                (0..self.images.len())
+                    .filter(|&l| !learnt.iter().any(|&(_, known)| known == Some(l)))
+                    .find(|&l| regular_nid(&self.images[l], inside) == Some(ino))
+            }),
+        };
+        let learn = |as_: Option<usize>| {
+            let mut learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
+            if !learnt.iter().any(|&(d, _)| d == dev) {
+                learnt.push((dev, as_));
+            }
+        };
+        match (layer, &self.upper) {
+            (Some(layer), upper) => {
+                let inode = inode(layer)?;
+                let image = match upper {
+                    None => true,
+                    Some(u) => pristine(st, &inode) && inside.is_some() && in_upper(u).is_none(),
+                };
+                if !image {
+                    // Copied up: its device is its layer's, not learnt from it.
+                    return Ok(What::Upper);
+                }
+                if known.is_none() {
+                    learn(Some(layer));
+                }
+                Ok(What::Image { layer, inode })
+            }
+            (None, Some(upper)) => {
+                if in_upper(upper).is_some_and(|u| u.st_ino == ino && is_regular(u.st_mode)) {
+                    learn(None);
+                }
+                Ok(What::Upper)
+            }
+            (None, None) => Err(io::Error::other(format!(
                 "{}: on device {}:{}, in no image layer",
                 path.display(),
                 rustix::fs::major(dev),
                 rustix::fs::minor(dev)
-            ))
-        };
-        let inside = path.strip_prefix(&self.mountpoint).ok();
-        let mut learnt = self.learnt.lock().unwrap_or_else(|p| p.into_inner());
-        let layer = inside.and_then(|inside| {
-            (0..self.images.len())
-                .filter(|&l| !learnt.iter().any(|&(_, known)| known == Some(l)))
-                .find(|&l| regular_nid(&self.images[l], inside) == Some(ino))
-        });
-        match (layer, &self.upper) {
-            (Some(layer), _) => match image(layer)? {
-                Some(inode) => {
-                    learnt.push((dev, Some(layer)));
-                    Ok(What::Image { layer, inode })
-                }
-                // Copied up: its device is its layer's, not learnt from it.
-                None => Ok(What::Upper),
-            },
-            (None, Some(upper)) => {
-                // Beneath it, through no symlink: whoever writes the upper directory
-                // cannot point the look-up elsewhere.
-                let theirs = inside.and_then(|inside| {
-                    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
-                    let fd = openat2(
-                        upper,
-                        inside,
-                        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
-                    )
-                    .ok()?;
-                    rustix::fs::fstat(fd).ok()
-                });
-                if theirs.is_some_and(|u| u.st_ino == ino && is_regular(u.st_mode)) {
-                    learnt.push((dev, None));
-                }
-                Ok(What::Upper)
-            }
-            (None, None) => Err(unknown()),
+            ))),
         }
     }
 
