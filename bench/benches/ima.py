@@ -387,8 +387,8 @@ class Mounts:
 
 
 def measured_writable_refused(verilay, image, scratch, tool):
-    """Why verilay column `tool` cannot make a measured writable mount (the kernel engine
-    cannot yet: it refuses them), or None if it can: tries one (talos's policy)."""
+    """Why verilay column `tool` cannot make a measured writable mount, or None if it can:
+    tries one (talos's policy)."""
     base = os.path.join(scratch, "probe")
     shutil.rmtree(base, ignore_errors=True)
     dirs = {x: os.path.join(base, x) for x in ("up", "work", "mnt", "log")}

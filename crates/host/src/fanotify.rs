@@ -54,11 +54,17 @@ pub enum Open {
 }
 
 impl Group {
-    /// A group that hears every open and exec on the mount whose root is `mount_root`
-    /// (open; the mount may still be detached), or with `whole_filesystem` on every
-    /// mount of its filesystem: the opens other mounts stacked on it make too (an
-    /// overlayfs whose lower layer it is: a container's), which a mount mark misses.
-    pub fn on_mount(mount_root: BorrowedFd<'_>, whole_filesystem: bool) -> anyhow::Result<Group> {
+    /// A group that hears the opens of `kinds` (files' and programs') on the mount whose
+    /// root is `mount_root` (open; the mount may still be detached), or with
+    /// `whole_filesystem` on every mount of its filesystem: the opens other mounts
+    /// stacked on it make too (an overlayfs whose lower layer it is: a container's),
+    /// which a mount mark misses. An exec's open is also a file's open: without
+    /// [`Open::File`], an exec raises one event.
+    pub fn on_mount(
+        mount_root: BorrowedFd<'_>,
+        whole_filesystem: bool,
+        kinds: &[Open],
+    ) -> anyhow::Result<Group> {
         let fan = Fanotify::init(
             InitFlags::FAN_CLASS_CONTENT
                 | InitFlags::FAN_CLOEXEC
@@ -74,7 +80,7 @@ impl Group {
                 } else {
                     MarkFlags::FAN_MARK_MOUNT
                 },
-            MaskFlags::FAN_OPEN_PERM | MaskFlags::FAN_OPEN_EXEC_PERM,
+            kinds.iter().map(|&k| mask_of(k)).collect(),
             Some(mount_root.as_raw_fd()),
             None,
         )
@@ -143,10 +149,7 @@ impl Group {
     /// kernel evicts the inode). Kept through modifications: for files that never change.
     pub fn ignore(&self, event: &Event, kind: Open) -> std::io::Result<()> {
         let fd = event.file.as_fd();
-        let mask = match kind {
-            Open::File => MaskFlags::FAN_OPEN_PERM,
-            Open::Exec => MaskFlags::FAN_OPEN_EXEC_PERM,
-        };
+        let mask = mask_of(kind);
         self.fan
             .mark::<std::path::Path>(
                 MarkFlags::FAN_MARK_ADD
@@ -158,6 +161,14 @@ impl Group {
                 None,
             )
             .map_err(Into::into)
+    }
+}
+
+/// The permission event for opens of `kind`.
+fn mask_of(kind: Open) -> MaskFlags {
+    match kind {
+        Open::File => MaskFlags::FAN_OPEN_PERM,
+        Open::Exec => MaskFlags::FAN_OPEN_EXEC_PERM,
     }
 }
 
@@ -183,32 +194,17 @@ impl Event {
 }
 
 /// Whether thread `tid` is inside execve or execveat now (an exec's second event, for
-/// FAN_OPEN_PERM, comes while it is): `/proc/TID/syscall` starts with the number of the
-/// system call the thread is blocked in.
+/// FAN_OPEN_PERM, comes while it is).
 pub fn in_exec(tid: u32) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{tid}/syscall")) else {
-        return false;
-    };
-    let nr = text
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse::<i64>().ok());
-    nr == Some(libc::SYS_execve) || nr == Some(libc::SYS_execveat)
+    blocked_in(tid).is_some_and(|(nr, _)| nr == libc::SYS_execve || nr == libc::SYS_execveat)
 }
 
-/// The flags thread `tid` is opening a file with, from the system call it is blocked in
-/// (`/proc/TID/syscall`: its number, then its arguments in hex): open, openat, creat,
-/// open_by_handle_at, and openat2 (whose `struct open_how` begins with the flags, read
-/// from the thread's memory). `None` for anything else: an io_uring worker's open, a
-/// thread no longer there.
+/// The flags thread `tid` is opening a file with, from the system call it is blocked in:
+/// open, openat, creat, open_by_handle_at, and openat2 (whose `struct open_how` begins
+/// with the flags, read from the thread's memory). `None` for anything else: an io_uring
+/// worker's open, a thread no longer there.
 pub fn open_flags(tid: u32) -> Option<i32> {
-    let text = std::fs::read_to_string(format!("/proc/{tid}/syscall")).ok()?;
-    let mut fields = text.split_whitespace();
-    let nr: i64 = fields.next()?.parse().ok()?;
-    let mut args = [0u64; 6];
-    for a in &mut args {
-        *a = u64::from_str_radix(fields.next()?.strip_prefix("0x")?, 16).ok()?;
-    }
+    let (nr, args) = blocked_in(tid)?;
     match nr {
         libc::SYS_openat | libc::SYS_open_by_handle_at => Some(args[2] as i32),
         #[cfg(target_arch = "x86_64")]
@@ -222,6 +218,33 @@ pub fn open_flags(tid: u32) -> Option<i32> {
             Some(u64::from_ne_bytes(flags) as i32)
         }
         _ => None,
+    }
+}
+
+/// The system call thread `tid` is blocked in and its arguments, from `/proc/TID/syscall`
+/// (its number, then the arguments in hex). An opener's event is queued before it
+/// sleeps waiting for the answer, so the file can still say `running`: read again until
+/// it is blocked, for up to 50 ms (it waits for this answer, so it blocks at once unless
+/// killed).
+fn blocked_in(tid: u32) -> Option<(i64, [u64; 6])> {
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(format!("/proc/{tid}/syscall")).ok()?;
+        let mut fields = text.split_whitespace();
+        let first = fields.next()?;
+        if first == "running" {
+            if start.elapsed() > std::time::Duration::from_millis(50) {
+                return None;
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        let nr: i64 = first.parse().ok()?;
+        let mut args = [0u64; 6];
+        for a in &mut args {
+            *a = u64::from_str_radix(fields.next()?.strip_prefix("0x")?, 16).ok()?;
+        }
+        return Some((nr, args));
     }
 }
 

@@ -77,6 +77,24 @@ enum Spare {
     Always,
 }
 
+impl Front {
+    /// The kinds of open the policy can measure on some layer of the mount (none: it
+    /// needs no events at all). A write open matters to IMA's violations only once a
+    /// read was measured, which needs file opens heard anyway.
+    pub fn kinds(&self) -> Vec<Open> {
+        let m = &self.setup.measuring;
+        let fss = || self.setup.layers.iter().chain(&self.setup.upper);
+        let mut kinds = Vec::new();
+        if fss().any(|fs| m.may_measure_open(fs, false)) {
+            kinds.push(Open::File);
+        }
+        if fss().any(|fs| m.may_measure_open(fs, true)) {
+            kinds.push(Open::Exec);
+        }
+        kinds
+    }
+}
+
 /// Serves `group`'s events on `workers` threads, each taking the next event and
 /// answering it, until the group is closed (the process ends).
 pub fn start(group: Group, front: Front, workers: usize) -> anyhow::Result<()> {

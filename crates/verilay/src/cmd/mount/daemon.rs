@@ -263,8 +263,13 @@ fn serve_kernel(
             if single {
                 front.devices = devices.to_vec();
             }
-            let group = host::fanotify::Group::on_mount(root, single)?;
-            fanotify::start(group, front, threads).context("starting the fanotify threads")?;
+            // Only the opens the policy can measure raise events: with no rule for file
+            // opens (only BPRM_CHECK), a read costs nothing.
+            let kinds = front.kinds();
+            if !kinds.is_empty() {
+                let group = host::fanotify::Group::on_mount(root, single, &kinds)?;
+                fanotify::start(group, front, threads).context("starting the fanotify threads")?;
+            }
         }
         Ok(())
     };
