@@ -31,6 +31,11 @@ pub struct Group {
     fan: Fanotify,
 }
 
+/// One thread's wait for a group's events ([`Group::waiter`]).
+pub struct Waiter {
+    epoll: OwnedFd,
+}
+
 /// One open waiting for its answer: the file the kernel opened for us (closed when the
 /// event is dropped), the opening thread and what it asked.
 pub struct Event {
@@ -69,7 +74,8 @@ impl Group {
             InitFlags::FAN_CLASS_CONTENT
                 | InitFlags::FAN_CLOEXEC
                 | InitFlags::FAN_UNLIMITED_QUEUE
-                | InitFlags::FAN_REPORT_TID,
+                | InitFlags::FAN_REPORT_TID
+                | InitFlags::FAN_NONBLOCK,
             EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE | EventFFlags::O_CLOEXEC,
         )
         .context("fanotify_init (permission events need CAP_SYS_ADMIN)")?;
@@ -88,13 +94,35 @@ impl Group {
         Ok(Group { fan })
     }
 
-    /// The next event, waiting for it.
-    pub fn next(&self) -> std::io::Result<Event> {
+    /// A thread's way to wait for events: woken alone for an event, where a blocking read
+    /// of the group wakes every thread waiting in one (fanotify's queue is not an
+    /// exclusive wait), of which all but one then find nothing.
+    pub fn waiter(&self) -> std::io::Result<Waiter> {
+        use rustix::event::epoll;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(
+            &epoll,
+            self.fan.as_fd(),
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN | epoll::EventFlags::EXCLUSIVE,
+        )?;
+        Ok(Waiter { epoll })
+    }
+
+    /// The next event, waiting for it with `waiter` (this thread's).
+    pub fn next(&self, waiter: &Waiter) -> std::io::Result<Event> {
         let mut buf = [0u8; EVENT_LEN];
+        let mut ready = rustix::event::epoll::EventVec::with_capacity(1);
         loop {
             let n = match rustix::io::read(self.fan.as_fd(), &mut buf) {
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    match rustix::event::epoll::wait(&waiter.epoll, &mut ready, -1) {
+                        Ok(()) | Err(rustix::io::Errno::INTR) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 Err(e) => return Err(e.into()),
             };
             let field = |at: usize, len: usize| {

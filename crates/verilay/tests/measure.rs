@@ -365,6 +365,8 @@ fn rewrite_logs_every_version(base: &Path, m: &str, log: &Path) {
         .map(|h| format!("sha256:{h}"))
         .collect();
     assert_eq!(want.len(), 300);
+    // Asking for the counters writes out the entries still waiting.
+    stats(Path::new(m));
     let got: Vec<String> = entries(log)
         .into_iter()
         .filter(|e| e.3 == format!("{m}/r"))

@@ -31,6 +31,7 @@
 
 use super::{ContentKey, Opening, Opens, PositionalReader, Setup};
 use crate::ops::Logger;
+use anyhow::Context;
 use host::fanotify::{has_writers, in_exec, open_flags, Event, Group, Open};
 use rustix::fd::{AsRawFd, BorrowedFd};
 use std::collections::HashMap;
@@ -104,10 +105,11 @@ pub fn start(group: Group, front: Front, workers: usize) -> anyhow::Result<()> {
     let spare = !front.setup.measuring.depends_on_task();
     for i in 0..workers.max(1) {
         let (group, front) = (group.clone(), front.clone());
+        let waiter = group.waiter().context("waiting for fanotify events")?;
         std::thread::Builder::new()
             .name(format!("verilay-fanotify-{i}"))
             .spawn(move || loop {
-                match group.next() {
+                match group.next(&waiter) {
                     Ok(event) => front.answer(&group, &event, spare),
                     Err(e) => {
                         (front.log)(&format!("{}: reading fanotify events: {e}", front.name));

@@ -1041,7 +1041,8 @@ fn a_name_with_a_newline_on(engine: &str) {
     assert!(evmctl_accepts(&log, true));
 }
 
-/// Whether a FUSE filesystem is mounted on `mnt`.
+/// Whether either engine's mount is on `mnt` (FUSE's, or the kernel engine's erofs or
+/// overlayfs).
 fn mounted(mnt: &Path) -> bool {
     let want = mnt.as_os_str().as_encoded_bytes();
     fs::read("/proc/self/mountinfo")
@@ -1049,7 +1050,10 @@ fn mounted(mnt: &Path) -> bool {
         .split(|&b| b == b'\n')
         .any(|l| {
             let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
-            f.get(4) == Some(&want) && f.iter().any(|x| x.starts_with(b"fuse"))
+            let fstype = f.iter().position(|x| *x == b"-").and_then(|i| f.get(i + 1));
+            f.get(4) == Some(&want)
+                && fstype
+                    .is_some_and(|t| t.starts_with(b"fuse") || *t == b"erofs" || *t == b"overlay")
         })
 }
 
