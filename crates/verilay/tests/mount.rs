@@ -75,6 +75,27 @@ fn fixture(fill: impl FnOnce(&Path)) -> (tempfile::TempDir, PathBuf, PathBuf, St
     (t, src, image, digest)
 }
 
+/// The FUSE engine, for tests of what only it does (its xattr answers and request
+/// counts, its statistics and their access, its SIGTERM path, mounting a hostile image
+/// to serve errors: the kernel engine refuses that image at mount,
+/// `kernel_engine.rs::a_pinned_image_with_hostile_metadata_never_reaches_the_kernel`).
+/// The rest run on whichever engine `auto` (or $VERILAY_ENGINE) picks.
+const FUSE: [&str; 2] = ["--engine", "fuse"];
+
+/// Whether `verilay mount` said the kernel engine serves the mount.
+fn kernel_engine(said: &str) -> bool {
+    said.contains("kernel engine (")
+}
+
+/// The filesystem type a single image's mount shows on the engine `said` names.
+fn single_image_type(said: &str) -> &'static str {
+    if kernel_engine(said) {
+        "erofs"
+    } else {
+        "fuse.verilay"
+    }
+}
+
 fn mount_type(dir: &Path) -> Option<String> {
     let canon = std::fs::canonicalize(dir).ok()?;
     std::fs::read_to_string("/proc/self/mounts")
@@ -91,7 +112,10 @@ fn compare_with_kernel(src: &Path, work: &Path) {
     let digest = String::from_utf8(build(src, &image, &["--quiet"]).stdout).unwrap();
     let kernel = Mount::erofs(&image, &work.join("kernel"));
     let fuse = FuseMount::new(&image, &work.join("fuse"), &["--digest", digest.trim()]);
-    assert_eq!(mount_type(&fuse.dir).as_deref(), Some("fuse.verilay"));
+    assert_eq!(
+        mount_type(&fuse.dir).as_deref(),
+        Some(single_image_type(&fuse.said))
+    );
     assert!(
         fuse.said
             .contains(&format!("digest {} (pinned)", digest.trim())),
@@ -316,16 +340,24 @@ fn tampered_reads(served: Served) {
         std::fs::read(fuse.dir.join("bystander")).unwrap(),
         b"still fine"
     );
+    // The FUSE engine names the request and the inode; the kernel engine, whose daemon
+    // sees reads of the image file only, what the image stores at the failing offset.
+    let kernel = kernel_engine(&fuse.said);
     let inode = |nid: u64| match served {
         Served::Stacked => format!("inode {nid} of layer 0"),
         _ => format!("inode {nid}"),
     };
+    let named = |op: &str, name: &str, nid: u64| match (kernel, op) {
+        (true, "readdir") => format!("(a directory block of /{name})"),
+        (true, _) => format!("(the data of /{name})"),
+        (false, _) => format!("{op} of /{name} ({}): ", inode(nid)),
+    };
     let mut wanted: Vec<(String, u64)> = victims
         .iter()
-        .map(|&(v, at, nid)| (format!("read of /{v} ({}): ", inode(nid)), at))
+        .map(|&(v, at, nid)| (named("read", v, nid), at))
         .collect();
     let (dir, at, nid) = listing;
-    wanted.push((format!("readdir of /{dir} ({}): ", inode(nid)), at));
+    wanted.push((named("readdir", dir, nid), at));
     if served == Served::Upper {
         // Copying it up (an open for writing) reads the bad block too.
         let (v, at, nid) = victims[1];
@@ -338,7 +370,7 @@ fn tampered_reads(served: Served) {
             Some(5),
             "copy-up of {v}: EIO, got {err}"
         );
-        wanted.push((format!("copy-up read of /{v} ({}): ", inode(nid)), at));
+        wanted.push((named("copy-up read", v, nid), at));
     }
     let logged = std::fs::read_to_string(&log).unwrap();
     for (what, at) in &wanted {
@@ -506,7 +538,7 @@ fn sigterm_ends_the_daemon_within_a_bound_though_a_file_is_held_open() {
     let (t, _src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"held").unwrap());
     let mnt = t.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    run(verilay().arg("mount").arg(&image).arg(&mnt));
+    run(verilay().arg("mount").arg(&image).arg(&mnt).args(FUSE));
     let mut held = std::fs::File::open(mnt.join("f")).unwrap();
     let daemons = daemons_of(&mnt);
     assert_eq!(daemons.len(), 1, "{daemons:?}");
@@ -544,10 +576,10 @@ fn inode_numbers_are_stable_and_unique() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let first = {
-        let m = FuseMount::new(&image, &t.path().join("a"), &[]);
+        let m = FuseMount::new(&image, &t.path().join("a"), &FUSE);
         inos(&m.dir)
     };
-    let m = FuseMount::new(&image, &t.path().join("b"), &[]);
+    let m = FuseMount::new(&image, &t.path().join("b"), &FUSE);
     assert_eq!(first, inos(&m.dir), "inode numbers change across mounts");
     // One number per inode: distinct paths share a number only as hardlinks.
     let mut seen = std::collections::HashMap::new();
@@ -601,7 +633,10 @@ fn mount_errors_are_one_clear_line() {
     let busy = FuseMount::new(&image, &mnt, &[]);
     assert!(busy.said.contains("(not pinned)"), "{}", busy.said);
     fails(&["mount", img, m], "already mounted");
-    assert_eq!(mount_type(&mnt).as_deref(), Some("fuse.verilay"));
+    assert_eq!(
+        mount_type(&mnt).as_deref(),
+        Some(single_image_type(&busy.said))
+    );
     fails(&["umount", "/tmp"], "/tmp");
 }
 
@@ -656,7 +691,11 @@ fn an_image_without_labels_or_acls_says_those_xattrs_are_unsupported() {
     // No security.* and no ACL anywhere: every such name is "not supported", and ls asks
     // only once for each; getfacl still shows the mode, and the mode alone decides access.
     let (t, _src, image, _) = fixture(files);
-    let m = FuseMount::new(&image, &t.path().join("fuse"), &["--allow-other"]);
+    let m = FuseMount::new(
+        &image,
+        &t.path().join("fuse"),
+        &["--allow-other", FUSE[0], FUSE[1]],
+    );
     let f = m.dir.join("f00");
     for name in ["security.selinux", "system.posix_acl_access"] {
         let said = getfattr_says(&f, name);
@@ -691,7 +730,11 @@ fn an_image_without_labels_or_acls_says_those_xattrs_are_unsupported() {
             src.join("f02").display()
         ));
     });
-    let m = FuseMount::new(&image, &t.path().join("fuse"), &["--allow-other"]);
+    let m = FuseMount::new(
+        &image,
+        &t.path().join("fuse"),
+        &["--allow-other", FUSE[0], FUSE[1]],
+    );
     for name in ["security.selinux", "system.posix_acl_access"] {
         let said = getfattr_says(&m.dir.join("f00"), name);
         assert!(said.contains("No such attribute"), "{name}: {said}");
@@ -752,7 +795,7 @@ fn a_hostile_image_gives_errors_not_a_dead_daemon() {
         b[1028..1032].copy_from_slice(&crc.to_le_bytes());
     });
     run(verilay().arg("verify").arg(&image).arg("--quiet"));
-    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &FUSE);
     for _ in 0..3 {
         let err = std::fs::read(m.dir.join("d/victim")).unwrap_err();
         assert!(err.raw_os_error().is_some(), "{err}");
@@ -847,7 +890,7 @@ fn an_image_without_xattrs_answers_enosys_and_the_kernel_stops_asking() {
         ("measured", vec![image.clone()], &measured),
     ];
     for (name, images, extra) in mounts {
-        let m = FuseMount::stack(&images, &t.path().join(name), extra);
+        let m = FuseMount::stack(&images, &t.path().join(name), &[extra, &FUSE].concat());
         let f = m.dir.join("d/f00");
         let before = xattr_requests(&m.dir);
         for (what, args) in [
@@ -916,7 +959,7 @@ fn an_image_with_one_xattr_keeps_answering_like_the_kernel() {
         setfattr(&src.join("f3"), "user.x", "1");
     });
     let kernel = Mount::erofs(&image, &t.path().join("kernel"));
-    let m = FuseMount::new(&image, &t.path().join("fuse"), &[]);
+    let m = FuseMount::new(&image, &t.path().join("fuse"), &FUSE);
     assert_eq!(xattr_dump(&m.dir), xattr_dump(&kernel.dir));
     for (file, name) in [("f3", "user.x"), ("f3", "user.y"), ("f4", "user.x")] {
         assert_eq!(
@@ -977,7 +1020,7 @@ fn verilay_stats_answers_every_mount_and_only_whom_the_mount_lets_in() {
         if name.starts_with("writable") {
             extra.extend(["--upper", up, "--work", work]);
         }
-        let m = FuseMount::new(image, &mnt, &extra);
+        let m = FuseMount::new(image, &mnt, &[&extra[..], &FUSE].concat());
         let root = stats_as(&m.dir, false).unwrap_or_else(|e| panic!("{name}: root: {e}"));
         assert_eq!(root["policy_rules"], 0, "{name}: {root}");
         let user = stats_as(&m.dir, true);
