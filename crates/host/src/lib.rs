@@ -1,12 +1,16 @@
 //! The host's plumbing that the engines share: mounting the kernel's erofs over an image
 //! file and overlayfs over erofs mounts (`mounts`), and the private directory those
 //! mounts are made in before users see the result (`private`); fanotify permission
-//! events (`fanotify`), and who has a file open (`holders`).
+//! events (`fanotify`), who has a file open (`holders`), and the mount table
+//! (`mountinfo`, the one parser of `/proc/PID/mountinfo`), a task's credentials and
+//! pending signals (`status`, the one reader of `/proc/PID/status`).
 //!
 //! Nothing here knows images or FUSE: it is mount(2), directories and the kernel's
 //! answers, each failure said in one line that names the path.
 
 pub mod fanotify;
 pub mod holders;
+pub mod mountinfo;
 pub mod mounts;
 pub mod private;
+pub mod status;

@@ -136,36 +136,10 @@ fn fs_path(fd: BorrowedFd<'_>) -> Option<(u64, PathBuf)> {
     if !path.is_absolute() || path.as_os_str().as_bytes().ends_with(b" (deleted)") {
         return None;
     }
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let line = info
-        .lines()
-        .find(|l| l.split(' ').next() == Some(&mnt.to_string()))?;
-    let f: Vec<&str> = line.split(' ').collect();
-    let (root, point) = (unescape(f.get(3)?), unescape(f.get(4)?));
-    let inside = path.strip_prefix(&point).ok()?;
-    Some((dev, root.join(inside)))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-pub fn unescape(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        if let (b'\\', Some(d)) = (b[i], octal) {
-            out.push(((d[0] - b'0') << 6) | ((d[1] - b'0') << 3) | (d[2] - b'0'));
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(std::ffi::OsString::from(
-        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&out),
-    ))
+    let table = host::mountinfo::table(None).ok()?;
+    let mount = table.iter().find(|m| m.id == mnt)?;
+    let inside = path.strip_prefix(&mount.point).ok()?;
+    Some((dev, mount.root.join(inside)))
 }
 
 /// Whether `inner` is `outer` or below it.
@@ -454,14 +428,12 @@ impl Record {
         let Some(dev) = &self.device else {
             return rfs::access(format!("/proc/{pid}"), rfs::Access::EXISTS).is_ok();
         };
-        let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        let Ok(table) = host::mountinfo::table(Some(pid)) else {
             return false;
         };
-        info.lines().any(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            f.get(2) == Some(&dev.as_str())
-                && f.get(4).map(|p| unescape(p)) == Some(PathBuf::from(mp))
-        })
+        table
+            .iter()
+            .any(|m| m.dev == *dev && m.point == Path::new(mp))
     }
 }
 
@@ -733,9 +705,7 @@ fn holder_of(dev: u64, ino: u64) -> Holder {
 
 /// The effective uid of process `pid`.
 fn euid_of(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let ids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    ids.split_whitespace().nth(1)?.parse().ok()
+    Some(host::status::of(pid).ok()?.uid[1]).filter(|&u| u != u32::MAX)
 }
 
 /// What process `pid` records in the verilay lock file it holds, if it holds one: a
@@ -792,9 +762,9 @@ fn held_record(pid: u32, fd: &Path) -> Option<Record> {
 /// Every mount table this process can read: its own, then one per other mount namespace
 /// of the processes it may inspect (all of them, as root), each with the directory its
 /// absolute paths resolve from (`/proc/PID/root`).
-fn mount_tables() -> Vec<(String, PathBuf, Option<u32>)> {
+fn mount_tables() -> Vec<(Vec<host::mountinfo::Mount>, PathBuf, Option<u32>)> {
     let mut tables = vec![(
-        std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+        host::mountinfo::table(None).unwrap_or_default(),
         PathBuf::from("/"),
         None,
     )];
@@ -814,8 +784,8 @@ fn mount_tables() -> Vec<(String, PathBuf, Option<u32>)> {
         if !seen.insert(ns) {
             continue;
         }
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
-            tables.push((text, PathBuf::from(format!("/proc/{pid}/root")), Some(pid)));
+        if let Ok(table) = host::mountinfo::table(Some(pid)) {
+            tables.push((table, PathBuf::from(format!("/proc/{pid}/root")), Some(pid)));
         }
     }
     tables
@@ -827,24 +797,16 @@ fn mount_tables() -> Vec<(String, PathBuf, Option<u32>)> {
 /// A path it shows relative (as given to mount) is resolved from here in our own
 /// namespace only.
 fn in_use_by_overlayfs(ours: &[(&str, &Path, Vec<Id>)]) -> io::Result<()> {
-    for (info, root, pid) in mount_tables() {
-        for line in info.lines() {
-            let Some((_, after)) = line.split_once(" - ") else {
-                continue;
-            };
-            let f: Vec<&str> = after.split(' ').collect();
-            if f.first() != Some(&"overlay") {
-                continue;
-            }
-            let point = line.split(' ').nth(4).map(unescape).unwrap_or_default();
-            for opt in f.get(2).copied().unwrap_or("").split(',') {
-                let Some((key, value)) = opt.split_once('=') else {
+    for (table, root, pid) in mount_tables() {
+        for mount in table.iter().filter(|m| m.fs_type == "overlay") {
+            let point = &mount.point;
+            for (key, value) in mount.options() {
+                let (Some(key), Some(value)) = (key.to_str(), value) else {
                     continue;
                 };
                 if key != "upperdir" && key != "workdir" {
                     continue;
                 }
-                let value = unescape(value);
                 let resolved = match value.strip_prefix("/") {
                     Ok(rel) => root.join(rel),
                     Err(_) if pid.is_none() => value,

@@ -57,15 +57,10 @@ fn fs_type_name(dir: rustix::fd::BorrowedFd<'_>) -> Option<String> {
         rustix::fs::StatxFlags::MNT_ID,
     )
     .ok()?;
-    let id = sx.stx_mnt_id.to_string();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let line = info
-        .lines()
-        .find(|l| l.split(' ').next() == Some(id.as_str()))?;
-    let after = line.split(" - ").nth(1)?;
-    let fstype = after.split(' ').next()?;
+    let table = host::mountinfo::table(None).ok()?;
+    let mount = table.iter().find(|m| m.id == sx.stx_mnt_id)?;
     // A FUSE filesystem's subtype is not part of the kernel's name for it.
-    Some(fstype.split('.').next().unwrap_or(fstype).to_string())
+    Some(mount.fs_name().to_string())
 }
 
 /// The filesystem's uuid as the kernel holds it (`FS_IOC_GETFSUUID`, Linux 6.5+).

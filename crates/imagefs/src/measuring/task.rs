@@ -81,46 +81,16 @@ fn pidfd_ids(fd: &rustix::fd::OwnedFd) -> Option<TaskIds> {
 }
 
 fn task_ids_proc(pid: u32) -> TaskIds {
-    let gone = TaskIds {
-        uid: u32::MAX,
-        euid: u32::MAX,
-        suid: u32::MAX,
-        gid: u32::MAX,
-        egid: u32::MAX,
-        sgid: u32::MAX,
-        cap_setuid: false,
-        cap_setgid: false,
-    };
-    // One read into a stack buffer: this runs on the open path.
-    let mut buf = [0u8; 8192];
-    let Ok(n) = rustix::fs::open(
-        format!("/proc/{pid}/status").as_str(),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .and_then(|f| rustix::io::read(&f, &mut buf)) else {
-        return gone;
-    };
-    let Ok(status) = std::str::from_utf8(&buf[..n]) else {
-        return gone;
-    };
-    let mut t = gone;
-    for line in status.lines() {
-        let (key, rest) = line.split_once(':').unwrap_or((line, ""));
-        let ids: Vec<u32> = rest
-            .split_whitespace()
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        match (key, ids.as_slice()) {
-            ("Uid", [r, e, s, ..]) => (t.uid, t.euid, t.suid) = (*r, *e, *s),
-            ("Gid", [r, e, s, ..]) => (t.gid, t.egid, t.sgid) = (*r, *e, *s),
-            ("CapEff", _) => {
-                let caps = u64::from_str_radix(rest.trim(), 16).unwrap_or(0);
-                t.cap_setgid = caps & (1 << 6) != 0;
-                t.cap_setuid = caps & (1 << 7) != 0;
-            }
-            _ => {}
-        }
+    // A task gone has ids no rule names.
+    let s = host::status::of(pid).unwrap_or_default();
+    TaskIds {
+        uid: s.uid[0],
+        euid: s.uid[1],
+        suid: s.uid[2],
+        gid: s.gid[0],
+        egid: s.gid[1],
+        sgid: s.gid[2],
+        cap_setgid: s.cap_eff & (1 << 6) != 0,
+        cap_setuid: s.cap_eff & (1 << 7) != 0,
     }
-    t
 }

@@ -2,6 +2,7 @@
 //! opener is being killed.
 
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 
 /// How many bytes a measured open's hash reads between looks at whether to stop: at the
 /// 1-2 GB/s a hash runs, a few looks a second, each a read of two small /proc files.
@@ -80,8 +81,16 @@ impl MountWatch {
     /// Learns the mount's id, once.
     fn learn(&self) {
         self.id.get_or_init(|| {
-            let info = std::fs::read("/proc/self/mountinfo").ok()?;
-            served_mount_on(&info, &self.mountpoint)
+            let table = host::mountinfo::table(None).ok()?;
+            let point = std::ffi::OsStr::from_bytes(&self.mountpoint);
+            table
+                .iter()
+                .rev()
+                .find(|m| {
+                    let served = matches!(m.fs_name(), "fuse" | "erofs" | "overlay");
+                    served && m.point.as_os_str() == point
+                })
+                .map(|m| m.id)
         });
     }
 
@@ -89,55 +98,8 @@ impl MountWatch {
         let Some(Some(id)) = self.id.get() else {
             return false;
         };
-        std::fs::read("/proc/self/mountinfo").is_ok_and(|info| !mount_listed(&info, *id))
+        host::mountinfo::table(None).is_ok_and(|t| !t.iter().any(|m| m.id == *id))
     }
-}
-
-/// The id of the last (topmost) mount of a type verilay serves on `mountpoint` in a
-/// mountinfo text.
-fn served_mount_on(info: &[u8], mountpoint: &[u8]) -> Option<u64> {
-    info.split(|&b| b == b'\n')
-        .filter_map(|line| {
-            let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-            let sep = fields.iter().position(|f| *f == b"-")?;
-            let fstype = fields.get(sep + 1)?;
-            let served =
-                matches!(*fstype, b"fuse" | b"erofs" | b"overlay") || fstype.starts_with(b"fuse.");
-            (served && unescape(fields.get(4)?) == mountpoint)
-                .then(|| std::str::from_utf8(fields[0]).ok()?.parse().ok())
-                .flatten()
-        })
-        .next_back()
-}
-
-/// Whether mount `id` is in a mountinfo text.
-fn mount_listed(info: &[u8], id: u64) -> bool {
-    let id = id.to_string();
-    info.split(|&b| b == b'\n')
-        .any(|line| line.split(|&b| b == b' ').next() == Some(id.as_bytes()))
-}
-
-/// A mountinfo path with its octal escapes (`\040` for a space...) undone.
-fn unescape(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let octal = field
-            .get(i + 1..i + 4)
-            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
-                out.push(v as u8);
-                i += 4;
-            }
-            None => {
-                out.push(field[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// Whether task `pid` (a thread) has SIGKILL pending: it is being killed, by SIGKILL or
@@ -145,17 +107,8 @@ fn unescape(field: &[u8]) -> Vec<u8> {
 /// thread), and waits only for its request's answer; or it is gone (a killed opener
 /// does not wait for a fanotify answer). Pid 0 is an opener this daemon cannot see.
 fn being_killed(pid: u32) -> bool {
-    const SIGKILL_BIT: u64 = 1 << (9 - 1);
-    let status = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        Ok(status) => status,
-        Err(e) => return pid != 0 && e.kind() == io::ErrorKind::NotFound,
-    };
-    status.lines().any(|l| {
-        let pending = l
-            .strip_prefix("SigPnd:")
-            .or_else(|| l.strip_prefix("ShdPnd:"));
-        pending
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .is_some_and(|v| v & SIGKILL_BIT != 0)
-    })
+    match host::status::of(pid) {
+        Ok(status) => status.being_killed(),
+        Err(e) => pid != 0 && e.kind() == io::ErrorKind::NotFound,
+    }
 }

@@ -247,22 +247,14 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The mount table's entries at `path`: (filesystem type, ...) per /proc/self/mountinfo.
+/// The filesystem types of the mounts at `path`, bottom first.
 fn mounts_at(path: &Path) -> Vec<String> {
     let Ok(canon) = std::fs::canonicalize(path) else {
         return Vec::new();
     };
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|m| upper::unescape(m) == canon)
-        })
-        .filter_map(|l| {
-            let (_, after) = l.split_once(" - ")?;
-            Some(after.split(' ').next()?.to_string())
-        })
+    host::mountinfo::at(&canon)
+        .into_iter()
+        .map(|m| m.fs_type)
         .collect()
 }
 

@@ -411,25 +411,12 @@ fn read_reply(sock: &OwnedFd) -> std::io::Result<Vec<u8>> {
 /// `user_id=` in the mount table, root for the kernel engine's erofs or overlayfs (only
 /// root mounts them); `None` for any other mount.
 fn mount_owner(dev: Dev) -> Option<u32> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev));
-    info.lines().find_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        if mount.split(' ').nth(2)? != want {
-            return None;
-        }
-        let mut fs = fs.split(' ');
-        let fstype = fs.next()?;
-        if fstype == "erofs" || fstype == "overlay" {
-            return Some(0);
-        }
-        if !fstype.starts_with("fuse") {
-            return None;
-        }
-        let options = fs.nth(1)?;
-        options
-            .split(',')
-            .find_map(|o| o.strip_prefix("user_id="))
-            .and_then(|uid| uid.parse().ok())
-    })
+    let table = host::mountinfo::table(None).ok()?;
+    let mount = table.iter().find(|m| m.dev == want)?;
+    match mount.fs_name() {
+        "erofs" | "overlay" => Some(0),
+        "fuse" => mount.option("user_id")?.to_str()?.parse().ok(),
+        _ => None,
+    }
 }

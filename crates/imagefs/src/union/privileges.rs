@@ -40,13 +40,7 @@ fn in_group(caller: &Caller, gid: u32) -> bool {
     if caller.gid == gid {
         return true;
     }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", caller.pid)) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
+    host::status::of(caller.pid).is_ok_and(|s| s.groups.contains(&gid))
 }
 
 /// Whether `caller` may drop the set-id bits of a file owned by `uid` and `gid` with
