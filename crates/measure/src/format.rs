@@ -463,38 +463,19 @@ pub(crate) fn fields(data: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// Lowercase hex, as the kernel's `%02x`.
 pub fn to_hex(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    put_hex(&mut out, bytes);
-    String::from_utf8(out).expect("hex digits are ASCII")
+    hex::encode(bytes)
 }
 
-/// [`to_hex`], appended to `out`.
+/// [`to_hex`], appended to `out` (no string between: the lists' lines are built so).
 fn put_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for &b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 15)]);
-    }
+    let start = out.len();
+    out.resize(start + bytes.len() * 2, 0);
+    hex::encode_to_slice(bytes, &mut out[start..]).expect("room for two digits a byte");
 }
 
 /// Hex (either case) to bytes; `None` for odd lengths or other characters.
 pub fn from_hex(s: &[u8]) -> Option<Vec<u8>> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let pairs = s.chunks_exact(2);
-    if !pairs.remainder().is_empty() {
-        return None;
-    }
-    pairs
-        .map(|p| Some((nibble(p[0])? << 4) | nibble(p[1])?))
-        .collect()
+    hex::decode(s).ok()
 }
 
 /// The two PCR banks, all 24 registers each.

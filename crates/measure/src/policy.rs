@@ -949,14 +949,15 @@ fn parse_hex(s: &str) -> Result<u64, &'static str> {
 
 /// A uuid as policies write it (`uuid_parse`'s form): 8-4-4-4-12 lowercase hex digits.
 pub fn uuid_text(u: &[u8; 16]) -> String {
-    let mut s = String::with_capacity(36);
-    for (i, b) in u.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    let h = hex::encode(u);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 /// `uuid_parse`: 8-4-4-4-12 hex digits, either case, bytes in text order.

@@ -666,5 +666,5 @@ impl<S: ByteSource> VerifiedSource<S> {
 }
 
 pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex::encode(b)
 }

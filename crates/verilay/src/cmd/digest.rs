@@ -54,7 +54,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             std::fs::write(out, Descriptor::new(&params, size, &tree.root).bytes)
                 .with_context(|| out.display().to_string())?;
         }
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(digest);
         if a.compact {
             outln!("{hex}");
         } else {

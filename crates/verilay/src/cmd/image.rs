@@ -349,8 +349,7 @@ pub fn show_bytes(v: &[u8]) -> String {
     if !v.is_empty() && v.iter().all(|&b| (0x20..0x7f).contains(&b)) {
         format!("{:?}", String::from_utf8_lossy(v))
     } else {
-        let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
-        format!("0x{hex}")
+        format!("0x{}", hex::encode(v))
     }
 }
 
