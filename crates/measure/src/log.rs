@@ -270,6 +270,23 @@ struct Files {
     next: u64,
 }
 
+/// Entries taken from a shared log, to be written with its lock free
+/// (`Log::flush_shared`).
+struct Taken {
+    batch: Option<Batch>,
+    files: Arc<Writer>,
+    broken: Arc<AtomicBool>,
+}
+
+impl Taken {
+    fn write(self) -> Result<(), LogError> {
+        match self.batch {
+            Some(b) => self.files.write(b, &self.broken),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Entries taken from the log, with the count and PCRs as they stand after them (the
 /// files' text is made by the writer, with the log free).
 struct Batch {
@@ -633,17 +650,17 @@ impl Log {
     /// `flush` for a log shared behind a mutex: the entries are taken with it held, and
     /// written with it free, so appends never wait for the files.
     pub fn flush_shared(log: &Mutex<Log>) -> Result<(), LogError> {
-        let (batch, files, broken) = {
-            let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
-            (l.take_batch()?, l.files.clone(), l.broken.clone())
-        };
-        // The unit test widens the gap in which another thread can take the next batch.
-        #[cfg(test)]
-        std::thread::sleep(std::time::Duration::from_micros(20));
-        match batch {
-            Some(b) => files.write(b, &broken),
-            None => Ok(()),
-        }
+        Log::take_shared(log)?.write()
+    }
+
+    /// `flush_shared`'s first half, under the lock: the pending entries and where they go.
+    fn take_shared(log: &Mutex<Log>) -> Result<Taken, LogError> {
+        let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Taken {
+            batch: l.take_batch()?,
+            files: l.files.clone(),
+            broken: l.broken.clone(),
+        })
     }
 
     fn check(&self) -> Result<(), LogError> {
@@ -1115,7 +1132,11 @@ mod tests {
                 std::thread::spawn(move || {
                     while !done.load(Ordering::Acquire) {
                         if w == 0 {
-                            Log::flush_shared(&log).unwrap();
+                            // Taken, then written a moment later: the gap in which the
+                            // other writer can take the next batch, made wide.
+                            let taken = Log::take_shared(&log).unwrap();
+                            std::thread::sleep(std::time::Duration::from_micros(20));
+                            taken.write().unwrap();
                         } else {
                             log.lock().unwrap().flush().unwrap();
                         }
