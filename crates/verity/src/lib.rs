@@ -1,8 +1,15 @@
 //! fs-verity in userspace: the Merkle tree, the descriptor and the file digest, computed
 //! exactly as `fs/verity/` and fsverity-utils do (see `docs/FORMAT.md` for the layout).
 //!
-//! One concern per module, as in the kernel: `alg` (hash algorithms), `tree` (building the
-//! Merkle tree), `descriptor` (the 256-byte descriptor whose hash is the file digest).
+//! One concern per module:
+//! - `alg`: the hash algorithms.
+//! - `tree`: building the Merkle tree; `stream`: a digest from level-0 hashes in order,
+//!   in memory bounded by the tree's height.
+//! - `descriptor`: the 256-byte descriptor whose hash is the file digest.
+//! - `appended`: the verity section appended to an image (tree, descriptor, trailer).
+//! - `source`: where bytes come from (`ByteSource`: exact ranges of a file or buffer).
+//! - `verified`: the verified block source, every byte returned checked against a
+//!   pinned Merkle tree.
 
 pub mod alg;
 pub mod appended;
