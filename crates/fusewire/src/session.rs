@@ -38,6 +38,30 @@ pub enum Transport {
     Auto,
 }
 
+impl Transport {
+    /// Each transport's name, as options (`transport=`) and flags spell it.
+    pub const NAMES: [(&'static str, Transport); 3] = [
+        ("auto", Transport::Auto),
+        ("uring", Transport::Uring),
+        ("dev", Transport::Dev),
+    ];
+
+    pub fn parse(name: &str) -> Result<Transport, String> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| format!("{name:?}: not one of auto, uring, dev"))
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, t)| *t == self)
+            .map_or("auto", |(n, _)| n)
+    }
+}
+
 /// The transport a session serves with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Chosen {

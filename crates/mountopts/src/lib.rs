@@ -47,39 +47,8 @@ pub enum Atime {
     Strict,
 }
 
-/// How FUSE requests reach the daemon (`transport=`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    /// FUSE over io_uring when the kernel offers it, else /dev/fuse.
-    Auto,
-    /// FUSE over io_uring, or no mount.
-    Uring,
-    /// read(2) and write(2) on /dev/fuse.
-    Dev,
-}
-
-impl Transport {
-    pub const NAMES: [(&'static str, Transport); 3] = [
-        ("auto", Transport::Auto),
-        ("uring", Transport::Uring),
-        ("dev", Transport::Dev),
-    ];
-
-    pub fn parse(name: &str) -> Result<Transport, String> {
-        Self::NAMES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| format!("{name:?}: not one of auto, uring, dev"))
-    }
-
-    pub fn name(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(_, t)| *t == self)
-            .map_or("auto", |(n, _)| n)
-    }
-}
+/// How FUSE requests reach the daemon (`transport=`): the session's own type.
+pub use fusewire::Transport;
 
 /// What serves a mount (`engine=`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -123,11 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // root's credentials) or fill its memory with names.
         access: plan::Access::Owner,
         threads: layerstore::STORE_THREADS,
-        transport: match a.transport.unwrap_or(Transport::Auto) {
-            Transport::Auto => plan::Transport::Auto,
-            Transport::Uring => plan::Transport::Uring,
-            Transport::Dev => plan::Transport::Dev,
-        },
+        transport: a.transport.unwrap_or(Transport::Auto),
         poll: None,
         as_root,
         timeout: Duration::from_secs(a.timeout.max(1)),

@@ -222,11 +222,7 @@ impl Settings {
             },
             access,
             threads: self.threads(),
-            transport: match self.opts.transport.unwrap_or(Transport::Auto) {
-                Transport::Auto => plan::Transport::Auto,
-                Transport::Uring => plan::Transport::Uring,
-                Transport::Dev => plan::Transport::Dev,
-            },
+            transport: self.opts.transport.unwrap_or(Transport::Auto),
             poll: self.opts.poll_us.map(Duration::from_micros),
             as_root: self.root,
             timeout,
