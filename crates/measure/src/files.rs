@@ -85,22 +85,13 @@ fn nofollow_error(e: rustix::io::Errno) -> OpenError {
 }
 
 /// An open refused or failed: the refusal or the system's error, for one message.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    #[error("{0}")]
     Io(io::Error),
+    #[error("{0}")]
     Refused(Refusal),
 }
-
-impl std::fmt::Display for OpenError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpenError::Io(e) => write!(f, "{e}"),
-            OpenError::Refused(why) => f.write_str(why),
-        }
-    }
-}
-
-impl std::error::Error for OpenError {}
 
 impl From<io::Error> for OpenError {
     fn from(e: io::Error) -> Self {

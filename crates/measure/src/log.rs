@@ -65,51 +65,34 @@ use std::sync::{Arc, Condvar, Mutex};
 /// unmounted is still closing its list) before it refuses.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// A file in the list directory could not be read or written.
+    #[error("{}: {err}", path.display())]
     Io { path: PathBuf, err: io::Error },
     /// A file in the list directory is not one to use (a symlink, not a regular file,
     /// writable by someone else).
+    #[error("{}: {why}", path.display())]
     Refused { path: PathBuf, why: String },
     /// The list already in the directory does not verify, so it is not continued.
+    #[error("not continuing the measurement list in {}: {err}", dir.display())]
     Corrupt { dir: PathBuf, err: Box<VerifyError> },
     /// Another writer holds the list.
+    #[error(
+        "the measurement list in {} is in use by another writer ({holder}); two mounts cannot share a list",
+        dir.display()
+    )]
     InUse { dir: PathBuf, holder: String },
     /// The event cannot be logged.
+    #[error("cannot log measurement: {0}")]
     Invalid(String),
     /// An earlier append failed part-way; the files on disk may disagree.
+    #[error("an earlier write to the measurement list failed; it takes no more entries")]
     Broken,
     /// The list was closed; it takes no more entries.
+    #[error("the measurement list was closed")]
     Closed,
 }
-
-impl fmt::Display for LogError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LogError::Io { path, err } => write!(f, "{}: {err}", path.display()),
-            LogError::Refused { path, why } => write!(f, "{}: {why}", path.display()),
-            LogError::Corrupt { dir, err } => write!(
-                f,
-                "not continuing the measurement list in {}: {err}",
-                dir.display()
-            ),
-            LogError::InUse { dir, holder } => write!(
-                f,
-                "the measurement list in {} is in use by another writer ({holder}); two mounts cannot share a list",
-                dir.display()
-            ),
-            LogError::Invalid(why) => write!(f, "cannot log measurement: {why}"),
-            LogError::Broken => write!(
-                f,
-                "an earlier write to the measurement list failed; it takes no more entries"
-            ),
-            LogError::Closed => write!(f, "the measurement list was closed"),
-        }
-    }
-}
-
-impl std::error::Error for LogError {}
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     move |err| LogError::Io {
