@@ -2,7 +2,6 @@
 //! and what both then hold to ([`Negotiated`]).
 
 use crate::abi::{self, init};
-use std::fmt;
 
 /// What a filesystem asks of the kernel at INIT. Capabilities the kernel lacks are done
 /// without; [`Negotiated::granted`] says which were agreed.
@@ -76,34 +75,18 @@ impl Negotiated {
 }
 
 /// An INIT this crate cannot answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InitError {
     /// Not protocol 7, or older than 7.36.
+    #[error(
+        "the kernel speaks FUSE {major}.{minor}; 7.{} or later is needed",
+        abi::MIN_KERNEL_MINOR_VERSION
+    )]
     Version { major: u32, minor: u32 },
     /// The first request on /dev/fuse was not INIT.
+    #[error("the first request is {} ({opcode}), not INIT", abi::op_name(*.opcode))]
     NotInit { opcode: u32 },
 }
-
-impl fmt::Display for InitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InitError::Version { major, minor } => write!(
-                f,
-                "the kernel speaks FUSE {major}.{minor}; 7.{} or later is needed",
-                abi::MIN_KERNEL_MINOR_VERSION
-            ),
-            InitError::NotInit { opcode } => {
-                write!(
-                    f,
-                    "the first request is {} ({opcode}), not INIT",
-                    abi::op_name(*opcode)
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for InitError {}
 
 /// The kernel's INIT request, the filesystem's wants and whether the session asks for
 /// io_uring: the reply to write, and what holds from then on.

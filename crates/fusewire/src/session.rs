@@ -130,32 +130,20 @@ impl Default for Config {
 }
 
 /// Why a session did not start.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error("/dev/fuse: {0}")]
     Io(io::Error),
+    #[error("FUSE_INIT: {0}")]
     Init(InitError),
     /// `Transport::Uring` was asked for and the kernel did not take it.
+    #[error("FUSE over io_uring: {0}")]
     UringUnavailable(String),
     /// INIT was answered, but the worker threads (or their descriptors) could not all be
     /// made.
-    Workers {
-        count: usize,
-        error: io::Error,
-    },
+    #[error("starting {count} workers: {error}")]
+    Workers { count: usize, error: io::Error },
 }
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartError::Io(e) => write!(f, "/dev/fuse: {e}"),
-            StartError::Init(e) => write!(f, "FUSE_INIT: {e}"),
-            StartError::UringUnavailable(why) => write!(f, "FUSE over io_uring: {why}"),
-            StartError::Workers { count, error } => write!(f, "starting {count} workers: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for StartError {}
 
 impl From<io::Error> for StartError {
     fn from(e: io::Error) -> StartError {

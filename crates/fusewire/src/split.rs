@@ -2,7 +2,6 @@
 //! (fixed) argument and the rest, every length checked against the header's.
 
 use crate::abi::{self, InHeader};
-use std::fmt;
 use zerocopy::FromBytes;
 
 /// A request as a transport received it, before decoding.
@@ -16,54 +15,31 @@ pub struct Raw<'a> {
 }
 
 /// Why a buffer is not a request this crate serves.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// Fewer bytes than the header (or an argument) needs.
+    #[error("{what}: {have} bytes where {need} are needed")]
     Truncated {
         what: &'static str,
         need: usize,
         have: usize,
     },
     /// The header's length disagrees with what the transport received.
+    #[error("header says {header} bytes, {received} received")]
     Length { header: u32, received: usize },
     /// Bytes left after the last argument.
+    #[error("{}: {extra} bytes after the last argument", abi::op_name(*.opcode))]
     Trailing { opcode: u32, extra: usize },
     /// A name without its terminating NUL, or an empty one.
+    #[error("{}: a name without its NUL", abi::op_name(*.opcode))]
     BadName { opcode: u32 },
     /// An argument whose value the kernel never sends (a time's nanoseconds >= 1 s, ...).
+    #[error("{}: impossible {what}", abi::op_name(*.opcode))]
     BadValue { opcode: u32, what: &'static str },
     /// An opcode this crate does not decode (answered with ENOSYS).
+    #[error("opcode {opcode} is not served")]
     Unsupported { opcode: u32 },
 }
-
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DecodeError::Truncated { what, need, have } => {
-                write!(f, "{what}: {have} bytes where {need} are needed")
-            }
-            DecodeError::Length { header, received } => {
-                write!(f, "header says {header} bytes, {received} received")
-            }
-            DecodeError::Trailing { opcode, extra } => {
-                write!(
-                    f,
-                    "{}: {extra} bytes after the last argument",
-                    abi::op_name(*opcode)
-                )
-            }
-            DecodeError::BadName { opcode } => {
-                write!(f, "{}: a name without its NUL", abi::op_name(*opcode))
-            }
-            DecodeError::BadValue { opcode, what } => {
-                write!(f, "{}: impossible {what}", abi::op_name(*opcode))
-            }
-            DecodeError::Unsupported { opcode } => write!(f, "opcode {opcode} is not served"),
-        }
-    }
-}
-
-impl std::error::Error for DecodeError {}
 
 impl DecodeError {
     /// The errno the kernel gets for a request that cannot be decoded.
