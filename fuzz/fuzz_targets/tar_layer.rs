@@ -3,7 +3,7 @@
 //! importer refuses what the image cannot hold, so the builder never has to).
 #![no_main]
 
-use erofs::build::{build_tree, BuildOptions, Silent};
+use erofs::builder::{build_tree, BuildOptions, Silent};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

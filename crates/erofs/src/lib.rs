@@ -4,7 +4,7 @@
 //! Data flows one way: `build` turns a source tree into image bytes; `read` turns image
 //! bytes (from any [`read::ByteSource`]) back into inodes, directories, data and xattrs.
 
-pub mod build;
+pub mod builder;
 pub mod format;
 pub mod read;
 pub mod zformat;

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{is_root, skip_unless, Rng};
-use erofs::build::{build_tree, BuildOptions, Content, Kind, Node, Silent, Tree};
+use erofs::builder::{build_tree, BuildOptions, Content, Kind, Node, Silent, Tree};
 use erofs::read::{FileSource, Image};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

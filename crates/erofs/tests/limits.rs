@@ -1,7 +1,7 @@
 //! What the format cannot hold is refused by the builder with the path it concerns,
 //! never written truncated into a corrupt image.
 
-use erofs::build::{build_tree, BuildOptions, Content, Kind, Node, Silent, Tree};
+use erofs::builder::{build_tree, BuildOptions, Content, Kind, Node, Silent, Tree};
 use erofs::read::{fsck, FileSource, Image};
 
 fn node(kind: Kind, xattrs: Vec<(Vec<u8>, Vec<u8>)>) -> Node {

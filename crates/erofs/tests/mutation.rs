@@ -29,7 +29,7 @@ const CRAFTED_PER_KIND: usize = 20;
 /// prefixes, 4 KiB and 512 B blocks) and erofs-utils' mkfs.erofs (inline tails, 8-byte chunk
 /// indexes). The single place to change image sources.
 fn base_images() -> Vec<Vec<u8>> {
-    use erofs::build::{build_dir, BuildOptions, Silent};
+    use erofs::builder::{build_dir, BuildOptions, Silent};
     let tmp = TempDir::new("mutation");
     let tree = tmp.path().join("tree");
     std::fs::create_dir(&tree).unwrap();

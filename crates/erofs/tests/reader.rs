@@ -458,7 +458,7 @@ fn superblock_checksum_reproduces_mkfs_erofs() {
 /// inline tails, xattr name filters and long prefixes.
 #[test]
 fn builder_images_match_source_tree() {
-    use erofs::build::{build_dir, BuildOptions, Silent};
+    use erofs::builder::{build_dir, BuildOptions, Silent};
     let tmp = TempDir::new("builder");
     let tree = tmp.path().join("tree");
     fs::create_dir(&tree).unwrap();

@@ -35,14 +35,14 @@ pub fn rebuild(blob: &Path, work: &Path) -> Result<Result<Rebuilt, String>, Unfi
         Err(e) => return Ok(Err(format!("its blob is no layer verilay reads: {e}"))),
     };
     let path = work.join("rebuilt");
-    let opts = erofs::build::BuildOptions {
+    let opts = erofs::builder::BuildOptions {
         // Only the tree is compared: no seal, no compression.
         verity: false,
         ..Default::default()
     };
-    match erofs::build::build_tree(&tree, &opts, &path, &erofs::build::Silent) {
+    match erofs::builder::build_tree(&tree, &opts, &path, &erofs::builder::Silent) {
         Ok(_) => {}
-        Err(e @ erofs::build::Error::Io { .. }) => return Err(e.to_string()),
+        Err(e @ erofs::builder::Error::Io { .. }) => return Err(e.to_string()),
         Err(e) => return Ok(Err(format!("its files make no image: {e}"))),
     }
     drop(tree);
@@ -142,15 +142,15 @@ mod tests {
     /// The image `verilay convert` makes of a blob (sealed, compressed or not).
     fn convert(blob: &Path, work: &Path, name: &str, z: bool) -> (std::path::PathBuf, String) {
         let (tree, _) = tarlayer::read_layer(blob, work, TAR_MAX, &|_| {}).unwrap();
-        let opts = erofs::build::BuildOptions {
-            compression: z.then(|| erofs::build::compress::Settings {
+        let opts = erofs::builder::BuildOptions {
+            compression: z.then(|| erofs::builder::compress::Settings {
                 compression: "lz4hc".parse().unwrap(),
                 pcluster: 4096,
             }),
             ..Default::default()
         };
         let out = work.join(name);
-        let s = erofs::build::build_tree(&tree, &opts, &out, &erofs::build::Silent).unwrap();
+        let s = erofs::builder::build_tree(&tree, &opts, &out, &erofs::builder::Silent).unwrap();
         (
             out,
             format!("sha256:{}", verity::verified::hex(&s.digest.unwrap())),

@@ -28,7 +28,7 @@ mod pax;
 mod stream;
 mod tree;
 
-use erofs::build::{Content, Kind, Node, Tree};
+use erofs::builder::{Content, Kind, Node, Tree};
 use header::Header;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};

@@ -3,7 +3,7 @@
 //! overlayfs reads them in a lower layer.
 
 use crate::Stats;
-use erofs::build::{Kind, Node, NodeId, Tree};
+use erofs::builder::{Kind, Node, NodeId, Tree};
 use std::collections::{BTreeMap, HashMap};
 use upper::overlay::{OPAQUE, OPAQUE_XATTR, WHITEOUT_DEVICE};
 

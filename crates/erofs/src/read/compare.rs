@@ -275,7 +275,7 @@ impl<A: ByteSource, B: ByteSource> Walk<'_, A, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::{self, BuildOptions, Content, Kind, Node, Tree};
+    use crate::builder::{self, BuildOptions, Content, Kind, Node, Tree};
     use crate::read::FileSource;
 
     fn node(kind: Kind, perm: u16, size: u64) -> Node {
@@ -352,7 +352,7 @@ mod tests {
         name: &str,
     ) -> Image<FileSource> {
         let path = dir.join(name);
-        build::build_tree(t, opts, &path, &build::Silent).unwrap();
+        builder::build_tree(t, opts, &path, &builder::Silent).unwrap();
         Image::open(FileSource::open(&path).unwrap()).unwrap()
     }
 
@@ -390,7 +390,7 @@ mod tests {
             inline_data: false,
             verity: false,
             build_time: 12345,
-            compression: Some(build::compress::Settings {
+            compression: Some(builder::compress::Settings {
                 compression: "lz4hc".parse().unwrap(),
                 pcluster: 16384,
             }),

@@ -2,7 +2,7 @@
 
 use crate::progress;
 use anyhow::{bail, Context};
-use erofs::build::{self, BuildOptions, Overrides};
+use erofs::builder::{self, BuildOptions, Overrides};
 use indicatif::ProgressBar;
 use regex::bytes::Regex;
 use std::path::PathBuf;
@@ -90,7 +90,7 @@ pub struct Args {
 /// A build's progress on a bar.
 pub(crate) struct Bar(pub(crate) ProgressBar);
 
-impl build::Progress for Bar {
+impl builder::Progress for Bar {
     fn scanned(&self, entries: u64) {
         self.0.set_position(entries);
     }
@@ -209,15 +209,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             _ => std::path::Path::new("."),
         };
         let (mut tree, stats) = tarlayer::read_layer(&a.src, spill_dir, u64::MAX, &|n| {
-            build::Progress::scanned(&bar, n)
+            builder::Progress::scanned(&bar, n)
         })
         .with_context(building)?;
-        build::apply_overrides(&mut tree, &opts.overrides);
-        let mut s = build::build_tree(&tree, &opts, &a.output, &bar).with_context(building)?;
+        builder::apply_overrides(&mut tree, &opts.overrides);
+        let mut s = builder::build_tree(&tree, &opts, &a.output, &bar).with_context(building)?;
         s.skipped_xattrs = stats.skipped_xattrs;
         s
     } else {
-        build::build_dir(&a.src, &exclude, &opts, &a.output, &bar).with_context(building)?
+        builder::build_dir(&a.src, &exclude, &opts, &a.output, &bar).with_context(building)?
     };
     bar.0.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
@@ -301,7 +301,7 @@ pub(crate) struct CompressArgs {
 
 impl CompressArgs {
     /// The settings for images of `bs`-byte blocks; the error is a usage error's line.
-    pub(crate) fn settings(&self, bs: u32) -> Result<Option<build::compress::Settings>, String> {
+    pub(crate) fn settings(&self, bs: u32) -> Result<Option<builder::compress::Settings>, String> {
         compression_settings(self.compress.as_deref(), self.pcluster_size.as_deref(), bs)
     }
 }
@@ -310,7 +310,7 @@ fn compression_settings(
     compress: Option<&str>,
     pcluster_size: Option<&str>,
     bs: u32,
-) -> Result<Option<build::compress::Settings>, String> {
+) -> Result<Option<builder::compress::Settings>, String> {
     let Some(z) = compress else {
         return match pcluster_size {
             Some(_) => Err("-C (--pcluster-size) needs -z (--compress)".into()),
@@ -332,14 +332,14 @@ fn compression_settings(
             p
         }
     };
-    Ok(Some(build::compress::Settings {
+    Ok(Some(builder::compress::Settings {
         compression,
         pcluster,
     }))
 }
 
 /// Content bytes per image byte: how much smaller the image is than what it holds.
-fn ratio(s: &build::Summary) -> f64 {
+fn ratio(s: &builder::Summary) -> f64 {
     s.bytes_in as f64 / s.erofs_bytes.max(1) as f64
 }
 

@@ -14,7 +14,7 @@ use super::build::{Bar, CompressArgs};
 use super::registry::{reference, Remote};
 use crate::progress;
 use anyhow::{bail, Context};
-use erofs::build::{self, BuildOptions};
+use erofs::builder::{self, BuildOptions};
 use oci::artifact::Descriptor;
 use oci::conversion::{self, ConvertedLayer, CONVERSION_TYPE};
 use oci::image::{self, Parsed};
@@ -292,9 +292,9 @@ impl Converter<'_> {
             })
             .with_context(|| format!("{what} (--max-layer-size raises the limit)"))?;
         std::fs::remove_file(&blob_path)?;
-        build::apply_overrides(&mut tree, &self.opts.overrides);
+        builder::apply_overrides(&mut tree, &self.opts.overrides);
         let image_path = self.work.path().join("image");
-        let summary = build::build_tree(&tree, &self.opts, &image_path, &Bar(pb.clone()))
+        let summary = builder::build_tree(&tree, &self.opts, &image_path, &Bar(pb.clone()))
             .with_context(|| format!("{what}: building"))?;
         drop(tree);
         let image_digest = summary

@@ -4,7 +4,7 @@
 
 use crate::common::*;
 use crate::Seed;
-use erofs::build::{Kind, Node, Tree};
+use erofs::builder::{Kind, Node, Tree};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;

@@ -714,7 +714,7 @@ fn a_directory_under_two_parents_is_eio_at_the_second() {
 /// Built from an in-memory tree: a directory tree this deep has paths longer than
 /// PATH_MAX, which `verilay build` cannot scan.
 fn deep_image(image: &Path, depth: usize) {
-    use erofs::build::{Content, Kind, Node, Tree};
+    use erofs::builder::{Content, Kind, Node, Tree};
     let node = |kind, size| Node {
         kind,
         perm: 0o755,
@@ -750,11 +750,11 @@ fn deep_image(image: &Path, depth: usize) {
     if let Kind::Directory { children } = &mut tree.nodes[at].kind {
         children.push((b"f".to_vec(), f));
     }
-    erofs::build::build_tree(
+    erofs::builder::build_tree(
         &tree,
-        &erofs::build::BuildOptions::default(),
+        &erofs::builder::BuildOptions::default(),
         image,
-        &erofs::build::Silent,
+        &erofs::builder::Silent,
     )
     .unwrap();
 }

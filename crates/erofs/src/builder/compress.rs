@@ -868,7 +868,7 @@ mod tests {
 
     #[test]
     fn mostly_hole_files_are_not_read_to_be_compressed() {
-        use crate::build::tree::Node;
+        use crate::builder::tree::Node;
         // 1 TiB with one block of text at its end: reading it whole to compress its
         // zeros would take minutes; it stays chunk-based. A half-data file is read.
         let dir = tempfile::tempdir().unwrap();
