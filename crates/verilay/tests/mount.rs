@@ -473,6 +473,41 @@ fn mount8(cmd: &mut Command) {
     );
 }
 
+/// A daemon told to stop (SIGTERM) as soon as its mount appears, before it is done
+/// setting up, still takes the mount with it: signals are caught from before the mount
+/// exists (their default action would leave a dead mount behind), on both engines.
+#[test]
+fn sigterm_as_the_mount_appears_leaves_no_mount() {
+    if prerequisites() {
+        return;
+    }
+    let (t, _src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"x").unwrap());
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let canon = std::fs::canonicalize(&mnt).unwrap();
+    for engine in ["fuse", "kernel"] {
+        for _ in 0..5 {
+            let mut daemon = verilay()
+                .arg("mount")
+                .arg(&image)
+                .arg(&mnt)
+                .args(["--foreground", "--engine", engine])
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            wait_until(
+                std::time::Duration::from_secs(20),
+                "the mount to appear",
+                || mount_type(&canon).is_some(),
+            );
+            let pid = rustix::process::Pid::from_raw(daemon.id() as i32).unwrap();
+            rustix::process::kill_process(pid, rustix::process::Signal::Term).unwrap();
+            daemon.wait().unwrap();
+            assert_eq!(mount_type(&canon), None, "{engine}: a mount left behind");
+        }
+    }
+}
+
 #[test]
 fn mount_helper_fstab_style_and_sigterm() {
     if prerequisites() {

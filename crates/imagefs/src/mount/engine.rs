@@ -58,6 +58,8 @@ impl Plan {
         let count = files.len();
         // The kernel's erofs parses what it mounts: only metadata verilay's own checks
         // accept reaches it (a hostile but validly pinned image is refused here).
+        // Caught from here on: a signal during the set-up is acted on once it is done.
+        let signals = super::caught_signals()?;
         report.step("check the images' metadata");
         files.check_metadata()?;
         report.step("make the private directory for the image files");
@@ -146,8 +148,8 @@ impl Plan {
         // The mount is open to every user the files' modes admit, as erofs is.
         let stats = super::with_engine(session.add_to_stats(stats), "kernel", &self.engine_why);
         let _stats = super::stats::Channel::start(&self.mountpoint, Access::All, stats)?;
-        report.step("install signal handlers");
-        self.unmount_on_signals(fuse_dev)?;
+        report.step("act on signals");
+        self.unmount_on_signals(signals, fuse_dev);
         mounted.0.clear();
         report.ready(&session.transport().to_string());
         // Returns when the kernel has let go of the image files.

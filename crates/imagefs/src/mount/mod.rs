@@ -24,6 +24,7 @@ use crate::ops::Ops;
 use anyhow::Context;
 /// How long serving threads look for the next request unless told (`Plan::poll`).
 pub use mountopts::Atime;
+use signal_hook::iterator::Signals;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -101,6 +102,16 @@ pub const SIGNAL_GRACE: Duration = Duration::from_secs(10);
 /// How long after aborting the connection the daemon waits for its session to end.
 pub const ABORT_GRACE: Duration = Duration::from_secs(5);
 
+/// SIGTERM, SIGINT and SIGHUP, caught (each kept until taken) from the moment this returns.
+fn caught_signals() -> anyhow::Result<Signals> {
+    Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("installing signal handlers")
+}
+
 impl Plan {
     /// Mounts `fs` as planned and serves it until it is unmounted (by us on SIGTERM,
     /// SIGINT or SIGHUP, or by anyone). `report` hears of each step, and that the mount
@@ -112,6 +123,9 @@ impl Plan {
         mounted: Option<Mounted<'_>>,
     ) -> anyhow::Result<()> {
         let mp = &self.mountpoint;
+        // Caught from before the mount exists: a signal while it is being set up is
+        // acted on once it is (else its default action would leave the mount behind).
+        let signals = caught_signals()?;
         report.step("mount");
         let (fd, guard) =
             kernel::mount(self).with_context(|| format!("mounting on {}", mp.display()))?;
@@ -140,10 +154,10 @@ impl Plan {
         report.step("listen for verilay stats");
         let stats = with_engine(session.add_to_stats(stats), "fuse", &self.engine_why);
         let _stats = stats::Channel::start(mp, self.access, stats)?;
-        report.step("install signal handlers");
+        report.step("act on signals");
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(mp).context("the new mount")?.dev();
-        self.unmount_on_signals(dev)?;
+        self.unmount_on_signals(signals, dev);
         // Serving: from here on the mount is the user's to unmount.
         guard.keep();
         report.ready(&session.transport().to_string());
@@ -156,13 +170,7 @@ impl Plan {
     /// open, a reader waiting on a registry): the connection is aborted, so every waiting
     /// and later request fails with ENOTCONN, and if the session still has not ended
     /// [`ABORT_GRACE`] after that, the daemon exits. `dev` is the mount's device.
-    fn unmount_on_signals(&self, dev: u64) -> anyhow::Result<()> {
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGHUP,
-        ])
-        .context("installing signal handlers")?;
+    fn unmount_on_signals(&self, mut signals: Signals, dev: u64) {
         let mountpoint = self.mountpoint.clone();
         std::thread::spawn(move || {
             let Some(signal) = signals.forever().next() else {
@@ -182,6 +190,5 @@ impl Plan {
             eprintln!("verilay: {name}: the session did not end: exiting");
             std::process::exit(1);
         });
-        Ok(())
     }
 }
