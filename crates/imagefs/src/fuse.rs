@@ -51,6 +51,7 @@ fn wire_wants(w: &ops::Wants) -> fusewire::Wants {
         // Registering a backing file needs CAP_SYS_ADMIN.
         (w.passthrough, init::PASSTHROUGH),
         (w.kills_privileges, init::HANDLE_KILLPRIV_V2),
+        (w.async_dio, init::ASYNC_DIO),
     ] {
         if on {
             flags |= flag;

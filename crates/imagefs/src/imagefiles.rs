@@ -212,6 +212,7 @@ impl Ops for ImageFiles {
             passthrough: false,
             kills_privileges: false,
             background: Some((64, 48)),
+            async_dio: true,
         }
     }
 

@@ -71,6 +71,10 @@ pub struct Wants {
     /// The kernel's background queue and congestion threshold (read-only: 64 and 48;
     /// a writable mount keeps the kernel's defaults).
     pub background: Option<(u16, u16)>,
+    /// An asynchronous direct read (erofs reading the kernel engine's image files) left
+    /// in flight while the reader goes on (FUSE_ASYNC_DIO): its next reads can be served
+    /// at once, on other workers.
+    pub async_dio: bool,
 }
 
 /// What the kernel agreed to at INIT, of what [`Wants`] asked.

@@ -203,6 +203,7 @@ impl<R: Resolver> Ops for StoreFs<R> {
             passthrough: false,
             kills_privileges: false,
             background: None,
+            async_dio: false,
         }
     }
 

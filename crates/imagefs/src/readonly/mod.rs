@@ -292,6 +292,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             passthrough: false,
             kills_privileges: false,
             background: Some((64, 48)),
+            async_dio: false,
         }
     }
 

@@ -235,6 +235,7 @@ impl<S: ByteSource + 'static> Ops for UnionFs<S> {
             // `security.capability` on every write.
             kills_privileges: true,
             background: None,
+            async_dio: false,
         }
     }
 
