@@ -193,10 +193,6 @@ impl Front {
         } else {
             Spare::IfExact
         };
-        let opens = match writable {
-            true => Some(self.opens(fd, shown, flags)?),
-            false => None,
-        };
         if writer {
             // Whatever was kept of the file's content is no longer sure.
             self.setup.measuring.changed(ContentKey::Upper {
@@ -204,10 +200,7 @@ impl Front {
                 ino: shown.1,
             });
         }
-        let allow = self.measure(event, &what, flags, &st, opens.as_ref(), &path)?;
-        if let Some(o) = &opens {
-            self.keep_bits(shown, o);
-        }
+        let allow = self.measure(event, &what, flags, &st, &path)?;
         Ok((allow, spare))
     }
 
@@ -246,16 +239,24 @@ impl Front {
     }
 
     /// Measures the open (with `flags`) of the file `what` says, whose descriptor and
-    /// status the event gave: allowed, or refused when the measurement failed.
+    /// status the event gave: allowed, or refused when the measurement failed. How a
+    /// writable mount's file is open is asked of the kernel only for an open that can
+    /// be measured or record ToMToU.
     fn measure(
         &self,
         event: &Event,
         what: &What,
         flags: i32,
         st: &rustix::fs::Stat,
-        opens: Option<&Opens>,
         path: &dyn Fn() -> io::Result<std::path::PathBuf>,
     ) -> io::Result<bool> {
+        let shown = (st.st_dev, st.st_ino);
+        let opens = || -> io::Result<Option<Opens>> {
+            match self.upper.is_some() {
+                true => Ok(Some(self.opens(event.file(), shown, flags)?)),
+                false => Ok(None),
+            }
+        };
         let exec = flags & super::engine::FMODE_EXEC != 0;
         let fs = match what {
             What::Image { layer, .. } => &self.setup.layers[*layer],
@@ -266,12 +267,21 @@ impl Front {
         if !self.setup.measuring.may_measure_open(fs, exec) {
             // No rule can measure this kind of open of this layer's files; a write open
             // still records ToMToU for measured readers the file has.
-            if let Some(o) = opens.filter(|_| super::writes(flags)) {
-                let p = || lossy(path());
-                return Ok(self.setup.write_opened(o, p, &self.log, &self.name).is_ok());
+            if !super::writes(flags) {
+                return Ok(true);
             }
-            return Ok(true);
+            let Some(o) = opens()? else {
+                return Ok(true);
+            };
+            let p = || lossy(path());
+            let allowed = self
+                .setup
+                .write_opened(&o, p, &self.log, &self.name)
+                .is_ok();
+            self.keep_bits(shown, &o);
+            return Ok(allowed);
         }
+        let opens = opens()?;
         let image;
         let upper;
         let (content, key, cookie): (&dyn super::Content, _, _) = match what {
@@ -310,12 +320,16 @@ impl Front {
             fs,
             key,
             cookie,
-            opens,
+            opens: opens.as_ref(),
         };
-        Ok(self
+        let allowed = self
             .setup
             .measure(&opening, content, &self.log, &self.name)
-            .is_ok())
+            .is_ok();
+        if let Some(o) = &opens {
+            self.keep_bits(shown, o);
+        }
+        Ok(allowed)
     }
 
     /// Whose file the mount shows with status `st` (at `path`): an image layer's, or (a
