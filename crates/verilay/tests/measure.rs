@@ -507,7 +507,8 @@ fn a_copied_up_file_forged_to_look_pristine_is_measured_by_its_bytes() {
     // Copied up by a chmod: the upper file names its origin, the image's /a.
     let m = mount_measured(&image, Some(&d), &mnt, &policy, &log, &kernel);
     sh_ok(&format!("chmod 600 {}/a", mnt.display()));
-    drop(m);
+    // Not lazily: the daemon holds the upper filesystem until it exits.
+    m.now();
     let shown: serde_json::Value = serde_json::from_slice(
         &run(verilay().args(["inspect", "--json"]).arg(&image).arg("/a")).stdout,
     )

@@ -309,10 +309,24 @@ impl Unmount {
             fuse: false,
         }
     }
+
+    /// Unmounts now, not lazily: a verilay mount's `umount` returns once its daemon has
+    /// exited, so nothing of it still holds the filesystems under the mount.
+    pub fn now(mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        if self.fuse {
+            run(verilay().arg("umount").arg(&dir));
+        } else {
+            run(Command::new("umount").arg(&dir));
+        }
+    }
 }
 
 impl Drop for Unmount {
     fn drop(&mut self) {
+        if self.dir.as_os_str().is_empty() {
+            return; // unmounted by `now`
+        }
         let _ = if self.fuse {
             verilay().args(["umount", "--lazy"]).arg(&self.dir).status()
         } else {
