@@ -10,16 +10,18 @@ mod common;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use common::{fix_checksum, fix_mtimes, have_mkfs, make_tree, mkfs, Rng, TempDir};
 use erofs::format;
-use erofs::read::{exercise, fsck, Image};
+use erofs::read::{check_kernel_metadata, exercise, fsck, ByteSource, Image, LazyCheck};
 
 const DEADLINE: Duration = Duration::from_secs(5);
 const EXERCISE_BUDGET: u64 = 20_000;
+/// The walk through the lazy check goes everywhere in these small images.
+const LAZY_BUDGET: u64 = 1_000_000;
 /// Per base image. Tuned so the whole test stays well under 60 s in a debug build on 2 cores.
 const BIT_FLIPS: usize = 900;
 const FIELD_WRITES: usize = 450;
@@ -380,7 +382,8 @@ fn apply(base: &[u8], m: &Mutation) -> Vec<u8> {
 
 /// Opens and walks one mutant; returns whether it opened.
 fn run_one(bytes: Vec<u8>) -> bool {
-    let Ok(img) = Image::open(bytes) else {
+    let bytes: Arc<[u8]> = bytes.into();
+    let Ok(img) = Image::open(bytes.clone()) else {
         return false;
     };
     exercise(&img, EXERCISE_BUDGET);
@@ -388,7 +391,65 @@ fn run_one(bytes: Vec<u8>) -> bool {
     for p in &report.problems {
         assert!(!p.contains('\n'), "multi-line problem: {p}");
     }
+    lazy_check_agrees(&img, &bytes);
     true
+}
+
+/// An image's bytes as the kernel engine serves them: each read first passes the lazy
+/// check, and a refusal is an I/O error.
+struct Gated {
+    bytes: Arc<[u8]>,
+    lazy: LazyCheck<Arc<[u8]>>,
+    refused: AtomicBool,
+}
+
+impl ByteSource for Gated {
+    fn len(&self) -> u64 {
+        self.bytes.len()
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if let Err(why) = self.lazy.serve(offset, buf.len() as u64) {
+            self.refused.store(true, Ordering::Relaxed);
+            return Err(std::io::Error::other(why));
+        }
+        self.bytes.read_exact_at(buf, offset)
+    }
+}
+
+/// The lazy check finds a problem in an image walked through it (as the kernel would walk
+/// it, reading each structure's bytes first) exactly when the whole check of what the
+/// kernel parses does, but for what only a whole check can see (a file's link count
+/// against the entries naming it, the superblock's inode count).
+fn lazy_check_agrees(img: &Image<Arc<[u8]>>, bytes: &Arc<[u8]>) {
+    let whole: Vec<String> = check_kernel_metadata(img, 20)
+        .problems
+        .into_iter()
+        .filter(|p| {
+            !(p.contains(" entries point at nid")
+                || p.contains("superblock inos")
+                || p.starts_with("stopping after"))
+        })
+        .collect();
+    let found = match Image::open(bytes.clone()).map(LazyCheck::new) {
+        Err(_) => return,
+        Ok(Err(why)) => Some(why),
+        Ok(Ok(lazy)) => {
+            let gated = Gated {
+                bytes: bytes.clone(),
+                lazy,
+                refused: AtomicBool::new(false),
+            };
+            let walked = Image::open(&gated).map(|g| exercise(&g, LAZY_BUDGET));
+            (walked.is_err() || gated.refused.load(Ordering::Relaxed))
+                .then(|| "a read refused".to_string())
+        }
+    };
+    assert_eq!(
+        found.is_some(),
+        !whole.is_empty(),
+        "the lazy check found {found:?}, the whole check {whole:?}"
+    );
 }
 
 enum Msg {

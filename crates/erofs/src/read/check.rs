@@ -6,8 +6,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{ByteSource, Image, Inode};
+use super::{ByteSource, DirEntry, Image, Inode};
 use crate::format;
+
+mod lazy;
+pub use lazy::LazyCheck;
 
 /// Deepest directory nesting `fsck` descends into.
 const MAX_DEPTH: usize = 4096;
@@ -87,19 +90,12 @@ fn check<S: ByteSource>(
     read_data: bool,
     own_records: bool,
 ) -> FsckReport {
-    let len = img.image_len();
-    let mut f = Fsck {
+    let mut f = Fsck::new(
         img,
-        max: max_problems.max(1),
-        report: FsckReport::default(),
-        work: len / 2 + 100_000,
-        data_left: len.saturating_mul(4).saturating_add(1 << 20),
-        stopped: false,
-        namespaces: 0,
-        regular: Vec::new(),
+        max_problems,
         read_data,
-        decoded_left: len.saturating_mul(256).saturating_add(64 << 20),
-    };
+        Budget::for_image(img.image_len()),
+    );
     f.run();
     if own_records {
         f.check_namespaces();
@@ -108,11 +104,54 @@ fn check<S: ByteSource>(
     f.report
 }
 
+/// What a check of an image may still spend (see `Fsck`'s fields): about the image's
+/// size for an honest one, whether it is checked at once or a structure at a time.
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    work: u64,
+    data_left: u64,
+    decoded_left: u64,
+}
+
+impl Budget {
+    fn for_image(len: u64) -> Budget {
+        Budget {
+            work: len / 2 + 100_000,
+            data_left: len.saturating_mul(4).saturating_add(1 << 20),
+            decoded_left: len.saturating_mul(256).saturating_add(64 << 20),
+        }
+    }
+}
+
 fn path_str(p: &[u8]) -> String {
     String::from_utf8_lossy(p).into_owned()
 }
 
-impl<S: ByteSource> Fsck<'_, S> {
+impl<'a, S: ByteSource> Fsck<'a, S> {
+    fn new(img: &'a Image<S>, max_problems: usize, read_data: bool, budget: Budget) -> Self {
+        Fsck {
+            img,
+            max: max_problems.max(1),
+            report: FsckReport::default(),
+            work: budget.work,
+            data_left: budget.data_left,
+            stopped: false,
+            namespaces: 0,
+            regular: Vec::new(),
+            read_data,
+            decoded_left: budget.decoded_left,
+        }
+    }
+
+    /// What is left to spend.
+    fn budget(&self) -> Budget {
+        Budget {
+            work: self.work,
+            data_left: self.data_left,
+            decoded_left: self.decoded_left,
+        }
+    }
+
     fn problem(&mut self, what: String) {
         if self.stopped {
             return;
@@ -152,7 +191,6 @@ impl<S: ByteSource> Fsck<'_, S> {
     fn run(&mut self) {
         let img = self.img;
         let root = img.root_nid();
-        let bs = u64::from(img.block_size());
         let mut visited: HashSet<u64> = HashSet::from([root]);
         let mut nondirs: HashMap<u64, NonDir> = HashMap::new();
         // (nid, parent nid, path, depth)
@@ -170,103 +208,37 @@ impl<S: ByteSource> Fsck<'_, S> {
             };
             self.report.dirs += 1;
             self.check_xattrs(&dir, &path);
-            let mut seen_dot = false;
-            let mut seen_dotdot = false;
-            let mut subdirs: u64 = 0;
-            let iter = match img.readdir(&dir, 0) {
-                Ok(it) => it,
-                Err(e) => {
-                    self.problem(format!("{}: {e}", path_str(&path)));
-                    continue;
-                }
-            };
-            for ent in iter {
-                if self.stopped || !self.spend(1) {
-                    break;
-                }
-                let ent = match ent {
-                    Ok(e) => e,
-                    Err(e) => {
-                        self.problem(format!("{}: {e}", path_str(&path)));
-                        break;
-                    }
-                };
-                // Each new block was read and parsed whole: what it holds of the
-                // directory (a small one's entries sit inline, in a few bytes).
-                if ent.offset % bs == 0
-                    && !self.charge_bytes(bs.min(dir.size.saturating_sub(ent.offset)))
-                {
-                    break;
-                }
-                // readdir refuses repeated and unsorted names (the kernel binary-searches
-                // them), so each name here is new.
-                let shown = String::from_utf8_lossy(&ent.name).into_owned();
-                let want_dir = ent.file_type == format::FT_DIR;
-                if ent.name == b"." || ent.name == b".." {
-                    let dot = ent.name == b".";
-                    let target = if dot { nid } else { parent };
-                    if dot {
-                        seen_dot = true;
-                    } else {
-                        seen_dotdot = true;
-                    }
-                    if ent.nid != target {
-                        self.problem(format!(
-                            "{}: {shown:?} points to nid {} instead of {target} (nid {nid})",
-                            path_str(&path),
-                            ent.nid
-                        ));
-                    }
-                    if !want_dir {
-                        self.problem(format!(
-                            "{}: {shown:?} has dirent type {} instead of directory (nid {nid})",
-                            path_str(&path),
-                            ent.file_type
-                        ));
-                    }
-                    continue;
-                }
-                let child_path = super::child_path(&path, &ent.name);
+            self.check_dir(&dir, parent, &path, &mut |f, ent, child_path| {
                 if let Some(nd) = nondirs.get_mut(&ent.nid) {
                     nd.refs += 1;
                     if nd.file_type != ent.file_type {
                         let t = nd.file_type;
-                        self.problem(format!(
+                        f.problem(format!(
                             "{}: dirent type {} but inode {} has type {t}",
                             path_str(&child_path),
                             ent.file_type,
                             ent.nid
                         ));
                     }
-                    continue;
+                    return;
                 }
                 let child = match img.inode(ent.nid) {
                     Ok(c) => c,
                     Err(e) => {
-                        self.problem(format!("{}: {e}", path_str(&child_path)));
-                        continue;
+                        f.problem(format!("{}: {e}", path_str(&child_path)));
+                        return;
                     }
                 };
-                if child.file_type() != ent.file_type {
-                    self.problem(format!(
-                        "{}: dirent type {} but inode {} has type {} (mode {:#o})",
-                        path_str(&child_path),
-                        ent.file_type,
-                        child.nid,
-                        child.file_type(),
-                        child.mode
-                    ));
-                }
+                f.check_type(&child, ent.file_type, &child_path);
                 if child.is_dir() {
-                    subdirs += 1;
                     if !visited.insert(child.nid) {
-                        self.problem(format!(
+                        f.problem(format!(
                             "{}: directory nid {} is reachable twice (cycle or directory hardlink)",
                             path_str(&child_path),
                             child.nid
                         ));
                     } else if depth + 1 > MAX_DEPTH {
-                        self.problem(format!(
+                        f.problem(format!(
                             "{}: deeper than {MAX_DEPTH} levels",
                             path_str(&child_path)
                         ));
@@ -274,8 +246,8 @@ impl<S: ByteSource> Fsck<'_, S> {
                         stack.push((child.nid, nid, child_path, depth + 1));
                     }
                 } else {
-                    self.report.files += 1;
-                    self.check_file(&child, &child_path);
+                    f.report.files += 1;
+                    f.check_file(&child, &child_path);
                     nondirs.insert(
                         child.nid,
                         NonDir {
@@ -286,22 +258,7 @@ impl<S: ByteSource> Fsck<'_, S> {
                         },
                     );
                 }
-            }
-            if !seen_dot {
-                self.problem(format!("{}: no \".\" entry (nid {nid})", path_str(&path)));
-            }
-            if !seen_dotdot {
-                self.problem(format!("{}: no \"..\" entry (nid {nid})", path_str(&path)));
-            }
-            // nlink = 2 + subdirectories is what find(1)'s leaf optimisation relies on.
-            if u64::from(dir.nlink) != 2 + subdirs {
-                self.problem(format!(
-                    "{}: directory nlink {} but it has {subdirs} subdirectories (expected {}) (nid {nid})",
-                    path_str(&path),
-                    dir.nlink,
-                    2 + subdirs
-                ));
-            }
+            });
         }
         if self.stopped {
             self.report.inodes = (visited.len() + nondirs.len()) as u64;
@@ -325,6 +282,113 @@ impl<S: ByteSource> Fsck<'_, S> {
             self.problem(format!(
                 "warning: superblock inos {inos} but {} inodes are reachable from the root",
                 self.report.inodes
+            ));
+        }
+    }
+
+    /// One directory's own entries: "." is itself, ".." is `parent`, names unique and
+    /// sorted (`readdir` refuses others), nlink 2 + its subdirectories (as their entries
+    /// say; [`Self::check_type`] holds each to its inode). `each` gets every other entry
+    /// and its path.
+    fn check_dir(
+        &mut self,
+        dir: &Inode,
+        parent: u64,
+        path: &[u8],
+        each: &mut dyn FnMut(&mut Self, DirEntry, Vec<u8>),
+    ) {
+        let img = self.img;
+        let nid = dir.nid;
+        let bs = u64::from(img.block_size());
+        let mut seen_dot = false;
+        let mut seen_dotdot = false;
+        let mut subdirs: u64 = 0;
+        let iter = match img.readdir(dir, 0) {
+            Ok(it) => it,
+            Err(e) => {
+                self.problem(format!("{}: {e}", path_str(path)));
+                return;
+            }
+        };
+        for ent in iter {
+            if self.stopped || !self.spend(1) {
+                break;
+            }
+            let ent = match ent {
+                Ok(e) => e,
+                Err(e) => {
+                    self.problem(format!("{}: {e}", path_str(path)));
+                    break;
+                }
+            };
+            // Each new block was read and parsed whole: what it holds of the
+            // directory (a small one's entries sit inline, in a few bytes).
+            if ent.offset % bs == 0
+                && !self.charge_bytes(bs.min(dir.size.saturating_sub(ent.offset)))
+            {
+                break;
+            }
+            // readdir refuses repeated and unsorted names (the kernel binary-searches
+            // them), so each name here is new.
+            let shown = String::from_utf8_lossy(&ent.name).into_owned();
+            let want_dir = ent.file_type == format::FT_DIR;
+            if ent.name == b"." || ent.name == b".." {
+                let dot = ent.name == b".";
+                let target = if dot { nid } else { parent };
+                if dot {
+                    seen_dot = true;
+                } else {
+                    seen_dotdot = true;
+                }
+                if ent.nid != target {
+                    self.problem(format!(
+                        "{}: {shown:?} points to nid {} instead of {target} (nid {nid})",
+                        path_str(path),
+                        ent.nid
+                    ));
+                }
+                if !want_dir {
+                    self.problem(format!(
+                        "{}: {shown:?} has dirent type {} instead of directory (nid {nid})",
+                        path_str(path),
+                        ent.file_type
+                    ));
+                }
+                continue;
+            }
+            if want_dir {
+                subdirs += 1;
+            }
+            let child_path = super::child_path(path, &ent.name);
+            each(self, ent, child_path);
+        }
+        if !seen_dot {
+            self.problem(format!("{}: no \".\" entry (nid {nid})", path_str(path)));
+        }
+        if !seen_dotdot {
+            self.problem(format!("{}: no \"..\" entry (nid {nid})", path_str(path)));
+        }
+        // nlink = 2 + subdirectories is what find(1)'s leaf optimisation relies on.
+        if u64::from(dir.nlink) != 2 + subdirs {
+            self.problem(format!(
+                "{}: directory nlink {} but it has {subdirs} subdirectories (expected {}) (nid {nid})",
+                path_str(path),
+                dir.nlink,
+                2 + subdirs
+            ));
+        }
+    }
+
+    /// An entry's type is its inode's.
+    fn check_type(&mut self, inode: &Inode, entry_type: u8, path: &[u8]) {
+        if inode.file_type() != entry_type {
+            self.problem(format!(
+                "{}: dirent type {} but inode {} has type {} (mode {:#o})",
+                path_str(path),
+                entry_type,
+                inode.nid,
+                inode.file_type(),
+                inode.mode
             ));
         }
     }

@@ -11,8 +11,9 @@
 //! - `dir`: directory blocks, `readdir` with kernel-compatible offsets, `lookup`.
 //! - `xattr`: inline and shared xattrs, long prefixes and the name bloom filter.
 //! - `compare`: two images compared as the trees they show ([`compare_trees`]).
-//! - `check`: `fsck` (whole-tree consistency, with or without the file data) and `exercise`
-//!   (bounded walk for fuzzing).
+//! - `check`: `fsck` (whole-tree consistency, with or without the file data), `exercise`
+//!   (bounded walk for fuzzing) and [`LazyCheck`] (what the kernel parses, checked a
+//!   structure at a time as its bytes are first served).
 //!
 //! The image is untrusted. Every offset is computed with checked `u64` arithmetic and checked
 //! against the source length before it is read; nothing is allocated from an unchecked size;
@@ -33,7 +34,7 @@ mod xattr;
 mod zdata;
 mod zmap;
 
-pub use check::{check_kernel_metadata, exercise, fsck, fsck_structure, FsckReport};
+pub use check::{check_kernel_metadata, exercise, fsck, fsck_structure, FsckReport, LazyCheck};
 pub use claims::ClaimsReport;
 pub use compare::{compare_trees, CompareError, Difference, Which};
 pub use data::{Extent, LayoutInfo};
