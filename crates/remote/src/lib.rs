@@ -73,6 +73,11 @@ pub struct RemoteSource {
     ahead: OnceLock<Mutex<mpsc::Sender<(u64, u64)>>>,
     /// Fetch only the chunks reads touch, one request each ([`EXACT_ENV`]).
     exact: bool,
+    /// Why the last request failed every attempt, until one succeeds again
+    /// ([`RemoteSource::fetch`]).
+    down: Mutex<Option<String>>,
+    /// A request is trying the server while it is down.
+    probing: std::sync::atomic::AtomicBool,
 }
 
 type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
@@ -204,6 +209,8 @@ impl RemoteSource {
             cache: None,
             ahead: OnceLock::new(),
             exact: std::env::var_os(EXACT_ENV).is_some_and(|v| v == "1"),
+            down: Mutex::new(None),
+            probing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -408,7 +415,24 @@ impl RemoteSource {
     }
 
     /// One range, retried with backoff; an error names the image and the range.
+    ///
+    /// Once a request has failed every attempt the server counts as down: until a
+    /// request succeeds again, one at a time tries it (with every attempt) and the others
+    /// fail at once. So a reader queued behind many requests (the kernel's read-ahead, a
+    /// piece at a time) gets its error within one request's attempts, not one per
+    /// request, and the first read after the server is back succeeds.
     fn fetch(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let probe = down.is_some();
+        if let Some(why) = down {
+            if self.probing.swap(true, Ordering::AcqRel) {
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                return Err(io::Error::other(format!(
+                    "{}: bytes {offset}+{len}: not tried while the server is down ({why})",
+                    self.name
+                )));
+            }
+        }
         let demand = !BACKGROUND.with(|b| b.get());
         if demand {
             self.counters.demand.fetch_add(1, Ordering::Relaxed);
@@ -416,6 +440,11 @@ impl RemoteSource {
         let r = self.fetch_retrying(offset, len);
         if demand {
             self.counters.demand.fetch_sub(1, Ordering::Relaxed);
+        }
+        *self.down.lock().unwrap_or_else(|e| e.into_inner()) =
+            r.as_ref().err().map(|e| e.to_string());
+        if probe {
+            self.probing.store(false, Ordering::Release);
         }
         r
     }
