@@ -89,6 +89,41 @@ impl Detached {
         .context("opening the new mount's root")
     }
 
+    /// Sets how far the kernel reads ahead in the files of the filesystem mounted here,
+    /// in KiB: its backing device info's `read_ahead_kb` (a file-backed erofs mount has
+    /// one of its own), named by `FS_IOC_GETFSSYSFSPATH` (Linux 6.8+).
+    pub fn set_read_ahead(&self, kib: u32) -> anyhow::Result<()> {
+        let root = self.open_root()?;
+        // struct fs_sysfs_path { __u8 len; __u8 name[128]; }, read by
+        // _IOR(0x15, 1, struct fs_sysfs_path).
+        const FS_IOC_GETFSSYSFSPATH: libc::c_ulong = (2 << 30) | (129 << 16) | (0x15 << 8) | 1;
+        let mut path = [0u8; 129];
+        // SAFETY: the kernel writes at most the 129 bytes of `path`, which outlives the call.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&root),
+                FS_IOC_GETFSSYSFSPATH,
+                path.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            bail!(
+                "asking the filesystem for its sysfs name: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let name = &path[1..1 + usize::from(path[0]).min(128)];
+        // "erofs/erofs-24": the device info is named as the filesystem's directory.
+        let name = std::str::from_utf8(name)
+            .ok()
+            .and_then(|n| n.rsplit('/').next())
+            .filter(|n| !n.is_empty() && !n.starts_with('.'))
+            .with_context(|| format!("sysfs name {:?}", String::from_utf8_lossy(name)))?;
+        let knob = Path::new("/sys/class/bdi").join(name).join("read_ahead_kb");
+        std::fs::write(&knob, kib.to_string())
+            .with_context(|| format!("writing {}", knob.display()))
+    }
+
     /// Attaches the mount on `target`.
     pub fn attach(self, target: &Path) -> anyhow::Result<()> {
         rustix::mount::move_mount(

@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long, value_name = "auto|uring|dev", value_parser = Transport::parse)]
     transport: Option<Transport>,
     /// What serves the layers' mounts (`verilay mount --engine`): `kernel` (the kernel's
-    /// erofs over each layer's image, all its metadata fetched and checked first), `fuse`,
+    /// erofs over each layer's image, its metadata checked as the kernel reads it), `fuse`,
     /// or `auto` (the default, or $VERILAY_ENGINE: remote layers are `fuse`'s).
     #[arg(long, value_name = "auto|kernel|fuse", value_parser = mountopts::Engine::parse)]
     engine: Option<mountopts::Engine>,

@@ -178,7 +178,7 @@ fn serve_kernel(
     measure: &MeasureArgs,
     r: &mut Reporter,
 ) -> anyhow::Result<()> {
-    use imagefs::imagefiles::{ImageFile, ImageFiles};
+    use imagefs::imagefiles::{ImageFile, ImageFiles, MetadataCheck};
     use imagefs::measuring::fanotify;
     // Opens are measured from fanotify's events, on as many threads as the mount serves
     // requests with.
@@ -241,9 +241,15 @@ fn serve_kernel(
         .verified
         .into_iter()
         .zip(&s.images)
-        .map(|(source, image)| ImageFile {
-            source,
-            name: image.display().to_string(),
+        .map(|(source, image)| {
+            // A remote image's metadata is checked as the kernel reads it, fetched as
+            // the FUSE engine would fetch it.
+            let check = if super::is_remote(image) {
+                MetadataCheck::AsRead
+            } else {
+                MetadataCheck::Whole
+            };
+            ImageFile::new(source, image.display().to_string(), check)
         })
         .collect();
     let dirs = dirs.as_ref().map(|(u, w)| (u.as_path(), w.as_path()));
