@@ -92,16 +92,19 @@ fn mount_of(dir: &Path) -> Option<(String, String, String)> {
     })
 }
 
-/// Every mount made under the engine's private directory that is still in view (the
-/// user's mount names its detached image file or layers as its source or options).
-fn private_mounts() -> Vec<String> {
+/// Every mount the daemons `pids` made under the engine's private directory (one per
+/// daemon, `/run/verilay/engine/PID.N`) that is still in view (the user's mount names
+/// its detached image file or layers as its source or options). Other tests' daemons,
+/// setting up their mounts meanwhile, have theirs in view for a moment.
+fn private_mounts(pids: &[u32]) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
         .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|p| p.starts_with("/run/verilay/engine"))
+            l.split(' ').nth(4).is_some_and(|p| {
+                pids.iter()
+                    .any(|pid| p.starts_with(&format!("/run/verilay/engine/{pid}.")))
+            })
         })
         .map(str::to_string)
         .collect()
@@ -130,8 +133,13 @@ fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
     let (fstype, _, opts) = mount_of(&kernel.dir).expect("mounted");
     assert_eq!(fstype, "erofs");
     assert!(opts.starts_with("ro"), "{opts}");
-    assert!(private_mounts().is_empty(), "{:?}", private_mounts());
-    assert_eq!(daemons_of(&kernel.dir).len(), 1);
+    let pids = daemons_of(&kernel.dir);
+    assert!(
+        private_mounts(&pids).is_empty(),
+        "{:?}",
+        private_mounts(&pids)
+    );
+    assert_eq!(pids.len(), 1);
     let stats = stats(&kernel.dir);
     assert_eq!(stats["engine"], "kernel", "{stats}");
     assert_eq!(stats["engine_why"], "asked for", "{stats}");
@@ -149,7 +157,11 @@ fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
     drop(kernel);
     assert!(mount_of(&dir).is_none());
     assert!(daemons_of(&dir).is_empty(), "the daemon outlived umount");
-    assert!(private_mounts().is_empty(), "{:?}", private_mounts());
+    assert!(
+        private_mounts(&pids).is_empty(),
+        "{:?}",
+        private_mounts(&pids)
+    );
 }
 
 /// A stack of three images with whiteouts and an opaque directory: the kernel engine's
@@ -183,7 +195,12 @@ fn a_stack_is_the_fuse_engine_stack() {
     let images: [&Path; 3] = [&top, &middle, &bottom];
     let kernel = EngineMount::new("kernel", &images, &t.path().join("k"), &[]);
     assert_eq!(mount_of(&kernel.dir).unwrap().0, "overlay");
-    assert!(private_mounts().is_empty(), "{:?}", private_mounts());
+    let pids = daemons_of(&kernel.dir);
+    assert!(
+        private_mounts(&pids).is_empty(),
+        "{:?}",
+        private_mounts(&pids)
+    );
     let fuse = EngineMount::new("fuse", &images, &t.path().join("f"), &[]);
     let listing = |d: &Path| find_sorted(d, "%p %y %m %s %U %G %l\\n");
     let seen = listing(&kernel.dir);
@@ -371,7 +388,12 @@ fn a_writable_mount_is_kernel_overlayfs_and_its_upper_directory_is_the_fuse_engi
                 opts.contains(&format!("upperdir={}", upper.display())),
                 "{opts}"
             );
-            assert!(private_mounts().is_empty(), "{:?}", private_mounts());
+            let pids = daemons_of(&m.dir);
+            assert!(
+                private_mounts(&pids).is_empty(),
+                "{:?}",
+                private_mounts(&pids)
+            );
         }
         // Both engines' locks hold the directories: neither engine takes them again.
         for second in ["kernel", "fuse"] {
