@@ -101,10 +101,7 @@ impl<S: ByteSource> LazyCheck<S> {
                 checked: Checked::Not,
             },
         );
-        let sb = img.superblock();
-        let packed = (sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS != 0
-            && sb.packed_nid != 0)
-            .then_some(sb.packed_nid);
+        let packed = packed_nid(&img);
         if let Some(nid) = packed {
             known.insert(
                 nid,
@@ -137,11 +134,6 @@ impl<S: ByteSource> LazyCheck<S> {
             }
         }
         Ok(lazy)
-    }
-
-    /// The image checked.
-    pub fn image(&self) -> &Image<S> {
-        &self.img
     }
 
     /// Call before serving `[offset, offset + len)`: checks what the pages it touches
@@ -322,29 +314,11 @@ impl<S: ByteSource> LazyCheck<S> {
     /// Records where a checked regular file's data lies (its first [`EXTENTS`] stored,
     /// unencoded extents).
     fn record_extents(&self, inode: &crate::read::Inode) {
-        let mut found = Vec::new();
-        let mut pos = 0;
-        for _ in 0..EXTENTS {
-            let Ok(e) = self.img.map(inode, pos) else {
-                break;
-            };
-            let end = e.logical.saturating_add(e.len).min(inode.size);
-            if end <= pos {
-                break;
-            }
-            if let Some(at) = e.physical.filter(|_| !e.encoded) {
-                let at = at.saturating_add(pos - e.logical);
-                found.push((at, at.saturating_add(end - pos)));
-            }
-            pos = end;
-            if pos >= inode.size {
-                break;
-            }
-        }
+        let runs = self.stored_runs(inode, EXTENTS, u64::MAX);
         self.extents
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .extend(found);
+            .extend(runs.into_iter().map(|(at, n)| (at, at.saturating_add(n))));
     }
 
     /// Reads a directory's blocks a run at a time before its entries are parsed a block
@@ -353,25 +327,9 @@ impl<S: ByteSource> LazyCheck<S> {
     /// [`WARM_RUNS`] runs of [`WARM_BYTES`].
     fn warm(&self, dir: &crate::read::Inode) {
         let mut buf = Vec::new();
-        let mut pos = 0;
-        for _ in 0..WARM_RUNS {
-            let Ok(e) = self.img.map(dir, pos) else {
-                return;
-            };
-            let end = e.logical.saturating_add(e.len).min(dir.size);
-            if end <= pos {
-                return;
-            }
-            let n = (end - pos).min(WARM_BYTES);
-            if let Some(at) = e.physical.filter(|_| !e.encoded) {
-                buf.resize(n as usize, 0);
-                let at = at.saturating_add(pos - e.logical);
-                if self.img.src.read_exact_at(&mut buf, at).is_err() {
-                    return;
-                }
-            }
-            pos += n;
-            if pos >= dir.size {
+        for (at, n) in self.stored_runs(dir, WARM_RUNS, WARM_BYTES) {
+            buf.resize(n as usize, 0);
+            if self.img.src.read_exact_at(&mut buf, at).is_err() {
                 return;
             }
         }
@@ -445,8 +403,39 @@ impl<S: ByteSource> LazyCheck<S> {
     }
 
     fn is_packed(&self, nid: u64) -> bool {
-        let sb = self.img.superblock();
-        sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS != 0
-            && sb.packed_nid == nid
+        packed_nid(&self.img) == Some(nid)
     }
+
+    /// Where `inode`'s stored, unencoded bytes lie in the image, in order, as
+    /// `(offset, length)` runs of at most `longest` bytes, from at most `max` steps
+    /// through its extents (holes and encoded extents take a step and give no run).
+    fn stored_runs(&self, inode: &crate::read::Inode, max: usize, longest: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut pos = 0;
+        for _ in 0..max {
+            let Ok(e) = self.img.map(inode, pos) else {
+                break;
+            };
+            let end = e.logical.saturating_add(e.len).min(inode.size);
+            if end <= pos {
+                break;
+            }
+            let n = (end - pos).min(longest);
+            if let Some(at) = e.physical.filter(|_| !e.encoded) {
+                runs.push((at.saturating_add(pos - e.logical), n));
+            }
+            pos += n;
+            if pos >= inode.size {
+                break;
+            }
+        }
+        runs
+    }
+}
+
+/// The packed inode (fragments), which the kernel reads as it mounts.
+fn packed_nid<S: ByteSource>(img: &Image<S>) -> Option<u64> {
+    let sb = img.superblock();
+    (sb.feature_incompat & crate::zformat::FEATURE_INCOMPAT_FRAGMENTS != 0 && sb.packed_nid != 0)
+        .then_some(sb.packed_nid)
 }
