@@ -2,9 +2,11 @@
 //! until the group answers; ignore marks spare later opens of a file already decided.
 //!
 //! What holds, and why:
-//! - The group is `FAN_CLASS_CONTENT` with `FAN_UNLIMITED_QUEUE` (an open is never let
-//!   through for want of room) and `FAN_REPORT_TID` (the opener's thread: credentials are
-//!   per thread). All need CAP_SYS_ADMIN in the first user namespace.
+//! - The group is `FAN_CLASS_PRE_CONTENT` (so a denied open fails with EIO, as a failed
+//!   read would: `FAN_DENY_ERRNO`, Linux 6.14; plain EPERM before) with
+//!   `FAN_UNLIMITED_QUEUE` (an open is never let through for want of room) and
+//!   `FAN_REPORT_TID` (the opener's thread: credentials are per thread). All need
+//!   CAP_SYS_ADMIN in the first user namespace.
 //! - fanotify fails open: when the group's descriptor closes (the daemon exits, or is
 //!   killed), waiting and later opens are allowed. Whoever reads the events must say so
 //!   where it matters (the measurement list marks the gap).
@@ -71,7 +73,7 @@ impl Group {
         kinds: &[Open],
     ) -> anyhow::Result<Group> {
         let fan = Fanotify::init(
-            InitFlags::FAN_CLASS_CONTENT
+            InitFlags::FAN_CLASS_PRE_CONTENT
                 | InitFlags::FAN_CLOEXEC
                 | InitFlags::FAN_UNLIMITED_QUEUE
                 | InitFlags::FAN_REPORT_TID
@@ -155,14 +157,21 @@ impl Group {
         }
     }
 
-    /// Answers `event`: the open goes on, or fails with EPERM.
+    /// Answers `event`: the open goes on, or fails with EIO (EPERM where the kernel
+    /// cannot say which error: before Linux 6.14).
     pub fn answer(&self, event: &Event, allow: bool) -> std::io::Result<()> {
-        let response = if allow {
-            libc::FAN_ALLOW
-        } else {
-            libc::FAN_DENY
-        };
-        // `struct fanotify_response`: the event's descriptor, then the answer.
+        if allow {
+            return self.respond(event, libc::FAN_ALLOW);
+        }
+        // FAN_DENY_ERRNO(EIO): the errno in the answer's top byte.
+        match self.respond(event, libc::FAN_DENY | ((libc::EIO as u32) << 24)) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.respond(event, libc::FAN_DENY),
+            r => r,
+        }
+    }
+
+    /// Writes `struct fanotify_response`: the event's descriptor, then the answer.
+    fn respond(&self, event: &Event, response: u32) -> std::io::Result<()> {
         let mut reply = [0u8; 8];
         reply[..4].copy_from_slice(&event.file.as_raw_fd().to_ne_bytes());
         reply[4..].copy_from_slice(&response.to_ne_bytes());

@@ -16,8 +16,8 @@ pub mod prefetch;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use verity::source::ByteSource;
 
 /// The unit of fetching and of the memory cache: a random 4 KiB read fetches one block
@@ -73,11 +73,35 @@ pub struct RemoteSource {
     ahead: OnceLock<Mutex<mpsc::Sender<(u64, u64)>>>,
     /// Fetch only the chunks reads touch, one request each ([`EXACT_ENV`]).
     exact: bool,
-    /// Why the last request failed every attempt, until one succeeds again
-    /// ([`RemoteSource::fetch`]).
-    down: Mutex<Option<String>>,
+    /// Whether the server answers ([`RemoteSource::fetch`]); `health_changed` wakes the
+    /// requests waiting for a probe.
+    health: Mutex<Health>,
+    health_changed: Condvar,
+}
+
+/// The server's state as the last requests found it.
+#[derive(Default)]
+struct Health {
+    /// The last request failed every attempt.
+    down: Option<Down>,
     /// A request is trying the server while it is down.
-    probing: std::sync::atomic::AtomicBool,
+    probing: bool,
+}
+
+/// The last failed try of a server.
+struct Down {
+    why: String,
+    tried: Instant,
+    ended: Instant,
+}
+
+impl Down {
+    /// Whether this try answers for a request `asked` then: it started after, or it
+    /// ended less than its own length ago (a server that refuses at once is tried
+    /// again at once; one that lets a try run into its timeout rests as long).
+    fn recent(&self, asked: Instant) -> bool {
+        self.tried >= asked || self.ended.elapsed() < self.ended - self.tried
+    }
 }
 
 type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
@@ -209,8 +233,8 @@ impl RemoteSource {
             cache: None,
             ahead: OnceLock::new(),
             exact: std::env::var_os(EXACT_ENV).is_some_and(|v| v == "1"),
-            down: Mutex::new(None),
-            probing: std::sync::atomic::AtomicBool::new(false),
+            health: Mutex::default(),
+            health_changed: Condvar::new(),
         }
     }
 
@@ -270,7 +294,7 @@ impl RemoteSource {
         }
         let from = start + lead as u64;
         let len = (CHUNK * claimed.len() as u64).min(self.len - from * CHUNK);
-        let Ok(bytes) = self.fetch(from * CHUNK, len) else {
+        let Ok(bytes) = self.fetch(from * CHUNK, len, None) else {
             return; // the reader will fetch for itself, and report what fails
         };
         fill_claimed(&mut claimed, &bytes);
@@ -308,7 +332,7 @@ impl RemoteSource {
     /// `[offset, offset + len)` fetched in one request, around memory and the cache: for
     /// checks made before a cache is chosen (the length the server claims, say).
     pub fn fetch_fresh(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        self.fetch(offset, len)
+        self.fetch(offset, len, Some(Instant::now()))
     }
 
     /// Whether `[offset, offset + len)` is in the persistent cache.
@@ -318,7 +342,7 @@ impl RemoteSource {
 
     /// Chunk `i`, from memory or fetched (one fetch per chunk at a time: a second reader
     /// of the same chunk waits for the first's).
-    fn chunk(&self, i: u64, wanted: u64) -> io::Result<Arc<Vec<u8>>> {
+    fn chunk(&self, i: u64, wanted: u64, asked: Instant) -> io::Result<Arc<Vec<u8>>> {
         // One look at the table: the slot, and whether readahead marked it (a reader
         // reaching a window's first chunk asks for the next window).
         let (slot, mark) = {
@@ -347,7 +371,7 @@ impl RemoteSource {
         let mut claimed = claim(&ahead, 1, behind >= SEQUENTIAL);
         let start = i * CHUNK;
         let len = (CHUNK * (1 + claimed.len() as u64)).min(self.len - start);
-        let bytes = self.fetch(start, len)?;
+        let bytes = self.fetch(start, len, Some(asked))?;
         let first = Arc::new(bytes[..(CHUNK as usize).min(bytes.len())].to_vec());
         *held = Some(first.clone());
         fill_claimed(
@@ -416,55 +440,87 @@ impl RemoteSource {
 
     /// One range, retried with backoff; an error names the image and the range.
     ///
-    /// Once a request has failed every attempt the server counts as down: until a
-    /// request succeeds again, one at a time tries it (with every attempt) and the others
-    /// fail at once. So a reader queued behind many requests (the kernel's read-ahead, a
-    /// piece at a time) gets its error within one request's attempts, not one per
-    /// request, and the first read after the server is back succeeds.
-    fn fetch(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let probe = down.is_some();
-        if let Some(why) = down {
-            if self.probing.swap(true, Ordering::AcqRel) {
-                self.counters.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(io::Error::other(format!(
-                    "{}: bytes {offset}+{len}: not tried while the server is down ({why})",
-                    self.name
-                )));
+    /// Once a request has failed every attempt the server counts as down. Until a
+    /// request succeeds again, one request at a time tries it, once; the others wait for
+    /// that try, and fail at once while the last failed try is recent (it started after
+    /// they were `asked`, or ended less than its own length ago). So a reader queued
+    /// behind many requests (the kernel's read-ahead, a piece at a time) gets its error
+    /// within two tries, and a read after the server is back waits at most for one try
+    /// already under way. `asked: None` (readahead) never tries a server that is down.
+    fn fetch(&self, offset: u64, len: u64, asked: Option<Instant>) -> io::Result<Vec<u8>> {
+        let mut h = self.lock_health();
+        let probe = loop {
+            match &h.down {
+                None => break false,
+                Some(d) if asked.is_none_or(|a| d.recent(a)) => {
+                    self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(io::Error::other(format!(
+                        "{}: bytes {offset}+{len}: the server is down ({})",
+                        self.name, d.why
+                    )));
+                }
+                _ if h.probing => {
+                    h = self
+                        .health_changed
+                        .wait(h)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                _ => {
+                    h.probing = true;
+                    break true;
+                }
             }
-        }
+        };
+        drop(h);
         let demand = !BACKGROUND.with(|b| b.get());
         if demand {
             self.counters.demand.fetch_add(1, Ordering::Relaxed);
         }
-        let r = self.fetch_retrying(offset, len);
+        let r = self.fetch_retrying(offset, len, if probe { 1 } else { ATTEMPTS });
         if demand {
             self.counters.demand.fetch_sub(1, Ordering::Relaxed);
         }
-        *self.down.lock().unwrap_or_else(|e| e.into_inner()) =
-            r.as_ref().err().map(|e| e.to_string());
+        let mut h = self.lock_health();
         if probe {
-            self.probing.store(false, Ordering::Release);
+            h.probing = false;
         }
-        r
+        h.down = r.as_ref().err().map(|(e, tried)| Down {
+            why: e.to_string(),
+            tried: *tried,
+            ended: Instant::now(),
+        });
+        drop(h);
+        self.health_changed.notify_all();
+        r.map_err(|(e, _)| e)
     }
 
-    fn fetch_retrying(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+    fn lock_health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The range, in up to `attempts` tries; an error comes with its last try's start.
+    fn fetch_retrying(
+        &self,
+        offset: u64,
+        len: u64,
+        attempts: u32,
+    ) -> Result<Vec<u8>, (io::Error, Instant)> {
         let mut wait = FIRST_RETRY;
         let mut attempt = 1;
         loop {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let tried = Instant::now();
             match self.registry.get_range(&self.url, offset, len) {
                 Ok(b) => {
                     self.counters.fetched.fetch_add(len, Ordering::Relaxed);
                     return Ok(b);
                 }
-                Err(e) if attempt >= ATTEMPTS => {
+                Err(e) if attempt >= attempts => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
-                    return Err(io::Error::other(format!(
-                        "{}: bytes {offset}+{len}: {e}",
-                        self.name
-                    )));
+                    return Err((
+                        io::Error::other(format!("{}: bytes {offset}+{len}: {e}", self.name)),
+                        tried,
+                    ));
                 }
                 Err(_) => {
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
@@ -483,6 +539,7 @@ impl ByteSource for RemoteSource {
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let asked = Instant::now();
         let end = offset
             .checked_add(buf.len() as u64)
             .filter(|&e| e <= self.len)
@@ -513,7 +570,7 @@ impl ByteSource for RemoteSource {
                     Err(_) => c.forget(at, seg_end - at),
                 }
             }
-            let chunk = self.chunk(i, (end - 1) / CHUNK - i + 1)?;
+            let chunk = self.chunk(i, (end - 1) / CHUNK - i + 1, asked)?;
             let from = (at - i * CHUNK) as usize;
             let n = (Vec::len(&chunk) - from).min((end - at) as usize);
             let into = (at - offset) as usize;

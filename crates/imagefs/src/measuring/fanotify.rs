@@ -1,7 +1,7 @@
 //! The kernel engine's front to the measuring engine: opens and execs on the mount come
 //! as fanotify permission events (`host::fanotify`), each decided and measured as the
 //! FUSE filesystems' OPEN is ([`Setup::measure`]), then answered: allowed, or denied
-//! (EPERM) when a measurement the policy asked for could not be made.
+//! (EIO) when a measurement the policy asked for could not be made.
 //!
 //! What holds, and why:
 //! - A file is found by what it is: its `st_ino` is its erofs nid, and its `st_dev` says

@@ -41,7 +41,7 @@ pub struct Args {
     transport: Option<Transport>,
     /// What serves the layers' mounts (`verilay mount --engine`): `kernel` (the kernel's
     /// erofs over each layer's image, its metadata checked as the kernel reads it), `fuse`,
-    /// or `auto` (the default, or $VERILAY_ENGINE: remote layers are `fuse`'s).
+    /// or `auto` (the default, or $VERILAY_ENGINE: `kernel` as root).
     #[arg(long, value_name = "auto|kernel|fuse", value_parser = mountopts::Engine::parse)]
     engine: Option<mountopts::Engine>,
     /// The longest a registry request may take, in seconds.

@@ -351,7 +351,7 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     let root = rustix::process::geteuid().is_root();
     check(&opts, root)?;
     // The daemon, given the same options, decides the same way, for the same reason.
-    let engine = choose_engine(&opts, root, &images)?;
+    let engine = choose_engine(&opts, root)?;
     // The daemon gets the options as one string: it must read back as the same value.
     if MountOptions::parse(opts.render().as_bytes()).as_ref() != Ok(&opts) {
         bail!("a path among the options holds a double quote or is empty: rename it");
@@ -398,24 +398,10 @@ fn from_env<T>(name: &str, parse: fn(&str) -> Result<T, String>) -> anyhow::Resu
 
 /// The engine that serves a mount with options `o` (`root`: the caller is root), and
 /// why: `kernel` asked for a mount it cannot serve is an error naming what is missing.
-fn choose_engine(
-    o: &MountOptions,
-    root: bool,
-    images: &[PathBuf],
-) -> anyhow::Result<(Engine, String)> {
+fn choose_engine(o: &MountOptions, root: bool) -> anyhow::Result<(Engine, String)> {
     let asked = o.engine.unwrap_or(Engine::Auto);
     if asked == Engine::Fuse {
         return Ok((Engine::Fuse, "asked for".into()));
-    }
-    // Both engines read a remote image lazily, and the kernel engine as fast (bench
-    // `remote`); but what a failing registry does to reads (EIO at once, a measured open
-    // refused with EIO, the first read after it is back served) is the FUSE engine's
-    // tested behaviour: `auto` leaves remote images to it.
-    if asked == Engine::Auto && images.iter().any(|i| is_remote(i)) {
-        return Ok((
-            Engine::Fuse,
-            "remote images: the FUSE engine is the one whose reads a failing registry is tested against".into(),
-        ));
     }
     let unserved = if !root || !host::mounts::in_first_user_namespace() {
         Some("erofs mounts need root (in the first user namespace)".to_string())
