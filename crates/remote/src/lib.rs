@@ -602,3 +602,32 @@ impl ByteSource for RemoteSource {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Down;
+    use std::time::{Duration, Instant};
+
+    fn down(tried_ago: u64, ended_ago: u64) -> Down {
+        let now = Instant::now();
+        Down {
+            why: String::new(),
+            tried: now - Duration::from_millis(tried_ago),
+            ended: now - Duration::from_millis(ended_ago),
+        }
+    }
+
+    #[test]
+    fn a_failed_try_answers_for_requests_asked_before_it_started_or_while_it_is_recent() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        // Started after the request was asked: it answers, however long ago it ended.
+        assert!(down(5_000, 4_000).recent(now - ms(6_000)));
+        // A 2 s try that ended 1 s ago: recent for a request asked just now.
+        assert!(down(3_000, 1_000).recent(now));
+        // A refusal that took no time, ended 1 s ago: the server is tried again.
+        assert!(!down(1_000, 1_000).recent(now));
+        // A 1 s try that ended 2 s ago: tried again.
+        assert!(!down(3_000, 2_000).recent(now - ms(10)));
+    }
+}
