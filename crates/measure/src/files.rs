@@ -10,7 +10,7 @@
 //! (a FIFO would otherwise hang the open) and refuse anything but a regular file (a
 //! device such as /dev/zero never ends), and read at most a cap.
 
-use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags};
 use std::fs::File;
 use std::io::{self, Read};
@@ -234,32 +234,6 @@ pub fn open_private_append(path: &Path) -> Result<File, OpenError> {
     let fd =
         rustix::fs::open(path, flags, Mode::from_raw_mode(FILE_MODE)).map_err(nofollow_error)?;
     checked(fd, true, true)
-}
-
-/// Tries to take an open-file-description lock on the whole of `f` (exclusive, or shared
-/// with `write` false) without waiting: false if another description holds a conflicting
-/// one. OFD locks belong to the open file, not the process: a dead holder's lock is gone
-/// with it, and two opens in one process exclude each other too.
-pub(crate) fn try_lock(f: &File, write: bool) -> io::Result<bool> {
-    let lock = libc::flock {
-        l_type: (if write { libc::F_WRLCK } else { libc::F_RDLCK }) as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        // Must be 0 for OFD locks.
-        l_pid: 0,
-    };
-    // SAFETY: F_OFD_SETLK reads the flock struct, which lives for the call; the
-    // descriptor is borrowed from an open File.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
-    if r == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
-        _ => Err(e),
-    }
 }
 
 /// Printable text of a small file written by verilay (a lock holder, a marker), for a

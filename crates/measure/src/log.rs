@@ -414,24 +414,21 @@ impl Log {
     /// Takes the list's lock, waiting up to `LOCK_WAIT` for another holder to let go, and
     /// records the holder in the lock file.
     fn lock(dir: &Path, dirfd: &OwnedFd, holder: &Holder) -> Result<File, LogError> {
+        use host::lockfile::{self, Kind};
         let path = dir.join(LOCK);
         let f =
             files::open_in(dirfd.as_fd(), LOCK, How::ReadWrite, true).map_err(open_err(&path))?;
         let start = std::time::Instant::now();
-        while !files::try_lock(&f, true).map_err(io_err(&path))? {
-            if start.elapsed() >= LOCK_WAIT {
-                let holder = verify::read_note(&f, LOCK).unwrap_or_else(|e| e.to_string());
-                return Err(LogError::InUse {
-                    dir: dir.to_path_buf(),
-                    holder,
-                });
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let text = holder.text() + "\n";
-        f.set_len(0)
-            .and_then(|()| f.write_all_at(text.as_bytes(), 0))
+        let taken = lockfile::lock(f.as_fd(), Kind::Ofd, true, || start.elapsed() < LOCK_WAIT)
             .map_err(io_err(&path))?;
+        if !taken {
+            let holder = verify::read_note(&f, LOCK).unwrap_or_else(|e| e.to_string());
+            return Err(LogError::InUse {
+                dir: dir.to_path_buf(),
+                holder,
+            });
+        }
+        lockfile::write_record(&f, &(holder.text() + "\n")).map_err(io_err(&path))?;
         Ok(f)
     }
 

@@ -237,8 +237,8 @@ fn list_state(dir: BorrowedFd<'_>) -> Result<(State, Option<File>), VerifyError>
         Err(e) => return Err(open_error(LOCK, e)),
     };
     if let Some(f) = &lock {
-        let free =
-            files::try_lock(f, false).map_err(|e| whole(LOCK, format!("cannot lock: {e}")))?;
+        let free = host::lockfile::try_lock(f.as_fd(), host::lockfile::Kind::Ofd, false)
+            .map_err(|e| whole(LOCK, format!("cannot lock: {e}")))?;
         if !free {
             return Ok((
                 State::Open {
@@ -260,11 +260,7 @@ fn list_state(dir: BorrowedFd<'_>) -> Result<(State, Option<File>), VerifyError>
 
 /// The first line of a lock or marker file, for a message.
 pub(crate) fn read_note(f: &File, file: &'static str) -> Result<String, VerifyError> {
-    let mut buf = Vec::new();
-    let r = f;
-    r.take(MAX_NOTE)
-        .read_to_end(&mut buf)
-        .map_err(|e| read_failed(file, 0, 0, e))?;
+    let buf = host::lockfile::read_record(f, MAX_NOTE).map_err(|e| read_failed(file, 0, 0, e))?;
     let first = buf.split(|&b| b == b'\n').next().unwrap_or(&[]);
     Ok(match files::show_text(first) {
         s if s.is_empty() => "no holder recorded".into(),

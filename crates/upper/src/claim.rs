@@ -16,9 +16,9 @@
 //! userspace); its mounts are found in the mount tables instead.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags, StatxFlags};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};
 use std::collections::HashSet;
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -229,9 +229,7 @@ impl Claim {
         if let Some(dev) = dev {
             text += &format!("device {}:{}\n", rfs::major(dev), rfs::minor(dev));
         }
-        self.record.set_len(0)?;
-        self.record.rewind()?;
-        self.record.write_all(text.as_bytes())
+        host::lockfile::write_record(&self.record, &text)
     }
 
     /// (device, inode) of the upper and the work directory.
@@ -509,21 +507,14 @@ fn lock_work(work: BorrowedFd<'_>, path: &Path) -> io::Result<std::fs::File> {
     }
     let file = std::fs::File::from(fd);
     let read_record = || {
-        let mut text = String::new();
-        let mut f = &file;
-        let _ = f.rewind();
-        let _ = f.take(RECORD_MAX).read_to_string(&mut text);
+        let text = host::lockfile::read_record(&file, RECORD_MAX).unwrap_or_default();
         Holder {
-            record: Record::parse(&text),
+            record: Record::parse(&String::from_utf8_lossy(&text)),
             shared: false,
             exiting: false,
         }
     };
-    match lock_or_wait(
-        file.as_fd(),
-        FlockOperation::NonBlockingLockExclusive,
-        read_record,
-    ) {
+    match lock_or_wait(file.as_fd(), true, read_record) {
         Ok(()) => Ok(file),
         Err(NotLocked::Held(h)) => Err(busy(format!(
             "work directory {} is in use by {}",
@@ -541,9 +532,7 @@ fn lock_work(work: BorrowedFd<'_>, path: &Path) -> io::Result<std::fs::File> {
 fn lock_dir(d: &Claimed<'_>) -> io::Result<()> {
     let (dev, ino) = id(d.fd)?;
     let path = d.path.display();
-    match lock_or_wait(d.fd, FlockOperation::NonBlockingLockExclusive, || {
-        holder_of(dev, ino)
-    }) {
+    match lock_or_wait(d.fd, true, || holder_of(dev, ino)) {
         Ok(()) => Ok(()),
         Err(NotLocked::Held(h)) if h.shared => Err(busy(format!(
             "{} {path} holds a directory {} uses",
@@ -608,9 +597,7 @@ fn lock_above(
     ) else {
         return Ok(None);
     };
-    match lock_or_wait(fd.as_fd(), FlockOperation::NonBlockingLockShared, || {
-        holder_of(dev, ino)
-    }) {
+    match lock_or_wait(fd.as_fd(), false, || holder_of(dev, ino)) {
         Ok(()) => Ok(Some(fd)),
         Err(NotLocked::Held(h)) if h.binds_us() => {
             let link = crate::fd_path(fd.as_fd());
@@ -628,61 +615,37 @@ fn lock_above(
     }
 }
 
-/// Locks `fd` with `op` (non-blocking); while another holds it and that holder's mount
-/// is gone, retries until [`EXITING_HOLDER_WAIT`] passes.
+/// Takes the `flock` on `fd` (`exclusive`, else shared); while another holds it and that
+/// holder's mount is gone, retries until [`EXITING_HOLDER_WAIT`] passes.
 fn lock_or_wait(
     fd: BorrowedFd<'_>,
-    op: FlockOperation,
+    exclusive: bool,
     holder: impl Fn() -> Holder,
 ) -> Result<(), NotLocked> {
     let deadline = Instant::now() + EXITING_HOLDER_WAIT;
-    loop {
-        match rfs::flock(fd, op) {
-            Ok(()) => return Ok(()),
-            Err(rustix::io::Errno::WOULDBLOCK) => {}
-            Err(e) => return Err(NotLocked::Failed(e)),
-        }
-        let mut h = holder();
+    let mut last = None;
+    let taken = host::lockfile::lock(fd, host::lockfile::Kind::Flock, exclusive, || {
+        let h = last.insert(holder());
         if h.record.serving() {
-            return Err(NotLocked::Held(h));
+            return false;
         }
-        if Instant::now() >= deadline {
-            h.exiting = true;
-            return Err(NotLocked::Held(h));
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        h.exiting = Instant::now() >= deadline;
+        !h.exiting
+    });
+    match (taken, last) {
+        (Ok(true), _) => Ok(()),
+        (Ok(false), Some(h)) => Err(NotLocked::Held(h)),
+        (Ok(false), None) => Err(NotLocked::Failed(rustix::io::Errno::WOULDBLOCK)),
+        (Err(e), _) => Err(NotLocked::Failed(
+            rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+        )),
     }
-}
-
-/// The processes holding a flock on (dev, ino), from /proc/locks (those this process can
-/// see), other than this one: (pid, whether the lock is shared).
-fn flock_holders(dev: u64, ino: u64) -> Vec<(u32, bool)> {
-    let want = format!("{:02x}:{:02x}:{ino}", rfs::major(dev), rfs::minor(dev));
-    let me = std::process::id();
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    locks
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&want.as_str()) {
-                return None;
-            }
-            let pid = f.get(4)?.parse::<u32>().ok().filter(|&p| p != me)?;
-            Some((pid, f.get(3) == Some(&"READ")))
-        })
-        .collect()
-}
-
-/// The process holding a flock on the file `fd` is open on (one of them, if several do).
-pub fn flock_holder(fd: BorrowedFd<'_>) -> Option<u32> {
-    let (dev, ino) = id(fd).ok()?;
-    flock_holders(dev, ino).first().map(|&(pid, _)| pid)
 }
 
 /// The holder of the flock on (dev, ino), and its record (the lock file it holds open);
 /// a verilay mount is preferred when several processes hold it.
 fn holder_of(dev: u64, ino: u64) -> Holder {
-    let holders = flock_holders(dev, ino);
+    let holders = host::lockfile::flock_holders(dev, ino);
     let mut first = None;
     for &(pid, shared) in &holders {
         let record = record_of(pid);
@@ -747,7 +710,7 @@ fn held_record(pid: u32, fd: &Path) -> Option<Record> {
     .ok()?;
     let st = rfs::fstat(&f).ok()?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-        || !flock_holders(st.st_dev, st.st_ino).contains(&(pid, false))
+        || !host::lockfile::flock_holders(st.st_dev, st.st_ino).contains(&(pid, false))
     {
         return None;
     }

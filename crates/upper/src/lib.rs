@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 mod claim;
 pub mod overlay;
-pub use claim::{flock_holder, Claim};
+pub use claim::Claim;
 pub use overlay::{Namespace, Opacity};
 
 /// Our directory inside the work directory (overlayfs uses `work/work`).

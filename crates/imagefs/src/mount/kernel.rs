@@ -393,7 +393,7 @@ pub fn wait_for_daemon(mountpoint: &Path, timeout: Duration) -> anyhow::Result<(
             Err(_) => return Ok(()),
         }
         if start.elapsed() >= timeout {
-            let daemon = match upper::flock_holder(std::os::fd::AsFd::as_fd(&dir)) {
+            let daemon = match host::lockfile::flock_holder(&dir) {
                 Some(pid) => format!("its daemon (process {pid})"),
                 None => "its daemon".into(),
             };
