@@ -9,6 +9,14 @@
 //! kernel forgets each inode once nothing uses it (an open file keeps its inode until
 //! closed), and the node goes with its descriptor. A dropped name is looked up again
 //! when next used and gets the same inode number (`upper_ids`).
+//!
+//! - A pass runs on a thread of its own: for an INVAL_ENTRY the kernel takes the
+//!   directory's lock, which a request's worker may hold.
+//! - A pass keeps the names looked up last (a lookup clock), a quarter of the limit, and
+//!   drops the rest; for a second after it, the node map frees forgotten nodes at once
+//!   rather than a batch at a time, so their descriptors close.
+//! - A request that still finds no descriptor (a burst outran the pass) starts a pass,
+//!   waits for it and tries again, for at most `ROOM_WAIT` (`UnionFs::with_room`).
 
 use crate::ops::{NotifierSlot, Notify};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

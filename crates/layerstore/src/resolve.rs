@@ -18,6 +18,15 @@
 //! be reused for is answered only once each binding involved is found to hold the layer's
 //! files (`check`); one that does not makes every other image's request for the layer
 //! fail (`Found::Refused`), which fails its pull.
+//!
+//! Under load, no lookup waits for another reference's work:
+//! - lookups of one reference share one answer (an error too), kept 10 s, for at most
+//!   256 references; a lookup makes no request after 4 periods of `--timeout`;
+//! - each original blob is fetched once for all its readers, by at most 4 of the
+//!   store's 16 threads; each layer image is mounted under a lock of its own;
+//! - one check runs at a time (at most 8 lookups checking or waiting), and a binding is
+//!   recorded as served under the record's lock in the same step that finds every other
+//!   binding of its layer to hold it, so nothing is served between check and answer.
 
 use crate::check;
 use crate::served::{Binding, Record, Verdict};

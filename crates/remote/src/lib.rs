@@ -9,6 +9,13 @@
 //! chunks in memory (or being fetched) fetches as many chunks again as lie behind it (up to
 //! [`MAX_RUN`]), so a sequential stream costs few round trips. Misses of other chunks
 //! are fetched at the same time by the mount's other threads.
+//!
+//! - A miss also takes the rest of its 256 KiB neighbourhood once 8 of its chunks are
+//!   here (a walk of the inode area); behind a sequential reader two threads fetch the
+//!   next window, twice the last, while it reads this one.
+//! - Each request is tried three times with backoff, each try bounded as a whole
+//!   (`oci::Registry::send`); a server that failed them all is down, and is tried by one
+//!   request at a time until it answers (`fetch`).
 
 pub mod cache;
 pub mod prefetch;

@@ -1,6 +1,15 @@
 //! The layer's tree while it is read: entries placed by path, as a container runtime
 //! applying the layer onto an empty directory would place them, and whiteouts kept as
 //! overlayfs reads them in a lower layer.
+//!
+//! - Missing parents are made root-owned 0755; a path through a non-directory of this
+//!   layer (a symlink, a file) is refused.
+//! - A path given twice takes the later entry; a directory given twice keeps its
+//!   children and its opaqueness; a non-directory where this layer has a directory with
+//!   entries is refused (the readers part ways on it).
+//! - A hardlink names an earlier entry that is neither a directory nor a whiteout.
+//! - Whiteouts apply to the layers below only: one naming an entry of this layer is
+//!   dropped, and a directory this layer makes where it whited one out is opaque.
 
 use crate::Stats;
 use erofs::builder::{Kind, Node, NodeId, Tree};

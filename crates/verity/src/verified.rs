@@ -16,6 +16,11 @@
 //!
 //! A block that fails its hash is never returned: the read fails with an
 //! [`IntegrityError`] (as `io::ErrorKind::InvalidData`) naming the byte offset.
+//! Below it, the source forgets the failed span (`ByteSource::forget`: the bytes after
+//! the bad block came in the same fetches, unchecked); a source that can fetch again
+//! (`ByteSource::refetches`: a remote image) gets the read, or the open, once more.
+//! What passed is handed down (`ByteSource::verified`), so a persistent cache keeps only
+//! checked bytes.
 
 use crate::appended::{Section, TRAILER_SIZE};
 use crate::descriptor::{Descriptor, Parsed, DESCRIPTOR_SIZE};

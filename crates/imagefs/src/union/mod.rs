@@ -6,7 +6,10 @@
 //! Node ids: an object from the images keeps its image id, `(layer << 48 | nid) + 2`,
 //! also once copied up; objects made in the upper directory get ids from a counter above
 //! 2^62, never reused in a mount (the host may reuse inode numbers; the kernel must not
-//! see one id stand for two objects). Every node the kernel knows is in a lock-free map
+//! see one id stand for two objects). A copied-up regular file keeps its image id across
+//! remounts too: copy-up records it (`verilay.origin` in overlayfs's namespace), honoured
+//! only while the images still have that object at that path under no other name
+//! (`origin_id`). Every node the kernel knows is in a lock-free map
 //! (`nodes.rs`). Changes to the tree (creating, removing, renaming, copying up) are
 //! serialised by one mutex; lookups, attributes, reads and writes take none.
 //!

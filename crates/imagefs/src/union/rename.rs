@@ -1,6 +1,14 @@
 //! Rename, as overlayfs does it with `redirect_dir=on`: a directory with image contents
 //! moves with a redirect to them, one of the upper layer alone moving into a merged
 //! directory becomes opaque, and a name the images still have gets a whiteout.
+//!
+//! - `RENAME_EXCHANGE` copies both objects up and swaps them: both names stay occupied,
+//!   so no whiteout is needed.
+//! - A directory moving onto a whiteout trades places with it (`RENAME_EXCHANGE` on the
+//!   host), so the name is never empty.
+//! - A directory with image contents that the merged tree shows empty can be replaced:
+//!   the mover trades places with its upper side (whiteouts), which is then removed, or
+//!   becomes a whiteout where the images have something at the mover's old name.
 
 use super::nodes::{is_dir_node, Node};
 use super::{cname, errno, is_dir_mode, UnionFs};
