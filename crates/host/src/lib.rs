@@ -2,7 +2,8 @@
 //! file and overlayfs over erofs mounts (`mounts`), and the private directory those
 //! mounts are made in before users see the result (`private`); fanotify permission
 //! events (`fanotify`), who has a file open (`holders`), lock files that name their
-//! holder (`lockfile`, the one reader of `/proc/locks`), and the mount table
+//! holder (`lockfile`, the one reader of `/proc/locks`), objects made and finished under
+//! a directory descriptor (`objects`), and the mount table
 //! (`mountinfo`, the one parser of `/proc/PID/mountinfo`), a task's credentials and
 //! pending signals (`status`, the one reader of `/proc/PID/status`).
 //!
@@ -14,5 +15,6 @@ pub mod holders;
 pub mod lockfile;
 pub mod mountinfo;
 pub mod mounts;
+pub mod objects;
 pub mod private;
 pub mod status;

@@ -436,13 +436,6 @@ fn now() -> (i64, u32) {
     (d.as_secs() as i64, d.subsec_nanos())
 }
 
-fn work_path(dir: BorrowedFd<'_>, name: &CStr) -> CString {
-    let mut p = fd_path(dir).into_bytes();
-    p.push(b'/');
-    p.extend_from_slice(name.to_bytes());
-    CString::new(p).expect("no NUL")
-}
-
 /// Makes the bare object `name` in `dir` with `meta`'s type and permissions; a regular
 /// file is filled from `contents` (and made durable) and returned open for reading and
 /// writing.
@@ -492,32 +485,18 @@ fn finish(
     st: &Stat,
     set_mode: bool,
 ) -> io::Result<bool> {
+    let at = host::objects::Handle::At(dir, name);
     let chown = (st.st_uid, st.st_gid) != (meta.uid, meta.gid);
     if chown {
-        if meta.uid == u32::MAX || meta.gid == u32::MAX {
-            return Err(io::Error::from_raw_os_error(libc_einval()));
-        }
-        // SAFETY: neither id is u32::MAX (-1), the one value chown reads as "leave as is".
-        let (uid, gid) = unsafe { (rfs::Uid::from_raw(meta.uid), rfs::Gid::from_raw(meta.gid)) };
-        rfs::chownat(dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?;
+        at.chown(meta.uid, meta.gid)?;
     }
     let is_link = FileType::from_raw_mode(meta.mode) == FileType::Symlink;
     let chmod = !is_link && set_mode && (chown || st.st_mode & 0o7777 != meta.mode & 0o7777);
     if chmod {
-        rfs::chmodat(
-            dir,
-            name,
-            Mode::from_raw_mode(meta.mode & 0o7777),
-            AtFlags::empty(),
-        )?;
+        at.chmod(meta.mode)?;
     }
     for (xname, value) in &meta.xattrs {
-        rfs::lsetxattr(
-            work_path(dir, name).as_c_str(),
-            cstr(xname)?.as_c_str(),
-            value,
-            rfs::XattrFlags::empty(),
-        )?;
+        at.setxattr(xname, value)?;
     }
     Ok(chown || chmod || !meta.xattrs.is_empty())
 }
