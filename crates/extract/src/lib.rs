@@ -19,6 +19,8 @@
 //! A failure while writing (a block that fails its hash, a full disk, a path another process
 //! replaced) stops extract with one line naming the path; what was written stays in DIR.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{bail, Context};
 use erofs::format::*;
 use erofs::read::{ByteSource, Image, Inode, ReadDir};

@@ -5,6 +5,8 @@
 //! `served` records what was served for each layer, and `check` whether an image holds
 //! the layer it was bound to, before podman may reuse it for another image.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod fs;
 pub mod resolve;

@@ -4,6 +4,8 @@
 //! (`log`: templates, SHA-1 and SHA-256 template banks, PCR extension), which
 //! `evmctl ima_measurement` and `verify` replay.
 
+#![forbid(unsafe_code)]
+
 pub mod files;
 pub mod format;
 pub mod log;

@@ -26,6 +26,8 @@
 //! (`log="/var/log/a,b"`), and a quote is allowed nowhere else. Where options contradict
 //! each other (`ro,rw`), the last one wins, as with mount(8).
 
+#![forbid(unsafe_code)]
+
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};

@@ -5,6 +5,8 @@
 //! (`layout`), manifests that refer to others (`referrers`), and a container image's
 //! layers converted to verilay images (`conversion`).
 
+#![forbid(unsafe_code)]
+
 pub mod artifact;
 pub mod auth;
 pub mod conversion;

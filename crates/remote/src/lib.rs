@@ -17,6 +17,8 @@
 //!   (`oci::Registry::send`); a server that failed them all is down, and is tried by one
 //!   request at a time until it answers (`fetch`).
 
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod prefetch;
 

@@ -12,6 +12,7 @@
 //! What verilay cannot evaluate (GPG `signedBy`, keyless sigstore) is refused when the
 //! policy is read, never accepted.
 
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod attachments;

@@ -23,6 +23,8 @@
 //! not, names ending in a slash on entries that are no directory, contradicting or empty
 //! extension records, data on entries that have none, paths through symlinks.
 
+#![forbid(unsafe_code)]
+
 mod header;
 mod pax;
 mod stream;

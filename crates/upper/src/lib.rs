@@ -15,6 +15,8 @@
 //!   (overlayfs's `redirect_dir`): a name in its parent's image directories, or a path
 //!   from the root when it starts with `/`.
 
+#![forbid(unsafe_code)]
+
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
 use std::ffi::{CStr, CString, OsStr};

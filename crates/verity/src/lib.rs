@@ -11,6 +11,8 @@
 //! - `verified`: the verified block source, every byte returned checked against a
 //!   pinned Merkle tree.
 
+#![forbid(unsafe_code)]
+
 pub mod alg;
 pub mod appended;
 pub mod descriptor;
