@@ -51,7 +51,9 @@ pub trait Progress {
 }
 
 /// One layer's steps: fetching, copying, reading, building, pushing.
-pub trait LayerProgress: builder::Progress {
+pub trait LayerProgress {
+    /// The building step's progress.
+    fn builder(&self) -> &dyn builder::Progress;
     /// A step over `total` bytes starts.
     fn bytes(&self, what: &str, total: u64);
     /// A step that counts (bytes read from a tar) starts.
@@ -348,7 +350,7 @@ impl Converter<'_> {
         std::fs::remove_file(&blob_path)?;
         builder::apply_overrides(&mut tree, &self.opts.overrides);
         let image_path = self.work.path().join("image");
-        let summary = builder::build_tree(&tree, &self.opts, &image_path, pb)
+        let summary = builder::build_tree(&tree, &self.opts, &image_path, pb.builder())
             .with_context(|| format!("{what}: building"))?;
         drop(tree);
         let image_digest = summary

@@ -399,16 +399,12 @@ impl Ops for ImageFiles {
             .iter()
             .map(|f| f.source.len().div_ceil(4096))
             .sum();
-        Ok(Statfs {
+        Ok(Statfs::read_only(
             blocks,
-            bfree: 0,
-            bavail: 0,
-            files: self.files.len() as u64 + 1,
-            ffree: 0,
-            bsize: 4096,
-            namelen: 255,
-            frsize: 4096,
-        })
+            4096,
+            self.files.len() as u64 + 1,
+            0,
+        ))
     }
 
     fn getxattr(&self, _caller: &Caller, ino: u64, _name: &[u8]) -> Result<Vec<u8>, Errno> {

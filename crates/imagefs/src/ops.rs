@@ -204,6 +204,23 @@ pub struct Statfs {
     pub frsize: u32,
 }
 
+impl Statfs {
+    /// A read-only filesystem's: `blocks` of `bsize` bytes, none free; `files` inodes,
+    /// `ffree` of them free.
+    pub fn read_only(blocks: u64, bsize: u32, files: u64, ffree: u64) -> Statfs {
+        Statfs {
+            blocks,
+            bfree: 0,
+            bavail: 0,
+            files,
+            ffree,
+            bsize,
+            namelen: 255,
+            frsize: bsize,
+        }
+    }
+}
+
 /// Takes a listing's entries until the reply is full (then it returns true).
 pub type AddEntry<'a> = &'a mut dyn FnMut(DirEntry<'_>) -> bool;
 /// Takes a READDIRPLUS listing's entries with their attributes, until the reply is full.

@@ -421,16 +421,7 @@ impl<R: Resolver> Ops for StoreFs<R> {
     }
 
     fn statfs(&self) -> Result<Statfs, Errno> {
-        Ok(Statfs {
-            blocks: 0,
-            bfree: 0,
-            bavail: 0,
-            files: 0,
-            ffree: 0,
-            bsize: 4096,
-            namelen: 255,
-            frsize: 4096,
-        })
+        Ok(Statfs::read_only(0, 4096, 0, 0))
     }
 
     fn getxattr(&self, _caller: &Caller, ino: u64, _name: &[u8]) -> Result<Vec<u8>, Errno> {

@@ -91,83 +91,38 @@ impl ByteSource for Vec<u8> {
     }
 }
 
-impl<T: ByteSource + ?Sized> ByteSource for &T {
-    fn len(&self) -> u64 {
-        (**self).len()
-    }
+/// A reference or a pointer to a source reads as that source.
+macro_rules! forward {
+    ($($pointer:ty),*) => {$(
+        impl<T: ByteSource + ?Sized> ByteSource for $pointer {
+            fn len(&self) -> u64 {
+                (**self).len()
+            }
 
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        (**self).read_exact_at(buf, offset)
-    }
+            fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+                (**self).read_exact_at(buf, offset)
+            }
 
-    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
-        (**self).block_hash(offset)
-    }
+            fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
+                (**self).block_hash(offset)
+            }
 
-    fn forget(&self, offset: u64, len: u64) {
-        (**self).forget(offset, len)
-    }
+            fn forget(&self, offset: u64, len: u64) {
+                (**self).forget(offset, len)
+            }
 
-    fn verified(&self, offset: u64, bytes: &[u8]) {
-        (**self).verified(offset, bytes)
-    }
+            fn verified(&self, offset: u64, bytes: &[u8]) {
+                (**self).verified(offset, bytes)
+            }
 
-    fn refetches(&self) -> bool {
-        (**self).refetches()
-    }
+            fn refetches(&self) -> bool {
+                (**self).refetches()
+            }
+        }
+    )*};
 }
 
-impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
-    fn len(&self) -> u64 {
-        (**self).len()
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        (**self).read_exact_at(buf, offset)
-    }
-
-    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
-        (**self).block_hash(offset)
-    }
-
-    fn forget(&self, offset: u64, len: u64) {
-        (**self).forget(offset, len)
-    }
-
-    fn verified(&self, offset: u64, bytes: &[u8]) {
-        (**self).verified(offset, bytes)
-    }
-
-    fn refetches(&self) -> bool {
-        (**self).refetches()
-    }
-}
-
-impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
-    fn len(&self) -> u64 {
-        (**self).len()
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        (**self).read_exact_at(buf, offset)
-    }
-
-    fn block_hash(&self, offset: u64) -> io::Result<Option<[u8; 32]>> {
-        (**self).block_hash(offset)
-    }
-
-    fn forget(&self, offset: u64, len: u64) {
-        (**self).forget(offset, len)
-    }
-
-    fn verified(&self, offset: u64, bytes: &[u8]) {
-        (**self).verified(offset, bytes)
-    }
-
-    fn refetches(&self) -> bool {
-        (**self).refetches()
-    }
-}
+forward!(&T, Arc<T>, Box<T>);
 
 /// A local image file. The length is captured at open: images are immutable, and asking the
 /// kernel on every bounds check would cost a syscall per read.

@@ -442,16 +442,7 @@ impl<S: ByteSource + 'static> Ops for ImageFs<S> {
             blocks += img.erofs_len().div_ceil(u64::from(bs));
             inos = inos.saturating_add(sb.inos);
         }
-        Ok(Statfs {
-            blocks,
-            bfree: 0,
-            bavail: 0,
-            files: u64::MAX,
-            ffree: u64::MAX - inos,
-            bsize: bs,
-            namelen: 255,
-            frsize: bs,
-        })
+        Ok(Statfs::read_only(blocks, bs, u64::MAX, u64::MAX - inos))
     }
 
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {

@@ -86,28 +86,10 @@ impl Drop for LayerBar {
     }
 }
 
-impl builder::Progress for LayerBar {
-    fn scanned(&self, entries: u64) {
-        self.0.scanned(entries)
-    }
-    fn compressing(&self, total: u64) {
-        self.0.compressing(total)
-    }
-    fn writing(&self, total: u64) {
-        self.0.writing(total)
-    }
-    fn wrote(&self, bytes: u64) {
-        self.0.wrote(bytes)
-    }
-    fn hashing(&self, total: u64) {
-        self.0.hashing(total)
-    }
-    fn hashed(&self, bytes: u64) {
-        self.0.hashed(bytes)
-    }
-}
-
 impl LayerProgress for LayerBar {
+    fn builder(&self) -> &dyn builder::Progress {
+        &self.0
+    }
     fn bytes(&self, what: &str, total: u64) {
         progress::bytes(&self.0 .0, what, total)
     }
