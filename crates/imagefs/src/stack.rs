@@ -16,7 +16,6 @@
 //! Pure functions over the images: no state, so any thread may call them.
 
 use erofs::read::{ByteSource, Error, Image, Inode, Result};
-use std::fmt;
 use upper::overlay::{self, Opacity, OPAQUE_XATTR, WHITEOUT_XATTR};
 
 /// One object in one layer.
@@ -68,7 +67,14 @@ impl<S: ByteSource> Stack<S> {
 /// erofs never reads `..` (the VFS keeps parents), so it would serve such a directory
 /// under both names, or refuse a loop with ELOOP; a mount that keeps parents for
 /// paths and copy-up would walk the loop forever. `fsck` reports the same problem.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}directory inode {nid} (byte {offset}) is {:?} in directory inode {parent}, but {} \
+     (a directory cycle or a directory under two parents): refused",
+    layer.map(|l| format!("layer {l}: ")).unwrap_or_default(),
+    String::from_utf8_lossy(name),
+    dotdot.map_or("it is the root or has no \"..\"".to_string(), |d| format!("its \"..\" names inode {d}"))
+)]
 pub struct Misplaced {
     /// Named only in a stack of several images.
     pub layer: Option<u16>,
@@ -79,32 +85,6 @@ pub struct Misplaced {
     pub name: Vec<u8>,
     pub dotdot: Option<u64>,
 }
-
-impl fmt::Display for Misplaced {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(l) = self.layer {
-            write!(f, "layer {l}: ")?;
-        }
-        write!(
-            f,
-            "directory inode {} (byte {}) is {:?} in directory inode {}, but ",
-            self.nid,
-            self.offset,
-            String::from_utf8_lossy(&self.name),
-            self.parent
-        )?;
-        match self.dotdot {
-            Some(d) => write!(f, "its \"..\" names inode {d}")?,
-            None => write!(f, "it is the root or has no \"..\"")?,
-        }
-        write!(
-            f,
-            " (a directory cycle or a directory under two parents): refused"
-        )
-    }
-}
-
-impl std::error::Error for Misplaced {}
 
 /// A reader error as one log line: a [`Misplaced`] directory says so itself.
 pub fn describe(e: &Error) -> String {
@@ -316,5 +296,35 @@ impl<S: ByteSource> Stack<S> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod misplaced_tests {
+    use super::Misplaced;
+
+    #[test]
+    fn a_misplaced_directory_says_where_it_is_and_what_its_dotdot_names() {
+        let m = |layer, dotdot| {
+            Misplaced {
+                layer,
+                nid: 40,
+                offset: 1280,
+                parent: 36,
+                name: b"d".to_vec(),
+                dotdot,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            m(Some(1), Some(7)),
+            "layer 1: directory inode 40 (byte 1280) is \"d\" in directory inode 36, but its \
+             \"..\" names inode 7 (a directory cycle or a directory under two parents): refused"
+        );
+        assert_eq!(
+            m(None, None),
+            "directory inode 40 (byte 1280) is \"d\" in directory inode 36, but it is the root \
+             or has no \"..\" (a directory cycle or a directory under two parents): refused"
+        );
     }
 }
