@@ -75,6 +75,7 @@ impl Compressor {
         self.last_used = 0;
     }
 
+    /// What it compresses with.
     pub fn compression(&self) -> Compression {
         self.compression
     }

@@ -5,6 +5,8 @@
 //! EROFS's own framing is kept here: LZ4 blocks (no frame), MicroLZMA, raw DEFLATE and
 //! Zstandard frames, as the kernel's `decompressor*.c` expect them.
 
+#![warn(missing_docs)]
+
 mod compress;
 mod decompress;
 
@@ -17,13 +19,18 @@ use std::str::FromStr;
 /// A compression algorithm, by its EROFS number (`Z_EROFS_COMPRESSION_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
+    /// LZ4 blocks, no frame (LZ4HC's output too: the same decoder reads it).
     Lz4 = 0,
+    /// MicroLZMA.
     Lzma = 1,
+    /// Raw DEFLATE.
     Deflate = 2,
+    /// Zstandard frames.
     Zstd = 3,
 }
 
 impl Algorithm {
+    /// Every algorithm, in order of its EROFS number.
     pub const ALL: [Algorithm; 4] = [
         Algorithm::Lz4,
         Algorithm::Lzma,
@@ -36,10 +43,12 @@ impl Algorithm {
         self as u8
     }
 
+    /// The algorithm numbered `id` in EROFS, if there is one.
     pub fn from_erofs_id(id: u8) -> Option<Algorithm> {
         Algorithm::ALL.get(usize::from(id)).copied()
     }
 
+    /// The name `-z` gives it (`lz4`, `lzma`, `deflate`, `zstd`).
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Lz4 => "lz4",
@@ -60,6 +69,7 @@ impl fmt::Display for Algorithm {
 /// `zstd[,LEVEL]`, `lzma[,LEVEL]`, `deflate[,LEVEL]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compression {
+    /// The algorithm.
     pub algorithm: Algorithm,
     /// LZ4's high-compression variant (the same decoder reads it).
     pub hc: bool,

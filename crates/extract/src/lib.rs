@@ -20,6 +20,7 @@
 //! replaced) stops extract with one line naming the path; what was written stays in DIR.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use anyhow::{bail, Context};
 use erofs::format::*;
@@ -171,9 +172,13 @@ fn open_target(dir: &Path) -> anyhow::Result<Arc<OwnedFd>> {
 /// What the extracting user could not restore, for one warning line at the end.
 #[derive(Default, Debug)]
 pub struct Skipped {
+    /// Objects left owned by the extracting user, their own owner not restored.
     pub owners: u64,
+    /// Files whose set-user-ID and set-group-ID bits were cleared.
     pub setid: u64,
+    /// Xattrs not set: not allowed without owners, or refused by the filesystem.
     pub xattrs: u64,
+    /// Device nodes not made.
     pub devices: u64,
 }
 

@@ -10,6 +10,8 @@
 //! Nothing here knows images or FUSE: it is mount(2), directories and the kernel's
 //! answers, each failure said in one line that names the path.
 
+#![warn(missing_docs)]
+
 pub mod fanotify;
 pub mod holders;
 pub mod lockfile;

@@ -19,7 +19,9 @@ use rustix::fd::{AsFd, AsRawFd, BorrowedFd};
 /// Which lock a file takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// `flock(2)`, whose holders /proc/locks names.
     Flock,
+    /// An OFD record lock (`F_OFD_SETLK`) on the whole file.
     Ofd,
 }
 

@@ -14,15 +14,19 @@ use std::path::{Path, PathBuf};
 /// One mount of the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
+    /// The mount's ID.
     pub id: u64,
+    /// The ID of the mount it is mounted on.
     pub parent: u64,
     /// Its filesystem's device, `MAJOR:MINOR` as the table writes it.
     pub dev: String,
     /// The directory of its filesystem shown at the mount point.
     pub root: PathBuf,
+    /// Where it is mounted.
     pub point: PathBuf,
     /// The filesystem type, with a FUSE subtype (`fuse.verilay`).
     pub fs_type: String,
+    /// The filesystem's source as the table gives it: a device, a file, or a word like `none`.
     pub source: PathBuf,
     /// The per-superblock options, escaped as the table writes them (see [`Mount::option`]).
     super_options: Vec<u8>,

@@ -41,6 +41,7 @@ impl PrivateDir {
         }
     }
 
+    /// The directory's path.
     pub fn path(&self) -> &Path {
         &self.path
     }

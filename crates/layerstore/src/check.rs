@@ -17,15 +17,19 @@ pub const TAR_MAX: u64 = 32 << 30;
 /// asked), as against a verdict.
 pub type Unfinished = String;
 
-/// The layer blob at `blob` as a tree: built into `work`, with the DiffID and tar size
-/// the blob has. `Ok(Err(why))` when the blob is no layer verilay reads (then no image
-/// holds it).
+/// A layer blob rebuilt as an image, with the DiffID and tar size the blob has.
 pub struct Rebuilt {
+    /// The rebuilt image (unsealed, uncompressed), open.
     pub image: Image<FileSource>,
+    /// The blob's DiffID: `sha256:…` of its uncompressed tar.
     pub diff_id: String,
+    /// The size in bytes of the blob's uncompressed tar.
     pub tar_size: u64,
 }
 
+/// The layer blob at `blob` as a tree: built into `work`, with the DiffID and tar size
+/// the blob has. `Ok(Err(why))` when the blob is no layer verilay reads (then no image
+/// holds it).
 pub fn rebuild(blob: &Path, work: &Path) -> Result<Result<Rebuilt, String>, Unfinished> {
     let (tree, stats) = match tarlayer::read_layer(blob, work, TAR_MAX, &|_| {}) {
         Ok(read) => read,

@@ -98,6 +98,7 @@ pub struct StoreFs<R: Resolver> {
 }
 
 impl<R: Resolver> StoreFs<R> {
+    /// A store that finds and mounts layers with `resolver`, and logs with `log`.
     pub fn new(resolver: R, log: imagefs::Logger) -> StoreFs<R> {
         StoreFs {
             resolver,

@@ -6,6 +6,7 @@
 //! the layer it was bound to, before podman may reuse it for another image.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod check;
 pub mod fs;

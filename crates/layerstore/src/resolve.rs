@@ -46,7 +46,9 @@ use std::time::{Duration, Instant};
 pub struct Layer {
     /// Where its images are (the reference's registry and repository).
     pub reference: Reference,
+    /// The original layer blob.
     pub source: oci::artifact::Descriptor,
+    /// The layer's conversion: its verilay image and the blob it was made of.
     pub converted: ConvertedLayer,
     /// The `info` file: the fields of containers/storage's `Layer` it fills in from it.
     pub info: Vec<u8>,
@@ -57,15 +59,20 @@ pub struct Layer {
 /// open, which fails podman's pull (a missing layer would let it reuse one).
 #[derive(Debug, Clone)]
 pub struct Refused {
+    /// The reference asked about, as given.
     pub reference: String,
+    /// The layer blob's digest asked about.
     pub digest: String,
+    /// Why the store must not answer for it.
     pub why: String,
 }
 
 /// What the store answers for a layer it knows.
 #[derive(Debug, Clone)]
 pub enum Found {
+    /// The layer's verilay image, to serve.
     Layer(Box<Layer>),
+    /// The layer must fail for this image.
     Refused(Refused),
 }
 
@@ -169,12 +176,15 @@ const CHECK_ROUNDS: usize = 4;
 /// The registry side: references resolved through the OCI referrers of their manifests,
 /// layers mounted by running `verilay mount` on their image artifacts.
 pub struct OciResolver {
+    /// Registries over plain HTTP (only on this machine), and `--insecure` for the mounts.
     pub insecure: bool,
+    /// The longest one registry request may take; a lookup makes no request after 4 of these.
     pub timeout: Duration,
     /// `layers/IMAGE_HEX` (mountpoints) and `blobs/SOURCE_HEX` (original blobs).
     pub state: PathBuf,
-    /// The program and the arguments after `mount SOURCE MOUNTPOINT`.
+    /// The program run as `PROGRAM mount SOURCE MOUNTPOINT --quiet ARGS…`.
     pub mount_program: PathBuf,
+    /// Arguments given to every mount, after the ones the resolver adds.
     pub mount_args: Vec<OsString>,
     /// Each layer's measurement list goes to `DIR/IMAGE_HEX` (`--measure-log`).
     pub measure_logs: Option<PathBuf>,
@@ -215,6 +225,8 @@ const RECORD: &str = "served.json";
 const CHECKS: &str = "checks";
 
 impl OciResolver {
+    /// A resolver keeping its mounts, blobs and record in `state`, mounting layers with
+    /// `mount_program`; plain HTTP off, 30 s requests, no signature policy.
     pub fn new(state: PathBuf, mount_program: PathBuf) -> OciResolver {
         OciResolver {
             insecure: false,

@@ -18,16 +18,21 @@ use std::path::{Path, PathBuf};
 /// podman, and the image the `diff` mount pins.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Binding {
-    /// The layer blob: digest, size and media type as the binding manifest lists them.
+    /// The layer blob's digest, as the binding manifest lists it.
     pub layer: String,
+    /// The layer blob's size in bytes, as the binding manifest lists it.
     pub layer_size: u64,
+    /// The layer blob's media type, as the binding manifest lists it.
     pub media_type: String,
-    /// The DiffID and tar size the `info` file gives.
+    /// The DiffID the `info` file gives.
     pub diff_id: String,
+    /// The size in bytes of the uncompressed tar, as the `info` file gives it.
     pub tar_size: u64,
-    /// The image digest (what the mount pins), its blob and size.
+    /// The image digest: what the mount pins.
     pub image: String,
+    /// The image file's blob digest (`sha256:…` of the file).
     pub image_blob: String,
+    /// The image file's size, in bytes.
     pub image_size: u64,
     /// The reference that bound it: its repository holds the image blob (and lists the
     /// layer blob).
@@ -35,6 +40,7 @@ pub struct Binding {
 }
 
 impl Binding {
+    /// The binding `reference` makes of its converted layer `l`.
     pub fn of(reference: &str, l: &ConvertedLayer) -> Binding {
         Binding {
             layer: l.source.digest.clone(),
@@ -68,13 +74,16 @@ pub enum Verdict {
     Differs(String),
 }
 
+/// One binding of the record: whether it was served, and what checking it found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
+    /// The binding.
     #[serde(flatten)]
     pub binding: Binding,
     /// Answered to podman (a layer it may have made); otherwise only checked (a binding
     /// refused before it was served).
     pub served: bool,
+    /// What checking it found; `None` until it is checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<Verdict>,
 }
@@ -92,6 +101,7 @@ const FILE_MAX: u64 = 16 << 20;
 /// it the ordinary way).
 pub const ENTRIES_MAX: usize = 4096;
 
+/// The bindings served and the verdicts found, as `served.json` keeps them.
 #[derive(Debug)]
 pub struct Record {
     path: PathBuf,
@@ -126,6 +136,7 @@ impl Record {
         })
     }
 
+    /// An empty record, to be saved at `path`.
     pub fn empty(path: &Path) -> Record {
         Record {
             path: path.to_path_buf(),
@@ -176,6 +187,8 @@ impl Record {
             .any(|e| e.served && e.verdict != Some(Verdict::Holds))
     }
 
+    /// What checking a binding that gives podman the same layer as `b` found, if it was
+    /// checked.
     pub fn verdict(&self, b: &Binding) -> Option<Verdict> {
         self.entries
             .iter()
@@ -183,6 +196,7 @@ impl Record {
             .and_then(|e| e.verdict.clone())
     }
 
+    /// Whether a binding that gives podman the same layer as `b` was served.
     pub fn is_served(&self, b: &Binding) -> bool {
         self.entries.iter().any(|e| e.served && e.binding.same(b))
     }

@@ -87,8 +87,10 @@ fn nofollow_error(e: rustix::io::Errno) -> OpenError {
 /// An open refused or failed: the refusal or the system's error, for one message.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// The system's error.
     #[error("{0}")]
     Io(io::Error),
+    /// The file is not one to use, and why.
     #[error("{0}")]
     Refused(Refusal),
 }

@@ -18,12 +18,19 @@ pub const MAX_PATH: usize = 4096;
 /// Longest signature accepted: an xattr value is at most XATTR_SIZE_MAX bytes.
 pub const MAX_SIG: usize = 65536;
 
+/// The binary list with SHA-1 template digests.
 pub const BINARY_SHA1: &str = "binary_runtime_measurements";
+/// The ASCII list with SHA-1 template digests.
 pub const ASCII_SHA1: &str = "ascii_runtime_measurements";
+/// The binary list with SHA-256 template digests.
 pub const BINARY_SHA256: &str = "binary_runtime_measurements_sha256";
+/// The ASCII list with SHA-256 template digests.
 pub const ASCII_SHA256: &str = "ascii_runtime_measurements_sha256";
+/// The number of entries (`"%li\n"`).
 pub const COUNT: &str = "runtime_measurements_count";
+/// The SHA-1 PCR bank, as evmctl's `--pcrs` reads it.
 pub const PCRS_SHA1: &str = "pcrs_sha1";
+/// The SHA-256 PCR bank, as evmctl's `--pcrs` reads it.
 pub const PCRS_SHA256: &str = "pcrs_sha256";
 /// Locked (OFD, exclusive) by the one writer of the list; holds who that is.
 pub const LOCK: &str = "verilay.lock";
@@ -47,12 +54,16 @@ pub(crate) fn template_by_name(name: &[u8]) -> Option<Template> {
 /// File-content hash algorithms verilay can measure with (names as the kernel's hash_algo_name[]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HashAlgo {
+    /// SHA-1.
     Sha1,
+    /// SHA-256.
     Sha256,
+    /// SHA-512.
     Sha512,
 }
 
 impl HashAlgo {
+    /// The kernel's name for it (`sha256`).
     pub fn name(self) -> &'static str {
         match self {
             HashAlgo::Sha1 => "sha1",
@@ -61,6 +72,7 @@ impl HashAlgo {
         }
     }
 
+    /// Its digest's size, in bytes.
     pub fn size(self) -> usize {
         match self {
             HashAlgo::Sha1 => 20,
@@ -69,12 +81,14 @@ impl HashAlgo {
         }
     }
 
+    /// The algorithm the kernel calls `s`.
     pub fn from_name(s: &str) -> Option<HashAlgo> {
         [HashAlgo::Sha1, HashAlgo::Sha256, HashAlgo::Sha512]
             .into_iter()
             .find(|a| a.name() == s)
     }
 
+    /// A hasher of file contents with it.
     pub fn hasher(self) -> FileHasher {
         FileHasher(match self {
             HashAlgo::Sha1 => Hasher::Sha1(Sha1::new()),
@@ -94,6 +108,7 @@ enum Hasher {
 }
 
 impl FileHasher {
+    /// Hashes `data`, after what was hashed before.
     pub fn update(&mut self, data: &[u8]) {
         match &mut self.0 {
             Hasher::Sha1(h) => h.update(data),
@@ -102,6 +117,7 @@ impl FileHasher {
         }
     }
 
+    /// The digest of everything hashed.
     pub fn finish(self) -> Vec<u8> {
         match self.0 {
             Hasher::Sha1(h) => h.finalize().to_vec(),
@@ -114,7 +130,9 @@ impl FileHasher {
 /// What a `d-ngv2` digest is: the file's content hash, or its fs-verity file digest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DigestKind {
+    /// A hash of the file's contents (`ima:`).
     Ima,
+    /// The file's fs-verity digest (`verity:`).
     Verity,
 }
 
@@ -134,11 +152,17 @@ impl DigestKind {
 /// with a `sig` field and ignored by the others; `kind` is written only by the v2 templates.
 #[derive(Clone, Copy, Debug)]
 pub struct Event<'a> {
+    /// The template the entry is made with.
     pub template: Template,
+    /// What `digest` is.
     pub kind: DigestKind,
+    /// The algorithm of `digest`.
     pub algo: HashAlgo,
+    /// The file's digest.
     pub digest: &'a [u8],
+    /// The file's path, as the entry names it.
     pub path: &'a [u8],
+    /// The file's `security.ima` signature, if it has one.
     pub sig: Option<&'a [u8]>,
 }
 
@@ -189,11 +213,14 @@ impl Event<'_> {
 /// A PCR bank, and with it the template-digest algorithm and the layout of a list file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bank {
+    /// SHA-1: 20-byte template digests and PCRs.
     Sha1,
+    /// SHA-256: 32-byte template digests and PCRs.
     Sha256,
 }
 
 impl Bank {
+    /// Its digests' size, in bytes.
     pub fn size(self) -> usize {
         match self {
             Bank::Sha1 => 20,
@@ -201,6 +228,7 @@ impl Bank {
         }
     }
 
+    /// Its algorithm's name (`sha1`, `sha256`).
     pub fn name(self) -> &'static str {
         match self {
             Bank::Sha1 => "sha1",
@@ -232,10 +260,15 @@ impl Bank {
 /// An encoded entry: template data exactly as the kernel serializes it, plus its template digests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
+    /// The PCR it extends.
     pub pcr: u32,
+    /// The template's name (`ima-ng`, …).
     pub template_name: Cow<'static, str>,
+    /// The template data: each field with its length before it.
     pub data: Vec<u8>,
+    /// The SHA-1 template digest (zero in a violation).
     pub sha1: [u8; 20],
+    /// The SHA-256 template digest (zero in a violation).
     pub sha256: [u8; 32],
 }
 

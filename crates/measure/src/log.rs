@@ -65,24 +65,45 @@ use std::sync::{Arc, Condvar, Mutex};
 /// unmounted is still closing its list) before it refuses.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// Why a list was not opened, or an entry not taken or written.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// A file in the list directory could not be read or written.
     #[error("{}: {err}", path.display())]
-    Io { path: PathBuf, err: io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        err: io::Error,
+    },
     /// A file in the list directory is not one to use (a symlink, not a regular file,
     /// writable by someone else).
     #[error("{}: {why}", path.display())]
-    Refused { path: PathBuf, why: String },
+    Refused {
+        /// The file.
+        path: PathBuf,
+        /// Why it is not used.
+        why: String,
+    },
     /// The list already in the directory does not verify, so it is not continued.
     #[error("not continuing the measurement list in {}: {err}", dir.display())]
-    Corrupt { dir: PathBuf, err: Box<VerifyError> },
+    Corrupt {
+        /// The list's directory.
+        dir: PathBuf,
+        /// Where the list fails to verify.
+        err: Box<VerifyError>,
+    },
     /// Another writer holds the list.
     #[error(
         "the measurement list in {} is in use by another writer ({holder}); two mounts cannot share a list",
         dir.display()
     )]
-    InUse { dir: PathBuf, holder: String },
+    InUse {
+        /// The list's directory.
+        dir: PathBuf,
+        /// Who holds it, as its lock file says.
+        holder: String,
+    },
     /// The event cannot be logged.
     #[error("cannot log measurement: {0}")]
     Invalid(String),
@@ -709,6 +730,7 @@ impl Log {
         self.abandoned = true;
     }
 
+    /// Entries in the list, those not yet written to the files included.
     pub fn entries(&self) -> u64 {
         self.entries
     }
@@ -718,6 +740,7 @@ impl Log {
         self.pcrs.get(bank, index).unwrap_or(&[]).to_vec()
     }
 
+    /// The list's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -27,10 +27,13 @@
 
 use std::fmt;
 
-/// The kernel's access-mask bits (`include/linux/fs.h`).
+/// The kernel's access-mask bit for an exec (`include/linux/fs.h`).
 pub const MAY_EXEC: u32 = 0x1;
+/// The kernel's access-mask bit for writing.
 pub const MAY_WRITE: u32 = 0x2;
+/// The kernel's access-mask bit for reading.
 pub const MAY_READ: u32 = 0x4;
+/// The kernel's access-mask bit for appending.
 pub const MAY_APPEND: u32 = 0x8;
 
 /// The PCR IMA extends unless a rule says otherwise (CONFIG_IMA_MEASURE_PCR_IDX).
@@ -123,34 +126,48 @@ impl Template {
 /// and it has a uid/euid/gid/egid condition.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TaskIds {
+    /// The real user ID.
     pub uid: u32,
+    /// The effective user ID.
     pub euid: u32,
+    /// The saved user ID.
     pub suid: u32,
+    /// The real group ID.
     pub gid: u32,
+    /// The effective group ID.
     pub egid: u32,
+    /// The saved group ID.
     pub sgid: u32,
+    /// Whether CAP_SETUID is in its effective set.
     pub cap_setuid: bool,
+    /// Whether CAP_SETGID is in its effective set.
     pub cap_setgid: bool,
 }
 
 /// The filesystem identity of the layer serving the file.
 #[derive(Clone, Debug)]
 pub struct FsIdentity {
+    /// The filesystem's magic number (`fsmagic=`).
     pub magic: u64,
+    /// The filesystem's name (`fsname=`).
     pub name: String,
+    /// The filesystem's UUID (`fsuuid=`).
     pub uuid: [u8; 16],
 }
 
 /// One access the policy is asked about.
 #[derive(Clone, Copy, Debug)]
 pub struct Access<'a> {
+    /// The hook: an open or an exec.
     pub func: Func,
     /// MAY_* bits: an open's access mode (O_RDONLY: MAY_READ, O_WRONLY: MAY_WRITE,
     /// O_RDWR: both, plus MAY_APPEND for O_APPEND); MAY_EXEC for an exec.
     pub mask: u32,
-    /// The file's owner and group.
+    /// The file's owner (a uid).
     pub fowner: u32,
+    /// The file's group (a gid).
     pub fgroup: u32,
+    /// The filesystem of the layer serving the file.
     pub fs: &'a FsIdentity,
 }
 
@@ -170,8 +187,9 @@ pub struct Measure {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct PolicyError {
-    /// 1-based.
+    /// The bad rule's line, 1-based.
     pub line: usize,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -456,6 +474,7 @@ impl Policy {
         v
     }
 
+    /// Whether it has no rules.
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }

@@ -36,19 +36,22 @@ use std::path::Path;
 /// What a verified list holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
+    /// Entries in the list, boot_aggregate and violations included.
     pub entries: u64,
     /// (index, sha1 value, sha256 value) of every PCR the list extended (the non-zero ones).
     pub pcrs: Vec<(u32, Vec<u8>, Vec<u8>)>,
     /// The violation entries, in list order: events may be missing at each.
     pub violations: Vec<Violation>,
+    /// Whether a mount has the list open, and whether the last one closed it.
     pub state: State,
 }
 
 /// A violation entry: the kernel's mark that a measurement could not be trusted or made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
-    /// 1-based.
+    /// Its place in the list, 1-based.
     pub entry: u64,
+    /// The PCR it was extended into.
     pub pcr: u32,
     /// The entry's name field (verilay's: [`crate::format::UNCLEAN_SHUTDOWN`]).
     pub name: String,
@@ -61,11 +64,17 @@ pub enum State {
     Closed,
     /// A mount holds it open (its lock): entries may still come, and a batch being
     /// written can make the files disagree for a moment.
-    Open { holder: String },
+    Open {
+        /// Who holds it, as its lock file says.
+        holder: String,
+    },
     /// Its in-use marker is there but no mount holds it: the mount writing it ended
     /// without closing it (killed, crashed, power lost), and events it measured after the
     /// list's last entry may be missing. A mount continuing the list records the gap.
-    Unclean { holder: String },
+    Unclean {
+        /// Who had it, as its in-use marker says.
+        holder: String,
+    },
 }
 
 /// The first problem found, located: `FILE: offset N (entry K): what is wrong`.
@@ -79,6 +88,7 @@ pub struct VerifyError {
     pub entry: Option<u64>,
     /// The PCR line the problem is on (PCR files).
     pub pcr: Option<u32>,
+    /// What is wrong.
     pub message: String,
     /// What the list's state adds (it was not closed cleanly), if anything.
     pub note: Option<String>,

@@ -27,6 +27,7 @@
 //! each other (`ro,rw`), the last one wins, as with mount(8).
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -65,12 +66,14 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// Each engine with its name in `engine=`.
     pub const NAMES: [(&'static str, Engine); 3] = [
         ("auto", Engine::Auto),
         ("kernel", Engine::Kernel),
         ("fuse", Engine::Fuse),
     ];
 
+    /// The engine called `name`.
     pub fn parse(name: &str) -> Result<Engine, String> {
         Self::NAMES
             .iter()
@@ -79,6 +82,7 @@ impl Engine {
             .ok_or_else(|| format!("{name:?}: not one of auto, kernel, fuse"))
     }
 
+    /// Its name in `engine=`.
     pub fn name(self) -> &'static str {
         Self::NAMES
             .iter()
@@ -92,14 +96,23 @@ impl Engine {
 pub struct MountOptions {
     /// `ro` (true) or `rw` (false).
     pub read_only: Option<bool>,
+    /// `nosuid` (true) or `suid` (false).
     pub nosuid: Option<bool>,
+    /// `nodev` (true) or `dev` (false).
     pub nodev: Option<bool>,
+    /// `noexec` (true) or `exec` (false).
     pub noexec: Option<bool>,
+    /// `sync` (true) or `async` (false).
     pub sync: Option<bool>,
+    /// `dirsync`.
     pub dirsync: Option<bool>,
+    /// The last of the atime family given.
     pub atime: Option<Atime>,
+    /// `nodiratime` (true) or `diratime` (false).
     pub nodiratime: Option<bool>,
+    /// `lazytime` (true) or `nolazytime` (false).
     pub lazytime: Option<bool>,
+    /// `nosymfollow` (true) or `symfollow` (false).
     pub nosymfollow: Option<bool>,
     /// Other users may use the mount (FUSE allows only the mounting user otherwise).
     pub allow_other: bool,
@@ -117,17 +130,26 @@ pub struct MountOptions {
     pub prefetch: bool,
     /// `digest=`: the one image's pinned digest.
     pub digest: Option<String>,
+    /// `threads=N`: the mount's worker threads (see [`check_threads`]).
     pub threads: Option<usize>,
+    /// `engine=`: what serves the mount.
     pub engine: Option<Engine>,
+    /// `transport=`: how FUSE requests reach the daemon.
     pub transport: Option<Transport>,
     /// `poll_us=N`: how long, in µs, a serving thread looks for the next request before
     /// it sleeps (unset: 50 over io_uring, 0 over /dev/fuse).
     pub poll_us: Option<u64>,
+    /// `log=FILE`: where the daemon appends its log lines.
     pub log: Option<PathBuf>,
+    /// `upper=DIR`: the writable upper directory over the images.
     pub upper: Option<PathBuf>,
+    /// `work=DIR`: the upper directory's work directory.
     pub work: Option<PathBuf>,
+    /// `policy=FILE`: the measurement policy, in IMA's syntax.
     pub policy: Option<PathBuf>,
+    /// `measure_log=DIR`: the directory the measurement list and PCR values are written to.
     pub measure_log: Option<PathBuf>,
+    /// `measure_hash=`: the hash of measured file contents (`sha256`, `sha512`, `sha1`).
     pub measure_hash: Option<String>,
     /// `signature_policy=FILE`: the containers-policy.json(5) `oci://` images' manifests
     /// must satisfy (not `policy=`, the measurement policy).
@@ -140,7 +162,9 @@ pub struct MountOptions {
 /// Why an option string was refused; names the option.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptionError {
+    /// The option as given.
     pub option: String,
+    /// Why it was refused.
     pub why: String,
 }
 

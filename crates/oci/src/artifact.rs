@@ -6,23 +6,32 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// An OCI image manifest's media type.
 pub const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
-/// The artifact's type, and its layer's media type: a sealed EROFS image.
+/// The artifact's type: a verilay image.
 pub const ARTIFACT_TYPE: &str = "application/vnd.verilay.image.v1";
+/// The media type of the layer that is the image file: a sealed EROFS image.
 pub const LAYER_TYPE: &str = "application/vnd.verilay.image.erofs.v1";
 /// The image digest (`sha256:…`, as `verilay build` prints it).
 pub const DIGEST_ANNOTATION: &str = "dev.verilay.image.digest";
+/// OCI's title annotation: on the layer, the image file's name.
 pub const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
 /// OCI's empty descriptor: the config of an artifact.
 pub const EMPTY_TYPE: &str = "application/vnd.oci.empty.v1+json";
+/// The bytes of OCI's empty descriptor.
 pub const EMPTY_BLOB: &[u8] = b"{}";
 
+/// An OCI descriptor: what a manifest or index says of a blob or manifest it lists.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Descriptor {
+    /// Its media type.
     pub media_type: String,
+    /// Its digest (`alg:hex`).
     pub digest: String,
+    /// Its size, in bytes.
     pub size: u64,
+    /// Its annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// In an index: what kind of artifact the manifest is (referrers list it).
@@ -36,8 +45,11 @@ pub struct Descriptor {
 /// An index entry's platform (`os`, `architecture`, optional `variant`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Platform {
+    /// The CPU architecture (`amd64`, `arm64`, …).
     pub architecture: String,
+    /// The operating system (`linux`, …).
     pub os: String,
+    /// The CPU variant (`v8`, …), if one is named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
 }
@@ -56,19 +68,26 @@ impl Descriptor {
     }
 }
 
+/// An OCI image manifest.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
+    /// The schema version (`schemaVersion`).
     pub schema_version: u32,
+    /// Its own media type, if it says.
     #[serde(default)]
     pub media_type: Option<String>,
+    /// An artifact's type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_type: Option<String>,
+    /// The config blob.
     pub config: Descriptor,
+    /// The layers, in order.
     pub layers: Vec<Descriptor>,
     /// The manifest this one refers to (OCI 1.1 referrers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<Descriptor>,
+    /// The manifest's own annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -107,7 +126,9 @@ pub fn manifest(blob_digest: &str, size: u64, image_digest: &str, title: &str) -
 /// records (if it records one).
 #[derive(Debug)]
 pub struct Image {
+    /// The image file's blob.
     pub blob: Descriptor,
+    /// The image digest the manifest records (`sha256:…`).
     pub digest: Option<String>,
 }
 

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 /// A user name and password (or identity token) for one registry.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
+    /// The user name.
     pub user: String,
+    /// The password, or identity token.
     pub password: String,
 }
 
@@ -110,11 +112,15 @@ pub fn from_auth_json(text: &str, registry: &str) -> Result<Option<Credentials>,
 /// A `WWW-Authenticate` challenge.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Challenge {
+    /// `Basic`: the credentials go with each request.
     Basic,
     /// The token server and what to ask it for.
     Bearer {
+        /// The token server's URL.
         realm: String,
+        /// The `service` to ask a token for.
         service: Option<String>,
+        /// The `scope` to ask a token for.
         scope: Option<String>,
     },
 }

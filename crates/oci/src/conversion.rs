@@ -19,14 +19,17 @@ use std::collections::BTreeMap;
 pub const CONVERSION_TYPE: &str = "application/vnd.verilay.layers.v1";
 /// The original layer blob's digest (`sha256:…`, as the image manifest lists it).
 pub const SOURCE_DIGEST: &str = "dev.verilay.source.digest";
+/// The original layer blob's size, in bytes.
 pub const SOURCE_SIZE: &str = "dev.verilay.source.size";
+/// The original layer blob's media type.
 pub const SOURCE_MEDIA_TYPE: &str = "dev.verilay.source.media-type";
 /// The layer's DiffID: `sha256:…` of its uncompressed tar.
 pub const SOURCE_DIFF_ID: &str = "dev.verilay.source.diff-id";
 /// Bytes of the uncompressed tar.
 pub const SOURCE_TAR_SIZE: &str = "dev.verilay.source.tar-size";
-/// On a bound manifest's layer: the verilay image's blob (`sha256:…` of the file) and size.
+/// On a bound manifest's layer: the verilay image's blob (`sha256:…` of the file).
 pub const IMAGE_BLOB: &str = "dev.verilay.image.blob";
+/// On a bound manifest's layer: the verilay image file's size, in bytes.
 pub const IMAGE_SIZE: &str = "dev.verilay.image.size";
 /// On a bound manifest or index: the digest of the manifest or index it was made from.
 pub const CONVERTED_FROM: &str = "dev.verilay.converted-from";
@@ -36,10 +39,13 @@ pub const CONVERTED_FROM: &str = "dev.verilay.converted-from";
 pub struct ConvertedLayer {
     /// The original layer blob.
     pub source: Descriptor,
+    /// The layer's DiffID: `sha256:…` of its uncompressed tar.
     pub diff_id: String,
+    /// The size in bytes of its uncompressed tar.
     pub tar_size: u64,
-    /// The verilay image's blob (`sha256:…` of the image file, and its size).
+    /// The verilay image's blob (`sha256:…` of the image file).
     pub image_blob: String,
+    /// The image file's size, in bytes.
     pub image_size: u64,
     /// The image digest (fs-verity digest of its EROFS part): what a mount pins.
     pub image_digest: String,

@@ -6,9 +6,13 @@ use crate::artifact::{Descriptor, Manifest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// An OCI image manifest's media type.
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+/// An OCI image index's media type.
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+/// A Docker schema 2 manifest's media type.
 pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// A Docker manifest list's media type.
 pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 
 /// Layer blobs a conversion reads: tar, gzip or zstd, in OCI's and Docker's spellings.
@@ -33,10 +37,14 @@ pub fn is_tar_layer(media_type: &str) -> bool {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Index {
+    /// The schema version (`schemaVersion`).
     pub schema_version: u32,
+    /// Its own media type, if it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub media_type: Option<String>,
+    /// The manifests it lists.
     pub manifests: Vec<Descriptor>,
+    /// Its annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -52,6 +60,7 @@ impl Index {
         }
     }
 
+    /// The index as JSON.
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).expect("an index serialises")
     }
@@ -66,7 +75,9 @@ impl Default for Index {
 /// What a manifest's bytes are.
 #[derive(Debug, Clone)]
 pub enum Parsed {
+    /// An image manifest.
     Manifest(Box<Manifest>),
+    /// An index or manifest list.
     Index(Index),
 }
 

@@ -7,10 +7,12 @@ use crate::image::Index;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+/// The annotation that names a manifest in `index.json` (the tag of `oci:DIR:TAG`).
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
 /// The most of `index.json` or a manifest read.
 const JSON_MAX: u64 = 4 << 20;
 
+/// An OCI image layout directory, checked to be one.
 pub struct Layout {
     dir: PathBuf,
 }

@@ -6,6 +6,7 @@
 //! layers converted to verilay images (`conversion`).
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod artifact;
 pub mod auth;

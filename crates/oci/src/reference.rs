@@ -6,16 +6,20 @@ use std::fmt;
 /// What a reference names in its repository.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// A tag (`latest` when none is given).
     Tag(String),
     /// `sha256:HEX` of the manifest: pins it.
     Digest(String),
 }
 
+/// A parsed reference: a registry, a repository in it, and a tag or digest there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
     /// `HOST[:PORT]`.
     pub registry: String,
+    /// The repository's name (`ns/app`).
     pub repository: String,
+    /// The tag or digest it names.
     pub target: Target,
 }
 

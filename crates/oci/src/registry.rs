@@ -23,6 +23,7 @@ use ureq::http::{Response, StatusCode};
 #[error("{0}")]
 pub struct Error(pub String);
 
+/// A result whose error is an [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// The manifests verilay reads (OCI, and what an index or a docker manifest would be, to
@@ -47,7 +48,9 @@ pub struct Registry {
 
 /// What a request sends.
 pub enum Body<'a> {
+    /// No body.
     Empty,
+    /// These bytes.
     Bytes(&'a [u8]),
     /// A reader of `len` bytes, made afresh for each attempt.
     Reader(u64, &'a dyn Fn() -> std::io::Result<Box<dyn Read + 'a>>),

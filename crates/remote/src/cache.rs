@@ -68,21 +68,28 @@ pub struct Cache {
     /// Bytes this mount may still add before the directory passes its size limit.
     budget: AtomicU64,
     full_said: AtomicBool,
-    /// Bytes of verified units held, and bytes served from the cache.
+    /// Bytes of verified units held.
     pub held: AtomicU64,
+    /// Bytes served from the cache.
     pub served: AtomicU64,
 }
 
 /// An entry as `verilay cache ls` shows it.
 #[derive(Debug, serde::Serialize)]
 pub struct Entry {
+    /// The image's digest (`alg:hex`).
     pub digest: String,
+    /// The entry's `.img` file.
     pub path: PathBuf,
+    /// The image's length in bytes, as its record gives it (0 if the record has none).
     pub image_bytes: u64,
+    /// Bytes of the image the record says are held.
     pub cached_bytes: u64,
     /// Bytes the `.img` file takes on disk.
     pub disk_bytes: u64,
+    /// Whether the whole image is held.
     pub complete: bool,
+    /// Whether a mount holds it: its record could not be locked exclusively.
     pub in_use: bool,
     /// Seconds since the epoch of the last mount that used it.
     pub last_used: i64,
@@ -279,6 +286,7 @@ impl Cache {
         })
     }
 
+    /// The entry's `.img` file, for messages.
     pub fn path(&self) -> &str {
         &self.name
     }

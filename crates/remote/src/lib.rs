@@ -18,6 +18,7 @@
 //!   request at a time until it answers (`fetch`).
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod cache;
 pub mod prefetch;
@@ -55,9 +56,13 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// What fetching has cost, for `verilay stats` and the tests.
 #[derive(Default, Debug)]
 pub struct Counters {
+    /// Range requests sent, retries included.
     pub requests: AtomicU64,
+    /// Bytes the requests that succeeded fetched.
     pub fetched: AtomicU64,
+    /// Requests that failed and were tried again.
     pub retries: AtomicU64,
+    /// Fetches that failed: every attempt failed, or the server was down.
     pub failures: AtomicU64,
     /// Fetches under way for readers (not the prefetcher), which it yields to.
     pub demand: AtomicU64,
@@ -76,6 +81,7 @@ pub struct RemoteSource {
     name: String,
     len: u64,
     chunks: Mutex<Chunks>,
+    /// What fetching this image has cost.
     pub counters: Arc<Counters>,
     cache: Option<cache::Cache>,
     /// Windows for the readahead threads to fetch (see [`RemoteSource::shared`]).
@@ -177,6 +183,7 @@ pub fn is_remote(s: &str) -> bool {
 
 /// What a remote image's reference pins, besides `--digest`.
 pub struct Opened {
+    /// The remote image.
     pub source: RemoteSource,
     /// The image digest a manifest named by its own digest records (it pins the image).
     pub pinned: Option<String>,
@@ -334,6 +341,7 @@ impl RemoteSource {
         self
     }
 
+    /// The persistent cache entry verified bytes are kept in, if there is one.
     pub fn cache(&self) -> Option<&cache::Cache> {
         self.cache.as_ref()
     }

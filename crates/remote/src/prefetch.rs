@@ -21,7 +21,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 pub struct Progress {
     /// Bytes of the verified data in the cache or read so far, of `total`.
     pub done: AtomicU64,
+    /// Bytes to prefetch: the verified data's length.
     pub total: AtomicU64,
+    /// Steps whose read failed (each tried again after a wait).
     pub failures: AtomicU64,
 }
 

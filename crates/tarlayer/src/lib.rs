@@ -24,6 +24,7 @@
 //! extension records, data on entries that have none, paths through symlinks.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod header;
 mod pax;
@@ -49,11 +50,15 @@ const PAX_HEADER_MAX: i64 = 1 << 20;
 /// Largest GNU long name or link target ('L', 'K'): PATH_MAX with its NUL.
 const LONG_NAME_MAX: i64 = 4096;
 
+/// Why a layer was not read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Reading the tar, or making the spill file, failed.
     #[error("{path}: {err}")]
     Io {
+        /// The tar, or the spill directory.
         path: String,
+        /// The system's error.
         #[source]
         err: std::io::Error,
     },
@@ -61,16 +66,22 @@ pub enum Error {
     /// uncompressed stream).
     #[error("{path}: entry at byte {offset}: {what}")]
     Entry {
+        /// The tar.
         path: String,
+        /// Where the entry's first header starts.
         offset: u64,
+        /// What is wrong with it.
         what: String,
     },
     /// The archive itself is broken at `offset` (in the uncompressed stream): truncated,
     /// unterminated, followed by garbage, or a compressed stream that fails.
     #[error("{path}: at byte {offset}: {what}")]
     Archive {
+        /// The tar.
         path: String,
+        /// Where the stream breaks.
         offset: u64,
+        /// What is wrong there.
         what: String,
     },
 }
@@ -97,8 +108,11 @@ impl Fault {
 /// What a layer held, besides its tree.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Entries read (extension headers are part of the entry they precede).
     pub entries: u64,
+    /// `.wh.NAME` entries.
     pub whiteouts: u64,
+    /// `.wh..wh..opq` entries.
     pub opaque_dirs: u64,
     /// Bytes of file content.
     pub bytes: u64,
@@ -139,13 +153,14 @@ impl<R: Read> Read for Hashing<R> {
 
 /// How the tar is compressed, from its first bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Compression {
+pub(crate) enum Compression {
     None,
     Gzip,
     Zstd,
 }
 
-pub fn detect(magic: &[u8]) -> Compression {
+/// The compression whose magic `magic` starts with; `None` for anything else.
+pub(crate) fn detect(magic: &[u8]) -> Compression {
     if magic.starts_with(&[0x1f, 0x8b]) {
         Compression::Gzip
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {

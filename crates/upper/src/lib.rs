@@ -16,6 +16,7 @@
 //!   from the root when it starts with `/`.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
@@ -32,6 +33,7 @@ pub use overlay::{Namespace, Opacity};
 /// Our directory inside the work directory (overlayfs uses `work/work`).
 const WORK_SUBDIR: &str = "verilay";
 
+/// An object's lstat, as the upper directory's calls return it.
 pub type Stat = rfs::Stat;
 
 /// Metadata of an object being copied up or created.
@@ -39,9 +41,13 @@ pub type Stat = rfs::Stat;
 pub struct Meta {
     /// Type and permission bits (`st_mode`).
     pub mode: u32,
+    /// The owner's user ID.
     pub uid: u32,
+    /// The owner's group ID.
     pub gid: u32,
+    /// Modification time, seconds and nanoseconds since the epoch.
     pub mtime: (i64, u32),
+    /// A device node's (major, minor).
     pub rdev: (u32, u32),
     /// Full names and values (ACLs included).
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
@@ -53,9 +59,12 @@ pub enum Contents<'a> {
     Dir,
     /// A regular file of `size` bytes, read through `read(offset, buf) -> bytes read`.
     File {
+        /// Its size, in bytes.
         size: u64,
+        /// Reads from a byte offset into the buffer, returning how many bytes it read.
         read: &'a mut dyn FnMut(u64, &mut [u8]) -> io::Result<usize>,
     },
+    /// A symlink to this target.
     Symlink(&'a [u8]),
     /// Devices, FIFOs and sockets (made with mknod).
     Special,
@@ -76,6 +85,8 @@ impl Contents<'_> {
     }
 }
 
+/// An upper directory opened for making objects in, with our directory in its work
+/// directory.
 pub struct Upper {
     root: OwnedFd,
     work: OwnedFd,
@@ -109,6 +120,7 @@ pub(crate) fn open_subdir(dir: impl AsFd, name: impl rustix::path::Arg) -> io::R
     )?)
 }
 
+/// Whether an lstat is a whiteout's: a character device 0/0.
 pub fn is_whiteout(st: &Stat) -> bool {
     overlay::is_whiteout(st.st_mode, (rfs::major(st.st_rdev), rfs::minor(st.st_rdev)))
 }
@@ -128,6 +140,7 @@ impl Upper {
         })
     }
 
+    /// The upper directory.
     pub fn root(&self) -> BorrowedFd<'_> {
         self.root.as_fd()
     }

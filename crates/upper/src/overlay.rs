@@ -35,7 +35,9 @@ const S_IFCHR: u32 = 0o020000;
 /// orders from `user.*` xattrs that any file owner can set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Namespace {
+    /// `trusted.overlay.*`: a mount made by root.
     Trusted,
+    /// `user.overlay.*`: a mount made by an ordinary user.
     User,
 }
 
@@ -49,6 +51,7 @@ impl Namespace {
         }
     }
 
+    /// The namespace's prefix: `trusted.overlay.` or `user.overlay.`.
     pub fn prefix(self) -> &'static str {
         match self {
             Namespace::Trusted => "trusted.overlay.",
@@ -85,6 +88,7 @@ impl Namespace {
 /// How a directory's opacity marker reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Opacity {
+    /// No marker, or one of another value: the directory merges with those below.
     None,
     /// `y`: nothing below it merges.
     Opaque,

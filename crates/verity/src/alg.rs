@@ -2,13 +2,17 @@
 
 use sha2::Digest;
 
+/// A hash algorithm of fs-verity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HashAlg {
+    /// SHA-256.
     Sha256,
+    /// SHA-512.
     Sha512,
 }
 
 impl HashAlg {
+    /// The algorithm called `name` (`sha256`, `sha512`).
     pub fn from_name(name: &str) -> Option<HashAlg> {
         match name {
             "sha256" => Some(HashAlg::Sha256),
@@ -17,6 +21,7 @@ impl HashAlg {
         }
     }
 
+    /// Its name (`sha256`, `sha512`).
     pub fn name(self) -> &'static str {
         match self {
             HashAlg::Sha256 => "sha256",
@@ -32,6 +37,7 @@ impl HashAlg {
         }
     }
 
+    /// Its digest's size, in bytes.
     pub fn digest_size(self) -> usize {
         match self {
             HashAlg::Sha256 => 32,

@@ -19,17 +19,25 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
+/// The trailer's first bytes.
 pub const TRAILER_MAGIC: [u8; 8] = *b"VLVERITY";
+/// The trailer's size, in bytes.
 pub const TRAILER_SIZE: u64 = 64;
+/// The trailer version written, and the only one read.
 pub const TRAILER_VERSION: u32 = 1;
+/// The descriptor's size, in bytes.
 pub const DESCRIPTOR_SIZE: u64 = crate::descriptor::DESCRIPTOR_SIZE as u64;
 
 /// Where the parts of a section lie (all offsets absolute in the file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Section {
+    /// Bytes of data, from the start of the file.
     pub data_size: u64,
+    /// Where the Merkle tree starts.
     pub tree_offset: u64,
+    /// The tree's size, in bytes.
     pub tree_size: u64,
+    /// Where the descriptor starts.
     pub descriptor_offset: u64,
 }
 
@@ -47,10 +55,12 @@ impl Section {
         }
     }
 
+    /// The file's length: data, padding, tree, descriptor and trailer.
     pub fn file_len(&self) -> u64 {
         self.descriptor_offset + DESCRIPTOR_SIZE + TRAILER_SIZE
     }
 
+    /// The trailer recording this section.
     pub fn encode_trailer(&self) -> [u8; TRAILER_SIZE as usize] {
         let mut t = [0u8; TRAILER_SIZE as usize];
         t[0..8].copy_from_slice(&TRAILER_MAGIC);

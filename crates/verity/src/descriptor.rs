@@ -2,13 +2,18 @@
 
 use crate::{HashAlg, Params};
 
+/// A descriptor's size, in bytes.
 pub const DESCRIPTOR_SIZE: usize = 256;
 
+/// A descriptor, as the bytes whose hash is the file digest.
 pub struct Descriptor {
+    /// Its bytes.
     pub bytes: [u8; DESCRIPTOR_SIZE],
 }
 
 impl Descriptor {
+    /// The descriptor of `data_size` bytes of data whose Merkle tree under `params` has
+    /// the root hash `root`.
     pub fn new(params: &Params, data_size: u64, root: &[u8]) -> Descriptor {
         let mut b = [0u8; DESCRIPTOR_SIZE];
         b[0] = 1; // version
@@ -37,12 +42,16 @@ pub struct BadDescriptor(pub String);
 
 /// A descriptor read back from storage, checked the way `fs/verity/open.c` checks one.
 pub struct Parsed {
+    /// The tree's hash algorithm, block size and salt.
     pub params: Params,
+    /// Bytes of data it covers.
     pub data_size: u64,
+    /// The root hash of the tree.
     pub root: Vec<u8>,
 }
 
 impl Descriptor {
+    /// Parses and checks stored descriptor bytes; an error says what is wrong with them.
     pub fn parse(bytes: &[u8; DESCRIPTOR_SIZE]) -> Result<Parsed, BadDescriptor> {
         let bad = |s: &str| Err(BadDescriptor(s.to_string()));
         if bytes[0] != 1 {

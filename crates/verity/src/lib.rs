@@ -12,6 +12,7 @@
 //!   pinned Merkle tree.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod alg;
 pub mod appended;

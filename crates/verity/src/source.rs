@@ -22,6 +22,7 @@ pub trait ByteSource: Send + Sync {
     /// underlying I/O (or verification) fails.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// Whether it holds no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -203,6 +204,7 @@ impl FileSource {
         Ok(s)
     }
 
+    /// The bytes of `file`, as long as its length is now.
     pub fn new(file: File) -> io::Result<FileSource> {
         let len = file.metadata()?.len();
         Ok(FileSource {
@@ -212,6 +214,7 @@ impl FileSource {
         })
     }
 
+    /// The open file.
     pub fn file(&self) -> &File {
         &self.file
     }

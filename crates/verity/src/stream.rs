@@ -6,6 +6,7 @@
 
 use crate::{Descriptor, Params};
 
+/// A file digest made from the file's level-0 hashes, pushed in order.
 pub struct TreeStream {
     params: Params,
     salt: Vec<u8>,
@@ -20,6 +21,7 @@ pub struct TreeStream {
 }
 
 impl TreeStream {
+    /// A stream for a tree under `params`, no block pushed yet.
     pub fn new(params: &Params) -> TreeStream {
         let salt = params.padded_salt();
         let mut z = vec![0u8; params.alg.digest_size()];

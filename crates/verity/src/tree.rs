@@ -25,8 +25,10 @@ pub const CHUNK: usize = 1 << 20;
 /// Bytes per rayon task when a buffer already in memory is hashed in parallel.
 const TASK: usize = 256 << 10;
 
+/// A Merkle tree's parameters.
 #[derive(Clone, Debug)]
 pub struct Params {
+    /// The hash algorithm.
     pub alg: HashAlg,
     /// Power of two from 1024 to 65536 (fsverity-utils' range).
     pub block_size: u32,
@@ -35,6 +37,7 @@ pub struct Params {
 }
 
 impl Params {
+    /// Parameters checked to be in range; an error names the one that is not.
     pub fn new(alg: HashAlg, block_size: u32, salt: Vec<u8>) -> Result<Params, String> {
         if !block_size.is_power_of_two() || !(1024..=65536).contains(&block_size) {
             return Err(format!(
@@ -281,7 +284,9 @@ fn level0_file_parallel(
     Ok(level)
 }
 
+/// A Merkle tree, built.
 pub struct Tree {
+    /// The root hash: the hash of the top block.
     pub root: Vec<u8>,
     /// Levels from level 0 (just above the data) up to the single top block.
     pub levels: Vec<Vec<u8>>,

@@ -62,12 +62,21 @@ impl IntegrityError {
 /// Why a verified source could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// The file does not end in a verilay trailer.
     #[error("no verity section (the file does not end in a verilay trailer)")]
     NoSection,
+    /// The section is malformed or inconsistent: what is wrong.
     #[error("{0}")]
     Bad(String),
+    /// The descriptor does not hash to the pin.
     #[error("image digest is {found}, not the pinned {pinned}")]
-    PinMismatch { found: String, pinned: String },
+    PinMismatch {
+        /// The image's digest, `alg:hex`.
+        found: String,
+        /// The pin, `alg:hex`.
+        pinned: String,
+    },
+    /// Reading failed.
     #[error("{0}")]
     Io(#[from] io::Error),
 }
@@ -78,6 +87,8 @@ struct Level {
     blocks: Vec<OnceLock<Box<[u8]>>>,
 }
 
+/// The data of `S`, every byte returned checked against the Merkle tree of the verity
+/// section appended to it.
 pub struct VerifiedSource<S> {
     inner: S,
     params: Params,
@@ -167,8 +178,11 @@ pub const TAIL_SIZE: u64 = DESCRIPTOR_SIZE as u64 + TRAILER_SIZE;
 /// The end of an image, checked: the trailer and the descriptor (hashing to the pin, when
 /// there is one) agree on the one layout a file of this length may have.
 pub struct Tail {
+    /// The section's layout.
     pub section: Section,
+    /// The descriptor, parsed.
     pub parsed: Parsed,
+    /// The image digest: the descriptor's hash.
     pub digest: Vec<u8>,
 }
 
@@ -328,22 +342,27 @@ impl<S: ByteSource> VerifiedSource<S> {
         &self.digest
     }
 
+    /// The digest as `alg:hex`.
     pub fn digest_string(&self) -> String {
         format!("{}:{}", self.params.alg.name(), hex(&self.digest))
     }
 
+    /// Whether the descriptor was checked against a pin when opened.
     pub fn is_pinned(&self) -> bool {
         self.pinned
     }
 
+    /// Where the section's parts lie in the underlying source.
     pub fn section(&self) -> &Section {
         &self.section
     }
 
+    /// The tree's parameters.
     pub fn params(&self) -> &Params {
         &self.params
     }
 
+    /// The underlying source, unchecked.
     pub fn inner(&self) -> &S {
         &self.inner
     }
@@ -670,6 +689,7 @@ impl<S: ByteSource> VerifiedSource<S> {
     }
 }
 
+/// `b` in lowercase hex.
 pub fn hex(b: &[u8]) -> String {
     hex::encode(b)
 }
