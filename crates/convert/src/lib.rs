@@ -12,6 +12,7 @@
 //!   (the same layer always gives the same image digest) and pushed.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod source;
 

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 /// Where the image comes from.
 pub enum Source {
+    /// A repository of a registry, connected, and the reference given.
     Registry(oci::Registry, oci::Reference),
+    /// An OCI image layout, the tag given (if any) and its directory.
     Layout(oci::layout::Layout, Option<String>, PathBuf),
 }
 
