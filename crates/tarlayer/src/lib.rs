@@ -93,6 +93,9 @@ pub(crate) enum Fault {
     Entry(u64, String),
     /// The stream at this offset.
     At(u64, String),
+    /// Our own disk failed (writing the spill file) at the entry at this offset: says
+    /// nothing of the tar.
+    Spill(u64, std::io::Error),
 }
 
 impl Fault {
@@ -101,6 +104,10 @@ impl Fault {
         match self {
             Fault::Entry(offset, what) => Error::Entry { path, offset, what },
             Fault::At(offset, what) => Error::Archive { path, offset, what },
+            Fault::Spill(offset, err) => Error::Io {
+                path: format!("{path}: entry at byte {offset}: writing the spill file"),
+                err,
+            },
         }
     }
 }

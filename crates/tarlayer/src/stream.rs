@@ -94,9 +94,8 @@ impl<R: Read> Stream<R> {
             let want = left.min(CHUNK as u64) as usize;
             let got = self.fill(&mut buf[..want])?;
             if let Some(out) = out.as_mut() {
-                out.write_all(&buf[..got]).map_err(|e| {
-                    Fault::Entry(entry, format!("writing {what} to the spill file: {e}"))
-                })?;
+                out.write_all(&buf[..got])
+                    .map_err(|e| Fault::Spill(entry, e))?;
             }
             if got < want {
                 return Err(Fault::Entry(

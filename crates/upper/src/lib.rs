@@ -179,11 +179,20 @@ impl Upper {
         Opacity::of(n.map(|n| &buf[..n]))
     }
 
-    /// The directory's redirect (see the module comment).
+    /// The directory's redirect (see the module comment), whatever its length (an xattr
+    /// holds at most 64 KiB): one too long to name anything is the caller's to refuse.
     pub fn redirect(&self, dir: BorrowedFd<'_>) -> Option<Vec<u8>> {
-        let mut buf = [0u8; 4096];
-        let n = rfs::fgetxattr(dir, self.ns.redirect(), &mut buf).ok()?;
-        Some(buf[..n].to_vec())
+        let mut buf = vec![0u8; 4096];
+        loop {
+            match rfs::fgetxattr(dir, self.ns.redirect(), &mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Some(buf);
+                }
+                Err(rustix::io::Errno::RANGE) if buf.len() < 1 << 16 => buf.resize(1 << 16, 0),
+                Err(_) => return None,
+            }
+        }
     }
 
     /// Sets a directory's redirect, in our namespace.

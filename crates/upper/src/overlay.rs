@@ -114,9 +114,10 @@ pub fn is_whiteout(mode: u32, rdev: (u32, u32)) -> bool {
 
 /// Whether overlayfs follows a redirect: a relative one is one name, an absolute one has
 /// no empty part; and no part is `.` or `..`, which could make a directory merge with its
-/// own ancestor.
+/// own ancestor, or longer than a name may be.
 pub fn valid_redirect(to: &[u8]) -> bool {
-    let bad = |part: &[u8]| part.is_empty() || part == b"." || part == b"..";
+    // A name longer than NAME_MAX fails overlayfs's lookup (ENAMETOOLONG).
+    let bad = |part: &[u8]| part.is_empty() || part == b"." || part == b".." || part.len() > 255;
     match to.strip_prefix(b"/") {
         None => !to.contains(&b'/') && !bad(to),
         Some(path) => !path.split(|&b| b == b'/').any(bad),
@@ -144,6 +145,9 @@ mod tests {
         ] {
             assert!(!valid_redirect(bad), "{bad:?}");
         }
+        let long = [b'n'; 256];
+        assert!(!valid_redirect(&long));
+        assert!(valid_redirect(&long[..255]));
     }
 
     #[test]

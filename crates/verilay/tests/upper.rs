@@ -724,18 +724,21 @@ fn a_hostile_redirect_is_an_error_not_a_loop() {
     let (t, image, _lower) = lower_fixture();
     let d = dirs(t.path(), "hostile");
     // Redirects overlayfs would refuse: one that climbs, one with an empty part, a
-    // relative one with a slash; and a valid one for contrast.
+    // relative one with a slash, one with a name longer than NAME_MAX; and a valid one
+    // for contrast.
+    let long_name = format!("/{}", "n".repeat(256));
     for (dir, to) in [
         ("up", "/sub/.."),
         ("empty", "//sub"),
         ("slash", "sub/deep"),
+        ("long", long_name.as_str()),
         ("good", "/sub"),
     ] {
         std::fs::create_dir(d.upper.join(dir)).unwrap();
         setfattr(&d.upper.join(dir), "trusted.overlay.redirect", to);
     }
     let m = verilay_mount_fuse(&image, &d, &t.path().join("m"));
-    for dir in ["up", "empty", "slash"] {
+    for dir in ["up", "empty", "slash", "long"] {
         let err = std::fs::read_dir(m.dir.join(dir)).map(|_| ()).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(5), "{dir}: {err}");
     }
