@@ -1,13 +1,19 @@
 //! EROFS on-disk structures, shared by the builder and the reader.
 //!
 //! Mirrors `fs/erofs/erofs_fs.h` for the uncompressed subset verilay writes and reads.
-//! All integers are little-endian. Every `decode` takes a fixed-size array, so it can
-//! never read out of bounds; semantic validation is the reader's job.
+//! Each structure's layout is declared once, in [`raw`]; the plain structs here decode from
+//! and encode to those. Every `decode` takes a fixed-size array, so it can never read out
+//! of bounds; semantic validation is the reader's job.
+
+use zerocopy::little_endian::U32;
+use zerocopy::IntoBytes;
 
 /// Bytes before the superblock that EROFS ignores.
 pub const SUPER_OFFSET: u64 = 1024;
 /// Size of the base superblock (no extension slots).
-pub const SUPER_SIZE: usize = 128;
+pub const SUPER_SIZE: usize = size_of::<raw::Superblock>();
+/// Size of each of the superblock's `sb_extslots` extension slots.
+pub const SB_EXTSLOT_SIZE: u64 = 16;
 pub const MAGIC: u32 = 0xE0F5_E1E2;
 
 pub const FEATURE_COMPAT_SB_CHKSUM: u32 = 0x1;
@@ -31,8 +37,8 @@ pub const SB_CRC_SEED: u32 = 0x5045_B54A;
 
 /// Inode slots are 32 bytes: `offset = meta_blkaddr * bs + nid * 32`.
 pub const ISLOT_BITS: u32 = 5;
-pub const INODE_COMPACT_SIZE: usize = 32;
-pub const INODE_EXTENDED_SIZE: usize = 64;
+pub const INODE_COMPACT_SIZE: usize = size_of::<raw::InodeCompact>();
+pub const INODE_EXTENDED_SIZE: usize = size_of::<raw::InodeExtended>();
 
 pub const LAYOUT_FLAT_PLAIN: u16 = 0;
 pub const LAYOUT_FLAT_INLINE: u16 = 2;
@@ -44,7 +50,7 @@ pub const CHUNK_FORMAT_INDEXES: u16 = 0x20;
 /// A 4-byte block-map entry (or an 8-byte index's `startblk_lo`) meaning "hole".
 pub const NULL_ADDR: u32 = 0xFFFF_FFFF;
 
-pub const DIRENT_SIZE: usize = 12;
+pub const DIRENT_SIZE: usize = size_of::<raw::Dirent>();
 pub const NAME_LEN: usize = 255;
 
 pub const FT_UNKNOWN: u8 = 0;
@@ -80,6 +86,188 @@ pub fn file_type_of(mode: u16) -> Option<u8> {
 }
 
 // ---------------------------------------------------------------------------
+// On-disk layouts
+
+/// Declares on-disk structures: `repr(C)` of byte-order-explicit integers and byte arrays,
+/// so of alignment 1 and without padding (the derives check both), read from and written
+/// to bytes without `unsafe`.
+macro_rules! ondisk {
+    ($($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* })*) => {$(
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(
+            zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable,
+            zerocopy::KnownLayout, zerocopy::Unaligned,
+            Clone, Copy, Debug, Default, PartialEq, Eq,
+        )]
+        pub struct $name { $($(#[$fm])* pub $f: $t,)* }
+    )*};
+}
+pub(crate) use ondisk;
+
+/// The on-disk structures, field for field as `erofs_fs.h` names them (a union under the
+/// name of the member verilay uses), all little-endian: the one place each layout is
+/// written down. The plain structs of this module decode from and encode to them.
+pub mod raw {
+    use zerocopy::little_endian::{U16, U32, U64};
+
+    ondisk! {
+        /// `struct erofs_super_block`, its base 128 bytes: `sb_extslots` 16-byte slots may
+        /// follow (the header's 144 counts the first, `metabox_nid`, unused here).
+        pub struct Superblock {
+            pub magic: U32,
+            pub checksum: U32,
+            pub feature_compat: U32,
+            pub blkszbits: u8,
+            pub sb_extslots: u8,
+            /// Union `rb`: the root nid (or, with 48BIT, `blocks_hi`).
+            pub rootnid_2b: U16,
+            pub inos: U64,
+            /// Base seconds of compact inodes' mtimes.
+            pub epoch: U64,
+            pub fixed_nsec: U32,
+            pub blocks_lo: U32,
+            pub meta_blkaddr: U32,
+            pub xattr_blkaddr: U32,
+            pub uuid: [u8; 16],
+            pub volume_name: [u8; 16],
+            pub feature_incompat: U32,
+            /// Union `u1`: with `COMPR_CFGS` a bitmap of algorithms, else `lz4_max_distance`.
+            pub available_compr_algs: U16,
+            pub extra_devices: U16,
+            pub devt_slotoff: U16,
+            pub dirblkbits: u8,
+            pub xattr_prefix_count: u8,
+            pub xattr_prefix_start: U32,
+            pub packed_nid: U64,
+            pub xattr_filter_reserved: u8,
+            pub reserved: [u8; 3],
+            /// Seconds from `epoch` to the build (6.15+).
+            pub build_time: U32,
+            /// (48BIT) the root nid.
+            pub rootnid_8b: U64,
+            pub reserved2: U64,
+        }
+
+        /// `struct erofs_inode_compact`.
+        pub struct InodeCompact {
+            /// Bit 0 the version (0: compact), bits 1-3 the data layout.
+            pub i_format: U16,
+            pub i_xattr_icount: U16,
+            pub i_mode: U16,
+            /// Union `i_nb`: the link count (6.15+ may also keep `blocks_hi`/`startblk_hi`).
+            pub i_nb: U16,
+            pub i_size: U32,
+            /// Seconds after the superblock's `epoch` (6.15+; reserved before).
+            pub i_mtime: U32,
+            /// Union `i_u`: start block, compressed block count, `rdev` or [`ChunkInfo`].
+            pub i_u: U32,
+            pub i_ino: U32,
+            pub i_uid: U16,
+            pub i_gid: U16,
+            pub i_reserved: U32,
+        }
+
+        /// `struct erofs_inode_extended`.
+        pub struct InodeExtended {
+            /// Bit 0 the version (1: extended), bits 1-3 the data layout.
+            pub i_format: U16,
+            pub i_xattr_icount: U16,
+            pub i_mode: U16,
+            /// Union `i_nb` (6.15+: `blocks_hi`/`startblk_hi`; reserved before).
+            pub i_nb: U16,
+            pub i_size: U64,
+            /// Union `i_u`, as in [`InodeCompact`].
+            pub i_u: U32,
+            pub i_ino: U32,
+            pub i_uid: U32,
+            pub i_gid: U32,
+            pub i_mtime: U64,
+            pub i_mtime_nsec: U32,
+            pub i_nlink: U32,
+            pub i_reserved2: [u8; 16],
+        }
+
+        /// `struct erofs_inode_chunk_info`: `i_u` of a chunk-based inode.
+        pub struct ChunkInfo {
+            pub format: U16,
+            pub reserved: U16,
+        }
+
+        /// `struct erofs_xattr_ibody_header`; `h_shared_count` le32 shared xattr ids follow.
+        pub struct XattrIbodyHeader {
+            pub h_name_filter: U32,
+            pub h_shared_count: u8,
+            pub h_reserved2: [u8; 7],
+        }
+
+        /// `struct erofs_xattr_entry`; the name and the value follow, padded to 4 bytes.
+        pub struct XattrEntry {
+            pub e_name_len: u8,
+            pub e_name_index: u8,
+            pub e_value_size: U16,
+        }
+
+        /// One entry of a chunk-based inode's block map (`EROFS_BLOCK_MAP_ENTRY_SIZE`),
+        /// the format without `CHUNK_FORMAT_INDEXES`.
+        pub struct BlockMapEntry {
+            pub blkaddr: U32,
+        }
+
+        /// `struct erofs_inode_chunk_index`, the format with `CHUNK_FORMAT_INDEXES`.
+        pub struct ChunkIndex {
+            pub startblk_hi: U16,
+            pub device_id: U16,
+            pub startblk_lo: U32,
+        }
+
+        /// `struct erofs_dirent`; a block's names follow its dirents.
+        pub struct Dirent {
+            pub nid: U64,
+            pub nameoff: U16,
+            pub file_type: u8,
+            pub reserved: u8,
+        }
+
+        /// One entry of verilay's file-digest table (not an EROFS structure).
+        pub struct DigestEntry {
+            pub nid: U64,
+            pub digest: [u8; 32],
+        }
+
+        /// The footer of verilay's file-digest table (not an EROFS structure).
+        pub struct DigestFooter {
+            pub magic: [u8; 8],
+            /// 1, or 2 with `namespaces`.
+            pub version: u8,
+            pub alg: u8,
+            pub log_blocksize: u8,
+            pub reserved: u8,
+            pub entry_size: U32,
+            pub table_offset: U64,
+            pub entries: U64,
+            pub namespaces: U32,
+            pub reserved2: [u8; 28],
+        }
+    }
+}
+
+// Sizes as `erofs_fs.h` checks them (`erofs_check_ondisk_layout_definitions`).
+const _: () = {
+    assert!(size_of::<raw::Superblock>() == 128);
+    assert!(size_of::<raw::InodeCompact>() == 32);
+    assert!(size_of::<raw::InodeExtended>() == 64);
+    assert!(size_of::<raw::ChunkInfo>() == 4);
+    assert!(size_of::<raw::XattrIbodyHeader>() == 12);
+    assert!(size_of::<raw::XattrEntry>() == 4);
+    assert!(size_of::<raw::BlockMapEntry>() == 4);
+    assert!(size_of::<raw::ChunkIndex>() == 8);
+    assert!(size_of::<raw::Dirent>() == 12);
+    assert!(size_of::<raw::DigestEntry>() == 40);
+    assert!(size_of::<raw::DigestFooter>() == 64);
+};
+
+// ---------------------------------------------------------------------------
 // Superblock
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -108,69 +296,75 @@ pub struct Superblock {
     pub xattr_filter_reserved: u8,
     /// Seconds from `epoch` to image build time (informational, 6.15+ name).
     pub build_time: u32,
-    /// Bytes 0x69..0x6C and 0x70..0x80 must be zero for the features used here.
+    /// Whether `reserved`, `rootnid_8b` or `reserved2` of [`raw::Superblock`] is set: all
+    /// must be zero for the features used here.
     pub reserved_nonzero: bool,
 }
 
 impl Superblock {
     pub fn decode(b: &[u8; SUPER_SIZE]) -> (u32, Superblock) {
-        let magic = le32(b, 0);
+        let r: &raw::Superblock = zerocopy::transmute_ref!(b);
         let sb = Superblock {
-            checksum: le32(b, 0x04),
-            feature_compat: le32(b, 0x08),
-            blkszbits: b[0x0C],
-            sb_extslots: b[0x0D],
-            root_nid: le16(b, 0x0E),
-            inos: le64(b, 0x10),
-            epoch: le64(b, 0x18),
-            fixed_nsec: le32(b, 0x20),
-            blocks: le32(b, 0x24),
-            meta_blkaddr: le32(b, 0x28),
-            xattr_blkaddr: le32(b, 0x2C),
-            uuid: b[0x30..0x40].try_into().unwrap_or_default(),
-            volume_name: b[0x40..0x50].try_into().unwrap_or_default(),
-            feature_incompat: le32(b, 0x50),
-            available_compr_algs: le16(b, 0x54),
-            extra_devices: le16(b, 0x56),
-            devt_slotoff: le16(b, 0x58),
-            dirblkbits: b[0x5A],
-            xattr_prefix_count: b[0x5B],
-            xattr_prefix_start: le32(b, 0x5C),
-            packed_nid: le64(b, 0x60),
-            xattr_filter_reserved: b[0x68],
-            build_time: le32(b, 0x6C),
-            reserved_nonzero: b[0x69..0x6C].iter().chain(&b[0x70..0x80]).any(|&x| x != 0),
+            checksum: r.checksum.get(),
+            feature_compat: r.feature_compat.get(),
+            blkszbits: r.blkszbits,
+            sb_extslots: r.sb_extslots,
+            root_nid: r.rootnid_2b.get(),
+            inos: r.inos.get(),
+            epoch: r.epoch.get(),
+            fixed_nsec: r.fixed_nsec.get(),
+            blocks: r.blocks_lo.get(),
+            meta_blkaddr: r.meta_blkaddr.get(),
+            xattr_blkaddr: r.xattr_blkaddr.get(),
+            uuid: r.uuid,
+            volume_name: r.volume_name,
+            feature_incompat: r.feature_incompat.get(),
+            available_compr_algs: r.available_compr_algs.get(),
+            extra_devices: r.extra_devices.get(),
+            devt_slotoff: r.devt_slotoff.get(),
+            dirblkbits: r.dirblkbits,
+            xattr_prefix_count: r.xattr_prefix_count,
+            xattr_prefix_start: r.xattr_prefix_start.get(),
+            packed_nid: r.packed_nid.get(),
+            xattr_filter_reserved: r.xattr_filter_reserved,
+            build_time: r.build_time.get(),
+            reserved_nonzero: r.reserved != [0; 3]
+                || r.rootnid_8b.get() != 0
+                || r.reserved2.get() != 0,
         };
-        (magic, sb)
+        (r.magic.get(), sb)
     }
 
+    /// The superblock with `MAGIC`; reserved bytes are zero.
     pub fn encode(&self) -> [u8; SUPER_SIZE] {
-        let mut b = [0u8; SUPER_SIZE];
-        put32(&mut b, 0, MAGIC);
-        put32(&mut b, 0x04, self.checksum);
-        put32(&mut b, 0x08, self.feature_compat);
-        b[0x0C] = self.blkszbits;
-        b[0x0D] = self.sb_extslots;
-        put16(&mut b, 0x0E, self.root_nid);
-        put64(&mut b, 0x10, self.inos);
-        put64(&mut b, 0x18, self.epoch);
-        put32(&mut b, 0x20, self.fixed_nsec);
-        put32(&mut b, 0x24, self.blocks);
-        put32(&mut b, 0x28, self.meta_blkaddr);
-        put32(&mut b, 0x2C, self.xattr_blkaddr);
-        b[0x30..0x40].copy_from_slice(&self.uuid);
-        b[0x40..0x50].copy_from_slice(&self.volume_name);
-        put32(&mut b, 0x50, self.feature_incompat);
-        put16(&mut b, 0x54, self.available_compr_algs);
-        put16(&mut b, 0x56, self.extra_devices);
-        put16(&mut b, 0x58, self.devt_slotoff);
-        b[0x5A] = self.dirblkbits;
-        b[0x5B] = self.xattr_prefix_count;
-        put32(&mut b, 0x5C, self.xattr_prefix_start);
-        put64(&mut b, 0x60, self.packed_nid);
-        b[0x68] = self.xattr_filter_reserved;
-        put32(&mut b, 0x6C, self.build_time);
-        b
+        let r = raw::Superblock {
+            magic: MAGIC.into(),
+            checksum: self.checksum.into(),
+            feature_compat: self.feature_compat.into(),
+            blkszbits: self.blkszbits,
+            sb_extslots: self.sb_extslots,
+            rootnid_2b: self.root_nid.into(),
+            inos: self.inos.into(),
+            epoch: self.epoch.into(),
+            fixed_nsec: self.fixed_nsec.into(),
+            blocks_lo: self.blocks.into(),
+            meta_blkaddr: self.meta_blkaddr.into(),
+            xattr_blkaddr: self.xattr_blkaddr.into(),
+            uuid: self.uuid,
+            volume_name: self.volume_name,
+            feature_incompat: self.feature_incompat.into(),
+            available_compr_algs: self.available_compr_algs.into(),
+            extra_devices: self.extra_devices.into(),
+            devt_slotoff: self.devt_slotoff.into(),
+            dirblkbits: self.dirblkbits,
+            xattr_prefix_count: self.xattr_prefix_count,
+            xattr_prefix_start: self.xattr_prefix_start.into(),
+            packed_nid: self.packed_nid.into(),
+            xattr_filter_reserved: self.xattr_filter_reserved,
+            build_time: self.build_time.into(),
+            ..Default::default()
+        };
+        zerocopy::transmute!(r)
     }
 }
 
@@ -185,8 +379,10 @@ pub fn superblock_checksum(first_block: &[u8], block_size: usize) -> Option<u32>
     if len > SUPER_OFFSET as usize {
         len -= SUPER_OFFSET as usize;
     }
-    let len = len.checked_sub(8)?;
-    let start = SUPER_OFFSET as usize + 8;
+    // From past `magic` and `checksum`, which the seed stands for.
+    let skip = core::mem::offset_of!(raw::Superblock, feature_compat);
+    let len = len.checked_sub(skip)?;
+    let start = SUPER_OFFSET as usize + skip;
     let data = first_block.get(start..start.checked_add(len)?)?;
     // The seed is the raw register after magic + zeroed checksum from ~0; the crate takes
     // and returns the inverted register, so pass !seed and invert the result.
@@ -214,7 +410,7 @@ pub struct DiskInode {
     /// Only meaningful for extended inodes; compact ones take the superblock epoch.
     pub mtime: u64,
     pub mtime_nsec: u32,
-    /// Compact 0x0C (6.15+ per-inode mtime delta) or extended 0x06 (`i_nb`); both zero here.
+    /// Compact `i_mtime` (6.15+: seconds after the epoch) or extended `i_nb`; zero here.
     pub i_nb: u32,
 }
 
@@ -233,64 +429,85 @@ impl DiskInode {
 
     /// Decodes from 64 bytes (a compact inode uses only the first 32).
     pub fn decode(b: &[u8; INODE_EXTENDED_SIZE]) -> DiskInode {
-        let format = le16(b, 0);
-        if format & 1 == 0 {
+        let e: &raw::InodeExtended = zerocopy::transmute_ref!(b);
+        if e.i_format.get() & 1 == 0 {
+            let halves: &[[u8; INODE_COMPACT_SIZE]; 2] = zerocopy::transmute_ref!(b);
+            let c: &raw::InodeCompact = zerocopy::transmute_ref!(&halves[0]);
             DiskInode {
                 extended: false,
-                format,
-                xattr_icount: le16(b, 0x02),
-                mode: le16(b, 0x04),
-                nlink: le16(b, 0x06) as u32,
-                size: le32(b, 0x08) as u64,
-                i_nb: le32(b, 0x0C),
-                i_u: le32(b, 0x10),
-                ino: le32(b, 0x14),
-                uid: le16(b, 0x18) as u32,
-                gid: le16(b, 0x1A) as u32,
+                format: c.i_format.get(),
+                xattr_icount: c.i_xattr_icount.get(),
+                mode: c.i_mode.get(),
+                nlink: c.i_nb.get().into(),
+                size: c.i_size.get().into(),
+                i_nb: c.i_mtime.get(),
+                i_u: c.i_u.get(),
+                ino: c.i_ino.get(),
+                uid: c.i_uid.get().into(),
+                gid: c.i_gid.get().into(),
                 mtime: 0,
                 mtime_nsec: 0,
             }
         } else {
             DiskInode {
                 extended: true,
-                format,
-                xattr_icount: le16(b, 0x02),
-                mode: le16(b, 0x04),
-                i_nb: le16(b, 0x06) as u32,
-                size: le64(b, 0x08),
-                i_u: le32(b, 0x10),
-                ino: le32(b, 0x14),
-                uid: le32(b, 0x18),
-                gid: le32(b, 0x1C),
-                mtime: le64(b, 0x20),
-                mtime_nsec: le32(b, 0x28),
-                nlink: le32(b, 0x2C),
+                format: e.i_format.get(),
+                xattr_icount: e.i_xattr_icount.get(),
+                mode: e.i_mode.get(),
+                i_nb: e.i_nb.get().into(),
+                size: e.i_size.get(),
+                i_u: e.i_u.get(),
+                ino: e.i_ino.get(),
+                uid: e.i_uid.get(),
+                gid: e.i_gid.get(),
+                mtime: e.i_mtime.get(),
+                mtime_nsec: e.i_mtime_nsec.get(),
+                nlink: e.i_nlink.get(),
             }
         }
     }
 
-    /// Encodes into `out`, which must be at least `disk_size()` bytes.
+    /// Encodes into `out`, which must be at least `disk_size()` bytes. `i_nb` is written
+    /// as zero: verilay writes neither 48-bit addresses nor per-inode compact mtimes.
     pub fn encode(&self, out: &mut [u8]) {
         let out = &mut out[..self.disk_size()];
-        out.fill(0);
-        put16(out, 0, self.format);
-        put16(out, 0x02, self.xattr_icount);
-        put16(out, 0x04, self.mode);
-        put32(out, 0x10, self.i_u);
-        put32(out, 0x14, self.ino);
         if self.extended {
-            put64(out, 0x08, self.size);
-            put32(out, 0x18, self.uid);
-            put32(out, 0x1C, self.gid);
-            put64(out, 0x20, self.mtime);
-            put32(out, 0x28, self.mtime_nsec);
-            put32(out, 0x2C, self.nlink);
+            let e = raw::InodeExtended {
+                i_format: self.format.into(),
+                i_xattr_icount: self.xattr_icount.into(),
+                i_mode: self.mode.into(),
+                i_size: self.size.into(),
+                i_u: self.i_u.into(),
+                i_ino: self.ino.into(),
+                i_uid: self.uid.into(),
+                i_gid: self.gid.into(),
+                i_mtime: self.mtime.into(),
+                i_mtime_nsec: self.mtime_nsec.into(),
+                i_nlink: self.nlink.into(),
+                ..Default::default()
+            };
+            out.copy_from_slice(e.as_bytes());
         } else {
-            put16(out, 0x06, self.nlink as u16);
-            put32(out, 0x08, self.size as u32);
-            put16(out, 0x18, self.uid as u16);
-            put16(out, 0x1A, self.gid as u16);
+            let c = raw::InodeCompact {
+                i_format: self.format.into(),
+                i_xattr_icount: self.xattr_icount.into(),
+                i_mode: self.mode.into(),
+                i_nb: (self.nlink as u16).into(),
+                i_size: (self.size as u32).into(),
+                i_u: self.i_u.into(),
+                i_ino: self.ino.into(),
+                i_uid: (self.uid as u16).into(),
+                i_gid: (self.gid as u16).into(),
+                ..Default::default()
+            };
+            out.copy_from_slice(c.as_bytes());
         }
+    }
+
+    /// `i_u` read as a chunk-based inode's [`raw::ChunkInfo`]: its `format`.
+    pub fn chunk_format(&self) -> u16 {
+        let c: raw::ChunkInfo = zerocopy::transmute!(U32::new(self.i_u));
+        c.format.get()
     }
 }
 
@@ -331,26 +548,31 @@ pub struct Dirent {
 
 impl Dirent {
     pub fn decode(b: &[u8; DIRENT_SIZE]) -> Dirent {
+        let r: &raw::Dirent = zerocopy::transmute_ref!(b);
         Dirent {
-            nid: le64(b, 0),
-            nameoff: le16(b, 8),
-            file_type: b[10],
+            nid: r.nid.get(),
+            nameoff: r.nameoff.get(),
+            file_type: r.file_type,
         }
     }
 
+    /// Encodes into the first `DIRENT_SIZE` bytes of `out`.
     pub fn encode(&self, out: &mut [u8]) {
-        put64(out, 0, self.nid);
-        put16(out, 8, self.nameoff);
-        out[10] = self.file_type;
-        out[11] = 0;
+        let r = raw::Dirent {
+            nid: self.nid.into(),
+            nameoff: self.nameoff.into(),
+            file_type: self.file_type,
+            reserved: 0,
+        };
+        out[..DIRENT_SIZE].copy_from_slice(r.as_bytes());
     }
 }
 
 // ---------------------------------------------------------------------------
 // Extended attributes
 
-pub const XATTR_IBODY_HEADER_SIZE: usize = 12;
-pub const XATTR_ENTRY_HEADER_SIZE: usize = 4;
+pub const XATTR_IBODY_HEADER_SIZE: usize = size_of::<raw::XattrIbodyHeader>();
+pub const XATTR_ENTRY_HEADER_SIZE: usize = size_of::<raw::XattrEntry>();
 
 pub const XATTR_INDEX_USER: u8 = 1;
 pub const XATTR_INDEX_POSIX_ACL_ACCESS: u8 = 2;
@@ -406,11 +628,20 @@ pub struct XattrEntry {
 
 impl XattrEntry {
     pub fn decode(b: &[u8; XATTR_ENTRY_HEADER_SIZE]) -> XattrEntry {
+        let r: &raw::XattrEntry = zerocopy::transmute_ref!(b);
         XattrEntry {
-            name_len: b[0],
-            name_index: b[1],
-            value_size: le16(b, 2),
+            name_len: r.e_name_len,
+            name_index: r.e_name_index,
+            value_size: r.e_value_size.get(),
         }
+    }
+
+    pub fn encode(&self) -> [u8; XATTR_ENTRY_HEADER_SIZE] {
+        zerocopy::transmute!(raw::XattrEntry {
+            e_name_len: self.name_len,
+            e_name_index: self.name_index,
+            e_value_size: self.value_size.into(),
+        })
     }
 
     /// Bytes the whole entry occupies, 4-aligned.
@@ -441,36 +672,12 @@ pub fn xattr_filter_value<I: IntoIterator<Item = u32>>(bits: I) -> u32 {
     !bits.into_iter().fold(0u32, |acc, bit| acc | (1 << bit))
 }
 
-// ---------------------------------------------------------------------------
-// Little-endian helpers (callers pass in-bounds offsets of fixed-size arrays).
-
-pub(crate) fn le16(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
-}
-pub(crate) fn le32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-pub(crate) fn le64(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
-pub(crate) fn put16(b: &mut [u8], off: usize, v: u16) {
-    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
-}
-pub(crate) fn put32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-pub(crate) fn put64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
-
 /// verilay's file-digest table: the last blocks of the EROFS area hold one entry per
 /// regular file, `(nid: u64, fs-verity digest: 32 bytes)` sorted by nid, and end in a
 /// 64-byte footer. The kernel never looks there; the image's Merkle tree covers it.
 pub const DIGEST_FOOTER_MAGIC: [u8; 8] = *b"VLFDIGST";
-pub const DIGEST_FOOTER_SIZE: u64 = 64;
-pub const DIGEST_ENTRY_SIZE: u64 = 40;
+pub const DIGEST_FOOTER_SIZE: u64 = size_of::<raw::DigestFooter>() as u64;
+pub const DIGEST_ENTRY_SIZE: u64 = size_of::<raw::DigestEntry>() as u64;
 /// The per-file digests are fs-verity digests with SHA-256, 4 KiB blocks and no salt.
 pub const DIGEST_ALG_SHA256: u8 = 1;
 pub const DIGEST_LOG_BLOCK_SIZE: u8 = 12;
@@ -495,46 +702,44 @@ pub const XATTR_NAMESPACE_BITS: u32 = 1 << XATTR_INDEX_USER
 
 impl DigestFooter {
     pub fn encode(&self) -> [u8; DIGEST_FOOTER_SIZE as usize] {
-        let mut b = [0u8; DIGEST_FOOTER_SIZE as usize];
-        b[0..8].copy_from_slice(&DIGEST_FOOTER_MAGIC);
-        b[8] = if self.namespaces.is_some() { 2 } else { 1 }; // version
-        b[9] = DIGEST_ALG_SHA256;
-        b[10] = DIGEST_LOG_BLOCK_SIZE;
-        b[12..16].copy_from_slice(&(DIGEST_ENTRY_SIZE as u32).to_le_bytes());
-        b[16..24].copy_from_slice(&self.table_offset.to_le_bytes());
-        b[24..32].copy_from_slice(&self.entries.to_le_bytes());
-        if let Some(ns) = self.namespaces {
-            b[32..36].copy_from_slice(&ns.to_le_bytes());
-        }
-        b
+        zerocopy::transmute!(raw::DigestFooter {
+            magic: DIGEST_FOOTER_MAGIC,
+            version: if self.namespaces.is_some() { 2 } else { 1 },
+            alg: DIGEST_ALG_SHA256,
+            log_blocksize: DIGEST_LOG_BLOCK_SIZE,
+            entry_size: (DIGEST_ENTRY_SIZE as u32).into(),
+            table_offset: self.table_offset.into(),
+            entries: self.entries.into(),
+            namespaces: self.namespaces.unwrap_or(0).into(),
+            ..Default::default()
+        })
     }
 
     /// `None` without the magic; `Err` names what is wrong with a footer that has it.
     pub fn decode(b: &[u8; DIGEST_FOOTER_SIZE as usize]) -> Result<Option<DigestFooter>, String> {
-        if b[0..8] != DIGEST_FOOTER_MAGIC {
+        let r: &raw::DigestFooter = zerocopy::transmute_ref!(b);
+        if r.magic != DIGEST_FOOTER_MAGIC {
             return Ok(None);
         }
-        let version = b[8];
-        let namespaces = u32::from_le_bytes(b[32..36].try_into().expect("4 bytes"));
-        let ns_ok = match version {
+        let namespaces = r.namespaces.get();
+        let ns_ok = match r.version {
             1 => namespaces == 0,
             2 => namespaces & !XATTR_NAMESPACE_BITS == 0,
             _ => false,
         };
         if !ns_ok
-            || b[9] != DIGEST_ALG_SHA256
-            || b[10] != DIGEST_LOG_BLOCK_SIZE
-            || b[11] != 0
-            || u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"))
-                != DIGEST_ENTRY_SIZE as u32
-            || b[36..].iter().any(|&x| x != 0)
+            || r.alg != DIGEST_ALG_SHA256
+            || r.log_blocksize != DIGEST_LOG_BLOCK_SIZE
+            || r.reserved != 0
+            || r.entry_size.get() != DIGEST_ENTRY_SIZE as u32
+            || r.reserved2 != [0; 28]
         {
             return Err("file digest table footer has an unknown version or layout".into());
         }
         Ok(Some(DigestFooter {
-            table_offset: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-            entries: u64::from_le_bytes(b[24..32].try_into().expect("8 bytes")),
-            namespaces: (version >= 2).then_some(namespaces),
+            table_offset: r.table_offset.get(),
+            entries: r.entries.get(),
+            namespaces: (r.version >= 2).then_some(namespaces),
         }))
     }
 }
@@ -615,6 +820,82 @@ mod tests {
         for (ma, mi) in [(1, 3), (259, 300000), (0, 0), (4095, 0xFFFFF)] {
             assert_eq!(decode_dev(encode_dev(ma, mi)), (ma, mi));
         }
+    }
+
+    /// Field offsets as `erofs_fs.h` lays them out.
+    #[test]
+    fn offsets_match_erofs_fs_h() {
+        use core::mem::offset_of;
+        assert_eq!(offset_of!(raw::Superblock, checksum), 0x04);
+        assert_eq!(offset_of!(raw::Superblock, blkszbits), 0x0C);
+        assert_eq!(offset_of!(raw::Superblock, rootnid_2b), 0x0E);
+        assert_eq!(offset_of!(raw::Superblock, epoch), 0x18);
+        assert_eq!(offset_of!(raw::Superblock, blocks_lo), 0x24);
+        assert_eq!(offset_of!(raw::Superblock, xattr_blkaddr), 0x2C);
+        assert_eq!(offset_of!(raw::Superblock, feature_incompat), 0x50);
+        assert_eq!(offset_of!(raw::Superblock, devt_slotoff), 0x58);
+        assert_eq!(offset_of!(raw::Superblock, dirblkbits), 0x5A);
+        assert_eq!(offset_of!(raw::Superblock, xattr_prefix_start), 0x5C);
+        assert_eq!(offset_of!(raw::Superblock, packed_nid), 0x60);
+        assert_eq!(offset_of!(raw::Superblock, xattr_filter_reserved), 0x68);
+        assert_eq!(offset_of!(raw::Superblock, build_time), 0x6C);
+        assert_eq!(offset_of!(raw::Superblock, rootnid_8b), 0x70);
+        assert_eq!(offset_of!(raw::InodeCompact, i_nb), 0x06);
+        assert_eq!(offset_of!(raw::InodeCompact, i_mtime), 0x0C);
+        assert_eq!(offset_of!(raw::InodeCompact, i_u), 0x10);
+        assert_eq!(offset_of!(raw::InodeCompact, i_uid), 0x18);
+        assert_eq!(offset_of!(raw::InodeExtended, i_size), 0x08);
+        assert_eq!(offset_of!(raw::InodeExtended, i_uid), 0x18);
+        assert_eq!(offset_of!(raw::InodeExtended, i_mtime), 0x20);
+        assert_eq!(offset_of!(raw::InodeExtended, i_nlink), 0x2C);
+        assert_eq!(offset_of!(raw::XattrIbodyHeader, h_shared_count), 4);
+        assert_eq!(offset_of!(raw::XattrEntry, e_value_size), 2);
+        assert_eq!(offset_of!(raw::ChunkIndex, startblk_lo), 4);
+        assert_eq!(offset_of!(raw::Dirent, nameoff), 8);
+        assert_eq!(offset_of!(raw::Dirent, file_type), 10);
+        assert_eq!(offset_of!(raw::DigestFooter, table_offset), 16);
+        assert_eq!(offset_of!(raw::DigestFooter, namespaces), 32);
+    }
+
+    #[test]
+    fn superblock_roundtrip() {
+        let sb = Superblock {
+            checksum: 1,
+            blkszbits: 12,
+            root_nid: 36,
+            inos: 7,
+            epoch: 1 << 40,
+            blocks: 6,
+            xattr_blkaddr: 3,
+            uuid: [9; 16],
+            packed_nid: 1 << 33,
+            build_time: 5,
+            ..Default::default()
+        };
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b), (MAGIC, sb));
+        b[0x7F] = 1;
+        assert!(Superblock::decode(&b).1.reserved_nonzero);
+    }
+
+    #[test]
+    fn compact_inode_roundtrip() {
+        let ino = DiskInode {
+            format: inode_format(false, LAYOUT_CHUNK_BASED),
+            mode: S_IFREG | 0o600,
+            nlink: 2,
+            size: 3 << 12,
+            i_u: u32::from(CHUNK_FORMAT_INDEXES | 3),
+            ino: 4,
+            uid: 5,
+            gid: 6,
+            ..Default::default()
+        };
+        let mut buf = [0xAAu8; 64];
+        ino.encode(&mut buf);
+        assert_eq!(buf[32..], [0xAA; 32], "a compact inode is 32 bytes");
+        assert_eq!(DiskInode::decode(&buf), ino);
+        assert_eq!(ino.chunk_format(), CHUNK_FORMAT_INDEXES | 3);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! EROFS compressed-file structures (`erofs_fs.h`, the `z_erofs_*` half), shared by the
-//! builder and the reader. Like `format`, every `decode` takes a fixed-size array and
-//! leaves semantic checks to the reader.
+//! builder and the reader. Like `format`: layouts are declared once, in [`raw`]; every
+//! `decode` takes a fixed-size array (or checks the length) and leaves semantic checks to
+//! the reader.
 
-use crate::format::{le16, le32, put16, put32};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, IntoBytes};
 
 pub const FEATURE_INCOMPAT_LZ4_0PADDING: u32 = 0x1;
 /// Per-algorithm config records follow the superblock; `available_compr_algs` is a bitmap.
@@ -47,8 +49,110 @@ pub const LI_PARTIAL_REF: u16 = 1 << 15;
 /// Set on the first NONHEAD lcluster: `delta[0]` is the pcluster's block count.
 pub const LI_D0_CBLKCNT: u16 = 1 << 11;
 
-pub const MAP_HEADER_SIZE: usize = 8;
-pub const LCLUSTER_INDEX_SIZE: usize = 8;
+pub const MAP_HEADER_SIZE: usize = size_of::<raw::MapHeader>();
+pub const LCLUSTER_INDEX_SIZE: usize = size_of::<raw::LclusterIndex>();
+
+/// The on-disk structures of compressed files, named as in `erofs_fs.h`, all little-endian
+/// (see `format::raw`).
+pub mod raw {
+    use crate::format::ondisk;
+    use zerocopy::little_endian::{U16, U32};
+
+    ondisk! {
+        /// `struct z_erofs_map_header`, where a compressed inode's indexes start.
+        pub struct MapHeader {
+            /// Union: `h_fragmentoff`, or `h_reserved1` then `h_idata_size` (its high half).
+            pub h_fragmentoff: U32,
+            pub h_advise: U16,
+            /// Bits 0-3 HEAD1's algorithm, 4-7 HEAD2's.
+            pub h_algorithmtype: u8,
+            /// Bits 0-3 lcluster bits - block bits; bit 7 the whole file in the packed inode.
+            pub h_clusterbits: u8,
+        }
+
+        /// `struct z_erofs_lcluster_index`, one logical cluster of a COMPRESSED_FULL inode.
+        pub struct LclusterIndex {
+            pub di_advise: U16,
+            pub di_clusterofs: U16,
+            /// Union `di_u`: `blkaddr` (HEAD/PLAIN) or `delta[0]`, `delta[1]` (NONHEAD), the
+            /// low and high half.
+            pub di_u: U32,
+        }
+
+        /// `struct z_erofs_lz4_cfgs`.
+        pub struct Lz4Cfgs {
+            pub max_distance: U16,
+            pub max_pclusterblks: U16,
+            pub reserved: [u8; 10],
+        }
+
+        /// `struct z_erofs_lzma_cfgs`.
+        pub struct LzmaCfgs {
+            pub dict_size: U32,
+            pub format: U16,
+            pub reserved: [u8; 8],
+        }
+
+        /// `struct z_erofs_deflate_cfgs`.
+        pub struct DeflateCfgs {
+            pub windowbits: u8,
+            pub reserved: [u8; 5],
+        }
+
+        /// `struct z_erofs_zstd_cfgs`.
+        pub struct ZstdCfgs {
+            pub format: u8,
+            /// windowLog - 10 (ZSTD_WINDOWLOG_ABSOLUTEMIN).
+            pub windowlog: u8,
+            pub reserved: [u8; 4],
+        }
+    }
+
+    /// A pack of COMPRESSED_COMPACT indexes (kernel `unpack_compacted_index`): `entries`
+    /// holds each lcluster's type and low bits, bit-packed, and `blkaddr` is the block the
+    /// pack's first HEAD counts from.
+    #[repr(C)]
+    #[derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout,
+        zerocopy::Unaligned,
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+    )]
+    pub struct CompactPack<const N: usize> {
+        pub entries: [u8; N],
+        pub blkaddr: U32,
+    }
+
+    /// 2 lclusters of 4 bytes each (amortized).
+    pub type CompactPack4B = CompactPack<4>;
+    /// 16 lclusters of 2 bytes each (amortized).
+    pub type CompactPack2B = CompactPack<28>;
+}
+
+// Sizes as `erofs_fs.h` declares them (the packs: as the kernel's `zmap.c` reads them).
+const _: () = {
+    assert!(size_of::<raw::MapHeader>() == 8);
+    assert!(size_of::<raw::LclusterIndex>() == 8);
+    assert!(size_of::<raw::Lz4Cfgs>() == 14);
+    assert!(size_of::<raw::LzmaCfgs>() == 14);
+    assert!(size_of::<raw::DeflateCfgs>() == 6);
+    assert!(size_of::<raw::ZstdCfgs>() == 6);
+    assert!(size_of::<raw::CompactPack4B>() == 2 * 4);
+    assert!(size_of::<raw::CompactPack2B>() == 16 * 2);
+};
+
+/// The `blkaddr` of a compact pack of either size; `None` for any other length.
+pub fn compact_pack_blkaddr(pack: &[u8]) -> Option<u32> {
+    let four = raw::CompactPack4B::ref_from_bytes(pack).map(|p| p.blkaddr);
+    let two = raw::CompactPack2B::ref_from_bytes(pack).map(|p| p.blkaddr);
+    four.ok().or(two.ok()).map(U32::get)
+}
 
 /// Where the map header of an inode whose inode + inline xattrs end at byte `end` starts.
 pub fn map_header_start(end: u64) -> u64 {
@@ -76,21 +180,22 @@ impl MapHeader {
     pub const FRAGMENT_INODE_BIT: u8 = 7;
 
     pub fn decode(b: &[u8; MAP_HEADER_SIZE]) -> MapHeader {
+        let r: &raw::MapHeader = zerocopy::transmute_ref!(b);
         MapHeader {
-            word0: le32(b, 0),
-            advise: le16(b, 4),
-            algorithm_type: b[6],
-            cluster_bits: b[7],
+            word0: r.h_fragmentoff.get(),
+            advise: r.h_advise.get(),
+            algorithm_type: r.h_algorithmtype,
+            cluster_bits: r.h_clusterbits,
         }
     }
 
     pub fn encode(&self) -> [u8; MAP_HEADER_SIZE] {
-        let mut b = [0u8; MAP_HEADER_SIZE];
-        put32(&mut b, 0, self.word0);
-        put16(&mut b, 4, self.advise);
-        b[6] = self.algorithm_type;
-        b[7] = self.cluster_bits;
-        b
+        zerocopy::transmute!(raw::MapHeader {
+            h_fragmentoff: self.word0.into(),
+            h_advise: self.advise.into(),
+            h_algorithmtype: self.algorithm_type,
+            h_clusterbits: self.cluster_bits,
+        })
     }
 
     /// Bytes of compressed tail stored inline after the indexes (ztailpacking).
@@ -118,6 +223,13 @@ impl MapHeader {
     pub fn whole_file_in_packed_inode(&self) -> bool {
         self.cluster_bits & (1 << Self::FRAGMENT_INODE_BIT) != 0
     }
+
+    /// With the whole file in the packed inode, the header is one le64 (kernel
+    /// `z_erofs_fill_inode_lazy`): this bit 63, and below it the offset there.
+    pub fn whole_file_fragment_offset(&self) -> u64 {
+        let word: U64 = zerocopy::transmute!(self.encode());
+        word.get() & !(1 << 63)
+    }
 }
 
 /// `z_erofs_lcluster_index` (COMPRESSED_FULL): one logical cluster's record.
@@ -133,19 +245,20 @@ pub struct LclusterIndex {
 
 impl LclusterIndex {
     pub fn decode(b: &[u8; LCLUSTER_INDEX_SIZE]) -> LclusterIndex {
+        let r: &raw::LclusterIndex = zerocopy::transmute_ref!(b);
         LclusterIndex {
-            advise: le16(b, 0),
-            cluster_ofs: le16(b, 2),
-            word: le32(b, 4),
+            advise: r.di_advise.get(),
+            cluster_ofs: r.di_clusterofs.get(),
+            word: r.di_u.get(),
         }
     }
 
     pub fn encode(&self) -> [u8; LCLUSTER_INDEX_SIZE] {
-        let mut b = [0u8; LCLUSTER_INDEX_SIZE];
-        put16(&mut b, 0, self.advise);
-        put16(&mut b, 2, self.cluster_ofs);
-        put32(&mut b, 4, self.word);
-        b
+        zerocopy::transmute!(raw::LclusterIndex {
+            di_advise: self.advise.into(),
+            di_clusterofs: self.cluster_ofs.into(),
+            di_u: self.word.into(),
+        })
     }
 
     pub fn kind(&self) -> u8 {
@@ -189,33 +302,45 @@ impl ComprCfg {
     /// The record's payload size for an algorithm (`Z_EROFS_COMPRESSION_*`).
     pub fn payload_size(algorithm: u8) -> Option<usize> {
         match algorithm {
-            0 | 1 => Some(14),
-            2 | 3 => Some(6),
+            0 => Some(size_of::<raw::Lz4Cfgs>()),
+            1 => Some(size_of::<raw::LzmaCfgs>()),
+            2 => Some(size_of::<raw::DeflateCfgs>()),
+            3 => Some(size_of::<raw::ZstdCfgs>()),
             _ => None,
         }
     }
 
     /// Decodes one record's payload; `None` if the algorithm is unknown or the size wrong.
     pub fn decode(algorithm: u8, payload: &[u8]) -> Option<ComprCfg> {
-        if Some(payload.len()) != Self::payload_size(algorithm) {
-            return None;
-        }
         Some(match algorithm {
-            0 => ComprCfg::Lz4 {
-                max_distance: le16(payload, 0),
-                max_pclusterblks: le16(payload, 2),
-            },
-            1 => ComprCfg::Lzma {
-                dict_size: le32(payload, 0),
-                format: le16(payload, 4),
-            },
-            2 => ComprCfg::Deflate {
-                windowbits: payload[0],
-            },
-            _ => ComprCfg::Zstd {
-                format: payload[0],
-                windowlog: payload[1],
-            },
+            0 => {
+                let c = raw::Lz4Cfgs::ref_from_bytes(payload).ok()?;
+                ComprCfg::Lz4 {
+                    max_distance: c.max_distance.get(),
+                    max_pclusterblks: c.max_pclusterblks.get(),
+                }
+            }
+            1 => {
+                let c = raw::LzmaCfgs::ref_from_bytes(payload).ok()?;
+                ComprCfg::Lzma {
+                    dict_size: c.dict_size.get(),
+                    format: c.format.get(),
+                }
+            }
+            2 => {
+                let c = raw::DeflateCfgs::ref_from_bytes(payload).ok()?;
+                ComprCfg::Deflate {
+                    windowbits: c.windowbits,
+                }
+            }
+            3 => {
+                let c = raw::ZstdCfgs::ref_from_bytes(payload).ok()?;
+                ComprCfg::Zstd {
+                    format: c.format,
+                    windowlog: c.windowlog,
+                }
+            }
+            _ => return None,
         })
     }
 
@@ -228,30 +353,42 @@ impl ComprCfg {
         }
     }
 
-    /// The whole record: length, then payload.
+    /// The whole record: a le16 length, then the payload.
     pub fn encode(&self) -> Vec<u8> {
-        let size = Self::payload_size(self.algorithm()).unwrap_or(0);
-        let mut b = vec![0u8; 2 + size];
-        put16(&mut b, 0, size as u16);
-        let p = &mut b[2..];
-        match *self {
+        let payload = match *self {
             ComprCfg::Lz4 {
                 max_distance,
                 max_pclusterblks,
-            } => {
-                put16(p, 0, max_distance);
-                put16(p, 2, max_pclusterblks);
+            } => raw::Lz4Cfgs {
+                max_distance: max_distance.into(),
+                max_pclusterblks: max_pclusterblks.into(),
+                ..Default::default()
             }
-            ComprCfg::Lzma { dict_size, format } => {
-                put32(p, 0, dict_size);
-                put16(p, 4, format);
+            .as_bytes()
+            .to_vec(),
+            ComprCfg::Lzma { dict_size, format } => raw::LzmaCfgs {
+                dict_size: dict_size.into(),
+                format: format.into(),
+                ..Default::default()
             }
-            ComprCfg::Deflate { windowbits } => p[0] = windowbits,
-            ComprCfg::Zstd { format, windowlog } => {
-                p[0] = format;
-                p[1] = windowlog;
+            .as_bytes()
+            .to_vec(),
+            ComprCfg::Deflate { windowbits } => raw::DeflateCfgs {
+                windowbits,
+                ..Default::default()
             }
-        }
+            .as_bytes()
+            .to_vec(),
+            ComprCfg::Zstd { format, windowlog } => raw::ZstdCfgs {
+                format,
+                windowlog,
+                ..Default::default()
+            }
+            .as_bytes()
+            .to_vec(),
+        };
+        let mut b = U16::new(payload.len() as u16).as_bytes().to_vec();
+        b.extend_from_slice(&payload);
         b
     }
 }
@@ -319,6 +456,42 @@ mod tests {
         }
         assert_eq!(ComprCfg::decode(4, &[0; 6]), None);
         assert_eq!(ComprCfg::decode(0, &[0; 6]), None);
+    }
+
+    /// Field offsets as `erofs_fs.h` lays them out.
+    #[test]
+    fn offsets_match_erofs_fs_h() {
+        use core::mem::offset_of;
+        assert_eq!(offset_of!(raw::MapHeader, h_advise), 4);
+        assert_eq!(offset_of!(raw::MapHeader, h_algorithmtype), 6);
+        assert_eq!(offset_of!(raw::MapHeader, h_clusterbits), 7);
+        assert_eq!(offset_of!(raw::LclusterIndex, di_clusterofs), 2);
+        assert_eq!(offset_of!(raw::LclusterIndex, di_u), 4);
+        assert_eq!(offset_of!(raw::Lz4Cfgs, max_pclusterblks), 2);
+        assert_eq!(offset_of!(raw::LzmaCfgs, format), 4);
+        assert_eq!(offset_of!(raw::ZstdCfgs, windowlog), 1);
+        assert_eq!(offset_of!(raw::CompactPack4B, blkaddr), 4);
+        assert_eq!(offset_of!(raw::CompactPack2B, blkaddr), 28);
+    }
+
+    #[test]
+    fn whole_file_fragment_offset() {
+        let mut raw = (1u64 << 63 | 0x12_3456_789A).to_le_bytes();
+        let h = MapHeader::decode(&raw);
+        assert!(h.whole_file_in_packed_inode());
+        assert_eq!(h.whole_file_fragment_offset(), 0x12_3456_789A);
+        raw[7] = 0;
+        assert!(!MapHeader::decode(&raw).whole_file_in_packed_inode());
+    }
+
+    #[test]
+    fn compact_pack_blkaddr_is_the_last_word() {
+        let mut pack = [0u8; 32];
+        pack[28..].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(compact_pack_blkaddr(&pack), Some(7));
+        pack[4..8].copy_from_slice(&9u32.to_le_bytes());
+        assert_eq!(compact_pack_blkaddr(&pack[..8]), Some(9));
+        assert_eq!(compact_pack_blkaddr(&pack[..12]), None);
     }
 
     #[test]

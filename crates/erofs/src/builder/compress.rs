@@ -15,6 +15,7 @@ use codecs::{Algorithm, Compression, Compressor};
 use rayon::prelude::*;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use zerocopy::IntoBytes;
 
 /// Input of one segment: compressed independently, so it is the unit of parallel work.
 /// A multiple of every block size; a cluster never spans two segments.
@@ -78,7 +79,9 @@ impl Packed {
             None => 8 + LCLUSTER_INDEX_SIZE as u64 * lclusters,
             Some(two_b) => {
                 let (initial, packs_2b, end) = compact_split(head, lclusters, two_b);
-                initial * 4 + packs_2b * 32 + end.next_multiple_of(2) * 4
+                let pack_4b = size_of::<raw::CompactPack4B>() as u64;
+                let pack_2b = size_of::<raw::CompactPack2B>() as u64;
+                (initial / 2 + end.div_ceil(2)) * pack_4b + packs_2b * pack_2b
             }
         };
         map_header_start(head) - head + MAP_HEADER_SIZE as u64 + indexes
@@ -193,16 +196,19 @@ fn compact_indexes(
         now.to_vec()
     };
     for _ in 0..initial / 2 {
-        out.extend(pack.write(&take(2), 4));
+        let p: raw::CompactPack4B = pack.write(&take(2));
+        out.extend_from_slice(p.as_bytes());
     }
     for _ in 0..packs_2b {
-        out.extend(pack.write(&take(16), 2));
+        let p: raw::CompactPack2B = pack.write(&take(16));
+        out.extend_from_slice(p.as_bytes());
     }
     for _ in 0..end.div_ceil(2) {
         // The last pack of an odd count is padded with a zeroed (PLAIN) index.
         let mut two = take(2);
         two.resize(2, LclusterIndex::default());
-        out.extend(pack.write(&two, 4));
+        let p: raw::CompactPack4B = pack.write(&two);
+        out.extend_from_slice(p.as_bytes());
     }
     out
 }
@@ -215,19 +221,19 @@ struct PackWriter {
 }
 
 impl PackWriter {
-    /// One pack of `cv.len()` indexes of `size` amortized bytes each (erofs-utils'
-    /// `write_compacted_indexes`): each index is its type and a low part (the HEAD's
-    /// offset, or a NONHEAD's delta), bit-packed; the pack's last 4 bytes are the block
-    /// address its first HEAD's counting starts from.
-    fn write(&mut self, cv: &[LclusterIndex], size: usize) -> Vec<u8> {
+    /// One pack of the `cv.len()` indexes (erofs-utils' `write_compacted_indexes`): each
+    /// index is its type and a low part (the HEAD's offset, or a NONHEAD's delta),
+    /// bit-packed into `entries`; `blkaddr` is the block address its first HEAD's counting
+    /// starts from.
+    fn write<const N: usize>(&mut self, cv: &[LclusterIndex]) -> raw::CompactPack<N> {
         let vcnt = cv.len();
         let lobits = self.lclusterbits.max(LI_D0_CBLKCNT.trailing_zeros() + 1);
-        let encodebits = (vcnt * size * 8 - 32) / vcnt;
+        let encodebits = N * 8 / vcnt;
         let mut base = self.blkaddr;
         let mut blkaddr = self.blkaddr;
         // With big pclusters the base is the pack's first HEAD's own address.
         let mut update = self.big;
-        let mut out = vec![0u8; vcnt * size];
+        let mut entries = [0u8; N];
         let mut pos = 0;
         for (i, c) in cv.iter().enumerate() {
             let [d0, d1] = c.delta();
@@ -255,16 +261,23 @@ impl PackWriter {
             };
             let v = (u32::from(c.kind()) << lobits) | offset;
             let rem = pos & 7;
-            let keep = out[pos / 8] & ((1u8 << rem) - 1);
-            out[pos / 8] = (v << rem) as u8 | keep;
-            out[pos / 8 + 1] = (v >> (8 - rem)) as u8;
-            out[pos / 8 + 2] = (v >> (16 - rem)) as u8;
+            let keep = entries[pos / 8] & ((1u8 << rem) - 1);
+            let bytes = [
+                (v << rem) as u8 | keep,
+                (v >> (8 - rem)) as u8,
+                (v >> (16 - rem)) as u8,
+            ];
+            // Past `entries` fall only zero bits: an index is lobits + 2 <= encodebits bits.
+            for (slot, b) in entries[pos / 8..].iter_mut().zip(bytes) {
+                *slot = b;
+            }
             pos += encodebits;
         }
-        let n = out.len();
-        out[n - 4..].copy_from_slice(&base.to_le_bytes());
         self.blkaddr = blkaddr;
-        out
+        raw::CompactPack {
+            entries,
+            blkaddr: base.into(),
+        }
     }
 }
 

@@ -360,9 +360,9 @@ fn plan_chunks(extents: &[(u64, u64)], size: u64, bs: u64) -> Result<(DataPlan, 
     let fit = 64 - (end - 1).leading_zeros();
     let chunk_bits = bits.min(fit.max(blkbits)).max(blkbits);
     let chunks = size.div_ceil(1 << chunk_bits);
-    // 4 bytes of index per chunk: refused when more than an image can hold, or more
+    // A block map entry per chunk: refused when more than an image can hold, or more
     // than memory can, rather than aborting the build.
-    let index_bytes = 4 * chunks;
+    let index_bytes = size_of::<raw::BlockMapEntry>() as u64 * chunks;
     if index_bytes > u64::from(u32::MAX) * bs {
         return Err(format!(
             "a sparse file of {size} bytes needs a chunk index of {index_bytes} bytes, more than an image can hold"

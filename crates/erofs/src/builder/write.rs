@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use zerocopy::IntoBytes;
 
 /// Superblock fields chosen by the caller rather than the layout.
 pub struct SuperParams<'a> {
@@ -163,9 +164,14 @@ pub fn write_image(
             }
             Kind::Regular { content, .. } if plan.size > 0 => {
                 if let DataPlan::Chunked { map, .. } = &plan.data {
-                    for (k, e) in map.iter().enumerate() {
-                        let at = inline_at as usize + 4 * k;
-                        img[at..at + 4].copy_from_slice(&e.to_le_bytes());
+                    let size = size_of::<raw::BlockMapEntry>();
+                    let at = inline_at as usize;
+                    let slots = img[at..at + size * map.len()].chunks_exact_mut(size);
+                    for (slot, &blkaddr) in slots.zip(map) {
+                        let e = raw::BlockMapEntry {
+                            blkaddr: blkaddr.into(),
+                        };
+                        slot.copy_from_slice(e.as_bytes());
                     }
                 }
                 file_jobs.push(FileJob {
@@ -231,7 +237,7 @@ pub fn write_image(
     let uuid = params
         .uuid
         .unwrap_or_else(|| derived_uuid(&img[..meta_len], &xattr_area, params.build_time));
-    let sb = Superblock {
+    let mut sb = Superblock {
         feature_compat,
         blkszbits: bs.trailing_zeros() as u8,
         root_nid: layout.inodes[Tree::ROOT].as_ref().expect("root").nid as u16,
@@ -252,8 +258,10 @@ pub fn write_image(
     };
     let sb_at = SUPER_OFFSET as usize;
     img[sb_at..sb_at + SUPER_SIZE].copy_from_slice(&sb.encode());
-    let csum = superblock_checksum(img, bs as usize).expect("the image spans the first block");
-    img[sb_at + 4..sb_at + 8].copy_from_slice(&csum.to_le_bytes());
+    // The checksum covers the superblock from past its own field: written again with it,
+    // the superblock changes in that field alone.
+    sb.checksum = superblock_checksum(img, bs as usize).expect("the image spans the first block");
+    img[sb_at..sb_at + SUPER_SIZE].copy_from_slice(&sb.encode());
 
     // Pass 4, all cores: hash the image for its Merkle tree, deriving every file's own
     // digest from the same block hashes, and store those digests in the table.
@@ -337,8 +345,12 @@ fn seal(
 
     let mut at = footer.table_offset as usize;
     for (nid, digest) in &entries {
-        img[at..at + 8].copy_from_slice(&nid.to_le_bytes());
-        img[at + 8..at + 8 + HASH].copy_from_slice(digest);
+        let mut e = raw::DigestEntry {
+            nid: (*nid).into(),
+            ..Default::default()
+        };
+        e.digest.copy_from_slice(digest);
+        img[at..at + DIGEST_ENTRY_SIZE as usize].copy_from_slice(e.as_bytes());
         at += DIGEST_ENTRY_SIZE as usize;
     }
     img[len - DIGEST_FOOTER_SIZE as usize..].copy_from_slice(&footer.encode());

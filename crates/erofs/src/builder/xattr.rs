@@ -4,6 +4,7 @@
 use super::tree::Tree;
 use crate::format::*;
 use std::collections::HashMap;
+use zerocopy::IntoBytes;
 
 /// A long prefix: a short namespace index plus an infix such as `overlay.`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,9 +47,12 @@ impl InodeXattrs {
         if self.ibody_size() == 0 {
             return;
         }
-        out.extend_from_slice(&self.filter.to_le_bytes());
-        out.push(self.shared.len() as u8);
-        out.extend_from_slice(&[0; 7]);
+        let header = raw::XattrIbodyHeader {
+            h_name_filter: self.filter.into(),
+            h_shared_count: self.shared.len() as u8,
+            ..Default::default()
+        };
+        out.extend_from_slice(header.as_bytes());
         for &s in &self.shared {
             out.extend_from_slice(&shared_ids[s as usize].to_le_bytes());
         }
@@ -196,9 +200,12 @@ fn encode_entry(prefixes: &[LongPrefix], name: &[u8], value: &[u8], out: &mut Ve
         None => (index, suffix),
     };
     let start = out.len();
-    out.push(stored.len() as u8);
-    out.push(index);
-    out.extend_from_slice(&(value.len() as u16).to_le_bytes());
+    let header = XattrEntry {
+        name_len: stored.len() as u8,
+        name_index: index,
+        value_size: value.len() as u16,
+    };
+    out.extend_from_slice(&header.encode());
     out.extend_from_slice(stored);
     out.extend_from_slice(value);
     out.resize(start + xattr_entry_size(stored.len(), value.len()), 0);

@@ -5,8 +5,10 @@
 
 use super::xattr::Xattr;
 use super::{ByteSource, Image, Inode};
-use crate::format::{self, DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
+use crate::format::{self, raw, DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
 use std::collections::{HashMap, HashSet, VecDeque};
+use zerocopy::little_endian::U64;
+use zerocopy::IntoBytes;
 
 /// The xattr name filter must not hide a name the inode has (the kernel trusts it).
 pub(crate) fn filter_problems<S: ByteSource>(
@@ -195,11 +197,14 @@ pub(crate) fn check_claims<S: ByteSource>(
     let mut prev: Option<u64> = None;
     for i in 0..footer.entries {
         let at = footer.table_offset + i * DIGEST_ENTRY_SIZE;
-        let mut raw = [0u8; 8];
-        if let Err(e) = img.read_at(&mut raw, at, || "file digest table entry".into()) {
+        let mut nid = U64::ZERO;
+        let nid_at = at + core::mem::offset_of!(raw::DigestEntry, nid) as u64;
+        if let Err(e) = img.read_at(nid.as_mut_bytes(), nid_at, || {
+            "file digest table entry".into()
+        }) {
             return problem(format!("file digest table: {e}"));
         }
-        let nid = u64::from_le_bytes(raw);
+        let nid = nid.get();
         if prev.is_some_and(|p| p >= nid) {
             problem(format!(
                 "file digest table entry {i} at byte {at}: nid {nid} is not after the previous entry's"

@@ -5,7 +5,8 @@ use std::fmt;
 use super::inode::Data;
 pub use super::zdata::ZLayout;
 use super::{corrupt, unsupported, ByteSource, Error, Image, Inode, Result};
-use crate::format;
+use crate::format::{self, raw};
+use zerocopy::IntoBytes;
 
 /// A run of file bytes `[logical, logical + len)` stored contiguously at `physical`, or a
 /// hole (reads as zeros) when `physical` is `None`.
@@ -244,15 +245,15 @@ impl<S: ByteSource> Image<S> {
                 offset: index,
                 what: format!("inode {nid}: chunk {nr} index out of range"),
             })?;
-        let mut e = [0u8; 8];
-        let e = e.get_mut(..unit as usize).unwrap_or_default();
-        self.read_at(e, at, || format!("inode {nid}: chunk {nr} index"))?;
-        let blk = if unit == 4 {
-            u32::from_le_bytes([e[0], e[1], e[2], e[3]])
+        let what = || format!("inode {nid}: chunk {nr} index");
+        let blk = if unit == size_of::<raw::BlockMapEntry>() as u64 {
+            let mut e = raw::BlockMapEntry::default();
+            self.read_at(e.as_mut_bytes(), at, what)?;
+            e.blkaddr.get()
         } else {
-            let hi = u16::from_le_bytes([e[0], e[1]]);
-            let dev = u16::from_le_bytes([e[2], e[3]]);
-            let lo = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+            let mut e = raw::ChunkIndex::default();
+            self.read_at(e.as_mut_bytes(), at, what)?;
+            let (hi, dev, lo) = (e.startblk_hi.get(), e.device_id.get(), e.startblk_lo.get());
             if lo != format::NULL_ADDR {
                 // Multi-device images need a device table; none is supported.
                 if dev != 0 {

@@ -9,8 +9,10 @@
 //! every group of entries; each lookup then reads one group (at most 4 KiB).
 
 use super::{corrupt, ByteSource, Error, Image, Inode, Result};
-use crate::format::{DigestFooter, DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
+use crate::format::{raw, DigestFooter, DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};
 use verity::TreeStream;
+use zerocopy::little_endian::U64;
+use zerocopy::IntoBytes;
 
 /// fs-verity's block size for file digests (and the image tree's).
 const VERITY_BLOCK: u64 = 4096;
@@ -222,8 +224,9 @@ impl<S: ByteSource> Image<S> {
         };
         let start = g as u64 * GROUP;
         let count = GROUP.min(ix.footer.entries - start) as usize;
-        let mut buf = [0u8; (GROUP * DIGEST_ENTRY_SIZE) as usize];
-        let group = &mut buf[..count * DIGEST_ENTRY_SIZE as usize];
+        let mut entries = [raw::DigestEntry::default(); GROUP as usize];
+        let entries = &mut entries[..count];
+        let group = entries.as_mut_bytes();
         let at = ix.footer.table_offset + start * DIGEST_ENTRY_SIZE;
         // In pieces that each stay inside one 4 KiB block: a verified source keeps its
         // checked copy of such blocks, and re-hashes reads that span two.
@@ -236,15 +239,12 @@ impl<S: ByteSource> Image<S> {
             })?;
             done += piece;
         }
-        let entry =
-            |i: usize| &group[i * DIGEST_ENTRY_SIZE as usize..][..DIGEST_ENTRY_SIZE as usize];
-        let nid_of = |i: usize| u64::from_le_bytes(entry(i)[..8].try_into().expect("8 bytes"));
         let (mut lo, mut hi) = (0, count);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match nid_of(mid).cmp(&nid) {
+            match entries[mid].nid.get().cmp(&nid) {
                 std::cmp::Ordering::Equal => {
-                    let digest = entry(mid)[8..].try_into().expect("32 bytes");
+                    let digest = entries[mid].digest;
                     return Ok(Some((digest, at + mid as u64 * DIGEST_ENTRY_SIZE)));
                 }
                 std::cmp::Ordering::Less => lo = mid + 1,
@@ -265,10 +265,11 @@ impl<S: ByteSource> Image<S> {
             Some(footer) => {
                 let mut firsts = Vec::with_capacity(footer.entries.div_ceil(GROUP) as usize);
                 for g in 0..footer.entries.div_ceil(GROUP) {
-                    let mut e = [0u8; 8];
+                    let mut nid = U64::ZERO;
                     let at = footer.table_offset + g * GROUP * DIGEST_ENTRY_SIZE;
-                    self.read_at(&mut e, at, || "file digest table entry".into())?;
-                    firsts.push(u64::from_le_bytes(e));
+                    let at = at + core::mem::offset_of!(raw::DigestEntry, nid) as u64;
+                    self.read_at(nid.as_mut_bytes(), at, || "file digest table entry".into())?;
+                    firsts.push(nid.get());
                 }
                 Some(DigestIndex { footer, firsts })
             }

@@ -11,7 +11,7 @@ use std::cmp::Ordering;
 use std::ops::Range;
 
 use super::{corrupt, ByteSource, Error, Image, Inode, Result};
-use crate::format::{self, Dirent, DIRENT_SIZE, NAME_LEN};
+use crate::format::{Dirent, DIRENT_SIZE, NAME_LEN};
 
 /// One directory entry as returned by [`Image::readdir`] and [`Image::lookup`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,7 +164,10 @@ impl<S: ByteSource> Image<S> {
                 what: format!("directory {} block {blk} dirent {i}: {what}", dir.nid),
             }
         };
-        let nameoff0 = usize::from(format::le16(&data, 8));
+        // `used` >= DIRENT_SIZE (checked with the read), so the first dirent is there.
+        let nameoff0 = data
+            .first_chunk()
+            .map_or(0, |d| usize::from(Dirent::decode(d).nameoff));
         // nameoff0 gives the entry count, so it must point past the dirent array (≥ 12), inside
         // the block, and at a dirent boundary.
         if nameoff0 < DIRENT_SIZE || nameoff0 >= used {

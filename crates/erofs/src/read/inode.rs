@@ -8,6 +8,7 @@
 use super::sb::align_up;
 use super::{corrupt, unsupported, ByteSource, Error, Image, Result};
 use crate::format::{self, DiskInode};
+use zerocopy::FromBytes;
 
 /// Kernel EROFS_I_ALL before 6.15: version bit + 3 layout bits. Bit 4 (NLINK_1 / DOT_OMITTED)
 /// changes the meaning of other fields, so an implementation without it must refuse it.
@@ -232,12 +233,12 @@ impl<S: ByteSource> Image<S> {
         let xattr_header = if d.xattr_icount == 0 {
             None
         } else {
-            let h = buf.get(isize..isize + format::XATTR_IBODY_HEADER_SIZE);
+            let h = buf
+                .get(isize..avail)
+                .and_then(|b| format::raw::XattrIbodyHeader::read_from_prefix(b).ok());
             match h {
-                Some(h) if avail >= isize + format::XATTR_IBODY_HEADER_SIZE => {
-                    Some((u32::from_le_bytes([h[0], h[1], h[2], h[3]]), h[4]))
-                }
-                _ => {
+                Some((h, _)) => Some((h.h_name_filter.get(), h.h_shared_count)),
+                None => {
                     return corrupt(
                         xattr_off,
                         ctx("xattr body starts past the end of the image".into()),
@@ -332,7 +333,7 @@ impl<S: ByteSource> Image<S> {
                 })
             }
             _ => {
-                let fmt = (d.i_u & 0xFFFF) as u16;
+                let fmt = d.chunk_format();
                 if fmt & !CHUNK_FORMAT_KNOWN != 0 {
                     return unsupported(
                         offset,
@@ -341,11 +342,11 @@ impl<S: ByteSource> Image<S> {
                 }
                 // Up to 16 + 31 = 47: shifts stay in u64.
                 let chunkbits = self.blkbits + u32::from(fmt & format::CHUNK_FORMAT_BLKBITS_MASK);
-                let unit: u64 = if fmt & format::CHUNK_FORMAT_INDEXES != 0 {
-                    8
+                let unit = if fmt & format::CHUNK_FORMAT_INDEXES != 0 {
+                    size_of::<format::raw::ChunkIndex>()
                 } else {
-                    4
-                };
+                    size_of::<format::raw::BlockMapEntry>()
+                } as u64;
                 let count = if size == 0 {
                     0
                 } else {

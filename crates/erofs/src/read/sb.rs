@@ -1,7 +1,10 @@
 //! Superblock validation and the long xattr name prefix table (kernel `super.c`).
 
 use super::{corrupt, unsupported, ByteSource, Error, Result};
-use crate::format::{self, Superblock};
+use crate::format::{self, raw, Superblock};
+use core::mem::offset_of;
+use zerocopy::little_endian::U16;
+use zerocopy::IntoBytes;
 
 /// Largest superblock (base + extension slots) the kernel accepts: it must fit in the page
 /// that holds offset 1024 (`PAGE_SIZE - EROFS_SUPER_OFFSET` on 4 KiB pages).
@@ -57,19 +60,21 @@ impl<S: ByteSource> Image<S> {
     fn open_inner(src: S, checksum: bool) -> Result<Self> {
         let len = src.len();
         let sb_off = format::SUPER_OFFSET;
-        let mut raw = [0u8; format::SUPER_SIZE];
+        // Where a superblock field is, for error reports.
+        let field = |offset: usize| sb_off + offset as u64;
+        let mut bytes = [0u8; format::SUPER_SIZE];
         if len < sb_off + format::SUPER_SIZE as u64 {
             return corrupt(
                 sb_off,
                 format!("image is {len} bytes, too short for a superblock"),
             );
         }
-        src.read_exact_at(&mut raw, sb_off)
+        src.read_exact_at(&mut bytes, sb_off)
             .map_err(|err| Error::Io {
                 offset: sb_off,
                 err,
             })?;
-        let (magic, sb) = Superblock::decode(&raw);
+        let (magic, sb) = Superblock::decode(&bytes);
         if magic != format::MAGIC {
             return corrupt(
                 sb_off,
@@ -78,7 +83,7 @@ impl<S: ByteSource> Image<S> {
         }
         if !(MIN_BLKSZBITS..=MAX_BLKSZBITS).contains(&sb.blkszbits) {
             return unsupported(
-                sb_off + 0x0C,
+                field(offset_of!(raw::Superblock, blkszbits)),
                 format!(
                     "block size bits {} outside {MIN_BLKSZBITS}..={MAX_BLKSZBITS}",
                     sb.blkszbits
@@ -86,10 +91,11 @@ impl<S: ByteSource> Image<S> {
             );
         }
         // The kernel reads the whole superblock from the first page; a larger one is refused.
-        let sb_size = format::SUPER_SIZE as u64 + 16 * u64::from(sb.sb_extslots);
+        let sb_size =
+            format::SUPER_SIZE as u64 + format::SB_EXTSLOT_SIZE * u64::from(sb.sb_extslots);
         if sb_size > MAX_SB_SIZE {
             return corrupt(
-                sb_off + 0x0D,
+                field(offset_of!(raw::Superblock, sb_extslots)),
                 format!(
                     "superblock size {sb_size} (extslots {}) too large",
                     sb.sb_extslots
@@ -99,12 +105,15 @@ impl<S: ByteSource> Image<S> {
         // Refusing unknown incompat bits is the whole point of having them.
         let unknown = sb.feature_incompat & !format::FEATURE_INCOMPAT_SUPPORTED;
         if unknown != 0 {
-            return unsupported(sb_off + 0x50, format!("incompatible features {unknown:#x}"));
+            return unsupported(
+                field(offset_of!(raw::Superblock, feature_incompat)),
+                format!("incompatible features {unknown:#x}"),
+            );
         }
         // dirblkbits != 0 would change the directory block size; no kernel implements it.
         if sb.dirblkbits != 0 {
             return unsupported(
-                sb_off + 0x5A,
+                field(offset_of!(raw::Superblock, dirblkbits)),
                 format!("dirblkbits {} (must be 0)", sb.dirblkbits),
             );
         }
@@ -251,9 +260,11 @@ impl<S: ByteSource> Image<S> {
                 offset: pos,
                 what: "prefix table offset overflows".into(),
             })?;
-            let mut lenb = [0u8; 2];
-            read_at(&mut lenb, pos, &|| format!("long xattr prefix {i} length"))?;
-            let rec_len = u16::from_le_bytes(lenb);
+            let mut lenb = U16::ZERO;
+            read_at(lenb.as_mut_bytes(), pos, &|| {
+                format!("long xattr prefix {i} length")
+            })?;
+            let rec_len = lenb.get();
             // Kernel: 1..=256 (base index byte + up to 255 infix bytes); 0 would have no index.
             if !(1..=256).contains(&rec_len) {
                 return corrupt(
@@ -279,11 +290,12 @@ impl<S: ByteSource> Image<S> {
 /// exactly what makes the kernel refuse the mount, so refuse too.
 fn check_sb_checksum<S: ByteSource>(src: &S, len: u64, sb: &Superblock, bs: u64) -> Result<()> {
     let sb_off = format::SUPER_OFFSET;
+    let at = sb_off + offset_of!(raw::Superblock, checksum) as u64;
     let covered = if bs > sb_off { bs - sb_off } else { bs };
     let end = sb_off + covered; // ≤ 1024 + 65536
     if end > len {
         return corrupt(
-            sb_off + 4,
+            at,
             format!(
                 "checksummed superblock block ends at byte {end}, past the image ({len} bytes)"
             ),
@@ -295,13 +307,13 @@ fn check_sb_checksum<S: ByteSource>(src: &S, len: u64, sb: &Superblock, bs: u64)
     match format::superblock_checksum(&first, bs as usize) {
         Some(crc) if crc == sb.checksum => Ok(()),
         Some(crc) => corrupt(
-            sb_off + 4,
+            at,
             format!(
                 "superblock checksum {:#010x} does not match computed {crc:#010x}",
                 sb.checksum
             ),
         ),
-        None => corrupt(sb_off + 4, "superblock checksum range invalid"),
+        None => corrupt(at, "superblock checksum range invalid"),
     }
 }
 

@@ -198,7 +198,7 @@ impl<S: ByteSource> Image<S> {
         while pos < body.len() {
             let at = inode.xattr_off + pos as u64;
             let rest = body.get(pos..).unwrap_or(&[]);
-            let Some(hdr) = rest.get(..XATTR_ENTRY_HEADER_SIZE) else {
+            let Some(hdr) = rest.first_chunk() else {
                 return corrupt(
                     at,
                     format!(
@@ -207,7 +207,7 @@ impl<S: ByteSource> Image<S> {
                     ),
                 );
             };
-            let e = XattrEntry::decode(&[hdr[0], hdr[1], hdr[2], hdr[3]]);
+            let e = XattrEntry::decode(hdr);
             // The kernel rejects an entry that runs past the body (EFSCORRUPTED).
             if e.size() > rest.len() {
                 return corrupt(

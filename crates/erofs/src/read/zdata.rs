@@ -12,6 +12,8 @@ use super::zmap::{ZExtent, ZFormat, ZStored};
 use super::{corrupt, unsupported, ByteSource, Error, Image, Inode, Result};
 use crate::format;
 use crate::zformat::{self as z, ComprCfg};
+use zerocopy::little_endian::U16;
+use zerocopy::IntoBytes;
 
 /// Bytes of decoded extents kept per image. A FUSE read is at most 1 MiB and most are
 /// 4-128 KiB, while one extent decodes to 4 KiB-1 MiB (mkfs's `-C` sizes): 32 MiB keeps
@@ -125,20 +127,21 @@ pub(crate) fn read_config<S: ByteSource>(
     let known = (1u16 << codecs::Algorithm::ALL.len()) - 1;
     if c.algs & !known != 0 {
         return unsupported(
-            sb_off + 0x54,
+            sb_off + core::mem::offset_of!(format::raw::Superblock, available_compr_algs) as u64,
             format!("unknown compression algorithms {:#x}", c.algs & !known),
         );
     }
-    let mut pos = sb_off + format::SUPER_SIZE as u64 + 16 * u64::from(sb.sb_extslots);
+    let mut pos =
+        sb_off + format::SUPER_SIZE as u64 + format::SB_EXTSLOT_SIZE * u64::from(sb.sb_extslots);
     for alg in 0..codecs::Algorithm::ALL.len() as u8 {
         if c.algs & (1 << alg) == 0 {
             continue;
         }
         // Records are 4-aligned: a le16 size, then the payload (kernel `erofs_read_metadata`).
         pos = pos.next_multiple_of(4);
-        let mut sz = [0u8; 2];
-        read(src, len, &mut sz, pos, alg)?;
-        let size = u64::from(u16::from_le_bytes(sz));
+        let mut sz = U16::ZERO;
+        read(src, len, sz.as_mut_bytes(), pos, alg)?;
+        let size = u64::from(sz.get());
         let want = ComprCfg::payload_size(alg).unwrap_or(0);
         if size < want as u64 {
             return corrupt(

@@ -129,11 +129,10 @@ impl<S: ByteSource> Image<S> {
             at,
         };
         if mh.whole_file_in_packed_inode() {
-            // The other 63 bits are the offset in the packed inode.
             h.advise = z::ADVISE_FRAGMENT_PCLUSTER;
             h.fragment = true;
             h.whole_fragment = true;
-            h.fragment_off = u64::from_le_bytes(raw) & !(1 << 63);
+            h.fragment_off = mh.whole_file_fragment_offset();
             self.check_fragments(inode, at)?;
             return Ok(h);
         }
@@ -415,8 +414,12 @@ impl<'a, S: ByteSource> Mapper<'a, S> {
                 nblk += 1;
             }
         }
-        let base = buf.len() - 4;
-        let base = u32::from_le_bytes([buf[base], buf[base + 1], buf[base + 2], buf[base + 3]]);
+        // `buf` is a whole pack of 8 or 32 bytes.
+        let Some(base) = z::compact_pack_blkaddr(buf) else {
+            return self.bad(format!(
+                "lcluster {lcn}: compact index pack of {pack} bytes"
+            ));
+        };
         m.pblk = u64::from(base) + nblk;
         Ok(m)
     }
