@@ -27,7 +27,6 @@ use crate::policy::Template;
 use rustix::fd::BorrowedFd;
 use sha1::{Digest, Sha1};
 use sha2::Sha256;
-use std::fmt;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::os::fd::AsFd;
@@ -78,7 +77,8 @@ pub enum State {
 }
 
 /// The first problem found, located: `FILE: offset N (entry K): what is wrong`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}{message}{}", place(file, *offset, *entry, *pcr), note.as_ref().map(|n| format!("; {n}")).unwrap_or_default())]
 pub struct VerifyError {
     /// The file's name inside the list directory.
     pub file: &'static str,
@@ -96,30 +96,23 @@ pub struct VerifyError {
     pub(crate) io: bool,
 }
 
-impl fmt::Display for VerifyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // An empty name is the directory itself.
-        if !self.file.is_empty() {
-            write!(f, "{}", self.file)?;
-            if let Some(o) = self.offset {
-                write!(f, ": offset {o}")?;
-            }
-            if let Some(e) = self.entry {
-                write!(f, " (entry {e})")?;
-            } else if let Some(p) = self.pcr {
-                write!(f, " (PCR-{p:02})")?;
-            }
-            f.write_str(": ")?;
-        }
-        f.write_str(&self.message)?;
-        if let Some(n) = &self.note {
-            write!(f, "; {n}")?;
-        }
-        Ok(())
+/// Where a problem is, before its message: `FILE: offset N (entry K): `, or nothing for
+/// the directory itself (an empty name).
+fn place(file: &str, offset: Option<u64>, entry: Option<u64>, pcr: Option<u32>) -> String {
+    if file.is_empty() {
+        return String::new();
     }
+    let mut out = file.to_string();
+    if let Some(o) = offset {
+        out += &format!(": offset {o}");
+    }
+    if let Some(e) = entry {
+        out += &format!(" (entry {e})");
+    } else if let Some(p) = pcr {
+        out += &format!(" (PCR-{p:02})");
+    }
+    out + ": "
 }
-
-impl std::error::Error for VerifyError {}
 
 fn at(file: &'static str, offset: u64, entry: u64, message: impl Into<String>) -> VerifyError {
     VerifyError {

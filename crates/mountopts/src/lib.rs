@@ -30,7 +30,6 @@
 #![warn(missing_docs)]
 
 use std::ffi::{OsStr, OsString};
-use std::fmt;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
@@ -160,21 +159,14 @@ pub struct MountOptions {
 }
 
 /// Why an option string was refused; names the option.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("mount option {option:?}: {why}")]
 pub struct OptionError {
     /// The option as given.
     pub option: String,
     /// Why it was refused.
     pub why: String,
 }
-
-impl fmt::Display for OptionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "mount option {:?}: {}", self.option, self.why)
-    }
-}
-
-impl std::error::Error for OptionError {}
 
 fn refuse(option: &[u8], why: impl Into<String>) -> OptionError {
     OptionError {
