@@ -247,3 +247,39 @@ fn special_files_as_inputs_are_refused_at_once() {
         .file_type()
         .is_fifo());
 }
+
+/// An image on a block device reads as the image file does: its length is the device's
+/// (a block device's metadata says 0 bytes). A plain EROFS image (a sealed one's trailer
+/// would not fit the device's 512-byte sectors).
+#[test]
+fn an_image_on_a_block_device_reads_as_its_file_does() {
+    if skip_unless(is_root(), "needs root (a loop device)")
+        || skip_unless(have("mkfs.erofs"), "needs mkfs.erofs (erofs-utils)")
+    {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("hello"), b"hello\n").unwrap();
+    let image = t.path().join("img");
+    run(std::process::Command::new("mkfs.erofs")
+        .arg(&image)
+        .arg(&src));
+    let out = run(std::process::Command::new("losetup")
+        .args(["--find", "--show", "--read-only"])
+        .arg(&image));
+    let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    let out = verilay().args(["fsck", &dev]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("clean, 2 inodes"), "{out:?}");
+}

@@ -185,7 +185,8 @@ pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 }
 
 impl FileSource {
-    /// An image file (or a block device holding one).
+    /// An image file (or a block device holding one: a plain EROFS image, since a sealed
+    /// one's trailer is not where a device of 512-byte sectors ends).
     pub fn open(path: impl AsRef<Path>) -> io::Result<FileSource> {
         FileSource::new(open_input(path.as_ref(), true)?)
     }
@@ -204,9 +205,15 @@ impl FileSource {
         Ok(s)
     }
 
-    /// The bytes of `file`, as long as its length is now.
+    /// The bytes of `file`, as long as its length is now (a block device's from its end:
+    /// its metadata says 0).
     pub fn new(file: File) -> io::Result<FileSource> {
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        let len = if std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()) {
+            rustix::fs::seek(&file, rustix::fs::SeekFrom::End(0))?
+        } else {
+            meta.len()
+        };
         Ok(FileSource {
             file,
             len,
