@@ -1,15 +1,13 @@
 //! Every layer of a container image becomes a sealed verilay image, stored in the
-//! destination repository with the original image (`verilay convert`).
+//! destination repository with the original image (`verilay convert`; the records are
+//! docs/FORMAT.md, "A container image converted").
 //!
-//! - The destination tag names the bound manifest (`oci::conversion::bind`: the original
-//!   with each layer's verilay image in its annotations), whose digest is the one to pin:
-//!   pinning it pins every image it leads to.
-//! - The conversion is also recorded as a referrer of the original manifest, a link never
-//!   trusted for being found (`layerstore::resolve`).
+//! - The destination tag names the bound manifest, whose digest is the one to pin.
+//! - The conversion is also a referrer of the original manifest, never trusted for being
+//!   found (`layerstore::resolve`).
 //! - Per layer: the blob is fetched into a temporary file and checked against its digest,
-//!   read as a layer tarball (whiteouts and opaque markers kept, its DiffID taken on the
-//!   way), built into a sealed image with a fixed build time and a content-derived UUID
-//!   (the same layer always gives the same image digest) and pushed.
+//!   read as a tarball (DiffID taken on the way), built with a fixed build time and a
+//!   content-derived UUID (the same layer always gives the same image digest), and pushed.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,23 +1,14 @@
 //! An image's tree (or one path of it) written into a directory through the verified
-//! reader, with modes, timestamps, xattrs, ACLs, hardlinks and holes (`verilay extract`).
+//! reader, with modes, times, xattrs, ACLs, hardlinks and holes (`verilay extract`). The
+//! image may be hostile whatever its digest (docs/SECURITY.md section 3):
 //!
-//! The image may be hostile, and a valid digest says nothing about its structure. So:
-//! - the whole image first passes fsck's structural checks (`fsck_structure`: everything
-//!   but reading file data, which extraction then reads once), and an image with any problem
-//!   is refused before DIR is touched;
-//! - every object is made relative to a directory descriptor this process opened itself,
-//!   exclusively (`mkdirat`, `O_CREAT|O_EXCL`, `symlinkat`, `mknodat`, `linkat`: never over a
-//!   name that exists), and reopened with `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`, so
-//!   no symlink, made from the image or planted by another process, is ever followed;
-//! - metadata is set through descriptors: the file's own, or an `O_PATH` one (checked to be
-//!   the type just made) for symlinks and special files;
-//! - privilege travels only with ownership: set-id bits, device nodes and `trusted.*` /
-//!   `security.*` xattrs (file capabilities, SELinux labels, overlayfs markers) are restored
-//!   only when owners are (as root, without `--no-same-owner`); otherwise they are counted
-//!   in one warning line.
-//!
-//! A failure while writing (a block that fails its hash, a full disk, a path another process
-//! replaced) stops extract with one line naming the path; what was written stays in DIR.
+//! - An image `fsck_structure` finds any problem in is refused before DIR is touched.
+//! - Every object is made exclusively under a directory descriptor this process opened and
+//!   reopened with `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`; metadata is set through a
+//!   descriptor checked to be what was made.
+//! - Set-id bits, devices, `trusted.*` and `security.*` travel only with owners (root,
+//!   without `--no-same-owner`); otherwise one warning line counts them.
+//! - A failure stops extract with one line naming the path; what was written stays.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,25 +1,14 @@
 //! Where a queue's threads run.
 //!
-//! The kernel puts a request on the queue of the CPU its sender runs on, and hands it to the
-//! entry committed last (or any other idle one). A thread waiting on that CPU is woken
-//! there by the sender itself; one waiting on another CPU, which is idle and on a virtual
-//! machine halted, must be sent an interrupt (30-40 µs, traced). A caller that waits for
-//! each answer and also closes files (a create is LOOKUP, CREATE, then RELEASE, which
-//! nobody waits for, and the next file's GETATTR at once) keeps two threads of its queue
-//! busy: so every thread of a queue rests on its CPU.
-//!
-//! Except while the queue streams: readahead sends 1 MiB READs two at a time, and a
-//! thread hashing one holds its CPU for a millisecond. A sibling resting on the same CPU
-//! would wait for it; so a queue that served a big READ or WRITE in the last few
-//! milliseconds lets every thread but the first rest anywhere (measured: a cold 256 MiB
-//! read 0.19-0.22 s so, 0.29-0.35 with all of them pinned; a thread let loose only while
-//! a sibling was busy came too late: the kernel had queued its READ on the busy CPU).
-//!
-//! This holds only with a thread looking on every CPU while the session is busy
-//! (`spin::Activity`): a CPU whose threads all sleep goes idle, and the scheduler wakes a
-//! caller there, on a halted CPU, rather than beside the thread that answered it. So a
-//! thread that finds a request after a quiet spell nudges every queue whose threads all
-//! sleep: one of them wakes and looks as long as the session stays busy.
+//! - The kernel queues a request on its sender's CPU: a thread waiting on that CPU is woken
+//!   by the sender itself, one on another (idle, on a VM halted) needs an interrupt. So
+//!   every thread of a queue rests on its CPU (a caller that creates files keeps two busy).
+//! - Except while the queue streams: a thread hashing a 1 MiB READ holds its CPU for a
+//!   millisecond, so after a big READ or WRITE in the last few milliseconds every thread
+//!   but the first rests anywhere.
+//! - This needs a thread looking on every CPU of a busy session (`spin::Activity`), or the
+//!   scheduler wakes a caller on an idle CPU rather than beside its answerer: a thread that
+//!   finds a request after a quiet spell nudges every queue whose threads all sleep.
 
 use crate::event::EventFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -116,7 +105,8 @@ impl QueueThreads {
     }
 
     /// Thread `me` starts big I/O: the queue streams, and its other threads but the
-    /// first may run anywhere from now.
+    /// first may run anywhere from now, not only once a sibling is busy (by then the
+    /// kernel has queued its READ on the busy CPU).
     pub(crate) fn begin_big(&self, me: usize) {
         self.last_big_ns.store(now_ns(), Ordering::SeqCst);
         for (j, tid) in self.tids.iter().enumerate().skip(1) {
@@ -155,9 +145,8 @@ fn now_ns() -> u64 {
 /// (round robin), when there are workers enough for every such CPU.
 /// One queue feeds every worker and poll(2) wakes them all: a worker on the caller's CPU
 /// gets there first (the caller gives the CPU up as it waits), while one on another CPU,
-/// halted, wakes tens of µs later to find nothing. Unpinned, the scheduler put both
-/// where they happened to run (warm labelled `ls -lR` 1.71-2.29 s, pinned and not
-/// looking after such a wake 1.21-1.62; see `dev::next_request`).
+/// halted, wakes tens of µs later to find nothing. Unpinned, the scheduler would put both
+/// where they happened to run (see `dev::next_request`).
 pub(crate) fn pin_worker(i: usize, workers: usize) {
     let allowed = allowed_cpus();
     let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)

@@ -115,16 +115,12 @@ impl Channel {
     }
 
     /// Hands the kernel `data` as the page cache of `ino` at `offset`. The kernel locks
-    /// each page to fill it, so a store waits for any page a READ in flight holds
-    /// (readahead's pages stay locked until their READ is answered): call it only for an
-    /// inode no open handle reads, as its open is served, so it can wait only for a READ
-    /// from a handle opened meanwhile. Over /dev/fuse any worker serves that READ, and the
-    /// last worker to begin a store can wait only for a handle another, free, worker
-    /// opened after it began. Over io_uring only the queue of the CPU the READ was sent
-    /// from serves it, and stores could hold every thread of that queue (a reader opening
-    /// on one CPU and reading on the other hung a mount that way), so the session allows
-    /// all but one of a queue's threads to store at once; a store past that is refused
-    /// with `WouldBlock`, and the pages are left to the READ.
+    /// each page to fill it, so a store waits for any page a READ in flight holds: call it
+    /// only for an inode no open handle reads (as its open is served), so it waits at most
+    /// for a READ from a handle opened meanwhile, which some free thread must serve. Over
+    /// /dev/fuse any worker serves it; over io_uring only the threads of the READ's CPU's
+    /// queue, so at most all but one of a queue's threads store at once, and a store past
+    /// that is refused with `WouldBlock` (the pages are left to the READ).
     pub fn store(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()> {
         let Some(_slot) = self.stores.take() else {
             return Err(io::ErrorKind::WouldBlock.into());

@@ -1,20 +1,13 @@
-//! FUSE over io_uring: the kernel has one queue per possible CPU and puts a request on the
-//! queue of the CPU its sender runs on. Each queue here has a few serving threads, each
-//! with a ring of its own holding one entry of that queue (IORING_OP_URING_CMD with
-//! 128-byte SQEs on the /dev/fuse descriptor): it REGISTERs the entry, waits for the
-//! request the kernel puts in it, serves it in place and sends the answer back with
-//! COMMIT_AND_FETCH, which also re-arms the entry, and waits again, in one syscall.
+//! FUSE over io_uring: the kernel has a queue per possible CPU and puts a request on its
+//! sender's CPU's queue. Each queue here has a few threads, each with a ring of its own
+//! holding one entry of the queue (IORING_OP_URING_CMD on the /dev/fuse descriptor).
 //!
-//! One entry per thread, as /dev/fuse has one request per read: a thread serving a long
-//! request (a fetch, hashing) holds only its own entry, so the kernel hands the CPU's
-//! next request to another thread's, and every answer (a 1 MiB READ's copy into the page
-//! cache) is committed by the thread that made it. (A thread per queue handing requests
-//! to a pool made each one cost two more wake-ups and had that thread copy every READ: a
-//! cold 256 MiB read took 1.15-1.36x as long as over /dev/fuse.)
-//!
-//! A queue's threads rest on its CPU, but while it streams big READs all but the first
-//! rest anywhere (see `affinity`).
-//! At unmount every entry completes with -ENOTCONN and its thread ends.
+//! - A thread serves the request the kernel puts in its entry in place and answers with
+//!   COMMIT_AND_FETCH, which re-arms the entry and waits again, in one syscall.
+//! - One entry per thread: a thread busy with a long request holds only its own entry, so
+//!   the CPU's next request goes to another, and each answer is committed by its maker.
+//! - Where a queue's threads run: `affinity`.
+//! - At unmount every entry completes with -ENOTCONN and its thread ends.
 
 use crate::abi::{self, OutHeader, UringCmdReq, UringReqHeader};
 use crate::affinity::{QueueThreads, BIG_IO};

@@ -1,28 +1,15 @@
 //! fanotify permission events on one mount: every open (and exec) of a file on it waits
-//! until the group answers; ignore marks spare later opens of a file already decided.
+//! until the group answers, unless an ignore mark spares it.
 //!
-//! What holds, and why:
-//! - The group is `FAN_CLASS_PRE_CONTENT` (so a denied open fails with EIO, as a failed
-//!   read would: `FAN_DENY_ERRNO`, Linux 6.14; plain EPERM before) with
-//!   `FAN_UNLIMITED_QUEUE` (an open is never let through for want of room) and
-//!   `FAN_REPORT_TID` (the opener's thread: credentials are per thread). All need
-//!   CAP_SYS_ADMIN in the first user namespace.
-//! - fanotify fails open: when the group's descriptor closes (the daemon exits, or is
-//!   killed), waiting and later opens are allowed. Whoever reads the events must say so
-//!   where it matters (the measurement list marks the gap).
-//! - Ignore marks are evictable inode marks: they cost no pinned inode, and an inode the
-//!   kernel drops comes back as one event again.
-//! - fanotify does not say how a file is being opened, nor how else it is open. The
-//!   opener is blocked in its system call meanwhile, whose arguments `/proc/TID/syscall`
-//!   shows ([`open_flags`]); whether the file has writers is a lease's question
-//!   ([`has_writers`]), whether it has readers a look through every process's open
-//!   files (`crate::holders`). Close events would not do: fanotify merges a thread's
-//!   closes of one file that wait in its queue, so they cannot be counted.
-//! - Events are read one at a time (a read of exactly one event's length), so several
-//!   threads can each take the next event and answer it, with no hand-over between
-//!   threads: nix's reader takes a page of events at once, which one thread would then
-//!   answer in turn. (Reading and answering are written here for that reason; groups and
-//!   marks are nix's.)
+//! - The group is `FAN_CLASS_PRE_CONTENT` (a denial is EIO from Linux 6.14, EPERM before),
+//!   `FAN_UNLIMITED_QUEUE` (no open let through for want of room), `FAN_REPORT_TID`
+//!   (credentials are per thread): CAP_SYS_ADMIN in the first user namespace.
+//! - fanotify fails open: once the group's descriptor closes, opens are allowed; the
+//!   events' reader records that gap.
+//! - Ignore marks are evictable: no inode pinned; an evicted one raises an event again.
+//! - How a file is open is asked of the kernel ([`open_flags`], [`has_writers`],
+//!   `crate::holders`): merged close events cannot be counted.
+//! - One event is read at a time ([`Group::next`]).
 
 use anyhow::Context;
 use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
@@ -111,7 +98,10 @@ impl Group {
         Ok(Waiter { epoll })
     }
 
-    /// The next event, waiting for it with `waiter` (this thread's).
+    /// The next event, waiting for it with `waiter` (this thread's): a read of exactly one
+    /// event's length, so several threads each take the next event and answer it, with no
+    /// hand-over (nix's reader takes a page of events at once: only groups and marks are
+    /// nix's here).
     pub fn next(&self, waiter: &Waiter) -> std::io::Result<Event> {
         let mut buf = [0u8; EVENT_LEN];
         let mut ready = rustix::event::epoll::EventVec::with_capacity(1);

@@ -1,22 +1,14 @@
-//! Keeps a writable mount's descriptors under the process's limit.
+//! Keeps a writable mount's descriptors under the process's limit: a union node holds one
+//! for its upper object while the kernel keeps the inode (until memory runs short), so a
+//! tree larger than `ulimit -n` would fail creations with EMFILE.
 //!
-//! A union node holds a descriptor for its upper object for as long as the kernel keeps
-//! the inode, and the kernel keeps what it looked up until memory runs short. A tree of
-//! more files than `ulimit -n` (20,000 on a host where root lacks CAP_SYS_RESOURCE)
-//! would then fail its next creations with EMFILE. So once a node's descriptor number
-//! passes half the limit, a thread asks the kernel to drop the names looked up longest
-//! ago (FUSE_NOTIFY_INVAL_ENTRY, which must not be sent from a request's worker): the
-//! kernel forgets each inode once nothing uses it (an open file keeps its inode until
-//! closed), and the node goes with its descriptor. A dropped name is looked up again
-//! when next used and gets the same inode number (`upper_ids`).
-//!
-//! - A pass runs on a thread of its own: for an INVAL_ENTRY the kernel takes the
-//!   directory's lock, which a request's worker may hold.
-//! - A pass keeps the names looked up last (a lookup clock), a quarter of the limit, and
-//!   drops the rest; for a second after it, the node map frees forgotten nodes at once
-//!   rather than a batch at a time, so their descriptors close.
-//! - A request that still finds no descriptor (a burst outran the pass) starts a pass,
-//!   waits for it and tries again, for at most `ROOM_WAIT` (`UnionFs::with_room`).
+//! - Past half the limit, a pass has the kernel drop the names looked up longest ago
+//!   (FUSE_NOTIFY_INVAL_ENTRY), keeping the last quarter of the limit; each unused inode
+//!   goes, its node and descriptor with it. Looked up again, it keeps its number.
+//! - A pass runs on a thread of its own: INVAL_ENTRY takes the directory's lock, which a
+//!   request's worker may hold. For a second after it, forgotten nodes are freed at once.
+//! - A request that still finds no descriptor starts a pass, waits and tries again, for at
+//!   most `ROOM_WAIT` (`UnionFs::with_room`).
 
 use crate::ops::{NotifierSlot, Notify};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,19 +1,13 @@
 //! Several images stacked with overlayfs's rules, first = top: a name resolves to the
-//! topmost object carrying it; directories of the same path merge their entries unless one
-//! is opaque; whiteouts hide a name in every layer below.
+//! topmost object carrying it; directories merge unless one is opaque; whiteouts hide a
+//! name below. Pure functions: any thread may call them.
 //!
-//! As overlayfs reads them in a layer:
-//! - a whiteout is a character device 0/0, or (in a directory whose
-//!   `trusted.overlay.opaque` is `x`) an empty regular file with `trusted.overlay.whiteout`;
-//! - an opaque directory has `trusted.overlay.opaque` = `y`: nothing below it merges;
-//! - a non-directory ends the merge: a directory below a file is ignored, and a file below a
-//!   directory is too.
-//!
-//! A directory has one place: a lookup that finds one where its own `..` entry says it is
-//! not (a cycle, a directory under two parents, a root under a name) refuses it
-//! ([`Misplaced`]), so the tree the mount shows is a tree, whatever the image holds.
-//!
-//! Pure functions over the images: no state, so any thread may call them.
+//! - A whiteout is a character device 0/0, or (in a directory whose
+//!   `trusted.overlay.opaque` is `x`) an empty file with `trusted.overlay.whiteout`.
+//! - An opaque directory (`trusted.overlay.opaque` = `y`) merges nothing below it.
+//! - A non-directory ends the merge, above or below a directory.
+//! - A directory found where its own `..` says it is not (a cycle, two parents, a root
+//!   under a name) is refused ([`Misplaced`]): the mount shows a tree.
 
 use erofs::read::{ByteSource, Error, Image, Inode, Result};
 use upper::overlay::{self, Opacity, OPAQUE_XATTR, WHITEOUT_XATTR};

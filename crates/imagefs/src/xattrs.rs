@@ -1,14 +1,13 @@
 //! Which xattr names a mount shows, refuses and lets change: one set of rules for both
-//! filesystems. A read-only mount whose images record no xattr at all answers every
-//! GETXATTR and LISTXATTR with ENOSYS: the kernel then stops sending either and answers
-//! EOPNOTSUPP itself, so `ls -l` (which asks each entry's `security.selinux` and ACL) and
-//! every exec (`security.capability`) cost no round trip for them. Otherwise a name is
-//! asked for, in this order: the root's `verilay.stats` (kept for readers that predate
-//! `verilay stats`'s own socket); a name in
-//! overlayfs's namespace (EOPNOTSUPP, as overlayfs's own handler answered before Linux
-//! 6.7 escaped such names); a name the caller may not see (ENODATA); a namespace the
-//! images record as absent (EOPNOTSUPP); then the layer's value. Where the two
-//! filesystems differ, the rules' fields say so.
+//! filesystems (where they differ, the rules' fields say so).
+//!
+//! - A read-only mount whose images record no xattr answers GETXATTR and LISTXATTR with
+//!   ENOSYS: the kernel stops sending either, so `ls -l` and exec cost no round trip for
+//!   `security.*` and ACLs.
+//! - Otherwise a name is answered, first match: the root's `verilay.stats` (for readers
+//!   without `verilay stats`'s socket); overlayfs's namespace (EOPNOTSUPP, as overlayfs
+//!   answered before Linux 6.7 escaped such names); a name the caller may not see (ENODATA);
+//!   a namespace the images record as absent (EOPNOTSUPP); then the layer's value.
 
 use crate::measuring::STATS_XATTR;
 use crate::ops::{Caller, Errno};

@@ -1,22 +1,16 @@
-//! The store's tree, as containers/storage's overlay driver reads an additional layer
-//! store with the `:ref` option (`drivers/overlay/overlay.go`, `getAdditionalLayerPath`):
+//! The store's tree, as containers/storage's overlay driver reads an additional layer store
+//! with `:ref` (`drivers/overlay/overlay.go`, `getAdditionalLayerPath`):
 //!
 //! ```text
-//! STORE/BASE64(REFERENCE)/LAYER_DIGEST/diff   the layer's files (here: a symlink to its mount)
+//! STORE/BASE64(REFERENCE)/LAYER_DIGEST/diff   the layer's files (a symlink to its mount)
 //!                                      /info   JSON: digests, sizes, compression (storage.Layer)
 //!                                      /blob   the original layer blob
 //! ```
 //!
-//! Nothing exists until it is looked up: a reference directory for any name that decodes
-//! to a reference, a layer directory when the [`Resolver`] finds the layer converted. The
-//! driver announces use by creating `use` in a layer directory and release by removing
-//! the directory; a store that counts them answers both with ENOENT, which is what it
-//! expects (anything else it logs as "GC doesn't seem to be supported").
-//!
-//! A layer the resolver refuses (`Found::Refused`) is there too, with an empty `diff`
-//! directory and empty `info` and `blob` files, but opening `info` or `blob` fails with
-//! EIO: the driver takes a layer it cannot stat for one the store lacks (and podman then
-//! reuses what it holds of the blob), while a failing `info` fails the pull.
+//! - Nothing exists until looked up: a layer directory only when the [`Resolver`] finds it.
+//! - The driver's `use` files and removals are answered ENOENT, as it expects.
+//! - A refused layer (`Found::Refused`) is there, all empty, but opening `info` or `blob`
+//!   fails EIO: that fails the pull, where a missing layer would let podman reuse its own.
 
 use crate::resolve::{Found, Layer, Refused, Resolver};
 use base64::Engine;

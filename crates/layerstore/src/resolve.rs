@@ -1,32 +1,14 @@
 //! Finding a layer's verilay image from the reference and layer digest containers/storage
-//! asks about, mounting it, and fetching the original blob.
+//! asks about, mounting it pinned, and fetching the original blob (trust, reuse checks and
+//! bounds: docs/SECURITY.md section 10).
 //!
-//! The chain of trust: the reference's manifest (from the registry; pinned when the
-//! reference carries a digest), the verilay image its layer descriptor names (a bound
-//! manifest, `oci::conversion::bind`: the annotations are part of the bytes the digest
-//! covers), the layer's image artifact (its manifest by digest, computed here from those
-//! annotations), and the image digest it records, which the mount pins: every byte the
-//! layer's files give is checked against it. A conversion found as a referrer of a
-//! manifest that binds nothing is a link anyone who may push to the repository can add:
-//! it leads to images only when signed under the user's signature policy
-//! (`signed_referrers`); otherwise the layer is not in the store, and podman pulls it the
-//! ordinary way.
-//!
-//! What podman makes of an answer outlives it: containers/storage keeps the layer under
-//! its blob digest and DiffID, and reuses it for any later image listing either. So every
-//! binding served is recorded (`served`), and a layer that another binding (or none) may
-//! be reused for is answered only once each binding involved is found to hold the layer's
-//! files (`check`); one that does not makes every other image's request for the layer
-//! fail (`Found::Refused`), which fails its pull.
-//!
-//! Under load, no lookup waits for another reference's work:
-//! - lookups of one reference share one answer (an error too), kept 10 s, for at most
-//!   256 references; a lookup makes no request after 4 periods of `--timeout`;
-//! - each original blob is fetched once for all its readers, by at most 4 of the
-//!   store's 16 threads; each layer image is mounted under a lock of its own;
-//! - one check runs at a time (at most 8 lookups checking or waiting), and a binding is
-//!   recorded as served under the record's lock in the same step that finds every other
-//!   binding of its layer to hold it, so nothing is served between check and answer.
+//! - A referrer counts only when signed under the user's policy (`signed_referrers`).
+//! - A layer another binding (or none) may be reused for is answered only once each binding
+//!   involved holds its files (`check`); else other images' requests fail.
+//! - A binding is recorded as served under the record's lock in the step that finds every
+//!   other binding of its layer to hold it: nothing is served in between.
+//! - No lookup waits for another reference's work: one reference's lookups share an answer,
+//!   a blob is fetched once for all readers, each layer mounts under its own lock.
 
 use crate::check;
 use crate::served::{Binding, Record, Verdict};

@@ -1,14 +1,13 @@
-//! Opening the files measuring reads and writes, without trusting what is at their paths.
+//! Opening the files measuring reads and writes without trusting what is at their paths: a
+//! list names the files a mount's users opened, so it is the mount owner's alone.
 //!
-//! A measurement list names the files a mount's users opened, so it is the mount owner's
-//! alone: verilay creates every file of it (and the `--log` file) 0600 and a directory it
-//! makes 0700 (the kernel's list is 0440, root only). A file someone else could write is
-//! not continued: another user could then have added, removed or rewritten entries. Every
-//! file is opened with `O_NOFOLLOW` (a symlink planted in the directory could point the
-//! daemon's writes elsewhere) and checked with `fstat` on the opened descriptor, not a
-//! stat of the path, so nothing can be swapped in between. Reads open with `O_NONBLOCK`
-//! (a FIFO would otherwise hang the open) and refuse anything but a regular file (a
-//! device such as /dev/zero never ends), and read at most a cap.
+//! - Every file of a list (and the `--log` file) is created 0600, a directory made 0700 (the
+//!   kernel's list is 0440, root only); a file someone else could write is not continued.
+//! - Every file is opened `O_NOFOLLOW` (a planted symlink could redirect the daemon's
+//!   writes) and checked with `fstat` on the opened descriptor, so nothing is swapped in
+//!   between.
+//! - Reads open `O_NONBLOCK` (a FIFO would hang the open), refuse anything but a regular
+//!   file (a device never ends), and read at most a cap.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags};

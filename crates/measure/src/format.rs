@@ -1,7 +1,7 @@
 //! The measurement list's format, shared by the writer (`log`) and the verifier
 //! (`verify`): the files a list directory holds, the banks and their PCRs, template
-//! entries and their binary and ASCII records, the hashes of file contents. See `log` for
-//! the layout as a whole.
+//! entries and their binary and ASCII records, the hashes of file contents. The layout as a
+//! whole is in docs/FORMAT.md, "Measurement lists".
 
 use crate::policy::Template;
 use sha1::{Digest, Sha1};
@@ -327,7 +327,9 @@ impl Entry {
         Entry::from_data(pcr, Cow::Borrowed(ev.template.name()), data)
     }
 
-    /// An entry for already-serialized template data; computes both template digests.
+    /// An entry for already-serialized template data; computes both template digests (SHA-1
+    /// and SHA-256 of the template data, length prefixes included, as
+    /// `ima_calc_field_array_hash` hashes it).
     pub(crate) fn from_data(pcr: u32, template_name: Cow<'static, str>, data: Vec<u8>) -> Entry {
         let sha1 = Sha1::digest(&data).into();
         let sha256 = Sha256::digest(&data).into();

@@ -1,51 +1,14 @@
-//! The kernel's IMA measurement list, written by verilay in the kernel's own formats so that
-//! the tools that read `/sys/kernel/security/ima/` (`evmctl ima_measurement`, keylime, ...)
-//! read verilay's list too, and a verifier can replay it against the PCR values kept beside it.
+//! The measurement list's one writer, in the kernel's IMA formats (docs/FORMAT.md,
+//! "Measurement lists"), so evmctl and other readers of `/sys/kernel/security/ima/` replay
+//! it against the PCR files beside it.
 //!
-//! A list lives in a directory holding, as the kernel's securityfs does:
-//! * `binary_runtime_measurements`, `ascii_runtime_measurements`: the SHA-1 bank layout (20-byte
-//!   template digests), what the legacy kernel files show and the only layout evmctl reads;
-//! * `binary_runtime_measurements_sha256`, `ascii_runtime_measurements_sha256`: the same entries
-//!   with SHA-256 template digests, as the per-bank files of recent kernels;
-//! * `runtime_measurements_count`: the number of entries, `"%li\n"`;
-//! * `pcrs_sha1`, `pcrs_sha256`: the PCR banks, in the format evmctl's `--pcrs` reads
-//!   (`read_one_bank` in evmctl.c): 24 lines `PCR-00: <hex>` ... `PCR-23: <hex>`.
-//!
-//! No TPM is involved: the PCR files are what a TPM would hold after extending every entry,
-//! so a list is self-consistent, not attested. Binary records (`ima_measurements_show` in
-//! ima_fs.c): u32 PCR, template digest of the file's bank, u32 name length, name, u32
-//! template-data length, template data. Template data (ima_template_lib.c) is one u32 length
-//! plus bytes per field: `d-ng` = `algo:` NUL digest, `d-ngv2` = `ima:algo:` or
-//! `verity:algo:` NUL digest, `n-ng` = path NUL (spaces written as `_`, as
-//! `ima_write_template_field_data` does), `sig` = the signature or nothing. Template digests
-//! are SHA-1 and SHA-256 of the template data, length prefixes included
-//! (`ima_calc_field_array_hash`); each bank's PCR is extended with its own digest,
-//! PCR <- H(PCR || digest). Integers are host-endian, which on x86-64 is what
-//! `ima_canonical_fmt` (little-endian) would give.
-//!
-//! Writes: an appended entry extends the PCRs in memory at once and is written by the next
-//! [`Log::flush`] (the mount flushes a batch 10 ms after it starts, off the open path):
-//! its records appended to the four list files, then the count and the PCR files
-//! rewritten in place (the count only grows and the PCR files keep their length), seven
-//! writes however many entries. [`Log::close`] (at unmount) flushes and makes it all
-//! durable.
-//!
-//! So a measured open is answered before its entry is in the files, and a daemon killed
-//! then loses the entry. That gap is never silent: while a [`Log`] has the list open, it
-//! holds an exclusive lock on `verilay.lock` (an OFD lock: two mounts never share a list,
-//! and a dead holder's lock goes with it) and the marker `verilay.in-use` exists, made
-//! durable before the first entry is taken and removed only once a clean close has made
-//! every entry durable. A `Log` that opens a list with the marker there and no holder
-//! knows its last writer died: it keeps the entries all four list files agree on (a batch
-//! being written when the daemon died may be torn; see [`crate::verify`]'s recover mode),
-//! and appends, before anything else, a violation entry as the kernel's
-//! `ima_add_violation` does (template digests zero, the PCR extended with 0xff bytes) on
-//! every PCR the dead mount could have extended. A verifier sees it (`evmctl
-//! ima_measurement` fails on it unless given `--ignore-violations`). Without the marker,
-//! a list that does not verify is refused: it was damaged, not torn.
-//!
-//! Every file is created 0600 (a directory verilay makes, 0700), opened without following
-//! symlinks, and a list someone else could write is not continued ([`crate::files`]).
+//! - No TPM: the PCR files are what one would hold; a list is self-consistent, not attested.
+//! - An entry extends the PCRs at once and reaches the files at the next [`Log::flush`]; a
+//!   measured open is answered before that, so a killed daemon loses entries.
+//! - That gap is never silent: an open [`Log`] holds an OFD lock on `verilay.lock` and keeps
+//!   `verilay.in-use`; opening a list with that marker and no holder keeps what all four
+//!   list files agree on and records violations first ([`Log::open_as`]).
+//! - Without the marker, a list that does not verify is refused: damaged, not torn.
 
 use crate::files::{self, How, OpenError};
 pub(crate) use crate::format::Pcrs;
@@ -319,7 +282,7 @@ impl Log {
     /// last writer closed it, only if it verifies against its PCR files (else an error
     /// naming the file, the offset and what is wrong, and nothing is written); if the
     /// last writer died with it open, from the entries its files agree on, with violation
-    /// entries marking the gap (see the module documentation and [`Log::recovery`]).
+    /// entries marking the gap (docs/FORMAT.md, "Violations"; [`Log::recovery`]).
     ///
     /// "Empty" means none of the four list files holds a byte; anything else must verify.
     pub fn open_as(dir: &Path, holder: &Holder) -> Result<Log, LogError> {

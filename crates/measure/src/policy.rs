@@ -1,29 +1,11 @@
-//! IMA measurement policies: the kernel's policy syntax, parsed and matched in userspace.
+//! IMA measurement policies in the kernel's syntax (one file can serve both), parsed and
+//! matched in userspace to decide, as Linux IMA would, whether an open or exec is measured.
 //!
-//! verilay decides for every open and exec it serves whether to measure the file, as
-//! Linux IMA would, and takes that decision from a policy written exactly like one for
-//! `/sys/kernel/security/ima/policy`, so the same file can describe both. Parsing follows
-//! `ima_parse_rule` and `ima_validate_rule` in the kernel's
-//! `security/integrity/ima/ima_policy.c`: a rule per line, blank lines skipped, a token
-//! starting with `#` comments out the rest of its line, and a bad rule refuses the whole
-//! policy. Matching follows `ima_match_rules` and `ima_match_policy`: rules in order, the
-//! first matching `measure` or `dont_measure` rule decides.
-//!
-//! Supported:
-//! * actions `measure`, `dont_measure`;
-//! * `func=FILE_CHECK` (alias `PATH_CHECK`, an open) and `func=BPRM_CHECK` (an exec);
-//! * `mask=MAY_EXEC|MAY_WRITE|MAY_READ|MAY_APPEND`, exact, or with `^` "contains";
-//! * `uid`, `euid`, `gid`, `egid`, `fowner`, `fgroup` with `=`, `<` or `>`;
-//! * `fsmagic=`, `fsname=`, `fsuuid=`;
-//! * `pcr=` (0-23), `template=` (`ima-ng`, `ima-ngv2`, `ima-sig`, `ima-sigv2`) and
-//!   `digest_type=verity`, on measure rules;
-//! * `permit_directio`, accepted and ignored: it lets the kernel hash files opened with
-//!   O_DIRECT, and verilay always hashes through its own reads.
-//!
-//! Refused, each with its reason: the other actions (verilay only measures), every other
-//! func (mmap is invisible to a FUSE filesystem; the rest are not file opens), LSM labels
-//! (no LSM in userspace), `appraise_*` options, `keyrings=`, `label=`, templates other than
-//! the four above, and any unknown token.
+//! - Parsing follows `ima_parse_rule` and `ima_validate_rule` (`ima_policy.c`): a rule per
+//!   line, `#` comments out the rest of its line, a bad rule refuses the whole policy.
+//! - Matching follows `ima_match_rules` and `ima_match_policy`: rules in order, the first
+//!   matching `measure` or `dont_measure` decides.
+//! - What is supported and what refused: [`Policy::parse`].
 
 use std::fmt;
 
@@ -411,6 +393,17 @@ impl Policy {
     /// empty policy (only blank lines and comments) parses and measures nothing. Lines
     /// longer than [`MAX_LINE`] bytes and policies of more than [`MAX_RULES`] rules are
     /// refused.
+    ///
+    /// Supported: `measure`, `dont_measure`; `func=FILE_CHECK` (`PATH_CHECK`, an open),
+    /// `BPRM_CHECK` (an exec); `mask=MAY_EXEC|MAY_WRITE|MAY_READ|MAY_APPEND` (exact, or
+    /// with `^` "contains"); `uid`, `euid`, `gid`, `egid`, `fowner`, `fgroup` with `=`, `<`
+    /// or `>`; `fsmagic=`, `fsname=`, `fsuuid=`; on measure rules `pcr=` (0-23),
+    /// `template=` (the four [`Template`]s) and `digest_type=verity`; `permit_directio`,
+    /// accepted and ignored (verilay always hashes through its own reads).
+    ///
+    /// Refused, each with its reason: other actions (verilay only measures), other funcs
+    /// (mmap is invisible to a FUSE filesystem; the rest are not file opens), LSM labels
+    /// (no LSM in userspace), `appraise_*`, `keyrings=`, `label=`, and any unknown token.
     pub fn parse(text: &str) -> Result<Policy, PolicyError> {
         let mut rules = Vec::new();
         // The kernel splits on '\n' only ("\r" would be part of a token there too).

@@ -1,22 +1,14 @@
-//! Replays a measurement list written by [`crate::log`] and checks every byte of it: each
-//! record of both binary lists is parsed, its template digests are recomputed from the
-//! template data, the data's fields are checked against the template, the ascii lists must
-//! be exactly what the binary entries render to, and both PCR banks are replayed and
-//! compared with `pcrs_sha1` / `pcrs_sha256`.
+//! Replays a measurement list written by [`crate::log`] (docs/FORMAT.md, "Measurement
+//! lists") and checks every byte: both binary lists parsed, template digests recomputed,
+//! fields checked against the template, the ascii lists exactly what the binary entries
+//! render to, both PCR banks replayed against `pcrs_sha1` / `pcrs_sha256`.
 //!
-//! Stricter than `evmctl ima_measurement`, which stops at the first entry where the replayed
-//! PCRs match and so accepts anything appended after that point: here the PCR files must
-//! match after the *last* entry, and entries past a match point are reported as not covered.
-//! Input is treated as hostile: lengths are capped before anything is allocated, files are
-//! opened without following symlinks and must be regular files (a FIFO or device never
-//! ends), and every problem is one error naming the file, the byte offset and the entry
-//! (1-based; entry 1 is boot_aggregate) or PCR line.
-//!
-//! Violations (`ima_add_violation`: zero template digests in both banks, the PCR extended
-//! with 0xff bytes instead) are accepted and reported: verilay writes one when it continues
-//! a list whose last mount did not close it, since events may be missing there. The
-//! list's state beside its files is reported too ([`State`]): whether a mount holds it
-//! open now, and whether the last one closed it cleanly.
+//! - Stricter than `evmctl ima_measurement`, which accepts anything after the first entry
+//!   where the PCRs match: here they must match after the last.
+//! - Input is hostile: lengths capped before allocating, files opened through
+//!   [`crate::files`]; each problem is one error naming the file, byte offset and entry
+//!   (1-based; 1 is boot_aggregate) or PCR line.
+//! - Violations are accepted and reported, as is the list's [`State`].
 
 use crate::files::{self, How, OpenError};
 use crate::format::{

@@ -1,30 +1,13 @@
-//! Mount options (`-o`), as `verilay mount -o`, mount(8) and fstab give them.
+//! Mount options (`-o`), as `verilay mount -o`, mount(8) and fstab give them, parsed into
+//! [`MountOptions`]; only that value builds the mount.
 //!
-//! An option string is parsed into [`MountOptions`] first, and only that value is used to
-//! build the mount (mount(2) flags and data, or fusermount3's options): every option is
-//! either honoured or refused with an error naming it, none is silently dropped.
-//! [`MountOptions::render`] writes the value back as an option string that parses to the
-//! same value (the daemon gets its options that way).
-//!
-//! Understood:
-//! - the generic options the kernel applies to a FUSE mount: `ro`/`rw`, `nosuid`/`suid`,
-//!   `nodev`/`dev`, `noexec`/`exec`, `sync`/`async`, `dirsync`, the atime family
-//!   (`noatime`, `atime`, `relatime`, `norelatime`, `strictatime`, `nostrictatime`,
-//!   `nodiratime`, `diratime`), `lazytime`/`nolazytime`, `nosymfollow`/`symfollow`;
-//! - `insecure` (remote images over plain HTTP, this machine only), and a remote image's
-//!   cache: `cache=DIR`, `nocache`, `cache_size=SIZE`, `prefetch`;
-//! - FUSE's access options: `allow_other`, `allow_root`, `default_permissions` (always on);
-//! - what mount(8) passes to a helper without asking the filesystem anything (`defaults`,
-//!   `nofail`, `auto`, `noauto`, `user`, `user=NAME`, `nouser`, `users`, `nousers`,
-//!   `owner`, `group`, `_netdev`, `comment=…`, `x-…`, `X-…`, FUSE's legacy `nonempty`):
-//!   accepted, and nothing for the mount itself;
-//! - verilay's own: `engine=`, `digest=`, `threads=`, `transport=`, `poll_us=`, `log=`, `upper=`,
-//!   `work=`, `policy=`, `measure_log=`, `measure_hash=`, and the signature policy
-//!   `oci://` images must satisfy: `signature_policy=FILE`, `registries_d=DIR`.
-//!
-//! Options are separated by commas; a value may be put in double quotes to hold commas
-//! (`log="/var/log/a,b"`), and a quote is allowed nowhere else. Where options contradict
-//! each other (`ro,rw`), the last one wins, as with mount(8).
+//! - Every option is honoured or refused naming it: the fields of [`MountOptions`] and
+//!   `default_permissions` (always on) are understood; mount(8)'s own (`FOR_MOUNT8`) do
+//!   nothing; anything else is refused.
+//! - [`MountOptions::render`] gives a string that parses to the same value.
+//! - Options are separated by commas; a value in double quotes may hold commas
+//!   (`log="/var/log/a,b"`); a quote is allowed nowhere else.
+//! - Of contradicting options (`ro,rw`) the last wins, as with mount(8).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -197,7 +180,8 @@ const FLAGS: &[(&str, FlagField, bool)] = &[
     ("symfollow", |o| &mut o.nosymfollow, false),
 ];
 
-/// Options for mount(8) itself, or for the record: accepted, nothing to do.
+/// Options for mount(8) itself, or for the record: accepted, nothing to do (so are
+/// `user=NAME`, `comment=…`, `x-…` and `X-…`).
 const FOR_MOUNT8: &[&str] = &[
     "defaults", "nofail", "auto", "noauto", "user", "nouser", "users", "nousers", "owner",
     "noowner", "group", "nogroup", "_netdev", "nonempty",

@@ -1,16 +1,13 @@
-//! A container image converted to verilay images: one sealed image per layer.
+//! A container image converted to verilay images, one sealed image per layer, and its two
+//! records, trusted differently (docs/FORMAT.md, "A container image converted").
 //!
-//! Two records of a conversion are written, and they are trusted differently:
-//! - The **bound manifest** ([`bind`]): the image's own manifest with each layer descriptor
-//!   annotated with its verilay image (blob, size, image digest). It lists the same config
-//!   and layer blobs, so any engine pulls it as an ordinary image, and its digest covers
-//!   the annotations: whoever pins it pins every verilay image it leads to
-//!   ([`bound_layers`]).
-//! - The **conversion manifest** ([`manifest`]): an artifact whose `subject` is the
-//!   original manifest, recorded as its referrer, so a client holding only the original
-//!   finds it. A referrer is a weak, mutable link (anyone who may push to the repository
-//!   may add one), so it is never trusted for being found: only for a signature the
-//!   user's policy accepts (`layerstore::resolve`).
+//! - The **bound manifest** ([`bind`]): the original with each layer descriptor annotated
+//!   with its verilay image. Any engine pulls it as the original, and its digest covers the
+//!   annotations: pinning it pins every image it leads to ([`bound_layers`]).
+//! - The **conversion manifest** ([`manifest`]): a referrer of the original, so a client
+//!   holding only that finds it. Anyone who may push can add a referrer, so it is trusted
+//!   only for a signature the user's policy accepts (`layerstore::resolve`), never for
+//!   being found.
 
 use crate::artifact::{self, Descriptor, Manifest, DIGEST_ANNOTATION, LAYER_TYPE};
 use std::collections::BTreeMap;

@@ -1,16 +1,13 @@
-//! The persistent cache of remote images: for each pinned image, a sparse file laid out
-//! like the image (`ALG-HEX.img`) and a record of which 4 KiB units of it hold verified
-//! bytes (`ALG-HEX.map`: a header, then one bit per unit).
+//! The persistent cache of remote images: per pinned image a sparse file laid out like the
+//! image and a record of which 4 KiB units hold verified bytes (docs/FORMAT.md, "The cache
+//! of remote images").
 //!
-//! Only bytes the verified source has just checked against the pinned tree are written
-//! (`ByteSource::verified`), data first, then the record, so a crash or `kill -9` leaves at
-//! worst verified bytes the record does not know of. The record is a hint that saves a
-//! fetch, never a proof: every byte read back from the cache is checked again by the
-//! verified source, and a unit that fails (a cache file someone changed) is dropped and
-//! fetched again. Once every unit is there the `.img` file is the image itself.
-//!
-//! A mount holds a shared `flock` on its entry's record; `prune` removes only entries it
-//! can lock exclusively, least recently used first.
+//! - Only bytes the verified source just checked are written (`ByteSource::verified`), data
+//!   before the record, so a crash leaves at worst verified bytes the record does not know.
+//! - The record is a hint, never a proof: every byte read back is checked again, and a unit
+//!   that fails is dropped and fetched again.
+//! - A mount holds a shared `flock` on its entry's record; `prune` removes only entries it
+//!   can lock exclusively, least recently used first.
 
 use std::fs::File;
 use std::io;

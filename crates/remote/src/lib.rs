@@ -1,21 +1,14 @@
-//! A remote image as a [`ByteSource`]: `oci://HOST/REPO:TAG` (or `@sha256:MANIFEST`), or
-//! an `http(s)://` URL of an image file, read with HTTP range requests in aligned 4 KiB chunks,
-//! one fetch in flight per chunk, kept in memory up to a bound. Nothing here trusts a
-//! byte: the verified source above checks every block against the pinned tree, and what
-//! fails is forgotten here (`ByteSource::forget`), so the next read fetches it again.
-//! What passed is kept in a persistent [`cache::Cache`] when the mount has one.
+//! A remote image as a [`ByteSource`]: `oci://HOST/REPO:TAG` (or `@sha256:MANIFEST`) or an
+//! `http(s)://` image file, read with range requests in aligned 4 KiB chunks, one fetch in
+//! flight per chunk, kept in memory up to a bound.
 //!
-//! A reader going through the image in order gets growing requests: a miss right after
-//! chunks in memory (or being fetched) fetches as many chunks again as lie behind it (up to
-//! [`MAX_RUN`]), so a sequential stream costs few round trips. Misses of other chunks
-//! are fetched at the same time by the mount's other threads.
-//!
-//! - A miss also takes the rest of its 256 KiB neighbourhood once 8 of its chunks are
-//!   here (a walk of the inode area); behind a sequential reader two threads fetch the
-//!   next window, twice the last, while it reads this one.
-//! - Each request is tried three times with backoff, each try bounded as a whole
-//!   (`oci::Registry::send`); a server that failed them all is down, and is tried by one
-//!   request at a time until it answers (`fetch`).
+//! - Trusts no byte: the verified source above checks each block; what fails is forgotten
+//!   (`ByteSource::forget`) and fetched again; what passed goes to the [`cache::Cache`].
+//! - A miss right after chunks held or in flight fetches as many again (up to [`MAX_RUN`]);
+//!   one in a 256 KiB neighbourhood holding 8 chunks takes the rest of it.
+//! - Behind a sequential reader two threads fetch the next window, twice the last.
+//! - A request is tried three times, each try bounded; a server that failed all three is
+//!   tried by one request at a time until it answers (`fetch`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

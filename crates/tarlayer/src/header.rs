@@ -1,13 +1,15 @@
-//! One 512-byte tar header: its checksum, its format (V7, USTAR/PAX, GNU, star) and
-//! every field, parsed strictly. A layer is read by GNU tar, by Go's archive/tar (Docker,
-//! containerd, podman) and by Python's tarfile, and they part ways on odd headers: what
-//! this parser accepts, all three read alike (GNU tar `src/list.c` `read_header`,
-//! `decode_header`, `from_header`; Go `reader.go` `readHeader`, `format.go` `getFormat`,
-//! `strconv.go`; CPython `tarfile.py` `frombuf`, `nti`). Anything else is an error,
-//! never one reading picked. Numbers are octal or, as GNU tar and Go write numbers too
-//! large for octal, base-256 (first byte 0x80, or 0xff for a negative number). Values
-//! are returned as i64; whether a value fits what the image stores is decided where the
-//! value is used, after PAX records have overridden it.
+//! One 512-byte tar header: its checksum, format (V7, USTAR/PAX, GNU, star) and every field,
+//! parsed strictly.
+//!
+//! - GNU tar, Go's archive/tar (Docker, containerd, podman) and Python's tarfile part ways
+//!   on odd headers: what this accepts, all three read alike (GNU tar `src/list.c`
+//!   `read_header`, `decode_header`, `from_header`; Go `reader.go` `readHeader`,
+//!   `format.go` `getFormat`, `strconv.go`; CPython `tarfile.py` `frombuf`, `nti`); anything
+//!   else is an error, never one reading picked.
+//! - Numbers are octal or base-256 (first byte 0x80, or 0xff when negative), as GNU tar and
+//!   Go write numbers too large for octal.
+//! - Values are i64: whether one fits the image is decided where it is used, after PAX
+//!   records override it.
 
 use crate::stream::BLOCK;
 

@@ -1,27 +1,14 @@
 //! A container layer tarball (plain, gzip or zstd; OCI and Docker layouts) read into an
-//! image tree that stacks the way the layer means it to.
+//! image tree that stacks the way the layer means it to (placement: `tree`).
 //!
-//! The layer's deletions become what overlayfs reads in a lower layer:
-//! - `.wh.NAME` (NAME deleted from the layers below) becomes a character device 0/0 named
-//!   NAME;
-//! - `.wh..wh..opq` in a directory (nothing below shows through) becomes
-//!   `trusted.overlay.opaque = y` on that directory.
-//!
-//! Entries keep their mode, owner, nanosecond mtime (PAX), xattrs (PAX `SCHILY.xattr.*`,
-//! ACLs included), hardlinks, symlinks, devices and FIFOs. A path given twice takes the
-//! later entry (a directory given twice keeps its contents); parents missing from the tar
-//! are made as root-owned 0755 directories. File contents are copied once, into one
-//! unlinked spill file in `spill_dir`, and read from there when the image is written.
-//!
-//! The tar is parsed here, strictly (`header`, `pax`, `stream`): a layer is untrusted
-//! input, and every reader of the same bytes (GNU tar, Go's archive/tar under containerd
-//! and Docker, Python's tarfile) must agree with this one on what they mean, or the image
-//! is not what was reviewed. So whatever those readers disagree on, or what the image
-//! cannot represent, is refused with the entry's offset, never guessed: a bad checksum, a
-//! truncated or unterminated archive, bytes after its end, numbers out of range or
-//! written so the readers parse them apart, prefixes one reader joins and another does
-//! not, names ending in a slash on entries that are no directory, contradicting or empty
-//! extension records, data on entries that have none, paths through symlinks.
+//! - Deletions become what overlayfs reads in a lower layer: `.wh.NAME` a character device
+//!   0/0 named NAME, `.wh..wh..opq` `trusted.overlay.opaque = y` on its directory.
+//! - Entries keep mode, owner, nanosecond mtime, xattrs (ACLs included), hardlinks,
+//!   symlinks, devices and FIFOs.
+//! - File contents are copied once, into one unlinked spill file in `spill_dir`.
+//! - The tar is untrusted and parsed strictly (`header`, `pax`, `stream`, `tree`): what GNU
+//!   tar, Go's archive/tar and Python's tarfile would read apart, or what the image cannot
+//!   hold, is refused naming the entry's offset, never guessed (docs/SECURITY.md section 4).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

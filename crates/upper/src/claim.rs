@@ -1,19 +1,13 @@
-//! A mount's claim on its upper and work directories: checked the way kernel overlayfs
-//! checks them (`fs/overlayfs/super.c`: one mount, separate subtrees, not in use), and
-//! locked for as long as the claim (or an `Upper` made from it) lives.
+//! A mount's claim on its upper and work directories: checked as kernel overlayfs checks
+//! them (`fs/overlayfs/super.c`: one mount, separate subtrees, not in use) and locked while
+//! the claim (or an `Upper` made from it) lives (docs/SECURITY.md section 6).
 //!
-//! Directories are compared by device and inode after the kernel resolved them (symlinks,
-//! `..` and bind mounts cannot alias one into another), never by their names. Locks are
-//! `flock`s, held by the open file description, so a killed daemon's go with it:
-//! - exclusive on the upper and the work directory themselves (nothing is added to the
-//!   merged tree), and on `WORK/verilay.lock`, which records the holder (its pid,
-//!   mountpoint and, once mounted, the mount's device) so a refusal can name it;
-//! - shared on every directory above the two, up to the root as `..` leads: another
-//!   mount cannot then take a directory that holds ours (its exclusive lock fails), and
-//!   ours is refused inside a directory another mount holds (our shared lock fails).
-//!
-//! Kernel overlayfs takes none of these locks (its in-use marks are not visible from
-//! userspace); its mounts are found in the mount tables instead.
+//! - Directories are compared by device and inode as the kernel resolved them, never by
+//!   name.
+//! - Locks are `flock`s, so a killed daemon's go with it: exclusive on both directories and
+//!   `WORK/verilay.lock` (which names the holder), shared on every directory above them as
+//!   `..` leads, so no mount takes a directory holding or inside another's.
+//! - Kernel overlayfs takes none of these locks; its mounts are found in the mount tables.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};

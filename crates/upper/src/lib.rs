@@ -1,19 +1,14 @@
-//! The writable upper directory of a stack, as overlayfs lays it out, so the kernel's
-//! overlayfs and verilay can take turns on the same directory.
+//! The writable upper directory of a stack, laid out as overlayfs lays it out, so kernel
+//! overlayfs and verilay take turns on it (docs/FORMAT.md, "Upper directories").
 //!
-//! Everything is done relative to directory descriptors, never by path from the root, so
-//! renames elsewhere cannot redirect an operation, and nothing resolves outside the upper
-//! directory. Objects are created in our own directory inside the work directory and
-//! renamed into place only once complete: a crash leaves at most a stray entry in the
-//! work directory (emptied at the next mount), never a half-made file in the upper one.
-//!
-//! Markers, in overlayfs's own format ([`overlay`]), in the mount's namespace
-//! ([`overlay::Namespace`]):
-//! - a whiteout is a character device 0/0 (Linux lets unprivileged users make these);
-//! - an opaque directory has `opaque` = `y`;
-//! - a directory moved away from its image contents names where they are in `redirect`
-//!   (overlayfs's `redirect_dir`): a name in its parent's image directories, or a path
-//!   from the root when it starts with `/`.
+//! - Everything is done relative to directory descriptors: nothing resolves outside the
+//!   upper directory, whatever is renamed elsewhere.
+//! - Objects are made in our directory inside the work directory and renamed into place
+//!   once complete: a crash never leaves a half-made file in the upper directory.
+//! - Markers are overlayfs's ([`overlay`]), in the mount's [`overlay::Namespace`]: whiteouts
+//!   are character devices 0/0 (unprivileged users may make them); a moved directory names
+//!   its image contents in `redirect` (from its parent's image directories, or from the root
+//!   when it starts with `/`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

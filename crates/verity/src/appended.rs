@@ -1,18 +1,10 @@
 //! The verity section appended to a file (verilay images): the data's Merkle tree, its
 //! descriptor and a trailer that finds both, so one file carries data and proof together.
+//! Byte layout: docs/FORMAT.md.
 //!
-//! ```text
-//! [0, data_size)                 the data (an EROFS image), untouched
-//! zero padding                   up to the next tree-block boundary
-//! [tree_offset, +tree_size)      the Merkle tree, top level first (`fsverity digest
-//!                                --out-merkle-tree` bytes)
-//! [descriptor_offset, +256)      the fs-verity descriptor (`--out-descriptor` bytes)
-//! [.., +64)                      the trailer; the file ends here
-//! ```
-//!
-//! The digest of the data is the hash of the descriptor, exactly `fsverity digest` of the
-//! data bytes. The trailer is not trusted: every field is cross-checked against the
-//! descriptor, whose own hash is what callers pin.
+//! - The data's digest is the descriptor's hash, exactly `fsverity digest` of the data.
+//! - The trailer is not trusted: every field is cross-checked against the descriptor, whose
+//!   hash is what callers pin.
 
 use crate::{level_blocks, Descriptor, Params, Tree};
 use std::fs::File;

@@ -1,26 +1,14 @@
 //! The verified block source: every byte it returns has been hashed and checked against a
-//! Merkle tree whose root is pinned (or read from the section and reported unpinned).
+//! Merkle tree whose root is pinned (or read from the section, reported unpinned).
 //!
-//! - Data blocks are hashed on every read from the underlying source. A userspace reader
-//!   cannot stop another process rewriting the file between two reads, so "verified once"
-//!   is not a property of bytes read later. What is cached is our own verified copy of
-//!   the blocks small reads (inodes, directories, xattrs) touch, in write-once slots read
-//!   without locks, up to 64 MiB added per thread; caching file data is the job of the
-//!   layers above (a mount's page cache).
-//! - Tree blocks are verified once and kept: the set of filled `OnceLock`s is the
-//!   verified-block bitmap, and each miss verifies only the path up to the first verified
-//!   ancestor (or the root).
-//! - Readahead: a large read fetches every level-0 tree block covering it, plus the same
-//!   span again beyond it (the next read of a sequential stream), in one I/O; large reads
-//!   are hashed on all cores.
-//!
-//! A block that fails its hash is never returned: the read fails with an
-//! [`IntegrityError`] (as `io::ErrorKind::InvalidData`) naming the byte offset.
-//! Below it, the source forgets the failed span (`ByteSource::forget`: the bytes after
-//! the bad block came in the same fetches, unchecked); a source that can fetch again
-//! (`ByteSource::refetches`: a remote image) gets the read, or the open, once more.
-//! What passed is handed down (`ByteSource::verified`), so a persistent cache keeps only
-//! checked bytes.
+//! - Data blocks are hashed on every read: a userspace reader cannot stop the file being
+//!   rewritten between reads. Only `SmallReadCache` keeps verified copies; file data is
+//!   the page cache's to keep.
+//! - Tree blocks are verified once and kept; a miss verifies the path up to the first
+//!   verified ancestor. A large read fetches its tree blocks, and more, in one I/O.
+//! - A block that fails is never returned: the read fails with an [`IntegrityError`], the
+//!   source below forgets the span (`ByteSource::forget`) and may fetch it again.
+//! - What passed is handed down (`ByteSource::verified`) for a cache to keep.
 
 use crate::appended::{Section, TRAILER_SIZE};
 use crate::descriptor::{Descriptor, Parsed, DESCRIPTOR_SIZE};

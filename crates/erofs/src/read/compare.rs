@@ -1,15 +1,15 @@
-//! Two images compared as the trees they show (`compare_trees`): every path, and of each
+//! Two images compared as the trees they show ([`compare_trees`]): every path, and of each
 //! its type, mode, owner, mtime, link count, device number, size, symlink target, xattrs
-//! (overlayfs's whiteouts and opaque markers included, as whatever they are stored as)
-//! and file contents, with hardlinks linking the same paths. How either was built (block
-//! size, compression, layout, shared xattrs, inline tails) makes no difference.
+//! (whiteouts and opaque markers as stored) and contents, hardlinks linking the same paths.
+//! How either was built (block size, compression, layout, shared xattrs, tails) does not
+//! matter.
 //!
-//! One image is trusted (`b`: the layer store's rebuild of a layer blob), the other not.
-//! Both are walked together with an explicit stack and the walk stops at the first
-//! difference, so the untrusted one costs at most what the trusted one holds: each
-//! directory is listed in lockstep (names are strictly sorted in both, checked by
-//! `readdir`), a file's bytes are read only once its size matched, and a directory
-//! reached twice (a hostile directory hardlink or cycle) is a difference.
+//! - `b` is trusted (the layer store's rebuild of a layer blob), `a` not: both are walked
+//!   together with an explicit stack, stopping at the first difference, so the untrusted
+//!   one costs at most what the trusted one holds.
+//! - Directories are listed in lockstep (names strictly sorted in both, checked by
+//!   `readdir`); a file's bytes are read only once its size matched; a directory reached
+//!   twice is a difference.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};

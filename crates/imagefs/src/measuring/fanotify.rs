@@ -1,33 +1,15 @@
-//! The kernel engine's front to the measuring engine: opens and execs on the mount come
-//! as fanotify permission events (`host::fanotify`), each decided and measured as the
-//! FUSE filesystems' OPEN is ([`Setup::measure`]), then answered: allowed, or denied
-//! (EIO) when a measurement the policy asked for could not be made.
+//! The kernel engine's front to the measuring engine: opens and execs on the mount come as
+//! fanotify permission events (`host::fanotify`), each measured as the FUSE engine's OPEN is
+//! ([`Setup::measure`]), then allowed, or denied (EIO) when a measurement the policy asked
+//! for could not be made (docs/SECURITY.md section 11).
 //!
-//! What holds, and why:
-//! - A file is found by what it is: its `st_ino` is its erofs nid, and its `st_dev` says
-//!   which image layer serves it: the layer's erofs mount for a single image, and for a
-//!   stack the pseudo device overlayfs gives each lower layer's files (`xino=off`),
-//!   learnt from the first file of each layer met, found by its path (the topmost layer
-//!   holding a regular file of that nid there). Its bytes and fs-verity digest come from
-//!   the daemon's own verified reader of that image.
-//! - Images never change, so after a file's first open of a kind (read or exec) is
-//!   decided, an ignore mark spares every later one, exactly when no rule of the policy
-//!   depends on who opens (uid, euid, gid, egid); otherwise every open is an event.
-//! - An execve raises an exec event and then an open event: the second, seen while the
-//!   thread is still in execve, is allowed unmeasured (the first measured it as IMA
-//!   measures an exec: BPRM_CHECK and FILE_CHECK with MAY_EXEC).
-//! - A writable mount (overlayfs with an upper directory) differs in three ways. A file
-//!   is the image's while it is pristine: its layer's device, and the ctime, mtime and
-//!   size of its image inode (erofs shows ctime = mtime; a copy-up gets a ctime of its
-//!   own, which no caller can set back); else it is the upper directory's, measured by
-//!   the bytes the mount reads (through the event's descriptor) and the upper
-//!   filesystem's identity, its digest kept by the device and inode the mount shows (the
-//!   same before and after copy-up) and the upper file's change cookie. No regular file
-//!   gets an ignore mark: a copy-up without a write (a chmod) would keep it while the
-//!   file's layer, so the policy's answer, changes. IMA's violations are decided as the
-//!   kernel decides them, from how the file is open at that moment, asked of the kernel
-//!   (`host::fanotify`: the opener's flags, whether it has writers; `host::holders`:
-//!   whether it has readers, asked only of a write open that could record ToMToU).
+//! - A file is found by what it is, `st_dev` its layer and `st_ino` its nid (`what`), and
+//!   read through the daemon's own verified reader.
+//! - Images never change: an ignore mark spares a file's later opens of a kind when no
+//!   policy rule depends on who opens (`Spare`).
+//! - An exec's open event is allowed unmeasured: its exec event measured it, as IMA
+//!   measures an exec (`exec_second_event`).
+//! - IMA's violations come from how the file is open then, asked of the kernel.
 
 use super::{ContentKey, Opening, Opens, PositionalReader, Setup};
 use crate::ops::Logger;
@@ -47,7 +29,8 @@ pub struct Front {
     pub setup: Setup,
     pub images: Vec<Img>,
     /// Each layer's device as its files show it, where known (a single image's erofs
-    /// mount); a stack's are learnt (`learnt`).
+    /// mount); a stack's are learnt (`learnt`): overlayfs gives each lower layer's files
+    /// a pseudo device of its own (`xino=off`).
     pub devices: Vec<u64>,
     /// The device overlayfs shows for each layer's files (`None`: the upper
     /// directory's), once learnt.
@@ -70,7 +53,9 @@ pub struct Front {
 /// Which later opens of a file an ignore mark may spare.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Spare {
-    /// None (a regular file of a writable mount, an exec's second event).
+    /// None (a regular file of a writable mount, an exec's second event): a copy-up
+    /// without a write (a chmod) would keep the mark while the file's layer, so the
+    /// policy's answer, changes.
     Never,
     /// Those of its kind, when no rule depends on who opens.
     IfExact,
@@ -487,7 +472,8 @@ fn regular_nid(image: &Img, path: &std::path::Path) -> Option<u64> {
 }
 
 /// Whether a file of a writable mount, shown with status `st`, is still its image's
-/// `inode`: erofs shows ctime = mtime, and a copy-up takes a ctime of its own.
+/// `inode` (ctime, mtime and size): erofs shows ctime = mtime, and a copy-up takes a
+/// ctime of its own, which no caller can set back.
 fn pristine(st: &rustix::fs::Stat, inode: &erofs::read::Inode) -> bool {
     let image = (inode.mtime, inode.mtime_nsec as i64);
     (st.st_ctime as i64, st.st_ctime_nsec as i64) == image
@@ -515,7 +501,9 @@ fn lossy(path: io::Result<std::path::PathBuf>) -> Vec<u8> {
 }
 
 /// An upper file (new or copied up) as the list names it and measures it: the bytes the
-/// mount reads, through the descriptor the event gave.
+/// mount reads, through the descriptor the event gave, under the upper filesystem's
+/// identity. Its digest is kept by the device and inode the mount shows (the same before
+/// and after copy-up) and its change cookie.
 struct UpperContent<'a> {
     fd: BorrowedFd<'a>,
     path: &'a dyn Fn() -> io::Result<std::path::PathBuf>,

@@ -1,20 +1,15 @@
-//! Measurement of file opens (IMA in userspace): one hook ([`Hook`]) that both
-//! filesystems hold and call, on open ([`Setup::measure`]) and for `verilay stats`, with
-//! the engine behind it (`engine.rs`, the digest cache `digests.rs`, the list's inbox
-//! `inbox.rs`, IMA's violation counts `opens.rs`).
+//! Measurement of file opens (IMA in userspace): one [`Hook`] both filesystems call on open
+//! ([`Setup::measure`]) and for `verilay stats`, with the engine behind it (`engine.rs`,
+//! `digests.rs`, the list's `inbox.rs`, IMA's violation counts `opens.rs`).
 //!
-//! On every OPEN (and exec, which FUSE tells apart by `FMODE_EXEC` in the open flags)
-//! the policy decides, from the access and the identity of the layer serving the file,
-//! whether the file is measured; a measured file's digest is appended to the measurement
-//! list unless the same entry is already there. The daemon sees every change to a file
-//! made through the mount (opens for writing, truncation, fallocate), so a digest is
-//! reused until the content may have changed: an unchanged file is never hashed twice, a
-//! changed one once: as its last writer closes it if it is of a middling size (8 to
-//! 256 KiB), else at its next measured open. Image files never change, and with
-//! `digest_type=verity` their stored fs-verity digest is the measurement: no file data is
-//! read at open.
-//!
-//! Nothing here runs without a policy: the per-request paths stay as they are.
+//! - On every OPEN (an exec has `FMODE_EXEC`) the policy decides from the access and the
+//!   serving layer's identity; a measured file's entry is appended unless already there.
+//! - The daemon sees every change made through the mount, so a digest is reused until the
+//!   content may have changed: a changed file is hashed as its last writer closes it when
+//!   8 to 256 KiB, else at its next measured open.
+//! - With `digest_type=verity` an image file's stored digest is the measurement: no data
+//!   is read at open.
+//! - Without a policy nothing here runs.
 
 mod content;
 mod counters;

@@ -1,20 +1,13 @@
-//! The kernel engine: the kernel's erofs serves each image, mounted over a file that
-//! verilay serves through a private FUSE mount of its own ([`ImageFiles`]: every read
-//! checked against the image's Merkle tree); several images stack as a read-only
-//! overlayfs of those erofs mounts. The kernel then caches dentries, inodes, xattrs and
-//! pages itself, and the daemon sees only reads of image blocks it has not cached. With
-//! an upper directory the overlayfs is writable: kernel overlayfs over the erofs layers,
-//! in the layout verilay's FUSE engine writes too.
+//! The kernel engine: the kernel's erofs serves each image over a file verilay serves
+//! verified through a private FUSE mount ([`ImageFiles`]); a stack or upper directory adds
+//! kernel overlayfs. The kernel caches what it reads; the daemon sees only block reads.
 //!
-//! What holds, and why:
-//! - Users see only the result on the mountpoint: the image files' FUSE mount and the
-//!   layers' erofs mounts are made in a private directory (`host::private`) and
-//!   detached as soon as what stands on them holds them (an erofs mount holds its open
-//!   image file, overlayfs its lower layers).
-//! - The daemon serves until the kernel lets go of the image files: unmounting the
-//!   mountpoint frees the erofs mounts, which close their files, which ends the FUSE
-//!   connection, and the session with it.
-//! - A failing step leaves nothing mounted: what was mounted is detached again.
+//! - Users see only the result: the image files' FUSE mount and the erofs mounts are made
+//!   in a private directory (`host::private`) and detached once what stands on them holds
+//!   them.
+//! - The daemon serves until the kernel lets go of the image files: unmounting frees the
+//!   erofs mounts, which close their files, which ends the FUSE session.
+//! - A failing step leaves nothing mounted.
 
 use super::{kernel, Plan, Reporter};
 use crate::fuse;

@@ -1,37 +1,13 @@
-//! `verilay stats` on a channel of its own: a unix socket the daemon listens on from the
-//! moment its mount answers, found from the mountpoint alone and independent of what the
-//! filesystem answers (a read-only mount without xattrs answers no GETXATTR at all).
+//! `verilay stats` over a unix socket of the mount's own, open from the moment the mount
+//! answers and found from the mountpoint alone (a mount may answer no GETXATTR).
 //!
-//! The socket is in the abstract namespace, named from the mount's device number
-//! (`verilay/stats/MAJOR:MINOR`): root and rootless daemons alike can bind it, every
-//! user the mount lets in can reach it (no directory such as `$XDG_RUNTIME_DIR` shuts out
-//! the others an `allow_other` mount admits), and it goes with the daemon (a `kill -9`
-//! leaves no file behind). Anyone in the network namespace can bind any abstract name,
-//! so neither side trusts the name alone:
-//!
-//! - The client sends its request only to a listener whose credentials (SO_PEERCRED)
-//!   are those of the mount's owner (`user_id=` in the mount table): a process squatting
-//!   the name gets nothing, and `verilay stats` names it (and reads the root's
-//!   `verilay.stats` attribute instead, where the mount answers xattrs: the kernel leads
-//!   there, not a name). A squatted name costs the mount its socket only; the mount
-//!   itself serves on.
-//! - The daemon answers only a client that may use the mount as getxattr of the root
-//!   required: the mount's [`Access`] for the client's uid (SO_PEERCRED; as the session
-//!   checks each request's), and a descriptor of the mount root the client opened for
-//!   reading, passed with the request (SCM_RIGHTS), which the kernel grants only to a
-//!   process it lets into the mount (`allow_other`, `default_permissions` and the root's
-//!   mode).
-//!
-//! The request is one byte with that descriptor; the reply one JSON object,
-//! `{"stats": {...}}` or `{"error": "why"}`, then the daemon closes the connection.
-//! One thread of the daemon serves the socket, never a worker of the mount, and never
-//! waits on a client: connections wait in a poll set until their request arrives (2
-//! seconds at most, then they are told so and closed), a request is read once (one byte;
-//! whatever else a client floods in is never read), and the reply is written once without
-//! blocking (a client that does not read it loses it). At most [`MAX_WAITING`]
-//! connections wait; one more closes the oldest, so idle connections can delay nobody's
-//! request, which arrives with its connection. A client the mount does not admit is
-//! answered at once, before it can hold anything.
+//! - The name is abstract, `verilay/stats/MAJOR:MINOR` of the mount's device: any daemon
+//!   can bind it, every user the mount admits can reach it, it goes with the daemon.
+//! - Anyone can bind that name, so neither side trusts it: the client asks only a listener
+//!   running as the mount's owner ([`query`]); the daemon answers only a client its
+//!   [`Access`] admits that also passes a descriptor of the mount root opened for reading
+//!   (which the kernel grants only to a process it lets in).
+//! - A squatted name costs the mount its statistics only; no client can stall it (`serve`).
 
 use crate::ops::Access;
 use crate::stats::{Stats, StatsSource};
@@ -168,7 +144,14 @@ struct Waiting {
     since: Instant,
 }
 
-/// Serves the socket until `stop` hangs up (the [`Channel`] dropped).
+/// Serves the socket until `stop` hangs up (the [`Channel`] dropped), so that no client
+/// can stall it: this one thread, never a worker of the mount, serves it; a connection
+/// waits in a poll set at most [`REQUEST_TIMEOUT`] for its request (one byte and the
+/// root's descriptor, read once: nothing else a client sends is read); the reply
+/// (`{"stats": {...}}` or `{"error": "why"}`) is written once without blocking (a client
+/// that does not read it loses it); at most [`MAX_WAITING`] connections wait, one more
+/// closes the oldest, so idle ones delay nobody's request; a client the mount does not
+/// admit is answered at once, before it can hold anything.
 fn serve(listener: OwnedFd, stop: OwnedFd, admits: Admits, root: Root, source: StatsSource) {
     let mut waiting: Vec<Waiting> = Vec::new();
     loop {
@@ -329,8 +312,12 @@ pub enum Answer {
     Squatted(String),
 }
 
-/// Asks the daemon of the mount at `mountpoint` for its statistics (see the module
-/// comment). Errors say why not, naming the mountpoint.
+/// Asks the daemon of the mount at `mountpoint` for its statistics, passing a descriptor
+/// of the mount's root as proof of access. Only a listener whose SO_PEERCRED uid is the
+/// mount's owner (`user_id=` in the mount table) is asked; another is [`Answer::Squatted`]
+/// (the caller may read the root's `verilay.stats` attribute instead, where the mount
+/// answers xattrs: the kernel leads there, not a name). Errors say why not, naming the
+/// mountpoint.
 pub fn query(mountpoint: &Path, timeout: Duration) -> anyhow::Result<Answer> {
     let mp = mountpoint.display();
     // The proof that we may use the mount: its root, open for reading.

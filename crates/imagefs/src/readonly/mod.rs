@@ -1,38 +1,15 @@
-//! An EROFS image served read-only over FUSE.
+//! An EROFS image, or a stack of them (`stack`), served read-only over FUSE: every request
+//! is answered from the image reader through its byte source.
 //!
-//! The filesystem holds little but the image reader: every request is answered from the
-//! image through its byte source (the verified block source in verilay). Per inode it
-//! keeps only the parent and name the kernel last learnt it under (`Names`, filled by
-//! lookups and READDIRPLUS), so that a log line or a measurement can name a file by its
-//! path; a READ touches no shared state. Images are immutable, so every reply is
-//! cacheable forever: entries, attributes, negative lookups, symlinks, directory listings
-//! and file pages (zero-message open and opendir, which default to kept caches).
-//!
-//! An image without a single `security.*` xattr answers every `security.*` name with
-//! EOPNOTSUPP rather than ENODATA, as filesystems without security labels do. FUSE cannot
-//! cache xattr replies, and `ls -l`, `cp -a` and friends ask for `security.selinux` on
-//! every file unless the filesystem says it has no such namespace: then they stop asking.
-//! Likewise an image set without a single POSIX ACL does not negotiate FUSE_POSIX_ACL and
-//! answers both ACL names with EOPNOTSUPP: the kernel would otherwise fetch every inode's
-//! ACL with a round trip before caching it (one per entry of a cold `ls -l`), while
-//! without it permission checks use the mode alone, which is all such a tree has.
-//! And images without a single xattr answer GETXATTR and LISTXATTR with ENOSYS: the
-//! kernel stops sending either for the mount's life and answers EOPNOTSUPP itself, so
-//! no `ls -l` or exec asks the daemon anything about xattrs (`xattrs.rs`).
-//! That record is the builder's claim: each inode handed to the kernel (lookup,
-//! readdirplus, the root at mount) is checked against it first (`check_claims`), so a
-//! false record makes an inode holding an xattr it hides EIO (the root: no mount) instead of
-//! served as the kernel's erofs would not serve it (an ACL ignored, a label dropped).
-//!
-//! A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
-//! the parents kept for measured paths and merged listings form a tree.
-//!
-//! Several images are stacked with overlayfs's rules (see `stack`); one image is served
-//! as the kernel's erofs shows it.
-//!
-//! Inode numbers are decoded without a table (`ino.rs`). Only directories of a stack need
-//! one: which layers' directories merge at that path, kept in a lock-free map filled by
-//! lookups and never emptied.
+//! - Per inode only the parent and name the kernel last learnt it under are kept (`nodes`),
+//!   for logs and measurements; a READ touches no shared state.
+//! - Images are immutable: every reply is cacheable forever.
+//! - Namespaces the images record as absent are answered EOPNOTSUPP or ENOSYS, and ACLs left
+//!   off (`xattrs.rs`), each inode checked against that claim first (`claims`).
+//! - A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
+//!   the parents kept form a tree.
+//! - Inode numbers need no table (`ino.rs`); a stack's directories have one (their layers),
+//!   lock-free, filled by lookups, never emptied.
 
 mod claims;
 mod measured;

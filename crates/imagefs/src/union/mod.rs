@@ -1,29 +1,14 @@
-//! A stack of images under a writable upper directory, with overlayfs's semantics: reads
-//! fall through to the images, the first change to an image's object copies it up
-//! (atomically, through the work directory), deletions of image objects leave whiteouts,
-//! and a directory made where one was deleted is opaque.
+//! A stack of images under a writable upper directory, as overlayfs does it: reads fall
+//! through to the images, the first change to an image object copies it up (whole, through
+//! the work directory), deleting one leaves a whiteout, a directory made where one was
+//! deleted is opaque (docs/FORMAT.md, "Upper directories").
 //!
-//! Node ids: an object from the images keeps its image id, `(layer << 48 | nid) + 2`,
-//! also once copied up; objects made in the upper directory get ids from a counter above
-//! 2^62, never reused in a mount (the host may reuse inode numbers; the kernel must not
-//! see one id stand for two objects). A copied-up regular file keeps its image id across
-//! remounts too: copy-up records it (`verilay.origin` in overlayfs's namespace), honoured
-//! only while the images still have that object at that path under no other name
-//! (`origin_id`). Every node the kernel knows is in a lock-free map
-//! (`nodes.rs`). Changes to the tree (creating, removing, renaming, copying up) are
-//! serialised by one mutex; lookups, attributes, reads and writes take none.
-//!
-//! An image file with several names is copied up once and every other name the merged
-//! tree shows for it becomes a hardlink to the copy (found by one walk of that layer).
-//!
-//! A directory with image contents is renamed as overlayfs's `redirect_dir=on` does it:
-//! the upper directory names where its image contents are (`trusted.overlay.redirect`).
-//!
-//! One file per concern: `nodes` (the node table and ids), `resolve` (names in the merged
-//! tree, redirects), `listing`, `copyup`, `create`, `remove`, `rename`, `owner`
-//! (rootless ownership), `privileges` (setuid, setgid and capabilities dropped on
-//! change), `setattr`, `io` (handles, passthrough) and `measured`; this file
-//! holds the state and answers each operation by calling them.
+//! - An image object keeps its image id (`ino.rs`) once copied up, across remounts too
+//!   (`origin_id`); objects made here get ids from `FIRST_UPPER_ID` up, never reused.
+//! - Changes to the tree are serialised by one mutex; lookups, getattr, reads and writes take none.
+//! - An image file with several names is copied up once, its other names linked to it.
+//! - A directory with image contents is renamed as `redirect_dir=on` does it.
+//! - One file per concern; this one holds the state.
 
 mod copyup;
 mod create;
@@ -64,6 +49,9 @@ use upper::Upper;
 /// kernel is told (`inval_inode`).
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The first id of an object made in the upper directory: ids count up from here and are
+/// never reused in a mount (the host reuses inode numbers; the kernel must not see one id
+/// stand for two objects).
 const FIRST_UPPER_ID: u64 = 1 << 62;
 
 /// A map whose values hold descriptors. A removed value is freed once no reader can see

@@ -44,16 +44,12 @@ fn in_group(caller: &Caller, gid: u32) -> bool {
 }
 
 /// Whether `caller` may drop the set-id bits of a file owned by `uid` and `gid` with
-/// `mode` when the kernel sends no other change with the request. Such a SETATTR comes
-/// both from a write's `file_remove_privs` (by a writer, who may change the file anyway)
-/// and from `chown(-1, -1)`, which the VFS refuses (EPERM) to anyone but the owner when
-/// there are bits to drop, but which reaches a FUSE server unchecked (fs/fuse/dir.c drops
-/// the mode change, and with it the owner check). Root and the owner may drop them, and
-/// so may anyone the mode lets write: others when others may write, the group's members
-/// when the group may. With an ACL (`has_acl`, asked only then) the group bits are its
-/// mask, which must allow writing for any named user or group to write, so anyone may
-/// drop the bits of such a group-writable file (perhaps not a writer, but its writers can
-/// drop them anyway); without one a stranger to the group cannot write it, and gets EPERM.
+/// `mode` by a SETATTR that changes nothing else. It comes from a write's
+/// `file_remove_privs`, and from `chown(-1, -1)`, which FUSE passes on without the VFS's
+/// owner check (fs/fuse/dir.c), so the check is made here: root, the owner and anyone the
+/// mode lets write may; others get EPERM. With an ACL (`has_acl`, asked only then) the
+/// group bits are its mask, so a group-writable file may have writers outside the group:
+/// anyone may then drop the bits, as its writers could anyway.
 pub(super) fn may_drop_unasked(
     caller: &Caller,
     (uid, gid): (u32, u32),

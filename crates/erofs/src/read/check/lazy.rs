@@ -1,28 +1,14 @@
-//! What the kernel's erofs parses, checked a structure at a time, as the bytes it lies in
-//! are first served: for an image whose bytes arrive as they are read (a remote one),
-//! where checking all of its metadata first would fetch all of it first.
+//! What the kernel's erofs parses, checked a structure at a time as its bytes are first
+//! served: for an image fetched as read (a remote one), which a whole check would fetch
+//! whole first. Why that suffices: docs/SECURITY.md section 11.
 //!
-//! The unit is an inode with everything the kernel parses on its behalf: its header,
-//! xattrs (inline and shared), extent map (chunk indexes, compression indexes), symlink
-//! target, and a directory's entries (`Fsck`'s per-inode checks). The kernel parses an
-//! inode only after reading its header, and reaches it only through an entry of a
-//! directory it parsed (or as the root or the packed inode). So this holds:
-//!
-//! - **Every inode an entry of a checked directory names is known** (recorded as the
-//!   directory is checked, with the type its entry gives).
-//! - **A known inode whose header lies in a page already served is checked**: at once
-//!   when it becomes known, or when the page is about to be served.
-//!
-//! A page is served only once both hold again, so by induction every inode the kernel
-//! parses was checked before it could: it reached the inode through an entry in a page
-//! served after the directory's check made it known, and read its header from a page
-//! served after (or checked when) it became known. Pages read ahead or for other files
-//! change nothing: what matters is when each page is first served, not why.
-//!
-//! What a whole check finds and this cannot, as it sees one structure at a time: a
-//! non-directory's link count against the entries naming it, and the superblock's inode
-//! count. Neither is parsed for safety by the kernel. Directories reached twice (cycles,
-//! directory hard links) are found, as the second entry naming one is checked.
+//! - The unit is an inode with all the kernel parses for it (`Fsck`'s per-inode checks).
+//! - Every inode an entry of a checked directory names is known; a known inode whose header
+//!   lies in a page already served is checked. A page is served only once both hold again.
+//! - So the kernel, which parses an inode only after its header and reaches it only through
+//!   an entry of a directory it parsed, parses nothing unchecked, whatever it reads.
+//! - Unseen one structure at a time, and not parsed for safety by the kernel: link counts,
+//!   the superblock's inode count.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
