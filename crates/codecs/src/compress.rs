@@ -1,14 +1,12 @@
-//! Compression into a fixed-size physical cluster ("destination size" mode, as
-//! erofs-utils' `compress_destsize`): as much input as fits, never more output than asked.
+//! Compression into a fixed-size physical cluster ("destination size" mode, as erofs-utils'
+//! `compress_destsize`): as much input as fits, never more output than asked.
 //!
-//! LZ4 and LZ4HC (liblz4's `destSize` calls) and MicroLZMA (liblzma's encoder stops when
-//! its output is full) fill the cluster natively; Zstandard and DEFLATE have no such mode,
-//! so, as erofs-utils does, the longest fitting prefix is searched for.
-//!
-//! A call's output depends only on its input and the calls since the last
-//! [`Compressor::reset`] (the searches start from the previous cluster's input size, as
-//! erofs-utils' DEFLATE does), so a caller that resets at each independent unit of work
-//! gets the same bytes whichever thread does it.
+//! - LZ4, LZ4HC (liblz4's `destSize`) and MicroLZMA (liblzma stops when its output is full)
+//!   fill the cluster natively; for Zstandard and DEFLATE the longest fitting prefix is
+//!   searched for, as erofs-utils does.
+//! - Output depends only on the input and the calls since [`Compressor::reset`] (a search
+//!   starts from the previous cluster's input size), so resetting at each independent unit
+//!   gives the same bytes on any thread.
 
 use crate::{Algorithm, Compression, Error};
 

@@ -1,11 +1,9 @@
 //! Decoding one physical cluster into exactly `dst.len()` bytes.
 //!
-//! The caller hands over the stream itself: EROFS's leading zero padding (the kernel's
-//! `z_erofs_fixup_insize`) is the image reader's to strip, since only it knows the block
-//! size and whether the superblock announces the padding. Every codec here may be asked
-//! for a prefix of what the stream holds (partial decoding, as the kernel does for a
-//! partially referenced or trimmed cluster), so trailing input is never an error; too
-//! little output always is.
+//! - The caller strips EROFS's leading zero padding (`z_erofs_fixup_insize`): only the
+//!   reader knows the block size and whether the superblock announces it.
+//! - A codec may be asked for a prefix of the stream (a partly referenced cluster, as the
+//!   kernel decodes it): trailing input is no error; too little output always is.
 
 use crate::{Algorithm, Error};
 

@@ -1,9 +1,7 @@
-//! The compressors EROFS reads, behind one small interface: the builder fills a physical
-//! cluster with as much input as fits ([`Compressor::fill`]), and the reader decodes one
-//! cluster into a buffer of the exact decoded size ([`decompress`]), never past it.
-//!
-//! EROFS's own framing is kept here: LZ4 blocks (no frame), MicroLZMA, raw DEFLATE and
-//! Zstandard frames, as the kernel's `decompressor*.c` expect them.
+//! The compressors EROFS reads: the builder fills a physical cluster with as much input as
+//! fits ([`Compressor::fill`]); the reader decodes one into exactly its decoded size
+//! ([`decompress`]). Framing is EROFS's: LZ4 blocks, MicroLZMA, raw DEFLATE, Zstandard
+//! frames, as the kernel's `decompressor*.c` expect them.
 
 #![warn(missing_docs)]
 

@@ -1,9 +1,7 @@
-//! fusewire: verilay's FUSE request layer. It decodes the kernel's requests into typed
-//! [`Request`]s, encodes typed [`Reply`]s, negotiates INIT and serves a mounted /dev/fuse
-//! descriptor over either transport the kernel has: read/write on /dev/fuse (one cloned
-//! descriptor per worker) or FUSE over io_uring (for each possible CPU's queue a few
-//! threads, each with a ring holding one entry). Decoding and replying know nothing of the transport, so one filesystem
-//! ([`Filesystem`]) serves both, and [`Stats`] say which one carried each request.
+//! fusewire: verilay's FUSE request layer: typed [`Request`]s decoded, typed [`Reply`]s
+//! encoded, INIT negotiated, a /dev/fuse descriptor served over read/write (a cloned
+//! descriptor per worker) or io_uring (`uring`). Decoding and replying know nothing of the
+//! transport: one [`Filesystem`] serves both; [`Stats`] say which carried each request.
 
 pub mod abi;
 mod affinity;

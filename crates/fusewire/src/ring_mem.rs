@@ -1,8 +1,7 @@
-//! The memory of one io_uring queue's entries: for each, a `fuse_uring_req_header` and a
-//! payload buffer the kernel copies requests into and replies out of, and the iovec pair
-//! REGISTER points at. The kernel keeps these addresses for the whole connection and writes
-//! them (from the serving thread's context) whenever it hands the entry a request, so the
-//! memory must outlive that thread: the session holds it until the thread is joined.
+//! The memory of one io_uring queue's entries: per entry a `fuse_uring_req_header`, a
+//! payload buffer and the iovec pair REGISTER points at. The kernel writes these addresses
+//! whenever it hands the entry a request, for the connection's life, so the session holds
+//! the memory until the serving thread is joined.
 
 use crate::abi::UringReqHeader;
 use std::alloc::{alloc_zeroed, dealloc, Layout};

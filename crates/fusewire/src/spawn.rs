@@ -1,8 +1,6 @@
-//! Starting the session's threads one at a time, each only while the address space still
-//! has room for it. A thread that has started but then cannot allocate (its signal stack,
-//! its first malloc) aborts the whole daemon, since Rust aborts on a failed allocation; so
-//! under a tight `ulimit -v` the mount must fail with an error before that happens, never
-//! in the middle of a thread's start while the next one takes the last of the room.
+//! Starting the session's threads one at a time, each only while the address space has room
+//! for it: a started thread that cannot allocate aborts the daemon (Rust aborts on a failed
+//! allocation), so under a tight `ulimit -v` the mount fails with an error first.
 
 use std::io;
 use std::sync::mpsc;

@@ -1,12 +1,10 @@
 //! Looking for the next request a moment before sleeping.
 //!
-//! A caller that waits for each reply (`ls -l`, `stat` in a loop) sends its next request a
-//! few µs after the last. A serving thread that has gone to sleep by then must be woken,
-//! and the caller itself is woken on whichever CPU is idle: on a virtual machine whose
-//! idle CPUs halt, each such wake-up costs tens of µs (a GETATTR over io_uring measured
-//! 47 µs median sleeping at once, 5.8 µs looking for 50 µs first). So a thread keeps
-//! looking for a while, yielding its CPU at every look, so a caller that wants the CPU
-//! gets it at once.
+//! - A caller that waits for each reply (`ls -l`, `stat` in a loop) sends its next request a
+//!   few µs after the last; a thread asleep by then must be woken, and on a VM whose idle
+//!   CPUs halt each wake-up costs tens of µs.
+//! - So a thread keeps looking a while, yielding its CPU at every look, so a caller that
+//!   wants the CPU gets it at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -1,11 +1,9 @@
-//! Who has a file open: a look through every process's descriptors, for the rare
-//! question no system call answers (whether a file has readers: the kernel's
-//! `i_readcount` is shown nowhere).
+//! Who has a file open, from every process's descriptors: whether a file has readers is no
+//! system call's answer (`i_readcount` is shown nowhere).
 //!
-//! What holds: `/proc/PID/fd/N` stats as the file it is open on (the device and inode
-//! its filesystem shows), and its link's own mode says how it is open (owner read for a
-//! readable handle, owner write for a writable one, fs/proc/fd.c). A process or
-//! descriptor gone meanwhile is skipped; this process's descriptors are not looked at.
+//! - `/proc/PID/fd/N` stats as the open file; its link's mode says how it is open (owner
+//!   read, owner write: fs/proc/fd.c).
+//! - Processes or descriptors gone meanwhile, and this process's, are skipped.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

@@ -1,14 +1,13 @@
-//! The host's plumbing that the engines share: mounting the kernel's erofs over an image
-//! file and overlayfs over erofs mounts (`mounts`), and the private directory those
-//! mounts are made in before users see the result (`private`); fanotify permission
-//! events (`fanotify`), who has a file open (`holders`), lock files that name their
-//! holder (`lockfile`, the one reader of `/proc/locks`), objects made and finished under
-//! a directory descriptor (`objects`), and the mount table
-//! (`mountinfo`, the one parser of `/proc/PID/mountinfo`), a task's credentials and
-//! pending signals (`status`, the one reader of `/proc/PID/status`).
+//! The host's plumbing that the engines share. Nothing here knows images or FUSE: it is
+//! mount(2), directories and the kernel's answers, each failure one line naming the path.
 //!
-//! Nothing here knows images or FUSE: it is mount(2), directories and the kernel's
-//! answers, each failure said in one line that names the path.
+//! - `mounts`: the kernel's erofs over an image file, overlayfs over erofs mounts; `private`:
+//!   the directory they are made in before users see the result.
+//! - `fanotify`: permission events; `holders`: who has a file open.
+//! - `lockfile`: lock files naming their holder (the one reader of `/proc/locks`).
+//! - `objects`: objects made and finished under a directory descriptor.
+//! - `mountinfo` (the one parser of `/proc/PID/mountinfo`) and `status` (the one reader of
+//!   `/proc/PID/status`: credentials, pending signals).
 
 #![warn(missing_docs)]
 

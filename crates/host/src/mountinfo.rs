@@ -1,11 +1,10 @@
-//! The mount table as `/proc/PID/mountinfo` shows it (proc_pid_mountinfo(5)), parsed in
-//! this one place.
+//! The mount table as `/proc/PID/mountinfo` shows it (proc_pid_mountinfo(5)), parsed in this
+//! one place.
 //!
-//! What holds: paths (a mount's root and mount point, its source, option values) come
-//! back with the kernel's octal escapes undone (`\040` is a space; space, tab, newline
-//! and backslash are escaped), as bytes, so any path survives; a line that does not
-//! parse is left out. Written here rather than taken from `procfs`: its parser keeps
-//! the escapes in paths and needs every line to be UTF-8.
+//! - Paths (root, mount point, source, option values) come back as bytes with the kernel's
+//!   octal escapes undone (`\040` is a space), so any path survives; `procfs` keeps the
+//!   escapes and needs UTF-8 lines.
+//! - A line that does not parse is left out.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

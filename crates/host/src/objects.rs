@@ -1,11 +1,9 @@
-//! Objects under a directory descriptor: opened beneath it without following a link, and
-//! given owner, mode, xattrs and times through a handle that reaches exactly the object
-//! meant, never what a link names.
+//! Objects under a directory descriptor: opened beneath it following no link, and given
+//! owner, mode, xattrs and times through a handle that reaches exactly the object meant.
 //!
-//! - [`open_beneath`] is `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`, a name at a time
+//! - [`open_beneath`]: `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`, or a name at a time
 //!   with `O_NOFOLLOW` where the kernel has no openat2.
-//! - [`Handle`]: the object's own descriptor, an `O_PATH` one (symlinks and special files,
-//!   which opening for real could block on or act on), or a name in a directory.
+//! - [`Handle`]: the object's descriptor, an `O_PATH` one, or a name in a directory.
 
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timestamps, XattrFlags};
@@ -45,7 +43,8 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &[u8], flags: OFlags, mode: Mode) 
 pub enum Handle<'f> {
     /// Its own open descriptor (a regular file, a directory).
     Open(BorrowedFd<'f>),
-    /// An `O_PATH` descriptor of it.
+    /// An `O_PATH` descriptor of it (a symlink or special file, which opening for real
+    /// could block on or act on).
     Path(BorrowedFd<'f>),
     /// Its name in a directory (never followed if a symlink).
     At(BorrowedFd<'f>, &'f CStr),

@@ -1,15 +1,13 @@
-//! The kernel engine's FUSE side: each image of a mount as one read-only file (`0`, `1`,
-//! … in a root directory of their own), every READ answered from the verified source, so
-//! the kernel's erofs, which mounts these files, never sees a byte the image's Merkle tree
-//! (and its pinned digest) does not cover.
+//! The kernel engine's FUSE side: each image of a mount as one read-only file (`0`, `1`, …
+//! in a root of their own), every READ answered from the verified source, so the kernel's
+//! erofs never sees a byte the image's tree (and pinned digest) does not cover.
 //!
-//! What holds, and why:
-//! - No passthrough is asked for: erofs refuses a backing file on a filesystem with a
-//!   stack depth, which FUSE gets when passthrough is negotiated (`fs/erofs/super.c`).
-//! - The files never change, so entries, attributes and pages are cached forever, and a
-//!   page that fails its check is never cached (the read fails with EIO).
-//! - A failed read is one log line naming the image, the offset and, where the image's
-//!   own tree says, the file inside it the bytes belong to.
+//! - No passthrough is asked for: erofs refuses a backing file on a filesystem with a stack
+//!   depth, which FUSE gets with passthrough (`fs/erofs/super.c`).
+//! - The files never change, so entries, attributes and pages are cached forever; a page
+//!   that fails its check is never cached (the read fails EIO).
+//! - A failed read is one log line naming the image, the offset and, where the image's tree
+//!   says, the file the bytes belong to.
 
 use crate::attr::{Attr, Kind};
 use crate::ops::{

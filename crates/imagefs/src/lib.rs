@@ -1,13 +1,11 @@
-//! verilay's FUSE front: verified EROFS images served over FUSE, read-only ([`ImageFs`]:
-//! one image as the kernel's erofs shows it, or a stack with overlayfs's rules) or under a
-//! writable upper directory ([`UnionFs`]), and mounted from a typed plan (`mount`).
+//! verilay's FUSE front: verified EROFS images served read-only ([`ImageFs`]: one image, or
+//! a stack with overlayfs's rules) or under a writable upper directory ([`UnionFs`]), and
+//! mounted from a typed plan (`mount`).
 //!
-//! Both filesystems implement [`Ops`], the operations a mount serves as plain methods;
-//! [`Fuse`] is the one adapter that turns FUSE requests into those calls and their
-//! results into replies. Shared by both: attributes (`attr`), where an object's bytes
-//! come from (`backing`), inode numbers (`ino`), paths for log lines and measurements
-//! (`paths`), which xattrs are shown (`xattrs`), overlayfs's rules over images (`stack`),
-//! measured opens (`measuring`) and what `verilay stats` reports (`stats`).
+//! - Both filesystems implement [`Ops`], the operations as plain methods; [`Fuse`] is the one
+//!   adapter between FUSE requests and replies and those calls.
+//! - Shared by both: `attr`, `backing` (where an object's bytes come from), `ino`, `paths`,
+//!   `xattrs`, `stack`, `measuring` (measured opens) and `stats`.
 
 pub mod attr;
 mod backing;

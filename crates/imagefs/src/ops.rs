@@ -1,8 +1,7 @@
-//! The operations a mount serves, free of any transport: plain methods on typed arguments
-//! returning typed results. The read-only filesystem ([`crate::ImageFs`]) and the writable
-//! one ([`crate::UnionFs`]) implement [`Ops`]; the FUSE adapter (`fuse.rs`) decodes
-//! requests, calls them and replies. An operation a filesystem does not serve answers as
-//! an unimplemented FUSE handler does (ENOSYS; EPERM for symlink and link).
+//! The operations a mount serves, free of any transport: plain methods on typed arguments,
+//! implemented by [`crate::ImageFs`] and [`crate::UnionFs`], called by the FUSE adapter
+//! (`fuse.rs`). An operation not served answers as an unimplemented FUSE handler does
+//! (ENOSYS; EPERM for symlink and link).
 
 use crate::attr::{Attr, Kind};
 use rustix::fd::BorrowedFd;

@@ -1,9 +1,7 @@
 //! Whether a verilay image holds exactly the files of the layer blob it is bound to: the
-//! blob read as `verilay convert` reads it (`tarlayer`, with its default bound on what a
-//! layer may expand to), built into an EROFS image in a directory of the state directory
-//! that goes with it, and the two compared as trees (`erofs::read::compare_trees`:
-//! paths, types, modes, owners, times, devices, link targets, xattrs, contents), so how
-//! either image was built makes no difference.
+//! blob read as `verilay convert` reads it (with its default bound on a layer's size), built
+//! into an image under the state directory, and the two compared as trees
+//! (`erofs::read::compare_trees`), however either was built.
 
 use crate::served::{Binding, Verdict};
 use erofs::read::{compare_trees, FileSource, Image, Which};

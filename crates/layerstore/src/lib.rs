@@ -1,9 +1,8 @@
 //! layerstore: verilay as an additional layer store of containers/storage (podman's
-//! `additionallayerstores` in storage.conf, the protocol stargz-store serves). `fs` is
-//! the directory tree the overlay driver reads; `resolve` finds each layer's verilay image
-//! through the OCI referrers of the image's manifest and mounts it, verified and lazy;
-//! `served` records what was served for each layer, and `check` whether an image holds
-//! the layer it was bound to, before podman may reuse it for another image.
+//! `additionallayerstores`, as stargz-store serves it). `fs`: the tree the overlay driver
+//! reads; `resolve`: each layer's image, bound by the manifest (or a signed referrer),
+//! mounted verified and lazily; `served`, `check`: what was served, and whether a binding
+//! holds its layer before podman may reuse it.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,14 +1,13 @@
-//! What the store has served for each layer, and what checking each image found: kept in
-//! `STATE/served.json` across restarts, since the layers podman made of them outlive the
-//! store.
+//! What the store has served for each layer and what checking each binding found, kept in
+//! `STATE/served.json` (docs/FORMAT.md, "The layer store's record") across restarts: the
+//! layers podman made of them outlive the store.
 //!
-//! containers/storage records a layer made from the store under the layer's blob digest
-//! and its DiffID, and reuses it for any later image that lists that blob (or, with the
-//! same parent layers, that DiffID), whatever the store answers for that image: for a
-//! verilay layer neither names its contents, the binding manifest chose them. So the
-//! store remembers every binding it served, and before it answers for a layer that an
-//! image served under another binding (or none) may be reused for, every such binding is
-//! checked against the layer blob (`check`) and its verdict kept here.
+//! - containers/storage reuses a layer made from the store for any later image listing its
+//!   blob (or, over the same parents, its DiffID), whatever the store answers for that
+//!   image; for a verilay layer neither names its contents (the bound manifest chose them).
+//! - So every binding served is remembered, and before the store answers for a layer
+//!   another binding (or none) may be reused for, each is checked (`check`) and its verdict
+//!   kept here (docs/SECURITY.md section 10).
 
 use oci::conversion::ConvertedLayer;
 use serde::{Deserialize, Serialize};

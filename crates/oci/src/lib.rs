@@ -1,9 +1,7 @@
-//! OCI distribution for verilay images: where an image lives (`reference`), who may fetch
-//! it (`auth`), the registry's HTTP API (`registry`), and how an image is stored there
-//! (`artifact`: one blob of an OCI image manifest, its digest in an annotation). For
-//! container images: their manifests and indexes (`image`), OCI layout directories
-//! (`layout`), manifests that refer to others (`referrers`), and a container image's
-//! layers converted to verilay images (`conversion`).
+//! OCI distribution for verilay images: `reference`, `auth`, `registry` (the HTTP API),
+//! `artifact` (an image stored as one blob, its digest in an annotation). For container
+//! images: `image` (manifests, indexes), `layout` (OCI layout directories), `referrers`,
+//! and `conversion` (layers converted to verilay images).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,11 +1,8 @@
-//! containers-registries.d(5): YAML files saying where signatures of which images are.
-//! verilay reads sigstore attachments only, so of each namespace only
-//! `use-sigstore-attachments` matters; `lookaside`, `lookaside-staging`, `sigstore` and
-//! `sigstore-staging` (GPG signature stores) are checked for type and otherwise ignored.
-//!
-//! c/image reads these files with ghodss/yaml: YAML turned into JSON, then Go's lenient
-//! `encoding/json` (unknown keys ignored, keys matched case-insensitively, YAML 1.1's
-//! `yes`/`on` read as booleans). That is what is done here.
+//! containers-registries.d(5): YAML files saying where signatures of which images are. Only
+//! `use-sigstore-attachments` matters here; the GPG stores (`lookaside`, `sigstore`, and
+//! their `-staging`) are type-checked and ignored. Read as c/image reads them (ghodss/yaml):
+//! YAML into JSON, then Go's lenient `encoding/json` (unknown keys ignored, keys matched
+//! case-insensitively, YAML 1.1 `yes`/`on` booleans).
 
 use crate::dockerref::DockerReference;
 use serde_yaml_ng::Value;

@@ -1,10 +1,9 @@
 //! The verity section appended to a file (verilay images): the data's Merkle tree, its
-//! descriptor and a trailer that finds both, so one file carries data and proof together.
-//! Byte layout: docs/FORMAT.md.
+//! descriptor and a trailer that finds both (layout: docs/FORMAT.md).
 //!
 //! - The data's digest is the descriptor's hash, exactly `fsverity digest` of the data.
-//! - The trailer is not trusted: every field is cross-checked against the descriptor, whose
-//!   hash is what callers pin.
+//! - The trailer is not trusted: every field is checked against the descriptor, whose hash
+//!   callers pin.
 
 use crate::{level_blocks, Descriptor, Params, Tree};
 use std::fs::File;

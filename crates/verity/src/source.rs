@@ -1,10 +1,8 @@
-//! Where bytes come from.
+//! Where bytes come from: the reader never touches a file directly, it asks a [`ByteSource`]
+//! for exact ranges (a file, a buffer, the verified source, a remote image).
 //!
-//! The reader never touches a file directly: it asks a [`ByteSource`] for exact ranges. Today
-//! that is a local file or a byte buffer; later it is the verified block source (Merkle tree
-//! checked) and, under that, remote object stores. Every range the reader asks for has already
-//! been bounds-checked against [`ByteSource::len`], so an implementation may treat an
-//! out-of-range request as a bug and fail it.
+//! - Every range asked for is already bounds-checked against [`ByteSource::len`], so an
+//!   implementation may fail an out-of-range request as a bug.
 
 use std::fs::File;
 use std::io;

@@ -1,8 +1,7 @@
-//! A file digest from its level-0 hashes pushed in order, in memory bounded by the
-//! tree's height: one partial block per level. Runs of zero blocks (holes) cost
-//! O(height), not O(length): an aligned run of `per^k` zero blocks is one precomputed
-//! hash at level k. This is how a reader checks a digest an untrusted image claims for a
-//! (possibly huge, sparse) file without reading its data or trusting its size.
+//! A file digest from its level-0 hashes pushed in order, in memory bounded by the tree's
+//! height. An aligned run of `per^k` zero blocks is one precomputed hash at level k, so a
+//! reader checks a digest an image claims for a huge, sparse file without reading its data
+//! or trusting its size.
 
 use crate::{Descriptor, Params};
 

@@ -1,12 +1,8 @@
-//! Building the Merkle tree: data blocks hashed with the padded salt, level after level,
-//! until one block remains; its hash is the root.
-//!
-//! Level 0 (one hash per data block) is nearly all the work. Inputs of [`PAR_MIN`] bytes
-//! or more are hashed on rayon's threads, streaming: the data passes through buffers of
-//! [`CHUNK`] bytes per thread and is never held whole. From a [`File`], every thread
-//! `pread`s its own chunk and hashes it; from a [`Read`]er, the calling thread reads
-//! chunk after chunk while rayon's threads hash the ones before. Smaller inputs are
-//! hashed on the calling thread. The levels themselves are kept in memory.
+//! Building the Merkle tree: blocks hashed with the padded salt, level after level, until
+//! one block remains, whose hash is the root. Level 0 is nearly all the work: from
+//! [`PAR_MIN`] bytes it is hashed on rayon's threads in [`CHUNK`]-byte buffers, never held
+//! whole (a [`File`] `pread` per thread; a [`Read`]er read by the caller). The levels are
+//! kept in memory.
 
 use crate::HashAlg;
 use rayon::prelude::*;

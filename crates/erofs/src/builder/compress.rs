@@ -1,12 +1,11 @@
-//! Compressed regular files (`-z`): each file's data is cut into physical clusters
-//! ("pclusters") filled by [`codecs::Compressor::fill`], described by logical-cluster
-//! indexes after the inode (compact ones with 4 KiB blocks, full ones otherwise), as
-//! the kernel's `zmap.c` reads them.
+//! Compressed regular files (`-z`; docs/FORMAT.md, "Compressed files"): each file's data cut
+//! into physical clusters filled by [`codecs::Compressor::fill`], described by
+//! logical-cluster indexes after the inode, as the kernel's `zmap.c` reads them.
 //!
-//! Files are compressed before layout, all cores at once, in fixed-size segments (so
-//! a large file uses every core too, and the output never depends on the thread count):
-//! the layout then knows each file's index size and stored blocks. A file whose
-//! clusters would take as many blocks as its plain data stays uncompressed.
+//! - Files are compressed before layout, on all cores, in fixed-size segments: a large file
+//!   uses every core, the output never depends on the thread count, and the layout knows
+//!   each file's index size and blocks.
+//! - A file whose clusters would take as many blocks as its plain data stays uncompressed.
 
 use super::tree::{Content, Kind, NodeId, Tree};
 use super::{Error, Progress};

@@ -1,9 +1,8 @@
-//! Serialises a planned image through a shared mapping of the output: metadata first on
-//! one thread, then file data read by all cores straight to its final offset (the layout
-//! is fixed in advance, so every byte's place is known). pwrite from every core, one
-//! writer thread and `copy_file_range` were each slower on ext4. Then the superblock and
-//! its checksum; for a sealed image, `seal` then hashes every block once, for the image's
-//! tree and each file's digest, and writes the digest table.
+//! Serialises a planned image through a shared mapping of the output: metadata on one
+//! thread, then file data read by all cores straight to its fixed offset (on ext4 faster
+//! than pwrite from every core, one writer thread or `copy_file_range`), then the
+//! superblock and checksum. For a sealed image, `seal` then hashes every block once and
+//! writes the digest table.
 
 use super::compress::{self, Packed};
 use super::layout::{DataPlan, Layout};

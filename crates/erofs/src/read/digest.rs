@@ -1,12 +1,7 @@
-//! Per-file fs-verity digests. The image's table (at the end of the EROFS area, see
-//! `format::DigestFooter`) only *claims* them: whoever built the image wrote it. A digest
-//! is handed out only once checked against the file's contents ([`Image::file_digest`]),
-//! which costs a read of the image tree's level-0 hashes for the file, about 1/128 of its
-//! size, not a read of its data: a block stored whole at a 4 KiB-aligned offset has in
-//! the image's tree exactly the hash fs-verity gives that file block.
-//!
-//! The table is searched by nid: the first lookup reads the footer and the first nid of
-//! every group of entries; each lookup then reads one group (at most 4 KiB).
+//! Per-file fs-verity digests. The image's table (docs/FORMAT.md, "File-digest table") only
+//! *claims* them: a digest is handed out only once checked ([`Image::file_digest`]) against
+//! the image tree's level-0 hashes of the file (1/128 of its size), not its data. Lookups
+//! by nid read the footer and each group's first nid once, then one group (≤ 4 KiB) each.
 
 use super::{corrupt, ByteSource, Error, Image, Inode, Result};
 use crate::format::{raw, DigestFooter, DIGEST_ENTRY_SIZE, DIGEST_FOOTER_SIZE};

@@ -1,11 +1,9 @@
-//! Directories: block parsing, `readdir` (kernel `dir.c`) and `lookup` (kernel `namei.c`).
+//! Directories: block parsing, `readdir` (kernel `dir.c`) and `lookup` (`namei.c`).
 //!
-//! A directory is cut into blocks of `bs` bytes; each block is
-//! `[dirent 0 .. dirent k-1][name 0 .. name k-1][zero padding]` with `k = nameoff[0] / 12`.
-//! Names are not NUL-terminated: a name ends where the next begins, the last one at the first
-//! NUL or the end of the block's used bytes. Blocks are parsed and validated one at a time, so
-//! a directory of any claimed size costs one block of memory. Names must be strictly sorted
-//! (no repeats), as the kernel's binary search assumes; `.` must be the directory itself.
+//! - A block is `[dirents][names][zero padding]`, `k = nameoff[0] / 12` dirents; a name ends
+//!   where the next begins, the last at the first NUL or the block's used end.
+//! - Blocks are checked one at a time: any claimed size costs one block of memory.
+//! - Names are strictly sorted (the kernel binary-searches); `.` must be the directory.
 
 use std::cmp::Ordering;
 use std::ops::Range;

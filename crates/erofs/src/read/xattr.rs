@@ -1,9 +1,7 @@
-//! Extended attributes (kernel `xattr.c`): the inline body after the inode, shared entries by
-//! id, long name prefixes from the superblock table, and the per-inode name bloom filter.
+//! Extended attributes (kernel `xattr.c`): the inline body after the inode, shared entries
+//! by id, long name prefixes, and the name bloom filter (docs/FORMAT.md, "Xattr bodies").
 //!
-//! Body: `[filter u32, shared_count u8, 7 reserved][shared ids u32 × count][entries...]`,
-//! entry: `u8 name_len, u8 name_index, le16 value_size, name, value, pad to 4`.
-//! Lookup and listing order is the kernel's: inline entries, then shared ones by id order.
+//! - Lookup and listing order is the kernel's: inline entries, then shared ones by id order.
 
 use std::ops::ControlFlow;
 

@@ -1,9 +1,7 @@
-//! Compressed files: the superblock's compression configs (kernel `decompressor.c`
-//! `z_erofs_parse_cfgs`), reading a file range (decode each extent once, through a cache
-//! of decoded extents), and checking every extent decodes (`fsck`).
-//!
-//! Stored bytes are only ever read through the image's [`ByteSource`]; on a verified mount
-//! that is the Merkle-checked source, so clusters are verified before they are decoded.
+//! Compressed files: the superblock's compression configs (`decompressor.c`), reading a
+//! range (each extent decoded once, through a cache of decoded extents), and checking that
+//! every extent decodes (`fsck`). Stored bytes come only through the image's
+//! [`ByteSource`]: on a verified mount, clusters are verified before they are decoded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

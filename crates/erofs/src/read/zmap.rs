@@ -2,10 +2,10 @@
 //! `z_erofs_map_blocks_fo`), for COMPRESSED_FULL and COMPRESSED_COMPACT (2B/4B) indexes,
 //! HEAD1/HEAD2/PLAIN/NONHEAD lclusters, big pclusters, ztailpacking and fragments.
 //!
-//! Unlike the kernel, which maps up to the end of the current lcluster, a mapping here
-//! always spans the whole extent (the kernel's FIEMAP answer): the decoded extent is the
-//! unit the reader decodes once and caches. Every walk over the indexes is bounded by the
-//! largest decoded extent the format allows, so no index can make it loop or run long.
+//! - A mapping always spans the whole extent (the kernel's FIEMAP answer), not up to the end
+//!   of the lcluster: the decoded extent is what the reader decodes once and caches.
+//! - Every walk over the indexes is bounded by the largest extent the format allows, so no
+//!   index can make it loop or run long.
 
 use super::{corrupt, unsupported, ByteSource, Error, Image, Inode, Result};
 use crate::zformat::{self as z, LclusterIndex, MapHeader};

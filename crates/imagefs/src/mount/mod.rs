@@ -1,9 +1,7 @@
-//! Mounting, from a typed plan: the CLI fills in a [`Plan`], and [`Plan::serve`] mounts a
-//! filesystem as it says (mount(2) as root, `fusermount3` otherwise: `kernel.rs`), starts
-//! the workers and serves until unmounted. From the moment the kernel mount exists until
-//! the mount answers, a failing step unmounts it again: a failed mount leaves nothing
-//! behind. `daemon.rs` is how a daemon started in the background reports its setup;
-//! `stats.rs` is the socket `verilay stats` reads a mount's statistics from.
+//! Mounting from a typed plan: [`Plan::serve`] mounts as the CLI's [`Plan`] says (mount(2)
+//! as root, `fusermount3` otherwise: `kernel.rs`), starts the workers and serves until
+//! unmounted. Once the kernel mount exists, a failing step unmounts it: a failed mount
+//! leaves nothing. `daemon.rs`: a background daemon's setup report; `stats.rs`.
 
 mod daemon;
 mod engine;

@@ -1,9 +1,8 @@
-//! Privileges a change drops (FUSE_HANDLE_KILLPRIV_V2). A write, truncate or chown of a
-//! regular file drops its setuid bit, its setgid bit and its `security.capability`, as
-//! the VFS does (fs/attr.c `setattr_should_drop_suidgid`, fs/open.c `chown_common`,
-//! security/commoncap.c `cap_inode_killpriv`). The kernel says per request when; the
-//! change itself is made by us, as root (whom the host lets keep them) or, rootless, in
-//! the override xattr the host knows nothing of, so we drop them here.
+//! Privileges a change drops (FUSE_HANDLE_KILLPRIV_V2): a write, truncate or chown of a
+//! regular file drops its set-id bits and `security.capability`, as the VFS does
+//! (`setattr_should_drop_suidgid`, `chown_common`, `cap_inode_killpriv`). The kernel says
+//! when; the host would not drop them (we change files as root, or rootless in the override
+//! xattr), so we do.
 
 use super::owner::read_override;
 use super::UnionFs;

@@ -1,11 +1,7 @@
 //! `verilay log verify DIR [--json] [--ignore-violations]`: replays a measurement list
-//! written by a measured mount and checks it against its PCR files (`measure::verify`),
-//! stricter than `evmctl ima_measurement`: every entry must be covered by the PCR values.
-//! A list can verify and still not be one to trust as complete: violation entries mark
-//! events that may be missing (like evmctl, they fail the check unless
-//! `--ignore-violations`), and a list whose mount died with it open may have lost the
-//! events measured after its last entry (always a failure: nothing in the list says so
-//! yet).
+//! against its PCR files (`measure::verify`). A list that verifies may still be incomplete:
+//! violation entries fail it unless `--ignore-violations` (as in evmctl), and a list whose
+//! mount died with it open always fails (events after its last entry may be lost).
 
 use anyhow::Context;
 use measure::log::to_hex;

@@ -1,15 +1,14 @@
-//! `verilay mount IMAGE... MOUNTPOINT` and `verilay umount MOUNTPOINT`.
+//! `verilay mount IMAGE... MOUNTPOINT` (several images stack, first on top, with overlayfs's
+//! rules) and `verilay umount MOUNTPOINT`.
 //!
-//! Several images are stacked, first on top, with overlayfs's rules.
-//!
-//! The command line (flags and `-o` options) becomes one [`MountOptions`] value first
-//! (`settings`); everything after works from that value. Without `--foreground`, `mount`
-//! checks the images (and their pinned digests) itself, then starts the daemon (this
-//! binary again, given the options rendered back as one `-o`) and follows its setup
-//! (`imagefs::mount::start_daemon`) until the mount answers requests or the daemon says
-//! why it could not mount. The daemon (`daemon.rs`) opens what the mount serves and
-//! fills in an `imagefs::mount::Plan`, which mounts and serves it; invoked as
-//! `mount.fuse.verilay`, this binary takes mount(8)'s arguments (`helper.rs`).
+//! - Flags and `-o` options become one [`MountOptions`] value first (`settings`); all after
+//!   works from it.
+//! - Without `--foreground`, `mount` checks the images (and pins) itself, then starts the
+//!   daemon (this binary, the options rendered as one `-o`) and follows its setup
+//!   (`imagefs::mount::start_daemon`) until the mount answers or the daemon says why not.
+//! - The daemon (`daemon.rs`) opens what the mount serves into an `imagefs::mount::Plan`,
+//!   which mounts and serves it.
+//! - As `mount.fuse.verilay`, this binary takes mount(8)'s arguments (`helper.rs`).
 
 mod daemon;
 mod helper;

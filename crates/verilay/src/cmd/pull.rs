@@ -1,8 +1,7 @@
-//! `verilay pull REF -o IMAGE`: the image fetched whole from an OCI registry, checked
-//! against the registry's blob digest and then every block against the pinned image
-//! digest (`--digest`, or the manifest's annotation), before it takes the name IMAGE.
-//! Under a signature policy (`--signature-policy`, else podman's default file when there
-//! is one) the manifest must satisfy it before its blob is fetched.
+//! `verilay pull REF -o IMAGE`: the image fetched whole, checked against the registry's
+//! blob digest and every block against the pinned image digest, before it takes the name
+//! IMAGE (docs/SECURITY.md section 9). Under a signature policy the manifest must satisfy
+//! it before its blob is fetched.
 
 use super::image::{open_verified, Pin};
 use super::registry::{reference, Remote};

@@ -1,9 +1,7 @@
 //! `verilay stats MOUNTPOINT`: what a mount has cost so far (opens checked and measured,
-//! files hashed and bytes read for it, digests reused, entries logged, xattr requests,
-//! a remote image's fetching), asked of its daemon on the mount's statistics socket
-//! (`imagefs::mount::stats`). A daemon of an older verilay has no socket, and another
-//! process may hold its name: then the mount root's `verilay.stats` attribute is read
-//! instead (where the mount answers xattrs).
+//! bytes hashed, digests reused, entries logged, xattr requests, remote fetching), asked on
+//! the mount's socket (`imagefs::mount::stats`), or read from the root's `verilay.stats`
+//! attribute where there is no socket or another process holds its name.
 
 use anyhow::Context;
 use imagefs::mount::stats::Answer;
