@@ -188,10 +188,9 @@ pub(crate) fn worker<F: Filesystem>(
     poll: Duration,
 ) -> io::Result<()> {
     let raw_fd = fd.as_raw_fd();
-    // Each worker looks only while it itself is busy: all of them looking while any is
-    // (as io_uring's threads do) made a warm labelled `ls -lR` 1.8 s -> 2.4-3.5 s, since
-    // one queue feeds them all and the worker on the other CPU than the caller's, looking
-    // already, takes each request and wakes the caller across CPUs.
+    // Each worker looks only while it itself is busy, not while any is (as io_uring's
+    // threads do): one queue feeds them all, so a worker looking on another CPU than the
+    // caller's would take each request and wake the caller across CPUs.
     let activity = Activity::new();
     loop {
         let n = match next_request(raw_fd, stop, &mut input, poll, &activity)? {

@@ -87,17 +87,14 @@ impl fmt::Display for Chosen {
 }
 
 /// Serving threads each io_uring queue gets at least: a reader's readahead sends a CPU's
-/// queue two READs at once, and one thread would serve them one after the other (a cold
-/// 256 MiB read then took 0.31 s instead of 0.20).
+/// queue two READs at once, and one thread would serve them one after the other.
 pub const MIN_PER_QUEUE: usize = 2;
 
 /// The default for [`Config::poll`] over io_uring: a caller that sends its next request
 /// within this long (a tool walking a tree: a few µs) finds a thread still looking for it.
 /// Over /dev/fuse the default is not to look: poll(2) wakes every worker, the one on the
-/// caller's CPU gets there first, and a worker looking on another CPU took the caller's
-/// requests and woke it across CPUs (creates 92-128 -> 52-97 µs, untar 1.47-1.53 ->
-/// 1.04-1.27 s, warm labelled `ls -lR` 1.23-1.28 -> 1.00-1.17 s; a GETXATTR loop
-/// 9.9-10.8 -> 11.3 µs median, a cold 256 MiB read the same).
+/// caller's CPU gets there first, while a worker looking on another CPU would take the
+/// caller's requests and wake it across CPUs (slower creates, untars and walks).
 pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
 /// The most [`Config::poll`] may be.

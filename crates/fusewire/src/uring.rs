@@ -208,11 +208,10 @@ impl<F: Filesystem> Server<F> {
                 // The commit goes out first: its caller waits for it.
                 ring.submit()?;
                 self.threads.rest(self.index);
-                // Every thread looks while the session is busy: with only each queue's
-                // first looking, the kernel handed a walker's requests to the second
-                // (committed last), which slept between them; the other CPU went idle and
-                // the walker was woken there after every reply (a warm labelled `ls -lR`
-                // 3.5-4.9 s, 0.7-1.0 with all looking).
+                // Every thread looks while the session is busy: the kernel hands a
+                // request to the entry committed last, so were only each queue's first
+                // looking, a walker's requests would go to a sleeping thread, and the
+                // walker be woken on the idle other CPU after every reply.
                 cqes = crate::spin::spin(self.poll, &self.activity, || {
                     if ring.submission().taskrun() {
                         // Runs the task work, which posts the request's completion.
@@ -273,8 +272,7 @@ impl<F> Server<F> {
     /// A request other than big I/O came (a caller may wait for each answer): the session
     /// is busy, and if it was quiet before, queues whose threads all sleep are nudged.
     /// Big READs and WRITEs do not count: threads looking on another CPU meanwhile would
-    /// only compete with the hashing thread let loose there (a cold 256 MiB read, one
-    /// bench run each: 1.12x /dev/fuse's time counting them, 1.02x not).
+    /// only compete with the hashing thread let loose there.
     fn busy(&self) {
         // With --poll-us 0 no thread looks: a nudged one would only go back to sleep.
         if self.poll.is_zero() {

@@ -1,13 +1,10 @@
 //! Lock files that name their holder: locked without blocking, waited for only while the
-//! caller says so, the holder's record rewritten in place once the lock is ours and read
-//! (capped) by whoever finds it taken.
+//! caller says so, the holder's record rewritten in place once locked and read (capped) by
+//! whoever finds it taken. The caller opens the file (and checks it belongs there).
 //!
-//! - Both kinds of lock belong to the open file description, so a killed holder's lock
-//!   goes with it: `flock` ([`Kind::Flock`], whose holders /proc/locks names) and OFD
-//!   record locks on the whole file ([`Kind::Ofd`]). The two never conflict with each
-//!   other: every taker of one file must use the same kind.
-//! - Opening the file (which checks belong there) is the caller's: these take an open
-//!   file.
+//! - Both kinds of lock go with a killed holder (they belong to the open file description):
+//!   `flock` ([`Kind::Flock`], named in /proc/locks) and whole-file OFD locks
+//!   ([`Kind::Ofd`]). They never conflict with each other: one file, one kind.
 
 use std::fs::File;
 use std::io::{self, Read};

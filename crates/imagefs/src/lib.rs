@@ -1,11 +1,7 @@
 //! verilay's FUSE front: verified EROFS images served read-only ([`ImageFs`]: one image, or
-//! a stack with overlayfs's rules) or under a writable upper directory ([`UnionFs`]), and
-//! mounted from a typed plan (`mount`).
-//!
-//! - Both filesystems implement [`Ops`], the operations as plain methods; [`Fuse`] is the one
-//!   adapter between FUSE requests and replies and those calls.
-//! - Shared by both: `attr`, `backing` (where an object's bytes come from), `ino`, `paths`,
-//!   `xattrs`, `stack`, `measuring` (measured opens) and `stats`.
+//! a stack with overlayfs's rules) or under a writable upper directory ([`UnionFs`]),
+//! mounted from a typed plan (`mount`). Both implement [`Ops`], the operations as plain
+//! methods; [`Fuse`] is the one adapter from FUSE requests to those calls.
 
 pub mod attr;
 mod backing;

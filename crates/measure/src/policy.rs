@@ -1,11 +1,11 @@
-//! IMA measurement policies in the kernel's syntax (one file can serve both), parsed and
-//! matched in userspace to decide, as Linux IMA would, whether an open or exec is measured.
+//! IMA measurement policies in the kernel's syntax, parsed and matched in userspace to
+//! decide, as IMA would, whether an open or exec is measured ([`Policy::parse`] lists what
+//! is supported).
 //!
-//! - Parsing follows `ima_parse_rule` and `ima_validate_rule` (`ima_policy.c`): a rule per
-//!   line, `#` comments out the rest of its line, a bad rule refuses the whole policy.
-//! - Matching follows `ima_match_rules` and `ima_match_policy`: rules in order, the first
-//!   matching `measure` or `dont_measure` decides.
-//! - What is supported and what refused: [`Policy::parse`].
+//! - Parsing follows `ima_parse_rule` and `ima_validate_rule`: a rule per line, `#` comments
+//!   out the rest of its line, a bad rule refuses the whole policy.
+//! - Matching follows `ima_match_policy`: the first matching `measure` or `dont_measure`
+//!   rule decides.
 
 use std::fmt;
 

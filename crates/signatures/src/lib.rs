@@ -1,16 +1,11 @@
 //! Container image signatures checked as podman and skopeo (containers/image 5.23) check
-//! them with a sigstore public key, and made as they make them.
+//! them with a sigstore public key, and made as they make them. What cannot be evaluated
+//! (GPG `signedBy`, keyless sigstore) is refused when the policy is read, never accepted.
 //!
-//! - `policy`: containers-policy.json(5): which requirements apply to an image.
-//! - `registries_d`: containers-registries.d(5): whether sigstore attachments are read.
-//! - `attachments`: the `sha256-HEX.sig` manifests signatures are stored in.
-//! - `payload`: the simple-signing JSON a signature signs.
-//! - `keys`: public keys, signatures, and cosign's encrypted private keys.
-//! - [`check`]: all of an image's requirements, evaluated; [`sign`] and
-//!   [`attachments::attach`] make and store a signature; [`generate_key`] a key pair.
-//!
-//! What verilay cannot evaluate (GPG `signedBy`, keyless sigstore) is refused when the
-//! policy is read, never accepted.
+//! - `policy` (containers-policy.json(5)), `registries_d` (containers-registries.d(5)),
+//!   `attachments` (`sha256-HEX.sig`), `payload` (simple signing), `keys` (cosign keys).
+//! - [`check`] evaluates an image's requirements; [`sign`] and [`attachments::attach`] make
+//!   and store a signature; [`generate_key`] a key pair.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -125,7 +125,7 @@ fn batches_agree() -> bool {
 mod tests {
     #[test]
     fn this_cpus_multi_buffer_kernel_agrees_with_sha2() {
-        // Else every batch silently takes the slow path (still right, 1.3-1.8x slower).
+        // Else every batch silently takes the slow path (still right, but slower).
         assert!(super::batches_agree(), "{}", tape_sha256::backend());
     }
 }

@@ -1,15 +1,8 @@
 //! fs-verity in userspace: the Merkle tree, the descriptor and the file digest, computed
-//! exactly as `fs/verity/` and fsverity-utils do (see `docs/FORMAT.md` for the layout).
-//!
-//! One concern per module:
-//! - `alg`: the hash algorithms.
-//! - `tree`: building the Merkle tree; `stream`: a digest from level-0 hashes in order,
-//!   in memory bounded by the tree's height.
-//! - `descriptor`: the 256-byte descriptor whose hash is the file digest.
-//! - `appended`: the verity section appended to an image (tree, descriptor, trailer).
-//! - `source`: where bytes come from (`ByteSource`: exact ranges of a file or buffer).
-//! - `verified`: the verified block source, every byte returned checked against a
-//!   pinned Merkle tree.
+//! exactly as `fs/verity/` and fsverity-utils do (layout: docs/FORMAT.md). One concern per
+//! module: `alg`, `tree`, `stream` (a digest from level-0 hashes, memory bounded by the
+//! tree's height), `descriptor`, `appended` (the section after an image), `source`
+//! ([`source::ByteSource`]), `verified` (every byte checked against a pinned tree).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

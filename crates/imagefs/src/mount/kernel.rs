@@ -303,9 +303,9 @@ pub fn raise_descriptor_limit() {
 
 /// Grows this process's descriptor table now, while the daemon has one thread: the kernel
 /// grows a table that threads share only after an RCU grace period (`expand_files` →
-/// `synchronize_rcu`, 10-20 ms here), once per doubling: a fresh writable mount paid five
-/// in its first 500 creates (perf's sched_switch stacks). Up to 65,536 slots (512 KiB of
-/// kernel memory), at most the limit.
+/// `synchronize_rcu`, milliseconds each), once per doubling, which a fresh writable mount
+/// would pay several times in its first creates. Up to 65,536 slots (512 KiB of kernel
+/// memory), at most the limit.
 pub fn reserve_descriptor_table() {
     use rustix::process::{getrlimit, Resource};
     const SLOTS: u64 = 1 << 16;

@@ -595,14 +595,11 @@ fn check_descriptor_budget(threads: usize) -> anyhow::Result<()> {
 
 /// The fewest descriptors a writable mount works with. Its nodes hold a descriptor per
 /// upper object the kernel keeps, and past half the limit the reaper has the kernel drop
-/// names, which waits for the directories callers hold. A tree of 3,000 files in 400
-/// directories is written whole at 256 (`upper.rs`:
+/// names, which waits for the directories callers hold. At 256 a tree of thousands of
+/// files is still written whole (`upper.rs`:
 /// `a_tree_of_more_objects_than_descriptors_is_written_whole`); below, the reaper's
-/// floor of 64 leaves too little. Storms in one directory need more: 300 image files
-/// appended to and 4,000 created and statted gave 18 failures in 41 s at 200, 21 in 44 s
-/// at 512, 2 in 8 s at 768 and none at 1,024 (hostile test
-/// `mount::a_writable_mount_needs_a_workable_descriptor_limit`), and each file held open
-/// pins two more.
+/// floor of 64 leaves too little. Storms of creations in one directory need 1,024
+/// (docs/SECURITY.md section 6), and each file held open pins two more.
 const MIN_WRITABLE_DESCRIPTORS: u64 = 256;
 
 /// Starts the daemon (this binary again) and follows its setup until the mount answers:
