@@ -1,6 +1,6 @@
 //! The compressors EROFS reads: the builder fills a physical cluster with as much input as
 //! fits ([`Compressor::fill`]); the reader decodes one into exactly its decoded size
-//! ([`decompress`]). Framing is EROFS's: LZ4 blocks, MicroLZMA, raw DEFLATE, Zstandard
+//! ([`decompress()`]). Framing is EROFS's: LZ4 blocks, MicroLZMA, raw DEFLATE, Zstandard
 //! frames, as the kernel's `decompressor*.c` expect them.
 
 #![warn(missing_docs)]
