@@ -247,7 +247,7 @@ impl RemoteSource {
         }
     }
 
-    /// The source, shared, with [`READAHEAD_THREADS`] threads fetching ahead of
+    /// The source, shared, with `READAHEAD_THREADS` threads fetching ahead of
     /// sequential readers (a reader then finds its next chunks fetched while it worked
     /// on the last ones). The threads end with the source.
     pub fn shared(self) -> Arc<RemoteSource> {

@@ -283,7 +283,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `-z` and `-C`, checked against the block size.
 /// `-z` and `-C`, as `build` and `convert` take them.
 #[derive(clap::Args)]
 pub(crate) struct CompressArgs {
