@@ -7,33 +7,52 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// An object's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// A regular file.
     RegularFile,
+    /// A directory.
     Directory,
+    /// A symbolic link.
     Symlink,
+    /// A character device.
     CharDevice,
+    /// A block device.
     BlockDevice,
+    /// A named pipe (FIFO).
     NamedPipe,
+    /// A Unix domain socket.
     Socket,
 }
 
 /// An object's attributes, as a reply carries them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
+    /// Inode number.
     pub ino: u64,
+    /// Size, in bytes.
     pub size: u64,
     /// In 512-byte units.
     pub blocks: u64,
+    /// Last access time.
     pub atime: SystemTime,
+    /// Last modification time.
     pub mtime: SystemTime,
+    /// Last status change time.
     pub ctime: SystemTime,
+    /// Creation time.
     pub crtime: SystemTime,
+    /// Type.
     pub kind: Kind,
+    /// Permission bits (the mode less its type bits).
     pub perm: u16,
+    /// Number of hard links.
     pub nlink: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
     /// As `new_encode_dev()`, which the kernel decodes FUSE's rdev with.
     pub rdev: u32,
+    /// Preferred I/O block size, in bytes.
     pub blksize: u32,
 }
 

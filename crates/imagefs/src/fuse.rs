@@ -68,6 +68,7 @@ fn wire_wants(w: &ops::Wants) -> fusewire::Wants {
 }
 
 impl<O: Ops> Fuse<O> {
+    /// Serves `ops` to the users `access` lets in.
     pub fn new(ops: O, access: Access) -> Fuse<O> {
         let wants = ops.wants();
         Fuse {
@@ -480,9 +481,11 @@ fn dirent<'n>(e: &DirEntry<'n>) -> fusewire::DirEntry<'n> {
 /// How a session is to serve.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
+    /// Who may use the mount.
     pub access: Access,
     /// Threads that run the filesystem's handlers.
     pub workers: usize,
+    /// How requests reach the workers.
     pub transport: Transport,
     /// How long a serving thread looks for the next request before it sleeps (`None`:
     /// the transport's default, `fusewire::Config::poll`).

@@ -94,6 +94,7 @@ impl ByteSource for HeadCopy {
 }
 
 impl ImageFile {
+    /// Image `source` served as file `name`, its metadata checked as `check` says.
     pub fn new(source: Verified, name: String, check: MetadataCheck) -> ImageFile {
         ImageFile {
             source,
@@ -169,6 +170,7 @@ const FIRST_FILE: u64 = 2;
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 impl ImageFiles {
+    /// Serves `files` as the mount's root directory's files; errors go to `log`.
     pub fn new(files: Vec<ImageFile>, log: Logger) -> ImageFiles {
         ImageFiles {
             files,
@@ -209,6 +211,7 @@ impl ImageFiles {
         self.files.len()
     }
 
+    /// Whether there are no image files.
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
     }

@@ -31,8 +31,11 @@ pub enum Access {
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {
+    /// The caller's user id.
     pub uid: u32,
+    /// The caller's group id.
     pub gid: u32,
+    /// The caller's process id, as the request carries it.
     pub pid: u32,
 }
 
@@ -79,19 +82,24 @@ pub struct Wants {
 /// What the kernel agreed to at INIT, of what [`Wants`] asked.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Granted {
+    /// No OPEN round trip.
     pub no_open: bool,
+    /// No OPENDIR round trip.
     pub no_opendir: bool,
+    /// Upper files read and written by the kernel itself.
     pub passthrough: bool,
 }
 
 /// How the kernel is told of changes it cannot see, and handed pages (notifications).
 pub trait Notify: Send + Sync {
+    /// Hands the kernel `data` as `ino`'s cached pages from `offset` on.
     fn store(&self, ino: u64, offset: u64, data: &[u8]) -> io::Result<()>;
     /// Whether a store now would be let through (a hint: `store` decides).
     fn may_store(&self) -> bool;
     /// Drops cached attributes (and pages from `offset` on, for `len` bytes; a negative
     /// offset leaves pages alone).
     fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> io::Result<()>;
+    /// Drops the kernel's cached entry `name` in directory `parent`.
     fn inval_entry(&self, parent: u64, name: &[u8]) -> io::Result<()>;
 }
 
@@ -103,10 +111,12 @@ pub type NotifierSlot = Arc<OnceLock<Box<dyn Notify>>>;
 pub struct Passthrough(Box<dyn Any + Send + Sync>);
 
 impl Passthrough {
+    /// Wraps the transport's registration.
     pub fn new<T: Any + Send + Sync>(registration: T) -> Passthrough {
         Passthrough(Box::new(registration))
     }
 
+    /// The registration, if it is a `T`.
     pub fn get<T: Any>(&self) -> Option<&T> {
         self.0.downcast_ref()
     }
@@ -118,6 +128,7 @@ pub type Register<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<Passthrough>;
 /// An open file or directory: its handle, and how the kernel is to treat its pages.
 #[derive(Clone, Default)]
 pub struct Opened {
+    /// The handle, passed back with each request on the open file.
     pub fh: u64,
     /// Cached pages stay valid (images never change).
     pub keep_cache: bool,
@@ -132,26 +143,37 @@ pub struct Opened {
 
 /// A file made and opened at once.
 pub struct Created {
+    /// The new file's attributes.
     pub attr: Attr,
+    /// Its handle.
     pub fh: u64,
+    /// The kernel does the file's I/O itself.
     pub passthrough: Option<Arc<Passthrough>>,
 }
 
 /// A time to set: now, or this one.
 #[derive(Clone, Copy, Debug)]
 pub enum SetTime {
+    /// The time the request is handled.
     Now,
+    /// This time.
     At(SystemTime),
 }
 
 /// The changes of a SETATTR (what is `None` stays).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SetAttr {
+    /// New mode.
     pub mode: Option<u32>,
+    /// New owner.
     pub uid: Option<u32>,
+    /// New group.
     pub gid: Option<u32>,
+    /// New size, in bytes.
     pub size: Option<u64>,
+    /// New access time.
     pub atime: Option<SetTime>,
+    /// New modification time.
     pub mtime: Option<SetTime>,
     /// The handle the change came through, if any.
     pub fh: Option<u64>,
@@ -184,22 +206,34 @@ impl SetAttr {
 /// One entry of a directory listing, and the offset of the one after it.
 #[derive(Clone, Copy, Debug)]
 pub struct DirEntry<'a> {
+    /// The entry's inode number.
     pub ino: u64,
+    /// Offset of the entry after it (where a listing resumes).
     pub next: u64,
+    /// The entry's type.
     pub kind: Kind,
+    /// The entry's name.
     pub name: &'a [u8],
 }
 
 /// What statfs reports.
 #[derive(Clone, Copy, Debug)]
 pub struct Statfs {
+    /// Total blocks, of `frsize` bytes.
     pub blocks: u64,
+    /// Free blocks.
     pub bfree: u64,
+    /// Free blocks that unprivileged users may use.
     pub bavail: u64,
+    /// Total inodes.
     pub files: u64,
+    /// Free inodes.
     pub ffree: u64,
+    /// Preferred I/O block size, in bytes.
     pub bsize: u32,
+    /// Longest name, in bytes.
     pub namelen: u32,
+    /// Fragment size, in bytes: the unit of `blocks`.
     pub frsize: u32,
 }
 
@@ -228,9 +262,11 @@ pub type AddEntryPlus<'a> = &'a mut dyn FnMut(DirEntry<'_>, &Attr) -> bool;
 /// The operations of a mount. Inode 1 is the root.
 #[allow(unused_variables)]
 pub trait Ops: Send + Sync + 'static {
+    /// What to ask of the kernel at INIT.
     fn wants(&self) -> Wants;
     /// Called once, after INIT and before any other request.
     fn granted(&mut self, granted: &Granted) {}
+    /// Where the transport puts the notifier (how the filesystem tells the kernel of changes).
     fn notifier_slot(&self) -> NotifierSlot;
     /// What `verilay stats` reports of the filesystem (asked once, at mount, after
     /// everything it reports is set up).
@@ -240,12 +276,18 @@ pub trait Ops: Send + Sync + 'static {
 
     /// `name` in `parent`; `None` when absent (the kernel caches that too).
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Attr>, Errno>;
+    /// The kernel drops `nlookup` of its lookups of `ino`.
     fn forget(&self, ino: u64, nlookup: u64) {}
+    /// The attributes of `ino`.
     fn getattr(&self, ino: u64) -> Result<Attr, Errno>;
+    /// Applies `set` to `ino`; its attributes after.
     fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr, Errno> {
         Err(Errno::NOSYS)
     }
+    /// The target of symlink `ino`.
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno>;
+    /// Makes node `name` in `parent` with `mode` (type and permissions) and device `rdev`,
+    /// `umask` as the request carries it; its attributes.
     fn mknod(
         &self,
         caller: &Caller,
@@ -257,6 +299,7 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<Attr, Errno> {
         Err(Errno::NOSYS)
     }
+    /// Makes directory `name` in `parent`; its attributes.
     fn mkdir(
         &self,
         caller: &Caller,
@@ -267,6 +310,7 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<Attr, Errno> {
         Err(Errno::NOSYS)
     }
+    /// Makes symlink `name` in `parent`, pointing at `target`; its attributes.
     fn symlink(
         &self,
         caller: &Caller,
@@ -276,15 +320,19 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<Attr, Errno> {
         Err(Errno::PERM)
     }
+    /// Makes `new_name` in `new_parent` a hard link to `ino`; its attributes.
     fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attr, Errno> {
         Err(Errno::PERM)
     }
+    /// Removes non-directory `name` from `parent`.
     fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Removes directory `name` from `parent`.
     fn rmdir(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Moves `name` in `parent` to `new_name` in `new_parent`, as renameat2(2) with `flags`.
     fn rename(
         &self,
         parent: u64,
@@ -295,6 +343,8 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Makes regular file `name` in `parent` and opens it with `flags`; `register` registers
+    /// it for passthrough.
     #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
@@ -308,6 +358,7 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<Created, Errno> {
         Err(Errno::NOSYS)
     }
+    /// Opens `ino` with `flags` (open(2)'s); `register` registers it for passthrough.
     fn open(
         &self,
         caller: &Caller,
@@ -329,15 +380,18 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<usize, Errno> {
         Err(Errno::NOSYS)
     }
+    /// A descriptor of handle `fh` is closed (close(2)).
     fn flush(&self, ino: u64, fh: u64) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
     /// A handle is closed; the kernel is answered (always with success) when `answer` is
     /// called, or else on return: work nobody waits for may follow `answer`.
     fn release(&self, ino: u64, fh: u64, answer: &mut dyn FnMut()) {}
+    /// Writes `ino`'s data (and its metadata, unless `datasync`) to storage.
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Allocates or deallocates `length` bytes at `offset`, as fallocate(2) with `mode`.
     fn fallocate(
         &self,
         ino: u64,
@@ -348,11 +402,13 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Opens directory `ino`.
     fn opendir(&self, ino: u64) -> Result<Opened, Errno> {
         Ok(Opened::default())
     }
     /// Hands the entries from `offset` on to `add`, until it says the reply is full.
     fn readdir(&self, ino: u64, fh: u64, offset: u64, add: AddEntry<'_>) -> Result<(), Errno>;
+    /// As `readdir`, each entry with its attributes.
     fn readdirplus(
         &self,
         ino: u64,
@@ -362,14 +418,19 @@ pub trait Ops: Send + Sync + 'static {
     ) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Handle `fh` of directory `ino` is closed.
     fn releasedir(&self, ino: u64, fh: u64) {}
+    /// What statfs reports of the filesystem.
     fn statfs(&self) -> Result<Statfs, Errno>;
+    /// Sets extended attribute `name` of `ino` to `value` (`flags` as setxattr(2)'s).
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// Removes extended attribute `name` of `ino`.
     fn removexattr(&self, ino: u64, name: &[u8]) -> Result<(), Errno> {
         Err(Errno::NOSYS)
     }
+    /// The value of extended attribute `name` of `ino`, for `caller`.
     fn getxattr(&self, caller: &Caller, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno>;
     /// The names the caller may see, each followed by a NUL.
     fn listxattr(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, Errno>;

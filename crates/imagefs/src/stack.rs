@@ -15,13 +15,16 @@ use upper::overlay::{self, Opacity, OPAQUE_XATTR, WHITEOUT_XATTR};
 /// One object in one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Obj {
+    /// The layer's index, 0 = top.
     pub layer: u16,
+    /// The inode number in that layer's image.
     pub nid: u64,
 }
 
 /// One layer's directory taking part in a merged directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dir {
+    /// The directory.
     pub obj: Obj,
     /// `trusted.overlay.opaque` = `x`: entries may be xattr whiteouts.
     pub xwhiteouts: bool,
@@ -30,7 +33,9 @@ pub struct Dir {
 /// What a name resolves to in the merged tree.
 #[derive(Clone, Debug)]
 pub struct Resolved {
+    /// The topmost object carrying the name.
     pub top: Obj,
+    /// Its inode.
     pub inode: Inode,
     /// For a directory, every layer's directory merged at this path, top first (so
     /// `chain[0].obj == top`); empty for other objects.
@@ -44,7 +49,9 @@ impl Resolved {
     }
 }
 
+/// Images stacked with overlayfs's rules, first = top.
 pub struct Stack<S: ByteSource> {
+    /// The images, top first.
     pub layers: Vec<Image<S>>,
 }
 
@@ -72,11 +79,15 @@ impl<S: ByteSource> Stack<S> {
 pub struct Misplaced {
     /// Named only in a stack of several images.
     pub layer: Option<u16>,
+    /// The directory's inode number.
     pub nid: u64,
     /// Byte offset of the directory's inode.
     pub offset: u64,
+    /// The directory it was found in.
     pub parent: u64,
+    /// The name it was found under.
     pub name: Vec<u8>,
+    /// What its own `..` names, if anything.
     pub dotdot: Option<u64>,
 }
 
@@ -97,10 +108,12 @@ pub fn misplaced(e: &Error) -> Option<&Misplaced> {
 }
 
 impl<S: ByteSource> Stack<S> {
+    /// Layer `layer`'s image (panics if there is none).
     pub fn image(&self, layer: u16) -> &Image<S> {
         &self.layers[usize::from(layer)]
     }
 
+    /// Object `o`'s inode.
     pub fn inode(&self, o: Obj) -> Result<Inode> {
         self.image(o.layer).inode(o.nid)
     }

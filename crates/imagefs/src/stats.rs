@@ -18,7 +18,9 @@ pub type StatsSource = Arc<dyn Fn() -> Stats + Send + Sync>;
 /// the kernel sends no more (`xattrs.rs`); these counts show it.
 #[derive(Default)]
 pub struct XattrRequests {
+    /// GETXATTR requests.
     pub get: Counter,
+    /// LISTXATTR requests.
     pub list: Counter,
 }
 
@@ -53,11 +55,13 @@ thread_local! {
 }
 
 impl Counter {
+    /// Adds `n` (to this thread's shard).
     pub fn add(&self, n: u64) {
         let i = SHARD.with(|s| *s);
         self.0[i].0.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The count: every shard's, summed.
     pub fn get(&self) -> u64 {
         self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
     }

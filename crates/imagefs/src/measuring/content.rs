@@ -7,8 +7,20 @@ use std::io;
 /// what its host inode looked like then (a change behind our back shows there too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ContentKey {
-    Image { layer: u16, nid: u64 },
-    Upper { dev: u64, ino: u64 },
+    /// An image object.
+    Image {
+        /// Its layer in the stack, 0 = top.
+        layer: u16,
+        /// Its inode number in that layer's image.
+        nid: u64,
+    },
+    /// An upper file, by its host inode.
+    Upper {
+        /// The host device.
+        dev: u64,
+        /// The host inode number.
+        ino: u64,
+    },
 }
 
 /// The host inode's change cookie: ctime, mtime and size.
@@ -30,11 +42,14 @@ pub trait Content {
 /// An image file as both filesystems measure it: its bytes (verified), its stored
 /// fs-verity digest and its `security.ima`.
 pub struct ImageFile<'a, S: erofs::read::ByteSource> {
+    /// The image holding the file.
     pub image: &'a erofs::read::Image<S>,
+    /// The file's inode.
     pub inode: &'a erofs::read::Inode,
 }
 
 impl<'a, S: erofs::read::ByteSource> ImageFile<'a, S> {
+    /// The file's bytes from the start (each block verified), and how many.
     pub fn reader(&self) -> (Box<dyn io::Read + 'a>, u64) {
         let r = ImageReader {
             image: self.image,
@@ -53,6 +68,7 @@ impl<'a, S: erofs::read::ByteSource> ImageFile<'a, S> {
             .map_err(|e| io::Error::other(e.to_string()))
     }
 
+    /// The file's `security.ima` value, if it has one (an error reading it counts as none).
     pub fn ima_xattr(&self) -> Option<Vec<u8>> {
         self.image
             .getxattr(self.inode, b"security.ima")
@@ -93,7 +109,9 @@ pub fn cookie(st: &rustix::fs::Stat) -> Cookie {
 
 /// Reads a descriptor from the start with pread, leaving its offset alone.
 pub struct PositionalReader<'a> {
+    /// The descriptor read.
     pub fd: rustix::fd::BorrowedFd<'a>,
+    /// Where the next read starts, in bytes.
     pub at: u64,
 }
 

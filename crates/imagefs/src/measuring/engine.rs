@@ -25,11 +25,15 @@ const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How a file was opened, and by whom.
 pub struct Opening<'a> {
+    /// The open flags, with `FMODE_EXEC` for an exec.
     pub flags: i32,
+    /// The opener's process id.
     pub pid: u32,
     /// The file's owner and group as the mount shows them.
     pub owner: (u32, u32),
+    /// The identity of the filesystem the file is on, as the policy sees it.
     pub fs: &'a FsIdentity,
+    /// What the file's digest is computed from.
     pub key: ContentKey,
     /// Upper files: the host inode's cookie now; `None` for image files.
     pub cookie: Option<Cookie>,
@@ -64,6 +68,8 @@ pub(super) struct Cached {
     pub token: u64,
 }
 
+/// A mount's measuring engine: the policy, the hash algorithm, and the digests computed so
+/// far, by content.
 pub struct Measuring {
     pub(super) policy: Policy,
     pub(super) shared: Arc<Shared>,
@@ -79,6 +85,7 @@ pub struct Measuring {
     /// Signalled when a file's last writer closed (see [`RELEASE_WAIT`]).
     released: (Mutex<()>, Condvar),
     pub(super) waiting: AtomicU64,
+    /// What measuring cost, for `verilay stats`.
     pub counters: Arc<Counters>,
     /// The mount measured, which a long hash watches (see `watch.rs`).
     pub(super) mount: MountWatch,

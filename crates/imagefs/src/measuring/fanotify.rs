@@ -26,7 +26,9 @@ type Img = erofs::read::Image<Arc<dyn erofs::read::ByteSource>>;
 /// What the front needs: the measuring setup, each layer's image (top first) and the
 /// device of its erofs mount, and where log lines go.
 pub struct Front {
+    /// The measuring setup.
     pub setup: Setup,
+    /// Each layer's image, top first.
     pub images: Vec<Img>,
     /// Each layer's device as its files show it, where known (a single image's erofs
     /// mount); a stack's are learnt (`learnt`): overlayfs gives each lower layer's files
@@ -40,6 +42,7 @@ pub struct Front {
     /// The file each thread last exec'd and when ((tid, dev, ino), time): its next open
     /// event for that file is the exec's own second event.
     pub execs: Mutex<Vec<(ExecdFile, std::time::Instant)>>,
+    /// Where log lines go.
     pub log: Logger,
     /// How log lines name the mount.
     pub name: String,

@@ -46,7 +46,9 @@ pub const STATS_XATTR: &[u8] = b"verilay.stats";
 /// What a filesystem needs to measure: the engine, where it is mounted (the list names
 /// absolute paths), and the identity each layer reports to the policy.
 pub struct Setup {
+    /// The engine.
     pub measuring: Arc<Measuring>,
+    /// Where the filesystem is mounted, absolute.
     pub mountpoint: Vec<u8>,
     /// Per image layer, top first.
     pub layers: Vec<FsIdentity>,
@@ -157,8 +159,11 @@ pub type ExtraStats = StatsSource;
 /// ([`Hook::source`]).
 #[derive(Default)]
 pub struct Hook {
+    /// What measures the opens; `None` without a policy.
     pub setup: Option<Setup>,
+    /// More members for `verilay stats` from outside this crate.
     pub extra: Option<ExtraStats>,
+    /// The xattr requests the filesystem received.
     pub requests: Arc<XattrRequests>,
 }
 

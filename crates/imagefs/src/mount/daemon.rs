@@ -66,6 +66,7 @@ impl Reporter {
         self.0.is_none()
     }
 
+    /// Tells the starter that setup step `what` begins (nothing in the foreground).
     pub fn step(&mut self, what: &str) {
         if let Some(f) = &mut self.0 {
             let _ = writeln!(f, "step {what}");

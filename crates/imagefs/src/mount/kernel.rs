@@ -198,6 +198,8 @@ fn mount_fusermount(p: &Plan) -> anyhow::Result<OwnedFd> {
 /// How long an unmount that finds the mount busy tries again.
 const BUSY_PATIENCE: Duration = Duration::from_secs(1);
 
+/// Unmounts `mountpoint` (`lazy`: detached): as root itself, trying a busy mount again for a
+/// moment; otherwise with `fusermount3 -u`.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     if rustix::process::geteuid().is_root() {
         let flags = if lazy {

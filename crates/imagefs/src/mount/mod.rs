@@ -38,14 +38,23 @@ pub fn deadline_after(timeout: Duration) -> Instant {
 /// The generic mount options the kernel honours (each false: not asked for).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Flags {
+    /// Setuid, setgid and file capabilities ignored (`nosuid`).
     pub nosuid: bool,
+    /// Device files refused (`nodev`).
     pub nodev: bool,
+    /// Programs not executed (`noexec`).
     pub noexec: bool,
+    /// Writes synchronous (`sync`).
     pub sync: bool,
+    /// Directory changes synchronous (`dirsync`).
     pub dirsync: bool,
+    /// How access times are updated (`None`: the kernel's default).
     pub atime: Option<Atime>,
+    /// Directories' access times not updated (`nodiratime`).
     pub nodiratime: bool,
+    /// Times updated in memory only, written out lazily (`lazytime`).
     pub lazytime: bool,
+    /// Symlinks not followed when paths are resolved (`nosymfollow`).
     pub nosymfollow: bool,
 }
 
@@ -58,10 +67,13 @@ pub type Mounted<'a> = &'a mut dyn FnMut(&Path, u64) -> anyhow::Result<()>;
 pub struct Plan {
     /// The source mount tables show (the images, top first).
     pub source: String,
+    /// Where to mount.
     pub mountpoint: PathBuf,
     /// Mounted read-write (an upper directory), else read-only.
     pub writable: bool,
+    /// Generic mount options.
     pub flags: Flags,
+    /// Who may use the mount.
     pub access: Access,
     /// Worker threads.
     pub threads: usize,

@@ -36,6 +36,7 @@ use upper::overlay::MAX_LAYERS;
 /// How long the kernel may cache anything we say: the image never changes.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// One image, or a stack of them with overlayfs's rules, served read-only.
 pub struct ImageFs<S: ByteSource> {
     stack: Stack<S>,
     /// Two or more layers: overlayfs's rules apply (whiteouts, opaque directories, private

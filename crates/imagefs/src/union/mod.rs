@@ -65,6 +65,7 @@ fn holding_descriptors<K, V>() -> papaya::HashMap<K, V> {
         .build()
 }
 
+/// Images stacked with overlayfs's rules under a writable upper directory.
 pub struct UnionFs<S: ByteSource> {
     stack: Stack<S>,
     upper: Upper,
@@ -127,6 +128,8 @@ fn libc_trunc() -> i32 {
 }
 
 impl<S: ByteSource + 'static> UnionFs<S> {
+    /// `layers` (top first) under `upper`, named `name` in log lines to `log`; an error
+    /// when the stack's root cannot be read or the upper directory opened.
     pub fn new(
         layers: Vec<erofs::read::Image<S>>,
         upper: Upper,
