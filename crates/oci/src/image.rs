@@ -81,8 +81,9 @@ pub enum Parsed {
     Index(Index),
 }
 
-/// Parses `bytes` as what `media_type` (the registry's Content-Type, or the descriptor's)
-/// says, else as what their own `mediaType` says; an error says what they are not.
+/// Parses `bytes` as what their own `mediaType` says (the bytes are what a digest pins),
+/// else as what `media_type` (the registry's Content-Type, or the descriptor's) says; an
+/// error says what they are not.
 pub fn parse(bytes: &[u8], media_type: &str) -> Result<Parsed, String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
