@@ -1,9 +1,10 @@
 //! A directory of the daemon's own for mounts no user is meant to see: made under
-//! `/run/verilay/engine` (root's alone, 0700), named by the process and a counter, and
-//! removed when dropped (its mounts must be detached by then).
+//! `/run/verilay/engine` (refused unless a directory of root's; shut to others, 0700),
+//! named by the process and a counter, and removed when dropped (its mounts must be
+//! detached by then).
 
 use anyhow::Context;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -18,16 +19,35 @@ pub struct PrivateDir {
 impl PrivateDir {
     /// A new, empty directory under [`BASE`].
     pub fn new() -> anyhow::Result<PrivateDir> {
+        PrivateDir::new_in(Path::new(BASE))
+    }
+
+    /// A new, empty directory under `base`, which must be a directory (not a link to
+    /// one) of this process's user; it is made if missing and shut to others.
+    fn new_in(base: &Path) -> anyhow::Result<PrivateDir> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let base = Path::new(BASE);
+        let show = base.display();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(base)
-            .with_context(|| format!("making {BASE}"))?;
-        // Made by someone else (or loosened): it must be root's and shut to others.
+            .with_context(|| format!("making {show}"))?;
+        let meta = std::fs::symlink_metadata(base).with_context(|| show.to_string())?;
+        let me = rustix::process::geteuid().as_raw();
+        if !meta.is_dir() || meta.uid() != me {
+            anyhow::bail!(
+                "{show}: not a directory of uid {me} (a {} of uid {}): refused",
+                if meta.is_dir() {
+                    "directory"
+                } else {
+                    "non-directory"
+                },
+                meta.uid()
+            );
+        }
+        // Loosened by someone: shut to others again.
         std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("{BASE}: setting its mode"))?;
+            .with_context(|| format!("{show}: setting its mode"))?;
         let pid = std::process::id();
         loop {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -67,5 +87,33 @@ impl Drop for PrivateDir {
             }
         }
         let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_that_is_a_link_or_another_users_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("base");
+        let dir = PrivateDir::new_in(&base).unwrap();
+        assert!(dir.path().starts_with(&base));
+        let sub = dir.subdir("layer-0").unwrap();
+        assert!(sub.is_dir());
+        drop(dir);
+        assert_eq!(std::fs::read_dir(&base).unwrap().count(), 0);
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&base, &link).unwrap();
+        let e = PrivateDir::new_in(&link).err().unwrap().to_string();
+        assert!(e.contains("a non-directory of uid"), "{e}");
+        if rustix::process::geteuid().is_root() {
+            let theirs = t.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(1234), Some(1234)).unwrap();
+            let e = PrivateDir::new_in(&theirs).err().unwrap().to_string();
+            assert!(e.contains("a directory of uid 1234"), "{e}");
+        }
     }
 }
