@@ -1,7 +1,8 @@
 //! `--prefetch`: one background thread reads the whole image through the verified source,
 //! so every block is checked and lands in the persistent cache, while readers come first:
 //! it waits whenever a reader's fetch is under way, and runs at the lowest CPU priority.
-//! It stops when the cache reaches its size limit (or there is no cache).
+//! It stops when the cache reaches its size limit (or there is no cache). A step the
+//! server fails is tried again after a wait; one whose bytes fail their hash is passed over.
 
 use crate::{RemoteSource, BACKGROUND};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +24,8 @@ pub struct Progress {
     pub done: AtomicU64,
     /// Bytes to prefetch: the verified data's length.
     pub total: AtomicU64,
-    /// Steps whose read failed (each tried again after a wait).
+    /// Steps whose read failed: a failed fetch is tried again after a wait, bytes that
+    /// fail their hash are passed over.
     pub failures: AtomicU64,
 }
 
@@ -61,13 +63,21 @@ fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress) {
             while remote.counters.demand.load(Ordering::Relaxed) > 0 {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if verified.read_exact_at(&mut buf[..n as usize], at).is_err() {
-                progress.failures.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
+            match verified.read_exact_at(&mut buf[..n as usize], at) {
+                Ok(()) => backoff = FIRST_BACKOFF,
+                // Bytes that fail their hash after the source's second fetch: the server
+                // keeps them wrong, and trying again brings nothing. Readers of them get
+                // EIO; the prefetch goes on.
+                Err(e) if verity::verified::IntegrityError::find(&e).is_some() => {
+                    progress.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    progress.failures.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
             }
-            backoff = FIRST_BACKOFF;
         }
         at += n;
         progress.done.store(at, Ordering::Relaxed);

@@ -502,8 +502,13 @@ class H(http.server.BaseHTTPRequestHandler):
         except urllib.error.HTTPError as e:
             status, headers, body = e.code, e.headers, e.read()
         if status == 206 and os.path.exists(state + "/flip"):
+            # "LO HI" in the file: only image bytes in [LO, HI) are flipped.
+            span = open(state + "/flip").read().split()
+            lo, hi = (int(span[0]), int(span[1])) if span else (0, 1 << 62)
+            start = int(self.headers.get("Range", "bytes=0-").split("=")[1].split("-")[0])
             b = bytearray(body)
-            for i in range(100, len(b), 4096): b[i] ^= 1
+            for i in range(100, len(b), 4096):
+                if lo <= start + i < hi: b[i] ^= 1
             body = bytes(b)
         if not head:
             with lock:
@@ -2183,6 +2188,57 @@ fn a_read_next_to_cached_bytes_fetches_a_chunk_not_a_run() {
         cost <= 1 << 20,
         "reading 4 KiB next to cached bytes fetched {cost} bytes"
     );
+}
+
+/// Bytes the server keeps sending wrong: the prefetch passes over them (a read of them is
+/// EIO) and completes the rest, instead of trying the same step again forever.
+#[test]
+fn a_prefetch_passes_over_bytes_the_server_keeps_wrong() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let (a, b) = (unrepeating(4 << 20, 1), unrepeating(4 << 20, 2));
+    std::fs::write(src.join("a"), &a).unwrap();
+    std::fs::write(src.join("b"), &b).unwrap();
+    let image = t.path().join("app.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    let bytes = std::fs::read(&image).unwrap();
+    let at = bytes
+        .windows(64)
+        .position(|w| w == &b[..64])
+        .expect("b's data in the image");
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference("apps/wrong:1")));
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    // The second MiB of b, wrong on every fetch.
+    std::fs::write(
+        state.join("flip"),
+        format!("{} {}", at + (1 << 20), at + (2 << 20)),
+    )
+    .unwrap();
+    let reference = format!("oci://127.0.0.1:{port}/apps/wrong:1");
+    let m = t.path().join("m");
+    let cache = t.path().join("cache");
+    let _mounted = mount_cached(&reference, digest.trim(), &cache, &m, &["--prefetch"]);
+    wait_until(Duration::from_secs(60), "the prefetch to finish", || {
+        let v = stats(&m);
+        v["prefetch_bytes_done"] == v["prefetch_bytes_total"]
+    });
+    assert!(stats(&m)["prefetch_failures"].as_u64().unwrap() >= 1);
+    assert!(
+        std::fs::read(m.join("a")).unwrap() == a,
+        "a read back differs"
+    );
+    let e = std::fs::read(m.join("b")).expect_err("b's wrong bytes were served");
+    assert_eq!(e.raw_os_error(), Some(5), "{e}");
 }
 
 /// Whether the daemon of `m` still runs its prefetch thread.

@@ -385,6 +385,10 @@ fn remote_stats(remotes: Vec<Remote>) -> Option<ExtraStats> {
                 "prefetch_bytes_total",
                 sum(&prefetch(|p| p.total.load(Relaxed))),
             ),
+            (
+                "prefetch_failures",
+                sum(&prefetch(|p| p.failures.load(Relaxed))),
+            ),
         ];
         members
             .into_iter()
