@@ -21,7 +21,7 @@ mod tree;
 use erofs::builder::{Content, Kind, Node, Tree};
 use header::Header;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::Path;
 use std::sync::Arc;
 use stream::{Stream, BLOCK};
@@ -731,9 +731,24 @@ pub fn read_from<R: Read>(
         path: name.to_string(),
         err,
     };
-    let mut input = BufReader::with_capacity(1 << 16, input);
-    let magic = input.fill_buf().map_err(ioerr)?;
-    let (input, source): (Box<dyn Read + '_>, _) = match detect(magic) {
+    // The magic is read whole first: a reader may hand over fewer bytes at a time.
+    let mut input = input;
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    while got < head.len() {
+        match input.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ioerr(e)),
+        }
+    }
+    let kind = detect(&head[..got]);
+    let input = BufReader::with_capacity(
+        1 << 16,
+        std::io::Cursor::new(head).take(got as u64).chain(input),
+    );
+    let (input, source): (Box<dyn Read + '_>, _) = match kind {
         Compression::None => (Box::new(input), "the tar"),
         Compression::Gzip => (
             Box::new(flate2::bufread::MultiGzDecoder::new(input)),
@@ -770,4 +785,44 @@ pub fn read_from<R: Read>(
     stats.diff_id = format!("sha256:{:x}", hashing.hash.finalize());
     stats.tar_bytes = hashing.bytes;
     Ok((r.layer.into_tree(), stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    /// Hands over one byte per read, as a pipe may.
+    struct Trickle(std::io::Cursor<Vec<u8>>);
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(1);
+            self.0.read(&mut buf[..n])
+        }
+    }
+
+    #[test]
+    fn a_compressed_layer_handed_over_a_byte_at_a_time_is_read_as_compressed() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"hello").unwrap();
+        let tar = std::process::Command::new("tar")
+            .args(["--format=gnu", "-cf", "-", "-C"])
+            .arg(t.path())
+            .arg("f")
+            .output()
+            .unwrap();
+        assert!(tar.status.success());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar.stdout).unwrap();
+        let gz = gz.finish().unwrap();
+        let read = super::read_from(
+            Trickle(std::io::Cursor::new(gz)),
+            "layer.tar.gz",
+            t.path(),
+            1 << 20,
+            &|_| {},
+        );
+        let (_, stats) = read.unwrap();
+        assert_eq!(stats.tar_bytes, tar.stdout.len() as u64);
+    }
 }
