@@ -14,13 +14,19 @@ pub const SUPER_OFFSET: u64 = 1024;
 pub const SUPER_SIZE: usize = size_of::<raw::Superblock>();
 /// Size of each of the superblock's `sb_extslots` extension slots.
 pub const SB_EXTSLOT_SIZE: u64 = 16;
+/// Superblock magic (`EROFS_SUPER_MAGIC_V1`).
 pub const MAGIC: u32 = 0xE0F5_E1E2;
 
+/// Compat feature: the superblock carries a crc32c checksum.
 pub const FEATURE_COMPAT_SB_CHKSUM: u32 = 0x1;
+/// Compat feature: inode timestamps hold the mtime (`EROFS_FEATURE_COMPAT_MTIME`).
 pub const FEATURE_COMPAT_MTIME: u32 = 0x2;
+/// Compat feature: inode xattr headers carry a name bloom filter.
 pub const FEATURE_COMPAT_XATTR_FILTER: u32 = 0x4;
 
+/// Incompat feature: chunk-based files exist.
 pub const FEATURE_INCOMPAT_CHUNKED_FILE: u32 = 0x4;
+/// Incompat feature: a long xattr name prefix table exists.
 pub const FEATURE_INCOMPAT_XATTR_PREFIXES: u32 = 0x40;
 /// Incompat features this crate implements; a reader rejects anything else.
 pub const FEATURE_INCOMPAT_SUPPORTED: u32 = FEATURE_INCOMPAT_CHUNKED_FILE
@@ -37,38 +43,62 @@ pub const SB_CRC_SEED: u32 = 0x5045_B54A;
 
 /// Inode slots are 32 bytes: `offset = meta_blkaddr * bs + nid * 32`.
 pub const ISLOT_BITS: u32 = 5;
+/// Size of a compact inode (32 bytes).
 pub const INODE_COMPACT_SIZE: usize = size_of::<raw::InodeCompact>();
+/// Size of an extended inode (64 bytes).
 pub const INODE_EXTENDED_SIZE: usize = size_of::<raw::InodeExtended>();
 
+/// Data layout: data in consecutive blocks, no inline tail.
 pub const LAYOUT_FLAT_PLAIN: u16 = 0;
+/// Data layout: consecutive blocks, the last partial block inline after the inode.
 pub const LAYOUT_FLAT_INLINE: u16 = 2;
+/// Data layout: data in chunks located through a block map or chunk indexes.
 pub const LAYOUT_CHUNK_BASED: u16 = 4;
 
 /// Chunk-based `i_u` format bits.
 pub const CHUNK_FORMAT_BLKBITS_MASK: u16 = 0x1F;
+/// Chunk format bit: `i_u` chunks use 8-byte chunk indexes instead of 4-byte block map entries.
 pub const CHUNK_FORMAT_INDEXES: u16 = 0x20;
 /// A 4-byte block-map entry (or an 8-byte index's `startblk_lo`) meaning "hole".
 pub const NULL_ADDR: u32 = 0xFFFF_FFFF;
 
+/// Size of a directory entry (12 bytes).
 pub const DIRENT_SIZE: usize = size_of::<raw::Dirent>();
+/// Maximum length of a file name, in bytes.
 pub const NAME_LEN: usize = 255;
 
+/// Directory-entry file type: unknown.
 pub const FT_UNKNOWN: u8 = 0;
+/// Directory-entry file type: regular file.
 pub const FT_REG_FILE: u8 = 1;
+/// Directory-entry file type: directory.
 pub const FT_DIR: u8 = 2;
+/// Directory-entry file type: character device.
 pub const FT_CHRDEV: u8 = 3;
+/// Directory-entry file type: block device.
 pub const FT_BLKDEV: u8 = 4;
+/// Directory-entry file type: FIFO.
 pub const FT_FIFO: u8 = 5;
+/// Directory-entry file type: socket.
 pub const FT_SOCK: u8 = 6;
+/// Directory-entry file type: symbolic link.
 pub const FT_SYMLINK: u8 = 7;
 
+/// Mask of the file-type bits of a mode.
 pub const S_IFMT: u16 = 0o170000;
+/// File type bits of a socket.
 pub const S_IFSOCK: u16 = 0o140000;
+/// File type bits of a symbolic link.
 pub const S_IFLNK: u16 = 0o120000;
+/// File type bits of a regular file.
 pub const S_IFREG: u16 = 0o100000;
+/// File type bits of a block device.
 pub const S_IFBLK: u16 = 0o060000;
+/// File type bits of a directory.
 pub const S_IFDIR: u16 = 0o040000;
+/// File type bits of a character device.
 pub const S_IFCHR: u16 = 0o020000;
+/// File type bits of a FIFO.
 pub const S_IFIFO: u16 = 0o010000;
 
 /// Directory-entry file type for a mode, or `None` for an invalid type.
@@ -115,37 +145,59 @@ pub mod raw {
         /// `struct erofs_super_block`, its base 128 bytes: `sb_extslots` 16-byte slots may
         /// follow (the header's 144 counts the first, `metabox_nid`, unused here).
         pub struct Superblock {
+            /// Superblock magic, `MAGIC`.
             pub magic: U32,
+            /// crc32c of the superblock's block (with `FEATURE_COMPAT_SB_CHKSUM`).
             pub checksum: U32,
+            /// Compatible feature flags.
             pub feature_compat: U32,
+            /// Filesystem block size, as a bit shift.
             pub blkszbits: u8,
+            /// Number of 16-byte extension slots after the base superblock.
             pub sb_extslots: u8,
             /// Union `rb`: the root nid (or, with 48BIT, `blocks_hi`).
             pub rootnid_2b: U16,
+            /// Total number of valid inode numbers.
             pub inos: U64,
             /// Base seconds of compact inodes' mtimes.
             pub epoch: U64,
+            /// Fixed nanoseconds of compact inodes' mtimes.
             pub fixed_nsec: U32,
+            /// Block count (low 32 bits).
             pub blocks_lo: U32,
+            /// Start block address of the metadata area.
             pub meta_blkaddr: U32,
+            /// Start block address of the shared xattr area.
             pub xattr_blkaddr: U32,
+            /// 128-bit UUID of the volume.
             pub uuid: [u8; 16],
+            /// Volume name.
             pub volume_name: [u8; 16],
+            /// Incompatible feature flags.
             pub feature_incompat: U32,
             /// Union `u1`: with `COMPR_CFGS` a bitmap of algorithms, else `lz4_max_distance`.
             pub available_compr_algs: U16,
+            /// Number of devices besides the primary device.
             pub extra_devices: U16,
+            /// Offset of the device table, in device-slot units.
             pub devt_slotoff: U16,
+            /// Directory block size, as a bit shift added to `blkszbits`.
             pub dirblkbits: u8,
+            /// Number of long xattr name prefixes.
             pub xattr_prefix_count: u8,
+            /// Start of the long xattr name prefix table.
             pub xattr_prefix_start: U32,
+            /// Nid of the special packed inode.
             pub packed_nid: U64,
+            /// Reserved for the xattr name filter (zero).
             pub xattr_filter_reserved: u8,
+            /// Reserved (zero).
             pub reserved: [u8; 3],
             /// Seconds from `epoch` to the build (6.15+).
             pub build_time: U32,
             /// (48BIT) the root nid.
             pub rootnid_8b: U64,
+            /// Reserved (zero).
             pub reserved2: U64,
         }
 
@@ -153,18 +205,25 @@ pub mod raw {
         pub struct InodeCompact {
             /// Bit 0 the version (0: compact), bits 1-3 the data layout.
             pub i_format: U16,
+            /// Inline xattr size in 4-byte units, counted as in `xattr_ibody_size`.
             pub i_xattr_icount: U16,
+            /// File mode: type and permission bits.
             pub i_mode: U16,
             /// Union `i_nb`: the link count (6.15+ may also keep `blocks_hi`/`startblk_hi`).
             pub i_nb: U16,
+            /// File size in bytes.
             pub i_size: U32,
             /// Seconds after the superblock's `epoch` (6.15+; reserved before).
             pub i_mtime: U32,
             /// Union `i_u`: start block, compressed block count, `rdev` or [`ChunkInfo`].
             pub i_u: U32,
+            /// Inode number, only used for 32-bit stat compatibility.
             pub i_ino: U32,
+            /// Owner user id.
             pub i_uid: U16,
+            /// Owner group id.
             pub i_gid: U16,
+            /// Reserved (zero).
             pub i_reserved: U32,
         }
 
@@ -172,81 +231,118 @@ pub mod raw {
         pub struct InodeExtended {
             /// Bit 0 the version (1: extended), bits 1-3 the data layout.
             pub i_format: U16,
+            /// Inline xattr size in 4-byte units, counted as in `xattr_ibody_size`.
             pub i_xattr_icount: U16,
+            /// File mode: type and permission bits.
             pub i_mode: U16,
             /// Union `i_nb` (6.15+: `blocks_hi`/`startblk_hi`; reserved before).
             pub i_nb: U16,
+            /// File size in bytes.
             pub i_size: U64,
             /// Union `i_u`, as in [`InodeCompact`].
             pub i_u: U32,
+            /// Inode number, only used for 32-bit stat compatibility.
             pub i_ino: U32,
+            /// Owner user id.
             pub i_uid: U32,
+            /// Owner group id.
             pub i_gid: U32,
+            /// Modification time, seconds.
             pub i_mtime: U64,
+            /// Modification time, nanoseconds.
             pub i_mtime_nsec: U32,
+            /// Hard link count.
             pub i_nlink: U32,
+            /// Reserved (zero).
             pub i_reserved2: [u8; 16],
         }
 
         /// `struct erofs_inode_chunk_info`: `i_u` of a chunk-based inode.
         pub struct ChunkInfo {
+            /// Chunk format: `CHUNK_FORMAT_BLKBITS_MASK` bits and `CHUNK_FORMAT_INDEXES`.
             pub format: U16,
+            /// Reserved (zero).
             pub reserved: U16,
         }
 
         /// `struct erofs_xattr_ibody_header`; `h_shared_count` le32 shared xattr ids follow.
         pub struct XattrIbodyHeader {
+            /// Name filter: a set bit means no name hashing to that bit is present.
             pub h_name_filter: U32,
+            /// Number of shared xattr ids that follow the header.
             pub h_shared_count: u8,
+            /// Reserved (zero).
             pub h_reserved2: [u8; 7],
         }
 
         /// `struct erofs_xattr_entry`; the name and the value follow, padded to 4 bytes.
         pub struct XattrEntry {
+            /// Length of the name suffix, in bytes.
             pub e_name_len: u8,
+            /// Name prefix: `XATTR_INDEX_*`, or `XATTR_LONG_PREFIX` plus a table index.
             pub e_name_index: u8,
+            /// Size of the value, in bytes.
             pub e_value_size: U16,
         }
 
         /// One entry of a chunk-based inode's block map (`EROFS_BLOCK_MAP_ENTRY_SIZE`),
         /// the format without `CHUNK_FORMAT_INDEXES`.
         pub struct BlockMapEntry {
+            /// Start block of the chunk, or `NULL_ADDR` for a hole.
             pub blkaddr: U32,
         }
 
         /// `struct erofs_inode_chunk_index`, the format with `CHUNK_FORMAT_INDEXES`.
         pub struct ChunkIndex {
+            /// Start block of the chunk (high 16 bits).
             pub startblk_hi: U16,
+            /// Device id of the chunk's backing storage (0: the primary device).
             pub device_id: U16,
+            /// Start block of the chunk (low 32 bits), or `NULL_ADDR` for a hole.
             pub startblk_lo: U32,
         }
 
         /// `struct erofs_dirent`; a block's names follow its dirents.
         pub struct Dirent {
+            /// Nid of the entry's inode.
             pub nid: U64,
+            /// Offset of the entry's name within the directory block.
             pub nameoff: U16,
+            /// File type of the entry (`FT_*`).
             pub file_type: u8,
+            /// Reserved (zero).
             pub reserved: u8,
         }
 
         /// One entry of verilay's file-digest table (not an EROFS structure).
         pub struct DigestEntry {
+            /// Nid of the regular file.
             pub nid: U64,
+            /// fs-verity digest of the file.
             pub digest: [u8; 32],
         }
 
         /// The footer of verilay's file-digest table (not an EROFS structure).
         pub struct DigestFooter {
+            /// Footer magic, `DIGEST_FOOTER_MAGIC`.
             pub magic: [u8; 8],
             /// 1, or 2 with `namespaces`.
             pub version: u8,
+            /// Digest algorithm, `DIGEST_ALG_SHA256`.
             pub alg: u8,
+            /// fs-verity block size, as a bit shift (`DIGEST_LOG_BLOCK_SIZE`).
             pub log_blocksize: u8,
+            /// Reserved (zero).
             pub reserved: u8,
+            /// Size of one entry, in bytes.
             pub entry_size: U32,
+            /// Byte offset of the first entry.
             pub table_offset: U64,
+            /// Number of entries.
             pub entries: U64,
+            /// Namespace bits, as in [`super::DigestFooter::namespaces`] (zero in version 1).
             pub namespaces: U32,
+            /// Reserved (zero).
             pub reserved2: [u8; 28],
         }
     }
@@ -270,29 +366,52 @@ const _: () = {
 // ---------------------------------------------------------------------------
 // Superblock
 
+/// A decoded superblock: the fields of [`raw::Superblock`] in native integers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Superblock {
+    /// crc32c of the superblock's block (with `FEATURE_COMPAT_SB_CHKSUM`).
     pub checksum: u32,
+    /// Compatible feature flags.
     pub feature_compat: u32,
+    /// Filesystem block size, as a bit shift.
     pub blkszbits: u8,
+    /// Number of 16-byte extension slots after the base superblock.
     pub sb_extslots: u8,
+    /// Inode number of the root directory.
     pub root_nid: u16,
+    /// Total number of valid inode numbers.
     pub inos: u64,
+    /// Base seconds of compact inodes' mtimes.
     pub epoch: u64,
+    /// Fixed nanoseconds of compact inodes' mtimes.
     pub fixed_nsec: u32,
+    /// Block count (the low 32 bits, `blocks_lo`).
     pub blocks: u32,
+    /// Start block address of the metadata area.
     pub meta_blkaddr: u32,
+    /// Start block address of the shared xattr area.
     pub xattr_blkaddr: u32,
+    /// 128-bit UUID of the volume.
     pub uuid: [u8; 16],
+    /// Volume name.
     pub volume_name: [u8; 16],
+    /// Incompatible feature flags.
     pub feature_incompat: u32,
+    /// Bitmap of compression algorithms (with `COMPR_CFGS`), else `lz4_max_distance`.
     pub available_compr_algs: u16,
+    /// Number of devices besides the primary device.
     pub extra_devices: u16,
+    /// Offset of the device table, in device-slot units.
     pub devt_slotoff: u16,
+    /// Directory block size, as a bit shift added to `blkszbits`.
     pub dirblkbits: u8,
+    /// Number of long xattr name prefixes.
     pub xattr_prefix_count: u8,
+    /// Start of the long xattr name prefix table.
     pub xattr_prefix_start: u32,
+    /// Nid of the special packed inode.
     pub packed_nid: u64,
+    /// Reserved for the xattr name filter (zero).
     pub xattr_filter_reserved: u8,
     /// Seconds from `epoch` to image build time (informational, 6.15+ name).
     pub build_time: u32,
@@ -302,6 +421,7 @@ pub struct Superblock {
 }
 
 impl Superblock {
+    /// Decodes the base superblock: its magic and its fields.
     pub fn decode(b: &[u8; SUPER_SIZE]) -> (u32, Superblock) {
         let r: &raw::Superblock = zerocopy::transmute_ref!(b);
         let sb = Superblock {
@@ -395,30 +515,41 @@ pub fn superblock_checksum(first_block: &[u8], block_size: usize) -> Option<u32>
 /// An inode as stored, compact or extended, before any semantic validation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiskInode {
+    /// Whether the inode is extended (64 bytes) rather than compact (32 bytes).
     pub extended: bool,
     /// Raw `i_format`; `layout()` extracts bits 1..=3.
     pub format: u16,
+    /// Inline xattr size in 4-byte units, counted as in [`xattr_ibody_size`].
     pub xattr_icount: u16,
+    /// File mode: type and permission bits.
     pub mode: u16,
+    /// Hard link count.
     pub nlink: u32,
+    /// File size in bytes.
     pub size: u64,
     /// Union: start block, rdev or chunk format.
     pub i_u: u32,
+    /// Inode number, only used for 32-bit stat compatibility.
     pub ino: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
     /// Only meaningful for extended inodes; compact ones take the superblock epoch.
     pub mtime: u64,
+    /// Modification time, nanoseconds (extended inodes only).
     pub mtime_nsec: u32,
     /// Compact `i_mtime` (6.15+: seconds after the epoch) or extended `i_nb`; zero here.
     pub i_nb: u32,
 }
 
 impl DiskInode {
+    /// Data layout (`LAYOUT_*`), bits 1..=3 of `format`.
     pub fn layout(&self) -> u16 {
         (self.format >> 1) & 0x7
     }
 
+    /// On-disk size of the inode: 32 or 64 bytes.
     pub fn disk_size(&self) -> usize {
         if self.extended {
             INODE_EXTENDED_SIZE
@@ -530,6 +661,7 @@ pub fn encode_dev(major: u32, minor: u32) -> u32 {
     (minor & 0xFF) | ((major & 0xFFF) << 8) | ((minor & !0xFF) << 12)
 }
 
+/// Major and minor numbers of a Linux "new" dev_t encoding, the inverse of [`encode_dev`].
 pub fn decode_dev(v: u32) -> (u32, u32) {
     let major = (v & 0xFFF00) >> 8;
     let minor = (v & 0xFF) | ((v >> 12) & 0xFFF00);
@@ -539,14 +671,19 @@ pub fn decode_dev(v: u32) -> (u32, u32) {
 // ---------------------------------------------------------------------------
 // Directories
 
+/// A decoded directory entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dirent {
+    /// Nid of the entry's inode.
     pub nid: u64,
+    /// Offset of the entry's name within the directory block.
     pub nameoff: u16,
+    /// File type of the entry (`FT_*`).
     pub file_type: u8,
 }
 
 impl Dirent {
+    /// Decodes a directory entry.
     pub fn decode(b: &[u8; DIRENT_SIZE]) -> Dirent {
         let r: &raw::Dirent = zerocopy::transmute_ref!(b);
         Dirent {
@@ -571,16 +708,24 @@ impl Dirent {
 // ---------------------------------------------------------------------------
 // Extended attributes
 
+/// Size of the inline xattr body header (12 bytes).
 pub const XATTR_IBODY_HEADER_SIZE: usize = size_of::<raw::XattrIbodyHeader>();
+/// Size of an xattr entry header (4 bytes).
 pub const XATTR_ENTRY_HEADER_SIZE: usize = size_of::<raw::XattrEntry>();
 
+/// Xattr name index of the `user.` prefix.
 pub const XATTR_INDEX_USER: u8 = 1;
+/// Xattr name index of `system.posix_acl_access`.
 pub const XATTR_INDEX_POSIX_ACL_ACCESS: u8 = 2;
+/// Xattr name index of `system.posix_acl_default`.
 pub const XATTR_INDEX_POSIX_ACL_DEFAULT: u8 = 3;
+/// Xattr name index of the `trusted.` prefix.
 pub const XATTR_INDEX_TRUSTED: u8 = 4;
+/// Xattr name index of the `security.` prefix.
 pub const XATTR_INDEX_SECURITY: u8 = 6;
 /// `e_name_index` bit that selects a long prefix from the superblock table.
 pub const XATTR_LONG_PREFIX: u8 = 0x80;
+/// `e_name_index` bits that index the long prefix table (with `XATTR_LONG_PREFIX`).
 pub const XATTR_LONG_PREFIX_MASK: u8 = 0x7F;
 
 /// Short prefixes the kernel has handlers for, by index. ACL indexes carry the whole name.
@@ -621,12 +766,16 @@ pub fn xattr_prefix(index: u8) -> Option<&'static str> {
 /// Header of an xattr entry; name and value follow, padded to 4 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct XattrEntry {
+    /// Length of the name suffix, in bytes.
     pub name_len: u8,
+    /// Prefix index of the name (`XATTR_INDEX_*`, or `XATTR_LONG_PREFIX` with a table index).
     pub name_index: u8,
+    /// Size of the value, in bytes.
     pub value_size: u16,
 }
 
 impl XattrEntry {
+    /// Decodes an xattr entry header.
     pub fn decode(b: &[u8; XATTR_ENTRY_HEADER_SIZE]) -> XattrEntry {
         let r: &raw::XattrEntry = zerocopy::transmute_ref!(b);
         XattrEntry {
@@ -636,6 +785,7 @@ impl XattrEntry {
         }
     }
 
+    /// Encodes the xattr entry header.
     pub fn encode(&self) -> [u8; XATTR_ENTRY_HEADER_SIZE] {
         zerocopy::transmute!(raw::XattrEntry {
             e_name_len: self.name_len,
@@ -650,13 +800,17 @@ impl XattrEntry {
     }
 }
 
+/// Bytes an xattr entry with this name and value length occupies, 4-aligned.
 pub fn xattr_entry_size(name_len: usize, value_size: usize) -> usize {
     (XATTR_ENTRY_HEADER_SIZE + name_len + value_size + 3) & !3
 }
 
 // Xattr name filter (kernel 6.6+): one xxh32 hash per name selects one of 32 bits.
+/// Number of bits in the xattr name filter.
 pub const XATTR_FILTER_BITS: u32 = 32;
+/// Seed of the xattr name filter hash (xxh32), to which the name index is added.
 pub const XATTR_FILTER_SEED: u32 = 0x25BB_E08F;
+/// Name filter value that excludes no name (every bit set).
 pub const XATTR_FILTER_DEFAULT: u32 = 0xFFFF_FFFF;
 
 /// The filter bit for a name: the suffix after the *short* prefix, hashed with the short
@@ -676,16 +830,21 @@ pub fn xattr_filter_value<I: IntoIterator<Item = u32>>(bits: I) -> u32 {
 /// regular file, `(nid: u64, fs-verity digest: 32 bytes)` sorted by nid, and end in a
 /// 64-byte footer. The kernel never looks there; the image's Merkle tree covers it.
 pub const DIGEST_FOOTER_MAGIC: [u8; 8] = *b"VLFDIGST";
+/// Size of the digest table footer (64 bytes).
 pub const DIGEST_FOOTER_SIZE: u64 = size_of::<raw::DigestFooter>() as u64;
+/// Size of one digest table entry (40 bytes).
 pub const DIGEST_ENTRY_SIZE: u64 = size_of::<raw::DigestEntry>() as u64;
 /// The per-file digests are fs-verity digests with SHA-256, 4 KiB blocks and no salt.
 pub const DIGEST_ALG_SHA256: u8 = 1;
+/// fs-verity block size of the per-file digests, as a bit shift (4 KiB).
 pub const DIGEST_LOG_BLOCK_SIZE: u8 = 12;
 
+/// A decoded digest table footer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DigestFooter {
     /// Byte offset of the first entry.
     pub table_offset: u64,
+    /// Number of entries in the table.
     pub entries: u64,
     /// Which xattr namespaces occur anywhere in the image: bit `i` for short name index `i`
     /// (long prefixes count as their base index). `None` in version-1 footers, which did
@@ -701,6 +860,7 @@ pub const XATTR_NAMESPACE_BITS: u32 = 1 << XATTR_INDEX_USER
     | 1 << XATTR_INDEX_SECURITY;
 
 impl DigestFooter {
+    /// Encodes the footer, version 2 when `namespaces` is set, else version 1.
     pub fn encode(&self) -> [u8; DIGEST_FOOTER_SIZE as usize] {
         zerocopy::transmute!(raw::DigestFooter {
             magic: DIGEST_FOOTER_MAGIC,

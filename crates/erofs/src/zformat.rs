@@ -6,50 +6,70 @@
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
+/// Incompat feature: compressed data is zero-padded at the start of its pcluster.
 pub const FEATURE_INCOMPAT_LZ4_0PADDING: u32 = 0x1;
 /// Per-algorithm config records follow the superblock; `available_compr_algs` is a bitmap.
 pub const FEATURE_INCOMPAT_COMPR_CFGS: u32 = 0x2;
 /// Same bit as `COMPR_CFGS`: physical clusters may span several blocks.
 pub const FEATURE_INCOMPAT_BIG_PCLUSTER: u32 = 0x2;
+/// Incompat feature: HEAD2 lclusters may use a second algorithm.
 pub const FEATURE_INCOMPAT_COMPR_HEAD2: u32 = 0x8;
+/// Incompat feature: a compressed tail may be stored inline after the indexes.
 pub const FEATURE_INCOMPAT_ZTAILPACKING: u32 = 0x10;
+/// Incompat feature: file tails or whole files may be fragments in the packed inode.
 pub const FEATURE_INCOMPAT_FRAGMENTS: u32 = 0x20;
 /// Same bit as `FRAGMENTS`.
 pub const FEATURE_INCOMPAT_DEDUPE: u32 = 0x20;
 
+/// Data layout: compressed, with full (8-byte) lcluster indexes.
 pub const LAYOUT_COMPRESSED_FULL: u16 = 1;
+/// Data layout: compressed, with compact (2- or 4-byte) lcluster indexes.
 pub const LAYOUT_COMPRESSED_COMPACT: u16 = 3;
 
 /// Largest encoded (stored) size of one physical cluster.
 pub const PCLUSTER_MAX_SIZE: u32 = 1024 * 1024;
 /// Largest decoded size of one physical cluster.
 pub const PCLUSTER_MAX_DSIZE: u32 = 12 * 1024 * 1024;
+/// Largest LZMA dictionary size, in bytes.
 pub const LZMA_MAX_DICT_SIZE: u32 = 8 * PCLUSTER_MAX_SIZE;
+/// Largest Zstandard dictionary size, in bytes.
 pub const ZSTD_MAX_DICT_SIZE: u32 = PCLUSTER_MAX_SIZE;
 
 /// Default LZ4 window when the superblock records none.
 pub const LZ4_MAX_DISTANCE_DEFAULT: u16 = u16::MAX;
 
 // h_advise bits.
+/// (COMPRESSED_COMPACT only) 2-byte index packs are used where aligned.
 pub const ADVISE_COMPACTED_2B: u16 = 0x0001;
 /// (COMPRESSED_FULL only, kernel 6.15+) extent records instead of lcluster indexes.
 pub const ADVISE_EXTENTS: u16 = 0x0001;
+/// HEAD1 pclusters may span several blocks.
 pub const ADVISE_BIG_PCLUSTER_1: u16 = 0x0002;
+/// HEAD2 pclusters may span several blocks.
 pub const ADVISE_BIG_PCLUSTER_2: u16 = 0x0004;
+/// The last pcluster is stored inline after the indexes (ztailpacking).
 pub const ADVISE_INLINE_PCLUSTER: u16 = 0x0008;
+/// Uncompressed pclusters are stored interlaced (rotated by the cluster offset).
 pub const ADVISE_INTERLACED_PCLUSTER: u16 = 0x0010;
+/// The file's tail is a fragment in the packed inode.
 pub const ADVISE_FRAGMENT_PCLUSTER: u16 = 0x0020;
 
+/// Lcluster type: the head of an uncompressed pcluster.
 pub const LCLUSTER_TYPE_PLAIN: u8 = 0;
+/// Lcluster type: the head of a pcluster compressed with HEAD1's algorithm.
 pub const LCLUSTER_TYPE_HEAD1: u8 = 1;
+/// Lcluster type: a continuation of the pcluster of an earlier head.
 pub const LCLUSTER_TYPE_NONHEAD: u8 = 2;
+/// Lcluster type: the head of a pcluster compressed with HEAD2's algorithm.
 pub const LCLUSTER_TYPE_HEAD2: u8 = 3;
 /// (full indexes, HEAD) the cluster's output is only partly this extent's.
 pub const LI_PARTIAL_REF: u16 = 1 << 15;
 /// Set on the first NONHEAD lcluster: `delta[0]` is the pcluster's block count.
 pub const LI_D0_CBLKCNT: u16 = 1 << 11;
 
+/// Size of the map header (8 bytes).
 pub const MAP_HEADER_SIZE: usize = size_of::<raw::MapHeader>();
+/// Size of a full lcluster index (8 bytes).
 pub const LCLUSTER_INDEX_SIZE: usize = size_of::<raw::LclusterIndex>();
 
 /// The on-disk structures of compressed files, named as in `erofs_fs.h`, all little-endian
@@ -63,6 +83,7 @@ pub mod raw {
         pub struct MapHeader {
             /// Union: `h_fragmentoff`, or `h_reserved1` then `h_idata_size` (its high half).
             pub h_fragmentoff: U32,
+            /// `ADVISE_*` bits.
             pub h_advise: U16,
             /// Bits 0-3 HEAD1's algorithm, 4-7 HEAD2's.
             pub h_algorithmtype: u8,
@@ -72,7 +93,9 @@ pub mod raw {
 
         /// `struct z_erofs_lcluster_index`, one logical cluster of a COMPRESSED_FULL inode.
         pub struct LclusterIndex {
+            /// Lcluster type (bits 0-1) and `LI_PARTIAL_REF`.
             pub di_advise: U16,
+            /// Offset in the lcluster where the extent starting here begins.
             pub di_clusterofs: U16,
             /// Union `di_u`: `blkaddr` (HEAD/PLAIN) or `delta[0]`, `delta[1]` (NONHEAD), the
             /// low and high half.
@@ -81,29 +104,39 @@ pub mod raw {
 
         /// `struct z_erofs_lz4_cfgs`.
         pub struct Lz4Cfgs {
+            /// LZ4 window size, in bytes.
             pub max_distance: U16,
+            /// Largest pcluster size, in blocks.
             pub max_pclusterblks: U16,
+            /// Reserved (zero).
             pub reserved: [u8; 10],
         }
 
         /// `struct z_erofs_lzma_cfgs`.
         pub struct LzmaCfgs {
+            /// LZMA dictionary size, in bytes.
             pub dict_size: U32,
+            /// LZMA format variant.
             pub format: U16,
+            /// Reserved (zero).
             pub reserved: [u8; 8],
         }
 
         /// `struct z_erofs_deflate_cfgs`.
         pub struct DeflateCfgs {
+            /// log2 of the DEFLATE window size.
             pub windowbits: u8,
+            /// Reserved (zero).
             pub reserved: [u8; 5],
         }
 
         /// `struct z_erofs_zstd_cfgs`.
         pub struct ZstdCfgs {
+            /// Zstandard format variant.
             pub format: u8,
             /// windowLog - 10 (ZSTD_WINDOWLOG_ABSOLUTEMIN).
             pub windowlog: u8,
+            /// Reserved (zero).
             pub reserved: [u8; 4],
         }
     }
@@ -125,7 +158,9 @@ pub mod raw {
         Eq,
     )]
     pub struct CompactPack<const N: usize> {
+        /// Bit-packed lcluster types and low bits.
         pub entries: [u8; N],
+        /// Block the pack's first HEAD counts from.
         pub blkaddr: U32,
     }
 
@@ -169,6 +204,7 @@ pub fn full_index_start(end: u64) -> u64 {
 pub struct MapHeader {
     /// `h_fragmentoff` (whole file in the packed inode), else `h_reserved1 | h_idata_size << 16`.
     pub word0: u32,
+    /// `h_advise`: `ADVISE_*` bits.
     pub advise: u16,
     /// `h_algorithmtype`: bits 0-3 HEAD1's algorithm, 4-7 HEAD2's.
     pub algorithm_type: u8,
@@ -177,8 +213,10 @@ pub struct MapHeader {
 }
 
 impl MapHeader {
+    /// Bit of `cluster_bits` set when the whole file is in the packed inode.
     pub const FRAGMENT_INODE_BIT: u8 = 7;
 
+    /// Decodes a map header.
     pub fn decode(b: &[u8; MAP_HEADER_SIZE]) -> MapHeader {
         let r: &raw::MapHeader = zerocopy::transmute_ref!(b);
         MapHeader {
@@ -189,6 +227,7 @@ impl MapHeader {
         }
     }
 
+    /// Encodes the map header.
     pub fn encode(&self) -> [u8; MAP_HEADER_SIZE] {
         zerocopy::transmute!(raw::MapHeader {
             h_fragmentoff: self.word0.into(),
@@ -203,14 +242,17 @@ impl MapHeader {
         (self.word0 >> 16) as u16
     }
 
+    /// Offset of the file's tail fragment in the packed inode (`h_fragmentoff`).
     pub fn fragment_offset(&self) -> u32 {
         self.word0
     }
 
+    /// Compression algorithm of HEAD1 lclusters (`Z_EROFS_COMPRESSION_*`).
     pub fn head1_algorithm(&self) -> u8 {
         self.algorithm_type & 0xF
     }
 
+    /// Compression algorithm of HEAD2 lclusters (`Z_EROFS_COMPRESSION_*`).
     pub fn head2_algorithm(&self) -> u8 {
         self.algorithm_type >> 4
     }
@@ -220,6 +262,7 @@ impl MapHeader {
         u32::from(blkszbits) + u32::from(self.cluster_bits & 0xF)
     }
 
+    /// Whether the whole file is a fragment in the packed inode.
     pub fn whole_file_in_packed_inode(&self) -> bool {
         self.cluster_bits & (1 << Self::FRAGMENT_INODE_BIT) != 0
     }
@@ -244,6 +287,7 @@ pub struct LclusterIndex {
 }
 
 impl LclusterIndex {
+    /// Decodes a full lcluster index.
     pub fn decode(b: &[u8; LCLUSTER_INDEX_SIZE]) -> LclusterIndex {
         let r: &raw::LclusterIndex = zerocopy::transmute_ref!(b);
         LclusterIndex {
@@ -253,6 +297,7 @@ impl LclusterIndex {
         }
     }
 
+    /// Encodes the lcluster index.
     pub fn encode(&self) -> [u8; LCLUSTER_INDEX_SIZE] {
         zerocopy::transmute!(raw::LclusterIndex {
             di_advise: self.advise.into(),
@@ -261,10 +306,12 @@ impl LclusterIndex {
         })
     }
 
+    /// Lcluster type (`LCLUSTER_TYPE_*`), bits 0-1 of `advise`.
     pub fn kind(&self) -> u8 {
         (self.advise & 3) as u8
     }
 
+    /// HEAD/PLAIN: the pcluster's first block.
     pub fn blkaddr(&self) -> u32 {
         self.word
     }
@@ -280,18 +327,28 @@ impl LclusterIndex {
 /// that many bytes (LZ4 14, LZMA 14, DEFLATE 6, Zstandard 6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ComprCfg {
+    /// LZ4 (`Z_EROFS_COMPRESSION_LZ4`).
     Lz4 {
+        /// LZ4 window size, in bytes.
         max_distance: u16,
+        /// Largest pcluster size, in blocks.
         max_pclusterblks: u16,
     },
+    /// LZMA (`Z_EROFS_COMPRESSION_LZMA`).
     Lzma {
+        /// LZMA dictionary size, in bytes.
         dict_size: u32,
+        /// LZMA format variant.
         format: u16,
     },
+    /// DEFLATE (`Z_EROFS_COMPRESSION_DEFLATE`).
     Deflate {
+        /// log2 of the DEFLATE window size.
         windowbits: u8,
     },
+    /// Zstandard (`Z_EROFS_COMPRESSION_ZSTD`).
     Zstd {
+        /// Zstandard format variant.
         format: u8,
         /// windowLog - 10 (ZSTD_WINDOWLOG_ABSOLUTEMIN).
         windowlog: u8,
@@ -344,6 +401,7 @@ impl ComprCfg {
         })
     }
 
+    /// Algorithm number of the record (`Z_EROFS_COMPRESSION_*`).
     pub fn algorithm(&self) -> u8 {
         match self {
             ComprCfg::Lz4 { .. } => 0,

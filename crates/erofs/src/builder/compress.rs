@@ -26,6 +26,7 @@ const MAX_EXTENT_INPUT: usize = 1 << 20;
 /// What to compress with and into which cluster size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
+    /// Compressor to use.
     pub compression: Compression,
     /// Physical cluster size: a multiple of the block size, at most 1 MiB.
     pub pcluster: u32,
@@ -52,6 +53,7 @@ pub struct Packed {
 }
 
 impl Packed {
+    /// Number of blocks the file's stored clusters take, for block size `bs`.
     pub fn blocks(&self, bs: u64) -> u64 {
         self.parts.iter().map(|p| p.1).sum::<u64>() / bs
     }
@@ -358,11 +360,15 @@ fn full_indexes(extents: &[Extent], start: u32, bs: u64, big: bool) -> Vec<Lclus
 /// (`available_compr_algs`, or LZ4's window without config records) and the config
 /// records that follow the superblock.
 pub struct SuperFields {
+    /// Incompat feature bits compression needs.
     pub incompat: u32,
+    /// The superblock's `available_compr_algs` word.
     pub u1: u16,
+    /// Config records to write after the superblock.
     pub records: Vec<u8>,
 }
 
+/// The superblock fields settings `s` need, for block size `bs`.
 pub fn super_fields(s: &Settings, bs: u64) -> SuperFields {
     let alg = s.compression.algorithm;
     let window = codecs::window_size(alg, s.pcluster);

@@ -16,63 +16,101 @@ pub enum DataPlan {
     /// Nothing stored (special files, empty files).
     None,
     /// `blocks` whole blocks from `start` (FLAT_PLAIN); the last may be partial.
-    Plain { start: u64, blocks: u64 },
+    Plain {
+        /// First data block.
+        start: u64,
+        /// Number of blocks, the last maybe partial.
+        blocks: u64,
+    },
     /// Full blocks at `start` plus `tail` bytes right after the inode (FLAT_INLINE).
     Inline {
+        /// First data block.
         start: u64,
+        /// Number of full blocks from `start`.
         blocks: u64,
+        /// Bytes of the inline tail.
         tail: usize,
     },
     /// Compressed (COMPRESSED_COMPACT, or _FULL): the map header and lcluster indexes
     /// follow the inode; the file's `blocks` cluster blocks are stored from `start`.
-    Compressed { start: u64, blocks: u64 },
+    Compressed {
+        /// First cluster block.
+        start: u64,
+        /// Number of cluster blocks.
+        blocks: u64,
+    },
     /// Chunk-based: one u32 block address per chunk (`NULL_ADDR` for a hole) after the
     /// inode; the data chunks are stored back to back from `start`.
     Chunked {
+        /// log2 of the chunk size, in bytes.
         chunk_bits: u32,
+        /// Block address of each chunk, `NULL_ADDR` for a hole.
         map: Vec<u32>,
+        /// First block of the data chunks.
         start: u64,
+        /// Number of blocks the data chunks take.
         blocks: u64,
     },
 }
 
+/// Where an inode goes and how its data is stored.
 #[derive(Clone, Debug)]
 pub struct InodePlan {
+    /// Node number of the inode.
     pub nid: u64,
+    /// Whether the inode is extended (64 bytes) rather than compact (32 bytes).
     pub extended: bool,
+    /// Hard link count.
     pub nlink: u32,
+    /// File size in bytes.
     pub size: u64,
+    /// How the data is stored.
     pub data: DataPlan,
 }
 
 /// A directory's entries (including `.` and `..`) cut into blocks, in memcmp order.
 #[derive(Clone, Debug, Default)]
 pub struct DirPlan {
+    /// Each block's entries: name and node.
     pub blocks: Vec<Vec<(Vec<u8>, NodeId)>>,
+    /// Directory size in bytes.
     pub size: u64,
 }
 
+/// Where everything goes in the image.
 pub struct Layout {
+    /// Filesystem block size, in bytes.
     pub block_size: u64,
     /// Nodes in image order (each directory's entries, then its subdirectories', depth
     /// first; sorted names; hardlinks once).
     pub order: Vec<NodeId>,
+    /// Inode plan per node, `None` for nodes not in `order`.
     pub inodes: Vec<Option<InodePlan>>,
+    /// Directory plan per node, `None` for other nodes and nodes not in `order`.
     pub dirs: Vec<Option<DirPlan>>,
+    /// Number of blocks of the metadata area.
     pub meta_blocks: u64,
     /// Byte offset of the long-prefix table, then the shared xattr pool.
     pub prefix_table_offset: u64,
+    /// Byte offset of the shared xattr pool.
     pub shared_pool_offset: u64,
+    /// Start block of the shared xattr area.
     pub xattr_blkaddr: u64,
+    /// Number of blocks in the image.
     pub total_blocks: u64,
+    /// Most common mtime (seconds, nanoseconds): the superblock's `epoch` and `fixed_nsec`.
     pub epoch: (i64, u32),
     /// The file-digest table at the end of the image, when asked for.
     pub digest_table: Option<crate::format::DigestFooter>,
 }
 
+/// What `plan` lays out the image with.
 pub struct LayoutOptions<'a> {
+    /// Filesystem block size, in bytes.
     pub block_size: u64,
+    /// Whether file tails are stored inline after their inode (FLAT_INLINE).
     pub inline_data: bool,
+    /// Whether the file-digest table is added at the end.
     pub file_digests: bool,
     /// Per node, its compressed data when it is stored compressed (empty: none is).
     pub packed: &'a [Option<Packed>],
@@ -80,6 +118,7 @@ pub struct LayoutOptions<'a> {
     pub super_extra: u64,
 }
 
+/// Lays out the tree: nids, data blocks and the xattr areas.
 pub fn plan(tree: &Tree, xattrs: &XattrPlan, opts: &LayoutOptions) -> Result<Layout, Error> {
     let bs = opts.block_size;
     let n = tree.nodes.len();

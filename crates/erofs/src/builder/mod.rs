@@ -15,11 +15,17 @@ use std::path::{Path, PathBuf};
 pub use scan::ExcludeFn;
 pub use tree::{Content, Kind, Node, NodeId, Tree};
 
+/// Everything a build can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An I/O error on a named file (source or output).
     #[error("{}: {err}", path.display())]
-    Io { path: PathBuf, err: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        err: std::io::Error,
+    },
     /// The input cannot be represented, or an option is invalid.
     #[error("{0}")]
     Input(String),
@@ -36,13 +42,17 @@ impl Error {
 
 /// Progress callbacks, called from worker threads.
 pub trait Progress: Sync {
+    /// `entries` scanned so far (called every 1024 entries).
     fn scanned(&self, _entries: u64) {}
     /// Compressing regular files (`wrote` then counts their uncompressed bytes).
     fn compressing(&self, _total_bytes: u64) {}
+    /// Writing file contents starts: `total_bytes` to write.
     fn writing(&self, _total_bytes: u64) {}
+    /// `bytes` more written.
     fn wrote(&self, _bytes: u64) {}
     /// Sealing: the image's blocks are being hashed.
     fn hashing(&self, _total_bytes: u64) {}
+    /// `bytes` more hashed.
     fn hashed(&self, _bytes: u64) {}
 }
 
@@ -54,13 +64,19 @@ impl Progress for Silent {}
 /// `--force-uid`, `--uid-offset`, `-T`-style fixed timestamps).
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
+    /// Owner user id given to every node.
     pub uid: Option<u32>,
+    /// Owner group id given to every node.
     pub gid: Option<u32>,
+    /// Added to every uid (after `uid`), clamped to the u32 range.
     pub uid_offset: i64,
+    /// Added to every gid (after `gid`), clamped to the u32 range.
     pub gid_offset: i64,
+    /// Modification time (seconds, nanoseconds) given to every node.
     pub mtime: Option<(i64, u32)>,
 }
 
+/// How to build an image.
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
     /// A power of two from 512 to 65536 (the kernel mounts up to the page size).
@@ -80,6 +96,7 @@ pub struct BuildOptions {
     pub uuid: Option<[u8; 16]>,
     /// Volume label, at most 15 bytes.
     pub label: Vec<u8>,
+    /// Metadata rewrites applied to every node.
     pub overrides: Overrides,
     /// Compress regular files (`-z`, `-C`); `None` stores them plain.
     pub compression: Option<compress::Settings>,
@@ -102,10 +119,14 @@ impl Default for BuildOptions {
     }
 }
 
+/// What a build produced.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
+    /// Number of inodes.
     pub inodes: u64,
+    /// Number of regular files.
     pub regular_files: u64,
+    /// Number of directories.
     pub directories: u64,
     /// Bytes of regular-file content read.
     pub bytes_in: u64,
@@ -115,8 +136,11 @@ pub struct Summary {
     pub erofs_bytes: u64,
     /// The image digest: fs-verity (SHA-256, 4 KiB, no salt) of the EROFS bytes.
     pub digest: Option<Vec<u8>>,
+    /// Filesystem block size, in bytes.
     pub block_size: u32,
+    /// Number of shared xattr entries.
     pub shared_xattrs: u64,
+    /// Number of long xattr name prefixes.
     pub long_prefixes: u64,
     /// Xattrs left out because EROFS has no handler for their namespace.
     pub skipped_xattrs: Vec<String>,
@@ -126,6 +150,7 @@ pub struct Summary {
     pub compressed_files: u64,
     /// Blocks the compressed files' data takes, and their uncompressed bytes.
     pub compressed_blocks: u64,
+    /// Uncompressed bytes of the compressed files.
     pub compressed_bytes_in: u64,
 }
 
@@ -384,6 +409,7 @@ fn validate_tree(tree: &Tree) -> Result<(), Error> {
     Ok(())
 }
 
+/// Applies the overrides `o` to every node of the tree.
 pub fn apply_overrides(tree: &mut Tree, o: &Overrides) {
     for node in &mut tree.nodes {
         if let Some(uid) = o.uid {

@@ -11,13 +11,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-/// Decides whether a path (relative to the source root, `/`-separated, no leading `/`)
-/// is left out of the image, with everything below it.
 /// (full name, value) pairs.
 pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// Decides whether a path (relative to the source root, `/`-separated, no leading `/`)
+/// is left out of the image, with everything below it.
 pub type ExcludeFn<'a> = dyn Fn(&[u8]) -> bool + Sync + 'a;
 
+/// What the scan reports besides the tree.
 pub struct ScanStats {
     /// Xattrs the kernel could not serve (no EROFS handler for their namespace), skipped.
     pub skipped_xattrs: Vec<String>,
@@ -35,6 +36,7 @@ struct Scanned {
     skipped: Vec<String>,
 }
 
+/// Reads the directory `root` into a tree, calling `on_node` once per entry read.
 pub fn scan_dir(
     root: &Path,
     exclude: &ExcludeFn<'_>,

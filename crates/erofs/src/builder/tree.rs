@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+/// Index of a node in [`Tree::nodes`].
 pub type NodeId = usize;
 
 /// Where a regular file's bytes come from.
@@ -15,44 +16,67 @@ pub enum Content {
     /// The node's `size` bytes at `offset` of a shared file (a tarball's contents, copied
     /// into one spill file).
     Span {
+        /// The shared file.
         file: std::sync::Arc<std::fs::File>,
+        /// Byte offset of the node's bytes in `file`.
         offset: u64,
     },
 }
 
+/// What a node is, with its type-specific contents.
 #[derive(Clone, Debug)]
 pub enum Kind {
     /// `extents` lists the `[start, end)` byte ranges holding data, when the file is sparse.
     Regular {
+        /// Where the bytes come from.
         content: Content,
+        /// Data ranges of a sparse file.
         extents: Option<Vec<(u64, u64)>>,
     },
+    /// A directory.
     Directory {
+        /// Entries: name and node.
         children: Vec<(Vec<u8>, NodeId)>,
     },
+    /// A symbolic link.
     Symlink {
+        /// Link target.
         target: Vec<u8>,
     },
+    /// A character device.
     CharDevice {
+        /// Major device number.
         major: u32,
+        /// Minor device number.
         minor: u32,
     },
+    /// A block device.
     BlockDevice {
+        /// Major device number.
         major: u32,
+        /// Minor device number.
         minor: u32,
     },
+    /// A FIFO.
     Fifo,
+    /// A socket.
     Socket,
 }
 
+/// One inode of the tree.
 #[derive(Clone, Debug)]
 pub struct Node {
+    /// Type and type-specific contents.
     pub kind: Kind,
     /// Permission bits (07777); the type comes from `kind`.
     pub perm: u16,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// Modification time, seconds since the Unix epoch.
     pub mtime: i64,
+    /// Modification time, nanoseconds.
     pub mtime_nsec: u32,
     /// File size (regular files and symlinks); directories are sized by the builder.
     pub size: u64,
@@ -61,6 +85,7 @@ pub struct Node {
 }
 
 impl Node {
+    /// Full mode: the type bits of `kind` plus `perm`.
     pub fn mode(&self) -> u16 {
         use crate::format::*;
         let kind = match self.kind {
@@ -75,6 +100,7 @@ impl Node {
         kind | (self.perm & 0o7777)
     }
 
+    /// Whether the node is a directory.
     pub fn is_dir(&self) -> bool {
         matches!(self.kind, Kind::Directory { .. })
     }
@@ -84,17 +110,21 @@ impl Node {
 /// entries naming the same `NodeId`.
 #[derive(Clone, Debug, Default)]
 pub struct Tree {
+    /// All nodes, indexed by `NodeId`.
     pub nodes: Vec<Node>,
 }
 
 impl Tree {
+    /// Id of the root directory.
     pub const ROOT: NodeId = 0;
 
+    /// Adds a node and returns its id.
     pub fn add(&mut self, node: Node) -> NodeId {
         self.nodes.push(node);
         self.nodes.len() - 1
     }
 
+    /// Entries of directory `id`: name and node (empty for other nodes).
     pub fn children(&self, id: NodeId) -> &[(Vec<u8>, NodeId)] {
         match &self.nodes[id].kind {
             Kind::Directory { children } => children,

@@ -18,22 +18,31 @@ use zerocopy::IntoBytes;
 
 /// Superblock fields chosen by the caller rather than the layout.
 pub struct SuperParams<'a> {
+    /// Whether xattr name filters are stored (sets `FEATURE_COMPAT_XATTR_FILTER`).
     pub xattr_filter: bool,
+    /// Build time, seconds since the Unix epoch.
     pub build_time: u64,
+    /// Volume UUID, or `None` to derive it from the image contents.
     pub uuid: Option<[u8; 16]>,
+    /// Volume name, zero-padded.
     pub volume_name: [u8; 16],
     /// Compression settings, the superblock fields they need, and the compressed files.
     pub compression: Option<Compressed<'a>>,
 }
 
+/// What compressed files need of the writer.
 pub struct Compressed<'a> {
+    /// Compression settings.
     pub settings: compress::Settings,
+    /// Superblock fields for compression.
     pub fields: compress::SuperFields,
     /// Per node, its clusters when it is stored compressed, waiting in `spill`.
     pub packed: &'a [Option<Packed>],
+    /// Spill file holding the compressed clusters.
     pub spill: &'a compress::Spill,
 }
 
+/// Writes the image planned by `layout` into `out`.
 pub fn write_image(
     tree: &Tree,
     xattrs: &XattrPlan,

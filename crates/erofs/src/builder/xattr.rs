@@ -9,7 +9,9 @@ use zerocopy::IntoBytes;
 /// A long prefix: a short namespace index plus an infix such as `overlay.`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LongPrefix {
+    /// Short name index (`XATTR_INDEX_*`) the prefix extends.
     pub base_index: u8,
+    /// Bytes after the short prefix, e.g. `overlay.`.
     pub infix: Vec<u8>,
 }
 
@@ -20,6 +22,7 @@ pub struct InodeXattrs {
     pub shared: Vec<u32>,
     /// Encoded inline entries.
     pub inline: Vec<u8>,
+    /// Name filter for the ibody header (`h_name_filter`).
     pub filter: u32,
 }
 
@@ -60,12 +63,15 @@ impl InodeXattrs {
     }
 }
 
+/// Where every xattr goes: long prefixes, shared pool, each node's inline body.
 pub struct XattrPlan {
+    /// Long name prefixes, in table order.
     pub prefixes: Vec<LongPrefix>,
     /// Encoded shared entries, concatenated.
     pub shared_pool: Vec<u8>,
     /// Byte offset of each shared entry inside `shared_pool`.
     pub shared_offsets: Vec<u32>,
+    /// Inline xattr body per node.
     pub per_node: Vec<InodeXattrs>,
     /// Bit `i` set when some xattr with short name index `i` occurs (see `DigestFooter`).
     pub namespaces: u32,
@@ -94,6 +100,7 @@ const MAX_SHARED_PER_INODE: usize = 255;
 /// A long prefix must save at least this many bytes beyond its table record.
 const PREFIX_MIN_GAIN: usize = 64;
 
+/// Plans every node's xattrs; `filter` adds name filters, `long_prefixes` allows a prefix table.
 pub fn plan(tree: &Tree, filter: bool, long_prefixes: bool) -> XattrPlan {
     // How often each (name, value) pair occurs: pairs on two or more inodes are shared.
     let mut counts: HashMap<(&[u8], &[u8]), u32> = HashMap::new();

@@ -18,9 +18,11 @@ const MAX_DEPTH: usize = 4096;
 /// Result of [`fsck`]: one line per problem, naming the path, nid and byte offset.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FsckReport {
+    /// One line per problem found.
     pub problems: Vec<String>,
     /// Distinct inodes reached from the root.
     pub inodes: u64,
+    /// Directories among `inodes`.
     pub dirs: u64,
     /// Non-directory inodes (regular files, symlinks, devices, FIFOs, sockets).
     pub files: u64,
@@ -29,6 +31,7 @@ pub struct FsckReport {
 }
 
 impl FsckReport {
+    /// Whether no problem was found.
     pub fn is_clean(&self) -> bool {
         self.problems.is_empty()
     }

@@ -19,7 +19,9 @@ use super::{child_path, ByteSource, DirEntry, Error, Image, Inode};
 /// The first way the trees differ: where, and what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Difference {
+    /// Path of the first differing entry.
     pub path: String,
+    /// How it differs.
     pub what: String,
 }
 
@@ -32,7 +34,9 @@ impl std::fmt::Display for Difference {
 /// Which image a read failed in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Which {
+    /// The first image.
     A,
+    /// The second image.
     B,
 }
 
@@ -41,8 +45,11 @@ pub enum Which {
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {err}")]
 pub struct CompareError {
+    /// The image the read failed in.
     pub which: Which,
+    /// Path being read.
     pub path: String,
+    /// The reader's error.
     #[source]
     pub err: Error,
 }

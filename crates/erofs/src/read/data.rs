@@ -12,8 +12,11 @@ use zerocopy::IntoBytes;
 /// hole (reads as zeros) when `physical` is `None`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
+    /// First file byte of the run.
     pub logical: u64,
+    /// Length of the run, in bytes.
     pub len: u64,
+    /// Image byte offset of the stored bytes, or `None` for a hole.
     pub physical: Option<u64>,
     /// The bytes are stored compressed (`physical` is where the cluster starts, or the
     /// offset in the packed inode for a fragment): not the file's bytes, read them only
@@ -24,10 +27,15 @@ pub struct Extent {
 /// Where an inode and its data live, for `verilay inspect`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayoutInfo {
+    /// Data layout (`LAYOUT_*`).
     pub layout: u16,
+    /// Byte offset of the inode.
     pub inode_offset: u64,
+    /// On-disk size of the inode, in bytes.
     pub inode_size: u64,
+    /// Byte offset of the inline xattr body.
     pub xattr_offset: u64,
+    /// Size of the inline xattr body, in bytes.
     pub xattr_size: u64,
     /// First data block (FLAT_PLAIN, and FLAT_INLINE with at least one full block).
     pub start_block: Option<u64>,
@@ -35,7 +43,9 @@ pub struct LayoutInfo {
     pub blocks: u64,
     /// FLAT_INLINE tail: (byte offset, length).
     pub tail: Option<(u64, u64)>,
+    /// Chunk size in bytes (CHUNK_BASED only).
     pub chunk_size: Option<u64>,
+    /// Number of chunks (zero unless CHUNK_BASED).
     pub chunk_count: u64,
     /// Byte offset of the chunk index array and the size of one entry (4 or 8).
     pub chunk_index: Option<(u64, u64)>,

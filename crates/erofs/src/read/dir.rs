@@ -14,7 +14,9 @@ use crate::format::{Dirent, DIRENT_SIZE, NAME_LEN};
 /// One directory entry as returned by [`Image::readdir`] and [`Image::lookup`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
+    /// Entry name, without a terminator.
     pub name: Vec<u8>,
+    /// Nid of the entry's inode.
     pub nid: u64,
     /// On-disk `file_type` (`format::FT_*`); the inode's own mode is authoritative.
     pub file_type: u8,

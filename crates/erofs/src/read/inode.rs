@@ -41,20 +41,29 @@ pub(crate) enum Data {
 /// A parsed, validated inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inode {
+    /// Node number: the inode's position in the metadata area, in 32-byte slots.
     pub nid: u64,
     /// Full `st_mode` (type and permission bits).
     pub mode: u16,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// Hard link count.
     pub nlink: u32,
+    /// File size in bytes.
     pub size: u64,
+    /// Modification time, seconds since the Unix epoch.
     pub mtime: i64,
+    /// Modification time, nanoseconds.
     pub mtime_nsec: u32,
     /// (major, minor) for character and block devices, (0, 0) otherwise.
     pub rdev: (u32, u32),
     /// `FLAT_PLAIN`, `FLAT_INLINE`, `CHUNK_BASED`, `COMPRESSED_FULL` or `COMPRESSED_COMPACT`.
     pub layout: u16,
+    /// Whether the inode is extended (64 bytes) rather than compact (32 bytes).
     pub extended: bool,
+    /// Inline xattr size in 4-byte units (`i_xattr_icount`).
     pub xattr_icount: u16,
     /// The on-disk `i_ino` (32-bit stat compatibility only; the kernel uses the nid).
     pub ino: u32,
@@ -70,18 +79,22 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// Directory-entry file type of the mode (`FT_UNKNOWN` for an invalid type).
     pub fn file_type(&self) -> u8 {
         format::file_type_of(self.mode).unwrap_or(format::FT_UNKNOWN)
     }
 
+    /// Whether the inode is a directory.
     pub fn is_dir(&self) -> bool {
         self.mode & format::S_IFMT == format::S_IFDIR
     }
 
+    /// Whether the inode is a regular file.
     pub fn is_reg(&self) -> bool {
         self.mode & format::S_IFMT == format::S_IFREG
     }
 
+    /// Whether the inode is a symbolic link.
     pub fn is_symlink(&self) -> bool {
         self.mode & format::S_IFMT == format::S_IFLNK
     }

@@ -52,20 +52,48 @@ use std::io;
 pub enum Error {
     /// The image violates the format (or points outside itself).
     #[error("corrupt image at byte {offset}: {what}")]
-    Corrupt { offset: u64, what: String },
+    Corrupt {
+        /// Byte offset in the image where the problem is.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
     /// A valid image using something this reader does not implement (extent records, 48-bit
     /// addresses, extra devices, ...). The kernel answers these with EOPNOTSUPP.
     #[error("unsupported at byte {offset}: {what}")]
-    Unsupported { offset: u64, what: String },
+    Unsupported {
+        /// Byte offset in the image of the unsupported structure.
+        offset: u64,
+        /// What is not supported.
+        what: String,
+    },
     /// The byte source failed (including, later, a block that fails verification).
     #[error("I/O error reading image byte {offset}: {err}")]
-    Io { offset: u64, err: io::Error },
+    Io {
+        /// Byte offset in the image of the failed read.
+        offset: u64,
+        /// The byte source's error.
+        err: io::Error,
+    },
+    /// A directory operation on an inode that is not a directory.
     #[error("inode {nid} at byte {offset} is not a directory")]
-    NotADirectory { nid: u64, offset: u64 },
+    NotADirectory {
+        /// Nid of the inode.
+        nid: u64,
+        /// Byte offset of the inode.
+        offset: u64,
+    },
+    /// A symlink read on an inode that is not a symlink.
     #[error("inode {nid} at byte {offset} is not a symlink")]
-    NotASymlink { nid: u64, offset: u64 },
+    NotASymlink {
+        /// Nid of the inode.
+        nid: u64,
+        /// Byte offset of the inode.
+        offset: u64,
+    },
 }
 
+/// Result of the reader's operations.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {

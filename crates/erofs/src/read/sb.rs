@@ -152,14 +152,17 @@ impl<S: ByteSource> Image<S> {
         Ok(img)
     }
 
+    /// The decoded superblock.
     pub fn superblock(&self) -> &Superblock {
         &self.sb
     }
 
+    /// Filesystem block size, in bytes.
     pub fn block_size(&self) -> u32 {
         1 << self.blkbits
     }
 
+    /// Nid of the root directory.
     pub fn root_nid(&self) -> u64 {
         u64::from(self.sb.root_nid)
     }
@@ -169,6 +172,7 @@ impl<S: ByteSource> Image<S> {
         self.len
     }
 
+    /// The byte source the image is read from.
     pub fn source(&self) -> &S {
         &self.src
     }

@@ -27,6 +27,7 @@ pub struct ZConfig {
     pub algs: u16,
     /// LZ4's largest cluster in blocks (1 without config records).
     pub lz4_max_pclusterblks: u16,
+    /// LZ4 window size in bytes, as the image records it (0 when it records none).
     pub lz4_max_distance: u16,
     /// The clusters' stored bytes start with zero padding to strip (always for the
     /// algorithms after LZ4; for LZ4 only with `LZ4_0PADDING`).

@@ -35,17 +35,31 @@ impl std::fmt::Display for ZFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ZStored {
     /// `len` bytes at image byte `at`: whole blocks, or the inline tail (ztailpacking).
-    Cluster { at: u64, len: u64, inline: bool },
+    Cluster {
+        /// Image byte offset of the stored bytes.
+        at: u64,
+        /// Number of stored bytes.
+        len: u64,
+        /// Whether the bytes are the inline tail after the indexes.
+        inline: bool,
+    },
     /// Inside the packed inode's data, from byte `offset` (already decoded there).
-    Fragment { offset: u64 },
+    Fragment {
+        /// Byte offset in the packed inode's data.
+        offset: u64,
+    },
 }
 
 /// One extent of a compressed file: file bytes `[logical, logical + len)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ZExtent {
+    /// First file byte of the extent.
     pub logical: u64,
+    /// Length of the extent, in bytes.
     pub len: u64,
+    /// Where the extent's stored bytes are.
     pub stored: ZStored,
+    /// How the stored bytes are encoded.
     pub format: ZFormat,
     /// The cluster decodes to more than this extent (a shared cluster); only a prefix is ours.
     pub partial: bool,
