@@ -8,7 +8,7 @@
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timestamps, XattrFlags};
 use rustix::io::{Errno, Result};
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 
 /// Opens `rel` (one name, or names joined by `/`) under `dir` without following any
 /// symlink or leaving `dir`. Without openat2 (filtered by seccomp, say), or for a path
@@ -50,11 +50,16 @@ pub enum Handle<'f> {
     At(BorrowedFd<'f>, &'f CStr),
 }
 
-/// `/proc/self/fd/N[/NAME]`: reaches exactly the object an `O_PATH` descriptor holds (or
-/// the name in the directory it holds), and never follows it further when it is a
-/// symlink: what `chmod` and `setxattr`, which have no `AT_EMPTY_PATH`, need.
+/// `/proc/self/fd/N`: reaches the very object a descriptor (an `O_PATH` one too) holds,
+/// and never follows it further when it is a symlink: for the calls that take no
+/// descriptor of that kind (`chmod`, xattrs, reopening).
+pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number")
+}
+
+/// [`fd_path`] of `fd`, then `/NAME` where given: that name in the directory `fd` holds.
 fn proc_path(fd: BorrowedFd<'_>, name: Option<&CStr>) -> Vec<u8> {
-    let mut p = format!("/proc/self/fd/{}", fd.as_raw_fd()).into_bytes();
+    let mut p = fd_path(fd).into_bytes();
     if let Some(name) = name {
         p.push(b'/');
         p.extend_from_slice(name.to_bytes());

@@ -98,12 +98,7 @@ fn libc_einval() -> i32 {
     rustix::io::Errno::INVAL.raw_os_error()
 }
 
-/// `/proc/self/fd/N`: reaches the very inode an `O_PATH` descriptor holds, for the calls
-/// (xattrs, reopening) that take no descriptor of that kind.
-pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
-    use std::os::fd::AsRawFd;
-    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL")
-}
+pub use host::objects::fd_path;
 
 /// Opens directory `name` of `dir` to read, never through a symlink.
 pub(crate) fn open_subdir(dir: impl AsFd, name: impl rustix::path::Arg) -> io::Result<OwnedFd> {
