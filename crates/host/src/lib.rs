@@ -19,3 +19,8 @@ pub mod mounts;
 pub mod objects;
 pub mod private;
 pub mod status;
+
+/// Tests that cannot run here say so (a skip CI counts), as the workspace's other tests do.
+#[cfg(test)]
+#[path = "../../erofs/tests/common/skip.rs"]
+mod skip;
