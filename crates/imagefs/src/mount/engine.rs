@@ -16,6 +16,7 @@ use crate::ops::Access;
 use anyhow::Context;
 use host::mounts::{detach, erofs, overlay};
 use host::private::PrivateDir;
+use mountopts::Engine;
 use rustix::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,30 @@ use std::path::{Path, PathBuf};
 /// file on it), its root, its device and the device of each image layer's erofs mount
 /// (top first): what watches opens is in place before the first.
 pub type BeforeAttach<'a> = &'a mut dyn FnMut(BorrowedFd<'_>, u64, &[u64]) -> anyhow::Result<()>;
+
+/// The engine that serves a mount (never `Auto`) when `asked` (`None`: auto) and the
+/// caller is root or not, and why: `kernel` asked for where it cannot serve is an error
+/// naming what is missing.
+pub fn choose(asked: Option<Engine>, root: bool) -> anyhow::Result<(Engine, String)> {
+    let asked = asked.unwrap_or(Engine::Auto);
+    if asked == Engine::Fuse {
+        return Ok((Engine::Fuse, "asked for".into()));
+    }
+    let unserved = if !root || !host::mounts::in_first_user_namespace() {
+        Some("erofs mounts need root (in the first user namespace)".to_string())
+    } else {
+        host::mounts::file_backed_erofs().err()
+    };
+    match (asked, unserved) {
+        (Engine::Kernel, Some(why)) => anyhow::bail!("engine=kernel: {why}"),
+        (Engine::Kernel, None) => Ok((Engine::Kernel, "asked for".into())),
+        (_, Some(why)) => Ok((Engine::Fuse, why)),
+        (_, None) => Ok((
+            Engine::Kernel,
+            "root, and the kernel has file-backed erofs".into(),
+        )),
+    }
+}
 
 /// Mounts detached again on drop unless kept (a setup step failed).
 struct Detach(Vec<PathBuf>);

@@ -5,7 +5,8 @@
 
 mod daemon;
 mod engine;
-pub use engine::BeforeAttach;
+pub use engine::{choose as choose_engine, BeforeAttach};
+pub use mountopts::Engine;
 mod kernel;
 pub mod stats;
 

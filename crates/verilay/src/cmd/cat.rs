@@ -1,6 +1,6 @@
 //! `verilay cat IMAGE PATH...`: file contents, verified, on stdout.
 
-use super::image::{open_with, resolve, Pin, ReadOpts};
+use super::image::{resolve, Pin, ReadOpts};
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::PathBuf;
@@ -34,7 +34,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         timeout: a.remote.timeout()?,
         ..ReadOpts::default()
     };
-    let img = open_with(&a.image, &a.pin, false, &opts)?.img;
+    let img = opening::open(&a.image, &a.pin.to_open(), false, &opts)?.img;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut buf = vec![0u8; CHUNK];

@@ -1,14 +1,9 @@
-//! Opening images and resolving paths inside them, shared by the read-side commands.
+//! The read-side commands' image flags (`--digest`, the signature policy), over the
+//! `opening` crate, and how they print what they find.
 
-use anyhow::{bail, Context};
-use erofs::read::{ByteSource, FileSource, Image, Inode};
 use std::path::Path;
-use std::sync::Arc;
-use verity::{OpenError, VerifiedSource};
 
-/// An image as the read-side commands see it: through the verified block source when the
-/// image has a verity section, else (where the command allows it) the raw file.
-pub type Img = Image<Arc<dyn ByteSource>>;
+pub use opening::{resolve, Img, ReadOpts};
 
 /// What the image must be: `--digest`, and for `oci://` images the signature policy their
 /// manifest must satisfy; shared by every command that reads an image.
@@ -22,291 +17,39 @@ pub struct Pin {
     pub policy: super::registry::Policy,
 }
 
-pub struct Opened {
-    pub img: Img,
-    /// A remote image's source: what fetching cost, its cache (`None` for a file).
-    pub remote: Option<Arc<remote::RemoteSource>>,
-    /// The verified source under `img`, `None` for a plain EROFS image.
-    pub verified: Option<Arc<VerifiedSource<Box<dyn ByteSource>>>>,
-}
-
-impl Opened {
-    /// "sha256:… (pinned)", "sha256:… (not pinned)" or "none (plain EROFS image)".
-    pub fn trust(&self) -> String {
-        match &self.verified {
-            Some(v) if v.is_pinned() => format!("{} (pinned)", v.digest_string()),
-            Some(v) => format!("{} (not pinned)", v.digest_string()),
-            None => "none (plain EROFS image, not verified)".into(),
+impl Pin {
+    /// The pin as `opening` takes it.
+    pub fn to_open(&self) -> opening::Pin {
+        opening::Pin {
+            digest: self.digest.clone(),
+            policy: self.policy.files(),
         }
     }
 }
 
-/// Parses `sha256:HEX` (or bare HEX) into digest bytes.
-pub fn parse_digest(s: &str) -> anyhow::Result<Vec<u8>> {
-    let (alg, hex) = s.split_once(':').unwrap_or(("sha256", s));
-    let size = match alg {
-        "sha256" => 32,
-        "sha512" => 64,
-        _ => bail!("--digest {s:?}: unknown algorithm {alg:?} (expected sha256:HEX)"),
-    };
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| {
-            hex.get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>();
-    match bytes {
-        Some(b) if b.len() == size && hex.len() == 2 * size => Ok(b),
-        _ => bail!(
-            "--digest {s:?}: expected {alg}: and {} hex digits",
-            2 * size
-        ),
-    }
-}
-
-/// Opens an image (a file, or `oci://`/`http(s)://` reached as `remote` says) for
-/// reading. Images with a verity section are always read through the verified source; a
-/// plain EROFS image is accepted only when `allow_plain` (inspection commands) and never
-/// with `--digest`.
+/// Opens an image for a read-side command, reaching a remote one as `remote` says; a
+/// plain EROFS image only when `allow_plain`.
 pub fn open(
     path: &Path,
     pin: &Pin,
     remote: &super::registry::Remote,
     allow_plain: bool,
-) -> anyhow::Result<Opened> {
+) -> anyhow::Result<opening::Opened> {
     let opts = ReadOpts {
         insecure: remote.insecure,
         timeout: remote.timeout()?,
         ..ReadOpts::default()
     };
-    open_with(path, pin, allow_plain, &opts)
+    opening::open(path, &pin.to_open(), allow_plain, &opts)
 }
 
-/// How the image file is read.
-pub struct ReadOpts {
-    /// The verified source fetches level-0 tree blocks ahead of large reads.
-    pub readahead: bool,
-    /// `O_DIRECT`: bypass the page cache for the image file.
-    pub direct: bool,
-    /// Hash large reads on several threads (off for the mount daemon, whose requests
-    /// already run in parallel).
-    pub parallel_hashing: bool,
-    /// A remote image (`oci://`) over plain HTTP, from this machine only.
-    pub insecure: bool,
-    /// How long a remote image's server may take to connect or answer.
-    pub timeout: std::time::Duration,
-    /// Where a remote image's verified bytes are kept, and the directory's size limit.
-    pub cache: Option<(std::path::PathBuf, u64)>,
-    /// `cache` is the default directory, not one asked for: when it cannot be used (a
-    /// home that is not there, say), the mount goes on without it.
-    pub default_cache: bool,
-    /// The signature policy an `oci://` image's manifest must satisfy before any of its
-    /// bytes are read (`None`: the pin's policy, loaded when the image is `oci://`;
-    /// `http(s)://` images have no manifest to check).
-    pub trust: Option<Arc<signatures::Trust>>,
-}
-
-impl Default for ReadOpts {
-    fn default() -> Self {
-        ReadOpts {
-            readahead: true,
-            direct: false,
-            parallel_hashing: true,
-            insecure: false,
-            timeout: std::time::Duration::from_secs(30),
-            cache: None,
-            default_cache: false,
-            trust: None,
-        }
-    }
-}
-
-/// [`open`] with explicit read options.
-pub fn open_with(
+/// The verified source alone, without the EROFS image on top (for `verify`, which must
+/// be able to name a bad superblock rather than fail to open it).
+pub fn open_verified(
     path: &Path,
     pin: &Pin,
-    allow_plain: bool,
-    opts: &ReadOpts,
-) -> anyhow::Result<Opened> {
-    let name = path.display();
-    let (source, pin_bytes, remote) = match path.to_str().filter(|p| remote::is_remote(p)) {
-        Some(spec) => {
-            let (remote, pin) = remote_source(spec, pin, opts)?;
-            (
-                Box::new(remote.clone()) as Box<dyn ByteSource>,
-                Some(pin),
-                Some(remote),
-            )
-        }
-        None => (
-            Box::new(file_source(path, opts.direct)?) as Box<dyn ByteSource>,
-            pin.digest.as_deref().map(parse_digest).transpose()?,
-            None,
-        ),
-    };
-    match VerifiedSource::open(source, pin_bytes.as_deref()) {
-        Ok(mut v) => {
-            v.set_readahead(opts.readahead);
-            v.set_parallel_hashing(opts.parallel_hashing);
-            if remote.is_some() {
-                // One request for the whole tree (1/128 of the image) instead of one
-                // per tree block a read needs. Only a head start: what fails here is
-                // fetched and checked again when a read needs it.
-                let _ = v.load_tree(REMOTE_TREE_AT_ONCE);
-            }
-            let v = Arc::new(v);
-            let img =
-                Image::open(v.clone() as Arc<dyn ByteSource>).with_context(|| format!("{name}"))?;
-            // The inode area (everything before the shared xattrs) is read in groups, from
-            // a file; over the network each block is fetched when needed.
-            if remote.is_none() {
-                let sb = img.superblock();
-                v.set_dense_prefix(u64::from(sb.xattr_blkaddr) << sb.blkszbits);
-            }
-            Ok(Opened {
-                img,
-                remote,
-                verified: Some(v),
-            })
-        }
-        Err(OpenError::NoSection) if allow_plain && pin_bytes.is_none() => {
-            let img = Image::open(Arc::new(file_source(path, false)?) as Arc<dyn ByteSource>)
-                .with_context(|| format!("{name}"))?;
-            Ok(Opened {
-                img,
-                remote: None,
-                verified: None,
-            })
-        }
-        Err(e) => Err(open_error(path, e)),
-    }
-}
-
-/// The largest Merkle tree of a remote image fetched whole at open (an 8 GiB image's).
-const REMOTE_TREE_AT_ONCE: u64 = 64 << 20;
-
-/// A digest to pin, as bytes.
-type PinBytes = Vec<u8>;
-
-/// A remote image's source and its pin: `--digest`, or what a manifest named by its own
-/// digest records. A remote image is never mounted unpinned: nothing else says which bytes
-/// the network may bring.
-fn remote_source(
-    spec: &str,
-    pin: &Pin,
-    opts: &ReadOpts,
-) -> anyhow::Result<(Arc<remote::RemoteSource>, PinBytes)> {
-    // Loaded before the registry is asked anything: a bad policy fails at once.
-    let trust = match &opts.trust {
-        Some(t) => Some(t.clone()),
-        None if spec.starts_with("oci://") => pin.policy.load()?.map(Arc::new),
-        None => None,
-    };
-    let opened = remote::RemoteSource::open(spec, opts.insecure, opts.timeout, trust.as_deref())
-        .map_err(anyhow::Error::msg)?;
-    let digest = match (pin.digest.as_deref(), opened.pinned.as_deref()) {
-        (Some(given), Some(noted)) if !given.eq_ignore_ascii_case(noted) => {
-            bail!("{spec}: the pinned manifest records image digest {noted}, not --digest {given}")
-        }
-        (Some(given), _) => given.to_string(),
-        (None, Some(noted)) => noted.to_string(),
-        (None, None) => bail!(
-            "{spec}: a remote image is mounted pinned only: give --digest, or name the manifest by its digest (…@sha256:…)"
-        ),
-    };
-    let pin = parse_digest(&digest)?;
-    let mut source = opened.source;
-    if let Some((dir, limit)) = &opts.cache {
-        // The server's length sizes (or resets) the entry and decides what is pruned for
-        // it: it must be the one the pinned descriptor allows before the cache hears it.
-        check_length(spec, &source, &pin)?;
-        let key = format!(
-            "{}:{}",
-            if pin.len() == 64 { "sha512" } else { "sha256" },
-            hex::encode(&pin)
-        );
-        match remote::cache::Cache::open(dir, &key, source.len(), *limit) {
-            Ok(cache) => source = source.with_cache(cache),
-            // A cache only saves fetches: with no room for it, the mount goes on without.
-            Err(e) if no_room(&e) || opts.default_cache => {
-                eprintln!("verilay: warning: {e}: mounting without a cache")
-            }
-            Err(e) => return Err(anyhow::Error::msg(e)),
-        }
-    }
-    Ok((source.shared(), pin))
-}
-
-/// Whether opening a cache entry failed for want of room (a full or read-only
-/// filesystem, a quota, an image larger than a file there may be), not for a refusal.
-fn no_room(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        e.kind(),
-        StorageFull | QuotaExceeded | ReadOnlyFilesystem | FileTooLarge
-    )
-}
-
-/// Whether the remote image's length is the one its pinned descriptor allows, by its
-/// tail fetched on its own (one small request).
-fn check_length(spec: &str, source: &remote::RemoteSource, pin: &[u8]) -> anyhow::Result<()> {
-    use verity::verified::{check_tail, TAIL_SIZE};
-    let len = source.len();
-    if len < TAIL_SIZE {
-        return Err(open_error(Path::new(spec), OpenError::NoSection));
-    }
-    let tail = source
-        .fetch_fresh(len - TAIL_SIZE, TAIL_SIZE)
-        .map_err(anyhow::Error::msg)?;
-    let tail = tail.try_into().expect("a fetch gives the bytes asked for");
-    check_tail(&tail, len, Some(pin))
-        .map(drop)
-        .map_err(|e| open_error(Path::new(spec), e))
-}
-
-/// The verified source alone, without parsing the EROFS image on top (for `verify`, which
-/// must be able to name a bad superblock rather than fail to open it).
-pub fn open_verified(path: &Path, pin: &Pin) -> anyhow::Result<VerifiedSource<FileSource>> {
-    let pin_bytes = pin.digest.as_deref().map(parse_digest).transpose()?;
-    VerifiedSource::open(file_source(path, false)?, pin_bytes.as_deref())
-        .map_err(|e| open_error(path, e))
-}
-
-/// The image file, optionally for direct I/O.
-fn file_source(path: &Path, direct: bool) -> anyhow::Result<FileSource> {
-    let name = path.display();
-    if direct {
-        FileSource::open_direct(path).with_context(|| format!("opening {name} for direct I/O"))
-    } else {
-        FileSource::open(path).with_context(|| format!("opening {name}"))
-    }
-}
-
-fn open_error(path: &Path, e: OpenError) -> anyhow::Error {
-    let name = path.display();
-    match e {
-        OpenError::NoSection => anyhow::anyhow!(
-            "{name}: no verity section, so nothing can be verified (was it built by `verilay build`?)"
-        ),
-        e => anyhow::anyhow!("{name}: {e}"),
-    }
-}
-
-/// Resolves an absolute or relative path from the root, one lookup per component
-/// (symlinks are not followed: the image's own tree is what is inspected).
-pub fn resolve(img: &Img, path: &str) -> anyhow::Result<Inode> {
-    let mut inode = img.inode(img.root_nid())?;
-    for comp in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
-        if !inode.is_dir() {
-            bail!("{path}: a component before {comp:?} is not a directory");
-        }
-        match img.lookup(&inode, comp.as_bytes())? {
-            Some(e) => inode = img.inode(e.nid)?,
-            None => bail!("{path}: no such file or directory in the image"),
-        }
-    }
-    Ok(inode)
+) -> anyhow::Result<verity::VerifiedSource<erofs::read::FileSource>> {
+    opening::open_verified(path, &pin.to_open())
 }
 
 /// `ls -l` style type and permission string.

@@ -6,28 +6,26 @@
 //! - Without `--foreground`, `mount` checks the images (and pins) itself, then starts the
 //!   daemon (this binary, the options rendered as one `-o`) and follows its setup
 //!   (`imagefs::mount::start_daemon`) until the mount answers or the daemon says why not.
-//! - The daemon (`daemon.rs`) opens what the mount serves into an `imagefs::mount::Plan`,
-//!   which mounts and serves it.
+//! - `mountd::Mount` checks them and chooses the engine; its daemon (`mountd::serve`)
+//!   opens what the mount serves into an `imagefs::mount::Plan`, which mounts and serves it.
 //! - As `mount.fuse.verilay`, this binary takes mount(8)'s arguments (`helper.rs`).
 
-mod daemon;
 mod helper;
 
 pub use helper::mount_helper;
 
-use super::image::{open_with, Pin, ReadOpts};
-use super::measuring::{HashName, MeasureArgs};
+use super::measuring::MeasureArgs;
 use super::registry::Policy;
 use anyhow::{bail, Context};
 use imagefs::mount::{self as plan, operand, MAX_TIMEOUT};
-use mountopts::{check_threads, Engine, MountOptions, Transport};
+use mountd::Mount;
+use mountopts::{Engine, MountOptions, Transport};
+use opening::Pin;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
-use upper::overlay::MAX_LAYERS;
 
 #[derive(clap::Args, Clone, Default)]
 pub struct Args {
@@ -139,9 +137,6 @@ pub struct Args {
     fake: bool,
 }
 
-/// The cache directory's size limit unless `--cache-size` says otherwise.
-const DEFAULT_CACHE_SIZE: u64 = 10 << 30;
-
 /// A positive number of seconds, capped at [`MAX_TIMEOUT`].
 fn parse_poll_us(s: &str) -> Result<u64, String> {
     let n = s
@@ -173,100 +168,6 @@ pub struct UmountArgs {
     timeout: Duration,
 }
 
-/// What a mount is made from: the images, the mountpoint and every option, checked.
-#[derive(Clone)]
-struct Settings {
-    images: Vec<PathBuf>,
-    mountpoint: PathBuf,
-    pins: Vec<Pin>,
-    opts: MountOptions,
-    root: bool,
-    /// The signature policy `oci://` images must satisfy, loaded once (`None`: none).
-    trust: Option<Arc<signatures::Trust>>,
-    /// The engine that serves the mount (never `Auto`), and why it was chosen.
-    engine: (Engine, String),
-}
-
-impl Settings {
-    /// Writable: an upper directory and no `ro`.
-    fn writable(&self) -> bool {
-        self.opts.upper.is_some() && self.opts.read_only != Some(true)
-    }
-
-    /// The mount as `imagefs::mount` carries it out (`source`: what mount tables show).
-    fn plan(&self, source: String, timeout: Duration) -> plan::Plan {
-        let o = &self.opts;
-        let on = |v: Option<bool>| v == Some(true);
-        let access = if o.allow_other {
-            plan::Access::All
-        } else if o.allow_root {
-            plan::Access::RootAndOwner
-        } else {
-            plan::Access::Owner
-        };
-        plan::Plan {
-            source,
-            mountpoint: self.mountpoint.clone(),
-            writable: self.writable(),
-            flags: plan::Flags {
-                nosuid: on(o.nosuid),
-                nodev: on(o.nodev),
-                noexec: on(o.noexec),
-                sync: on(o.sync),
-                dirsync: on(o.dirsync),
-                atime: o.atime,
-                nodiratime: on(o.nodiratime),
-                lazytime: on(o.lazytime),
-                nosymfollow: on(o.nosymfollow),
-            },
-            access,
-            threads: self.threads(),
-            transport: self.opts.transport.unwrap_or(Transport::Auto),
-            poll: self.opts.poll_us.map(Duration::from_micros),
-            as_root: self.root,
-            timeout,
-            engine_why: self.engine.1.clone(),
-        }
-    }
-
-    fn threads(&self) -> usize {
-        self.opts
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-            .min(mountopts::MAX_THREADS)
-    }
-
-    /// How the images are read (remote ones: plain HTTP when asked, and each request
-    /// bounded by `timeout` in all).
-    fn read_opts(&self, timeout: Duration) -> ReadOpts {
-        let dir = match self.opts.nocache {
-            true => None,
-            false => self.opts.cache.clone().or_else(remote::cache::default_dir),
-        };
-        ReadOpts {
-            insecure: self.opts.insecure,
-            timeout: timeout.min(MAX_TIMEOUT) / 2,
-            cache: dir.map(|d| (d, self.opts.cache_size.unwrap_or(DEFAULT_CACHE_SIZE))),
-            default_cache: self.opts.cache.is_none(),
-            trust: self.trust.clone(),
-            ..ReadOpts::default()
-        }
-    }
-
-    fn measure(&self) -> MeasureArgs {
-        MeasureArgs {
-            policy: self.opts.policy.clone(),
-            measure_log: self.opts.measure_log.clone(),
-            measure_hash: HashName(
-                self.opts
-                    .measure_hash
-                    .clone()
-                    .unwrap_or_else(|| "sha256".into()),
-            ),
-        }
-    }
-}
-
 /// Folds a flag into the options; a flag and an `-o` option for the same thing must not
 /// both be given.
 fn fold<T: Clone>(slot: &mut Option<T>, flag: &Option<T>, name: &str) -> anyhow::Result<()> {
@@ -282,8 +183,8 @@ fn fold<T: Clone>(slot: &mut Option<T>, flag: &Option<T>, name: &str) -> anyhow:
     Ok(())
 }
 
-/// Parses and checks the command line into [`Settings`].
-fn settings(a: &Args) -> anyhow::Result<Settings> {
+/// Parses the command line into a checked [`Mount`].
+fn settings(a: &Args) -> anyhow::Result<Mount> {
     if a.paths.len() < 2 {
         bail!("give one or more images, then the mountpoint");
     }
@@ -332,9 +233,6 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
     let images = a.paths[..a.paths.len() - 1].to_vec();
     let mountpoint = a.paths[a.paths.len() - 1].clone();
     let pins = pins(&a.digests, opts.digest.as_deref(), images.len())?;
-    if opts.prefetch && !images.iter().any(|i| is_remote(i)) {
-        bail!("prefetch: no image is remote (oci://, http://, https://)");
-    }
     let any_oci = images
         .iter()
         .any(|i| i.to_str().is_some_and(|s| s.starts_with("oci://")));
@@ -347,35 +245,12 @@ fn settings(a: &Args) -> anyhow::Result<Settings> {
             opts.signature_policy = Some(default);
         }
     }
-    let root = rustix::process::geteuid().is_root();
-    check(&opts, root)?;
-    // The daemon, given the same options, decides the same way, for the same reason.
-    let engine = choose_engine(&opts, root)?;
     // The daemon gets the options as one string: it must read back as the same value.
     if MountOptions::parse(opts.render().as_bytes()).as_ref() != Ok(&opts) {
         bail!("a path among the options holds a double quote or is empty: rename it");
     }
-    // Loaded before the mountpoint or any image is looked at (a FIFO or a GPG
-    // requirement fails at once); a policy named is read even when no image is `oci://`,
-    // so a bad one never passes unnoticed.
-    let trust = if any_oci || opts.signature_policy.is_some() {
-        let policy = Policy {
-            signature_policy: opts.signature_policy.clone(),
-            registries_d: opts.registries_d.clone(),
-        };
-        policy.load()?.map(Arc::new)
-    } else {
-        None
-    };
-    Ok(Settings {
-        images,
-        mountpoint,
-        pins,
-        opts,
-        root,
-        trust,
-        engine,
-    })
+    let root = rustix::process::geteuid().is_root();
+    Mount::new(images, mountpoint, pins, opts, root)
 }
 
 /// `$VERILAY_TRANSPORT`, the transport of mounts that do not name one.
@@ -395,29 +270,6 @@ fn from_env<T>(name: &str, parse: fn(&str) -> Result<T, String>) -> anyhow::Resu
     }
 }
 
-/// The engine that serves a mount with options `o` (`root`: the caller is root), and
-/// why: `kernel` asked for a mount it cannot serve is an error naming what is missing.
-fn choose_engine(o: &MountOptions, root: bool) -> anyhow::Result<(Engine, String)> {
-    let asked = o.engine.unwrap_or(Engine::Auto);
-    if asked == Engine::Fuse {
-        return Ok((Engine::Fuse, "asked for".into()));
-    }
-    let unserved = if !root || !host::mounts::in_first_user_namespace() {
-        Some("erofs mounts need root (in the first user namespace)".to_string())
-    } else {
-        host::mounts::file_backed_erofs().err()
-    };
-    match (asked, unserved) {
-        (Engine::Kernel, Some(why)) => bail!("engine=kernel: {why}"),
-        (Engine::Kernel, None) => Ok((Engine::Kernel, "asked for".into())),
-        (_, Some(why)) => Ok((Engine::Fuse, why)),
-        (_, None) => Ok((
-            Engine::Kernel,
-            "root, and the kernel has file-backed erofs".into(),
-        )),
-    }
-}
-
 /// The `--digest` pin of each image, or `-o digest=` for a single image.
 fn pins(digests: &[String], option: Option<&str>, n: usize) -> anyhow::Result<Vec<Pin>> {
     let pin = |d: &str| Pin {
@@ -434,53 +286,12 @@ fn pins(digests: &[String], option: Option<&str>, n: usize) -> anyhow::Result<Ve
     }
 }
 
-/// The combinations of options that cannot be honoured.
-fn check(o: &MountOptions, root: bool) -> anyhow::Result<()> {
-    match (&o.upper, &o.work) {
-        (Some(_), None) => bail!("--upper needs --work (an empty directory beside it)"),
-        (None, Some(_)) => bail!("--work needs --upper"),
-        (None, None) if o.read_only == Some(false) => {
-            bail!("rw: a writable mount needs --upper and --work (images are read-only)")
-        }
-        _ => {}
-    }
-    if o.nocache && (o.cache.is_some() || o.cache_size.is_some()) {
-        bail!("nocache with cache= or cache_size=: give one");
-    }
-    if o.prefetch && o.nocache {
-        bail!("prefetch fills the cache: it cannot go with nocache");
-    }
-    if o.allow_other && o.allow_root {
-        bail!("allow_other and allow_root: give one (allow_other includes root)");
-    }
-    if o.allow_root && !root {
-        // The kernel knows allow_other only, and FUSE's check of the caller skips reads
-        // (and cached entries and attributes need no request): every user would read.
-        bail!(
-            "allow_root: a mount by an ordinary user cannot be limited to root and its \
-             owner, it would amount to allow_other (every user): give allow_other, or neither"
-        );
-    }
-    if let Some(t) = o.threads {
-        check_threads(t).map_err(|e| anyhow::anyhow!("--threads {t}: {e}"))?;
-    }
-    if !root {
-        // fusermount3 makes every ordinary user's mount nosuid,nodev.
-        for (asked, name) in [(o.nosuid, "suid"), (o.nodev, "dev")] {
-            if asked == Some(false) {
-                bail!("{name}: a mount by an ordinary user is always no{name} (fusermount3)");
-            }
-        }
-    }
-    Ok(())
-}
-
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let s = settings(&a)?;
     if let Some(fd) = a.ready_fd {
-        return daemon::serve(s, plan::Report::Pipe(fd), a.timeout);
+        return mountd::serve(s, plan::Report::Pipe(fd), a.timeout);
     }
-    let trust = preflight(&s, a.timeout)?;
+    let trust = s.preflight(a.timeout)?;
     if a.fake {
         return Ok(0);
     }
@@ -489,7 +300,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         announce(&s, &trust);
     }
     if a.foreground {
-        return daemon::serve(s, plan::Report::Stderr, a.timeout);
+        return mountd::serve(s, plan::Report::Stderr, a.timeout);
     }
     let transport = spawn_daemon(&s, &a.digests, a.timeout)?;
     if !a.quiet {
@@ -504,7 +315,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn announce(s: &Settings, trust: &[String]) {
+fn announce(s: &Mount, trust: &[String]) {
     for (image, trust) in s.images.iter().zip(trust) {
         eprintln!(
             "{}: mounted on {}, every read verified, digest {trust}",
@@ -514,97 +325,9 @@ fn announce(s: &Settings, trust: &[String]) {
     }
 }
 
-/// Everything that can be checked before a daemon exists, so its errors come out here.
-/// Returns how far each image is trusted ("sha256:… (pinned)" or "… (not pinned)").
-fn preflight(s: &Settings, timeout: Duration) -> anyhow::Result<Vec<String>> {
-    let mp = s.mountpoint.display();
-    if s.images.len() > MAX_LAYERS {
-        bail!(
-            "{} images: at most {MAX_LAYERS} can be stacked",
-            s.images.len()
-        );
-    }
-    let meta = std::fs::metadata(&s.mountpoint).with_context(|| format!("mountpoint {mp}"))?;
-    if !meta.is_dir() {
-        bail!("mountpoint {mp}: not a directory");
-    }
-    if plan::is_mount_point(&s.mountpoint)? {
-        bail!("mountpoint {mp}: something is already mounted there");
-    }
-    if !Path::new("/dev/fuse").exists() {
-        bail!("/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device");
-    }
-    for image in s.images.iter().filter(|i| !is_remote(i)) {
-        check_image_file(image)?;
-    }
-    s.measure().check()?;
-    // The daemon inherits the limit raised here.
-    plan::raise_descriptor_limit();
-    if s.writable() {
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .current
-            .unwrap_or(u64::MAX);
-        if limit < MIN_WRITABLE_DESCRIPTORS {
-            bail!(
-                "a writable mount needs at least {MIN_WRITABLE_DESCRIPTORS} descriptors (ulimit -n; 1024 for storms of creations in one directory, and 4 more for each file kept open through it at once), and this process may have {limit}: with fewer, creations stall for seconds and fail with EMFILE; raise ulimit -n"
-            );
-        }
-    }
-    check_descriptor_budget(s.threads())?;
-    // Opening checks the verity section, the pinned digest and the superblock.
-    s.images
-        .iter()
-        .zip(&s.pins)
-        .map(|(image, pin)| Ok(open_with(image, pin, false, &s.read_opts(timeout))?.trust()))
-        .collect()
-}
-
-/// Whether an image operand is a remote image (`oci://`, `http(s)://`), not a file.
-pub fn is_remote(image: &Path) -> bool {
-    image.to_str().is_some_and(remote::is_remote)
-}
-
-/// An image is a regular file or a block device: opening a FIFO would wait forever.
-fn check_image_file(image: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let t = std::fs::metadata(image)
-        .with_context(|| format!("image {}", image.display()))?
-        .file_type();
-    if !(t.is_file() || t.is_block_device()) {
-        bail!("image {}: not a regular file", image.display());
-    }
-    Ok(())
-}
-
-/// Every worker but the first holds its own /dev/fuse descriptor; they may take at most a
-/// quarter of the descriptor limit, since a writable mount keeps one descriptor per upper
-/// object the kernel has cached and starts dropping names at half the limit.
-fn check_descriptor_budget(threads: usize) -> anyhow::Result<()> {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    let most = (limit / 4).max(1);
-    if threads as u64 > most {
-        bail!(
-            "--threads {threads}: each worker takes a /dev/fuse descriptor, and with a \
-             descriptor limit of {limit} (ulimit -n) a mount may have at most {most}"
-        );
-    }
-    Ok(())
-}
-
-/// The fewest descriptors a writable mount works with. Its nodes hold a descriptor per
-/// upper object the kernel keeps, and past half the limit the reaper has the kernel drop
-/// names, which waits for the directories callers hold. At 256 a tree of thousands of
-/// files is still written whole (`upper.rs`:
-/// `a_tree_of_more_objects_than_descriptors_is_written_whole`); below, the reaper's
-/// floor of 64 leaves too little. Storms of creations in one directory need 1,024
-/// (docs/SECURITY.md section 6), and each file held open pins two more.
-const MIN_WRITABLE_DESCRIPTORS: u64 = 256;
-
 /// Starts the daemon (this binary again) and follows its setup until the mount answers:
 /// the transport it serves over.
-fn spawn_daemon(s: &Settings, digests: &[String], timeout: Duration) -> anyhow::Result<String> {
+fn spawn_daemon(s: &Mount, digests: &[String], timeout: Duration) -> anyhow::Result<String> {
     let exe = std::env::current_exe().context("finding the verilay binary")?;
     plan::start_daemon(&s.mountpoint, timeout, |ready_fd| {
         let mut cmd = Command::new(exe);

@@ -109,12 +109,17 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// The files as `opening` takes them.
+    pub fn files(&self) -> opening::PolicyFiles {
+        opening::PolicyFiles {
+            signature_policy: self.signature_policy.clone(),
+            registries_d: self.registries_d.clone(),
+        }
+    }
+
+    /// The policy, read now (`None`: no policy file where one was looked for).
     pub fn load(&self) -> anyhow::Result<Option<signatures::Trust>> {
-        signatures::Trust::load(
-            self.signature_policy.as_deref(),
-            self.registries_d.as_deref(),
-        )
-        .map_err(anyhow::Error::msg)
+        self.files().load()
     }
 }
 

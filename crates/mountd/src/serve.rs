@@ -3,18 +3,21 @@
 //! the plan (`imagefs::mount::Plan`) mount and serve it until unmounted. Each setup step
 //! is announced to the waiting `verilay mount` before it starts.
 
-use super::Settings;
-use crate::cmd::image::{open_with, Img, ReadOpts};
-use crate::cmd::measuring::{LayerId, MeasureArgs};
+use crate::measuring::{self, LayerId, Measure};
+use crate::Mount;
 use anyhow::Context;
 use imagefs::measuring::{ExtraStats, Measuring};
 use imagefs::mount::{self as plan, Reporter};
+use opening::{Img, ReadOpts};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub fn serve(s: Settings, report: plan::Report, timeout: Duration) -> anyhow::Result<i32> {
+/// Sets up and serves mount `s` until it is unmounted, reporting each step to `report`
+/// (the waiting `verilay mount`'s pipe, or stderr in the foreground): the exit status.
+/// Call it before any thread exists (it reserves the descriptor table first).
+pub fn serve(s: Mount, report: plan::Report, timeout: Duration) -> anyhow::Result<i32> {
     // First: no thread may exist yet (see there).
     plan::reserve_descriptor_table();
     let mut reporter = Reporter::open(report)?;
@@ -35,7 +38,7 @@ struct Layers {
     extra: Option<ExtraStats>,
 }
 
-fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow::Result<()> {
+fn mount_and_serve(s: &Mount, r: &mut Reporter, timeout: Duration) -> anyhow::Result<()> {
     // Held until this process exits (never closed before: the kernel lets go of it as
     // the process ends, after the list is closed), which is what `verilay umount` waits for.
     if let Some(fd) = plan::hold_mountpoint(&s.mountpoint) {
@@ -55,18 +58,18 @@ fn mount_and_serve(s: &Settings, r: &mut Reporter, timeout: Duration) -> anyhow:
     };
     r.step("open the log file");
     let log = logger(s, r.on_stderr())?;
-    let measure = s.measure();
+    let measure = s.measure()?;
     if s.engine.0 == mountopts::Engine::Kernel {
-        return serve_kernel(s, &plan, layers, claim, log, &measure, r);
+        return serve_kernel(s, &plan, layers, claim, log, measure.as_ref(), r);
     }
     match claim {
-        Some(claim) => serve_writable(s, &plan, layers, claim, log, &measure, r),
-        None => serve_read_only(s, &plan, layers, log, &measure, r),
+        Some(claim) => serve_writable(s, &plan, layers, claim, log, measure.as_ref(), r),
+        None => serve_read_only(s, &plan, layers, log, measure.as_ref(), r),
     }
 }
 
 /// Opens every image of the mount (remote ones prefetching with `--prefetch`).
-fn open_layers(s: &Settings, timeout: Duration) -> anyhow::Result<Layers> {
+fn open_layers(s: &Mount, timeout: Duration) -> anyhow::Result<Layers> {
     let read_opts = ReadOpts {
         parallel_hashing: false,
         ..s.read_opts(timeout)
@@ -79,7 +82,7 @@ fn open_layers(s: &Settings, timeout: Duration) -> anyhow::Result<Layers> {
     };
     let mut remotes = Vec::new();
     for (image, pin) in s.images.iter().zip(&s.pins) {
-        let opened = open_with(image, pin, false, &read_opts)?;
+        let opened = opening::open(image, pin, false, &read_opts)?;
         layers.ids.push(LayerId {
             uuid: opened.img.superblock().uuid,
             digest: opened
@@ -111,7 +114,7 @@ fn open_layers(s: &Settings, timeout: Duration) -> anyhow::Result<Layers> {
 }
 
 /// The source shown in mount tables: the images, top first, as overlayfs lists layers.
-fn source(s: &Settings) -> String {
+fn source(s: &Mount) -> String {
     s.images
         .iter()
         .map(|i| {
@@ -126,12 +129,12 @@ fn source(s: &Settings) -> String {
 
 /// The images under the claimed upper and work directories.
 fn serve_writable(
-    s: &Settings,
+    s: &Mount,
     plan: &plan::Plan,
     layers: Layers,
     mut claim: upper::Claim,
     log: imagefs::Logger,
-    measure: &MeasureArgs,
+    measure: Option<&Measure>,
     r: &mut Reporter,
 ) -> anyhow::Result<()> {
     r.step("empty the work directory");
@@ -144,15 +147,14 @@ fn serve_writable(
         )
     })?;
     r.step("open the measurement list");
-    let setup =
-        crate::cmd::measuring::setup(measure, &layers.ids, Some(upper.root()), &s.mountpoint)?;
+    let setup = measuring::setup(measure, &layers.ids, Some(upper.root()), &s.mountpoint)?;
+    let measuring = setup.as_ref().map(|s| s.measuring.clone());
     r.step("read the root directories");
     let mut fs = imagefs::UnionFs::new(layers.images, upper, plan.source.clone(), log)
         .context("reading the root directories")?;
     if let Some(e) = layers.extra {
         fs.set_extra_stats(e);
     }
-    let measuring = setup.as_ref().map(|s| s.measuring.clone());
     if let Some(setup) = setup {
         fs.set_measuring(setup);
     }
@@ -170,12 +172,12 @@ fn serve_writable(
 /// The images by the kernel's erofs over the image files this daemon serves, and
 /// overlayfs for a stack or under the claimed upper and work directories.
 fn serve_kernel(
-    s: &Settings,
+    s: &Mount,
     plan: &plan::Plan,
     layers: Layers,
     mut claim: Option<upper::Claim>,
     log: imagefs::Logger,
-    measure: &MeasureArgs,
+    measure: Option<&Measure>,
     r: &mut Reporter,
 ) -> anyhow::Result<()> {
     use imagefs::imagefiles::{ImageFile, ImageFiles, MetadataCheck};
@@ -202,7 +204,7 @@ fn serve_kernel(
         None => None,
     };
     r.step("open the measurement list");
-    let setup = crate::cmd::measuring::setup(
+    let setup = measuring::setup(
         measure,
         &layers.ids,
         upper.as_ref().map(std::os::fd::AsFd::as_fd),
@@ -244,7 +246,7 @@ fn serve_kernel(
         .map(|(source, image)| {
             // A remote image's metadata is checked as the kernel reads it, fetched as
             // the FUSE engine would fetch it.
-            let check = if super::is_remote(image) {
+            let check = if opening::is_remote(image) {
                 MetadataCheck::AsRead
             } else {
                 MetadataCheck::Whole
@@ -320,22 +322,22 @@ fn claimed_paths(
 
 /// The images alone, read-only.
 fn serve_read_only(
-    s: &Settings,
+    s: &Mount,
     plan: &plan::Plan,
     layers: Layers,
     log: imagefs::Logger,
-    measure: &MeasureArgs,
+    measure: Option<&Measure>,
     r: &mut Reporter,
 ) -> anyhow::Result<()> {
     r.step("open the measurement list");
-    let setup = crate::cmd::measuring::setup(measure, &layers.ids, None, &s.mountpoint)?;
+    let setup = measuring::setup(measure, &layers.ids, None, &s.mountpoint)?;
+    let measuring = setup.as_ref().map(|s| s.measuring.clone());
     r.step("read the root directories");
     let mut fs = imagefs::ImageFs::new(layers.images, plan.source.clone(), log)
         .context("reading the root directories")?;
     if let Some(e) = layers.extra {
         fs.set_extra_stats(e);
     }
-    let measuring = setup.as_ref().map(|s| s.measuring.clone());
     if let Some(setup) = setup {
         fs.set_measuring(setup);
     }
@@ -399,11 +401,11 @@ fn remote_stats(remotes: Vec<Remote>) -> Option<ExtraStats> {
 
 /// The paths a mount uses besides its upper and work directories, which must not be in
 /// either: the work directory's cleanup would delete them, the upper one would show them.
-fn outside_paths(s: &Settings) -> Vec<(&'static str, &Path)> {
+fn outside_paths(s: &Mount) -> Vec<(&'static str, &Path)> {
     let mut v: Vec<(&str, &Path)> = s
         .images
         .iter()
-        .filter(|i| !super::is_remote(i))
+        .filter(|i| !opening::is_remote(i))
         .map(|i| ("image", i.as_path()))
         .collect();
     if let Some(log) = &s.opts.log {
@@ -416,7 +418,7 @@ fn outside_paths(s: &Settings) -> Vec<(&'static str, &Path)> {
 }
 
 /// Log lines go to the log file (`--log`), else stderr (foreground) or nowhere but syslog.
-fn logger(s: &Settings, to_stderr: bool) -> anyhow::Result<imagefs::Logger> {
+fn logger(s: &Mount, to_stderr: bool) -> anyhow::Result<imagefs::Logger> {
     let file = match &s.opts.log {
         Some(p) => Some(std::sync::Mutex::new(open_log(p)?)),
         None => None,
@@ -454,7 +456,7 @@ fn syslog(line: &str) {
 
 /// A detached daemon's stderr goes nowhere: a panic (a bug) is also said in the system
 /// log and the log file, so a mount that vanished leaves a trace.
-fn report_panics(s: &Settings) {
+fn report_panics(s: &Mount) {
     let log = s.opts.log.clone();
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
