@@ -245,12 +245,13 @@ fn settings(a: &Args) -> anyhow::Result<Mount> {
             opts.signature_policy = Some(default);
         }
     }
+    let root = rustix::process::geteuid().is_root();
+    let m = Mount::new(images, mountpoint, pins, opts, root)?;
     // The daemon gets the options as one string: it must read back as the same value.
-    if MountOptions::parse(opts.render().as_bytes()).as_ref() != Ok(&opts) {
+    if MountOptions::parse(m.opts.render().as_bytes()).as_ref() != Ok(&m.opts) {
         bail!("a path among the options holds a double quote or is empty: rename it");
     }
-    let root = rustix::process::geteuid().is_root();
-    Mount::new(images, mountpoint, pins, opts, root)
+    Ok(m)
 }
 
 /// `$VERILAY_TRANSPORT`, the transport of mounts that do not name one.
