@@ -171,6 +171,7 @@ impl Compressor {
         }
     }
 
+    #[allow(unsafe_code)] // calls liblzma
     fn fill_lzma(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(usize, usize), Error> {
         use liblzma_sys as x;
         let preset = self.compression.level.unwrap_or(LZMA_DEFAULT_LEVEL) as u32;
@@ -297,6 +298,7 @@ mod tests {
     }
 
     /// Decodes with the codec's own library, never verilay's reader.
+    #[allow(unsafe_code)] // calls liblzma
     fn decode(c: Compression, src: &[u8], size: usize, window: u32) -> Vec<u8> {
         let mut out = vec![0u8; size];
         match c.algorithm {

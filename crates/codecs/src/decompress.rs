@@ -92,6 +92,7 @@ fn zstd(src: &[u8], dst: &mut [u8]) -> Result<usize, Error> {
 
 /// MicroLZMA (liblzma's framing for EROFS: a raw LZMA1 stream whose first byte carries the
 /// properties), decoded by liblzma itself.
+#[allow(unsafe_code)] // calls liblzma
 fn lzma(src: &[u8], dst: &mut [u8]) -> Result<usize, Error> {
     use liblzma_sys as x;
     // No match reaches further back than the output: a dictionary as large as the output
@@ -170,6 +171,7 @@ mod tests {
         c.compress(data).unwrap()
     }
 
+    #[allow(unsafe_code)] // calls liblzma
     fn microlzma(data: &[u8]) -> Vec<u8> {
         use liblzma_sys as x;
         let mut out = vec![0u8; data.len() + 1024];

@@ -3,8 +3,6 @@
 //! ([`decompress()`]). Framing is EROFS's: LZ4 blocks, MicroLZMA, raw DEFLATE, Zstandard
 //! frames, as the kernel's `decompressor*.c` expect them.
 
-#![warn(missing_docs)]
-
 mod compress;
 mod decompress;
 

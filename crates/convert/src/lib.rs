@@ -10,7 +10,6 @@
 //!   content-derived UUID (the same layer always gives the same image digest), and pushed.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod source;
 

@@ -4,8 +4,6 @@
 //! Data flows one way: `build` turns a source tree into image bytes; `read` turns image
 //! bytes (from any [`read::ByteSource`]) back into inodes, directories, data and xattrs.
 
-#![warn(missing_docs)]
-
 pub mod builder;
 pub mod format;
 pub mod read;

@@ -10,6 +10,9 @@
 //!   scheduler wakes a caller on an idle CPU rather than beside its answerer: a thread that
 //!   finds a request after a quiet spell nudges every queue whose threads all sleep.
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use crate::event::EventFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;

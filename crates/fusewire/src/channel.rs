@@ -2,6 +2,9 @@
 //! whatever the transport (io_uring carries only requests and their replies):
 //! notifications (invalidations, pages handed over) and passthrough backing files.
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use crate::abi::{self, notify};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};

@@ -2,6 +2,9 @@
 //! descriptor (FUSE_DEV_IOC_CLONE, so the kernel wakes one waiting reader per request) and
 //! writes each reply with one writev(2).
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use crate::abi::{self, OutHeader};
 use crate::channel::write_all_parts;
 use crate::dispatch::{serve, Filesystem};

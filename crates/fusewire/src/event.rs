@@ -1,5 +1,8 @@
 //! An eventfd: how a session wakes threads blocked on the kernel (to stop, or to look).
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 

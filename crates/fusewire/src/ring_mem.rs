@@ -3,6 +3,9 @@
 //! whenever it hands the entry a request, for the connection's life, so the session holds
 //! the memory until the serving thread is joined.
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use crate::abi::UringReqHeader;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::io;

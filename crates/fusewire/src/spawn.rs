@@ -2,6 +2,9 @@
 //! for it: a started thread that cannot allocate aborts the daemon (Rust aborts on a failed
 //! allocation), so under a tight `ulimit -v` the mount fails with an error first.
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::sync::mpsc;
 use std::thread::{Builder, JoinHandle};

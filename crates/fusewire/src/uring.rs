@@ -9,6 +9,9 @@
 //! - Where a queue's threads run: `affinity`.
 //! - At unmount every entry completes with -ENOTCONN and its thread ends.
 
+// This module makes syscalls; each unsafe block says why it holds.
+#![allow(unsafe_code)]
+
 use crate::abi::{self, OutHeader, UringCmdReq, UringReqHeader};
 use crate::affinity::{QueueThreads, BIG_IO};
 use crate::dispatch::{serve, Filesystem};

@@ -425,6 +425,7 @@ impl fusewire::Filesystem for CountingGetattr {
 /// never cached): every thread ends, and every request served was answered: each caller
 /// got exactly as many answers as the filesystem served for it (its next request waits
 /// unserved until the connection closes).
+#[allow(unsafe_code)] // gettid(2), a syscall
 fn stop_under_load_answers_what_it_served(transport: Transport) {
     for round in 0..20u64 {
         let mnt = Mountpoint::new();

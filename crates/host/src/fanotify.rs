@@ -102,6 +102,7 @@ impl Group {
     /// event's length, so several threads each take the next event and answer it, with no
     /// hand-over (nix's reader takes a page of events at once: only groups and marks are
     /// nix's here).
+    #[allow(unsafe_code)] // takes the descriptor the kernel opened for the event
     pub fn next(&self, waiter: &Waiter) -> std::io::Result<Event> {
         let mut buf = [0u8; EVENT_LEN];
         let mut ready = rustix::event::epoll::EventVec::with_capacity(1);
@@ -279,6 +280,7 @@ fn blocked_in(tid: u32) -> Option<(i64, [u64; 6])> {
 /// lease is refused exactly then (the kernel's `i_writecount`; overlayfs included). The
 /// lease is let go at once. A writer opening meanwhile waits for that (its open breaks
 /// the lease, which signals SIGIO to this process: ignored from the first call on).
+#[allow(unsafe_code)] // signal and fcntl(F_SETLEASE), syscalls
 pub fn has_writers(fd: BorrowedFd<'_>) -> std::io::Result<bool> {
     static IGNORE_SIGIO: std::sync::Once = std::sync::Once::new();
     IGNORE_SIGIO.call_once(|| {

@@ -9,8 +9,6 @@
 //! - `mountinfo` (the one parser of `/proc/PID/mountinfo`) and `status` (the one reader of
 //!   `/proc/PID/status`: credentials, pending signals).
 
-#![warn(missing_docs)]
-
 pub mod fanotify;
 pub mod holders;
 pub mod lockfile;

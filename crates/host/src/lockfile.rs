@@ -27,6 +27,7 @@ const RETRY: Duration = Duration::from_millis(10);
 
 /// Takes the lock of `kind` on `fd` (`exclusive`, else shared) without blocking: false
 /// if another holds it.
+#[allow(unsafe_code)] // fcntl(F_OFD_SETLK), a syscall
 pub fn try_lock(fd: BorrowedFd<'_>, kind: Kind, exclusive: bool) -> io::Result<bool> {
     match kind {
         Kind::Flock => {

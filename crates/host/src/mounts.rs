@@ -92,6 +92,7 @@ impl Detached {
     /// Sets how far the kernel reads ahead in the files of the filesystem mounted here,
     /// in KiB: its backing device info's `read_ahead_kb` (a file-backed erofs mount has
     /// one of its own), named by `FS_IOC_GETFSSYSFSPATH` (Linux 6.8+).
+    #[allow(unsafe_code)] // ioctl(FS_IOC_GETFSSYSFSPATH), a syscall
     pub fn set_read_ahead(&self, kib: u32) -> anyhow::Result<()> {
         let root = self.open_root()?;
         // struct fs_sysfs_path { __u8 len; __u8 name[128]; }, read by

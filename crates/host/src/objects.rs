@@ -70,6 +70,7 @@ fn proc_path(fd: BorrowedFd<'_>, name: Option<&CStr>) -> Vec<u8> {
 impl Handle<'_> {
     /// Gives the object owner `uid:gid`; -1 (`u32::MAX`), which chown reads as "leave as
     /// is", is refused (EINVAL).
+    #[allow(unsafe_code)] // rustix id constructors, unsafe for -1
     pub fn chown(self, uid: u32, gid: u32) -> Result<()> {
         if uid == u32::MAX || gid == u32::MAX {
             return Err(Errno::INVAL);

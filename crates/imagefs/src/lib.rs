@@ -3,8 +3,6 @@
 //! mounted from a typed plan (`mount`). Both implement [`Ops`], the operations as plain
 //! methods; [`Fuse`] is the one adapter from FUSE requests to those calls.
 
-#![warn(missing_docs)]
-
 pub mod attr;
 mod backing;
 pub mod fuse;

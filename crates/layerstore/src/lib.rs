@@ -5,7 +5,6 @@
 //! holds its layer before podman may reuse it.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod check;
 pub mod fs;

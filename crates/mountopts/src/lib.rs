@@ -10,7 +10,6 @@
 //! - Of contradicting options (`ro,rw`) the last wins, as with mount(8).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};

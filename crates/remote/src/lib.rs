@@ -11,7 +11,6 @@
 //!   tried by one request at a time until it answers (`fetch`).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod cache;
 pub mod prefetch;

@@ -11,7 +11,6 @@
 //!   hold, is refused naming the entry's offset, never guessed (docs/SECURITY.md section 4).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod header;
 mod pax;

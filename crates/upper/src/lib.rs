@@ -11,7 +11,6 @@
 //!   when it starts with `/`).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};

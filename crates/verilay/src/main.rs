@@ -115,6 +115,7 @@ fn main() {
 /// by SIGPIPE's default action: Rust ignores SIGPIPE, so the next write to stderr would
 /// panic. Daemons and socket clients keep it ignored: to them a closed socket is an error
 /// they handle.
+#[allow(unsafe_code)] // signal(2), a syscall
 fn end_quietly_on_closed_pipes() {
     // SAFETY: signal(2) with SIG_DFL installs no handler; no other thread runs yet.
     unsafe {

@@ -735,6 +735,7 @@ fn verity_fixture(base: &Path, sizes: &[usize]) -> (Vec<(PathBuf, Vec<u8>)>, Pat
 }
 
 /// Maps `path` a page further than its size: the bytes past the end must be zeros.
+#[allow(unsafe_code)] // mmap, a syscall
 fn mapped_past_the_end(path: &Path) -> Vec<u8> {
     let f = fs::File::open(path).unwrap();
     let len = f.metadata().unwrap().len() as usize;

@@ -559,6 +559,7 @@ fn exercise_file(path: &Path, seed: u64, ops: usize, initial: Vec<u8>) {
                 if size == 0 {
                     continue;
                 }
+                #[allow(unsafe_code)] // mmap, a syscall
                 // SAFETY: the map is private to this test; nothing else writes the file
                 // while it exists, and it is dropped before the next operation.
                 let mut map = unsafe { memmap2::MmapMut::map_mut(&f).unwrap() };

@@ -5,7 +5,6 @@
 //! ([`source::ByteSource`]), `verified` (every byte checked against a pinned tree).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod alg;
 pub mod appended;

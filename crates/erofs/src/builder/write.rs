@@ -73,6 +73,7 @@ pub fn write_image(
     // The image is written through a shared mapping: file data is read straight into its
     // final place (one copy), and workers on different cores never contend on the
     // output file's inode lock as they would with write(2).
+    #[allow(unsafe_code)] // mmap, a syscall
     // SAFETY: `out` is the builder's own freshly created temporary file; nothing else
     // truncates or maps it while `map` lives, so the mapping stays valid.
     let mut map = unsafe { memmap2::MmapMut::map_mut(out) }.map_err(werr)?;

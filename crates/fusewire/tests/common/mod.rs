@@ -1,6 +1,8 @@
 //! Helpers of the fusewire tests: counted skips (the workspace's one helper), root, real
 //! mounts with mount(2), the io_uring switch, polling with a deadline.
 #![allow(dead_code)]
+// These helpers make syscalls (mount(2) and the like); each unsafe block says why it holds.
+#![allow(unsafe_code)]
 
 pub mod memfs;
 pub mod wire;

@@ -64,6 +64,7 @@ fn fs_type_name(dir: rustix::fd::BorrowedFd<'_>) -> Option<String> {
 }
 
 /// The filesystem's uuid as the kernel holds it (`FS_IOC_GETFSUUID`, Linux 6.5+).
+#[allow(unsafe_code)] // ioctl(FS_IOC_GETFSUUID), a syscall
 fn fs_uuid(dir: rustix::fd::BorrowedFd<'_>) -> Option<[u8; 16]> {
     use rustix::fd::AsRawFd;
     // struct fsuuid2 { __u8 len; __u8 uuid[16]; }; _IOR(0x15, 0, struct fsuuid2)

@@ -46,6 +46,7 @@ fn task_ids_pidfd(pid: u32) -> Option<TaskIds> {
 
 /// The task's ids from its pidfd (`PIDFD_GET_INFO`), when its real, effective and saved
 /// ids agree; `None` otherwise, or when the task is gone or the kernel lacks the ioctl.
+#[allow(unsafe_code)] // ioctl(PIDFD_GET_INFO), a syscall
 fn pidfd_ids(fd: &rustix::fd::OwnedFd) -> Option<TaskIds> {
     use rustix::fd::AsRawFd;
     // _IOWR(0xFF, 11, struct pidfd_info), the 64-byte first version of the struct.

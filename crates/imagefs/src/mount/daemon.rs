@@ -48,6 +48,7 @@ pub struct Reporter(Option<std::fs::File>);
 impl Reporter {
     /// Takes the pipe of `report`; a daemon reporting on a pipe starts its own session,
     /// so the caller's terminal closing cannot hang it up.
+    #[allow(unsafe_code)] // takes the descriptor the parent handed over
     pub fn open(report: Report) -> anyhow::Result<Reporter> {
         let Report::Pipe(fd) = report else {
             return Ok(Reporter(None));

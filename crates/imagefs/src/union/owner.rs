@@ -79,6 +79,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
     /// Gives the upper object `fd` (at `path`) the owner and mode asked for: as root on
     /// the host file; rootless in the override xattr (an ordinary user cannot give files
     /// away), the host file staying ours and usable by us.
+    #[allow(unsafe_code)] // rustix id constructors, unsafe for -1
     pub(super) fn set_owner_mode(
         &self,
         fd: BorrowedFd<'_>,

@@ -23,8 +23,11 @@ use std::path::Path;
 
 /// One hostile input for a fuzz target (a binary in `fuzz/fuzz_targets/`).
 pub struct Seed {
+    /// The fuzz target's name.
     pub target: &'static str,
+    /// The seed's file name in the target's corpus.
     pub name: String,
+    /// The input itself.
     pub bytes: Vec<u8>,
 }
 
