@@ -214,6 +214,7 @@ pub struct Backing {
 }
 
 impl Backing {
+    /// The id the kernel gave it, for `Open::backing_id`.
     pub fn id(&self) -> u32 {
         self.id
     }

@@ -11,7 +11,9 @@ use crate::split::{DecodeError, Raw};
 /// A request's sender and id.
 #[derive(Clone, Copy, Debug)]
 pub struct Context {
+    /// The request's id.
     pub unique: u64,
+    /// Who sent it.
     pub caller: Caller,
 }
 

@@ -39,17 +39,22 @@ impl Default for Wants {
 /// What the kernel and the filesystem agreed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Negotiated {
+    /// The protocol minor version in use (the lower of the kernel's and this crate's).
     pub minor: u32,
     /// Everything the kernel offered.
     pub offered: u64,
     /// What was asked and offered (the flags of the INIT reply).
     pub granted: u64,
+    /// The largest WRITE, in bytes.
     pub max_write: u32,
+    /// The largest readahead, in bytes.
     pub max_readahead: u32,
+    /// The most pages in one request.
     pub max_pages: u16,
 }
 
 impl Negotiated {
+    /// Whether the INIT flag `flag` was granted.
     pub fn has(&self, flag: u64) -> bool {
         self.granted & flag != 0
     }
@@ -82,10 +87,18 @@ pub enum InitError {
         "the kernel speaks FUSE {major}.{minor}; 7.{} or later is needed",
         abi::MIN_KERNEL_MINOR_VERSION
     )]
-    Version { major: u32, minor: u32 },
+    Version {
+        /// The kernel's major version.
+        major: u32,
+        /// The kernel's minor version.
+        minor: u32,
+    },
     /// The first request on /dev/fuse was not INIT.
     #[error("the first request is {} ({opcode}), not INIT", abi::op_name(*.opcode))]
-    NotInit { opcode: u32 },
+    NotInit {
+        /// The first request's opcode.
+        opcode: u32,
+    },
 }
 
 /// The kernel's INIT request, the filesystem's wants and whether the session asks for

@@ -3,9 +3,6 @@
 //! descriptor per worker) or io_uring (`uring`). Decoding and replying know nothing of the
 //! transport: one [`Filesystem`] serves both; [`Stats`] say which carried each request.
 
-// Not yet documented: abi and the re-exported types.
-#![allow(missing_docs)]
-
 pub mod abi;
 mod affinity;
 mod channel;

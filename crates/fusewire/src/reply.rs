@@ -19,9 +19,13 @@ pub trait Sink {
 pub struct Entry {
     /// 0 for a negative entry (the name is absent, and the kernel may cache that).
     pub nodeid: u64,
+    /// Generation: with `nodeid`, unique over the filesystem's life.
     pub generation: u64,
+    /// The node's attributes.
     pub attr: Attr,
+    /// How long the kernel may cache the name.
     pub entry_ttl: Duration,
+    /// How long the kernel may cache the attributes.
     pub attr_ttl: Duration,
 }
 
@@ -51,8 +55,11 @@ impl Entry {
 /// backing id [`crate::Channel::open_backing`] registered.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Open {
+    /// The handle, sent back with each request on the open file.
     pub fh: u64,
+    /// `abi::fopen` flags.
     pub flags: u32,
+    /// The backing file, for passthrough.
     pub backing_id: Option<u32>,
 }
 
@@ -96,6 +103,7 @@ impl<'a> Reply<'a> {
         }
     }
 
+    /// The id of the request answered.
     pub fn unique(&self) -> u64 {
         self.unique
     }
@@ -147,10 +155,12 @@ impl<'a> Reply<'a> {
         self.send(0, 0)
     }
 
+    /// A LOOKUP's (or a create's) answer.
     pub fn entry(self, entry: &Entry) {
         self.value(&entry.out())
     }
 
+    /// A GETATTR's or SETATTR's answer, cached for `ttl`.
     pub fn attr(self, attr: &Attr, ttl: Duration) {
         let out = abi::AttrOut {
             attr_valid: ttl.as_secs(),
@@ -161,6 +171,7 @@ impl<'a> Reply<'a> {
         self.value(&out)
     }
 
+    /// An OPEN's or OPENDIR's answer.
     pub fn opened(self, open: &Open) {
         self.value(&open.out())
     }
@@ -203,14 +214,17 @@ impl<'a> Reply<'a> {
         self.bytes(value)
     }
 
+    /// A STATFS's answer.
     pub fn statfs(self, st: &abi::Kstatfs) {
         self.value(st)
     }
 
+    /// A WRITE's answer: `size` bytes written.
     pub fn written(self, size: u32) {
         self.value(&abi::WriteOut { size, padding: 0 })
     }
 
+    /// An LSEEK's answer: the offset found.
     pub fn lseek(self, offset: u64) {
         self.value(&abi::LseekOut { offset })
     }
@@ -253,10 +267,13 @@ pub struct DirReply<'a> {
 /// One listed name: `next` is the offset the kernel passes to continue after it.
 #[derive(Clone, Copy, Debug)]
 pub struct DirEntry<'n> {
+    /// Inode number.
     pub ino: u64,
+    /// Offset of the next entry.
     pub next: u64,
     /// `DT_*`, see [`dirent_type`].
     pub typ: u32,
+    /// The name.
     pub name: &'n [u8],
 }
 
@@ -322,6 +339,7 @@ impl DirReply<'_> {
         self.len
     }
 
+    /// Whether nothing was written yet.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

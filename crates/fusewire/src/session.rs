@@ -46,6 +46,7 @@ impl Transport {
         ("dev", Transport::Dev),
     ];
 
+    /// The transport of this name (`NAMES`).
     pub fn parse(name: &str) -> Result<Transport, String> {
         Self::NAMES
             .iter()
@@ -54,6 +55,7 @@ impl Transport {
             .ok_or_else(|| format!("{name:?}: not one of auto, uring, dev"))
     }
 
+    /// This transport's name.
     pub fn name(self) -> &'static str {
         Self::NAMES
             .iter()
@@ -65,10 +67,14 @@ impl Transport {
 /// The transport a session serves with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Chosen {
+    /// /dev/fuse.
     Dev {
+        /// Serving threads, each on its own cloned descriptor.
         workers: usize,
     },
+    /// io_uring.
     Uring {
+        /// Ring queues, one per possible CPU.
         queues: usize,
         /// Serving threads per queue, each with one entry of it.
         per_queue: usize,
@@ -103,6 +109,7 @@ pub const MAX_POLL: Duration = Duration::from_millis(10);
 /// How to serve.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
+    /// How requests are to arrive.
     pub transport: Transport,
     /// Threads that run the filesystem's handlers: over io_uring, spread over the CPU
     /// queues, each getting its share rounded up, and at least [`MIN_PER_QUEUE`].
@@ -112,6 +119,7 @@ pub struct Config {
     /// after any thread's last request (see `spin`). `None`: [`DEFAULT_POLL`] over
     /// io_uring, 0 over /dev/fuse.
     pub poll: Option<Duration>,
+    /// What the filesystem asks for in INIT.
     pub wants: Wants,
 }
 
@@ -129,8 +137,10 @@ impl Default for Config {
 /// Why a session did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// Opening, reading or writing /dev/fuse failed.
     #[error("/dev/fuse: {0}")]
     Io(io::Error),
+    /// The kernel's INIT could not be answered.
     #[error("FUSE_INIT: {0}")]
     Init(InitError),
     /// `Transport::Uring` was asked for and the kernel did not take it.
@@ -139,7 +149,12 @@ pub enum StartError {
     /// INIT was answered, but the worker threads (or their descriptors) could not all be
     /// made.
     #[error("starting {count} workers: {error}")]
-    Workers { count: usize, error: io::Error },
+    Workers {
+        /// Threads asked for.
+        count: usize,
+        /// The first failure.
+        error: io::Error,
+    },
 }
 
 impl From<io::Error> for StartError {
@@ -168,6 +183,7 @@ pub struct Stopper {
 }
 
 impl Stopper {
+    /// Asks every thread to end and wakes those waiting.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.dev_stop.signal();
@@ -406,6 +422,7 @@ impl Session {
         Ok(reg_rx)
     }
 
+    /// The transport serving.
     pub fn transport(&self) -> Chosen {
         self.chosen
     }
@@ -415,6 +432,7 @@ impl Session {
         self.poll
     }
 
+    /// What INIT agreed on.
     pub fn negotiated(&self) -> &Negotiated {
         &self.negotiated
     }
@@ -429,6 +447,7 @@ impl Session {
         self.stats.clone()
     }
 
+    /// A handle that stops the session from any thread.
     pub fn stopper(&self) -> Stopper {
         self.stopper.clone()
     }

@@ -7,6 +7,7 @@ use zerocopy::FromBytes;
 /// A request as a transport received it, before decoding.
 #[derive(Clone, Copy, Debug)]
 pub struct Raw<'a> {
+    /// The in header.
     pub header: InHeader,
     /// The first argument, exactly as long as the kernel sent it.
     pub op_in: &'a [u8],
@@ -20,25 +21,49 @@ pub enum DecodeError {
     /// Fewer bytes than the header (or an argument) needs.
     #[error("{what}: {have} bytes where {need} are needed")]
     Truncated {
+        /// What was cut short.
         what: &'static str,
+        /// Bytes it needs.
         need: usize,
+        /// Bytes there are.
         have: usize,
     },
     /// The header's length disagrees with what the transport received.
     #[error("header says {header} bytes, {received} received")]
-    Length { header: u32, received: usize },
+    Length {
+        /// The header's `len`.
+        header: u32,
+        /// Bytes the transport received.
+        received: usize,
+    },
     /// Bytes left after the last argument.
     #[error("{}: {extra} bytes after the last argument", abi::op_name(*.opcode))]
-    Trailing { opcode: u32, extra: usize },
+    Trailing {
+        /// The request's opcode.
+        opcode: u32,
+        /// Bytes left over.
+        extra: usize,
+    },
     /// A name without its terminating NUL, or an empty one.
     #[error("{}: a name without its NUL", abi::op_name(*.opcode))]
-    BadName { opcode: u32 },
+    BadName {
+        /// The request's opcode.
+        opcode: u32,
+    },
     /// An argument whose value the kernel never sends (a time's nanoseconds >= 1 s, ...).
     #[error("{}: impossible {what}", abi::op_name(*.opcode))]
-    BadValue { opcode: u32, what: &'static str },
+    BadValue {
+        /// The request's opcode.
+        opcode: u32,
+        /// The argument.
+        what: &'static str,
+    },
     /// An opcode this crate does not decode (answered with ENOSYS).
     #[error("opcode {opcode} is not served")]
-    Unsupported { opcode: u32 },
+    Unsupported {
+        /// The opcode.
+        opcode: u32,
+    },
 }
 
 impl DecodeError {
