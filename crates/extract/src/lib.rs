@@ -16,13 +16,14 @@ use anyhow::{bail, Context};
 use erofs::format::*;
 use erofs::read::{ByteSource, Image, Inode, ReadDir};
 use host::objects::{open_beneath, Handle};
+use host::sparse::{write_sparse, Run, Zeros};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
+use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -442,31 +443,23 @@ impl<'a> Extractor<'a> {
         self.metadata(Handle::Path(fd.as_fd()), ino, rel)
     }
 
-    /// Copies data extents only, so holes stay holes.
+    /// Copies the extents the image maps, every byte of them, so its holes stay holes.
     fn write_file(&mut self, ino: &Inode, f: &std::fs::File) -> anyhow::Result<()> {
-        f.set_len(ino.size)?;
-        let buf = &mut self.buf;
-        let mut pos = 0;
-        while pos < ino.size {
-            let ext = self.img.map(ino, pos)?;
-            let end = (ext.logical + ext.len).min(ino.size);
-            if end <= pos {
-                bail!("extent map at {pos} did not advance");
-            }
-            if ext.physical.is_some() {
-                while pos < end {
-                    let n = ((end - pos) as usize).min(buf.len());
-                    let got = self.img.read(ino, pos, &mut buf[..n])?;
-                    if got == 0 {
-                        bail!("short read at byte {pos} of {}", ino.size);
-                    }
-                    f.write_all_at(&buf[..got], pos)?;
-                    pos += got as u64;
-                    (self.progress)(got as u64);
-                }
-            }
-            pos = end;
-        }
+        let (img, progress) = (self.img, &mut self.progress);
+        let mut runs = |pos| {
+            let ext = img.map(ino, pos).map_err(io::Error::other)?;
+            Ok(Run {
+                end: ext.logical + ext.len,
+                data: ext.physical.is_some(),
+            })
+        };
+        let mut read = |pos, buf: &mut [u8]| {
+            let got = img.read(ino, pos, buf).map_err(io::Error::other)?;
+            progress(got as u64);
+            Ok(got)
+        };
+        let (buf, size) = (&mut self.buf, ino.size);
+        write_sparse(f.as_fd(), size, buf, Zeros::Write, &mut runs, &mut read)?;
         Ok(())
     }
 

@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+use host::sparse::{write_sparse, Run, Zeros};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, RenameFlags};
 use std::ffi::{CStr, CString, OsStr};
@@ -514,35 +515,21 @@ fn finish(
     Ok(chown || chmod || !meta.xattrs.is_empty())
 }
 
+/// Copies a lower file up. Its source has no map of its holes, so runs of zeros are left
+/// holes: a copied-up sparse file stays sparse.
 fn copy_into(
     f: &OwnedFd,
     size: u64,
     read: &mut dyn FnMut(u64, &mut [u8]) -> io::Result<usize>,
 ) -> io::Result<()> {
     let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    while at < size {
-        let want = (size - at).min(buf.len() as u64) as usize;
-        let n = read(at, &mut buf[..want])?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "source ended early",
-            ));
-        }
-        // Runs of zeros stay holes: a copied-up sparse file stays sparse.
-        if buf[..n].iter().all(|&b| b == 0) {
-            at += n as u64;
-            continue;
-        }
-        let mut done = 0;
-        while done < n {
-            done += rustix::io::pwrite(f, &buf[done..n], at + done as u64)?;
-        }
-        at += n as u64;
-    }
-    rfs::ftruncate(f, size)?;
-    Ok(())
+    let mut all_data = |_| {
+        Ok(Run {
+            end: size,
+            data: true,
+        })
+    };
+    write_sparse(f.as_fd(), size, &mut buf, Zeros::Hole, &mut all_data, read)
 }
 
 /// Removes `name` in `dir`, recursively for a directory.
