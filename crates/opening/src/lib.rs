@@ -9,7 +9,6 @@
 //!   are read.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use anyhow::{bail, Context};
 use erofs::read::{ByteSource, FileSource, Image, Inode};
