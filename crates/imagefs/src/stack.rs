@@ -6,11 +6,14 @@
 //!   `trusted.overlay.opaque` is `x`) an empty file with `trusted.overlay.whiteout`.
 //! - An opaque directory (`trusted.overlay.opaque` = `y`) merges nothing below it.
 //! - A non-directory ends the merge, above or below a directory.
+//! - A directory's `trusted.overlay.redirect` says where the layers below keep its
+//!   contents, as overlayfs follows it (`ovl_lookup`): a name in the parent's
+//!   directories, or a path from every lower layer's root (docs/FORMAT.md).
 //! - A directory found where its own `..` says it is not (a cycle, two parents, a root
 //!   under a name) is refused ([`Misplaced`]): the mount shows a tree.
 
 use erofs::read::{ByteSource, Error, Image, Inode, Result};
-use upper::overlay::{self, Opacity, OPAQUE_XATTR, WHITEOUT_XATTR};
+use upper::overlay::{self, Opacity, OPAQUE_XATTR, REDIRECT_XATTR, WHITEOUT_XATTR};
 
 /// One object in one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +31,21 @@ pub struct Dir {
     pub obj: Obj,
     /// `trusted.overlay.opaque` = `x`: entries may be xattr whiteouts.
     pub xwhiteouts: bool,
+    /// The directory of the same layer it was found in (a redirect may have led
+    /// elsewhere than the merged parent's); itself for a root, or where not known.
+    pub found_in: u64,
+}
+
+/// The longest path a chain of redirects may make (PATH_MAX): each lower layer walks it.
+const REDIRECTED_PATH_MAX: usize = 4096;
+
+/// What the layers below look for while a name is resolved: its components, from the
+/// merged parent's directories, or from each layer's root once a redirect was absolute.
+struct Wanted {
+    parts: Vec<Vec<u8>>,
+    absolute: bool,
+    /// An opaque directory or a whiteout on the way ended the merge.
+    stop: bool,
 }
 
 /// What a name resolves to in the merged tree.
@@ -154,19 +172,16 @@ impl<S: ByteSource> Stack<S> {
         })
     }
 
-    /// [`Stack::check_placement`] for every layer's directory of `r`, found as `name` in
-    /// the merged directory `parent` (a merged listing is resolved unchecked).
-    pub fn check_resolved(&self, parent: &[Dir], name: &[u8], r: &Resolved) -> Result<()> {
+    /// [`Stack::check_placement`] for every layer's directory of `r`, listed as `name`
+    /// (a merged listing is resolved unchecked), in the directory it was found in.
+    pub fn check_resolved(&self, name: &[u8], r: &Resolved) -> Result<()> {
         for (i, d) in r.chain.iter().enumerate() {
-            let Some(p) = parent.iter().find(|p| p.obj.layer == d.obj.layer) else {
-                continue;
-            };
             let inode = if i == 0 {
                 r.inode.clone()
             } else {
                 self.inode(d.obj)?
             };
-            self.check_placement(d.obj.layer, p.obj.nid, name, &inode)?;
+            self.check_placement(d.obj.layer, d.found_in, name, &inode)?;
         }
         Ok(())
     }
@@ -176,11 +191,12 @@ impl<S: ByteSource> Stack<S> {
         Ok(Opacity::of(value.as_deref()))
     }
 
-    /// `dir` as a merge participant (reads its opacity).
+    /// `dir` as a merge participant (reads its opacity), its parent not known.
     pub fn dir(&self, o: Obj, inode: &Inode) -> Result<Dir> {
         Ok(Dir {
             obj: o,
             xwhiteouts: self.opacity(o.layer, inode)? == Opacity::XWhiteouts,
+            found_in: o.nid,
         })
     }
 
@@ -199,24 +215,25 @@ impl<S: ByteSource> Stack<S> {
     /// never reads `opaque` on its root ("Root is always merge", `ovl_get_root`), only
     /// the `x` that marks xattr whiteouts.
     pub fn root(&self) -> Result<Resolved> {
-        let mut chain = Vec::new();
-        for layer in 0..self.layers.len() as u16 {
-            let o = Obj {
-                layer,
-                nid: self.image(layer).root_nid(),
-            };
-            let inode = self.inode(o)?;
-            let opacity = self.opacity(layer, &inode)?;
-            chain.push(Dir {
-                obj: o,
-                xwhiteouts: opacity == Opacity::XWhiteouts,
-            });
-        }
+        let chain = (0..self.layers.len() as u16)
+            .map(|layer| self.root_dir(layer))
+            .collect::<Result<Vec<_>>>()?;
         let top = chain[0].obj;
         Ok(Resolved {
             top,
             inode: self.inode(top)?,
             chain,
+        })
+    }
+
+    fn root_dir(&self, layer: u16) -> Result<Dir> {
+        let nid = self.image(layer).root_nid();
+        let o = Obj { layer, nid };
+        let inode = self.inode(o)?;
+        Ok(Dir {
+            obj: o,
+            xwhiteouts: self.opacity(layer, &inode)? == Opacity::XWhiteouts,
+            found_in: nid,
         })
     }
 
@@ -229,20 +246,37 @@ impl<S: ByteSource> Stack<S> {
 
     fn resolve(&self, chain: &[Dir], name: &[u8], checked: bool) -> Result<Option<Resolved>> {
         let mut found: Option<Resolved> = None;
-        for d in chain {
-            let img = self.image(d.obj.layer);
-            let parent = img.inode(d.obj.nid)?;
-            let Some(e) = img.lookup(&parent, name)? else {
+        let mut want = Wanted {
+            parts: vec![name.to_vec()],
+            absolute: false,
+            stop: false,
+        };
+        // The parent's directories, in order, until a redirect is absolute; then every
+        // layer below the one that said so, from its root (`poe = roe` in `ovl_lookup`).
+        let mut next = 0;
+        let mut from_root: Option<u16> = None;
+        while !want.stop {
+            let start = match from_root {
+                None => match chain.get(next) {
+                    Some(d) => {
+                        next += 1;
+                        *d
+                    }
+                    None => break,
+                },
+                Some(l) if usize::from(l) < self.layers.len() => {
+                    from_root = Some(l + 1);
+                    self.root_dir(l)?
+                }
+                Some(_) => break,
+            };
+            let layer = start.obj.layer;
+            let Some((o, inode, parent)) = self.walk(start, &mut want, checked)? else {
+                if want.absolute && from_root.is_none() {
+                    from_root = Some(layer + 1);
+                }
                 continue;
             };
-            let o = Obj {
-                layer: d.obj.layer,
-                nid: e.nid,
-            };
-            let inode = img.inode(e.nid)?;
-            if self.is_whiteout(o.layer, d.xwhiteouts, &inode)? {
-                break;
-            }
             let is_dir = inode.is_dir();
             match &mut found {
                 None if !is_dir => {
@@ -257,18 +291,20 @@ impl<S: ByteSource> Stack<S> {
                 _ => {}
             }
             if checked {
-                self.check_placement(o.layer, d.obj.nid, name, &inode)?;
+                let shown = want.parts.last().map_or(name, |p| p.as_slice());
+                self.check_placement(layer, parent, shown, &inode)?;
             }
-            let opacity = self.opacity(o.layer, &inode)?;
+            let opacity = self.opacity(layer, &inode)?;
             let dir = Dir {
                 obj: o,
                 xwhiteouts: opacity == Opacity::XWhiteouts,
+                found_in: parent,
             };
             match &mut found {
                 None => {
                     found = Some(Resolved {
                         top: o,
-                        inode,
+                        inode: inode.clone(),
                         chain: vec![dir],
                     })
                 }
@@ -277,8 +313,101 @@ impl<S: ByteSource> Stack<S> {
             if opacity == Opacity::Opaque {
                 break;
             }
+            if usize::from(layer) + 1 < self.layers.len() {
+                let last = want.parts.len() - 1;
+                self.follow_redirect(layer, &inode, last, &mut want)?;
+            }
+            if want.absolute && from_root.is_none() {
+                from_root = Some(layer + 1);
+            }
         }
         Ok(found)
+    }
+
+    /// Walks `want` from directory `start` in its layer: the object at its end, with the
+    /// directory it is in, or `None` where the layer has nothing there. A whiteout,
+    /// opaque directory or non-directory on the way sets `want.stop`; a redirect on the
+    /// way rewrites `want` for the layers below (`ovl_lookup_layer`).
+    fn walk(
+        &self,
+        start: Dir,
+        want: &mut Wanted,
+        checked: bool,
+    ) -> Result<Option<(Obj, Inode, u64)>> {
+        let layer = start.obj.layer;
+        let img = self.image(layer);
+        let mut dir = img.inode(start.obj.nid)?;
+        let mut xwhiteouts = start.xwhiteouts;
+        let end = want.parts.len() - 1;
+        // Counted from the end: a redirect on the way changes the parts before.
+        for from_end in (0..=end).rev() {
+            let at = want.parts.len() - 1 - from_end;
+            let Some(e) = img.lookup(&dir, &want.parts[at])? else {
+                return Ok(None);
+            };
+            let inode = img.inode(e.nid)?;
+            if self.is_whiteout(layer, xwhiteouts, &inode)? {
+                want.stop = true;
+                return Ok(None);
+            }
+            let o = Obj { layer, nid: e.nid };
+            if from_end == 0 {
+                return Ok(Some((o, inode, dir.nid)));
+            }
+            if !inode.is_dir() {
+                want.stop = true;
+                return Ok(None);
+            }
+            if checked {
+                self.check_placement(layer, dir.nid, &want.parts[at], &inode)?;
+            }
+            match self.opacity(layer, &inode)? {
+                Opacity::Opaque => want.stop = true,
+                o => {
+                    xwhiteouts = o == Opacity::XWhiteouts;
+                    if usize::from(layer) + 1 < self.layers.len() {
+                        self.follow_redirect(layer, &inode, at, want)?;
+                    }
+                }
+            }
+            dir = inode;
+        }
+        Ok(None)
+    }
+
+    /// Rewrites `want` by directory `dir`'s redirect, if it has one: part `at` becomes
+    /// the redirect's name, or everything up to it the redirect's path (which also
+    /// undoes a stop: `ovl_check_redirect`). A redirect overlayfs refuses is an error.
+    fn follow_redirect(&self, layer: u16, dir: &Inode, at: usize, want: &mut Wanted) -> Result<()> {
+        let Some(to) = self.image(layer).getxattr(dir, REDIRECT_XATTR)? else {
+            return Ok(());
+        };
+        let refuse = |why: &str| Error::Io {
+            offset: dir.offset(),
+            err: std::io::Error::other(format!(
+                "layer {layer}: directory inode {}: redirect {:?} {why}: refused",
+                dir.nid,
+                String::from_utf8_lossy(&to)
+            )),
+        };
+        if !overlay::valid_redirect(&to) {
+            return Err(refuse("is not one overlayfs follows"));
+        }
+        let rest = want.parts.split_off(at + 1);
+        match to.strip_prefix(b"/") {
+            Some(path) => {
+                want.parts = path.split(|&b| b == b'/').map(<[u8]>::to_vec).collect();
+                want.absolute = true;
+                want.stop = false;
+            }
+            None => want.parts[at] = to.clone(),
+        }
+        want.parts.extend(rest);
+        let len: usize = want.parts.iter().map(|p| p.len() + 1).sum();
+        if len > REDIRECTED_PATH_MAX {
+            return Err(refuse("makes a path longer than 4096 bytes"));
+        }
+        Ok(())
     }
 
     /// The merged directory's entries (without `.` and `..`), each resolved: the top layer's

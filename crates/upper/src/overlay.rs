@@ -13,6 +13,9 @@ pub const PRIVATE_XATTR_PREFIX: &[u8] = b"trusted.overlay.";
 pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
 /// The value that makes a directory opaque.
 pub const OPAQUE: &[u8] = b"y";
+/// Where a directory's lower contents are, in a lower layer: a name in its parent's
+/// lower directories, or a path from the lower layers' roots when it starts with `/`.
+pub const REDIRECT_XATTR: &[u8] = b"trusted.overlay.redirect";
 /// Marks an xattr whiteout: an empty regular file in a directory whose opacity is `x`.
 pub const WHITEOUT_XATTR: &[u8] = b"trusted.overlay.whiteout";
 /// A whiteout device's numbers: a character device 0/0.

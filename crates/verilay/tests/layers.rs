@@ -184,3 +184,216 @@ fn stacking_errors_are_one_clear_line() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// The images stacked by verilay (the engine the run asks for) and by kernel overlayfs
+/// over the kernel's erofs mounts of the same images, compared whole; `check` runs on
+/// verilay's mount first. `tag` names the step in failures and mountpoints.
+fn stacks_agree(base: &Path, tag: &str, images: &[PathBuf], check: &dyn Fn(&Path)) {
+    let kernel: Vec<Mount> = images
+        .iter()
+        .enumerate()
+        .map(|(i, image)| Mount::erofs(image, &base.join(format!("{tag}-k{i}"))))
+        .collect();
+    let lower: Vec<String> = kernel.iter().map(|m| m.dir.display().to_string()).collect();
+    let ovl = Unmount::kernel(&base.join(format!("{tag}-overlay")));
+    std::fs::create_dir_all(&ovl.dir).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!("ro,lowerdir={}", lower.join(":")))
+        .arg(&ovl.dir));
+    let ours = Unmount::fuse(&base.join(format!("{tag}-verilay")));
+    std::fs::create_dir_all(&ours.dir).unwrap();
+    run(verilay().arg("mount").args(images).arg(&ours.dir));
+    check(&ours.dir);
+    check(&ovl.dir);
+    assert_diff_clean(&ovl.dir, &ours.dir);
+    assert_eq!(
+        ls_lr(&ovl.dir),
+        ls_lr(&ours.dir),
+        "{tag}: ls -lR differs from overlayfs's"
+    );
+}
+
+/// Sorted names in `dir`, space-separated ("-" when it cannot be listed).
+fn names_in(dir: &Path) -> String {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return "-".into();
+    };
+    let mut v: Vec<String> = rd
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v.join(" ")
+}
+
+/// `script` run in a writable FUSE-engine mount of `images` over `upper` (verilay writes
+/// the redirects overlayfs's `redirect_dir=on` would), then the upper directory built
+/// into `out`.
+fn commit_changes(base: &Path, images: &[PathBuf], upper: &str, script: &str, out: &Path) {
+    let (u, w, m) = (
+        base.join(upper),
+        base.join(format!("{upper}-work")),
+        base.join(format!("{upper}-mnt")),
+    );
+    for d in [&u, &w, &m] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let mounted = Unmount::fuse(&m);
+    run(verilay()
+        .args(["mount", "--engine", "fuse", "--upper"])
+        .arg(&u)
+        .arg("--work")
+        .arg(&w)
+        .args(images)
+        .arg(&m));
+    sh(&format!("set -e; cd '{}'; {script}", m.display()));
+    mounted.now();
+    build(&u, out, &["--quiet"]);
+}
+
+#[test]
+fn redirects_in_image_layers_are_followed_as_overlayfs_follows_them() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let lo = base.join("lo");
+    sh(&format!(
+        "set -e; mkdir -p {0}/d {0}/new {0}/e {0}/p/q; echo A > {0}/d/a; echo B > {0}/e/b; echo Q > {0}/p/q/q",
+        lo.display()
+    ));
+    let lo_img = base.join("lo.img");
+    build(&lo, &lo_img, &["--quiet"]);
+    // The issue's case: a relative redirect (d2 -> d), and a directory moved over a
+    // deleted one (e, its contents those of new).
+    let u1 = base.join("u1.img");
+    commit_changes(
+        base,
+        &[lo_img.clone()],
+        "u1",
+        "mv d d2; rm -rf e; mv new e; mv p/q q2",
+        &u1,
+    );
+    let redirect = |dir: &Path| {
+        let out = Command::new("getfattr")
+            .args(["--only-values", "-n", "trusted.overlay.redirect"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        redirect(&base.join("u1/d2")),
+        "d",
+        "verilay wrote the redirect"
+    );
+    assert_eq!(
+        redirect(&base.join("u1/q2")),
+        "/p/q",
+        "an absolute one for a move between directories"
+    );
+    stacks_agree(base, "one", &[u1.clone(), lo_img.clone()], &|m| {
+        assert_eq!(names_in(&m.join("d2")), "a", "{}", m.display());
+        assert_eq!(names_in(&m.join("e")), "", "{}", m.display());
+        assert_eq!(names_in(&m.join("q2")), "q", "{}", m.display());
+        assert_eq!(names_in(m), "d2 e p q2", "{}", m.display());
+        assert_eq!(names_in(&m.join("p")), "", "{}", m.display());
+    });
+    // A second commit renames again, through the first one's redirects: three layers.
+    let u2 = base.join("u2.img");
+    let two = [u1.clone(), lo_img.clone()];
+    commit_changes(
+        base,
+        &two,
+        "u2",
+        "mv d2 d3; mkdir -p z; mv q2 z/q3; echo C > d3/c",
+        &u2,
+    );
+    stacks_agree(
+        base,
+        "two",
+        &[u2.clone(), u1.clone(), lo_img.clone()],
+        &|m| {
+            assert_eq!(names_in(&m.join("d3")), "a c", "{}", m.display());
+            assert_eq!(names_in(&m.join("z/q3")), "q", "{}", m.display());
+            assert_eq!(names_in(m), "d3 e p z", "{}", m.display());
+        },
+    );
+    // And once more, over the third layer.
+    let u3 = base.join("u3.img");
+    let three = [u2.clone(), u1.clone(), lo_img.clone()];
+    commit_changes(base, &three, "u3", "mv z/q3 q4; mv d3 z/d4", &u3);
+    stacks_agree(base, "three", &[u3, u2, u1, lo_img], &|m| {
+        assert_eq!(names_in(&m.join("q4")), "q", "{}", m.display());
+        assert_eq!(names_in(&m.join("z/d4")), "a c", "{}", m.display());
+        assert_eq!(names_in(m), "e p q4 z", "{}", m.display());
+    });
+}
+
+#[test]
+fn redirects_overlayfs_refuses_fail_the_lookup_and_the_last_layers_are_not_read() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let (top, bottom) = (base.join("top"), base.join("bottom"));
+    // Layers written by hand: a redirect with a slash but not absolute (refused), one
+    // through `..` (refused), an opaque directory's (not read), an absolute one through
+    // an opaque directory, and one in the bottom layer (never read).
+    sh(&format!(
+        "set -e; mkdir -p {t}/bad {t}/dots {t}/opq {t}/abs {b}/x/y {b}/src {b}/opq {b}/bad {b}/last
+         echo y > {b}/x/y/f; echo s > {b}/src/s; echo o > {b}/opq/o; echo l > {b}/last/l
+         setfattr -n trusted.overlay.redirect -v x/y {t}/bad
+         setfattr -n trusted.overlay.redirect -v .. {t}/dots
+         setfattr -n trusted.overlay.opaque -v y {t}/opq; setfattr -n trusted.overlay.redirect -v src {t}/opq
+         setfattr -n trusted.overlay.redirect -v /x/y {t}/abs
+         setfattr -n trusted.overlay.redirect -v nowhere/at/all {b}/last",
+        t = top.display(),
+        b = bottom.display()
+    ));
+    let images: Vec<PathBuf> = [&top, &bottom]
+        .iter()
+        .map(|d| {
+            let image = d.with_extension("img");
+            build(d, &image, &["--quiet"]);
+            image
+        })
+        .collect();
+    let kernel: Vec<Mount> = images
+        .iter()
+        .enumerate()
+        .map(|(i, image)| Mount::erofs(image, &base.join(format!("k{i}"))))
+        .collect();
+    let ovl = Unmount::kernel(&base.join("overlay"));
+    std::fs::create_dir_all(&ovl.dir).unwrap();
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "ro,lowerdir={}:{}",
+            kernel[0].dir.display(),
+            kernel[1].dir.display()
+        ))
+        .arg(&ovl.dir));
+    let ours = Unmount::fuse(&base.join("verilay"));
+    std::fs::create_dir_all(&ours.dir).unwrap();
+    run(verilay().arg("mount").args(&images).arg(&ours.dir));
+    for m in [&ovl.dir, &ours.dir] {
+        for refused in ["bad", "dots"] {
+            assert!(
+                std::fs::symlink_metadata(m.join(refused)).is_err(),
+                "{}: {refused} should fail its lookup",
+                m.display()
+            );
+        }
+        assert_eq!(
+            names_in(&m.join("opq")),
+            "",
+            "{}: opaque, no redirect read",
+            m.display()
+        );
+        assert_eq!(names_in(&m.join("abs")), "f", "{}", m.display());
+        assert_eq!(names_in(&m.join("last")), "l", "{}", m.display());
+    }
+}

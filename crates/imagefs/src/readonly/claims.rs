@@ -6,7 +6,7 @@
 
 use super::{About, ImageFs};
 use crate::ops::Errno;
-use crate::stack::{Dir, Obj, Resolved, Stack};
+use crate::stack::{Obj, Resolved, Stack};
 use erofs::read::{ByteSource, Image, Inode};
 
 pub(super) use crate::xattrs::Absent as Record;
@@ -94,18 +94,11 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         self.check_claims(o, i, about)
     }
 
-    /// Checks a stack's entry `name` of the merged directory `dir` (whose layers'
-    /// directories are `chain`; listed unchecked).
-    pub(super) fn check_merged(
-        &self,
-        dir: u64,
-        chain: &[Dir],
-        name: &[u8],
-        r: &Resolved,
-    ) -> Result<(), Errno> {
+    /// Checks a stack's entry `name` of the merged directory `dir` (listed unchecked).
+    pub(super) fn check_merged(&self, dir: u64, name: &[u8], r: &Resolved) -> Result<(), Errno> {
         let about = About::entry(dir, name, Some(r.top));
         self.stack
-            .check_resolved(chain, name, r)
+            .check_resolved(name, r)
             .map_err(|e| self.fail("lookup", about, e))?;
         self.check_claims(r.top, &r.inode, about)
     }

@@ -187,7 +187,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         }
         let start = offset.saturating_sub(2) as usize;
         for (i, (name, r)) in list.iter().enumerate().skip(start) {
-            if add(Listed::Merged(name, r, ino, &d.chain, &guard), i as u64 + 3)? {
+            if add(Listed::Merged(name, r, ino, &guard), i as u64 + 3)? {
                 break;
             }
         }
@@ -206,7 +206,7 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 kind_of_dirent(e.file_type),
             ),
             Listed::Dot(name, ino) => (name, *ino, Kind::Directory),
-            Listed::Merged(name, r, _, _, _) => (name, self.ino(r.top), kind(r.inode.mode.into())),
+            Listed::Merged(name, r, _, _) => (name, self.ino(r.top), kind(r.inode.mode.into())),
         }
     }
 
@@ -239,8 +239,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
                 (&e.name[..], attr)
             }
             Listed::Dot(name, ino) => (name, dot(*ino)),
-            Listed::Merged(name, r, d, chain, guard) => {
-                self.check_merged(*d, chain, name, r)?;
+            Listed::Merged(name, r, d, guard) => {
+                self.check_merged(*d, name, r)?;
                 (name, self.child_attr(r, *d, *guard))
             }
         })
@@ -254,13 +254,6 @@ pub(super) enum Listed<'a> {
     /// `.` or `..` of a stack's directory.
     Dot(&'a [u8], u64),
     /// From a stack's merged listing: name, what it resolves to, the directory's inode
-    /// number and layers' directories, and the guard of the directory map (to register
-    /// subdirectories).
-    Merged(
-        &'a [u8],
-        &'a Resolved,
-        u64,
-        &'a [Dir],
-        &'a papaya::LocalGuard<'a>,
-    ),
+    /// number, and the guard of the directory map (to register subdirectories).
+    Merged(&'a [u8], &'a Resolved, u64, &'a papaya::LocalGuard<'a>),
 }
