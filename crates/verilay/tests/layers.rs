@@ -270,7 +270,7 @@ fn redirects_in_image_layers_are_followed_as_overlayfs_follows_them() {
     let u1 = base.join("u1.img");
     commit_changes(
         base,
-        &[lo_img.clone()],
+        std::slice::from_ref(&lo_img),
         "u1",
         "mv d d2; rm -rf e; mv new e; mv p/q q2",
         &u1,
