@@ -1,12 +1,10 @@
-//! Compression into a fixed-size physical cluster ("destination size" mode, as erofs-utils'
-//! `compress_destsize`): as much input as fits, never more output than asked.
+//! Compression into a fixed-size cluster, as erofs-utils' `compress_destsize`: as much input as
+//! fits, never more output than asked.
 //!
-//! - LZ4, LZ4HC (liblz4's `destSize`) and MicroLZMA (liblzma stops when its output is full)
-//!   fill the cluster natively; for Zstandard and DEFLATE the longest fitting prefix is
-//!   searched for, as erofs-utils does.
-//! - Output depends only on the input and the calls since [`Compressor::reset`] (a search
-//!   starts from the previous cluster's input size), so resetting at each independent unit
-//!   gives the same bytes on any thread.
+//! - LZ4, LZ4HC and MicroLZMA fill the cluster natively; for Zstandard and DEFLATE the longest
+//!   fitting prefix is searched for.
+//! - Output depends only on the input and the calls since [`Compressor::reset`]: reset at each
+//!   independent unit, the bytes match on any thread.
 
 use crate::{Algorithm, Compression, Error};
 

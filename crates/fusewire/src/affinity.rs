@@ -1,14 +1,11 @@
 //! Where a queue's threads run.
 //!
-//! - The kernel queues a request on its sender's CPU: a thread waiting on that CPU is woken
-//!   by the sender itself, one on another (idle, on a VM halted) needs an interrupt. So
-//!   every thread of a queue rests on its CPU (a caller that creates files keeps two busy).
-//! - Except while the queue streams: a thread hashing a 1 MiB READ holds its CPU for a
-//!   millisecond, so after a big READ or WRITE in the last few milliseconds every thread
-//!   but the first rests anywhere.
-//! - This needs a thread looking on every CPU of a busy session (`spin::Activity`), or the
-//!   scheduler wakes a caller on an idle CPU rather than beside its answerer: a thread that
-//!   finds a request after a quiet spell nudges every queue whose threads all sleep.
+//! - Every thread of a queue rests on its CPU: the kernel queues a request on its sender's CPU,
+//!   where a waiter is woken without an interrupt.
+//! - After a big READ or WRITE in the last few milliseconds, all threads but the first rest
+//!   anywhere.
+//! - A thread that finds a request after a quiet spell nudges every queue whose threads all
+//!   sleep (`spin::Activity`).
 
 // This module makes syscalls; each unsafe block says why it holds.
 #![allow(unsafe_code)]

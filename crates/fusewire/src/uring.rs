@@ -1,12 +1,8 @@
-//! FUSE over io_uring: the kernel has a queue per possible CPU and puts a request on its
-//! sender's CPU's queue. Each queue here has a few threads, each with a ring of its own
-//! holding one entry of the queue (IORING_OP_URING_CMD on the /dev/fuse descriptor).
+//! FUSE over io_uring: a kernel queue per possible CPU, served by a few threads, each with a
+//! ring of its own holding one entry (IORING_OP_URING_CMD); placement: `affinity`.
 //!
-//! - A thread serves the request the kernel puts in its entry in place and answers with
-//!   COMMIT_AND_FETCH, which re-arms the entry and waits again, in one syscall.
-//! - One entry per thread: a thread busy with a long request holds only its own entry, so
-//!   the CPU's next request goes to another, and each answer is committed by its maker.
-//! - Where a queue's threads run: `affinity`.
+//! - A thread answers in place with COMMIT_AND_FETCH, re-arming its entry in the same syscall.
+//! - One entry per thread: a long request holds only its own entry.
 //! - At unmount every entry completes with -ENOTCONN and its thread ends.
 
 // This module makes syscalls; each unsafe block says why it holds.

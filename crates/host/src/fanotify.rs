@@ -1,15 +1,10 @@
-//! fanotify permission events on one mount: every open (and exec) of a file on it waits
-//! until the group answers, unless an ignore mark spares it.
+//! fanotify permission events on one mount: every open (and exec) on it waits for the group's
+//! answer unless an ignore mark spares it.
 //!
-//! - The group is `FAN_CLASS_PRE_CONTENT` (a denial is EIO from Linux 6.14, EPERM before),
-//!   `FAN_UNLIMITED_QUEUE` (no open let through for want of room), `FAN_REPORT_TID`
-//!   (credentials are per thread): CAP_SYS_ADMIN in the first user namespace.
-//! - fanotify fails open: once the group's descriptor closes, opens are allowed; the
-//!   events' reader records that gap.
-//! - Ignore marks are evictable: no inode pinned; an evicted one raises an event again.
-//! - How a file is open is asked of the kernel ([`open_flags`], [`has_writers`],
-//!   `crate::holders`): merged close events cannot be counted.
-//! - One event is read at a time ([`Group::next`]).
+//! - fanotify fails open: once the group closes, opens are allowed; the reader records the gap.
+//! - Ignore marks are evictable: no inode pinned.
+//! - How a file is open is asked of the kernel ([`open_flags`], [`has_writers`]): merged close
+//!   events cannot be counted.
 
 use anyhow::Context;
 use nix::sys::fanotify::{EventFFlags, Fanotify, InitFlags, MarkFlags, MaskFlags};
@@ -54,6 +49,10 @@ impl Group {
     /// stacked on it make too (an overlayfs whose lower layer it is: a container's),
     /// which a mount mark misses. An exec's open is also a file's open: without
     /// [`Open::File`], an exec raises one event.
+    ///
+    /// The group is `FAN_CLASS_PRE_CONTENT` (a denial is EIO from Linux 6.14, EPERM before),
+    /// `FAN_UNLIMITED_QUEUE` (no open let through for want of room) and `FAN_REPORT_TID`
+    /// (credentials are per thread); it needs CAP_SYS_ADMIN in the first user namespace.
     pub fn on_mount(
         mount_root: BorrowedFd<'_>,
         whole_filesystem: bool,

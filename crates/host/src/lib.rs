@@ -1,14 +1,9 @@
-//! The host's plumbing that the engines share. Nothing here knows images or FUSE: it is
-//! mount(2), directories and the kernel's answers, each failure one line naming the path.
+//! The host plumbing the engines share: mount(2), directories and the kernel's answers, each
+//! failure one line naming the path (map: docs/ARCHITECTURE.md, `crates/host`).
 //!
-//! - `mounts`: the kernel's erofs over an image file, overlayfs over erofs mounts; `private`:
-//!   the directory they are made in before users see the result.
-//! - `fanotify`: permission events; `holders`: who has a file open.
-//! - `lockfile`: lock files naming their holder (the one reader of `/proc/locks`).
-//! - `objects`: objects made and finished under a directory descriptor; `sparse`: file
-//!   contents copied into them with holes kept.
-//! - `mountinfo` (the one parser of `/proc/PID/mountinfo`) and `status` (the one reader of
-//!   `/proc/PID/status`: credentials, pending signals).
+//! - Nothing here knows images or FUSE.
+//! - `lockfile` is the one reader of `/proc/locks`, `mountinfo` of `/proc/PID/mountinfo`,
+//!   `status` of `/proc/PID/status`.
 
 pub mod fanotify;
 pub mod holders;

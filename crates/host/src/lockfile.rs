@@ -1,10 +1,9 @@
-//! Lock files that name their holder: locked without blocking, waited for only while the
-//! caller says so, the holder's record rewritten in place once locked and read (capped) by
-//! whoever finds it taken. The caller opens the file (and checks it belongs there).
+//! Lock files that name their holder: locked without blocking, the holder's record rewritten in
+//! place once locked, read (capped) by whoever finds it taken. The caller opens the file.
 //!
-//! - Both kinds of lock go with a killed holder (they belong to the open file description):
-//!   `flock` ([`Kind::Flock`], named in /proc/locks) and whole-file OFD locks
-//!   ([`Kind::Ofd`]). They never conflict with each other: one file, one kind.
+//! - Both kinds go with a killed holder (they belong to the open file description):
+//!   [`Kind::Flock`] and whole-file OFD locks ([`Kind::Ofd`]).
+//! - One file, one kind: the two never conflict with each other.
 
 use std::fs::File;
 use std::io::{self, Read};

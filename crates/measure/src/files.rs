@@ -1,13 +1,9 @@
-//! Opening the files measuring reads and writes without trusting what is at their paths: a
-//! list names the files a mount's users opened, so it is the mount owner's alone.
+//! Opening measuring's files without trusting what is at their paths: a list is the mount
+//! owner's alone (docs/SECURITY.md section 8).
 //!
-//! - Every file of a list (and the `--log` file) is created 0600, a directory made 0700 (the
-//!   kernel's list is 0440, root only); a file someone else could write is not continued.
-//! - Every file is opened `O_NOFOLLOW` (a planted symlink could redirect the daemon's
-//!   writes) and checked with `fstat` on the opened descriptor, so nothing is swapped in
-//!   between.
-//! - Reads open `O_NONBLOCK` (a FIFO would hang the open), refuse anything but a regular
-//!   file (a device never ends), and read at most a cap.
+//! - Files are created 0600, directories 0700; a file others could write is not continued.
+//! - Every file is opened `O_NOFOLLOW` and checked with `fstat` on the descriptor.
+//! - Reads open `O_NONBLOCK`, take only regular files, and are capped.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags};

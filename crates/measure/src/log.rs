@@ -1,14 +1,9 @@
-//! The measurement list's one writer, in the kernel's IMA formats (docs/FORMAT.md,
-//! "Measurement lists"), so evmctl and other readers of `/sys/kernel/security/ima/` replay
-//! it against the PCR files beside it.
+//! The measurement list's one writer, in IMA's formats (docs/FORMAT.md, "Measurement lists"),
+//! so evmctl replays it against the PCR files beside it. No TPM: self-consistent, not attested.
 //!
-//! - No TPM: the PCR files are what one would hold; a list is self-consistent, not attested.
-//! - An entry extends the PCRs at once and reaches the files at the next [`Log::flush`]; a
-//!   measured open is answered before that, so a killed daemon loses entries.
-//! - That gap is never silent: an open [`Log`] holds an OFD lock on `verilay.lock` and keeps
-//!   `verilay.in-use`; opening a list with that marker and no holder keeps what all four
-//!   list files agree on and records violations first ([`Log::open_as`]).
-//! - Without the marker, a list that does not verify is refused: damaged, not torn.
+//! - An entry reaches the files at [`Log::flush`], after its open was answered.
+//! - That gap is never silent: reopening a list in use with no holder records violations first
+//!   ([`Log::open_as`]; docs/SECURITY.md 8).
 
 use crate::files::{self, How, OpenError};
 pub(crate) use crate::format::Pcrs;

@@ -1,11 +1,10 @@
-//! IMA measurement policies in the kernel's syntax, parsed and matched in userspace to
-//! decide, as IMA would, whether an open or exec is measured ([`Policy::parse`] lists what
-//! is supported).
+//! IMA measurement policies in the kernel's syntax, matched in userspace as IMA would
+//! ([`Policy::parse`] lists what is supported).
 //!
-//! - Parsing follows `ima_parse_rule` and `ima_validate_rule`: a rule per line, `#` comments
-//!   out the rest of its line, a bad rule refuses the whole policy.
-//! - Matching follows `ima_match_policy`: the first matching `measure` or `dont_measure`
-//!   rule decides.
+//! - Parsing follows `ima_parse_rule`, `ima_validate_rule`: a bad rule refuses the whole
+//!   policy.
+//! - Matching follows `ima_match_policy`: the first matching `measure` or `dont_measure` rule
+//!   decides.
 
 use std::fmt;
 

@@ -1,14 +1,9 @@
-//! Replays a measurement list written by [`crate::log`] (docs/FORMAT.md, "Measurement
-//! lists") and checks every byte: both binary lists parsed, template digests recomputed,
-//! fields checked against the template, the ascii lists exactly what the binary entries
-//! render to, both PCR banks replayed against `pcrs_sha1` / `pcrs_sha256`.
+//! Replays a list written by [`crate::log`] and checks every byte (docs/FORMAT.md, "Measurement
+//! lists"): binary and ascii lists, template digests, both PCR banks.
 //!
-//! - Stricter than `evmctl ima_measurement`, which accepts anything after the first entry
-//!   where the PCRs match: here they must match after the last.
-//! - Input is hostile: lengths capped before allocating, files opened through
-//!   [`crate::files`]; each problem is one error naming the file, byte offset and entry
-//!   (1-based; 1 is boot_aggregate) or PCR line.
-//! - Violations are accepted and reported, as is the list's [`State`].
+//! - Stricter than `evmctl ima_measurement`: the PCRs must match after the last entry.
+//! - Input is hostile: lengths capped before allocating, files opened through [`crate::files`].
+//! - Violations are reported, as is the list's [`State`].
 
 use crate::files::{self, How, OpenError};
 use crate::format::{

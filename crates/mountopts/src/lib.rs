@@ -1,13 +1,9 @@
-//! Mount options (`-o`), as `verilay mount -o`, mount(8) and fstab give them, parsed into
+//! Mount options (`-o`), as `verilay mount`, mount(8) and fstab give them, parsed into
 //! [`MountOptions`]; only that value builds the mount.
 //!
-//! - Every option is honoured or refused naming it: the fields of [`MountOptions`] and
-//!   `default_permissions` (always on) are understood; mount(8)'s own (`FOR_MOUNT8`) do
-//!   nothing; anything else is refused.
+//! - Every option is honoured or refused by name; mount(8)'s own (`FOR_MOUNT8`) do nothing.
 //! - [`MountOptions::render`] gives a string that parses to the same value.
-//! - Options are separated by commas; a value in double quotes may hold commas
-//!   (`log="/var/log/a,b"`); a quote is allowed nowhere else.
-//! - Of contradicting options (`ro,rw`) the last wins, as with mount(8).
+//! - A comma splits options except inside a double-quoted value; the last of `ro,rw` wins.
 
 #![forbid(unsafe_code)]
 

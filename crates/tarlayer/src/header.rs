@@ -1,15 +1,10 @@
-//! One 512-byte tar header: its checksum, format (V7, USTAR/PAX, GNU, star) and every field,
-//! parsed strictly.
+//! One 512-byte tar header (V7, USTAR/PAX, GNU, star), its checksum and fields, parsed
+//! strictly.
 //!
-//! - GNU tar, Go's archive/tar (Docker, containerd, podman) and Python's tarfile part ways
-//!   on odd headers: what this accepts, all three read alike (GNU tar `src/list.c`
-//!   `read_header`, `decode_header`, `from_header`; Go `reader.go` `readHeader`,
-//!   `format.go` `getFormat`, `strconv.go`; CPython `tarfile.py` `frombuf`, `nti`); anything
-//!   else is an error, never one reading picked.
-//! - Numbers are octal or base-256 (first byte 0x80, or 0xff when negative), as GNU tar and
-//!   Go write numbers too large for octal.
-//! - Values are i64: whether one fits the image is decided where it is used, after PAX
-//!   records override it.
+//! - What this accepts, GNU tar, Go's archive/tar and Python's tarfile read alike; anything
+//!   else is an error (docs/SECURITY.md section 4).
+//! - Numbers are octal or base-256 (0x80, or 0xff when negative).
+//! - Values are i64: fit is decided where used, after PAX overrides.
 
 use crate::stream::BLOCK;
 

@@ -1,14 +1,10 @@
-//! A container layer tarball (plain, gzip or zstd; OCI and Docker layouts) read into an
-//! image tree that stacks the way the layer means it to (placement: `tree`).
+//! A container layer tarball (plain, gzip or zstd) read into an image tree that stacks as the
+//! layer means it to.
 //!
-//! - Deletions become what overlayfs reads in a lower layer: `.wh.NAME` a character device
-//!   0/0 named NAME, `.wh..wh..opq` `trusted.overlay.opaque = y` on its directory.
-//! - Entries keep mode, owner, nanosecond mtime, xattrs (ACLs included), hardlinks,
-//!   symlinks, devices and FIFOs.
-//! - File contents are copied once, into one unlinked spill file in `spill_dir`.
-//! - The tar is untrusted and parsed strictly (`header`, `pax`, `stream`, `tree`): what GNU
-//!   tar, Go's archive/tar and Python's tarfile would read apart, or what the image cannot
-//!   hold, is refused naming the entry's offset, never guessed (docs/SECURITY.md section 4).
+//! - Deletions become overlayfs's lower-layer whiteouts and opaque markers.
+//! - File contents are copied once, into one unlinked spill file.
+//! - The tar is untrusted: what the readers would read apart, or the image cannot hold, is
+//!   refused naming the offset (docs/SECURITY.md section 4).
 
 #![forbid(unsafe_code)]
 

@@ -1,13 +1,10 @@
 //! PAX extended headers: records, and what they say about the next entry.
 //!
-//! - Honoured: `path`, `linkpath`, `uid`, `gid`, `mtime` (nanoseconds; `-1.5` is before
-//!   the epoch), `size` (it places the next header), `SCHILY.xattr.*` (ACLs included);
-//!   a record given twice takes its later value.
-//! - Checked, not kept: `uname`/`gname` (layers own files by number), `atime`, `ctime`
-//!   (EROFS keeps only mtime).
-//! - Refused: an empty `path`, `linkpath`, id, `size` or time (the readers part ways on
-//!   it), `GNU.sparse.*`.
-//! - Anything else (`comment`, `SCHILY.acl.*`, `LIBARCHIVE.*`) changes nothing.
+//! - Honoured: `path`, `linkpath`, `uid`, `gid`, `mtime`, `size`, `SCHILY.xattr.*`; a record
+//!   given twice takes its later value.
+//! - Checked, not kept: `uname`, `gname`, `atime`, `ctime`.
+//! - Refused: an empty `path`, `linkpath`, id, `size` or time; `GNU.sparse.*`.
+//! - Anything else changes nothing.
 
 use std::collections::BTreeMap;
 

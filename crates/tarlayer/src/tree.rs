@@ -1,15 +1,11 @@
-//! The layer's tree while it is read: entries placed by path, as a container runtime
-//! applying the layer onto an empty directory would place them, and whiteouts kept as
-//! overlayfs reads them in a lower layer.
+//! The layer's tree while it is read, placed as a runtime applying it to an empty directory
+//! would.
 //!
-//! - Missing parents are made root-owned 0755; a path through a non-directory of this
-//!   layer (a symlink, a file) is refused.
-//! - A path given twice takes the later entry; a directory given twice keeps its
-//!   children and its opaqueness; a non-directory where this layer has a directory with
-//!   entries is refused (the readers part ways on it).
-//! - A hardlink names an earlier entry that is neither a directory nor a whiteout.
-//! - Whiteouts apply to the layers below only: one naming an entry of this layer is
-//!   dropped, and a directory this layer makes where it whited one out is opaque.
+//! - Missing parents are root-owned 0755; a path through a non-directory is refused.
+//! - A later entry wins, but never over a non-empty directory.
+//! - A hardlink names an earlier non-directory, non-whiteout.
+//! - A whiteout of this layer's entry is dropped; a directory made where it whited one is
+//!   opaque.
 
 use crate::Stats;
 use erofs::builder::{Kind, Node, NodeId, Tree};

@@ -1,13 +1,10 @@
-//! A mount's claim on its upper and work directories: checked as kernel overlayfs checks
-//! them (`fs/overlayfs/super.c`: one mount, separate subtrees, not in use) and locked while
-//! the claim (or an `Upper` made from it) lives (docs/SECURITY.md section 6).
+//! A mount's claim on its upper and work directories, checked as overlayfs checks them and
+//! locked while it lives (docs/SECURITY.md section 6).
 //!
-//! - Directories are compared by device and inode as the kernel resolved them, never by
-//!   name.
-//! - Locks are `flock`s, so a killed daemon's go with it: exclusive on both directories and
-//!   `WORK/verilay.lock` (which names the holder), shared on every directory above them as
-//!   `..` leads, so no mount takes a directory holding or inside another's.
-//! - Kernel overlayfs takes none of these locks; its mounts are found in the mount tables.
+//! - Directories are compared by device and inode, never by name.
+//! - Locks are `flock`s (they go with a killed daemon): exclusive on both and
+//!   `WORK/verilay.lock`, shared on every directory above, so mounts never nest.
+//! - Kernel overlayfs takes none of these locks.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, StatxFlags};

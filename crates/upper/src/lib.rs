@@ -1,14 +1,9 @@
-//! The writable upper directory of a stack, laid out as overlayfs lays it out, so kernel
-//! overlayfs and verilay take turns on it (docs/FORMAT.md, "Upper directories").
+//! The writable upper directory, laid out as overlayfs lays it out so both take turns on it
+//! (docs/FORMAT.md, "Upper directories").
 //!
-//! - Everything is done relative to directory descriptors: nothing resolves outside the
-//!   upper directory, whatever is renamed elsewhere.
-//! - Objects are made in our directory inside the work directory and renamed into place
-//!   once complete: a crash never leaves a half-made file in the upper directory.
-//! - Markers are overlayfs's ([`overlay`]), in the mount's [`overlay::Namespace`]: whiteouts
-//!   are character devices 0/0 (unprivileged users may make them); a moved directory names
-//!   its image contents in `redirect` (from its parent's image directories, or from the root
-//!   when it starts with `/`).
+//! - Everything is relative to directory descriptors: nothing resolves outside the upper.
+//! - Objects are made in the work directory and renamed into place once complete.
+//! - Markers are overlayfs's ([`overlay`]), in the mount's [`overlay::Namespace`].
 
 #![forbid(unsafe_code)]
 

@@ -1,8 +1,9 @@
-//! fs-verity in userspace: the Merkle tree, the descriptor and the file digest, computed
-//! exactly as `fs/verity/` and fsverity-utils do (layout: docs/FORMAT.md). One concern per
-//! module: `alg`, `tree`, `stream` (a digest from level-0 hashes, memory bounded by the
-//! tree's height), `descriptor`, `appended` (the section after an image), `source`
-//! ([`source::ByteSource`]), `verified` (every byte checked against a pinned tree).
+//! fs-verity in userspace: the Merkle tree, descriptor and file digest, exactly as `fs/verity/`
+//! and fsverity-utils compute them (layout: docs/FORMAT.md; modules: docs/ARCHITECTURE.md).
+//!
+//! - `verified` checks every byte against a pinned tree; [`source::ByteSource`] is what it
+//!   reads.
+//! - `stream` bounds memory by the tree's height.
 
 #![forbid(unsafe_code)]
 

@@ -1,14 +1,10 @@
-//! The verified block source: every byte it returns has been hashed and checked against a
-//! Merkle tree whose root is pinned (or read from the section, reported unpinned).
+//! The verified block source: every byte returned was hashed and checked against a Merkle tree
+//! whose root is pinned (or read from the section, reported unpinned).
 //!
-//! - Data blocks are hashed on every read: a userspace reader cannot stop the file being
-//!   rewritten between reads. Only `SmallReadCache` keeps verified copies; file data is
-//!   the page cache's to keep.
-//! - Tree blocks are verified once and kept; a miss verifies the path up to the first
-//!   verified ancestor. A large read fetches its tree blocks, and more, in one I/O.
-//! - A block that fails is never returned: the read fails with an [`IntegrityError`], the
-//!   source below forgets the span (`ByteSource::forget`) and may fetch it again.
-//! - What passed is handed down (`ByteSource::verified`) for a cache to keep.
+//! - Data blocks are hashed on every read: the file may change between reads.
+//! - Tree blocks are verified once and kept.
+//! - A failing block is never returned ([`IntegrityError`]); below, it is forgotten and what
+//!   passed handed down.
 
 use crate::appended::{Section, TRAILER_SIZE};
 use crate::descriptor::{Descriptor, Parsed, DESCRIPTOR_SIZE};
