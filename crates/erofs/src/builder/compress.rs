@@ -1,11 +1,9 @@
-//! Compressed regular files (`-z`; docs/FORMAT.md, "Compressed files"): each file's data cut
-//! into physical clusters filled by [`codecs::Compressor::fill`], described by
-//! logical-cluster indexes after the inode, as the kernel's `zmap.c` reads them.
+//! Compressed regular files (`-z`; docs/FORMAT.md, "Compressed files"): data cut into physical
+//! clusters by [`codecs::Compressor::fill`], indexed after the inode for `zmap.c`.
 //!
-//! - Files are compressed before layout, on all cores, in fixed-size segments: a large file
-//!   uses every core, the output never depends on the thread count, and the layout knows
-//!   each file's index size and blocks.
-//! - A file whose clusters would take as many blocks as its plain data stays uncompressed.
+//! - Files are compressed before layout (it needs their sizes), on all cores, in fixed-size
+//!   segments: output never depends on the thread count.
+//! - A file whose clusters take as many blocks as its plain data stays uncompressed.
 
 use super::tree::{Content, Kind, NodeId, Tree};
 use super::{Error, Progress};

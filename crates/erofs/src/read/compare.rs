@@ -1,15 +1,10 @@
-//! Two images compared as the trees they show ([`compare_trees`]): every path, and of each
-//! its type, mode, owner, mtime, link count, device number, size, symlink target, xattrs
-//! (whiteouts and opaque markers as stored) and contents, hardlinks linking the same paths.
-//! How either was built (block size, compression, layout, shared xattrs, tails) does not
-//! matter.
+//! Two images compared as the trees they show ([`compare_trees`]): paths, metadata, xattrs,
+//! contents and hardlinks; how either was built does not matter.
 //!
-//! - `b` is trusted (the layer store's rebuild of a layer blob), `a` not: both are walked
-//!   together with an explicit stack, stopping at the first difference, so the untrusted
-//!   one costs at most what the trusted one holds.
-//! - Directories are listed in lockstep (names strictly sorted in both, checked by
-//!   `readdir`); a file's bytes are read only once its size matched; a directory reached
-//!   twice is a difference.
+//! - `b` is trusted, `a` not: both are walked together with an explicit stack, stopping at the
+//!   first difference, so `a` costs at most what `b` holds.
+//! - A file's bytes are read only once its size matched; a directory reached twice is a
+//!   difference.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -59,6 +54,12 @@ const CHUNK: usize = 128 << 10;
 
 /// The first difference between the trees of `a` and `b`, or `None` when they show the
 /// same files.
+///
+/// Of every path: type, mode, owner, mtime, link count, device number, size, symlink
+/// target, xattrs (whiteouts and opaque markers as stored) and contents; hardlinks must link
+/// the same paths. Block size, compression, layout, shared xattrs and tails do not matter.
+/// `b` is the trusted one (the layer store's rebuild of a layer blob). Directories are
+/// listed in lockstep, names strictly sorted in both (checked by `readdir`).
 pub fn compare_trees<A: ByteSource, B: ByteSource>(
     a: &Image<A>,
     b: &Image<B>,

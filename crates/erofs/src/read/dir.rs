@@ -1,7 +1,6 @@
-//! Directories: block parsing, `readdir` (kernel `dir.c`) and `lookup` (`namei.c`).
+//! Directories: block parsing (`DirBlock`), `readdir` (kernel `dir.c`) and `lookup`
+//! (`namei.c`).
 //!
-//! - A block is `[dirents][names][zero padding]`, `k = nameoff[0] / 12` dirents; a name ends
-//!   where the next begins, the last at the first NUL or the block's used end.
 //! - Blocks are checked one at a time: any claimed size costs one block of memory.
 //! - Names are strictly sorted (the kernel binary-searches); `.` must be the directory.
 
@@ -32,7 +31,9 @@ struct RawEnt {
     name: Range<usize>,
 }
 
-/// One parsed and validated directory block.
+/// One parsed and validated directory block: `[dirents][names][zero padding]`, with
+/// `nameoff[0] / 12` dirents; a name ends where the next begins, the last at the first NUL
+/// or the block's used end.
 pub(crate) struct DirBlock {
     data: Vec<u8>,
     ents: Vec<RawEnt>,

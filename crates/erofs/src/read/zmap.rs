@@ -1,11 +1,9 @@
-//! Compressed files: logical offset → physical cluster (kernel `zmap.c`,
-//! `z_erofs_map_blocks_fo`), for COMPRESSED_FULL and COMPRESSED_COMPACT (2B/4B) indexes,
-//! HEAD1/HEAD2/PLAIN/NONHEAD lclusters, big pclusters, ztailpacking and fragments.
+//! Compressed files: logical offset → physical cluster (kernel `zmap.c`), for every index and
+//! lcluster kind the format has (docs/FORMAT.md, "Compressed files").
 //!
-//! - A mapping always spans the whole extent (the kernel's FIEMAP answer), not up to the end
-//!   of the lcluster: the decoded extent is what the reader decodes once and caches.
-//! - Every walk over the indexes is bounded by the largest extent the format allows, so no
-//!   index can make it loop or run long.
+//! - A mapping spans the whole extent (the kernel's FIEMAP answer): what the reader decodes
+//!   once and caches.
+//! - Every walk over the indexes is bounded by the largest extent the format allows.
 
 use super::{corrupt, unsupported, ByteSource, Error, Image, Inode, Result};
 use crate::zformat::{self as z, LclusterIndex, MapHeader};

@@ -1,14 +1,10 @@
-//! What the kernel's erofs parses, checked a structure at a time as its bytes are first
-//! served: for an image fetched as read (a remote one), which a whole check would fetch
-//! whole first. Why that suffices: docs/SECURITY.md section 11.
+//! What the kernel's erofs parses, checked a structure at a time as its bytes are first served
+//! (remote images; why: docs/SECURITY.md section 11).
 //!
-//! - The unit is an inode with all the kernel parses for it (`Fsck`'s per-inode checks).
-//! - Every inode an entry of a checked directory names is known; a known inode whose header
-//!   lies in a page already served is checked. A page is served only once both hold again.
-//! - So the kernel, which parses an inode only after its header and reaches it only through
-//!   an entry of a directory it parsed, parses nothing unchecked, whatever it reads.
-//! - Unseen one structure at a time, and not parsed for safety by the kernel: link counts,
-//!   the superblock's inode count.
+//! - The unit: an inode and all the kernel parses for it.
+//! - Every inode a checked directory names is known; a page is served only once each known
+//!   inode whose header lies in a served page is checked.
+//! - Not checked: link counts, the superblock's inode count.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
