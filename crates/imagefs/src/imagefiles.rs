@@ -1,13 +1,9 @@
-//! The kernel engine's FUSE side: each image of a mount as one read-only file (`0`, `1`, …
-//! in a root of their own), every READ answered from the verified source, so the kernel's
-//! erofs never sees a byte the image's tree (and pinned digest) does not cover.
+//! The kernel engine's FUSE side: each image of a mount as one read-only file (`0`, `1`, …),
+//! each READ answered from the verified source, so erofs sees only pinned bytes.
 //!
-//! - No passthrough is asked for: erofs refuses a backing file on a filesystem with a stack
-//!   depth, which FUSE gets with passthrough (`fs/erofs/super.c`).
-//! - The files never change, so entries, attributes and pages are cached forever; a page
-//!   that fails its check is never cached (the read fails EIO).
-//! - A failed read is one log line naming the image, the offset and, where the image's tree
-//!   says, the file the bytes belong to.
+//! - No passthrough: erofs refuses a backing file on a filesystem with a stack depth.
+//! - Entries, attributes and pages are cached forever; a page failing its check never is.
+//! - A failed read logs one line naming image, offset and file.
 
 use crate::attr::{Attr, Kind};
 use crate::ops::{

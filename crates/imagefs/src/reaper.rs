@@ -1,14 +1,9 @@
-//! Keeps a writable mount's descriptors under the process's limit: a union node holds one
-//! for its upper object while the kernel keeps the inode (until memory runs short), so a
-//! tree larger than `ulimit -n` would fail creations with EMFILE.
+//! Keeps a writable mount's descriptors under the process's limit: a union node holds one for
+//! its upper object while the kernel keeps the inode, so big trees would hit EMFILE.
 //!
-//! - Past half the limit, a pass has the kernel drop the names looked up longest ago
-//!   (FUSE_NOTIFY_INVAL_ENTRY), keeping the last quarter of the limit; each unused inode
-//!   goes, its node and descriptor with it. Looked up again, it keeps its number.
-//! - A pass runs on a thread of its own: INVAL_ENTRY takes the directory's lock, which a
-//!   request's worker may hold. For a second after it, forgotten nodes are freed at once.
-//! - A request that still finds no descriptor starts a pass, waits and tries again, for at
-//!   most `ROOM_WAIT` (`UnionFs::with_room`).
+//! - Past half the limit, a pass has the kernel drop the oldest names
+//!   (FUSE_NOTIFY_INVAL_ENTRY); an inode looked up again keeps its number.
+//! - A pass runs on its own thread: INVAL_ENTRY takes a lock a worker may hold.
 
 use crate::ops::{NotifierSlot, Notify};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

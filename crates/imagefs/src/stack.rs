@@ -1,16 +1,11 @@
-//! Several images stacked with overlayfs's rules, first = top: a name resolves to the
-//! topmost object carrying it; directories merge unless one is opaque; whiteouts hide a
-//! name below. Pure functions: any thread may call them.
+//! Several images stacked with overlayfs's rules, first = top. Pure functions: any thread may
+//! call them.
 //!
-//! - A whiteout is a character device 0/0, or (in a directory whose
-//!   `trusted.overlay.opaque` is `x`) an empty file with `trusted.overlay.whiteout`.
-//! - An opaque directory (`trusted.overlay.opaque` = `y`) merges nothing below it.
-//! - A non-directory ends the merge, above or below a directory.
-//! - A directory's `trusted.overlay.redirect` says where the layers below keep its
-//!   contents, as overlayfs follows it (`ovl_lookup`): a name in the parent's
-//!   directories, or a path from every lower layer's root (docs/FORMAT.md).
-//! - A directory found where its own `..` says it is not (a cycle, two parents, a root
-//!   under a name) is refused ([`Misplaced`]): the mount shows a tree.
+//! - A name resolves to the topmost object carrying it; whiteouts hide a name below.
+//! - Directories merge unless one is opaque (`trusted.overlay.opaque` = `y`); a non-directory
+//!   ends the merge; a redirect says where the layers below keep a directory's contents.
+//! - A directory found where its own `..` says it is not is refused ([`Misplaced`]).
+//! - Markers as docs/FORMAT.md ("Overlayfs markers in a stacked image") lists them.
 
 use erofs::read::{ByteSource, Error, Image, Inode, Result};
 use upper::overlay::{self, Opacity, OPAQUE_XATTR, REDIRECT_XATTR, WHITEOUT_XATTR};
@@ -200,7 +195,9 @@ impl<S: ByteSource> Stack<S> {
         })
     }
 
-    /// Whether `inode`, an entry of a directory in `layer`, is a whiteout.
+    /// Whether `inode`, an entry of a directory in `layer`, is a whiteout: a character
+    /// device 0/0, or (in a directory whose `trusted.overlay.opaque` is `x`,
+    /// `parent_xwhiteouts`) an empty file with `trusted.overlay.whiteout`.
     pub fn is_whiteout(&self, layer: u16, parent_xwhiteouts: bool, inode: &Inode) -> Result<bool> {
         if inode.mode & erofs::format::S_IFMT == erofs::format::S_IFCHR {
             return Ok(overlay::is_whiteout(inode.mode.into(), inode.rdev));

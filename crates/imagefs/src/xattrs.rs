@@ -1,13 +1,9 @@
 //! Which xattr names a mount shows, refuses and lets change: one set of rules for both
-//! filesystems (where they differ, the rules' fields say so).
+//! filesystems (docs/SECURITY.md section 5).
 //!
-//! - A read-only mount whose images record no xattr answers GETXATTR and LISTXATTR with
-//!   ENOSYS: the kernel stops sending either, so `ls -l` and exec cost no round trip for
-//!   `security.*` and ACLs.
-//! - Otherwise a name is answered, first match: the root's `verilay.stats` (for readers
-//!   without `verilay stats`'s socket); overlayfs's namespace (EOPNOTSUPP, as overlayfs
-//!   answered before Linux 6.7 escaped such names); a name the caller may not see (ENODATA);
-//!   a namespace the images record as absent (EOPNOTSUPP); then the layer's value.
+//! - A read-only mount whose images record no xattr answers GETXATTR and LISTXATTR ENOSYS: the
+//!   kernel stops sending either, so `ls -l` and exec cost no round trip.
+//! - Otherwise the first match answers (`Rules::get`), then the layer's value.
 
 use crate::measuring::STATS_XATTR;
 use crate::ops::{Caller, Errno};
@@ -99,6 +95,11 @@ impl Rules {
 
     /// What GETXATTR of `name` on `ino` gets without reading a layer: `Some` value (the
     /// root's counters, from `stats`), an error, or `None`: read the layer.
+    ///
+    /// First match: the root's `verilay.stats` (for readers without `verilay stats`'s
+    /// socket); overlayfs's namespace, EOPNOTSUPP (as overlayfs answered before Linux 6.7
+    /// escaped such names); a name the caller may not see, ENODATA; a namespace the images
+    /// record as absent, EOPNOTSUPP.
     pub fn get(
         &self,
         caller: &Caller,

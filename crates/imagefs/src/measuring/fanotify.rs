@@ -1,15 +1,11 @@
-//! The kernel engine's front to the measuring engine: opens and execs on the mount come as
-//! fanotify permission events (`host::fanotify`), each measured as the FUSE engine's OPEN is
-//! ([`Setup::measure`]), then allowed, or denied (EIO) when a measurement the policy asked
-//! for could not be made (docs/SECURITY.md section 11).
+//! The kernel engine's measuring front: fanotify permission events for the mount's opens and
+//! execs, measured ([`Setup::measure`]), then allowed or denied EIO (docs/SECURITY.md
+//! section 11).
 //!
-//! - A file is found by what it is, `st_dev` its layer and `st_ino` its nid (`what`), and
-//!   read through the daemon's own verified reader.
-//! - Images never change: an ignore mark spares a file's later opens of a kind when no
-//!   policy rule depends on who opens (`Spare`).
-//! - An exec's open event is allowed unmeasured: its exec event measured it, as IMA
-//!   measures an exec (`exec_second_event`).
-//! - IMA's violations come from how the file is open then, asked of the kernel.
+//! - A file is found by `st_dev` (layer) and `st_ino` (nid), read by the daemon's verified
+//!   reader.
+//! - An exec's open event passes: its exec event measured it.
+//! - Violations: how it is open, asked of the kernel.
 
 use super::{ContentKey, Opening, Opens, PositionalReader, Setup};
 use crate::ops::Logger;
@@ -53,7 +49,8 @@ pub struct Front {
     pub bits: Mutex<HashMap<(u64, u64), Arc<AtomicU8>>>,
 }
 
-/// Which later opens of a file an ignore mark may spare.
+/// Which later opens of a file an ignore mark may spare: images never change, so a file's
+/// later opens of a kind are spared when no policy rule depends on who opens.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Spare {
     /// None (a regular file of a writable mount, an exec's second event): a copy-up

@@ -1,14 +1,10 @@
 //! Measurement of file opens (IMA in userspace): one [`Hook`] both filesystems call on open
-//! ([`Setup::measure`]) and for `verilay stats`, with the engine behind it (`engine.rs`,
-//! `digests.rs`, the list's `inbox.rs`, IMA's violation counts `opens.rs`).
+//! ([`Setup::measure`]).
 //!
-//! - On every OPEN (an exec has `FMODE_EXEC`) the policy decides from the access and the
-//!   serving layer's identity; a measured file's entry is appended unless already there.
-//! - The daemon sees every change made through the mount, so a digest is reused until the
-//!   content may have changed: a changed file is hashed as its last writer closes it when
-//!   8 to 256 KiB, else at its next measured open.
-//! - With `digest_type=verity` an image file's stored digest is the measurement: no data
-//!   is read at open.
+//! - The policy decides from the access and the serving layer; an entry is appended once.
+//! - The daemon sees every change through the mount: a digest is reused until the content may
+//!   have changed.
+//! - With `digest_type=verity` no data is read at open.
 //! - Without a policy nothing here runs.
 
 mod content;

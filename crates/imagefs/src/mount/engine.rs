@@ -1,12 +1,9 @@
-//! The kernel engine: the kernel's erofs serves each image over a file verilay serves
-//! verified through a private FUSE mount ([`ImageFiles`]); a stack or upper directory adds
-//! kernel overlayfs. The kernel caches what it reads; the daemon sees only block reads.
+//! The kernel engine: the kernel's erofs serves each image over a file verilay serves verified
+//! ([`ImageFiles`]); a stack or upper directory adds kernel overlayfs.
 //!
-//! - Users see only the result: the image files' FUSE mount and the erofs mounts are made
-//!   in a private directory (`host::private`) and detached once what stands on them holds
-//!   them.
-//! - The daemon serves until the kernel lets go of the image files: unmounting frees the
-//!   erofs mounts, which close their files, which ends the FUSE session.
+//! - Users see only the result: its mounts are made in a private directory (`host::private`)
+//!   and detached once held.
+//! - The daemon serves until the kernel lets go of the image files.
 //! - A failing step leaves nothing mounted.
 
 use super::{kernel, Plan, Reporter};

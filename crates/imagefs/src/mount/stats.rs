@@ -1,13 +1,10 @@
-//! `verilay stats` over a unix socket of the mount's own, open from the moment the mount
-//! answers and found from the mountpoint alone (a mount may answer no GETXATTR).
+//! `verilay stats` over the mount's own abstract unix socket, `verilay/stats/MAJOR:MINOR` of
+//! the mount's device.
 //!
-//! - The name is abstract, `verilay/stats/MAJOR:MINOR` of the mount's device: any daemon
-//!   can bind it, every user the mount admits can reach it, it goes with the daemon.
 //! - Anyone can bind that name, so neither side trusts it: the client asks only a listener
-//!   running as the mount's owner ([`query`]); the daemon answers only a client its
-//!   [`Access`] admits that also passes a descriptor of the mount root opened for reading
-//!   (which the kernel grants only to a process it lets in).
-//! - A squatted name costs the mount its statistics only; no client can stall it (`serve`).
+//!   running as the mount's owner ([`query`]); the daemon answers only a client its [`Access`]
+//!   admits that passes a descriptor of the mount root.
+//! - A squatted name costs only the statistics.
 
 use crate::ops::Access;
 use crate::stats::{Stats, StatsSource};

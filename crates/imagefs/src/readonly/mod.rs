@@ -1,15 +1,10 @@
-//! An EROFS image, or a stack of them (`stack`), served read-only over FUSE: every request
-//! is answered from the image reader through its byte source.
+//! An EROFS image, or a stack of them (`stack`), served read-only over FUSE.
 //!
-//! - Per inode only the parent and name the kernel last learnt it under are kept (`nodes`),
-//!   for logs and measurements; a READ touches no shared state.
+//! - Per inode only its last parent and name are kept (`nodes`); a READ touches no shared
+//!   state.
 //! - Images are immutable: every reply is cacheable forever.
-//! - Namespaces the images record as absent are answered EOPNOTSUPP or ENOSYS, and ACLs left
-//!   off (`xattrs.rs`), each inode checked against that claim first (`claims`).
-//! - A directory is handed out only where its own `..` says it is (`stack::Misplaced`), so
-//!   the parents kept form a tree.
-//! - Inode numbers need no table (`ino.rs`); a stack's directories have one (their layers),
-//!   lock-free, filled by lookups, never emptied.
+//! - Each inode is checked against the images' absent-namespace claims (`claims`).
+//! - A directory is handed out only where its own `..` says it is: the parents form a tree.
 
 mod claims;
 mod measured;
@@ -43,7 +38,8 @@ pub struct ImageFs<S: ByteSource> {
     /// xattrs hidden, merged directories). One layer is served as it is.
     overlay: bool,
     root: Resolved,
-    /// With `overlay`: every directory met so far, by inode number.
+    /// With `overlay`: every directory met so far, by inode number (filled by lookups,
+    /// never emptied).
     dirs: papaya::HashMap<u64, DirNode>,
     name: String,
     log: Logger,

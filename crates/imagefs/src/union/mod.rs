@@ -1,14 +1,10 @@
-//! A stack of images under a writable upper directory, as overlayfs does it: reads fall
-//! through to the images, the first change to an image object copies it up (whole, through
-//! the work directory), deleting one leaves a whiteout, a directory made where one was
-//! deleted is opaque (docs/FORMAT.md, "Upper directories").
+//! A stack of images under a writable upper directory, as overlayfs does it (docs/FORMAT.md,
+//! "Upper directories").
 //!
-//! - An image object keeps its image id (`ino.rs`) once copied up, across remounts too
-//!   (`origin_id`); objects made here get ids from `FIRST_UPPER_ID` up, never reused.
-//! - Changes to the tree are serialised by one mutex; lookups, getattr, reads and writes take none.
-//! - An image file with several names is copied up once, its other names linked to it.
-//! - A directory with image contents is renamed as `redirect_dir=on` does it.
-//! - One file per concern; this one holds the state.
+//! - An image object keeps its image id once copied up, across remounts too (`origin_id`); new
+//!   objects get ids from `FIRST_UPPER_ID` up, never reused.
+//! - Tree changes are serialised by one mutex; lookups, getattr, reads and writes take none.
+//! - A hardlinked image file is copied up once.
 
 mod copyup;
 mod create;

@@ -1,14 +1,9 @@
-//! Rename, as overlayfs does it with `redirect_dir=on`: a directory with image contents
-//! moves with a redirect to them, one of the upper layer alone moving into a merged
-//! directory becomes opaque, and a name the images still have gets a whiteout.
+//! Rename, as overlayfs does it with `redirect_dir=on`: a directory with image contents moves
+//! with a redirect, and a name the images still have gets a whiteout.
 //!
-//! - `RENAME_EXCHANGE` copies both objects up and swaps them: both names stay occupied,
-//!   so no whiteout is needed.
-//! - A directory moving onto a whiteout trades places with it (`RENAME_EXCHANGE` on the
-//!   host), so the name is never empty.
-//! - A directory with image contents that the merged tree shows empty can be replaced:
-//!   the mover trades places with its upper side (whiteouts), which is then removed, or
-//!   becomes a whiteout where the images have something at the mover's old name.
+//! - `RENAME_EXCHANGE` copies both up and swaps them: no whiteout.
+//! - A directory moving onto a whiteout trades places with it, so the name is never empty.
+//! - An upper-only directory moving into a merged directory becomes opaque.
 
 use super::nodes::{is_dir_node, Node};
 use super::{cname, errno, is_dir_mode, UnionFs};
