@@ -1,13 +1,10 @@
-//! Every layer of a container image becomes a sealed verilay image, stored in the
-//! destination repository with the original image (`verilay convert`; the records are
-//! docs/FORMAT.md, "A container image converted").
+//! `verilay convert`: each layer of a container image becomes a sealed verilay image
+//! (docs/FORMAT.md, "A container image converted").
 //!
-//! - The destination tag names the bound manifest, whose digest is the one to pin.
-//! - The conversion is also a referrer of the original manifest, never trusted for being
-//!   found (`layerstore::resolve`).
-//! - Per layer: the blob is fetched into a temporary file and checked against its digest,
-//!   read as a tarball (DiffID taken on the way), built with a fixed build time and a
-//!   content-derived UUID (the same layer always gives the same image digest), and pushed.
+//! - The destination tag names the bound manifest, the one to pin.
+//! - The conversion, a referrer of the original, is never trusted for being found.
+//! - Blobs are checked against their digests; a fixed build time and content-derived UUID give
+//!   a layer one image digest.
 
 #![forbid(unsafe_code)]
 

@@ -1,14 +1,10 @@
-//! An image's tree (or one path of it) written into a directory through the verified
-//! reader, with modes, times, xattrs, ACLs, hardlinks and holes (`verilay extract`). The
-//! image may be hostile whatever its digest (docs/SECURITY.md section 3):
+//! `verilay extract`: an image's tree written to a directory through the verified reader; the
+//! image may be hostile (docs/SECURITY.md section 3).
 //!
-//! - An image `fsck_structure` finds any problem in is refused before DIR is touched.
-//! - Every object is made exclusively under a directory descriptor this process opened and
-//!   reopened with `openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS)`; metadata is set through a
-//!   descriptor checked to be what was made.
-//! - Set-id bits, devices, `trusted.*` and `security.*` travel only with owners (root,
-//!   without `--no-same-owner`); otherwise one warning line counts them.
-//! - A failure stops extract with one line naming the path; what was written stays.
+//! - An image `fsck_structure` faults is refused before DIR is touched.
+//! - Every object is made beneath a descriptor opened here, never via a link.
+//! - Set-id bits, devices, `trusted.*`, `security.*` go only with owners.
+//! - A failure stops it, naming the path.
 
 #![forbid(unsafe_code)]
 

@@ -1,16 +1,10 @@
 //! The store's tree, as containers/storage's overlay driver reads an additional layer store
-//! with `:ref` (`drivers/overlay/overlay.go`, `getAdditionalLayerPath`):
+//! with `:ref`: `STORE/BASE64(REFERENCE)/LAYER_DIGEST/{diff,info,blob}`.
 //!
-//! ```text
-//! STORE/BASE64(REFERENCE)/LAYER_DIGEST/diff   the layer's files (a symlink to its mount)
-//!                                      /info   JSON: digests, sizes, compression (storage.Layer)
-//!                                      /blob   the original layer blob
-//! ```
-//!
-//! - Nothing exists until looked up: a layer directory only when the [`Resolver`] finds it.
-//! - The driver's `use` files and removals are answered ENOENT, as it expects.
-//! - A refused layer (`Found::Refused`) is there, all empty, but opening `info` or `blob`
-//!   fails EIO: that fails the pull, where a missing layer would let podman reuse its own.
+//! - Nothing exists until the [`Resolver`] finds it on lookup.
+//! - The driver's `use` files and removals are answered ENOENT.
+//! - A refused layer's `info` and `blob` fail EIO: a missing one would let podman reuse its
+//!   own.
 
 use crate::resolve::{Found, Layer, Refused, Resolver};
 use base64::Engine;

@@ -1,14 +1,10 @@
-//! Finding a layer's verilay image from the reference and layer digest containers/storage
-//! asks about, mounting it pinned, and fetching the original blob (trust, reuse checks and
-//! bounds: docs/SECURITY.md section 10).
+//! A layer's verilay image found from the reference and layer digest containers/storage asks
+//! about, mounted pinned (docs/SECURITY.md section 10).
 //!
-//! - A referrer counts only when signed under the user's policy (`signed_referrers`).
-//! - A layer another binding (or none) may be reused for is answered only once each binding
-//!   involved holds its files (`check`); else other images' requests fail.
-//! - A binding is recorded as served under the record's lock in the step that finds every
-//!   other binding of its layer to hold it: nothing is served in between.
-//! - No lookup waits for another reference's work: one reference's lookups share an answer,
-//!   a blob is fetched once for all readers, each layer mounts under its own lock.
+//! - A referrer counts only when signed under the user's policy.
+//! - A reusable layer is answered only once each binding involved holds its files (`check`),
+//!   recorded as served under the record's lock in that step.
+//! - No lookup waits on another reference.
 
 use crate::check;
 use crate::served::{Binding, Record, Verdict};

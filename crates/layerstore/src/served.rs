@@ -1,13 +1,10 @@
-//! What the store has served for each layer and what checking each binding found, kept in
-//! `STATE/served.json` (docs/FORMAT.md, "The layer store's record") across restarts: the
-//! layers podman made of them outlive the store.
+//! What the store served for each layer and what checking each binding found, kept in
+//! `STATE/served.json` (docs/FORMAT.md, "The layer store's record"): podman's layers outlive
+//! the store.
 //!
-//! - containers/storage reuses a layer made from the store for any later image listing its
-//!   blob (or, over the same parents, its DiffID), whatever the store answers for that
-//!   image; for a verilay layer neither names its contents (the bound manifest chose them).
-//! - So every binding served is remembered, and before the store answers for a layer
-//!   another binding (or none) may be reused for, each is checked (`check`) and its verdict
-//!   kept here (docs/SECURITY.md section 10).
+//! - containers/storage reuses a layer for any later image listing its blob or DiffID, which do
+//!   not name a verilay layer's contents: so every binding served is kept and checked
+//!   (docs/SECURITY.md section 10).
 
 use oci::conversion::ConvertedLayer;
 use serde::{Deserialize, Serialize};

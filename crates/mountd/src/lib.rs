@@ -1,12 +1,9 @@
-//! A mount's setup: [`Mount`] is the checked settings (images, pins, mountpoint, options,
-//! the engine chosen); [`Mount::preflight`] checks what can be checked before a daemon
-//! exists; [`serve`] is the daemon, which opens the images, claims the upper and work
-//! directories, sets up measurement and has an [`imagefs::mount::Plan`] mount and serve.
+//! A mount's setup: [`Mount`] holds the checked settings, [`Mount::preflight`] checks what it
+//! can before a daemon exists, [`serve`] is the daemon.
 //!
-//! - Settings flow one way: the CLI parses them into [`MountOptions`], [`Mount::new`]
-//!   checks and plans, [`serve`] serves. The daemon re-parses the same options and so
-//!   decides the same way.
-//! - Nothing in a mount's upper or work directory is touched before the claim holds.
+//! - Settings flow one way, CLI to [`MountOptions`] to [`Mount::new`] to [`serve`]; the daemon
+//!   re-parses the same options and so decides the same way.
+//! - Nothing in the upper or work directory is touched before the claim holds.
 
 #![forbid(unsafe_code)]
 

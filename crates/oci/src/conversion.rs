@@ -1,13 +1,10 @@
-//! A container image converted to verilay images, one sealed image per layer, and its two
-//! records, trusted differently (docs/FORMAT.md, "A container image converted").
+//! A container image converted, one sealed verilay image per layer, and its two records
+//! (docs/FORMAT.md, "A container image converted").
 //!
-//! - The **bound manifest** ([`bind`]): the original with each layer descriptor annotated
-//!   with its verilay image. Any engine pulls it as the original, and its digest covers the
-//!   annotations: pinning it pins every image it leads to ([`bound_layers`]).
-//! - The **conversion manifest** ([`manifest`]): a referrer of the original, so a client
-//!   holding only that finds it. Anyone who may push can add a referrer, so it is trusted
-//!   only for a signature the user's policy accepts (`layerstore::resolve`), never for
-//!   being found.
+//! - The bound manifest ([`bind`]) annotates the original's layers: pinning it pins every image
+//!   ([`bound_layers`]).
+//! - The conversion manifest ([`manifest`]) is a referrer anyone may push: trusted only for a
+//!   signature the user's policy accepts, never for being found.
 
 use crate::artifact::{self, Descriptor, Manifest, DIGEST_ANNOTATION, LAYER_TYPE};
 use std::collections::BTreeMap;

@@ -1,14 +1,10 @@
-//! The distribution spec's HTTP API, as much of it as verilay needs: manifests and blobs,
-//! pushed and fetched, with the auth flows registries use (anonymous, Basic, and Bearer
-//! tokens from the registry's token server).
+//! The distribution spec's HTTP API as verilay needs it: manifests and blobs, pushed and
+//! fetched, with registry auth (docs/SECURITY.md section 9).
 //!
-//! - Credentials go only to the registry's own URLs and the token server it names, and
-//!   only over TLS or to this machine (plain HTTP is `--insecure`, for a local registry).
-//!   One 401 per request is answered, and only from the registry itself.
-//! - What the registry sends is bounded: manifests 4 MiB, errors and tokens 64 KiB;
-//!   blobs stream to the caller, which checks them.
-//! - Every request is bounded in time by `--timeout`: a bodiless request and a token
-//!   request as a whole (twice it), a blob by the bytes each period must bring.
+//! - Credentials go only to the registry and its token server, over TLS or locally; one 401 per
+//!   request is answered, from the registry only.
+//! - Replies are capped; blobs stream to the caller, which checks them.
+//! - Requests are bounded by `--timeout`.
 
 use crate::auth::{self, Challenge, Credentials};
 use crate::reference::Reference;

@@ -1,12 +1,10 @@
-//! Images opened for reading, pinned and verified, whether a file or remote (`oci://`,
-//! `http(s)://`): what the read-side commands and the mount daemon read through.
+//! Images opened pinned and verified, from a file or remote (`oci://`, `http(s)://`), for the
+//! read-side commands and mounts.
 //!
-//! - An image with a verity section is read only through [`VerifiedSource`]; a plain EROFS
-//!   image opens only where the caller allows it (inspection) and never with a pin.
-//! - A remote image is never opened unpinned: `--digest`, or the digest its pinned
-//!   manifest records (docs/SECURITY.md section 8).
-//! - An `oci://` image's manifest satisfies the signature policy before any of its bytes
-//!   are read.
+//! - An image with a verity section is read only through [`VerifiedSource`]; plain EROFS only
+//!   where the caller allows it, never with a pin.
+//! - A remote image is never opened unpinned; an `oci://` manifest meets the signature policy
+//!   before any byte is read (docs/SECURITY.md 9).
 
 #![forbid(unsafe_code)]
 

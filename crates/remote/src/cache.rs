@@ -1,13 +1,9 @@
-//! The persistent cache of remote images: per pinned image a sparse file laid out like the
-//! image and a record of which 4 KiB units hold verified bytes (docs/FORMAT.md, "The cache
-//! of remote images").
+//! The persistent cache of remote images: per pinned image a sparse file and a record of its
+//! verified 4 KiB units (docs/FORMAT.md, "The cache of remote images").
 //!
-//! - Only bytes the verified source just checked are written (`ByteSource::verified`), data
-//!   before the record, so a crash leaves at worst verified bytes the record does not know.
-//! - The record is a hint, never a proof: every byte read back is checked again, and a unit
-//!   that fails is dropped and fetched again.
-//! - A mount holds a shared `flock` on its entry's record; `prune` removes only entries it
-//!   can lock exclusively, least recently used first.
+//! - Only just-verified bytes are written, before the record.
+//! - The record is a hint: every byte read back is checked again, a failing unit fetched again.
+//! - A mount holds a shared `flock` on its entry; `prune` removes only what it locks alone.
 
 use std::fs::File;
 use std::io;

@@ -1,14 +1,9 @@
-//! A remote image as a [`ByteSource`]: `oci://HOST/REPO:TAG` (or `@sha256:MANIFEST`) or an
-//! `http(s)://` image file, read with range requests in aligned 4 KiB chunks, one fetch in
-//! flight per chunk, kept in memory up to a bound.
+//! A remote image (`oci://` or an `http(s)://` file) as a [`ByteSource`]: range requests in
+//! aligned 4 KiB chunks, one fetch in flight per chunk, held in memory up to a bound.
 //!
-//! - Trusts no byte: the verified source above checks each block; what fails is forgotten
-//!   (`ByteSource::forget`) and fetched again; what passed goes to the [`cache::Cache`].
-//! - A miss right after chunks held or in flight fetches as many again (up to [`MAX_RUN`]);
-//!   one in a 256 KiB neighbourhood holding 8 chunks takes the rest of it.
-//! - Behind a sequential reader two threads fetch the next window, twice the last.
-//! - A request is tried three times, each try bounded; a server that failed all three is
-//!   tried by one request at a time until it answers (`fetch`).
+//! - Trusts no byte: the verified source above checks each block; what fails is forgotten and
+//!   fetched again; what passed goes to the [`cache::Cache`].
+//! - Read-ahead stops at [`MAX_RUN`]; each try is bounded in time.
 
 #![forbid(unsafe_code)]
 

@@ -1,8 +1,9 @@
-//! `--prefetch`: one background thread reads the whole image through the verified source,
-//! so every block is checked and lands in the persistent cache, while readers come first:
-//! it waits whenever a reader's fetch is under way, and runs at the lowest CPU priority.
-//! It stops when the cache reaches its size limit (or there is no cache). A step the
-//! server fails is tried again after a wait; one whose bytes fail their hash is passed over.
+//! `--prefetch`: one background thread reads the whole image through the verified source, so
+//! every block is checked and cached, while readers come first.
+//!
+//! - It waits while a reader's fetch is under way, at the lowest CPU priority.
+//! - It stops when the cache is full (or absent); a step whose bytes fail their hash is
+//!   skipped.
 
 use crate::{RemoteSource, BACKGROUND};
 use std::sync::atomic::{AtomicU64, Ordering};

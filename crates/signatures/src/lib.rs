@@ -1,11 +1,9 @@
-//! Container image signatures checked as podman and skopeo (containers/image 5.23) check
-//! them with a sigstore public key, and made as they make them. What cannot be evaluated
-//! (GPG `signedBy`, keyless sigstore) is refused when the policy is read, never accepted.
+//! Image signatures checked and made as podman and skopeo (containers/image 5.23) do with a
+//! sigstore public key (map: docs/ARCHITECTURE.md, `crates/signatures`).
 //!
-//! - `policy` (containers-policy.json(5)), `registries_d` (containers-registries.d(5)),
-//!   `attachments` (`sha256-HEX.sig`), `payload` (simple signing), `keys` (cosign keys).
-//! - [`check`] evaluates an image's requirements; [`sign`] and [`attachments::attach`] make
-//!   and store a signature; [`generate_key`] a key pair.
+//! - What cannot be evaluated (GPG `signedBy`, keyless sigstore) is refused when the policy is
+//!   read, never accepted.
+//! - [`check`] evaluates an image; [`sign`], [`attachments::attach`] and [`generate_key`] make.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -1,8 +1,8 @@
-//! containers-registries.d(5): YAML files saying where signatures of which images are. Only
-//! `use-sigstore-attachments` matters here; the GPG stores (`lookaside`, `sigstore`, and
-//! their `-staging`) are type-checked and ignored. Read as c/image reads them (ghodss/yaml):
-//! YAML into JSON, then Go's lenient `encoding/json` (unknown keys ignored, keys matched
-//! case-insensitively, YAML 1.1 `yes`/`on` booleans).
+//! containers-registries.d(5): where signatures of which images are.
+//!
+//! - Only `use-sigstore-attachments` matters; the GPG stores are type-checked and ignored.
+//! - Read as c/image reads it: YAML into JSON, then Go's lenient `encoding/json` (unknown keys
+//!   ignored, case-insensitive keys, YAML 1.1 booleans).
 
 use crate::dockerref::DockerReference;
 use serde_yaml_ng::Value;

@@ -1,14 +1,10 @@
-//! `verilay mount IMAGE... MOUNTPOINT` (several images stack, first on top, with overlayfs's
-//! rules) and `verilay umount MOUNTPOINT`.
+//! `verilay mount IMAGE... MOUNTPOINT` (images stack, first on top) and `verilay umount`.
 //!
-//! - Flags and `-o` options become one [`MountOptions`] value first (`settings`); all after
-//!   works from it.
-//! - Without `--foreground`, `mount` checks the images (and pins) itself, then starts the
-//!   daemon (this binary, the options rendered as one `-o`) and follows its setup
-//!   (`imagefs::mount::start_daemon`) until the mount answers or the daemon says why not.
-//! - `mountd::Mount` checks them and chooses the engine; its daemon (`mountd::serve`)
-//!   opens what the mount serves into an `imagefs::mount::Plan`, which mounts and serves it.
-//! - As `mount.fuse.verilay`, this binary takes mount(8)'s arguments (`helper.rs`).
+//! - Flags and `-o` become one [`MountOptions`] value first (`settings`); all after works from
+//!   it.
+//! - Without `--foreground`, `mount` checks the images, starts the daemon and follows its setup
+//!   until the mount answers or the daemon says why not.
+//! - As `mount.fuse.verilay` it takes mount(8)'s arguments (`helper.rs`).
 
 mod helper;
 
