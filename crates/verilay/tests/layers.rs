@@ -227,8 +227,8 @@ fn names_in(dir: &Path) -> String {
 }
 
 /// `script` run in a writable FUSE-engine mount of `images` over `upper` (verilay writes
-/// the redirects overlayfs's `redirect_dir=on` would), then the upper directory built
-/// into `out`.
+/// the redirects overlayfs's `redirect_dir=on` would, and follows the images' own: the
+/// scripts `test` what they show), then the upper directory built into `out`.
 fn commit_changes(base: &Path, images: &[PathBuf], upper: &str, script: &str, out: &Path) {
     let (u, w, m) = (
         base.join(upper),
@@ -307,7 +307,7 @@ fn redirects_in_image_layers_are_followed_as_overlayfs_follows_them() {
         base,
         &two,
         "u2",
-        "mv d2 d3; mkdir -p z; mv q2 z/q3; echo C > d3/c",
+        "test -f d2/a; test -f q2/q; mv d2 d3; mkdir -p z; mv q2 z/q3; echo C > d3/c",
         &u2,
     );
     stacks_agree(
@@ -323,7 +323,13 @@ fn redirects_in_image_layers_are_followed_as_overlayfs_follows_them() {
     // And once more, over the third layer.
     let u3 = base.join("u3.img");
     let three = [u2.clone(), u1.clone(), lo_img.clone()];
-    commit_changes(base, &three, "u3", "mv z/q3 q4; mv d3 z/d4", &u3);
+    commit_changes(
+        base,
+        &three,
+        "u3",
+        "test -f z/q3/q; test -f d3/a; mv z/q3 q4; mv d3 z/d4",
+        &u3,
+    );
     stacks_agree(base, "three", &[u3, u2, u1, lo_img], &|m| {
         assert_eq!(names_in(&m.join("q4")), "q", "{}", m.display());
         assert_eq!(names_in(&m.join("z/d4")), "a c", "{}", m.display());
@@ -395,5 +401,123 @@ fn redirects_overlayfs_refuses_fail_the_lookup_and_the_last_layers_are_not_read(
         );
         assert_eq!(names_in(&m.join("abs")), "f", "{}", m.display());
         assert_eq!(names_in(&m.join("last")), "l", "{}", m.display());
+    }
+}
+
+/// `find`'s type letter and inode number of every object under `root` but the root, by
+/// path.
+fn inode_numbers(root: &Path) -> Vec<(String, char, u64)> {
+    let out = run(Command::new("find")
+        .arg(".")
+        .args(["-mindepth", "1", "-printf", "%y %i %p\\n"])
+        .current_dir(root));
+    let mut v: Vec<(String, char, u64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let mut f = l.splitn(3, ' ');
+            let kind = f.next().unwrap().chars().next().unwrap();
+            let ino = f.next().unwrap().parse().unwrap();
+            (f.next().unwrap().to_string(), kind, ino)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn inode_numbers_survive_a_remount_as_overlayfs_keeps_them() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let src = base.join("src");
+    sh(&format!(
+        "set -e; mkdir -p {0}/a/d; echo foo > {0}/a/foo; echo keep > {0}/a/keep; ln -s foo {0}/a/sym
+         echo other > {0}/a/other; mkfifo {0}/a/fifo; echo in > {0}/a/d/in",
+        src.display()
+    ));
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    let changes = "mv a/foo a/bar; chown -h 1234 a/sym; chmod 600 a/keep; mkdir a/newdir; \
+                   echo n > a/newdir/n; echo f > a/newfile; chmod 600 a/fifo; mv a/d/in a/in2; \
+                   rm a/other; echo o > a/other";
+    // Kernel overlayfs over the kernel's erofs mount of the image: the oracle.
+    let lower = Mount::erofs(&image, &base.join("lower"));
+    let (ku, kw, km) = (base.join("ku"), base.join("kw"), base.join("km"));
+    for d in [&ku, &kw, &km] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let overlay = |then: &str| {
+        run(Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={},upperdir={},workdir={}",
+                lower.dir.display(),
+                ku.display(),
+                kw.display()
+            ))
+            .arg(&km));
+        sh(&format!("set -e; cd '{}'; {then}", km.display()));
+        let numbers = inode_numbers(&km);
+        run(Command::new("umount").arg(&km));
+        numbers
+    };
+    // Over two filesystems (erofs below, this upper) overlayfs numbers directories afresh
+    // at every mount; every other object keeps its number. verilay keeps them all.
+    let kernel_before = overlay(changes);
+    let files =
+        |v: Vec<(String, char, u64)>| v.into_iter().filter(|o| o.1 != 'd').collect::<Vec<_>>();
+    assert_eq!(
+        files(overlay("true")),
+        files(kernel_before.clone()),
+        "kernel overlayfs keeps them"
+    );
+    // verilay (the engine the run asks for), the same changes over its own upper.
+    let (u, w, m) = (base.join("u"), base.join("w"), base.join("m"));
+    for d in [&u, &w, &m] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let verilay_mount = |then: &str| {
+        let mounted = Unmount::fuse(&m);
+        run(verilay()
+            .arg("mount")
+            .arg("--upper")
+            .arg(&u)
+            .arg("--work")
+            .arg(&w)
+            .arg(&image)
+            .arg(&m));
+        sh(&format!("set -e; cd '{}'; {then}", m.display()));
+        let numbers = inode_numbers(&m);
+        // The kernel engine is overlayfs, which numbers directories afresh (above).
+        let kernel_engine = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == m.to_str() && l.split(' ').nth(2) == Some("overlay"));
+        mounted.now();
+        match kernel_engine {
+            true => files(numbers),
+            false => numbers,
+        }
+    };
+    let before = verilay_mount(changes);
+    let paths =
+        |v: &[(String, char, u64)]| v.iter().map(|o| (o.0.clone(), o.1)).collect::<Vec<_>>();
+    assert_eq!(
+        paths(&files(before.clone())),
+        paths(&files(kernel_before)),
+        "the same tree as overlayfs's"
+    );
+    let mut distinct: Vec<u64> = before.iter().map(|o| o.2).collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        before.len(),
+        "one number, one object: {before:?}"
+    );
+    for round in 0..2 {
+        assert_eq!(verilay_mount("true"), before, "after remount {round}");
     }
 }

@@ -114,7 +114,7 @@ impl<S: ByteSource + 'static> UnionFs<S> {
 
     /// What image object `inode` of node `id` is copied up with: its owner, mode, times
     /// and xattrs (not the mount's own; rootless, only those an ordinary user may set,
-    /// and the owner and mode shown recorded instead), and a regular file's image id.
+    /// and the owner and mode shown recorded instead), and a non-directory's image id.
     fn copy_up_meta(
         &self,
         id: u64,
@@ -139,7 +139,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             // Linux allows user.* xattrs on files and directories only.
             rootless_copy(&mut meta, inode.is_reg() || inode.is_dir());
         }
-        if inode.is_reg() {
+        // Rootless, the record is a `user.*` xattr, which Linux keeps on files alone.
+        if inode.is_reg() || (self.as_root && !inode.is_dir()) {
             meta.xattrs.push((
                 self.upper.ns.origin().as_bytes().to_vec(),
                 id.to_string().into_bytes(),

@@ -1,8 +1,9 @@
 //! A stack of images under a writable upper directory, as overlayfs does it (docs/FORMAT.md,
 //! "Upper directories").
 //!
-//! - An image object keeps its image id once copied up, across remounts too (`origin_id`); new
-//!   objects get ids from `FIRST_UPPER_ID` up, never reused.
+//! - An image object keeps its image id once copied up, across remounts too (`origin_id`); an
+//!   object of the upper directory alone is `FIRST_UPPER_ID` + its inode number there, so
+//!   it keeps its id across remounts too; no id stands for two live objects.
 //! - Tree changes are serialised by one mutex; lookups, getattr, reads and writes take none.
 //! - A hardlinked image file is copied up once.
 
@@ -12,6 +13,7 @@ mod io;
 mod listing;
 mod measured;
 mod nodes;
+mod origin;
 mod owner;
 mod privileges;
 mod remove;
@@ -45,10 +47,13 @@ use upper::Upper;
 /// kernel is told (`inval_inode`).
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The first id of an object made in the upper directory: ids count up from here and are
-/// never reused in a mount (the host reuses inode numbers; the kernel must not see one id
-/// stand for two objects).
+/// Where the ids of the upper directory's own objects start: `FIRST_UPPER_ID` + the
+/// object's inode number on the upper filesystem (every image id is below 2^57).
 const FIRST_UPPER_ID: u64 = 1 << 62;
+/// Ids handed out one by one, never reused in a mount, where an object's own id cannot be
+/// had: the host reused the inode number of an object the kernel still holds (one id must
+/// never stand for two objects), or the object is on another filesystem.
+const FIRST_COUNTED_ID: u64 = 1 << 63;
 
 /// A map whose values hold descriptors. A removed value is freed once no reader can see
 /// it, a batch at a time; papaya's batches of 32 per thread kept ~50 closed handles' and
@@ -76,6 +81,8 @@ pub struct UnionFs<S: ByteSource> {
     files: papaya::HashMap<u64, OwnedFd>,
     dirs: papaya::HashMap<u64, Vec<(Vec<u8>, u64, Kind)>>,
     next_id: AtomicU64,
+    /// The upper directory's filesystem: its objects' inode numbers are unique there.
+    upper_dev: u64,
     next_fh: AtomicU64,
     change: Mutex<()>,
     /// Mounted by root: new objects belong to the caller; otherwise to us.
@@ -155,7 +162,8 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             upper_ids: papaya::HashMap::new(),
             files: holding_descriptors(),
             dirs: papaya::HashMap::new(),
-            next_id: AtomicU64::new(FIRST_UPPER_ID),
+            next_id: AtomicU64::new(FIRST_COUNTED_ID),
+            upper_dev: rfs::fstat(&root_fd).map_or(u64::MAX, |st| st.st_dev),
             next_fh: AtomicU64::new(1),
             change: Mutex::new(()),
             as_root: rustix::process::geteuid().is_root(),

@@ -3,7 +3,7 @@
 //! path, and a descriptor of its upper object; and the ids objects go by.
 
 use super::owner::read_override;
-use super::{errno, is_dir_mode, UnionFs};
+use super::{errno, is_dir_mode, UnionFs, FIRST_UPPER_ID};
 use crate::attr::Attr;
 use crate::backing::{Backing, Failed};
 use crate::ino::obj_ino;
@@ -15,7 +15,6 @@ use erofs::read::ByteSource;
 use papaya::Guard as _;
 use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs as rfs;
-use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use upper::Stat;
@@ -245,35 +244,21 @@ impl<S: ByteSource + 'static> UnionFs<S> {
         if let Some(&id) = ids.get(&key) {
             return id;
         }
-        let id = fallback().unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = fallback().unwrap_or_else(|| self.own_id(st));
         *ids.get_or_insert(key, id)
     }
 
-    /// The image id a copied-up regular file keeps after a remount: the one its copy-up
-    /// recorded, if the images still have that very object at its path and nowhere else
-    /// (one name), so no other object can show the same number.
-    pub(super) fn origin_id(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &[u8],
-        st: &Stat,
-        lower: &Option<Resolved>,
-    ) -> Option<u64> {
-        let r = lower.as_ref()?;
-        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile
-            || !r.inode.is_reg()
-            || r.inode.nlink != 1
-        {
-            return None;
+    /// The id of an object of the upper directory alone: `FIRST_UPPER_ID` + its inode
+    /// number, the same in every mount; a counted one while an earlier object of that
+    /// number is still held (the host reuses numbers) or on another filesystem.
+    fn own_id(&self, st: &Stat) -> u64 {
+        if st.st_dev == self.upper_dev && st.st_ino < FIRST_UPPER_ID {
+            let id = FIRST_UPPER_ID + st.st_ino;
+            if self.nodes.pin().get(&id).is_none() {
+                return id;
+            }
         }
-        let id = self.lower_id(r.top);
-        let mut path = Self::real_path(dir).into_bytes();
-        path.push(b'/');
-        path.extend_from_slice(name);
-        let path = CString::new(path).ok()?;
-        let mut buf = [0u8; 24];
-        let n = rfs::lgetxattr(path.as_c_str(), self.upper.ns.origin(), &mut buf).ok()?;
-        (buf[..n] == *id.to_string().as_bytes()).then_some(id)
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Keeps a node the daemon itself needs (to copy it up, to list it) without counting a
