@@ -2,7 +2,7 @@
 //!
 //! Cut like Linux `fs/erofs/`: one concern per file.
 //!
-//! - [`source`]: where bytes come from ([`ByteSource`]).
+//! - `source`: where bytes come from ([`ByteSource`]).
 //! - `sb`: superblock checks and the long xattr prefix table ([`Image::open`]).
 //! - `inode`: nid → validated [`Inode`].
 //! - `data`: logical file offset → image bytes (flat, inline tail, chunks) and `read`.

@@ -44,7 +44,7 @@ impl Opens {
         }
     }
 
-    /// Whether a write open now would ask for readers ([`Opens::time_of_use`]): a
+    /// Whether a write open now would ask for readers (`Opens::time_of_use`): a
     /// measured reader opened since the last ToMToU (`bits` as [`Opens::as_seen`] takes them).
     pub fn may_emit_tomtou(bits: &AtomicU8) -> bool {
         bits.load(Ordering::SeqCst) & MAY_EMIT_TOMTOU != 0

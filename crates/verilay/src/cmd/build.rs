@@ -286,9 +286,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 /// `-z` and `-C`, as `build` and `convert` take them.
 #[derive(clap::Args)]
 pub(crate) struct CompressArgs {
-    /// Compress regular files, as mkfs.erofs -z spells it: lz4, lz4hc[,LEVEL],
-    /// zstd[,LEVEL], lzma[,LEVEL] or deflate[,LEVEL]. A file compression does not save a
-    /// block for is stored plain.
+    /// Compress regular files, as mkfs.erofs -z spells it: lz4, lz4hc, zstd, lzma or
+    /// deflate, each but lz4 with an optional `,LEVEL` (zstd,19). A file compression does
+    /// not save a block for is stored plain.
     #[arg(short = 'z', long = "compress", value_name = "ALG[,LEVEL]")]
     compress: Option<String>,
     /// With -z: the physical cluster size in bytes, a multiple of the block size up to
