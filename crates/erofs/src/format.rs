@@ -28,15 +28,29 @@ pub const FEATURE_COMPAT_XATTR_FILTER: u32 = 0x4;
 pub const FEATURE_INCOMPAT_CHUNKED_FILE: u32 = 0x4;
 /// Incompat feature: a long xattr name prefix table exists.
 pub const FEATURE_INCOMPAT_XATTR_PREFIXES: u32 = 0x40;
+/// Incompat feature: compressed data is zero-padded at the start of its pcluster.
+pub const FEATURE_INCOMPAT_LZ4_0PADDING: u32 = 0x1;
+/// Per-algorithm config records follow the superblock; `available_compr_algs` is a bitmap.
+pub const FEATURE_INCOMPAT_COMPR_CFGS: u32 = 0x2;
+/// Same bit as `COMPR_CFGS`: physical clusters may span several blocks.
+pub const FEATURE_INCOMPAT_BIG_PCLUSTER: u32 = 0x2;
+/// Incompat feature: HEAD2 lclusters may use a second algorithm.
+pub const FEATURE_INCOMPAT_COMPR_HEAD2: u32 = 0x8;
+/// Incompat feature: a compressed tail may be stored inline after the indexes.
+pub const FEATURE_INCOMPAT_ZTAILPACKING: u32 = 0x10;
+/// Incompat feature: file tails or whole files may be fragments in the packed inode.
+pub const FEATURE_INCOMPAT_FRAGMENTS: u32 = 0x20;
+/// Same bit as `FRAGMENTS`.
+pub const FEATURE_INCOMPAT_DEDUPE: u32 = 0x20;
 /// Incompat features this crate implements; a reader rejects anything else.
 pub const FEATURE_INCOMPAT_SUPPORTED: u32 = FEATURE_INCOMPAT_CHUNKED_FILE
     | FEATURE_INCOMPAT_XATTR_PREFIXES
     // Compressed files (the reader's `zmap`/`zdata`).
-    | crate::zformat::FEATURE_INCOMPAT_LZ4_0PADDING
-    | crate::zformat::FEATURE_INCOMPAT_COMPR_CFGS
-    | crate::zformat::FEATURE_INCOMPAT_COMPR_HEAD2
-    | crate::zformat::FEATURE_INCOMPAT_ZTAILPACKING
-    | crate::zformat::FEATURE_INCOMPAT_FRAGMENTS;
+    | FEATURE_INCOMPAT_LZ4_0PADDING
+    | FEATURE_INCOMPAT_COMPR_CFGS
+    | FEATURE_INCOMPAT_COMPR_HEAD2
+    | FEATURE_INCOMPAT_ZTAILPACKING
+    | FEATURE_INCOMPAT_FRAGMENTS;
 
 /// Seed of the superblock crc32c, as the kernel feeds it (no final inversion).
 pub const SB_CRC_SEED: u32 = 0x5045_B54A;

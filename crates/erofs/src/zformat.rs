@@ -6,20 +6,12 @@
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
-/// Incompat feature: compressed data is zero-padded at the start of its pcluster.
-pub const FEATURE_INCOMPAT_LZ4_0PADDING: u32 = 0x1;
-/// Per-algorithm config records follow the superblock; `available_compr_algs` is a bitmap.
-pub const FEATURE_INCOMPAT_COMPR_CFGS: u32 = 0x2;
-/// Same bit as `COMPR_CFGS`: physical clusters may span several blocks.
-pub const FEATURE_INCOMPAT_BIG_PCLUSTER: u32 = 0x2;
-/// Incompat feature: HEAD2 lclusters may use a second algorithm.
-pub const FEATURE_INCOMPAT_COMPR_HEAD2: u32 = 0x8;
-/// Incompat feature: a compressed tail may be stored inline after the indexes.
-pub const FEATURE_INCOMPAT_ZTAILPACKING: u32 = 0x10;
-/// Incompat feature: file tails or whole files may be fragments in the packed inode.
-pub const FEATURE_INCOMPAT_FRAGMENTS: u32 = 0x20;
-/// Same bit as `FRAGMENTS`.
-pub const FEATURE_INCOMPAT_DEDUPE: u32 = 0x20;
+/// The superblock's compression feature bits, declared with the others in `format`.
+pub use crate::format::{
+    FEATURE_INCOMPAT_BIG_PCLUSTER, FEATURE_INCOMPAT_COMPR_CFGS, FEATURE_INCOMPAT_COMPR_HEAD2,
+    FEATURE_INCOMPAT_DEDUPE, FEATURE_INCOMPAT_FRAGMENTS, FEATURE_INCOMPAT_LZ4_0PADDING,
+    FEATURE_INCOMPAT_ZTAILPACKING,
+};
 
 /// Data layout: compressed, with full (8-byte) lcluster indexes.
 pub const LAYOUT_COMPRESSED_FULL: u16 = 1;

@@ -574,7 +574,7 @@ fn assemble(
         level0.extend_from_slice(&p.level0);
     }
     let digest = digests.then(|| {
-        let params = super::write::verity_params();
+        let params = super::verity_params();
         let tree = verity::Tree::from_level0(&params, level0);
         verity::Descriptor::new(&params, node.size, &tree.root).digest(params.alg)
     });
@@ -680,7 +680,7 @@ fn compress_segment(
         }
     }
     if digests {
-        let params = super::write::verity_params();
+        let params = super::verity_params();
         let vb = params.block_size as usize;
         seg.level0 = vec![0u8; len.div_ceil(vb) * params.alg.digest_size()];
         verity::hash_blocks(&params, &[], &src, &mut seg.level0);
@@ -703,7 +703,7 @@ fn read_segment(tree: &Tree, id: NodeId, from: u64, len: usize) -> Result<Vec<u8
         Content::File(path) => {
             let file = std::fs::File::open(path).map_err(|e| Error::source(path, e))?;
             file.read_exact_at(&mut buf, from)
-                .map_err(|e| super::write::changed(path, e))?;
+                .map_err(|e| Error::changed(path, e))?;
             let last = from + len as u64 == node.size;
             if last && file.metadata().map_err(|e| Error::source(path, e))?.len() != node.size {
                 return Err(Error::Input(format!(

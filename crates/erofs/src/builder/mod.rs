@@ -38,6 +38,21 @@ impl Error {
             err,
         }
     }
+
+    /// A source file read failing mid-build: one that ended early shrank.
+    pub(crate) fn changed(path: &Path, e: std::io::Error) -> Error {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Input(format!("{}: file shrank during the build", path.display()))
+        } else {
+            Error::source(path, e)
+        }
+    }
+}
+
+/// The fs-verity parameters of both the image tree and the per-file digests.
+pub fn verity_params() -> verity::Params {
+    let block = 1u32 << crate::format::DIGEST_LOG_BLOCK_SIZE;
+    verity::Params::new(verity::HashAlg::Sha256, block, Vec::new()).expect("valid parameters")
 }
 
 /// Progress callbacks, called from worker threads.
@@ -254,7 +269,7 @@ pub fn build_tree(
             trace("unmapped");
             let digest = match w.level0 {
                 Some(level0) => Some(
-                    verity::appended::append(&file, &write::verity_params(), w.len, level0)
+                    verity::appended::append(&file, &verity_params(), w.len, level0)
                         .map_err(|e| Error::source(&tmp, e))?,
                 ),
                 None => None,

@@ -303,12 +303,6 @@ pub struct Written {
     pub level0: Option<Vec<u8>>,
 }
 
-/// The fs-verity parameters of both the image tree and the per-file digests.
-pub fn verity_params() -> verity::Params {
-    verity::Params::new(verity::HashAlg::Sha256, VERITY_BLOCK as u32, Vec::new())
-        .expect("valid parameters")
-}
-
 const VERITY_BLOCK: usize = 1 << DIGEST_LOG_BLOCK_SIZE;
 const HASH: usize = 32;
 
@@ -322,7 +316,7 @@ fn seal(
     footer: DigestFooter,
     progress: &dyn Progress,
 ) -> Vec<u8> {
-    let params = verity_params();
+    let params = super::verity_params();
     let len = img.len();
     progress.hashing(len as u64);
     let mut level0 = vec![0u8; len.div_ceil(VERITY_BLOCK) * HASH];
@@ -535,7 +529,7 @@ fn copy_file(job: &FileJob, dsts: &mut [(u64, &mut [u8])]) -> Result<(), Error> 
     let file = File::open(path).map_err(err)?;
     for (from, dst) in dsts.iter_mut() {
         file.read_exact_at(dst, *from)
-            .map_err(|e| changed(path, e))?;
+            .map_err(|e| Error::changed(path, e))?;
     }
     // A file that grew since the scan would be silently cut short.
     if file.metadata().map_err(err)?.len() != job.size {
@@ -572,14 +566,6 @@ fn encode_dir(tree: &Tree, dir: &super::layout::DirPlan, layout: &Layout, bs: u6
         }
     }
     out
-}
-
-pub(crate) fn changed(path: &Path, e: std::io::Error) -> Error {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        Error::Input(format!("{}: file shrank during the build", path.display()))
-    } else {
-        Error::source(path, e)
-    }
 }
 
 /// A reproducible UUID: a hash of the metadata and the build time, shaped like a v4 UUID.

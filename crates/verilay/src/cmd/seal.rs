@@ -56,7 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ),
         }
     }
-    let params = erofs::builder::write::verity_params();
+    let params = erofs::builder::verity_params();
     let pb = progress::bar(a.quiet || a.json);
     progress::bytes(&pb, "sealing", erofs_len);
     let reader = Counting {
