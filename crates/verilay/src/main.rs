@@ -57,6 +57,9 @@ enum Command {
     /// Serve a directory as an additional layer store of containers/storage (podman):
     /// converted layers mounted verified and lazily, in the foreground until unmounted.
     LayerStore(cmd::layer_store::Args),
+    /// Serve containerd's snapshots API on a unix socket (a proxy snapshotter with
+    /// overlayfs's semantics), in the foreground until SIGTERM.
+    Snapshotter(cmd::snapshotter::Args),
     /// The cache of remote images' verified bytes: `ls`, `prune`.
     Cache(cmd::cache::Args),
     /// Check every block of an image against its Merkle tree (and a pinned digest).
@@ -85,7 +88,11 @@ fn main() {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Mount(_) | Command::Umount(_) | Command::LayerStore(_) | Command::Stats(_)
+        Command::Mount(_)
+            | Command::Umount(_)
+            | Command::LayerStore(_)
+            | Command::Snapshotter(_)
+            | Command::Stats(_)
     ) {
         end_quietly_on_closed_pipes();
     }
@@ -99,6 +106,7 @@ fn main() {
         Command::Push(a) => cmd::push::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::LayerStore(a) => cmd::layer_store::run(a),
+        Command::Snapshotter(a) => cmd::snapshotter::run(a),
         Command::Pull(a) => cmd::pull::run(a),
         Command::Cache(a) => cmd::cache::run(a),
         Command::Verify(a) => cmd::verify::run(a),

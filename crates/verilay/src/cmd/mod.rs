@@ -15,5 +15,6 @@ pub mod pull;
 pub mod push;
 mod registry;
 pub mod seal;
+pub mod snapshotter;
 pub mod stats;
 pub mod verify;

@@ -1,0 +1,250 @@
+//! A containerd proxy snapshotter: the `containerd.services.snapshots.v1.Snapshots` gRPC
+//! service on a unix socket, with the semantics of containerd's own overlayfs snapshotter
+//! (`store`). containerd reaches it through its configuration:
+//!
+//! ```toml
+//! version = 2
+//! [proxy_plugins.verilay]
+//!   type = "snapshot"
+//!   address = "/run/verilay/snapshotter.sock"
+//! ```
+//!
+//! List ignores its filters and streams every snapshot: containerd 1.6 filters the
+//! snapshots it lists from its own metadata, and asks a proxy for a filtered list only
+//! to find remote snapshots, which this snapshotter does not make yet.
+#![forbid(unsafe_code)]
+
+pub mod store;
+
+pub use store::{Code, Error, Store};
+
+use containerd_snapshots::api::types::Mount;
+use containerd_snapshots::{tonic, Info, Snapshotter, Usage};
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Where a snapshotter's log lines go (one line each, no newline).
+pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The gRPC service over a [`Store`]: each request runs on a blocking thread (they touch
+/// the disk), and each refused one is logged with its reason.
+pub struct Service {
+    store: Arc<Store>,
+    log: Arc<Logger>,
+}
+
+impl Service {
+    /// The service of `store`, logging to `log`.
+    pub fn new(store: Store, log: Logger) -> Service {
+        Service {
+            store: Arc::new(store),
+            log: Arc::new(log),
+        }
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        what: String,
+        f: impl FnOnce(&Store) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, tonic::Status> {
+        let store = self.store.clone();
+        let done = tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| tonic::Status::internal(format!("{what}: {e}")))?;
+        done.map_err(|e| {
+            (self.log)(&format!("{what}: {e}"));
+            e.into()
+        })
+    }
+}
+
+/// Keys as log lines show them: bounded, whatever a caller sent.
+fn shown(key: &str) -> String {
+    let mut s: String = key.chars().take(200).collect();
+    if s.len() < key.len() {
+        s.push('…');
+    }
+    format!("{s:?}")
+}
+
+#[tonic::async_trait]
+impl Snapshotter for Service {
+    type Error = tonic::Status;
+
+    async fn stat(&self, key: String) -> Result<Info, Self::Error> {
+        self.call(format!("stat {}", shown(&key)), move |s| s.stat(&key))
+            .await
+    }
+
+    async fn update(
+        &self,
+        info: Info,
+        fieldpaths: Option<Vec<String>>,
+    ) -> Result<Info, Self::Error> {
+        self.call(format!("update {}", shown(&info.name)), move |s| {
+            s.update(info, fieldpaths)
+        })
+        .await
+    }
+
+    async fn usage(&self, key: String) -> Result<Usage, Self::Error> {
+        self.call(format!("usage {}", shown(&key)), move |s| s.usage(&key))
+            .await
+    }
+
+    async fn mounts(&self, key: String) -> Result<Vec<Mount>, Self::Error> {
+        self.call(format!("mounts {}", shown(&key)), move |s| s.mounts(&key))
+            .await
+    }
+
+    async fn prepare(
+        &self,
+        key: String,
+        parent: String,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<Mount>, Self::Error> {
+        self.call(format!("prepare {}", shown(&key)), move |s| {
+            s.create(true, &key, &parent, labels)
+        })
+        .await
+    }
+
+    async fn view(
+        &self,
+        key: String,
+        parent: String,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<Mount>, Self::Error> {
+        self.call(format!("view {}", shown(&key)), move |s| {
+            s.create(false, &key, &parent, labels)
+        })
+        .await
+    }
+
+    async fn commit(
+        &self,
+        name: String,
+        key: String,
+        labels: HashMap<String, String>,
+    ) -> Result<(), Self::Error> {
+        self.call(format!("commit {}", shown(&key)), move |s| {
+            s.commit(&name, &key, labels)
+        })
+        .await
+    }
+
+    async fn remove(&self, key: String) -> Result<(), Self::Error> {
+        self.call(format!("remove {}", shown(&key)), move |s| s.remove(&key))
+            .await
+    }
+
+    async fn clear(&self) -> Result<(), Self::Error> {
+        self.call("cleanup".into(), |s| s.cleanup()).await
+    }
+
+    type InfoStream = tokio_stream::Iter<std::vec::IntoIter<Result<Info, Self::Error>>>;
+
+    async fn list(
+        &self,
+        _snapshotter: String,
+        _filters: Vec<String>,
+    ) -> Result<Self::InfoStream, Self::Error> {
+        let all = self.call("list".into(), |s| Ok(s.list())).await?;
+        Ok(tokio_stream::iter(
+            all.into_iter().map(Ok).collect::<Vec<_>>(),
+        ))
+    }
+}
+
+/// Binds the unix socket `socket` (mode 0600: containerd runs as root, and no one else
+/// may ask for snapshots). A socket file left by a snapshotter that died is replaced; one
+/// that a live process answers on is refused.
+pub fn bind(socket: &Path) -> Result<std::os::unix::net::UnixListener, Error> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| Error {
+        code: Code::Internal,
+        message: format!("socket {}: {what}: {e}", socket.display()),
+    };
+    if let Ok(st) = std::fs::symlink_metadata(socket) {
+        use std::os::unix::fs::FileTypeExt;
+        if !st.file_type().is_socket() {
+            return Err(fail("exists", &"not a socket"));
+        }
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Err(fail("in use", &"another process answers on it"));
+        }
+        std::fs::remove_file(socket).map_err(|e| fail("removing the stale socket", &e))?;
+    }
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| fail("making its directory", &e))?;
+    }
+    let listener =
+        std::os::unix::net::UnixListener::bind(socket).map_err(|e| fail("binding", &e))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| fail("setting its mode", &e))?;
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| fail("binding", &e))?;
+    Ok(listener)
+}
+
+/// Serves `service` on `listener` (from [`bind`]) until `shutdown` completes. Must run
+/// within a tokio runtime with I/O enabled.
+pub async fn serve(
+    service: Service,
+    listener: std::os::unix::net::UnixListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let fail = |e: &dyn std::fmt::Display| Error {
+        code: Code::Internal,
+        message: format!("serving snapshots: {e}"),
+    };
+    let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| fail(&e))?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(containerd_snapshots::server(Arc::new(service)))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| fail(&e))
+}
+
+/// Opens the store under `root` and serves it on `socket` until SIGTERM or SIGINT, then
+/// removes the socket; `ready` is called once the socket accepts connections.
+pub fn run(root: &Path, socket: &Path, log: Logger, ready: impl FnOnce()) -> Result<(), Error> {
+    let internal = |what: &str, e: &dyn std::fmt::Display| Error {
+        code: Code::Internal,
+        message: format!("{what}: {e}"),
+    };
+    let store = Store::open(root)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| internal("starting the runtime", &e))?;
+    let served = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| internal("handling SIGTERM", &e))?;
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| internal("handling SIGINT", &e))?;
+        let listener = bind(socket)?;
+        ready();
+        let log = Arc::new(log);
+        let service = Service {
+            store: Arc::new(store),
+            log: log.clone(),
+        };
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => log("SIGTERM: stopping"),
+                _ = int.recv() => log("SIGINT: stopping"),
+            }
+        };
+        serve(service, listener, shutdown).await
+    });
+    let _ = std::fs::remove_file(socket);
+    served
+}

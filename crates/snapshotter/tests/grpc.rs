@@ -1,0 +1,454 @@
+//! The snapshotter through its gRPC service on a unix socket, as containerd's proxy
+//! client calls it: the overlayfs snapshotter's lifecycle, mounts, usage and status codes,
+//! bounds on what a caller can store, and a restart on the same root.
+
+use containerd_snapshots::api::snapshots::v1::snapshots_client::SnapshotsClient;
+use containerd_snapshots::api::snapshots::v1::*;
+use containerd_snapshots::api::types::Mount;
+use containerd_snapshots::tonic::{self, transport::Channel, Code};
+use snapshotter::{Service, Store};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A snapshotter serving `root` on a socket in `dir`, and a client of it; the server stops
+/// when dropped.
+struct Served {
+    client: SnapshotsClient<Channel>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), snapshotter::Error>>,
+}
+
+impl Served {
+    async fn start(root: &Path, socket: &Path) -> Served {
+        let store = Store::open(root).unwrap();
+        let listener = snapshotter::bind(socket).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = Service::new(store, Box::new(|l| eprintln!("snapshotter: {l}")));
+        let task = tokio::spawn(snapshotter::serve(service, listener, async {
+            let _ = stopped.await;
+        }));
+        let path = socket.to_path_buf();
+        let channel = tonic::transport::Endpoint::try_from("http://[::]:0")
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .connect_with_connector(tower::service_fn(move |_| {
+                tokio::net::UnixStream::connect(path.clone())
+            }))
+            .await
+            .unwrap();
+        Served {
+            client: SnapshotsClient::new(channel),
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .expect("the server stops within 10 s")
+            .unwrap()
+            .unwrap();
+    }
+
+    async fn prepare(&mut self, key: &str, parent: &str) -> Result<Vec<Mount>, tonic::Status> {
+        self.prepare_labelled(key, parent, HashMap::new()).await
+    }
+
+    async fn prepare_labelled(
+        &mut self,
+        key: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<Mount>, tonic::Status> {
+        let r = self
+            .client
+            .prepare(PrepareSnapshotRequest {
+                snapshotter: "verilay".into(),
+                key: key.into(),
+                parent: parent.into(),
+                labels,
+            })
+            .await?;
+        Ok(r.into_inner().mounts)
+    }
+
+    async fn view(&mut self, key: &str, parent: &str) -> Result<Vec<Mount>, tonic::Status> {
+        let r = self
+            .client
+            .view(ViewSnapshotRequest {
+                snapshotter: "verilay".into(),
+                key: key.into(),
+                parent: parent.into(),
+                labels: HashMap::new(),
+            })
+            .await?;
+        Ok(r.into_inner().mounts)
+    }
+
+    async fn mounts(&mut self, key: &str) -> Result<Vec<Mount>, tonic::Status> {
+        let r = self
+            .client
+            .mounts(MountsRequest {
+                snapshotter: "verilay".into(),
+                key: key.into(),
+            })
+            .await?;
+        Ok(r.into_inner().mounts)
+    }
+
+    async fn commit(&mut self, name: &str, key: &str) -> Result<(), tonic::Status> {
+        self.client
+            .commit(CommitSnapshotRequest {
+                snapshotter: "verilay".into(),
+                name: name.into(),
+                key: key.into(),
+                labels: HashMap::from([("committed".into(), "yes".into())]),
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn remove(&mut self, key: &str) -> Result<(), tonic::Status> {
+        self.client
+            .remove(RemoveSnapshotRequest {
+                snapshotter: "verilay".into(),
+                key: key.into(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn stat(&mut self, key: &str) -> Result<Info, tonic::Status> {
+        let r = self
+            .client
+            .stat(StatSnapshotRequest {
+                snapshotter: "verilay".into(),
+                key: key.into(),
+            })
+            .await?;
+        Ok(r.into_inner().info.unwrap())
+    }
+
+    async fn update(
+        &mut self,
+        key: &str,
+        labels: &[(&str, &str)],
+        paths: &[&str],
+    ) -> Result<Info, tonic::Status> {
+        let r = self
+            .client
+            .update(UpdateSnapshotRequest {
+                snapshotter: "verilay".into(),
+                info: Some(Info {
+                    name: key.into(),
+                    labels: labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    ..Info::default()
+                }),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: paths.iter().map(|p| p.to_string()).collect(),
+                }),
+            })
+            .await?;
+        Ok(r.into_inner().info.unwrap())
+    }
+
+    async fn usage(&mut self, key: &str) -> Result<(i64, i64), tonic::Status> {
+        let r = self
+            .client
+            .usage(UsageRequest {
+                snapshotter: "verilay".into(),
+                key: key.into(),
+            })
+            .await?
+            .into_inner();
+        Ok((r.size, r.inodes))
+    }
+
+    async fn list(&mut self) -> Vec<Info> {
+        let mut stream = self
+            .client
+            .list(ListSnapshotsRequest {
+                snapshotter: "verilay".into(),
+                filters: vec![],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut all = Vec::new();
+        while let Some(batch) = stream.message().await.unwrap() {
+            all.extend(batch.info);
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    async fn cleanup(&mut self) {
+        self.client
+            .cleanup(CleanupRequest {
+                snapshotter: "verilay".into(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn fs(root: &Path, id: u64) -> String {
+    root.join(format!("snapshots/{id}/fs"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn mount(kind: &str, source: &str, options: &[String]) -> Vec<Mount> {
+    vec![Mount {
+        r#type: kind.into(),
+        source: source.into(),
+        target: String::new(),
+        options: options.to_vec(),
+    }]
+}
+
+fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|s| s.to_string()).collect()
+}
+
+/// What containerd's overlayfs snapshotter adds to every overlay mount on this kernel.
+fn index_off() -> Vec<String> {
+    if Path::new("/sys/module/overlay/parameters/index").exists() {
+        strings(&["index=off"])
+    } else {
+        vec![]
+    }
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let socket = dir.path().join("snap.sock");
+    std::fs::create_dir_all(&root).unwrap();
+    let root = std::fs::canonicalize(&root).unwrap();
+    (dir, root, socket)
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> Code {
+    let e = r.expect_err("the request must fail");
+    assert!(!e.message().is_empty() && !e.message().contains('\n'));
+    e.code()
+}
+
+#[test]
+fn lifecycle_mounts_and_usage_as_overlayfs() {
+    let (_dir, root, socket) = setup();
+    runtime().block_on(async {
+        let mut s = Served::start(&root, &socket).await;
+        // No parent: the snapshot's own directory, bound.
+        let a = s.prepare("ns/1/a", "").await.unwrap();
+        assert_eq!(a, mount("bind", &fs(&root, 1), &strings(&["rw", "rbind"])));
+        assert_eq!(s.mounts("ns/1/a").await.unwrap(), a);
+        assert!(root.join("snapshots/1/work").is_dir());
+        let v = s.view("ns/1/v", "").await.unwrap();
+        assert_eq!(v, mount("bind", &fs(&root, 2), &strings(&["ro", "rbind"])));
+        assert!(!root.join("snapshots/2/work").exists());
+        // A file with a second link, and a 10000-byte file: three inodes with the root.
+        let a_fs = Path::new(&fs(&root, 1)).to_path_buf();
+        std::fs::write(a_fs.join("f"), vec![7u8; 10000]).unwrap();
+        std::fs::hard_link(a_fs.join("f"), a_fs.join("g")).unwrap();
+        std::fs::create_dir(a_fs.join("d")).unwrap();
+        let (size, inodes) = s.usage("ns/1/a").await.unwrap();
+        assert_eq!(inodes, 3);
+        assert!(size >= 10000, "{size}");
+        s.commit("ns/1/b", "ns/1/a").await.unwrap();
+        assert_eq!(s.usage("ns/1/b").await.unwrap(), (size, inodes));
+        assert_eq!(code(s.stat("ns/1/a").await), Code::NotFound);
+        let b = s.stat("ns/1/b").await.unwrap();
+        assert_eq!(b.kind, 3, "committed");
+        assert_eq!(b.labels["committed"], "yes");
+        // A committed snapshot has no mounts.
+        assert_eq!(code(s.mounts("ns/1/b").await), Code::FailedPrecondition);
+        // One parent: overlay for an active snapshot, the parent bound read-only for a view.
+        let c = s.prepare("ns/1/c", "ns/1/b").await.unwrap();
+        let mut options = index_off();
+        options.extend([
+            format!("workdir={}", root.join("snapshots/3/work").display()),
+            format!("upperdir={}", fs(&root, 3)),
+            format!("lowerdir={}", fs(&root, 1)),
+        ]);
+        assert_eq!(c, mount("overlay", "overlay", &options));
+        let v2 = s.view("ns/1/v2", "ns/1/b").await.unwrap();
+        assert_eq!(v2, mount("bind", &fs(&root, 1), &strings(&["ro", "rbind"])));
+        // Two parents: nearest first.
+        s.commit("ns/1/c2", "ns/1/c").await.unwrap();
+        let v3 = s.view("ns/1/v3", "ns/1/c2").await.unwrap();
+        let mut options = index_off();
+        options.push(format!("lowerdir={}:{}", fs(&root, 3), fs(&root, 1)));
+        assert_eq!(v3, mount("overlay", "overlay", &options));
+        assert_eq!(s.usage("ns/1/v3").await.unwrap(), (0, 0));
+        // Parents cannot go while children stand; children can, and their directories go.
+        assert_eq!(code(s.remove("ns/1/b").await), Code::FailedPrecondition);
+        s.remove("ns/1/v3").await.unwrap();
+        assert!(!root.join("snapshots/5").exists());
+        s.remove("ns/1/c2").await.unwrap();
+        s.remove("ns/1/v2").await.unwrap();
+        s.remove("ns/1/b").await.unwrap();
+        let names: Vec<String> = s.list().await.into_iter().map(|i| i.name).collect();
+        assert_eq!(names, ["ns/1/v"]);
+        s.stop().await;
+    });
+    assert!(!socket.exists() || std::os::unix::net::UnixStream::connect(&socket).is_err());
+}
+
+#[test]
+fn refusals_carry_containerds_codes() {
+    let (_dir, root, socket) = setup();
+    runtime().block_on(async {
+        let mut s = Served::start(&root, &socket).await;
+        assert_eq!(code(s.prepare("", "").await), Code::InvalidArgument);
+        assert_eq!(
+            code(s.prepare(&"k".repeat(5000), "").await),
+            Code::InvalidArgument
+        );
+        s.prepare("a", "").await.unwrap();
+        assert_eq!(code(s.prepare("a", "").await), Code::AlreadyExists);
+        assert_eq!(code(s.view("a", "").await), Code::AlreadyExists);
+        assert_eq!(code(s.prepare("b", "missing").await), Code::NotFound);
+        // A parent must be committed.
+        assert_eq!(code(s.prepare("b", "a").await), Code::InvalidArgument);
+        assert_eq!(code(s.view("b", "a").await), Code::InvalidArgument);
+        assert_eq!(code(s.stat("missing").await), Code::NotFound);
+        assert_eq!(code(s.mounts("missing").await), Code::NotFound);
+        assert_eq!(code(s.usage("missing").await), Code::NotFound);
+        assert_eq!(code(s.remove("missing").await), Code::NotFound);
+        assert_eq!(code(s.commit("x", "missing").await), Code::NotFound);
+        s.view("v", "").await.unwrap();
+        assert_eq!(code(s.commit("x", "v").await), Code::FailedPrecondition);
+        s.prepare("a2", "").await.unwrap();
+        s.commit("c", "a2").await.unwrap();
+        assert_eq!(code(s.commit("c", "a").await), Code::AlreadyExists);
+        assert_eq!(code(s.commit("c2", "c").await), Code::FailedPrecondition);
+        // Labels as containerd bounds them, and no more of them than the store keeps.
+        let big = HashMap::from([("k".to_string(), "v".repeat(4096))]);
+        assert_eq!(
+            code(s.prepare_labelled("l", "", big).await),
+            Code::InvalidArgument
+        );
+        let fits = HashMap::from([("k".to_string(), "v".repeat(4095))]);
+        s.prepare_labelled("l", "", fits).await.unwrap();
+        let many = (0..=snapshotter::store::MAX_LABELS)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        assert_eq!(
+            code(s.prepare_labelled("m", "", many).await),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            code(s.update("a", &[("x", &"y".repeat(5000))], &[]).await),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            code(s.update("a", &[], &["parent"]).await),
+            Code::InvalidArgument
+        );
+        assert_eq!(code(s.update("missing", &[], &[]).await), Code::NotFound);
+        // Nothing refused was stored.
+        let names: Vec<String> = s.list().await.into_iter().map(|i| i.name).collect();
+        assert_eq!(names, ["a", "c", "l", "v"]);
+        s.stop().await;
+    });
+}
+
+#[test]
+fn update_sets_labels_as_fieldpaths_say() {
+    let (_dir, root, socket) = setup();
+    runtime().block_on(async {
+        let mut s = Served::start(&root, &socket).await;
+        let labels = HashMap::from([("a".to_string(), "1".to_string()), ("b".into(), "2".into())]);
+        s.prepare_labelled("k", "", labels).await.unwrap();
+        let before = s.stat("k").await.unwrap();
+        // `labels.X`: X set from the request, or removed when the request lacks it.
+        let i = s
+            .update("k", &[("a", "9"), ("c", "3")], &["labels.a", "labels.b"])
+            .await
+            .unwrap();
+        let want = HashMap::from([("a".to_string(), "9".to_string())]);
+        assert_eq!(i.labels, want);
+        assert_eq!(s.stat("k").await.unwrap().labels, want);
+        let nanos = |t: &Option<prost_types::Timestamp>| {
+            let t = t.clone().unwrap();
+            t.seconds as i128 * 1_000_000_000 + t.nanos as i128
+        };
+        assert!(nanos(&i.updated_at) > nanos(&before.updated_at));
+        assert_eq!(i.created_at, before.created_at);
+        // No paths, or `labels`: all of them replaced.
+        let i = s.update("k", &[("z", "0")], &[]).await.unwrap();
+        assert_eq!(
+            i.labels,
+            HashMap::from([("z".to_string(), "0".to_string())])
+        );
+        let i = s.update("k", &[("y", "1")], &["labels"]).await.unwrap();
+        assert_eq!(
+            i.labels,
+            HashMap::from([("y".to_string(), "1".to_string())])
+        );
+        assert_eq!(i.kind, 2, "still active");
+        s.stop().await;
+    });
+}
+
+#[test]
+fn restart_keeps_snapshots_and_cleanup_removes_only_orphans() {
+    let (_dir, root, socket) = setup();
+    let rt = runtime();
+    let before = rt.block_on(async {
+        let mut s = Served::start(&root, &socket).await;
+        s.prepare("a", "").await.unwrap();
+        std::fs::write(Path::new(&fs(&root, 1)).join("f"), b"kept").unwrap();
+        s.commit("b", "a").await.unwrap();
+        s.prepare("c", "b").await.unwrap();
+        s.view("v", "b").await.unwrap();
+        s.update("c", &[("l", "1")], &[]).await.unwrap();
+        s.prepare("gone", "").await.unwrap();
+        s.remove("gone").await.unwrap();
+        // One root, one snapshotter.
+        let second = Store::open(&root)
+            .err()
+            .expect("a second store on the root is refused");
+        assert!(second.message.contains("in use"), "{second}");
+        let listed = s.list().await;
+        s.stop().await;
+        listed
+    });
+    // What a crash leaves: directories no snapshot owns.
+    std::fs::create_dir_all(root.join("snapshots/99/fs")).unwrap();
+    std::fs::create_dir_all(root.join("snapshots/new-7/fs")).unwrap();
+    rt.block_on(async {
+        let mut s = Served::start(&root, &socket).await;
+        assert_eq!(s.list().await, before);
+        assert_eq!(
+            std::fs::read(Path::new(&fs(&root, 1)).join("f")).unwrap(),
+            b"kept"
+        );
+        s.cleanup().await;
+        assert!(!root.join("snapshots/99").exists());
+        assert!(!root.join("snapshots/new-7").exists());
+        for id in [1, 2, 3] {
+            assert!(root.join(format!("snapshots/{id}/fs")).is_dir(), "{id}");
+        }
+        // A new snapshot takes a new ID, never one a snapshot had.
+        let n = s.prepare("n", "").await.unwrap();
+        assert_eq!(n[0].source, fs(&root, 5));
+        s.stop().await;
+    });
+}

@@ -1,0 +1,528 @@
+//! `verilay snapshotter` under a real containerd (Debian's 1.6, with runc), side by side
+//! with containerd's own overlayfs snapshotter: the snapshot commands of `ctr`, an image
+//! pulled from the test registry and run, and a restart of the snapshotter. Each test
+//! starts its own containerd (own root, state and sockets) and snapshotter, and kills
+//! them, their shims and their mounts on every path.
+
+mod common;
+
+use common::containers::{layout, prerequisites};
+use common::registry::Registry;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+fn containerd_prerequisites() -> bool {
+    skip_unless(is_root(), "containerd runs containers as root")
+        || skip_unless(have("containerd"), "needs containerd (scripts/setup)")
+        || skip_unless(have("ctr"), "needs ctr (containerd, scripts/setup)")
+        || skip_unless(have("runc"), "needs runc (scripts/setup)")
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `verilay snapshotter --root ROOT --address SOCKET`, once its socket answers.
+struct Snapshotter {
+    child: Killed,
+    root: PathBuf,
+    socket: PathBuf,
+}
+
+impl Snapshotter {
+    fn start(root: &Path, socket: &Path, log: &Path) -> Snapshotter {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = verilay()
+            .arg("snapshotter")
+            .arg("--root")
+            .arg(root)
+            .arg("--address")
+            .arg(socket)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut s = Snapshotter {
+            child: Killed(child),
+            root: root.to_path_buf(),
+            socket: socket.to_path_buf(),
+        };
+        wait_until(Duration::from_secs(20), "the snapshotter's socket", || {
+            assert!(
+                s.child.0.try_wait().unwrap().is_none(),
+                "the snapshotter exited"
+            );
+            std::os::unix::net::UnixStream::connect(socket).is_ok()
+        });
+        s
+    }
+
+    /// SIGTERM, and its exit (status 0, the socket removed) within 10 s.
+    fn stop(mut self) {
+        let pid = rustix::process::Pid::from_child(&self.child.0);
+        rustix::process::kill_process(pid, rustix::process::Signal::Term).unwrap();
+        let mut status = None;
+        wait_until(Duration::from_secs(10), "the snapshotter to exit", || {
+            status = self.child.0.try_wait().unwrap();
+            status.is_some()
+        });
+        assert!(status.unwrap().success(), "{status:?}");
+        assert!(!self.socket.exists(), "the socket is removed on exit");
+    }
+}
+
+/// A containerd of the test's own, with `verilay` as a proxy snapshotter on `snap_socket`.
+struct Containerd {
+    dir: PathBuf,
+    socket: PathBuf,
+    child: Option<Killed>,
+}
+
+impl Containerd {
+    fn start(dir: &Path, snap_socket: &Path) -> Containerd {
+        let socket = dir.join("c.sock");
+        let config = dir.join("config.toml");
+        // CRI is off: these tests talk to containerd through ctr, and CRI would want CNI.
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\n\
+                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{1}\"\n[ttrpc]\n  address = \"{1}.ttrpc\"\n\
+                 [proxy_plugins.verilay]\n  type = \"snapshot\"\n  address = \"{2}\"\n",
+                dir.display(),
+                socket.display(),
+                snap_socket.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut c = Containerd {
+            dir: dir.to_path_buf(),
+            socket,
+            child: Some(Killed(child)),
+        };
+        wait_until(Duration::from_secs(30), "containerd to answer", || {
+            let child = &mut c.child.as_mut().unwrap().0;
+            assert!(child.try_wait().unwrap().is_none(), "containerd exited");
+            c.ctr()
+                .arg("version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        c
+    }
+
+    fn ctr(&self) -> Command {
+        let mut c = Command::new("timeout");
+        c.arg("120").arg("ctr").arg("--address").arg(&self.socket);
+        c
+    }
+
+    /// `ctr snapshots --snapshotter NAME ARGS…`.
+    fn snapshots_cmd(&self, snapshotter: &str, args: &[&str]) -> Command {
+        let mut c = self.ctr();
+        c.args(["snapshots", "--snapshotter", snapshotter])
+            .args(args);
+        c
+    }
+
+    /// What `ctr snapshots --snapshotter NAME ARGS…` gave, failed or not.
+    fn snapshots(&self, snapshotter: &str, args: &[&str]) -> Output {
+        self.snapshots_cmd(snapshotter, args).output().unwrap()
+    }
+
+    /// The snapshotter root of containerd's overlayfs snapshotter.
+    fn overlayfs_root(&self) -> PathBuf {
+        self.dir.join("root/io.containerd.snapshotter.v1.overlayfs")
+    }
+}
+
+impl Drop for Containerd {
+    /// containerd, then the shims it started (they outlive it), then whatever is still
+    /// mounted under its directories (a container's rootfs, a snapshot mounted by a test).
+    fn drop(&mut self) {
+        drop(self.child.take());
+        let socket = self.socket.as_os_str().as_encoded_bytes().to_vec();
+        for pid in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = pid.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let shim = argv.starts_with(b"/usr/bin/containerd-shim")
+                || argv.starts_with(b"containerd-shim");
+            if shim && argv.windows(socket.len()).any(|w| w == socket.as_slice()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::Kill);
+                }
+            }
+        }
+        let dir = self.dir.as_os_str().as_encoded_bytes().to_vec();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|m| m.as_bytes().starts_with(&dir))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+    }
+}
+
+/// A containerd and a `verilay snapshotter` in a fresh directory under /tmp (socket paths
+/// must stay under 108 bytes).
+struct Setup {
+    snapshotter: Option<Snapshotter>,
+    containerd: Containerd,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let dir = tempfile::Builder::new()
+            .prefix("verilay-ctd-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let root = dir.path().join("snapshotter");
+        let socket = dir.path().join("snap.sock");
+        let snapshotter = Snapshotter::start(&root, &socket, &dir.path().join("snapshotter.log"));
+        let containerd = Containerd::start(dir.path(), &socket);
+        Setup {
+            snapshotter: Some(snapshotter),
+            containerd,
+            dir,
+        }
+    }
+
+    fn restart_snapshotter(&mut self) {
+        let s = self.snapshotter.take().unwrap();
+        let (root, socket) = (s.root.clone(), s.socket.clone());
+        s.stop();
+        self.snapshotter = Some(Snapshotter::start(
+            &root,
+            &socket,
+            &self.dir.path().join("snapshotter.log"),
+        ));
+    }
+
+    /// Both snapshotters' roots made one word, and times made one word, so outputs of the
+    /// same request to each compare equal.
+    fn normalize(&self, out: &str) -> String {
+        let root = std::fs::canonicalize(&self.snapshotter.as_ref().unwrap().root).unwrap();
+        let times = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").unwrap();
+        let out = out
+            .replace(
+                &self.containerd.overlayfs_root().display().to_string(),
+                "ROOT",
+            )
+            .replace(&root.display().to_string(), "ROOT");
+        times.replace_all(&out, "TIME").into_owned()
+    }
+
+    /// What `ctr snapshots …` gave, as compared: success and stdout, or failure and the
+    /// error's class (the words after its last colon: `not found`, `invalid argument`…).
+    fn outcome(&self, out: &Output) -> String {
+        if out.status.success() {
+            format!(
+                "ok: {}",
+                self.normalize(&String::from_utf8_lossy(&out.stdout))
+            )
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let class = err
+                .trim()
+                .rsplit(": ")
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            format!("error: {class}")
+        }
+    }
+
+    /// Debugging help for a failed assertion: both logs.
+    fn logs(&self) -> String {
+        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+        format!(
+            "snapshotter log:\n{}\ncontainerd log (tail):\n{}",
+            read("snapshotter.log"),
+            read("containerd.log")
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    }
+}
+
+/// Mounts what `ctr snapshots mounts` prints for `key` on `mnt`, writes `files` there, and
+/// unmounts it.
+fn write_through_mounts(
+    s: &Setup,
+    snapshotter: &str,
+    key: &str,
+    mnt: &Path,
+    files: &[(&str, &str)],
+) {
+    std::fs::create_dir_all(mnt).unwrap();
+    let out = run(&mut s
+        .containerd
+        .snapshots_cmd(snapshotter, &["mounts", &mnt.display().to_string(), key]));
+    sh(&String::from_utf8(out.stdout).unwrap());
+    for (name, content) in files {
+        std::fs::write(mnt.join(name), content).unwrap();
+    }
+    run(Command::new("umount").arg(mnt));
+}
+
+/// The same requests to both snapshotters, and the same outcome of each: output (paths
+/// aside) on success, the class of error on failure. Removal and cleanup happen in
+/// containerd's garbage collection, which calls the snapshotter's Remove and Cleanup:
+/// both roots must lose the same directories.
+#[test]
+fn ctr_snapshots_commands_match_overlayfs() {
+    if containerd_prerequisites() {
+        return;
+    }
+    let s = Setup::start();
+    let steps: &[&[&str]] = &[
+        &["prepare", "a", ""],
+        &["prepare", "a", ""],
+        &["mounts", "/mnt/x", "a"],
+        &["WRITE", "a"],
+        &["usage", "a"],
+        &["commit", "b", "a"],
+        &["commit", "b2", "a"],
+        &["usage", "b"],
+        &["mounts", "/mnt/x", "b"],
+        &["prepare", "c", "b"],
+        &["mounts", "/mnt/x", "c"],
+        &["view", "v", "b"],
+        &["mounts", "/mnt/x", "v"],
+        &["view", "v0", ""],
+        &["mounts", "/mnt/x", "v0"],
+        &["prepare", "d", "nope"],
+        &["view", "e", "c"],
+        &["prepare", "e", "c"],
+        &["WRITE", "c"],
+        &["commit", "c2", "c"],
+        &["view", "v2", "c2"],
+        &["mounts", "/mnt/x", "v2"],
+        &["usage", "c2"],
+        &["commit", "x", "v2"],
+        &["label", "b", "foo=bar"],
+        &["label", "b", "foo="],
+        &["label", "b", "k=v"],
+        &["info", "b"],
+        &["info", "v2"],
+        &["info", "nope"],
+        &["ls"],
+        &["tree"],
+        &["rm", "b"],
+        &["rm", "v2", "v", "v0"],
+        &["rm", "c2"],
+        &["rm", "b"],
+        &["info", "b"],
+        &["ls"],
+    ];
+    let mut outcomes = [Vec::new(), Vec::new()];
+    for (i, sn) in ["overlayfs", "verilay"].iter().enumerate() {
+        for step in steps {
+            if step[0] == "WRITE" {
+                let mnt = s.dir.path().join(format!("mnt-{sn}"));
+                write_through_mounts(&s, sn, step[1], &mnt, &[(step[1], "written\n")]);
+                continue;
+            }
+            let out = s.containerd.snapshots(sn, step);
+            let mut outcome = s.outcome(&out);
+            if step[0] == "label" {
+                // ctr prints the labels in Go's map order, which is random.
+                let mut labels: Vec<&str> = outcome.trim_end().split(',').collect();
+                labels.sort();
+                outcome = labels.join(",");
+            }
+            outcomes[i].push(format!("{}: {outcome}", step.join(" ")));
+        }
+    }
+    assert_eq!(outcomes[0], outcomes[1], "{}", s.logs());
+    // The comparison means something only if the steps did what they say.
+    let joined = outcomes[1].join("\n");
+    for want in [
+        "prepare a : error: already exists",
+        "mounts /mnt/x a: ok: mount -t bind ROOT/snapshots/1/fs /mnt/x -o rw,rbind",
+        "usage b: ok: KEY SIZE    INODES \nb   8.0 KiB 2",
+        "prepare d nope: error: not found",
+        "view e c: error: invalid argument",
+        "commit x v2: error: failed precondition",
+        "rm b: error: failed precondition",
+        "info nope: error: not found",
+        "mounts /mnt/x v: ok: mount -t bind ROOT/snapshots/1/fs /mnt/x -o ro,rbind",
+        "lowerdir=ROOT/snapshots/2/fs:ROOT/snapshots/1/fs",
+        "\"k\": \"v\"",
+    ] {
+        assert!(joined.contains(want), "missing {want:?} in:\n{joined}");
+    }
+    // containerd's garbage collection removes what `rm` left to it from both.
+    let dirs = |root: &Path| -> Vec<String> {
+        let mut d: Vec<String> = std::fs::read_dir(root.join("snapshots"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        d.sort();
+        d
+    };
+    let ours = std::fs::canonicalize(&s.snapshotter.as_ref().unwrap().root).unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "garbage collection of both",
+        || dirs(&ours).is_empty() && dirs(&s.containerd.overlayfs_root()).is_empty(),
+    );
+}
+
+/// Two layers: busybox with a few files, and one that adds a file and deletes one.
+fn image_layers(base: &Path) -> Vec<PathBuf> {
+    let (l0, l1) = (base.join("base"), base.join("top"));
+    sh(&format!(
+        "set -e; mkdir -p {0}/bin {0}/etc {0}/tmp; cp \"$(command -v busybox)\" {0}/bin/busybox; \
+         for c in sh cat echo ls rm; do ln -s busybox {0}/bin/$c; done; \
+         echo base > {0}/etc/os-release; echo gone > {0}/etc/gone; chmod 1777 {0}/tmp; \
+         mkdir -p {1}/etc {1}/app; echo app > {1}/app/file; : > {1}/etc/.wh.gone",
+        l0.display(),
+        l1.display()
+    ));
+    vec![l0, l1]
+}
+
+/// An image pushed to the test registry, pulled and run through each snapshotter: the
+/// same output; then the snapshotter restarted on the same root: the snapshots it had
+/// answer as before, and the image runs again.
+#[test]
+fn an_image_runs_as_on_overlayfs_and_after_a_restart() {
+    if containerd_prerequisites()
+        || prerequisites()
+        || skip_unless(have("busybox"), "needs busybox-static (scripts/setup)")
+    {
+        return;
+    }
+    let mut s = Setup::start();
+    let reg = Registry::start(false);
+    let l = layout(s.dir.path(), "v1", &image_layers(s.dir.path()));
+    run(Command::new("skopeo").args([
+        "copy",
+        "--dest-tls-verify=false",
+        &format!("oci:{}:v1", l.dir.display()),
+        &reg.docker("app:v1"),
+    ]));
+    let image = format!("127.0.0.1:{}/app:v1", reg.port);
+    let script = "cat /etc/os-release /app/file; ls /etc; echo written > /tmp/new; \
+                  cat /tmp/new; rm /etc/os-release; ls -a /etc /tmp; ls -ln /app";
+    let ctr_run = |s: &Setup, sn: &str, id: &str| -> String {
+        let out = run(s.containerd.ctr().args([
+            "run",
+            "--rm",
+            "--snapshotter",
+            sn,
+            &image,
+            &format!("{id}-{}", std::process::id()),
+            "sh",
+            "-c",
+            script,
+        ]));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for sn in ["overlayfs", "verilay"] {
+        run(s.containerd.ctr().args([
+            "image",
+            "pull",
+            "--plain-http",
+            "--snapshotter",
+            sn,
+            &image,
+        ]));
+    }
+    let plain = ctr_run(&s, "overlayfs", "plain");
+    assert!(
+        plain.contains("base\napp\n") && plain.contains("written"),
+        "{plain}"
+    );
+    assert!(!plain.contains("gone"), "{plain}");
+    let ours = ctr_run(&s, "verilay", "verilay");
+    assert_eq!(ours, plain, "{}", s.logs());
+    // The layers are verilay's: two committed snapshots, the image's files in them.
+    let root = std::fs::canonicalize(&s.snapshotter.as_ref().unwrap().root).unwrap();
+    let meta = std::fs::read_to_string(root.join("metadata.json")).unwrap();
+    assert_eq!(meta.matches("\"kind\":\"committed\"").count(), 2, "{meta}");
+    assert!(root.join("snapshots/1/fs/bin/busybox").is_file());
+    assert!(
+        root.join("snapshots/2/fs/etc/.wh.gone").exists() || {
+            // overlayfs's whiteout: a 0/0 character device.
+            use std::os::unix::fs::FileTypeExt;
+            std::fs::symlink_metadata(root.join("snapshots/2/fs/etc/gone"))
+                .is_ok_and(|m| m.file_type().is_char_device())
+        }
+    );
+
+    // A snapshot left active, then a restart: what the backend answers is unchanged.
+    let top =
+        String::from_utf8(run(&mut s.containerd.snapshots_cmd("verilay", &["ls"])).stdout).unwrap();
+    let chain = top
+        .lines()
+        .filter(|l| l.contains("Committed"))
+        .find(|l| l.split_whitespace().count() == 3)
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no committed snapshot with a parent in:\n{top}"))
+        .to_string();
+    run(&mut s
+        .containerd
+        .snapshots_cmd("verilay", &["prepare", "kept", &chain]));
+    let answers = |s: &Setup| -> Vec<String> {
+        [
+            "ls",
+            "mounts /mnt/x kept",
+            "usage kept",
+            &format!("usage {chain}"),
+            "info kept",
+        ]
+        .iter()
+        .map(|a| {
+            let args: Vec<&str> = a.split(' ').collect();
+            s.outcome(&s.containerd.snapshots("verilay", &args))
+        })
+        .collect()
+    };
+    let before = answers(&s);
+    assert!(before.iter().all(|a| a.starts_with("ok")), "{before:?}");
+    s.restart_snapshotter();
+    // containerd redials the proxy with a backoff of at most 3 s; until then it answers
+    // `unavailable`.
+    let mut after = Vec::new();
+    poll_until(Duration::from_secs(20), || {
+        after = answers(&s);
+        after == before
+    });
+    assert_eq!(after, before, "{}", s.logs());
+    assert_eq!(ctr_run(&s, "verilay", "again"), plain, "{}", s.logs());
+}
