@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -146,7 +146,12 @@ pub struct Store {
 impl Store {
     /// Opens (making it if need be) the store under `root`, locking it.
     pub fn open(root: &Path) -> Result<Store, Error> {
-        std::fs::create_dir_all(root.join("snapshots"))
+        // Private, as containerd makes its snapshotters' roots: layers hold other users'
+        // files, and the work directories must not be reached around overlayfs.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root.join("snapshots"))
             .map_err(|e| Error::io(format!("making {}", root.join("snapshots").display()), e))?;
         let root = std::fs::canonicalize(root)
             .map_err(|e| Error::io(format!("root {}", root.display()), e))?;
@@ -293,7 +298,6 @@ impl Store {
     /// `snapshots/ID` with `fs` (owned as the parent's is) and, for an active snapshot,
     /// `work`: made under a temporary name and renamed, so `snapshots/ID` is whole.
     fn make_dirs(&self, id: u64, kind: StoredKind, owner: Option<(u32, u32)>) -> Result<(), Error> {
-        use std::os::unix::fs::DirBuilderExt;
         let tmp = self.root.join("snapshots").join(format!("new-{id}"));
         let make = || -> std::io::Result<()> {
             let _ = std::fs::remove_dir_all(&tmp);
