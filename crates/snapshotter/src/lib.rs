@@ -224,13 +224,22 @@ pub fn run(root: &Path, socket: &Path, log: Logger, ready: impl FnOnce()) -> Res
         .enable_all()
         .build()
         .map_err(|e| internal("starting the runtime", &e))?;
-    let served = runtime.block_on(async {
+    runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term =
             signal(SignalKind::terminate()).map_err(|e| internal("handling SIGTERM", &e))?;
         let mut int =
             signal(SignalKind::interrupt()).map_err(|e| internal("handling SIGINT", &e))?;
         let listener = bind(socket)?;
+        // Ours from here: removed however serving ends (and not before, when the socket
+        // is another snapshotter's).
+        struct Remove<'a>(&'a Path);
+        impl Drop for Remove<'_> {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(self.0);
+            }
+        }
+        let _remove = Remove(socket);
         ready();
         let log = Arc::new(log);
         let service = Service {
@@ -244,7 +253,5 @@ pub fn run(root: &Path, socket: &Path, log: Logger, ready: impl FnOnce()) -> Res
             }
         };
         serve(service, listener, shutdown).await
-    });
-    let _ = std::fs::remove_file(socket);
-    served
+    })
 }

@@ -541,3 +541,36 @@ fn an_image_runs_as_on_overlayfs_and_after_a_restart() {
     assert_eq!(after, before, "{}", s.logs());
     assert_eq!(ctr_run(&s, "verilay", "again"), plain, "{}", s.logs());
 }
+
+/// One snapshotter to a root and to a socket: a second is refused with a one-line error
+/// naming what is in use, and the first serves on; SIGTERM stops it, removing its socket.
+#[test]
+fn a_root_and_a_socket_serve_one_snapshotter() {
+    let dir = tempfile::Builder::new()
+        .prefix("verilay-snap-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (root, socket) = (dir.path().join("root"), dir.path().join("s.sock"));
+    let first = Snapshotter::start(&root, &socket, &dir.path().join("log"));
+    let second = |root: &Path, socket: &Path| {
+        let out = verilay()
+            .arg("snapshotter")
+            .arg("--root")
+            .arg(root)
+            .arg("--address")
+            .arg(socket)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    };
+    let err = second(&root, &dir.path().join("other.sock"));
+    assert!(err.contains("in use by another snapshotter"), "{err}");
+    assert!(!dir.path().join("other.sock").exists());
+    let err = second(&dir.path().join("root2"), &socket);
+    assert!(err.contains("in use"), "{err}");
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+    first.stop();
+}
