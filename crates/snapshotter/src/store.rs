@@ -610,7 +610,7 @@ fn check_key(what: &str, key: &str) -> Result<(), Error> {
 }
 
 /// Labels as containerd bounds them (key and value at most 4096 bytes together), and at
-/// most [`MAX_LABELS`] of them.
+/// most [`MAX_LABELS`] of them; those with empty values dropped.
 fn check_labels(labels: HashMap<String, String>) -> Result<BTreeMap<String, String>, Error> {
     if labels.len() > MAX_LABELS {
         return Err(Error::new(
@@ -629,7 +629,8 @@ fn check_labels(labels: HashMap<String, String>) -> Result<BTreeMap<String, Stri
             ));
         }
     }
-    Ok(labels.into_iter().collect())
+    // An empty value is no label, as containerd's bolt storage writes labels.
+    Ok(labels.into_iter().filter(|(_, v)| !v.is_empty()).collect())
 }
 
 /// Size (allocated blocks, 512 bytes each) and inodes under `dir`, itself included, each

@@ -347,7 +347,7 @@ fn refusals_carry_containerds_codes() {
         let fits = HashMap::from([("k".to_string(), "v".repeat(4095))]);
         s.prepare_labelled("l", "", fits).await.unwrap();
         let many = (0..=snapshotter::store::MAX_LABELS)
-            .map(|i| (format!("k{i}"), String::new()))
+            .map(|i| (format!("k{i}"), "v".to_string()))
             .collect();
         assert_eq!(
             code(s.prepare_labelled("m", "", many).await),
@@ -391,6 +391,9 @@ fn update_sets_labels_as_fieldpaths_say() {
         };
         assert!(nanos(&i.updated_at) > nanos(&before.updated_at));
         assert_eq!(i.created_at, before.created_at);
+        // An empty value is no label.
+        let i = s.update("k", &[("a", "")], &["labels.a"]).await.unwrap();
+        assert!(i.labels.is_empty(), "{:?}", i.labels);
         // No paths, or `labels`: all of them replaced.
         let i = s.update("k", &[("z", "0")], &[]).await.unwrap();
         assert_eq!(
