@@ -208,11 +208,8 @@ def run(ctx):
         print("not root: no cold-cache runs")
     env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
 
-    data = {"bench": "build", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "cold": cold,
-                         "source_date_epoch": SOURCE_DATE_EPOCH},
-            "tools": found, "missing": missing, "datasets": {}, "results": []}
+    data = report.bench_data("build", ctx, {"cold": cold, "source_date_epoch": SOURCE_DATE_EPOCH},
+                             {"tools": found, "missing": missing, "datasets": {}, "results": []})
     for ds in datasets.for_run(ctx.quick):
         datasets.warm(ds)
         print(ds.describe(), flush=True)

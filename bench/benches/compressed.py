@@ -233,11 +233,10 @@ def read_targets(results, transports):
 def run(ctx):
     scratch = datasets.scratch_dir("compressed")
     verilay, why = tools.verilay(scratch)
-    data = {"bench": "compressed", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "transports": ctx.transports,
-                         "compression": [s[0] for s in SETTINGS], "read": READ_SETTING},
-            "builds": [], "results": [], "targets": []}
+    data = report.bench_data("compressed", ctx,
+                             {"transports": ctx.transports,
+                              "compression": [s[0] for s in SETTINGS], "read": READ_SETTING},
+                             {"builds": [], "results": [], "targets": []})
     if not verilay:
         print(f"compressed bench skipped: {why}")
         data["targets"].append(report.target("compressed", None, why))

@@ -244,11 +244,8 @@ def run(ctx):
     scratch = datasets.scratch_dir("containers")
     verilay, why = tools.verilay(scratch)
     registry_bin = tools.find("DOCKER_REGISTRY", "docker-registry")
-    data = {"bench": "containers", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "rtts_ms": list(RTTS_MS),
-                         "program": PROGRAM},
-            "rtt": {}, "targets": []}
+    data = report.bench_data("containers", ctx, {"rtts_ms": list(RTTS_MS), "program": PROGRAM},
+                             {"rtt": {}, "targets": []})
     reason = why
     if not reason and os.geteuid() != 0:
         reason = "needs root (podman's overlay storage, the layer store, dropping caches)"

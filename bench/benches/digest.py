@@ -203,11 +203,8 @@ def run(ctx):
         print("not root: no cold-cache runs")
 
     files = FILES[:1] if ctx.quick else FILES
-    data = {"bench": "digest", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "cold": cold,
-                         "args": ARGS},
-            "tools": found, "missing": missing, "files": {}, "results": []}
+    data = report.bench_data("digest", ctx, {"cold": cold, "args": ARGS},
+                             {"tools": found, "missing": missing, "files": {}, "results": []})
     for name, size in files:
         path = random_file(name, size)
         warm(path)

@@ -64,11 +64,9 @@ def timed_writes(directory, mode, writes):
 def run(ctx):
     scratch = datasets.scratch_dir("fallocate")
     verilay, why = tools.verilay(scratch)
-    data = {"bench": "fallocate", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "writes": WRITES,
-                         "stride": STRIDE, "file_size": FILE_SIZE},
-            "results": {}, "targets": []}
+    data = report.bench_data("fallocate", ctx,
+                             {"writes": WRITES, "stride": STRIDE, "file_size": FILE_SIZE},
+                             {"results": {}, "targets": []})
     if not verilay or os.geteuid() != 0:
         reason = why or "needs root (kernel mounts)"
         print(f"fallocate bench skipped: {reason}")

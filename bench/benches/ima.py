@@ -67,7 +67,7 @@ import shutil
 import statistics
 import subprocess
 
-from harness import datasets, report, stacks, timing, tools, transport
+from harness import csrc, datasets, report, stacks, timing, tools, transport
 from harness.timing import timed
 
 DESCRIPTION = "cost of measuring file opens (IMA policies; seed 0's wrong fsmagic, verity digests)"
@@ -104,13 +104,7 @@ IMA_C = r"""
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
+""" + csrc.NOW + csrc.CREATE + csrc.LINES + r"""
 /* ima create DIR NFILES NDIRS SIZE: FS-Mark style creates (O_CREAT|O_RDWR|O_TRUNC, write,
    close); prints files per second.
    ima read LIST: opens, reads in full and closes every file named in LIST (a path a line,
@@ -118,43 +112,12 @@ static double now(void) {
    ima open LIST ROUNDS: opens and closes every file named in LIST, ROUNDS times over;
    prints opens and seconds. */
 static int create(const char *dir, int n, int nd, long size) {
-    char *buf = calloc(1, size > 0 ? size : 1);
-    memset(buf, 'x', size);
-    char p[4096];
-    for (int d = 0; d < nd; d++) {
-        snprintf(p, sizeof p, "%s/d%02d", dir, d);
-        if (mkdir(p, 0755) && access(p, F_OK))
-            return 3;
-    }
-    double t0 = now();
-    for (int i = 0; i < n; i++) {
-        snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);
-        int fd = open(p, O_CREAT | O_RDWR | O_TRUNC, 0644);
-        if (fd < 0)
-            return 4;
-        if (size > 0 && write(fd, buf, size) != size)
-            return 5;
-        close(fd);
-    }
+    double t0;
+    int rc = create_files(dir, n, nd, size, O_RDWR, &t0);
+    if (rc)
+        return rc;
     printf("%.1f\n", n / (now() - t0));
     return 0;
-}
-
-static char **lines(const char *list, size_t *count) {
-    FILE *f = fopen(list, "r");
-    if (!f)
-        return NULL;
-    size_t cap = 1024, n = 0;
-    char line[4096], **paths = malloc(cap * sizeof *paths);
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (n == cap)
-            paths = realloc(paths, (cap *= 2) * sizeof *paths);
-        paths[n++] = strdup(line);
-    }
-    fclose(f);
-    *count = n;
-    return paths;
 }
 
 static int openall(const char *list, int rounds) {
@@ -592,10 +555,8 @@ def selected_parts(ctx):
 def run(ctx):
     scratch = datasets.scratch_dir("ima")
     verilay, why = tools.verilay(scratch)
-    data = {"bench": "ima", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick},
-            "transports": {}, "targets": []}
+    data = report.bench_data("ima", ctx, {},
+                             {"transports": {}, "targets": []})
     cc = shutil.which("cc") or shutil.which("gcc")
     if not verilay or os.geteuid() != 0 or not cc:
         reason = why or ("needs root (mounts, dropping caches)" if cc else "needs a C compiler")

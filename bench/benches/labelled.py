@@ -24,10 +24,9 @@ erofs; every other row within 1.3x. The kernel engine: every row, cold and warm,
 
 import os
 import shutil
-import statistics
 import subprocess
 
-from harness import datasets, report, timing, tools, transport
+from harness import csrc, datasets, report, timing, tools, transport
 from benches import mount
 from benches.mount import (build_images, kernel_engine_targets, mounts_for, record_served_over,
                            timed_shell)
@@ -52,16 +51,7 @@ LATENCY_C = r"""
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+""" + csrc.NOW_US + r"""
 static void report(const char *op, double *v, size_t n) {
     qsort(v, n, sizeof *v, cmp);
     printf("%s %zu %.2f %.2f\n", op, n, v[n / 2], v[n * 99 / 100]);
@@ -124,11 +114,8 @@ def run(ctx):
     scratch = datasets.scratch_dir("labelled")
     verilay, why = tools.verilay(scratch)
     cc = shutil.which("cc") or shutil.which("gcc")
-    data = {"bench": "labelled", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "transports": ctx.transports},
-            "results": [],
-            "latency": {}, "targets": []}
+    data = report.bench_data("labelled", ctx, {"transports": ctx.transports},
+                             {"results": [], "latency": {}, "targets": []})
     if not verilay or not cc or timing.drop_caches() is not None:
         reason = why or ("needs a C compiler" if not cc else "needs root (mounts, caches)")
         print(f"labelled bench skipped: {reason}")
@@ -169,10 +156,7 @@ def run(ctx):
     finally:
         for m in mounts:
             m.umount()
-    for (wl, tool), r in results.items():
-        data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
-                                "warm": r["warm"], "cold_median": statistics.median(r["cold"]),
-                                "warm_median": statistics.median(r["warm"])})
+    mount.record_results(data, results)
     shutil.rmtree(scratch, ignore_errors=True)
     print_results(data)
     data["targets"] = check_targets(data)

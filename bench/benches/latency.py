@@ -44,7 +44,7 @@ import shutil
 import statistics
 import subprocess
 
-from harness import datasets, report, stacks, timing, tools, transport
+from harness import csrc, datasets, report, stacks, timing, tools, transport
 from benches.mount import mounts_for, record_served_over
 
 DESCRIPTION = "per-operation latency (µs) over io_uring, /dev/fuse, the kernel engine and the kernel"
@@ -66,16 +66,7 @@ LATENCY_C = r"""
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+""" + csrc.NOW_US + r"""
 /* One line: the op, the number of calls, failed calls, then percentiles 0..100 (µs). */
 static void report(const char *op, double *v, size_t n, size_t failed) {
     qsort(v, n, sizeof *v, cmp);
@@ -84,23 +75,7 @@ static void report(const char *op, double *v, size_t n, size_t failed) {
         printf(" %.2f", n ? v[p == 100 ? n - 1 : n * p / 100] : 0.0);
     printf("\n");
 }
-static char **lines(const char *list, size_t *count) {
-    FILE *f = fopen(list, "r");
-    if (!f)
-        return NULL;
-    size_t cap = 1024, n = 0;
-    char line[4096], **paths = malloc(cap * sizeof *paths);
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (n == cap)
-            paths = realloc(paths, (cap *= 2) * sizeof *paths);
-        paths[n++] = strdup(line);
-    }
-    fclose(f);
-    *count = n;
-    return paths;
-}
-
+""" + csrc.LINES + r"""
 /* lat read LIST: the read-side ops over every path of LIST (relative to the cwd, whose
    dentries the caller has just dropped). */
 static int readside(const char *list) {
@@ -252,11 +227,10 @@ def run(ctx):
     scratch = datasets.scratch_dir("latency")
     verilay, why = tools.verilay(scratch)
     nfiles = 2000 if ctx.quick else 10000
-    data = {"bench": "latency", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "files": nfiles,
-                         "dirs": NDIRS, "file_size": FILE_SIZE},
-            "samples": {"ro": {}, "rw": {}}, "results": {"ro": {}, "rw": {}}, "targets": []}
+    data = report.bench_data("latency", ctx,
+                             {"files": nfiles, "dirs": NDIRS, "file_size": FILE_SIZE},
+                             {"samples": {"ro": {}, "rw": {}}, "results": {"ro": {}, "rw": {}},
+                              "targets": []})
     cc = shutil.which("cc") or shutil.which("gcc")
     if not verilay or not cc or timing.drop_caches(2) is not None:
         reason = why or ("needs a C compiler" if not cc else "needs root (mounts, caches)")

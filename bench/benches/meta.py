@@ -36,7 +36,7 @@ import shutil
 import statistics
 import subprocess
 
-from harness import datasets, report, stacks, tools, transport
+from harness import csrc, datasets, report, stacks, tools, transport
 from harness.timing import timed
 
 DESCRIPTION = "small-file and metadata storms on a writable merged tree vs overlayfs, fuse-overlayfs"
@@ -53,13 +53,7 @@ META_C = r"""
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
+""" + csrc.NOW + csrc.CREATE + r"""
 /* meta DIR NFILES NDIRS SIZE: creates, stats (right after creating), renames (within
    their directory) and removes; prints four rates. */
 int main(int argc, char **argv) {
@@ -68,25 +62,12 @@ int main(int argc, char **argv) {
     const char *dir = argv[1];
     int n = atoi(argv[2]), nd = atoi(argv[3]);
     long size = atol(argv[4]);
-    char *buf = calloc(1, size > 0 ? size : 1);
-    memset(buf, 'x', size);
-    char p[4096];
-    for (int d = 0; d < nd; d++) {
-        snprintf(p, sizeof p, "%s/d%02d", dir, d);
-        if (mkdir(p, 0755) && access(p, F_OK))
-            return 3;
-    }
-    double t0 = now();
-    for (int i = 0; i < n; i++) {
-        snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);
-        int fd = open(p, O_CREAT | O_WRONLY | O_TRUNC, 0644);
-        if (fd < 0)
-            return 4;
-        if (size > 0 && write(fd, buf, size) != size)
-            return 5;
-        close(fd);
-    }
+    double t0;
+    int rc = create_files(dir, n, nd, size, O_WRONLY, &t0);
+    if (rc)
+        return rc;
     double t1 = now();
+    char p[4096];
     struct stat st;
     for (int i = 0; i < n; i++) {
         snprintf(p, sizeof p, "%s/d%02d/f%06d", dir, i % nd, i);

@@ -205,11 +205,8 @@ def selected_parts(ctx):
 def run(ctx):
     scratch = datasets.scratch_dir("mount")
     verilay, why = tools.verilay(scratch)
-    data = {"bench": "mount", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "transports": ctx.transports},
-            "results": [],
-            "targets": []}
+    data = report.bench_data("mount", ctx, {"transports": ctx.transports},
+                             {"results": [], "targets": []})
     if not verilay or timing.drop_caches() is not None:
         reason = why or "needs root (mounts, dropping caches)"
         print(f"mount bench skipped: {reason}")
@@ -270,14 +267,20 @@ def run(ctx):
             m.tool = f"{m.tool}/filter-{filt}"
         measure(ms, {"absent-xattr": absent}, ctx.runs, results, f"filter {filt}", data)
 
-    for (wl, tool), r in results.items():
-        data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
-                                "warm": r["warm"], "cold_median": statistics.median(r["cold"]),
-                                "warm_median": statistics.median(r["warm"])})
+    record_results(data, results)
     shutil.rmtree(scratch, ignore_errors=True)
     print_results(data)
     data["targets"] = check_targets(data)
     return data
+
+
+def record_results(data, results):
+    """Appends to data["results"] a row per (workload, tool) of `results`: its cold and warm
+    times and their medians."""
+    for (wl, tool), r in results.items():
+        data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
+                                "warm": r["warm"], "cold_median": statistics.median(r["cold"]),
+                                "warm_median": statistics.median(r["warm"])})
 
 
 def kernel_row(by, r):

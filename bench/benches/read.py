@@ -135,10 +135,8 @@ def run(ctx):
     size = (64 if ctx.quick else 256) << 20
     scratch = datasets.scratch_dir("read")
     verilay, why = tools.verilay(scratch)
-    data = {"bench": "read", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "bytes": size},
-            "results": {}, "targets": []}
+    data = report.bench_data("read", ctx, {"bytes": size},
+                             {"results": {}, "targets": []})
     if not verilay:
         print(f"verilay not available: {why}")
         data["targets"].append(report.target("read", None, why))

@@ -443,14 +443,13 @@ def run(ctx):
     verilay, why = tools.verilay(scratch)
     registry_bin = tools.find("DOCKER_REGISTRY", "docker-registry")
     skopeo = tools.find("SKOPEO", "skopeo")
-    data = {"bench": "remote", "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, "rtts_ms": list(RTTS_MS),
-                         "first_file": FIRST_FILE, "program": PROGRAM,
-                         "sparse_files": SPARSE_FILES},
-            "peers": {"docker-registry": registry_bin, "skopeo": skopeo,
-                      "skopeo_version": tools.version(skopeo) if skopeo else None},
-            "rtt": {}, "targets": []}
+    data = report.bench_data("remote", ctx,
+                             {"rtts_ms": list(RTTS_MS), "first_file": FIRST_FILE,
+                              "program": PROGRAM, "sparse_files": SPARSE_FILES},
+                             {"peers": {"docker-registry": registry_bin, "skopeo": skopeo,
+                                        "skopeo_version": tools.version(skopeo) if skopeo
+                                        else None},
+                              "rtt": {}, "targets": []})
     reason = why
     if not reason and (os.geteuid() != 0 or timing.drop_caches() is not None):
         reason = "needs root (mounts, chroot, dropping caches)"

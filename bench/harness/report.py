@@ -5,6 +5,8 @@ import os
 import platform
 import time
 
+from harness import tools
+
 
 def host_info():
     cpu = "unknown"
@@ -93,3 +95,11 @@ def bar_grid(path, title, rows, columns):
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def bench_data(bench, ctx, settings, fields):
+    """A bench's JSON record as it starts: its name, the host, the revision measured, its
+    settings (the runs and quick of `ctx`, then `settings`), then `fields` (what it fills
+    in as it runs)."""
+    return {"bench": bench, "host": host_info(), "verilay_revision": tools.git_revision(),
+            "settings": {"runs": ctx.runs, "quick": ctx.quick, **settings}, **fields}

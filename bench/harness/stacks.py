@@ -18,10 +18,8 @@ def start(name, ctx, scratch, settings):
     skipped and None for the rest."""
     verilay, why = tools.verilay(scratch)
     fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
-    data = {"bench": name, "host": report.host_info(),
-            "verilay_revision": tools.git_revision(),
-            "settings": {"runs": ctx.runs, "quick": ctx.quick, **settings},
-            "peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []}
+    data = report.bench_data(name, ctx, settings,
+                             {"peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []})
     cc = shutil.which("cc") or shutil.which("gcc")
     if not verilay or os.geteuid() != 0 or not cc:
         reason = why or ("needs root (kernel mounts)" if cc else "needs a C compiler")
