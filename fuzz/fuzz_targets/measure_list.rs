@@ -4,29 +4,17 @@
 //! agree on) must verify once continued and closed.
 //!
 //! Input: a flags byte (bit 0: the in-use marker is there, as a killed writer leaves it),
-//! then each of the seven files in the order of `FILES`, as a little-endian u32 length and
-//! that many bytes (a length past the end takes what is left; files not reached are
-//! empty); what follows the last file is the marker's text. The hostile suite's seeds
-//! (`crates/verilay/tests/hostile/measure.rs`) are written in this form.
+//! then each of the seven files in the order of `measure::log::LIST_FILES`, as a
+//! little-endian u32 length and that many bytes (a length past the end takes what is left;
+//! files not reached are empty); what follows the last file is the marker's text. The
+//! hostile suite's seeds (`crates/verilay/tests/hostile/measure.rs`) are written in this
+//! form.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use measure::log::{
-    DigestKind, Event, HashAlgo, Log, ASCII_SHA1, ASCII_SHA256, BINARY_SHA1, BINARY_SHA256,
-    COUNT, IN_USE, PCRS_SHA1, PCRS_SHA256,
-};
+use measure::log::{DigestKind, Event, HashAlgo, Log, IN_USE, LIST_FILES};
 use measure::policy::Template;
 use std::path::PathBuf;
-
-const FILES: [&str; 7] = [
-    BINARY_SHA1,
-    BINARY_SHA256,
-    ASCII_SHA1,
-    ASCII_SHA256,
-    COUNT,
-    PCRS_SHA1,
-    PCRS_SHA256,
-];
 
 /// A directory of this process's own, on tmpfs when there is one (every open syncs).
 fn scratch() -> PathBuf {
@@ -40,10 +28,10 @@ fn scratch() -> PathBuf {
 
 fn split(data: &[u8]) -> (u8, Vec<&[u8]>, &[u8]) {
     let Some((&flags, mut rest)) = data.split_first() else {
-        return (0, vec![&[][..]; FILES.len()], &[]);
+        return (0, vec![&[][..]; LIST_FILES.len()], &[]);
     };
-    let mut parts = Vec::with_capacity(FILES.len());
-    for _ in FILES {
+    let mut parts = Vec::with_capacity(LIST_FILES.len());
+    for _ in LIST_FILES {
         let len = match rest.get(..4) {
             Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize,
             None => 0,
@@ -61,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (flags, parts, marker) = split(data);
-    for (name, bytes) in FILES.iter().zip(&parts) {
+    for (name, bytes) in LIST_FILES.iter().zip(&parts) {
         std::fs::write(dir.join(name), bytes).unwrap();
     }
     if flags & 1 != 0 {

@@ -38,6 +38,17 @@ pub const LOCK: &str = "verilay.lock";
 pub const IN_USE: &str = "verilay.in-use";
 /// The name of the violation entry that marks a gap left by a writer that died.
 pub const UNCLEAN_SHUTDOWN: &str = "verilay:unclean-shutdown";
+/// The seven files of a list that hold its entries, count and PCRs (not the lock and the
+/// in-use marker), in the order the `measure_list` fuzz target reads them from its input.
+pub const LIST_FILES: [&str; 7] = [
+    BINARY_SHA1,
+    BINARY_SHA256,
+    ASCII_SHA1,
+    ASCII_SHA256,
+    COUNT,
+    PCRS_SHA1,
+    PCRS_SHA256,
+];
 
 /// The templates verilay writes, for lookups by name.
 pub(crate) const TEMPLATES: [Template; 4] = [

@@ -6,7 +6,7 @@
 
 use measure::log::{
     Bank, DigestKind, Entry, Event, HashAlgo, Log, ASCII_SHA1, ASCII_SHA256, BINARY_SHA1,
-    BINARY_SHA256, COUNT, LOCK, PCRS_SHA1, PCRS_SHA256,
+    BINARY_SHA256, COUNT, LIST_FILES, LOCK, PCRS_SHA1, PCRS_SHA256,
 };
 use measure::policy::Template;
 use measure::verify::{verify, State};
@@ -14,16 +14,6 @@ use sha1::{Digest, Sha1};
 use sha2::Sha256;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-const FILES: [&str; 7] = [
-    BINARY_SHA1,
-    ASCII_SHA1,
-    BINARY_SHA256,
-    ASCII_SHA256,
-    COUNT,
-    PCRS_SHA1,
-    PCRS_SHA256,
-];
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -445,7 +435,7 @@ fn every_single_byte_change_and_every_truncation_is_caught() {
     use std::os::unix::fs::FileExt;
     let t = tempfile::tempdir().unwrap();
     standard(t.path());
-    for name in FILES {
+    for name in LIST_FILES {
         let path = t.path().join(name);
         let good = std::fs::read(&path).unwrap();
         // Changed in place (no truncating rewrite, which ext4 flushes on close: slow).

@@ -5,7 +5,8 @@
 use measure::log::from_hex;
 use measure::log::{
     Bank, DigestKind, Entry, Event, HashAlgo, Holder, Log, LogError, ASCII_SHA1, ASCII_SHA256,
-    BINARY_SHA1, BINARY_SHA256, COUNT, IN_USE, LOCK, PCRS_SHA1, PCRS_SHA256, UNCLEAN_SHUTDOWN,
+    BINARY_SHA1, BINARY_SHA256, COUNT, IN_USE, LIST_FILES, LOCK, PCRS_SHA1, PCRS_SHA256,
+    UNCLEAN_SHUTDOWN,
 };
 use measure::policy::Template;
 use measure::verify::{verify, State, Violation};
@@ -339,17 +340,7 @@ fn every_file_is_private_and_what_others_can_write_is_refused() {
     // A directory verilay makes is 0700, parents too; every file 0600.
     assert_eq!(mode(&dir), 0o700);
     assert_eq!(mode(&t.path().join("a")), 0o700);
-    for name in [
-        BINARY_SHA1,
-        BINARY_SHA256,
-        ASCII_SHA1,
-        ASCII_SHA256,
-        COUNT,
-        PCRS_SHA1,
-        PCRS_SHA256,
-        LOCK,
-        IN_USE,
-    ] {
+    for name in LIST_FILES.into_iter().chain([LOCK, IN_USE]) {
         assert_eq!(mode(&dir.join(name)), 0o600, "{name}");
     }
     drop(log);

@@ -8,7 +8,7 @@ use common::*;
 
 use measure::log::{
     Bank, DigestKind, Entry, Event, HashAlgo, Log, ASCII_SHA1, ASCII_SHA256, BINARY_SHA1,
-    BINARY_SHA256, COUNT, PCRS_SHA1, PCRS_SHA256,
+    BINARY_SHA256, COUNT, LIST_FILES, PCRS_SHA1, PCRS_SHA256,
 };
 use measure::policy::Template;
 use std::path::Path;
@@ -165,7 +165,7 @@ fn verilay_rejects(dir: &Path, error: &str) {
 
 /// Log::open refuses to continue the list, and writes nothing.
 fn open_refuses(dir: &Path, error: &str) {
-    let before: Vec<Vec<u8>> = FILES
+    let before: Vec<Vec<u8>> = LIST_FILES
         .iter()
         .map(|f| std::fs::read(dir.join(f)).unwrap_or_default())
         .collect();
@@ -179,22 +179,12 @@ fn open_refuses(dir: &Path, error: &str) {
             dir.display()
         )
     );
-    let after: Vec<Vec<u8>> = FILES
+    let after: Vec<Vec<u8>> = LIST_FILES
         .iter()
         .map(|f| std::fs::read(dir.join(f)).unwrap_or_default())
         .collect();
     assert!(before == after, "a refused open changed the list");
 }
-
-const FILES: [&str; 7] = [
-    BINARY_SHA1,
-    ASCII_SHA1,
-    BINARY_SHA256,
-    ASCII_SHA256,
-    COUNT,
-    PCRS_SHA1,
-    PCRS_SHA256,
-];
 
 /// Offset of entry K (1-based) in the SHA-1 binary list.
 fn record_offset(entries: &[Entry], k: usize) -> u64 {

@@ -10,7 +10,7 @@ use crate::common::*;
 use crate::Seed;
 use measure::log::{
     DigestKind, Event, HashAlgo, Log, ASCII_SHA1, ASCII_SHA256, BINARY_SHA1, BINARY_SHA256, COUNT,
-    IN_USE, PCRS_SHA1, PCRS_SHA256,
+    IN_USE, LIST_FILES, PCRS_SHA1, PCRS_SHA256,
 };
 use measure::policy::Template;
 use std::fs;
@@ -19,17 +19,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// The files of a list, in the order the `measure_list` fuzz target reads them.
-const LIST_FILES: [&str; 7] = [
-    BINARY_SHA1,
-    BINARY_SHA256,
-    ASCII_SHA1,
-    ASCII_SHA256,
-    COUNT,
-    PCRS_SHA1,
-    PCRS_SHA256,
-];
 
 /// Peak RSS allowed to a command refusing a hostile input: the CLI itself needs ~10 MiB.
 const RSS_BOUND_KIB: u64 = 64 << 10;
