@@ -248,6 +248,11 @@ fn search_fit(
     (fit, fit_size)
 }
 
+/// Pseudo-random test data, shared with the other crates' tests.
+#[cfg(test)]
+#[path = "../../erofs/tests/common/xorshift.rs"]
+mod xorshift;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,15 +272,7 @@ mod tests {
     }
 
     fn random(n: usize) -> Vec<u8> {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect()
+        super::xorshift::xorshift(n, 0x9E37_79B9_7F4A_7C15)
     }
 
     fn all() -> Vec<Compression> {

@@ -17,17 +17,6 @@ const RANDOM_FILE: &str = "random-3m";
 const TEXT_FILE: &str = "text-3m";
 const DENSE: &str = "sparse-dense";
 
-fn pseudo_random(n: usize, mut seed: u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed as u8
-        })
-        .collect()
-}
-
 fn text(n: usize) -> Vec<u8> {
     let words = [
         "static ",
@@ -64,15 +53,15 @@ fn make_tree(root: &Path) {
         fs::write(root.join(format!("sizes/text-{size}")), &t[..size]).unwrap();
         fs::write(
             root.join(format!("sizes/random-{size}")),
-            pseudo_random(size, size as u64 + 1),
+            xorshift::xorshift(size, size as u64 + 1),
         )
         .unwrap();
     }
-    fs::write(root.join(RANDOM_FILE), pseudo_random(3 << 20, 7)).unwrap();
+    fs::write(root.join(RANDOM_FILE), xorshift::xorshift(3 << 20, 7)).unwrap();
     fs::write(root.join(TEXT_FILE), &t).unwrap();
     // Text, then incompressible, then zeros, then text: clusters of every kind in one file.
     let mut mixed = t[..300_000].to_vec();
-    mixed.extend(pseudo_random(100_003, 9));
+    mixed.extend(xorshift::xorshift(100_003, 9));
     mixed.extend(vec![0u8; 500_000]);
     mixed.extend_from_slice(&t[..123_457]);
     fs::write(root.join("mixed"), &mixed).unwrap();

@@ -9,15 +9,8 @@ use std::process::Command;
 
 /// xorshift: reproducible bytes without a dependency.
 fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
+    let mut x = xorshift::XorShift(seed | 1);
+    (0..n).map(|_| (x.next_u64() >> 32) as u8).collect()
 }
 
 /// Compressible text that is not one repeated line.

@@ -9,7 +9,7 @@ fn digests_trees_and_descriptors_match_fsverity_utils() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let mut seed = 7u64;
+    let mut random = xorshift::XorShift(7);
     let mut files = Vec::new();
     // 0, 1, block-1, block, block+1 for each block size, several tree levels, and > 100 MB.
     let mut sizes = vec![
@@ -29,14 +29,7 @@ fn digests_trees_and_descriptors_match_fsverity_utils() {
     sizes.push(2 * 1024 * 1024 + 12345); // three levels with 1 KiB blocks and SHA-512
     sizes.push(105 * 1024 * 1024 + 7);
     for size in sizes {
-        let data: Vec<u8> = (0..size)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect();
+        let data = random.bytes(size);
         let p = t.path().join(format!("f{size}"));
         std::fs::write(&p, &data).unwrap();
         files.push((p, size));

@@ -475,13 +475,8 @@ fn exercise_file(path: &Path, seed: u64, ops: usize, initial: Vec<u8>) {
     use std::os::unix::fs::FileExt;
     use std::os::unix::io::AsRawFd;
     const MAX_LEN: u64 = 256 * 1024;
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = xorshift::XorShift(seed | 1);
+    let mut next = move || rng.next_u64();
     let mut model = initial;
     let open = || {
         std::fs::OpenOptions::new()

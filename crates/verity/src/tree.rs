@@ -387,8 +387,14 @@ impl Tree {
     }
 }
 
+/// Pseudo-random test data, shared with the other crates' tests.
+#[cfg(test)]
+#[path = "../../erofs/tests/common/xorshift.rs"]
+mod xorshift;
+
 #[cfg(test)]
 mod tests {
+    use super::xorshift::xorshift as random;
     use super::{Plan, CHUNK, PAR_MIN};
     use crate::*;
     use std::io::{Seek, Write};
@@ -474,17 +480,6 @@ mod tests {
                 33792
             )
         );
-    }
-
-    fn random(n: usize, mut seed: u64) -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect()
     }
 
     /// The tree the plain way: every block hashed in order on this thread, no chunks.

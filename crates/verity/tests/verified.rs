@@ -4,6 +4,8 @@
 
 #[path = "../../erofs/tests/common/skip.rs"]
 mod skip;
+#[path = "../../erofs/tests/common/xorshift.rs"]
+mod xorshift;
 
 use skip::skip_unless;
 use std::io::Write;
@@ -12,15 +14,7 @@ use verity::source::{ByteSource, FileSource};
 use verity::{hash_blocks, HashAlg, IntegrityError, OpenError, Params, VerifiedSource};
 
 fn data(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
+    xorshift::xorshift(n, seed | 1)
 }
 
 /// A temp file holding `bytes` followed by its verity section; returns it and the digest.

@@ -28,6 +28,8 @@ mod skip;
 pub use skip::skip_unless;
 pub mod containers;
 pub mod registry;
+#[path = "../../../erofs/tests/common/xorshift.rs"]
+pub mod xorshift;
 
 /// Polls `cond` every 10 ms until it holds or `timeout` passes; says whether it held.
 pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -427,17 +429,7 @@ pub fn generate_tree(root: &Path) {
     use std::fs;
     fs::create_dir_all(root).unwrap();
     let w = |p: &str, data: &[u8]| fs::write(root.join(p), data).unwrap();
-    let mut seed = 0x1234_5678_u64;
-    let mut bytes = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect()
-    };
+    let mut random = xorshift::XorShift(0x1234_5678);
     fs::create_dir_all(root.join("sizes")).unwrap();
     for size in [
         0usize,
@@ -458,7 +450,7 @@ pub fn generate_tree(root: &Path) {
         3 << 20,
         (5 << 20) + 7,
     ] {
-        w(&format!("sizes/f{size}"), &bytes(size));
+        w(&format!("sizes/f{size}"), &random.bytes(size));
     }
     w("empty", b"");
     w("hello.txt", b"hello, world\n");
