@@ -14,19 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn node(kind: Kind, xattrs: Vec<(&str, &str)>) -> Node {
-    Node {
+    common::node(
         kind,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        mtime: 1_700_000_000,
-        mtime_nsec: 0,
-        size: 0,
-        xattrs: xattrs
+        xattrs
             .into_iter()
             .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
             .collect(),
-    }
+    )
 }
 
 /// A tree whose files carry a varied set of xattrs, some shared, some with long prefixes.

@@ -1,21 +1,11 @@
 //! What the format cannot hold is refused by the builder with the path it concerns,
 //! never written truncated into a corrupt image.
 
-use erofs::builder::{build_tree, BuildOptions, Content, Kind, Node, Silent, Tree};
-use erofs::read::{fsck, FileSource, Image};
+mod common;
 
-fn node(kind: Kind, xattrs: Vec<(Vec<u8>, Vec<u8>)>) -> Node {
-    Node {
-        kind,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        mtime: 1_700_000_000,
-        mtime_nsec: 0,
-        size: 0,
-        xattrs,
-    }
-}
+use common::node;
+use erofs::builder::{build_tree, BuildOptions, Content, Kind, Silent, Tree};
+use erofs::read::{fsck, FileSource, Image};
 
 /// A root directory holding one empty file `big` with `n` distinct xattrs of `len` bytes.
 fn tree_with_xattrs(n: usize, len: usize) -> Tree {

@@ -13,6 +13,21 @@ pub const MKFS: &str = "mkfs.erofs";
 mod skip;
 pub use skip::skip_unless;
 
+/// A builder node of `kind` with mode 0644, owned by root, mtime 1_700_000_000, size 0 and
+/// `xattrs` (name, value).
+pub fn node(kind: erofs::builder::Kind, xattrs: Vec<(Vec<u8>, Vec<u8>)>) -> erofs::builder::Node {
+    erofs::builder::Node {
+        kind,
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+        mtime: 1_700_000_000,
+        mtime_nsec: 0,
+        size: 0,
+        xattrs,
+    }
+}
+
 /// Whether `mkfs.erofs` can be run; when not, the test is recorded as skipped.
 pub fn have_mkfs() -> bool {
     let ok = Command::new(MKFS).arg("--help").output().is_ok();
