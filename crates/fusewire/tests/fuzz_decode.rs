@@ -7,21 +7,10 @@ mod common;
 use common::wire::samples;
 use fusewire::{decode, split_dev, split_uring, Request};
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+#[path = "../../erofs/tests/common/xorshift.rs"]
+mod xorshift;
+// xorshift64*: deterministic, no dependency.
+use xorshift::XorShiftStar as Rng;
 
 fn mutate(rng: &mut Rng, buf: &mut Vec<u8>) {
     for _ in 0..1 + rng.below(4) {
@@ -31,13 +20,13 @@ fn mutate(rng: &mut Rng, buf: &mut Vec<u8>) {
                 buf[i] ^= 1 << rng.below(8);
             }
             1 => buf.truncate(rng.below(buf.len() + 1)),
-            2 => buf.extend((0..rng.below(40)).map(|_| rng.next() as u8)),
+            2 => buf.extend((0..rng.below(40)).map(|_| rng.next_u64() as u8)),
             // The header's length: right, or anything.
             3 if buf.len() >= 4 => {
                 let len = if rng.below(2) == 0 {
                     buf.len() as u32
                 } else {
-                    rng.next() as u32
+                    rng.next_u64() as u32
                 };
                 buf[..4].copy_from_slice(&len.to_ne_bytes());
             }
@@ -66,7 +55,7 @@ fn mutated_and_random_buffers_never_panic() {
     let (mut decoded, mut refused) = (0usize, 0usize);
     for round in 0..200_000 {
         let mut buf = if round % 10 == 0 {
-            (0..rng.below(200)).map(|_| rng.next() as u8).collect()
+            (0..rng.below(200)).map(|_| rng.next_u64() as u8).collect()
         } else {
             seeds[rng.below(seeds.len())].clone()
         };
@@ -90,7 +79,7 @@ fn mutated_and_random_buffers_never_panic() {
         let payload = buf[head + arg..].to_vec();
         hdr.ring_ent_in_out.payload_sz = match rng.below(3) {
             0 => payload.len() as u32,
-            1 => rng.next() as u32,
+            1 => rng.next_u64() as u32,
             _ => rng.below(payload.len() + 2) as u32,
         };
         if let Ok(req) = split_uring(&hdr, &payload).and_then(|raw| decode(&raw)) {

@@ -1172,20 +1172,10 @@ fn display_round_trips() {
     assert_eq!(parse(&p.to_string()), p);
 }
 
-/// xorshift64*: enough randomness for a fuzz test without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "../../erofs/tests/common/xorshift.rs"]
+mod xorshift;
+// xorshift64*: enough randomness for a fuzz test without a dependency.
+use xorshift::XorShiftStar as Rng;
 
 #[test]
 fn fuzz_random_bytes_never_panic() {
@@ -1200,7 +1190,7 @@ fn fuzz_random_bytes_never_panic() {
                 if rng.below(2) == 0 {
                     HOT[rng.below(HOT.len())]
                 } else {
-                    rng.next() as u8
+                    rng.next_u64() as u8
                 }
             })
             .collect();
