@@ -2,7 +2,7 @@
 //! starts from one valid 6-block image and breaks exactly one thing.
 
 use erofs::format::{self, Dirent, DiskInode, Superblock};
-use erofs::read::{exercise, fsck, Error, Image};
+use erofs::read::{exercise, fsck, Error, Image, Inode};
 
 const BS: usize = 4096;
 const ROOT: u64 = 36;
@@ -143,6 +143,35 @@ fn set_root_size(img: &mut [u8], size: u64) {
     put32(img, ioff(ROOT) + 8, size as u32);
 }
 
+/// The base image with sub's directory block holding only `ents`, sized to fit them.
+fn with_sub_entries(ents: &[(&[u8], u64, u8)]) -> Vec<u8> {
+    let mut m = base();
+    m[2 * BS..3 * BS].fill(0);
+    let used = write_dir(&mut m, 2 * BS, ents);
+    put32(&mut m, ioff(SUB) + 8, used as u32);
+    m
+}
+
+/// fsck of `img` (reporting up to `max` problems) reports one containing `want`.
+fn assert_fsck_finds(img: &Image<Vec<u8>>, max: usize, want: &str) {
+    let r = fsck(img, max);
+    assert!(
+        r.problems.iter().any(|p| p.contains(want)),
+        "no problem with {want:?} in {:#?}",
+        r.problems
+    );
+}
+
+/// getxattr of `name` on `inode` answers `want`.
+fn assert_xattr(img: &Image<Vec<u8>>, inode: &Inode, name: &[u8], want: Option<&[u8]>) {
+    assert_eq!(
+        img.getxattr(inode, name).unwrap().as_deref(),
+        want,
+        "{}",
+        String::from_utf8_lossy(name)
+    );
+}
+
 fn open(img: Vec<u8>) -> Image<Vec<u8>> {
     Image::open(img).unwrap_or_else(|e| panic!("open: {e}"))
 }
@@ -261,18 +290,12 @@ fn base_image_reads_and_checks_clean() {
         img.listxattr(&x).unwrap(),
         vec![b"user.foo".to_vec(), b"user.shared".to_vec()]
     );
-    assert_eq!(
-        img.getxattr(&x, b"user.foo").unwrap(),
-        Some(b"bar".to_vec())
-    );
-    assert_eq!(
-        img.getxattr(&x, b"user.shared").unwrap(),
-        Some(b"s".to_vec())
-    );
-    assert_eq!(img.getxattr(&x, b"user.fo").unwrap(), None);
-    assert_eq!(img.getxattr(&x, b"trusted.foo").unwrap(), None);
-    assert_eq!(img.getxattr(&x, b"system.foo").unwrap(), None);
-    assert_eq!(img.getxattr(&file, b"user.foo").unwrap(), None);
+    assert_xattr(&img, &x, b"user.foo", Some(b"bar"));
+    assert_xattr(&img, &x, b"user.shared", Some(b"s"));
+    assert_xattr(&img, &x, b"user.fo", None);
+    assert_xattr(&img, &x, b"trusted.foo", None);
+    assert_xattr(&img, &x, b"system.foo", None);
+    assert_xattr(&img, &file, b"user.foo", None);
 
     let report = fsck(&img, 50);
     assert!(report.is_clean(), "{:#?}", report.problems);
@@ -391,12 +414,9 @@ fn long_prefix_table() {
     let img = open(m.clone());
     let x = img.inode(XFILE).unwrap();
     assert_eq!(img.listxattr(&x).unwrap()[0], b"trusted.overlay.rdr");
-    assert_eq!(
-        img.getxattr(&x, b"trusted.overlay.rdr").unwrap(),
-        Some(b"/xy".to_vec())
-    );
-    assert_eq!(img.getxattr(&x, b"trusted.rdr").unwrap(), None);
-    assert_eq!(img.getxattr(&x, b"user.overlay.rdr").unwrap(), None);
+    assert_xattr(&img, &x, b"trusted.overlay.rdr", Some(b"/xy"));
+    assert_xattr(&img, &x, b"trusted.rdr", None);
+    assert_xattr(&img, &x, b"user.overlay.rdr", None);
     // Filter bit is computed from the base index and the full suffix.
     let bit = format::xattr_filter_bit(format::XATTR_INDEX_TRUSTED, b"overlay.rdr");
     let mut f = m.clone();
@@ -408,10 +428,7 @@ fn long_prefix_table() {
     );
     let img = open(f);
     let x = img.inode(XFILE).unwrap();
-    assert_eq!(
-        img.getxattr(&x, b"trusted.overlay.rdr").unwrap(),
-        Some(b"/xy".to_vec())
-    );
+    assert_xattr(&img, &x, b"trusted.overlay.rdr", Some(b"/xy"));
     assert!(fsck(&img, 10).is_clean());
     // An out-of-range long prefix index is skipped, as the kernel does.
     let mut o = m.clone();
@@ -773,26 +790,14 @@ fn names_must_increase_across_directory_blocks() {
         let mut rd = img.readdir(&sub, BS as u64).unwrap();
         assert_eq!(corrupt_msg(rd.next().unwrap()), want);
         assert!(rd.next().is_none(), "an iterator ends after its error");
-        let r = fsck(&img, 50);
-        assert!(
-            r.problems.iter().any(|p| p.contains(&want)),
-            "{:#?}",
-            r.problems
-        );
+        assert_fsck_finds(&img, 50, &want);
     }
 }
 
 #[test]
 fn dot_must_be_the_directory_itself() {
     // sub's "." names the root: the reader refuses it wherever it meets the block.
-    let mut m = base();
-    m[2 * BS..3 * BS].fill(0);
-    let used = write_dir(
-        &mut m,
-        2 * BS,
-        &[(b".", ROOT, format::FT_DIR), (b"..", ROOT, format::FT_DIR)],
-    );
-    put32(&mut m, ioff(SUB) + 8, used as u32);
+    let m = with_sub_entries(&[(b".", ROOT, format::FT_DIR), (b"..", ROOT, format::FT_DIR)]);
     let img = open(m);
     let s = corrupt_msg(readdir_all(&img, SUB));
     assert!(
@@ -810,65 +815,34 @@ fn dot_must_be_the_directory_itself() {
 #[test]
 fn directory_cycles_and_hardlinks_terminate() {
     // sub gets "loop" → root: a cycle root → sub → root.
-    let mut m = base();
-    m[2 * BS..3 * BS].fill(0);
-    let used = write_dir(
-        &mut m,
-        2 * BS,
-        &[
-            (b".", SUB, format::FT_DIR),
-            (b"..", ROOT, format::FT_DIR),
-            (b"loop", ROOT, format::FT_DIR),
-        ],
-    );
-    put32(&mut m, ioff(SUB) + 8, used as u64 as u32);
+    let mut m = with_sub_entries(&[
+        (b".", SUB, format::FT_DIR),
+        (b"..", ROOT, format::FT_DIR),
+        (b"loop", ROOT, format::FT_DIR),
+    ]);
     put16(&mut m, ioff(SUB) + 6, 3);
     let img = open(m);
-    let r = fsck(&img, 50);
-    assert!(
-        r.problems.iter().any(|p| p.contains("reachable twice")),
-        "{:#?}",
-        r.problems
-    );
+    assert_fsck_finds(&img, 50, "reachable twice");
     assert!(exercise(&img, 100_000) < 100_000);
     let sub = img.inode(SUB).unwrap();
     assert_eq!(img.lookup(&sub, b"loop").unwrap().unwrap().nid, ROOT);
 
     // sub contains itself.
-    let mut m = base();
-    m[2 * BS..3 * BS].fill(0);
-    let used = write_dir(
-        &mut m,
-        2 * BS,
-        &[
-            (b".", SUB, format::FT_DIR),
-            (b"..", ROOT, format::FT_DIR),
-            (b"me", SUB, format::FT_DIR),
-        ],
-    );
-    put32(&mut m, ioff(SUB) + 8, used as u32);
+    let m = with_sub_entries(&[
+        (b".", SUB, format::FT_DIR),
+        (b"..", ROOT, format::FT_DIR),
+        (b"me", SUB, format::FT_DIR),
+    ]);
     let img = open(m);
-    let r = fsck(&img, 50);
-    assert!(
-        r.problems.iter().any(|p| p.contains("reachable twice")),
-        "{:#?}",
-        r.problems
-    );
+    assert_fsck_finds(&img, 50, "reachable twice");
     exercise(&img, 100_000);
 
     // A wrong "..", dirent type mismatches and a bad nlink are reported (a wrong "." is
     // refused by the reader itself: `dot_must_be_the_directory_itself`).
-    let mut m = base();
-    m[2 * BS..3 * BS].fill(0);
-    let used = write_dir(
-        &mut m,
-        2 * BS,
-        &[
-            (b".", SUB, format::FT_DIR),
-            (b"..", SUB, format::FT_REG_FILE),
-        ],
-    );
-    put32(&mut m, ioff(SUB) + 8, used as u32);
+    let mut m = with_sub_entries(&[
+        (b".", SUB, format::FT_DIR),
+        (b"..", SUB, format::FT_REG_FILE),
+    ]);
     m[BS + 2 * 12 + 10] = format::FT_SYMLINK; // "big" is a regular file
     put16(&mut m, ioff(FILE) + 6, 2);
     let img = open(m);
@@ -916,13 +890,10 @@ fn looping_directory_blocks_are_bounded() {
     // Root's "sub" entry now points at the looping directory.
     put64(&mut m, BS + 6 * 12, nid);
     let img = open(m);
-    let r = fsck(&img, 50);
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.contains("block 1 dirent 0: name \".\" does not sort after \"..\"")),
-        "{:#?}",
-        r.problems
+    assert_fsck_finds(
+        &img,
+        50,
+        "block 1 dirent 0: name \".\" does not sort after \"..\"",
     );
     let spent = exercise(&img, 20_000);
     assert!(spent < 30_000, "budget overrun: {spent}");
@@ -1010,14 +981,8 @@ fn xattr_filter_fast_path() {
     // Correct filter: present names found; absent names answered from the filter.
     let img = build(correct, on, 0);
     let x = img.inode(XFILE).unwrap();
-    assert_eq!(
-        img.getxattr(&x, b"user.foo").unwrap(),
-        Some(b"bar".to_vec())
-    );
-    assert_eq!(
-        img.getxattr(&x, b"user.shared").unwrap(),
-        Some(b"s".to_vec())
-    );
+    assert_xattr(&img, &x, b"user.foo", Some(b"bar"));
+    assert_xattr(&img, &x, b"user.shared", Some(b"s"));
     assert!(img.xattr_filter_says_absent(&x, b"system.posix_acl_access"));
     assert!(!img.xattr_filter_says_absent(&x, b"user.foo"));
     assert!(fsck(&img, 10).is_clean());
@@ -1030,37 +995,27 @@ fn xattr_filter_fast_path() {
     m[filter_at + 16] = 200;
     let img = open(m);
     let x = img.inode(XFILE).unwrap();
-    assert_eq!(img.getxattr(&x, b"system.posix_acl_access").unwrap(), None);
+    assert_xattr(&img, &x, b"system.posix_acl_access", None);
     corrupt_msg(img.getxattr(&x, b"user.foo"));
 
     // A lying filter hides the xattr, exactly like the kernel; listxattr still shows it and
     // fsck reports it.
     let img = build(correct | (1 << foo), on, 0);
     let x = img.inode(XFILE).unwrap();
-    assert_eq!(img.getxattr(&x, b"user.foo").unwrap(), None);
+    assert_xattr(&img, &x, b"user.foo", None);
     assert!(img.listxattr(&x).unwrap().contains(&b"user.foo".to_vec()));
-    let r = fsck(&img, 10);
-    assert!(
-        r.problems
-            .iter()
-            .any(|p| p.contains("hidden by the name filter")),
-        "{:#?}",
-        r.problems
-    );
+    assert_fsck_finds(&img, 10, "hidden by the name filter");
 
     // Reserved byte set, or compat bit clear: the filter is ignored.
     for img in [build(u32::MAX, on, 1), build(u32::MAX, 0, 0)] {
         let x = img.inode(XFILE).unwrap();
-        assert_eq!(
-            img.getxattr(&x, b"user.foo").unwrap(),
-            Some(b"bar".to_vec())
-        );
+        assert_xattr(&img, &x, b"user.foo", Some(b"bar"));
         assert!(!img.xattr_filter_says_absent(&x, b"user.foo"));
         assert!(fsck(&img, 10).is_clean());
     }
     // All-ones on an inode with xattrs hides everything (the classic writer bug).
     let img = build(u32::MAX, on, 0);
     let x = img.inode(XFILE).unwrap();
-    assert_eq!(img.getxattr(&x, b"user.foo").unwrap(), None);
+    assert_xattr(&img, &x, b"user.foo", None);
     assert_eq!(fsck(&img, 10).problems.len(), 2);
 }

@@ -231,11 +231,7 @@ fn mutations(bytes: &[u8], map: &Map, rng: &mut Rng) -> Vec<Mutation> {
             6 => (if width == 8 { 1 << 40 } else { max - 1 }, "large"),
             _ => (rng.next() & max, "random"),
         };
-        out.push(Mutation::Write {
-            off,
-            bytes: le(v, width),
-            what,
-        });
+        out.push(write(off, le(v, width), what));
     }
 
     // Crafted structural attacks.
@@ -251,112 +247,60 @@ fn mutations(bytes: &[u8], map: &Map, rng: &mut Rng) -> Vec<Mutation> {
             (parent, "dirent → parent"),
             (own, "dirent → itself"),
         ] {
-            out.push(Mutation::Write {
-                off: at,
-                bytes: le(target, 8),
-                what,
-            });
+            out.push(write(at, le(target, 8), what));
             let mut ent = le(target, 8);
             ent.extend_from_slice(&bytes[at + 8..at + 10]);
             ent.push(format::FT_DIR);
-            out.push(Mutation::Write {
-                off: at,
-                bytes: ent,
-                what: "dirent → dir loop typed DIR",
-            });
+            out.push(write(at, ent, "dirent → dir loop typed DIR"));
         }
-        out.push(Mutation::Write {
-            off: at + 8,
-            bytes: le(rng.below(4096), 2),
-            what: "nameoff",
-        });
-        out.push(Mutation::Write {
-            off: at,
-            bytes: le(1 << 63, 8),
-            what: "metabox nid",
-        });
+        out.push(write(at + 8, le(rng.below(4096), 2), "nameoff"));
+        out.push(write(at, le(1 << 63, 8), "metabox nid"));
     }
     for i in sample(rng, map.inodes.len()) {
         let (off, extended) = map.inodes[i];
         if extended {
             for v in [u64::MAX >> 1, 1 << 40, 1 << 62, u64::MAX] {
-                out.push(Mutation::Write {
-                    off: off + 8,
-                    bytes: le(v, 8),
-                    what: "i_size (extended)",
-                });
+                out.push(write(off + 8, le(v, 8), "i_size (extended)"));
             }
-            out.push(Mutation::Write {
-                off: off + 0x2C,
-                bytes: le(u32::MAX.into(), 4),
-                what: "nlink max",
-            });
+            out.push(write(off + 0x2C, le(u32::MAX.into(), 4), "nlink max"));
         } else {
-            out.push(Mutation::Write {
-                off: off + 8,
-                bytes: le(u32::MAX.into(), 4),
-                what: "i_size (compact)",
-            });
-            out.push(Mutation::Write {
-                off: off + 0x0C,
-                bytes: le(u32::MAX.into(), 4),
-                what: "compact mtime",
-            });
+            out.push(write(off + 8, le(u32::MAX.into(), 4), "i_size (compact)"));
+            out.push(write(off + 0x0C, le(u32::MAX.into(), 4), "compact mtime"));
         }
-        out.push(Mutation::Write {
-            off: off + 2,
-            bytes: le(0xFFFF, 2),
-            what: "xattr icount max",
-        });
-        out.push(Mutation::Write {
-            off: off + 2,
-            bytes: le(1, 2),
-            what: "xattr icount 1",
-        });
-        out.push(Mutation::Write {
-            off: off + 0x10,
-            bytes: le(u32::MAX.into(), 4),
-            what: "i_u max",
-        });
-        out.push(Mutation::Write {
+        out.push(write(off + 2, le(0xFFFF, 2), "xattr icount max"));
+        out.push(write(off + 2, le(1, 2), "xattr icount 1"));
+        out.push(write(off + 0x10, le(u32::MAX.into(), 4), "i_u max"));
+        out.push(write(
             off,
-            bytes: le(format::LAYOUT_CHUNK_BASED as u64 * 2 + extended as u64, 2),
-            what: "layout → chunks",
-        });
-        out.push(Mutation::Write {
+            le(format::LAYOUT_CHUNK_BASED as u64 * 2 + extended as u64, 2),
+            "layout → chunks",
+        ));
+        out.push(write(
             off,
-            bytes: le(format::LAYOUT_FLAT_INLINE as u64 * 2 + extended as u64, 2),
-            what: "layout → inline",
-        });
+            le(format::LAYOUT_FLAT_INLINE as u64 * 2 + extended as u64, 2),
+            "layout → inline",
+        ));
     }
     for i in sample(rng, map.xattr_bodies.len()) {
         let body = map.xattr_bodies[i];
-        out.push(Mutation::Write {
-            off: body + 4,
-            bytes: vec![255],
-            what: "h_shared_count 255",
-        });
-        out.push(Mutation::Write {
-            off: body,
-            bytes: le(u32::MAX.into(), 4),
-            what: "filter all-ones",
-        });
-        out.push(Mutation::Write {
-            off: body + 12,
-            bytes: le(u32::MAX.into(), 4),
-            what: "first shared id / entry max",
-        });
+        out.push(write(body + 4, vec![255], "h_shared_count 255"));
+        out.push(write(body, le(u32::MAX.into(), 4), "filter all-ones"));
+        out.push(write(
+            body + 12,
+            le(u32::MAX.into(), 4),
+            "first shared id / entry max",
+        ));
     }
     for &off in map.chunked.iter().take(CRAFTED_PER_KIND) {
         for fmt in [0x1Fu64, 0x3F, 0x20, 0x40, 0xFFFF] {
-            out.push(Mutation::Write {
-                off: off + 0x10,
-                bytes: le(fmt, 2),
-                what: "chunk format",
-            });
+            out.push(write(off + 0x10, le(fmt, 2), "chunk format"));
         }
     }
     out
+}
+
+fn write(off: usize, bytes: Vec<u8>, what: &'static str) -> Mutation {
+    Mutation::Write { off, bytes, what }
 }
 
 fn apply(base: &[u8], m: &Mutation) -> Vec<u8> {
