@@ -43,19 +43,52 @@ fn on(transport: Transport, test: fn(Transport)) {
         return;
     }
     let _uring = match transport {
-        Transport::Uring => match UringEnabled::new() {
+        Transport::Uring => match uring_enabled() {
             Some(on) => Some(on),
-            None => {
-                skip_unless(
-                    false,
-                    "this kernel has no FUSE over io_uring (enable_uring)",
-                );
-                return;
-            }
+            None => return,
         },
         _ => None,
     };
     test(transport);
+}
+
+/// FUSE over io_uring switched on for a test (back as it was when dropped); None, with the
+/// skip recorded, where this kernel has none.
+fn uring_enabled() -> Option<UringEnabled> {
+    let uring = UringEnabled::new();
+    skip_unless(
+        uring.is_some(),
+        "this kernel has no FUSE over io_uring (enable_uring)",
+    );
+    uring
+}
+
+/// For a test that needs root and FUSE over io_uring: io_uring switched on (back as it was
+/// when dropped), or None with the skip recorded.
+fn root_and_uring() -> Option<UringEnabled> {
+    if skip_unless(is_root(), "mounting FUSE needs root") {
+        return None;
+    }
+    uring_enabled()
+}
+
+/// `cat MNT/hello.txt` reads the file's contents.
+fn assert_hello(mnt: &Path) {
+    assert_eq!(sh("cat \"$1\"/hello.txt", &[mnt]).as_bytes(), memfs::HELLO);
+}
+
+/// Joins `session` within DEADLINE (`not_ended` if it does not end, `failed` if it ends
+/// with an error), then waits for its threads to be gone.
+fn join_within_deadline(session: Session, not_ended: &str, failed: &str) {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(session.join()));
+    rx.recv_timeout(DEADLINE).expect(not_ended).expect(failed);
+    // Joined threads can still be listed a moment while the kernel finishes their exit.
+    assert!(
+        poll_until(DEADLINE, || session_threads().is_empty()),
+        "threads left: {:?}",
+        session_threads()
+    );
 }
 
 /// A served mount; `forgets` counts the filesystem's FORGETs.
@@ -100,7 +133,7 @@ fn reference_tree() -> tempfile::TempDir {
 
 /// What independent tools see through the mount equals the reference tree.
 fn check_with_tools(mnt: &Path, reference: &Path) {
-    assert_eq!(sh("cat \"$1\"/hello.txt", &[mnt]).as_bytes(), memfs::HELLO);
+    assert_hello(mnt);
     let st = sh(
         "stat -c '%s %a %F %h %Y' \"$1\"/hello.txt \"$1\"/dir \"$1\"/link",
         &[mnt],
@@ -200,16 +233,10 @@ fn unmount_midway(s: Served) {
     );
     unmount(s.mnt.path()).expect("umount2");
     assert!(reader.wait().is_ok());
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || tx.send(s.session.join()));
-    let joined = rx
-        .recv_timeout(DEADLINE)
-        .expect("the session did not end after the unmount");
-    joined.expect("the session ended with an error");
-    assert!(
-        poll_until(DEADLINE, || session_threads().is_empty()),
-        "threads left: {:?}",
-        session_threads()
+    join_within_deadline(
+        s.session,
+        "the session did not end after the unmount",
+        "the session ended with an error",
     );
 }
 
@@ -264,14 +291,7 @@ fn uring_transport_serves_real_tools() {
 #[test]
 fn auto_reports_the_transport_it_chose() {
     let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    let Some(uring) = UringEnabled::new() else {
-        skip_unless(
-            false,
-            "this kernel has no FUSE over io_uring (enable_uring)",
-        );
+    let Some(uring) = root_and_uring() else {
         return;
     };
     let on = serve(Transport::Auto);
@@ -290,10 +310,7 @@ fn auto_reports_the_transport_it_chose() {
         off.session.transport()
     );
     assert!(!off.session.negotiated().has(init::OVER_IO_URING));
-    assert_eq!(
-        sh("cat \"$1\"/hello.txt", &[off.mnt.path()]).as_bytes(),
-        memfs::HELLO
-    );
+    assert_hello(off.mnt.path());
     unmount_midway(off);
     drop(uring);
 }
@@ -301,23 +318,9 @@ fn auto_reports_the_transport_it_chose() {
 /// The caller's stop ends every thread; the mount can then be unmounted.
 fn stop_then_unmount(transport: Transport) {
     let s = serve(transport);
-    assert_eq!(
-        sh("cat \"$1\"/hello.txt", &[s.mnt.path()]).as_bytes(),
-        memfs::HELLO
-    );
+    assert_hello(s.mnt.path());
     s.session.stopper().stop();
-    let (tx, rx) = mpsc::channel();
-    let session = s.session;
-    std::thread::spawn(move || tx.send(session.join()));
-    rx.recv_timeout(DEADLINE)
-        .expect("the session did not end after stop")
-        .expect("join");
-    // Joined threads can still be listed a moment while the kernel finishes their exit.
-    assert!(
-        poll_until(DEADLINE, || session_threads().is_empty()),
-        "threads left: {:?}",
-        session_threads()
-    );
+    join_within_deadline(s.session, "the session did not end after stop", "join");
     unmount(s.mnt.path()).expect("umount2 after stop");
 }
 
@@ -326,10 +329,7 @@ fn stop_then_unmount(transport: Transport) {
 /// from a read that races an ordinary unmount.
 fn abort_through_fusectl(transport: Transport) {
     let s = serve(transport);
-    assert_eq!(
-        sh("cat \"$1\"/hello.txt", &[s.mnt.path()]).as_bytes(),
-        memfs::HELLO
-    );
+    assert_hello(s.mnt.path());
     let granted = s.session.negotiated().granted;
     assert_ne!(granted & init::ABORT_ERROR, 0, "ABORT_ERROR not granted");
     let minor = fuse_connection(s.mnt.path());
@@ -343,16 +343,10 @@ fn abort_through_fusectl(transport: Transport) {
         assert!(status.success(), "mount -t fusectl failed");
     }
     std::fs::write(ctl.join(minor.to_string()).join("abort"), "1").expect("abort");
-    let (tx, rx) = mpsc::channel();
-    let session = s.session;
-    std::thread::spawn(move || tx.send(session.join()));
-    rx.recv_timeout(DEADLINE)
-        .expect("the session did not end after the abort")
-        .expect("the session ended with an error after the abort");
-    assert!(
-        poll_until(DEADLINE, || session_threads().is_empty()),
-        "threads left: {:?}",
-        session_threads()
+    join_within_deadline(
+        s.session,
+        "the session did not end after the abort",
+        "the session ended with an error after the abort",
     );
     // The aborted mount answers ENOTCONN until it is unmounted.
     let err = std::fs::read(s.mnt.path().join("hello.txt")).expect_err("read after abort");
@@ -498,14 +492,7 @@ fn a_uring_stop_under_load_answers_what_it_served() {
 #[test]
 fn uring_refused_when_not_offered() {
     let _serial = serial();
-    if skip_unless(is_root(), "mounting FUSE needs root") {
-        return;
-    }
-    let Some(uring) = UringEnabled::new() else {
-        skip_unless(
-            false,
-            "this kernel has no FUSE over io_uring (enable_uring)",
-        );
+    let Some(uring) = root_and_uring() else {
         return;
     };
     std::fs::write("/sys/module/fuse/parameters/enable_uring", "N").expect("enable_uring=N");
