@@ -13,30 +13,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 #[path = "../../../erofs/tests/common/skip.rs"]
 mod skip;
 #[allow(unused_imports)]
 pub use skip::skip_unless;
+#[path = "../../../erofs/tests/common/poll.rs"]
+mod poll;
+#[allow(unused_imports)]
+pub use poll::poll_until;
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid(2) takes nothing and cannot fail.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// Polls `cond` every 10 ms until it holds or `timeout` passes; says whether it held.
-pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Mount tests run one at a time: they count this process's session threads and switch

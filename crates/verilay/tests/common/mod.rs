@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub fn verilay() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_verilay"));
@@ -27,23 +27,12 @@ pub fn is_root() -> bool {
 mod skip;
 pub use skip::skip_unless;
 pub mod containers;
+#[path = "../../../erofs/tests/common/poll.rs"]
+mod poll;
 pub mod registry;
 #[path = "../../../erofs/tests/common/xorshift.rs"]
 pub mod xorshift;
-
-/// Polls `cond` every 10 ms until it holds or `timeout` passes; says whether it held.
-pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use poll::poll_until;
 
 /// Waits until `cond` holds, panicking with `what` (what it waited for) after `timeout`.
 /// Tests wait for a condition this way, never with a bare sleep.
