@@ -162,6 +162,14 @@ fn two_dirs(src: &Path) {
     std::fs::write(src.join("f"), "f").unwrap();
 }
 
+/// A `two_dirs` case whose entry `name` in directory `dir` names the inode at `target`.
+fn repointed(tmp: &Path, case_name: &'static str, dir: &str, name: &str, target: &str) -> Case {
+    case(tmp, case_name, two_dirs, |raw, img| {
+        let to = nid(img, target);
+        repoint(raw, img, dir, name, to)
+    })
+}
+
 /// The structural cases fsck reports, each with what its report says.
 fn structural_cases(tmp: &Path) -> Vec<(Case, &'static str)> {
     vec![
@@ -174,33 +182,21 @@ fn structural_cases(tmp: &Path) -> Vec<(Case, &'static str)> {
             "name \"d1\" does not sort after \"d3\"",
         ),
         (
-            case(tmp, "dot-elsewhere", two_dirs, |raw, img| {
-                let d2 = nid(img, "/d2");
-                repoint(raw, img, "/d1", ".", d2)
-            }),
+            repointed(tmp, "dot-elsewhere", "/d1", ".", "/d2"),
             "\".\" points to nid",
         ),
         (
-            case(tmp, "dotdot-elsewhere", two_dirs, |raw, img| {
-                let d2 = nid(img, "/d2");
-                repoint(raw, img, "/d1/sub", "..", d2)
-            }),
+            repointed(tmp, "dotdot-elsewhere", "/d1/sub", "..", "/d2"),
             "\"..\" points to nid",
         ),
         (
             // d2 is d1 again: a directory hardlink.
-            case(tmp, "dir-hardlink", two_dirs, |raw, img| {
-                let d1 = nid(img, "/d1");
-                repoint(raw, img, "/", "d2", d1)
-            }),
+            repointed(tmp, "dir-hardlink", "/", "d2", "/d1"),
             "reachable twice",
         ),
         (
             // d1/sub is the root: a cycle.
-            case(tmp, "cycle", two_dirs, |raw, img| {
-                let root = nid(img, "/");
-                repoint(raw, img, "/d1", "sub", root)
-            }),
+            repointed(tmp, "cycle", "/d1", "sub", "/"),
             "reachable twice",
         ),
         (
@@ -250,6 +246,16 @@ fn extract(image: &Path, dir: &Path, extra: &[&str]) -> Output {
 }
 
 /// Extract failed with one line containing `want`.
+/// `tmp/img`, built from `tmp/src` as `fill` makes it.
+fn image_of(tmp: &Path, fill: impl FnOnce(&Path)) -> PathBuf {
+    let src = tmp.join("src");
+    std::fs::create_dir(&src).unwrap();
+    fill(&src);
+    let img = tmp.join("img");
+    crate::common::build(&src, &img, &["--quiet"]);
+    img
+}
+
 fn refused(out: &Output, want: &str) {
     let err = stderr(out);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -336,11 +342,7 @@ fn mount_of_a_duplicate_name_image_fails_the_listing_and_logs_it() {
 fn a_target_that_is_a_symlink_is_refused() {
     let t = tempdir();
     let out = outside(t.path());
-    let src = t.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    std::fs::write(src.join("f"), "f").unwrap();
-    let img = t.path().join("img");
-    crate::common::build(&src, &img, &["--quiet"]);
+    let img = image_of(t.path(), |src| std::fs::write(src.join("f"), "f").unwrap());
     let link = t.path().join("link");
     std::os::unix::fs::symlink(&out, &link).unwrap();
     for dir in [link.clone(), link.join("")] {
@@ -467,11 +469,7 @@ fn assert_hardlinks(dir: &Path) {
 #[test]
 fn hardlinks_into_read_only_and_unsearchable_directories() {
     let t = tempdir();
-    let src = t.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    hardlink_tree(&src);
-    let img = t.path().join("img");
-    crate::common::build(&src, &img, &["--quiet"]);
+    let img = image_of(t.path(), hardlink_tree);
     let dir = t.path().join("as-root");
     run(verilay().arg("extract").arg(&img).arg(&dir).arg("--quiet"));
     assert_hardlinks(&dir);
@@ -495,15 +493,13 @@ fn hardlinks_into_read_only_and_unsearchable_directories() {
 fn path_option_follows_no_symlink_and_keeps_links_inside() {
     let t = tempdir();
     let out = outside(t.path());
-    let src = t.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    sh(&format!(
-        "cd '{}' && mkdir d e && echo f > d/f && ln d/f e/f && ln -s d l && ln -s '{}' escape",
-        src.display(),
-        out.display()
-    ));
-    let img = t.path().join("img");
-    crate::common::build(&src, &img, &["--quiet"]);
+    let img = image_of(t.path(), |src| {
+        sh(&format!(
+            "cd '{}' && mkdir d e && echo f > d/f && ln d/f e/f && ln -s d l && ln -s '{}' escape",
+            src.display(),
+            out.display()
+        ));
+    });
 
     // Through a symlink of the image: refused, not followed.
     for p in ["l/f", "escape/x"] {
@@ -513,20 +509,14 @@ fn path_option_follows_no_symlink_and_keeps_links_inside() {
     }
     // A symlink itself: made inside DIR under its name, as it is.
     let dir = t.path().join("link");
-    run(verilay()
-        .arg("extract")
-        .arg(&img)
-        .arg(&dir)
-        .args(["--path", "/escape", "--quiet"]));
+    let done = extract(&img, &dir, &["--path", "/escape"]);
+    assert!(done.status.success(), "{}", stderr(&done));
     assert!(std::fs::symlink_metadata(&dir).unwrap().is_dir());
     assert_eq!(std::fs::read_link(dir.join("escape")).unwrap(), out);
     // A file hardlinked outside the extracted path: a file of its own, same content.
     let dir = t.path().join("sub");
-    run(verilay()
-        .arg("extract")
-        .arg(&img)
-        .arg(&dir)
-        .args(["--path", "e", "--quiet"]));
+    let done = extract(&img, &dir, &["--path", "e"]);
+    assert!(done.status.success(), "{}", stderr(&done));
     let md = std::fs::symlink_metadata(dir.join("f")).unwrap();
     assert!(md.is_file());
     assert_eq!(md.nlink(), 1);
@@ -595,13 +585,22 @@ fn lacks_privileged_image_tools() -> bool {
         || skip_unless(have("getfattr"), "getfattr (attr) missing")
 }
 
-#[test]
-fn as_root_privilege_is_restored_as_the_image_says() {
+/// A temporary directory and the privileged image made in it; None, with the skip
+/// recorded, where the tools to make it are missing.
+fn privileged_fixture() -> Option<(tempfile::TempDir, PathBuf)> {
     if lacks_privileged_image_tools() {
-        return;
+        return None;
     }
     let t = tempdir();
     let img = privileged_image(t.path());
+    Some((t, img))
+}
+
+#[test]
+fn as_root_privilege_is_restored_as_the_image_says() {
+    let Some((t, img)) = privileged_fixture() else {
+        return;
+    };
     // A faithful copy, as tar as root makes one.
     let dir = t.path().join("root");
     run(verilay().arg("extract").arg(&img).arg(&dir).arg("--quiet"));
@@ -622,11 +621,9 @@ fn as_root_privilege_is_restored_as_the_image_says() {
 
 #[test]
 fn no_same_owner_extracts_as_an_ordinary_user_does() {
-    if lacks_privileged_image_tools() {
+    let Some((t, img)) = privileged_fixture() else {
         return;
-    }
-    let t = tempdir();
-    let img = privileged_image(t.path());
+    };
     let dir = t.path().join("no-same-owner");
     let out = extract(&img, &dir, &["--no-same-owner"]);
     assert_unprivileged(&dir, &out, 0);

@@ -428,6 +428,18 @@ fn an_unusable_policy_is_refused_at_once() {
     for (policy, why) in [(&fifo, "not a regular file"), (&gpg, "\"signedBy\"")] {
         let mut o = OsString::from("-osignature_policy=");
         o.push(policy);
+        // `verilay mount REFERENCE MNT --digest DIGEST` and the policy as `policy_args`.
+        let mount = |policy_args: Vec<OsString>| -> Vec<OsString> {
+            let mut v: Vec<OsString> = vec![
+                "mount".into(),
+                reference.into(),
+                mnt.clone().into(),
+                "--digest".into(),
+                digest.clone().into(),
+            ];
+            v.extend(policy_args);
+            v
+        };
         let runs: Vec<Vec<OsString>> = vec![
             vec![
                 "pull".into(),
@@ -437,23 +449,8 @@ fn an_unusable_policy_is_refused_at_once() {
                 "--signature-policy".into(),
                 policy.into(),
             ],
-            vec![
-                "mount".into(),
-                reference.into(),
-                mnt.clone().into(),
-                "--digest".into(),
-                digest.clone().into(),
-                "--signature-policy".into(),
-                policy.into(),
-            ],
-            vec![
-                "mount".into(),
-                reference.into(),
-                mnt.clone().into(),
-                "--digest".into(),
-                digest.clone().into(),
-                o,
-            ],
+            mount(vec!["--signature-policy".into(), policy.into()]),
+            mount(vec![o]),
         ];
         for args in runs {
             let start = Instant::now();
