@@ -16,13 +16,7 @@ fn bad_flags_and_missing_inputs() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
 
     let t = tempfile::tempdir().unwrap();
-    let out = verilay()
-        .arg("build")
-        .arg(t.path().join("missing"))
-        .arg("-o")
-        .arg(t.path().join("img"))
-        .output()
-        .unwrap();
+    let out = build_output(&t.path().join("missing"), &t.path().join("img"), &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr_of(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -41,14 +35,7 @@ fn bad_flags_and_missing_inputs() {
         &["--uuid", "xyz"],
         &["--mtime", "1.x"],
     ] {
-        let out = verilay()
-            .arg("build")
-            .arg(t.path())
-            .arg("-o")
-            .arg(t.path().join("img"))
-            .args(bad)
-            .output()
-            .unwrap();
+        let out = build_output(t.path(), &t.path().join("img"), bad);
         assert_eq!(out.status.code(), Some(1), "{bad:?}: {}", stderr_of(&out));
         assert_eq!(
             stderr_of(&out).lines().count(),

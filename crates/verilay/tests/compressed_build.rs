@@ -337,14 +337,7 @@ fn bad_compression_flags_are_one_line_and_exit_2() {
         &["-z", "lz4", "-b", "8192", "-C", "4096"],
         &["-C", "65536"],
     ] {
-        let out = verilay()
-            .arg("build")
-            .arg(t.path())
-            .arg("-o")
-            .arg(t.path().join("img"))
-            .args(bad)
-            .output()
-            .unwrap();
+        let out = build_output(t.path(), &t.path().join("img"), bad);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{bad:?}: {err}");

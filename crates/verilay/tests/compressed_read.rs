@@ -60,16 +60,7 @@ fn prerequisites() -> bool {
 /// mkfs.erofs with `args`, then a sealed copy of it: (plain image, sealed image).
 fn make(src: &Path, work: &Path, name: &str, args: &[&str]) -> (PathBuf, PathBuf) {
     let plain = work.join(format!("{name}.erofs"));
-    run(Command::new("mkfs.erofs")
-        .args(args)
-        .args([
-            "-T",
-            "1700000000",
-            "-U",
-            "c0ffee00-0000-4000-8000-000000000023",
-        ])
-        .arg(&plain)
-        .arg(src));
+    mkfs_erofs(args, &plain, src);
     let sealed = work.join(format!("{name}.sealed"));
     std::fs::copy(&plain, &sealed).unwrap();
     run(verilay().arg("seal").arg(&sealed));

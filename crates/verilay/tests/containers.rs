@@ -798,19 +798,7 @@ impl RootlessPodman {
     /// `podman run --rm IMAGE ARGS…` with `extra` options first: (exit code, stdout,
     /// stderr).
     fn run(&self, extra: &[&str], image: &str, args: &[&str]) -> (i32, String, String) {
-        let out = self
-            .cmd()
-            .args(["run", "--rm", "--network=none"])
-            .args(extra)
-            .arg(image)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        podman_run(self.cmd(), extra, image, args)
     }
 }
 

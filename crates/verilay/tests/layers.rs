@@ -73,16 +73,8 @@ fn stacked_images_match_kernel_overlayfs() {
         kernel.push(Mount::erofs(&image, &t.path().join(format!("k{i}"))));
         images.push(image);
     }
-    let ovl = Unmount {
-        dir: t.path().join("overlay"),
-        fuse: false,
-    };
-    std::fs::create_dir_all(&ovl.dir).unwrap();
-    let lower: Vec<String> = kernel.iter().map(|m| m.dir.display().to_string()).collect();
-    run(Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!("ro,lowerdir={}", lower.join(":")))
-        .arg(&ovl.dir));
+    let lower: Vec<&Path> = kernel.iter().map(|m| m.dir.as_path()).collect();
+    let ovl = overlay_ro(&lower, &t.path().join("overlay"));
 
     let fuse = Unmount {
         dir: t.path().join("fuse"),

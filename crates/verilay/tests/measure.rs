@@ -637,14 +637,7 @@ fn a_bad_policy_or_a_tampered_list_stops_the_mount() {
     let policy = base.join("policy");
     let log = base.join("log");
     let mount = || {
-        verilay()
-            .arg("mount")
-            .arg(&image)
-            .arg(&mnt)
-            .arg("--policy")
-            .arg(&policy)
-            .arg("--measure-log")
-            .arg(&log)
+        measured_mount(&image, &mnt, &policy, &log)
             .output()
             .unwrap()
     };

@@ -1606,17 +1606,7 @@ fn a_stack_of_remote_images_under_an_upper_directory_is_the_stack_of_local_ones(
         Mount::erofs(&app, &t.path().join("ka")),
         Mount::erofs(&base, &t.path().join("kb")),
     );
-    let ko = Unmount::kernel(&t.path().join("ko"));
-    std::fs::create_dir_all(&ko.dir).unwrap();
-    run(Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!(
-            "ro,lowerdir={}:{}:{}",
-            u.display(),
-            ka.dir.display(),
-            kb.dir.display()
-        ))
-        .arg(&ko.dir));
+    let ko = overlay_ro(&[u, &ka.dir, &kb.dir], &t.path().join("ko"));
     let _r = mount_stack(&remote_args, &rm);
     assert_eq!(view_without_times(&ko.dir), view_without_times(&rm));
     assert_eq!(

@@ -147,16 +147,7 @@ fn container_layers_stack_with_their_whiteouts() {
 
     // The kernel's overlayfs over the kernel's erofs mounts agrees on everything.
     let ovl = t.path().join("overlay");
-    std::fs::create_dir_all(&ovl).unwrap();
-    run(Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!(
-            "ro,lowerdir={}:{}",
-            kernel[0].dir.display(),
-            kernel[1].dir.display()
-        ))
-        .arg(&ovl));
-    let _o = Unmount::kernel(&ovl);
+    let _o = overlay_ro(&[&kernel[0].dir, &kernel[1].dir], &ovl);
     assert_diff_clean(&ovl, &fuse);
     assert_same_stats(&ovl, &fuse);
     assert_eq!(ls_lr(&ovl), ls_lr(&fuse));
@@ -189,13 +180,7 @@ fn hostile_tarballs_get_one_clear_line() {
     for (name, entries, expect) in cases {
         let tar = t.path().join(name);
         write_tar(&tar, entries);
-        let out = verilay()
-            .arg("build")
-            .arg(&tar)
-            .arg("-o")
-            .arg(t.path().join("out.img"))
-            .output()
-            .unwrap();
+        let out = build_output(&tar, &t.path().join("out.img"), &[]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{name}: {err}");
         assert!(err.contains(expect), "{name}: {err}");
@@ -209,13 +194,7 @@ fn hostile_tarballs_get_one_clear_line() {
          head -c 30000 big.tar.gz > cut.tar.gz",
         t.path().display()
     ));
-    let out = verilay()
-        .arg("build")
-        .arg(t.path().join("cut.tar.gz"))
-        .arg("-o")
-        .arg(t.path().join("out.img"))
-        .output()
-        .unwrap();
+    let out = build_output(&t.path().join("cut.tar.gz"), &t.path().join("out.img"), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cut.tar.gz"), "{err}");

@@ -167,17 +167,7 @@ impl Podman {
 
     /// `podman run --rm IMAGE ARGS…`: (exit code, stdout, stderr).
     pub fn run(&self, image: &str, args: &[&str]) -> (i32, String, String) {
-        let out = self
-            .cmd()
-            .args(["run", "--rm", "--network=none", image])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        podman_run(self.cmd(), &[], image, args)
     }
 
     /// The image's layers' `diff` in podman's own storage, bottom first.
@@ -203,6 +193,28 @@ impl Podman {
         }
         v
     }
+}
+
+/// `podman` (the command `podman`, set up by the caller) `run --rm --network=none EXTRA…
+/// IMAGE ARGS…`: (exit code, stdout, stderr).
+pub fn podman_run(
+    mut podman: Command,
+    extra: &[&str],
+    image: &str,
+    args: &[&str],
+) -> (i32, String, String) {
+    let out = podman
+        .args(["run", "--rm", "--network=none"])
+        .args(extra)
+        .arg(image)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 impl Drop for Podman {

@@ -17,6 +17,35 @@ pub fn verilay() -> Command {
     c
 }
 
+/// `verilay mount IMAGE MNT --policy POLICY --measure-log LIST`, for the caller to add to
+/// and run.
+pub fn measured_mount(image: &Path, mnt: &Path, policy: &Path, list: &Path) -> Command {
+    let mut c = verilay();
+    c.arg("mount")
+        .arg(image)
+        .arg(mnt)
+        .arg("--policy")
+        .arg(policy)
+        .arg("--measure-log")
+        .arg(list);
+    c
+}
+
+/// Runs `mkfs.erofs ARGS -T 1700000000 -U c0ffee00-… IMAGE SRC`: a fixed time and UUID, so
+/// the same tree and arguments make the same image.
+pub fn mkfs_erofs(args: &[&str], image: &Path, src: &Path) {
+    run(Command::new("mkfs.erofs")
+        .args(args)
+        .args([
+            "-T",
+            "1700000000",
+            "-U",
+            "c0ffee00-0000-4000-8000-000000000023",
+        ])
+        .arg(image)
+        .arg(src));
+}
+
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
@@ -133,6 +162,18 @@ pub fn build(src: &Path, image: &Path, extra: &[&str]) -> Output {
         .arg(image)
         .args(extra)
         .env("SOURCE_DATE_EPOCH", "1700000000"))
+}
+
+/// `verilay build SRC -o IMAGE EXTRA...` as it ended, success or not (for refusals).
+pub fn build_output(src: &Path, image: &Path, extra: &[&str]) -> Output {
+    verilay()
+        .arg("build")
+        .arg(src)
+        .arg("-o")
+        .arg(image)
+        .args(extra)
+        .output()
+        .unwrap()
 }
 
 /// A kernel mount that is unmounted when dropped.
@@ -567,6 +608,18 @@ fn verilay_mount_with(image: &Path, d: &Dirs, mnt: &Path, extra: &[&str]) -> Unm
 
 /// Kernel overlayfs of `lower` with the same layout (directories move with redirects, as
 /// verilay moves them), unmounted when dropped.
+/// The kernel's overlayfs, read-only, over `lower` (the top layer first) at `mnt`;
+/// unmounted when dropped.
+pub fn overlay_ro(lower: &[&Path], mnt: &Path) -> Unmount {
+    std::fs::create_dir_all(mnt).unwrap();
+    let lower: Vec<String> = lower.iter().map(|d| d.display().to_string()).collect();
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!("ro,lowerdir={}", lower.join(":")))
+        .arg(mnt));
+    Unmount::kernel(mnt)
+}
+
 pub fn overlay_mount(lower: &Path, d: &Dirs, mnt: &Path) -> Unmount {
     std::fs::create_dir_all(mnt).unwrap();
     run(Command::new("mount")

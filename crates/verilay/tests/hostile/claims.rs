@@ -147,14 +147,7 @@ fn a_measured_open_never_logs_a_false_claim() {
         tmp.path().join("integrity.log"),
     );
     fs::create_dir_all(&mnt).unwrap();
-    run(verilay()
-        .arg("mount")
-        .arg(&image)
-        .arg(&mnt)
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--measure-log")
-        .arg(&list)
+    run(measured_mount(&image, &mnt, &policy, &list)
         .arg("--log")
         .arg(&log));
     let _u = Unmount::fuse(&mnt);

@@ -4,7 +4,7 @@
 //! panic, a hang or a huge allocation. Every command must end soon, within a memory
 //! limit, with a one-line error naming the file (or the superblock) and an offset.
 
-use crate::common::{have, is_root, run, skip_unless, verilay};
+use crate::common::{have, is_root, mkfs_erofs, run, skip_unless, verilay, xorshift};
 use crate::Seed;
 use erofs::format;
 use std::path::{Path, PathBuf};
@@ -43,15 +43,7 @@ fn tree(src: &Path) {
         i += 1;
     }
     std::fs::write(src.join("text"), &text).unwrap();
-    let mut x = 0x2545F4914F6CDD1Du64;
-    let rand: Vec<u8> = (0..20_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let rand = xorshift::xorshift(20_000, 0x2545F4914F6CDD1D);
     std::fs::write(src.join("rand"), rand).unwrap();
     std::fs::write(src.join("small"), &text[..5000]).unwrap();
 }
@@ -65,16 +57,7 @@ const KINDS: &[(&str, &[&str])] = &[
 ];
 
 fn mkfs(src: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
-    run(Command::new("mkfs.erofs")
-        .args(args)
-        .args([
-            "-T",
-            "1700000000",
-            "-U",
-            "c0ffee00-0000-4000-8000-000000000023",
-        ])
-        .arg(out)
-        .arg(src));
+    mkfs_erofs(args, out, src);
     std::fs::read(out).unwrap()
 }
 

@@ -47,14 +47,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// `verilay mount IMAGE MNT --policy P --measure-log LOG EXTRA...`, as it ended.
 fn mount(image: &Path, mnt: &Path, policy: &Path, log: &Path, extra: &[&Path]) -> Output {
     fs::create_dir_all(mnt).unwrap();
-    verilay()
-        .arg("mount")
-        .arg(image)
-        .arg(mnt)
-        .arg("--policy")
-        .arg(policy)
-        .arg("--measure-log")
-        .arg(log)
+    measured_mount(image, mnt, policy, log)
         .args(extra)
         .output()
         .unwrap()
@@ -485,14 +478,7 @@ fn hostile_policies_fail_fast_with_one_line_in_bounded_memory() {
     ];
     for (policy, why) in cases {
         refused_fast(
-            verilay()
-                .arg("mount")
-                .arg(&image)
-                .arg(&mnt)
-                .arg("--policy")
-                .arg(policy)
-                .arg("--measure-log")
-                .arg(&log),
+            &mut measured_mount(&image, &mnt, policy, &log),
             &format!("verilay: error: policy {}: {why}", policy.display()),
         );
     }
@@ -603,14 +589,7 @@ fn hostile_lists_are_refused_naming_file_and_offset_in_bounded_time_and_memory()
         if is_root() {
             // A mount does not continue it either, with the same words.
             refused_fast(
-                verilay()
-                    .arg("mount")
-                    .arg(&image)
-                    .arg(&mnt)
-                    .arg("--policy")
-                    .arg(&policy)
-                    .arg("--measure-log")
-                    .arg(&dir),
+                &mut measured_mount(&image, &mnt, &policy, &dir),
                 &format!(
                     "verilay: error: measurement list {d}: not continuing the measurement list in {d}: {want}",
                     d = dir.display()

@@ -21,13 +21,7 @@ fn build_fails(name: &str, bytes: &[u8], expect: &str) {
     let tar = t.path().join(name);
     std::fs::write(&tar, bytes).unwrap();
     let img = t.path().join("out.img");
-    let out = verilay()
-        .arg("build")
-        .arg(&tar)
-        .arg("-o")
-        .arg(&img)
-        .output()
-        .unwrap();
+    let out = build_output(&tar, &img, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{name}: {err}");
     assert!(
@@ -215,16 +209,7 @@ fn whiteouts_stack_as_overlayfs_reads_them() {
         images.push(image);
     }
     let ovl = t.path().join("overlay");
-    std::fs::create_dir_all(&ovl).unwrap();
-    run(Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!(
-            "ro,lowerdir={}:{}",
-            kernel[0].dir.display(),
-            kernel[1].dir.display()
-        ))
-        .arg(&ovl));
-    let _o = Unmount::kernel(&ovl);
+    let _o = overlay_ro(&[&kernel[0].dir, &kernel[1].dir], &ovl);
     let fuse = t.path().join("fuse");
     std::fs::create_dir_all(&fuse).unwrap();
     run(verilay().arg("mount").args(&images).arg(&fuse));
