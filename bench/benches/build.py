@@ -172,21 +172,12 @@ def check_targets(results):
 
 
 def print_results(results):
-    def secs(x):
-        return f"{x:.3f}" if x is not None else "-"
-
-    rows = []
-    for r in results:
-        if not ok(r):
-            rows.append([r["dataset"], r["tool"], "failed"] + [""] * 7)
-            continue
-        t = r["wall_s"]
-        rows.append([r["dataset"], r["tool"], secs(t["median"]), secs(t["min"]),
-                     secs(t["max"]), secs(r["cold"] and r["cold"]["wall_s"]),
-                     f"{r['size_bytes']:,}",
-                     f"{r['erofs_bytes']:,}" if r["erofs_bytes"] else "-",
-                     f"{r['time_ratio']:.3f}" if "time_ratio" in r else "-",
-                     f"{r['size_ratio']:.4f}" if "size_ratio" in r else "-"])
+    rows = report.wall_rows(results, "dataset", ok, 10, lambda r: [
+        report.secs(r["cold"] and r["cold"]["wall_s"]),
+        f"{r['size_bytes']:,}",
+        f"{r['erofs_bytes']:,}" if r["erofs_bytes"] else "-",
+        f"{r['time_ratio']:.3f}" if "time_ratio" in r else "-",
+        f"{r['size_ratio']:.4f}" if "size_ratio" in r else "-"])
     report.print_table(["dataset", "tool", "median s", "min s", "max s", "cold s",
                         "image bytes", "erofs bytes", "vl/peer time",
                         "vl/peer size"], rows, left=2)

@@ -363,9 +363,7 @@ def check_targets(data, quick):
 def plot(data, png):
     if not data.get("rtt"):
         return
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = report.pyplot()
 
     rtts = [int(r) for r in data["rtt"]]
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -173,20 +173,11 @@ def check_targets(results):
 
 
 def print_results(results):
-    def secs(x):
-        return f"{x:.3f}" if x is not None else "-"
-
-    rows = []
-    for r in results:
-        if not ok(r):
-            rows.append([r["file"], r["tool"], "failed"] + [""] * 6)
-            continue
-        t = r["wall_s"]
-        rows.append([r["file"], r["tool"], secs(t["median"]), secs(t["min"]),
-                     secs(t["max"]), secs(r["user_s"]["median"]),
-                     secs(r["sys_s"]["median"]),
-                     secs(r["cold"] and r["cold"]["wall_s"]),
-                     f"{r['speedup']:.2f}x" if "speedup" in r else "-"])
+    rows = report.wall_rows(results, "file", ok, 9, lambda r: [
+        report.secs(r["user_s"]["median"]),
+        report.secs(r["sys_s"]["median"]),
+        report.secs(r["cold"] and r["cold"]["wall_s"]),
+        f"{r['speedup']:.2f}x" if "speedup" in r else "-"])
     report.print_table(["file", "tool", "median s", "min s", "max s", "user s",
                         "sys s", "cold s", "vl speedup"], rows, left=2)
 

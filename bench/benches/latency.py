@@ -76,6 +76,31 @@ static void report(const char *op, double *v, size_t n, size_t failed) {
     printf("\n");
 }
 """ + csrc.LINES + r"""
+/* Times FAILS (nonzero when the call failed) once for each of the n paths (as paths[i]),
+   into v, and reports it as OP; `failed` is left at 0 for the next. */
+#define TIME_EACH(op, fails)                    \
+    do {                                        \
+        for (size_t i = 0; i < n; i++) {        \
+            double t = now_us();                \
+            failed += (fails);                  \
+            v[i] = now_us() - t;                \
+        }                                       \
+        report(op, v, n, failed);               \
+        failed = 0;                             \
+    } while (0)
+
+/* Opens P with FLAGS (mode 0644 if it creates) and closes it; the open alone is timed,
+   into *us. 1 if it failed, else 0. */
+static int timed_open(const char *p, int flags, double *us) {
+    double t = now_us();
+    int fd = open(p, flags, 0644);
+    *us = now_us() - t;
+    if (fd < 0)
+        return 1;
+    close(fd);
+    return 0;
+}
+
 /* lat read LIST: the read-side ops over every path of LIST (relative to the cwd, whose
    dentries the caller has just dropped). */
 static int readside(const char *list) {
@@ -91,44 +116,13 @@ static int readside(const char *list) {
         strcpy(dir, paths[i]);
         stat(dirname(dir), &st);
     }
-    for (size_t i = 0; i < n; i++) {
-        double t = now_us();
-        failed += lstat(paths[i], &st) != 0;
-        v[i] = now_us() - t;
-    }
-    report("lookup", v, n, failed);
-    failed = 0;
-    for (size_t i = 0; i < n; i++) {
-        double t = now_us();
-        failed += statx(AT_FDCWD, paths[i], AT_SYMLINK_NOFOLLOW | AT_STATX_FORCE_SYNC,
-                        STATX_BASIC_STATS, &stx) != 0;
-        v[i] = now_us() - t;
-    }
-    report("getattr", v, n, failed);
-    failed = 0;
-    for (size_t i = 0; i < n; i++) {
-        double t = now_us();
-        failed += lstat(paths[i], &st) != 0;
-        v[i] = now_us() - t;
-    }
-    report("stat-cached", v, n, failed);
-    failed = 0;
-    for (size_t i = 0; i < n; i++) {
-        double t = now_us();
-        failed += lgetxattr(paths[i], "security.selinux", buf, sizeof buf) <= 0;
-        v[i] = now_us() - t;
-    }
-    report("getxattr", v, n, failed);
-    failed = 0;
-    for (size_t i = 0; i < n; i++) {
-        double t = now_us();
-        int fd = open(paths[i], O_RDONLY);
-        v[i] = now_us() - t;
-        if (fd < 0)
-            failed++;
-        else
-            close(fd);
-    }
+    TIME_EACH("lookup", lstat(paths[i], &st) != 0);
+    TIME_EACH("getattr", statx(AT_FDCWD, paths[i], AT_SYMLINK_NOFOLLOW | AT_STATX_FORCE_SYNC,
+                               STATX_BASIC_STATS, &stx) != 0);
+    TIME_EACH("stat-cached", lstat(paths[i], &st) != 0);
+    TIME_EACH("getxattr", lgetxattr(paths[i], "security.selinux", buf, sizeof buf) <= 0);
+    for (size_t i = 0; i < n; i++)
+        failed += timed_open(paths[i], O_RDONLY, &v[i]);
     report("open", v, n, failed);
     return 0;
 }
@@ -140,13 +134,7 @@ static int writeside(const char *d, size_t n) {
     size_t failed = 0;
     for (size_t i = 0; i < n; i++) {
         snprintf(p, sizeof p, "%s/c%06zu", d, i);
-        double t = now_us();
-        int fd = open(p, O_CREAT | O_EXCL | O_WRONLY, 0644);
-        v[i] = now_us() - t;
-        if (fd < 0)
-            failed++;
-        else
-            close(fd);
+        failed += timed_open(p, O_CREAT | O_EXCL | O_WRONLY, &v[i]);
     }
     report("create", v, n, failed);
     failed = 0;

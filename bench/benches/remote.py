@@ -663,9 +663,7 @@ def kernel_vs_fuse(res, rtt, verdict):
 def plot(data, png):
     if not data.get("rtt"):
         return
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = report.pyplot()
 
     rtts = [int(r) for r in data["rtt"]]
     fig, (ax_t, ax_b, ax_r) = plt.subplots(1, 3, figsize=(17, 4.8))

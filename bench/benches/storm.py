@@ -218,9 +218,7 @@ def targets_for(r, tool):
 def plot(data, png_path):
     if not data["results"]:
         return
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for w, per in data["results"].items():
         xs = [int(n) for n in per]

@@ -39,6 +39,25 @@ def print_table(headers, rows, left=1):
                         for i, (c, w) in enumerate(zip(row, widths))).rstrip())
 
 
+def secs(x):
+    """Seconds with three decimals, or "-" for none."""
+    return f"{x:.3f}" if x is not None else "-"
+
+
+def wall_rows(results, key, ok, width, more):
+    """Table rows of `width` columns, one per result r: r[key], its tool, its median, min
+    and max wall seconds, then the columns more(r); "failed" and blanks where not ok(r)."""
+    rows = []
+    for r in results:
+        if not ok(r):
+            rows.append([r[key], r["tool"], "failed"] + [""] * (width - 3))
+            continue
+        t = r["wall_s"]
+        rows.append([r[key], r["tool"], secs(t["median"]), secs(t["min"]), secs(t["max"])]
+                    + more(r))
+    return rows
+
+
 def target(name, ok, detail):
     """One PASS/FAIL/SKIP line (ok is True, False or None) and its JSON record."""
     verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]
@@ -53,6 +72,14 @@ def not_measured(name, why):
     return {"target": name, "verdict": "NOT MEASURED", "detail": why}
 
 
+def pyplot():
+    """matplotlib.pyplot, drawing to files (the Agg backend: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def bar_grid(path, title, rows, columns):
     """Save a PNG with one bar chart per (row, column) cell.
 
@@ -60,9 +87,7 @@ def bar_grid(path, title, rows, columns):
     "label", "value" and optionally "lo"/"hi" (drawn as a min..max range) and
     "marker" (an extra point, e.g. the cold-cache run).
     columns: [(column_key, axis_label)]."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(len(rows), len(columns), squeeze=False,
                              figsize=(5.5 * len(columns), 3.2 * len(rows)))
