@@ -358,15 +358,24 @@ fn check_variant(tree: &Path, args: &[&str]) {
     }
 }
 
-#[test]
-fn mkfs_erofs_images_match_source_tree() {
+/// Where mkfs.erofs runs: a temp dir (named after `name`) with `make_tree`'s tree (`big`
+/// or not) in `tree`; None, with the skip recorded, where it does not.
+fn mkfs_and_tree(name: &str, big: bool) -> Option<(TempDir, std::path::PathBuf)> {
     if !have_mkfs() {
-        return;
+        return None;
     }
-    let tmp = TempDir::new("reader");
+    let tmp = TempDir::new(name);
     let tree = tmp.path().join("tree");
     fs::create_dir(&tree).unwrap();
-    make_tree(&tree, true);
+    make_tree(&tree, big);
+    Some((tmp, tree))
+}
+
+#[test]
+fn mkfs_erofs_images_match_source_tree() {
+    let Some((_tmp, tree)) = mkfs_and_tree("reader", true) else {
+        return;
+    };
     for args in VARIANTS {
         check_variant(&tree, args);
     }
@@ -374,13 +383,9 @@ fn mkfs_erofs_images_match_source_tree() {
 
 #[test]
 fn file_source_reads_like_memory() {
-    if !have_mkfs() {
+    let Some((tmp, tree)) = mkfs_and_tree("filesrc", false) else {
         return;
-    }
-    let tmp = TempDir::new("filesrc");
-    let tree = tmp.path().join("tree");
-    fs::create_dir(&tree).unwrap();
-    make_tree(&tree, false);
+    };
     let bytes = mkfs(&tree, &[]);
     let path = tmp.path().join("x.img");
     fs::write(&path, &bytes).unwrap();
@@ -405,13 +410,9 @@ fn file_source_reads_like_memory() {
 /// kernel_mount.rs in the verilay crate.)
 #[test]
 fn superblock_checksum_reproduces_mkfs_erofs() {
-    if !have_mkfs() {
+    let Some((_tmp, tree)) = mkfs_and_tree("crc", false) else {
         return;
-    }
-    let tmp = TempDir::new("crc");
-    let tree = tmp.path().join("tree");
-    fs::create_dir(&tree).unwrap();
-    make_tree(&tree, false);
+    };
     let variants: &[&[&str]] = &[
         &[],
         &["-T0", "-U01234567-89ab-cdef-0123-456789abcdef"],

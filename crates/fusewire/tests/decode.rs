@@ -380,15 +380,25 @@ fn truncated_requests_are_errors() {
         for cut in 0..full.len() {
             let mut buf = full[..cut].to_vec();
             if cut >= 40 {
-                buf[..4].copy_from_slice(&(cut as u32).to_ne_bytes());
+                set_len(&mut buf, cut as u32);
             }
-            assert!(
-                dev_decode(&buf).is_err(),
-                "{} cut to {cut} bytes decoded",
-                abi::op_name(s.opcode)
-            );
+            assert_undecodable(&buf, s.opcode, &format!("cut to {cut} bytes"));
         }
     }
+}
+
+/// Sets the header's length field (its first four bytes).
+fn set_len(buf: &mut [u8], len: u32) {
+    buf[..4].copy_from_slice(&len.to_ne_bytes());
+}
+
+/// A request of `opcode` changed as `how` says does not decode.
+fn assert_undecodable(buf: &[u8], opcode: u32, how: &str) {
+    assert!(
+        dev_decode(buf).is_err(),
+        "{} {how} decoded",
+        abi::op_name(opcode)
+    );
 }
 
 #[test]
@@ -398,12 +408,8 @@ fn oversized_requests_are_errors() {
             let mut buf = s.dev();
             buf.extend(std::iter::repeat_n(b'x', extra));
             let len = buf.len() as u32;
-            buf[..4].copy_from_slice(&len.to_ne_bytes());
-            assert!(
-                dev_decode(&buf).is_err(),
-                "{} with {extra} extra bytes decoded",
-                abi::op_name(s.opcode)
-            );
+            set_len(&mut buf, len);
+            assert_undecodable(&buf, s.opcode, &format!("with {extra} extra bytes"));
         }
     }
 }
@@ -411,7 +417,7 @@ fn oversized_requests_are_errors() {
 #[test]
 fn header_lengths_must_match_what_was_received() {
     let mut buf = sample(op::LOOKUP).dev();
-    buf[..4].copy_from_slice(&1000u32.to_ne_bytes());
+    set_len(&mut buf, 1000);
     assert_eq!(
         split_dev(&buf, true).err(),
         Some(DecodeError::Length {
@@ -419,7 +425,7 @@ fn header_lengths_must_match_what_was_received() {
             received: buf.len()
         })
     );
-    buf[..4].copy_from_slice(&10u32.to_ne_bytes());
+    set_len(&mut buf, 10);
     assert!(split_dev(&buf, true).is_err());
     // Extension headers longer than the body.
     let mut buf = sample(op::LOOKUP).dev();

@@ -68,6 +68,14 @@ fn pcr_line(dir: &Path, file: &str, i: u32) -> String {
         .unwrap()
 }
 
+/// The holder a writer names: `what` holds it and its policy may extend `pcrs`.
+fn holder(what: &str, pcrs: &[u32]) -> Holder {
+    Holder {
+        what: what.into(),
+        pcrs: pcrs.to_vec(),
+    }
+}
+
 #[test]
 fn a_killed_writer_leaves_a_marked_list_and_the_next_records_a_violation() {
     let t = tempfile::tempdir().unwrap();
@@ -158,10 +166,7 @@ fn a_killed_writer_leaves_a_marked_list_and_the_next_records_a_violation() {
 fn violations_go_on_every_pcr_the_dead_writer_could_extend() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
-    let holder = Holder {
-        what: "mount on /m".into(),
-        pcrs: vec![12, 10],
-    };
+    let holder = holder("mount on /m", &[12, 10]);
     let mut log = Log::open_as(dir, &holder).unwrap();
     log.append(11, &ev(b"/on-11", 1)).unwrap();
     log.flush().unwrap();
@@ -296,10 +301,7 @@ fn a_damaged_list_is_refused_even_after_a_kill() {
 fn two_writers_never_share_a_list() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
-    let holder = Holder {
-        what: "mount on /first".into(),
-        pcrs: vec![10],
-    };
+    let holder = holder("mount on /first", &[10]);
     let first = Log::open_as(dir, &holder).unwrap();
     let start = std::time::Instant::now();
     let e = Log::open(dir).err().expect("a second writer is refused");

@@ -18,6 +18,15 @@ fn data(n: usize, seed: u64) -> Vec<u8> {
 }
 
 /// A temp file holding `bytes` followed by its verity section; returns it and the digest.
+/// `data(n, seed)` sealed with SHA-256 and 4096-byte blocks: (the data, the file, its
+/// digest).
+fn sealed_data(n: usize, seed: u64) -> (Vec<u8>, tempfile::NamedTempFile, Vec<u8>) {
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    let bytes = data(n, seed);
+    let (f, digest) = sealed(&bytes, &params);
+    (bytes, f, digest)
+}
+
 fn sealed(bytes: &[u8], params: &Params) -> (tempfile::NamedTempFile, Vec<u8>) {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(bytes).unwrap();
@@ -180,9 +189,7 @@ fn every_flipped_byte_is_caught() {
 
 #[test]
 fn hostile_sections_are_refused_without_panicking() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
-    let bytes = data(50_000, 9);
-    let (f, _) = sealed(&bytes, &params);
+    let (bytes, f, _) = sealed_data(50_000, 9);
     let whole = std::fs::read(f.path()).unwrap();
     // No section at all.
     assert!(matches!(
@@ -221,10 +228,8 @@ fn hostile_sections_are_refused_without_panicking() {
 
 #[test]
 fn concurrent_readers_agree() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
     let n = 8 << 20;
-    let bytes = data(n, 3);
-    let (f, digest) = sealed(&bytes, &params);
+    let (bytes, f, digest) = sealed_data(n, 3);
     let v = open(&f, Some(&digest));
     std::thread::scope(|s| {
         for t in 0..4u64 {
@@ -243,10 +248,8 @@ fn concurrent_readers_agree() {
 
 #[test]
 fn dense_prefix_group_reads_never_spread_a_bad_block() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
     let n = 64 * 4096 + 100;
-    let bytes = data(n, 11);
-    let (f, digest) = sealed(&bytes, &params);
+    let (bytes, f, digest) = sealed_data(n, 11);
     let mut whole = std::fs::read(f.path()).unwrap();
     // Block 20 is bad; blocks 16..32 form one group of the dense prefix.
     whole[20 * 4096 + 7] ^= 0x80;
@@ -313,9 +316,7 @@ impl ByteSource for Flaky {
 
 #[test]
 fn a_source_is_told_exactly_the_bytes_that_passed_and_a_refetching_one_gets_a_second_try() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
-    let bytes = data(300 * 4096 + 123, 5);
-    let (f, digest) = sealed(&bytes, &params);
+    let (bytes, f, digest) = sealed_data(300 * 4096 + 123, 5);
     let file = std::fs::read(f.path()).unwrap();
     for refetches in [true, false] {
         let flaky = Flaky {
@@ -370,10 +371,8 @@ impl ByteSource for Counting {
 
 #[test]
 fn a_loaded_tree_leaves_reads_of_data_blocks_alone_and_a_bad_one_is_refused() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
     // Three levels: 2^15 data blocks, 256 level-0 blocks, 2 level-1 blocks, 1 top.
-    let bytes = data((1 << 15) * 4096, 8);
-    let (f, digest) = sealed(&bytes, &params);
+    let (bytes, f, digest) = sealed_data((1 << 15) * 4096, 8);
     let file = std::fs::read(f.path()).unwrap();
     let src = Counting {
         file: file.clone(),
@@ -440,10 +439,8 @@ impl ByteSource for Stale {
 
 #[test]
 fn a_failed_read_forgets_every_block_it_fetched_so_the_next_read_fetches_them_again() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
     let n = 2 << 20;
-    let bytes = data(n, 13);
-    let (f, digest) = sealed(&bytes, &params);
+    let (bytes, f, digest) = sealed_data(n, 13);
     let whole = std::fs::read(f.path()).unwrap();
     let tree = VerifiedSource::open(FileSource::open(f.path()).unwrap(), None)
         .unwrap()
@@ -472,9 +469,7 @@ fn a_failed_read_forgets_every_block_it_fetched_so_the_next_read_fetches_them_ag
 
 #[test]
 fn a_refetching_source_gets_a_second_try_at_the_descriptor_too() {
-    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
-    let bytes = data(300 * 4096 + 123, 6);
-    let (f, digest) = sealed(&bytes, &params);
+    let (bytes, f, digest) = sealed_data(300 * 4096 + 123, 6);
     let file = std::fs::read(f.path()).unwrap();
     // The descriptor starts a block: a byte flipped in it fails the pin.
     let descriptor_block = (file.len() as u64 - 320) / 4096;

@@ -190,27 +190,20 @@ pub fn make_tree(root: &Path, big: bool) {
     .expect("mkfifo");
     if is_root() {
         // May fail without CAP_MKNOD (containers); the tree is still useful without devices.
-        let _ = rustix::fs::mknodat(
-            rustix::fs::CWD,
-            root.join("cdev"),
-            rustix::fs::FileType::CharacterDevice,
-            rustix::fs::Mode::from(0o600),
-            rustix::fs::makedev(1, 3),
-        );
-        let _ = rustix::fs::mknodat(
-            rustix::fs::CWD,
-            root.join("whiteout"),
-            rustix::fs::FileType::CharacterDevice,
-            rustix::fs::Mode::from(0),
-            rustix::fs::makedev(0, 0),
-        );
-        let _ = rustix::fs::mknodat(
-            rustix::fs::CWD,
-            root.join("bdev"),
-            rustix::fs::FileType::BlockDevice,
-            rustix::fs::Mode::from(0o660),
-            rustix::fs::makedev(259, 300000),
-        );
+        use rustix::fs::{makedev, FileType};
+        for (name, kind, mode, dev) in [
+            ("cdev", FileType::CharacterDevice, 0o600, makedev(1, 3)),
+            ("whiteout", FileType::CharacterDevice, 0, makedev(0, 0)),
+            ("bdev", FileType::BlockDevice, 0o660, makedev(259, 300000)),
+        ] {
+            let _ = rustix::fs::mknodat(
+                rustix::fs::CWD,
+                root.join(name),
+                kind,
+                rustix::fs::Mode::from(mode),
+                dev,
+            );
+        }
     }
     write(&root.join("hard1"), b"hardlinked content");
     fs::hard_link(root.join("hard1"), root.join("hard2")).unwrap();
