@@ -41,6 +41,18 @@ fn text(n: usize) -> Vec<u8> {
     out
 }
 
+/// As root (to mount what is built), a temporary directory with `make_tree`'s tree in
+/// `src`; None, with the skip recorded, where not root.
+fn tree_to_mount() -> Option<(tempfile::TempDir, PathBuf)> {
+    if skip_unless(is_root(), "needs root to mount") {
+        return None;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    make_tree(&src);
+    Some((t, src))
+}
+
 /// Every shape a compressed file can take: around block boundaries, incompressible and
 /// compressible MiBs, sparse, hard links, symlinks, xattrs, long names.
 fn make_tree(root: &Path) {
@@ -300,12 +312,9 @@ fn same_bytes_whatever_the_thread_count() {
 
 #[test]
 fn layer_tarballs_compress_too() {
-    if skip_unless(is_root(), "needs root to mount") {
+    let Some((t, src)) = tree_to_mount() else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    make_tree(&src);
+    };
     let tar = t.path().join("layer.tar");
     run(Command::new("tar")
         .args(["--format=posix", "--xattrs", "--xattrs-include=*"])
@@ -348,12 +357,9 @@ fn bad_compression_flags_are_one_line_and_exit_2() {
 
 #[test]
 fn blocks_smaller_than_a_page_compress_too() {
-    if skip_unless(is_root(), "needs root to mount") {
+    let Some((t, src)) = tree_to_mount() else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    make_tree(&src);
+    };
     for (bs, cluster, alg) in [("1024", "1024", "lz4"), ("2048", "16384", "zstd")] {
         let image = t.path().join(format!("{bs}.img"));
         let j = build_json(&src, &image, &["-b", bs, "-z", alg, "-C", cluster], None);

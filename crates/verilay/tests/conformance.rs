@@ -26,6 +26,17 @@ fn config(name: &str) -> std::path::PathBuf {
 
 /// An image whose tree holds the directory the suites run in, so their files are made in
 /// a merged directory copied up from the image.
+/// A temporary directory and the lower image in it, for a test that runs `tool`; None,
+/// with the skip recorded, where it cannot run.
+fn fixture(tool: &str) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+    if prerequisites(tool) {
+        return None;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let image = lower_image(t.path());
+    Some((t, image))
+}
+
 fn lower_image(t: &Path) -> std::path::PathBuf {
     let src = t.join("src");
     std::fs::create_dir_all(src.join("suite")).unwrap();
@@ -85,11 +96,9 @@ fn only_whiteout_devices(failed: &BTreeMap<String, String>) -> Vec<(&String, &St
 
 #[test]
 fn pjdfstest_passes_on_a_merged_mount_as_on_kernel_overlayfs() {
-    if prerequisites("pjdfstest") {
+    let Some((t, image)) = fixture("pjdfstest") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let image = lower_image(t.path());
+    };
     // Cross-device cases (EXDEV) need a second filesystem.
     let secondary = t.path().join("secondary");
     std::fs::create_dir_all(&secondary).unwrap();
@@ -137,11 +146,9 @@ fn pjdfstest_passes_on_a_merged_mount_as_on_kernel_overlayfs() {
 
 #[test]
 fn fsx_finds_no_miscompare_on_an_upper_and_a_copied_up_file() {
-    if prerequisites("fsx") {
+    let Some((t, image)) = fixture("fsx") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let image = lower_image(t.path());
+    };
     let d = dirs(t.path(), "fsx");
     let m = verilay_mount(&image, &d, &t.path().join("m"));
     let artifacts = t.path().join("artifacts");
