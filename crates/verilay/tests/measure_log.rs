@@ -246,12 +246,23 @@ fn append_copy(dir: &Path, entries: &[Entry]) -> u64 {
     end
 }
 
+/// What evmctl says when the list does not replay to a bank's PCRs.
+const PCR_MISMATCH: &str = "Failed to match per TPM bank or SHA1 padded TPM digest(s).";
+
+/// A temporary directory for a test that needs evmctl; None, with the skip recorded,
+/// where it is missing.
+fn evmctl_tempdir() -> Option<tempfile::TempDir> {
+    if skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+        return None;
+    }
+    Some(tempfile::tempdir().unwrap())
+}
+
 #[test]
 fn verilay_log_verify_reports_and_rejects() {
-    if skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+    let Some(t) = evmctl_tempdir() else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (dir, entries) = fresh(t.path(), "good");
     assert_eq!(entries.len(), 6);
     evmctl_accepts(&dir, BOTH);
@@ -338,10 +349,9 @@ fn verilay_log_verify_reports_and_rejects() {
 
 #[test]
 fn evmctl_accepts_the_list_and_rejects_tampering() {
-    if skip_unless(have("evmctl"), "needs evmctl (ima-evm-utils)") {
+    let Some(t) = evmctl_tempdir() else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (dir, _) = fresh(t.path(), "good");
     evmctl_accepts(&dir, BOTH);
     evmctl_accepts(&dir, SHA1_ONLY);
@@ -381,11 +391,7 @@ fn evmctl_accepts_the_list_and_rejects_tampering() {
     // A wrong SHA-256 PCR: both reject.
     let (dir, _) = fresh(t.path(), "pcr256");
     change_pcr10(&dir, PCRS_SHA256);
-    evmctl_rejects(
-        &dir,
-        BOTH,
-        "Failed to match per TPM bank or SHA1 padded TPM digest(s).",
-    );
+    evmctl_rejects(&dir, BOTH, PCR_MISMATCH);
     assert_eq!(verilay_verify(&dir).status.code(), Some(1));
 
     // A wrong SHA-1 PCR: evmctl rejects it given the SHA-1 file alone, but with both files
@@ -393,11 +399,7 @@ fn evmctl_accepts_the_list_and_rejects_tampering() {
     // (`err` in ima_measurement(), evmctl.c 1.4 and 1.6.2 alike). verilay rejects.
     let (dir, _) = fresh(t.path(), "pcr1");
     change_pcr10(&dir, PCRS_SHA1);
-    evmctl_rejects(
-        &dir,
-        SHA1_ONLY,
-        "Failed to match per TPM bank or SHA1 padded TPM digest(s).",
-    );
+    evmctl_rejects(&dir, SHA1_ONLY, PCR_MISMATCH);
     evmctl_accepts(&dir, BOTH);
     assert_eq!(verilay_verify(&dir).status.code(), Some(1));
 

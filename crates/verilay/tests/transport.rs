@@ -97,6 +97,19 @@ fn stats(mnt: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `/tmp/verilay-transport{suffix}-PID`, emptied, and the test image built in it: (the
+/// directory, the image).
+fn fresh_base(suffix: &str) -> (PathBuf, PathBuf) {
+    let base = PathBuf::from(format!(
+        "/tmp/verilay-transport{suffix}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let image = image(&base);
+    (base, image)
+}
+
 #[test]
 fn an_io_uring_mount_is_served_on_its_rings_and_a_dev_mount_on_dev_fuse() {
     if skip_unless(is_root(), "needs root (mount(2) of FUSE, taskset)")
@@ -105,10 +118,7 @@ fn an_io_uring_mount_is_served_on_its_rings_and_a_dev_mount_on_dev_fuse() {
     {
         return;
     }
-    let base = PathBuf::from(format!("/tmp/verilay-transport-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).unwrap();
-    let image = image(&base);
+    let (base, image) = fresh_base("");
 
     let mnt = base.join("uring");
     let (_m, said) = mount(&image, &mnt, "uring");
@@ -157,10 +167,7 @@ fn the_transport_is_chosen_by_flag_option_or_environment_and_a_wrong_one_refused
     if skip_unless(is_root(), "needs root (mount(2) of FUSE)") {
         return;
     }
-    let base = PathBuf::from(format!("/tmp/verilay-transport-opt-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).unwrap();
-    let image = image(&base);
+    let (base, image) = fresh_base("-opt");
     let mnt = base.join("m");
     std::fs::create_dir_all(&mnt).unwrap();
     for (args, env, expect) in [
@@ -220,10 +227,7 @@ fn names_are_made_and_removed_on_the_rings_of_a_writable_mount() {
     if skip_unless(is_root(), "needs root (mount(2) of FUSE)") || lacks_uring() {
         return;
     }
-    let base = PathBuf::from(format!("/tmp/verilay-transport-rw-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).unwrap();
-    let image = image(&base);
+    let (base, image) = fresh_base("-rw");
     let (mnt, upper, work) = (base.join("mnt"), base.join("upper"), base.join("work"));
     for d in [&mnt, &upper, &work] {
         std::fs::create_dir_all(d).unwrap();
