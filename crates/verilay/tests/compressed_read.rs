@@ -83,14 +83,35 @@ const CONFIGS: &[(&str, &[&str])] = &[
     ("lz4-64k-tail", &["-zlz4", "-C65536", "-Eztailpacking"]),
 ];
 
+/// `prerequisites`, and for a mount root (`why`: what needs it) and /dev/fuse.
+fn mount_prerequisites(why: &str) -> bool {
+    prerequisites()
+        || skip_unless(is_root(), why)
+        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
+}
+
+/// `tree` made into an image `name` with big lz4hc clusters (64 KiB): (the temporary
+/// directory, the source tree, the plain image, the sealed one).
+fn lz4hc_image(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let (tmp, src) = source_tree();
+    let (plain, sealed) = make(&src, tmp.path(), name, &["-zlz4hc", "-C65536"]);
+    (tmp, src, plain, sealed)
+}
+
+/// A temporary directory with `tree`'s files in `src`: (the directory, src).
+fn source_tree() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    tree(&src);
+    (tmp, src)
+}
+
 #[test]
 fn mkfs_images_read_back_exactly() {
     if prerequisites() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    tree(&src);
+    let (tmp, src) = source_tree();
     for (name, args) in CONFIGS {
         let (_, sealed) = make(&src, tmp.path(), name, args);
         // The superblock names the algorithm; a compressible file shows its clusters.
@@ -155,15 +176,10 @@ fn mkfs_images_read_back_exactly() {
 /// contents, `ls -lRn` (sizes, st_blocks, links, times), xattrs.
 #[test]
 fn mount_equals_the_kernels() {
-    if prerequisites()
-        || skip_unless(is_root(), "kernel mounts need root")
-        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
-    {
+    if mount_prerequisites("kernel mounts need root") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    tree(&src);
+    let (tmp, src) = source_tree();
     for (name, args) in CONFIGS {
         let (plain, sealed) = make(&src, tmp.path(), name, args);
         let kernel = Mount::erofs(&plain, &tmp.path().join(format!("{name}-kernel")));
@@ -205,16 +221,10 @@ fn mount_equals_the_kernels() {
 /// With an upper directory, writing to a compressed file copies its decoded bytes up.
 #[test]
 fn copy_up_of_a_compressed_file() {
-    if prerequisites()
-        || skip_unless(is_root(), "needs root for the upper directory's ownership")
-        || skip_unless(Path::new("/dev/fuse").exists(), "/dev/fuse missing")
-    {
+    if mount_prerequisites("needs root for the upper directory's ownership") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    tree(&src);
-    let (_, sealed) = make(&src, tmp.path(), "up", &["-zlz4hc", "-C65536"]);
+    let (tmp, src, _, sealed) = lz4hc_image("up");
     let d = dirs(tmp.path(), "up");
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -270,10 +280,7 @@ fn tampered_cluster_is_eio() {
     if prerequisites() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    tree(&src);
-    let (_, sealed) = make(&src, tmp.path(), "tamper", &["-zlz4hc", "-C65536"]);
+    let (tmp, src, _, sealed) = lz4hc_image("tamper");
     let (at, len) = first_cluster(&sealed, "/text");
     assert!(len > 4096, "a big pcluster: {len}");
     let mut bytes = std::fs::read(&sealed).unwrap();
@@ -332,10 +339,7 @@ fn small_reads_decode_each_extent_once() {
     if prerequisites() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    tree(&src);
-    let (plain, _) = make(&src, tmp.path(), "cache", &["-zlz4hc", "-C65536"]);
+    let (_tmp, src, plain, _) = lz4hc_image("cache");
     let f = std::fs::File::open(&plain).unwrap();
     let img = erofs::read::Image::open(erofs::read::FileSource::new(f).unwrap()).unwrap();
     let root = img.inode(img.root_nid()).unwrap();
