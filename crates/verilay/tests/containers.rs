@@ -44,15 +44,41 @@ fn curl(url: &str, out: &Path) {
     ));
 }
 
+/// `two_layers` in an OCI layout tagged v1: (the layout, the merged tree they make).
+fn two_layer_layout(base: &Path) -> (Layout, PathBuf) {
+    let (dirs, want) = two_layers(base);
+    (layout(base, "v1", &dirs), want)
+}
+
+/// A temporary directory and a registry, for a test that `lacks` (its prerequisites)
+/// does not skip; None where it does.
+fn with_registry(lacks: fn() -> bool) -> Option<(tempfile::TempDir, Registry)> {
+    if lacks() {
+        return None;
+    }
+    Some((tempfile::tempdir().unwrap(), Registry::start(false)))
+}
+
+/// Every one of podman's three layer `diffs` is a link into the layer store at `store`.
+fn assert_links_into(diffs: &[PathBuf], store: &Path) {
+    assert_eq!(diffs.len(), 3, "{diffs:?}");
+    for d in diffs {
+        let target = std::fs::read_link(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        assert!(
+            target.starts_with(store),
+            "{} -> {}",
+            d.display(),
+            target.display()
+        );
+    }
+}
+
 #[test]
 fn convert_stores_each_layer_as_a_verilay_image_the_original_manifest_leads_to() {
-    if prerequisites() {
+    let Some((t, reg)) = with_registry(prerequisites) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let reg = Registry::start(false);
-    let (dirs, want) = two_layers(t.path());
-    let l = layout(t.path(), "v1", &dirs);
+    };
+    let (l, want) = two_layer_layout(t.path());
     let src = format!("oci:{}:v1", l.dir.display());
     let j = convert_json(&[&src, &reg.docker("app"), "--insecure"]);
     let m = &j["manifests"][0];
@@ -227,13 +253,10 @@ fn convert_stores_each_layer_as_a_verilay_image_the_original_manifest_leads_to()
 
 #[test]
 fn convert_refuses_what_is_not_there_or_not_what_it_claims() {
-    if prerequisites() {
+    let Some((t, reg)) = with_registry(prerequisites) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let reg = Registry::start(false);
-    let (dirs, _) = two_layers(t.path());
-    let l = layout(t.path(), "v1", &dirs);
+    };
+    let (l, _) = two_layer_layout(t.path());
     let fails = |args: &[&str], needles: &[&str]| {
         let out = verilay()
             .arg("convert")
@@ -324,11 +347,9 @@ fn stats_json(mnt: &Path) -> serde_json::Value {
 
 #[test]
 fn podman_runs_converted_images_from_verified_lazily_fetched_layers() {
-    if podman_prerequisites() {
+    let Some((t, reg)) = with_registry(podman_prerequisites) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let reg = Registry::start(false);
+    };
     let l = layout(t.path(), "v1", &three_layers(t.path()));
     let src = format!("oci:{}:v1", l.dir.display());
     run(verilay().args(["convert", &src, &reg.docker("app:v1"), "--insecure", "-q"]));
@@ -343,16 +364,7 @@ fn podman_runs_converted_images_from_verified_lazily_fetched_layers() {
 
     // No layer was unpacked: each of podman's layers is the store's, by a link.
     let diffs = lazy.layer_diffs(&image);
-    assert_eq!(diffs.len(), 3, "{diffs:?}");
-    for d in &diffs {
-        let target = std::fs::read_link(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        assert!(
-            target.starts_with(&store.dir),
-            "{} -> {}",
-            d.display(),
-            target.display()
-        );
-    }
+    assert_links_into(&diffs, &store.dir);
     let plain_diffs = plain.layer_diffs(&image);
     assert!(
         plain_diffs.len() == 3 && plain_diffs.iter().all(|d| d.is_dir() && !d.is_symlink()),
@@ -413,12 +425,10 @@ fn podman_runs_converted_images_from_verified_lazily_fetched_layers() {
 
 #[test]
 fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() {
-    if podman_prerequisites() {
-        return;
-    }
     use base64::Engine as _;
-    let t = tempfile::tempdir().unwrap();
-    let reg = Registry::start(false);
+    let Some((t, reg)) = with_registry(podman_prerequisites) else {
+        return;
+    };
     let dirs = three_layers(t.path());
     let l = layout(t.path(), "v1", &dirs[..1]);
     let src = format!("oci:{}:v1", l.dir.display());
@@ -946,46 +956,24 @@ fn rootless_podman_runs_converted_images_through_a_store_in_its_user_namespace()
         .filter(|s| !s.is_empty() && *s != "<no value>")
         .map(PathBuf::from)
         .collect();
-    assert_eq!(diffs.len(), 3, "{diffs:?}");
-    for d in &diffs {
-        let target = std::fs::read_link(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        assert!(
-            target.starts_with(&store.dir),
-            "{} -> {}",
-            d.display(),
-            target.display()
-        );
-    }
+    assert_links_into(&diffs, &store.dir);
 
     // Programs run from the layers.
-    let (code, out, err) = pod.run(&[], &image, &["/app/run.sh"]);
+    let as_root = |args: &[&str]| pod.run(&[], &image, args);
+    let (code, out, err) = as_root(&["/app/run.sh"]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("app on base") && !out.contains("gone"),
         "{out}"
     );
-    let (code, out, err) = pod.run(
-        &[],
-        &image,
-        &[
-            "python3",
-            "-c",
-            "import hashlib; print(sum(range(10)), hashlib.sha256(b'x').hexdigest()[:8])",
-        ],
-    );
+    let py = "import hashlib; print(sum(range(10)), hashlib.sha256(b'x').hexdigest()[:8])";
+    let (code, out, err) = as_root(&["python3", "-c", py]);
     assert_eq!((code, out.as_str()), (0, "45 2d711642\n"), "{err}");
     // The image's owners are the container's: root's files are root's (not the overflow
     // ID of an owner the user namespace does not map), so its root reads a file of mode
     // 600 and another container user may not.
-    let (code, out, err) = pod.run(
-        &[],
-        &image,
-        &[
-            "sh",
-            "-c",
-            "stat -c %u:%g /etc/secret /bin/busybox && cat /etc/secret",
-        ],
-    );
+    let script = "stat -c %u:%g /etc/secret /bin/busybox && cat /etc/secret";
+    let (code, out, err) = as_root(&["sh", "-c", script]);
     assert_eq!((code, out.as_str()), (0, "0:0\n0:0\nrootonly\n"), "{err}");
     let (code, out, err) = pod.run(
         &["--user", "1000:1000"],
