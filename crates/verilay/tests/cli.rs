@@ -240,12 +240,13 @@ fn special_files_as_inputs_are_refused_at_once() {
 /// would not fit the device's 512-byte sectors).
 #[test]
 fn an_image_on_a_block_device_reads_as_its_file_does() {
-    if skip_unless(is_root(), "needs root (a loop device)")
-        || skip_unless(have("mkfs.erofs"), "needs mkfs.erofs (erofs-utils)")
-    {
+    let Some(t) = root_and_tool_tempdir(
+        "needs root (a loop device)",
+        "mkfs.erofs",
+        "needs mkfs.erofs (erofs-utils)",
+    ) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     std::fs::create_dir(&src).unwrap();
     std::fs::write(src.join("hello"), b"hello\n").unwrap();

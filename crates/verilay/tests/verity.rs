@@ -50,12 +50,13 @@ fn regular_files(root: &Path) -> Vec<String> {
 
 #[test]
 fn digests_equal_fsverity_and_the_kernel_still_mounts() {
-    if skip_unless(is_root(), "needs root (mknod, chown, mount)")
-        || skip_unless(have("fsverity"), "fsverity (fsverity-utils) missing")
-    {
+    let Some(t) = root_and_tool_tempdir(
+        "needs root (mknod, chown, mount)",
+        "fsverity",
+        "fsverity (fsverity-utils) missing",
+    ) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     generate_tree(&src);
     let files = regular_files(&src);

@@ -46,6 +46,19 @@ pub fn mkfs_erofs(args: &[&str], image: &Path, src: &Path) {
         .arg(src));
 }
 
+/// A temporary directory for a test that needs root (`root_why`: what for) and `tool`
+/// (`tool_why`: the skip's words); None, with the skip recorded, where either is missing.
+pub fn root_and_tool_tempdir(
+    root_why: &str,
+    tool: &str,
+    tool_why: &str,
+) -> Option<tempfile::TempDir> {
+    if skip_unless(is_root(), root_why) || skip_unless(have(tool), tool_why) {
+        return None;
+    }
+    Some(tempfile::tempdir().unwrap())
+}
+
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }

@@ -128,12 +128,10 @@ fn verify_and_fsck_name_every_false_claim() {
 /// with the digest `fsverity digest` gives them.
 #[test]
 fn a_measured_open_never_logs_a_false_claim() {
-    if skip_unless(is_root(), "needs root (mounts)")
-        || skip_unless(have("fsverity"), "needs fsverity")
-    {
+    let Some(tmp) = root_and_tool_tempdir("needs root (mounts)", "fsverity", "needs fsverity")
+    else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let image = swapped_image(tmp.path());
     let policy = tmp.path().join("policy");
     fs::write(
@@ -785,12 +783,13 @@ fn a_false_record_of_no_xattr_at_all_hides_none() {
 /// name; both damaged files are named in the log. Alone and in a stack.
 #[test]
 fn a_tampered_shared_xattr_block_fails_the_listing_never_shortens_it() {
-    if skip_unless(is_root(), "needs root (mounts, user.* xattrs)")
-        || skip_unless(have("setfattr"), "setfattr missing")
-    {
+    let Some(t) = root_and_tool_tempdir(
+        "needs root (mounts, user.* xattrs)",
+        "setfattr",
+        "setfattr missing",
+    ) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     fs::create_dir_all(src.join("conf.d")).unwrap();
     for f in ["a", "b", "c"] {

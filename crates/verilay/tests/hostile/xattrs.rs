@@ -4,7 +4,9 @@
 //! (`trusted.overlay.*`, and `user.overlay.*` rootless), verilay's origin record, the
 //! read-only `verilay.stats`, chown/chmod/capabilities/ACLs, and whiteout devices.
 
-use crate::common::{as_test_user, build, have, is_root, lacks_test_user, sh, skip_unless};
+use crate::common::{
+    as_test_user, build, have, is_root, lacks_test_user, root_and_tool_tempdir, sh, skip_unless,
+};
 use crate::Seed;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1186,12 +1188,10 @@ fn a_squatted_stats_name_costs_the_mount_its_statistics_only() {
 /// writable mount: not listed, not read, not set, never copied up.
 #[test]
 fn a_root_mount_never_copies_up_an_images_user_overlay_markers() {
-    if skip_unless(is_root(), "needs root (mounts)")
-        || skip_unless(have("setfattr"), "setfattr missing")
-    {
+    let Some(t) = root_and_tool_tempdir("needs root (mounts)", "setfattr", "setfattr missing")
+    else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (src, up, work, mnt) = (
         t.path().join("src"),
         t.path().join("u"),
