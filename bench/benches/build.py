@@ -192,11 +192,7 @@ def run(ctx):
     for name, reason in missing.items():
         print(f"{name}: peer not available ({reason})" if name != "verilay"
               else f"verilay: not available ({reason}); measuring peers only")
-    for name, t in found.items():
-        print(f"{name}: {t['path']} (version {t['version']})")
-    cold = os.geteuid() == 0
-    if not cold:
-        print("not root: no cold-cache runs")
+    cold = tools.announce(found)
     env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
 
     data = report.bench_data("build", ctx, {"cold": cold, "source_date_epoch": SOURCE_DATE_EPOCH},
@@ -220,9 +216,7 @@ def plot(data, png):
     rows = []
     for ds in data["datasets"]:
         rs = [r for r in data["results"] if r["dataset"] == ds and ok(r)]
-        time_bars = [{"label": r["tool"], "value": r["wall_s"]["median"],
-                      "lo": r["wall_s"]["min"], "hi": r["wall_s"]["max"],
-                      "marker": r["cold"] and r["cold"]["wall_s"]} for r in rs]
+        time_bars = [report.wall_bar(r) for r in rs]
         size_bars = [{"label": r["tool"], "value": r["size_bytes"] / 2**20} for r in rs]
         rows.append((f"{ds} ({data['datasets'][ds]['files']:,} files)",
                      {"time": time_bars, "size": size_bars}))

@@ -187,11 +187,7 @@ def run(ctx):
     found, missing = find_tools(scratch)
     for name, reason in missing.items():
         print(f"{name}: not available ({reason})")
-    for name, t in found.items():
-        print(f"{name}: {t['path']} (version {t['version']})")
-    cold = os.geteuid() == 0
-    if not cold:
-        print("not root: no cold-cache runs")
+    cold = tools.announce(found)
 
     files = FILES[:1] if ctx.quick else FILES
     data = report.bench_data("digest", ctx, {"cold": cold, "args": ARGS},
@@ -216,9 +212,7 @@ def plot(data, png):
     rows = []
     for name in data["files"]:
         rs = [r for r in data["results"] if r["file"] == name and ok(r)]
-        wall = [{"label": r["tool"], "value": r["wall_s"]["median"],
-                 "lo": r["wall_s"]["min"], "hi": r["wall_s"]["max"],
-                 "marker": r["cold"] and r["cold"]["wall_s"]} for r in rs]
+        wall = [report.wall_bar(r) for r in rs]
         cpu = [{"label": r["tool"],
                 "value": r["user_s"]["median"] + r["sys_s"]["median"]} for r in rs]
         rows.append((f"{name} file", {"wall": wall, "cpu": cpu}))

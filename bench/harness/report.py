@@ -58,6 +58,13 @@ def wall_rows(results, key, ok, width, more):
     return rows
 
 
+def wall_bar(r):
+    """The bar_grid bar of result r: its tool, median wall seconds, min..max, and the cold
+    run's as the marker."""
+    return {"label": r["tool"], "value": r["wall_s"]["median"], "lo": r["wall_s"]["min"],
+            "hi": r["wall_s"]["max"], "marker": r["cold"] and r["cold"]["wall_s"]}
+
+
 def target(name, ok, detail):
     """One PASS/FAIL/SKIP line (ok is True, False or None) and its JSON record."""
     verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]

@@ -64,6 +64,17 @@ def compile_c(cc, source, binary, flags=()):
     return binary
 
 
+def announce(found):
+    """Prints each found tool ({name: {"path", "version"}}) and says whether cold-cache
+    runs are possible (they need root to drop caches); returns that."""
+    for name, t in found.items():
+        print(f"{name}: {t['path']} (version {t['version']})")
+    cold = os.geteuid() == 0
+    if not cold:
+        print("not root: no cold-cache runs")
+    return cold
+
+
 def git_revision():
     """Commit of the work tree being measured, with '+dirty' if it has changes."""
     def git(*args):
