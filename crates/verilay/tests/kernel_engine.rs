@@ -116,10 +116,9 @@ fn private_mounts(pids: &[u32]) -> Vec<String> {
 /// daemon is gone.
 #[test]
 fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     generate_tree(&src);
     let image = t.path().join("img");
@@ -168,10 +167,9 @@ fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
 /// overlayfs tree equals the FUSE engine's; the layers' erofs mounts are out of view.
 #[test]
 fn a_stack_is_the_fuse_engine_stack() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let layer = |name: &str, script: &str| {
         let dir = t.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
@@ -221,10 +219,9 @@ fn a_stack_is_the_fuse_engine_stack() {
 /// file the block belongs to; the rest of the tree still reads.
 #[test]
 fn a_byte_flipped_under_a_live_mount_is_eio_naming_the_file() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     let big: Vec<u8> = (0..1_000_000u32)
@@ -272,10 +269,9 @@ fn a_byte_flipped_under_a_live_mount_is_eio_naming_the_file() {
 /// ordinary_user`, and remote images, `a_remote_image_mounts_on_the_kernel_engine_…`).
 #[test]
 fn auto_picks_the_kernel_engine_as_root_and_says_why() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("f"), b"x").unwrap();
@@ -363,10 +359,9 @@ fn find_sorted(dir: &Path, format: &str) -> Vec<String> {
 /// directory mounts with the other engine, showing what was written.
 #[test]
 fn a_writable_mount_is_kernel_overlayfs_and_its_upper_directory_is_the_fuse_engines() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (top, bottom) = writable_layers(t.path());
     let images: [&Path; 2] = [&top, &bottom];
     let mut trees = Vec::new();
@@ -802,10 +797,9 @@ fn image_with_hostile_metadata(t: &Path) -> (PathBuf, String, u64) {
 /// that file alone.
 #[test]
 fn a_pinned_image_with_hostile_metadata_never_reaches_the_kernel() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (image, digest, _) = image_with_hostile_metadata(t.path());
     let mnt = t.path().join("m");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -899,10 +893,9 @@ fn a_remote_image_with_hostile_metadata_fails_where_the_kernel_would_parse_it() 
 /// detaches it at once, an open file still reads, and the daemon ends once it is closed.
 #[test]
 fn mount8_options_and_a_lazy_umount_work_on_the_kernel_engine() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("f"), b"via mount(8)").unwrap();
@@ -1004,10 +997,9 @@ fn a_remote_image_mounts_on_the_kernel_engine_fetched_as_read() {
 #[test]
 fn sigterm_ends_a_kernel_engine_daemon_within_its_bound() {
     use std::io::{Read, Seek};
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     let data: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();

@@ -78,10 +78,9 @@ fn line<'a>(all: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn privileges_dropped_on_a_root_mount_match_kernel_overlayfs() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let src = t.path().join("src");
     privileged_tree(&src);

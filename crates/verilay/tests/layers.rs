@@ -58,10 +58,9 @@ fn layer_trees(base: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn stacked_images_match_kernel_overlayfs() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let trees = layer_trees(t.path());
     let mut images = Vec::new();
     let mut digests = Vec::new();
@@ -151,10 +150,9 @@ fn stacked_images_match_kernel_overlayfs() {
 
 #[test]
 fn stacking_errors_are_one_clear_line() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("f"), "f").unwrap();

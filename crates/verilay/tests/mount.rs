@@ -63,6 +63,27 @@ impl Drop for FuseMount {
     }
 }
 
+/// For a test that needs only `prerequisites`: `fixture` with one file `f` holding `data`,
+/// and an empty mountpoint `mnt` beside it: (tempdir, src, image, mnt); None, with the skip
+/// recorded, where it cannot run.
+fn one_file_mount_fixture(data: &[u8]) -> Option<(tempfile::TempDir, PathBuf, PathBuf, PathBuf)> {
+    if prerequisites() {
+        return None;
+    }
+    let (t, src, image, _) = fixture(|src| std::fs::write(src.join("f"), data).unwrap());
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    Some((t, src, image, mnt))
+}
+
+/// `/tmp/verilay-NAME-PID`, made afresh.
+fn fresh_tmp_dir(name: &str) -> PathBuf {
+    let base = PathBuf::from(format!("/tmp/verilay-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    base
+}
+
 /// A source tree made by `fill`, built into a sealed image: (tempdir, src, image, digest).
 fn fixture(fill: impl FnOnce(&Path)) -> (tempfile::TempDir, PathBuf, PathBuf, String) {
     let t = tempfile::tempdir().unwrap();
@@ -147,10 +168,9 @@ fn compare_with_kernel(src: &Path, work: &Path) {
 
 #[test]
 fn generated_tree_matches_source_and_kernel_mount() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     generate_tree(&src);
     compare_with_kernel(&src, t.path());
@@ -158,10 +178,9 @@ fn generated_tree_matches_source_and_kernel_mount() {
 
 #[test]
 fn real_tree_matches_source_and_kernel_mount() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     compare_with_kernel(Path::new("/usr/include"), t.path());
 }
 
@@ -424,8 +443,7 @@ fn rootless_mount_by_an_ordinary_user() {
         return;
     }
     // A directory the user owns, holding a copy of the binary it can run.
-    let base = PathBuf::from(format!("/tmp/verilay-rootless-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
+    let base = fresh_tmp_dir("rootless");
     std::fs::create_dir_all(base.join("mnt")).unwrap();
     let src = base.join("src");
     std::fs::create_dir_all(src.join("sub")).unwrap();
@@ -478,12 +496,9 @@ fn mount8(cmd: &mut Command) {
 /// exists (their default action would leave a dead mount behind), on both engines.
 #[test]
 fn sigterm_as_the_mount_appears_leaves_no_mount() {
-    if prerequisites() {
+    let Some((_t, _src, image, mnt)) = one_file_mount_fixture(b"x") else {
         return;
-    }
-    let (t, _src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"x").unwrap());
-    let mnt = t.path().join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
+    };
     let canon = std::fs::canonicalize(&mnt).unwrap();
     for engine in ["fuse", "kernel"] {
         for _ in 0..5 {
@@ -567,12 +582,9 @@ fn mount_helper_fstab_style_and_sigterm() {
 #[test]
 fn sigterm_ends_the_daemon_within_a_bound_though_a_file_is_held_open() {
     use std::io::Read;
-    if prerequisites() {
+    let Some((_t, _src, image, mnt)) = one_file_mount_fixture(b"held") else {
         return;
-    }
-    let (t, _src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"held").unwrap());
-    let mnt = t.path().join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
+    };
     run(verilay().arg("mount").arg(&image).arg(&mnt).args(FUSE));
     let mut held = std::fs::File::open(mnt.join("f")).unwrap();
     let daemons = daemons_of(&mnt);
@@ -637,12 +649,9 @@ fn inode_numbers_are_stable_and_unique() {
 
 #[test]
 fn mount_errors_are_one_clear_line() {
-    if prerequisites() {
+    let Some((t, src, image, mnt)) = one_file_mount_fixture(b"x") else {
         return;
-    }
-    let (t, src, image, _) = fixture(|src| std::fs::write(src.join("f"), b"x").unwrap());
-    let mnt = t.path().join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
+    };
     let fails = |args: &[&str], needle: &str| {
         let out = verilay().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -1022,9 +1031,7 @@ fn verilay_stats_answers_every_mount_and_only_whom_the_mount_lets_in() {
     if prerequisites() || lacks_test_user() {
         return;
     }
-    let base = PathBuf::from(format!("/tmp/verilay-stats-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    std::fs::create_dir_all(&base).unwrap();
+    let base = fresh_tmp_dir("stats");
     let tree = |name: &str, xattr: bool, root_mode: u32| {
         let src = base.join(format!("{name}-src"));
         std::fs::create_dir_all(&src).unwrap();

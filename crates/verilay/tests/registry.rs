@@ -881,10 +881,9 @@ S(("0.0.0.0", port), H).serve_forever()
 
 #[test]
 fn credentials_never_answer_a_challenge_from_a_host_a_redirect_led_to() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let port = free_port();
     let log = t.path().join("realm.log");
     let port_arg = port.to_string();

@@ -15,10 +15,9 @@ fn prerequisites() -> bool {
 
 #[test]
 fn a_layer_tarball_builds_the_same_tree_as_its_directory() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let src = t.path().join("src");
     generate_tree(&src);
     // tar cannot carry sockets.

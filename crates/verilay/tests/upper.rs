@@ -40,6 +40,26 @@ fn lower_fixture() -> (tempfile::TempDir, PathBuf, Mount) {
     (t, image, lower)
 }
 
+/// `lower_fixture` for a test that needs only `prerequisites`; None, with the skip
+/// recorded, where they are missing.
+fn prepared_lower() -> Option<(tempfile::TempDir, PathBuf, Mount)> {
+    if prerequisites() {
+        return None;
+    }
+    Some(lower_fixture())
+}
+
+/// For a test that needs only `prerequisites`: a temporary directory and its `src` path
+/// (not made); None, with the skip recorded, where they are missing.
+fn prepared_src() -> Option<(tempfile::TempDir, PathBuf)> {
+    if prerequisites() {
+        return None;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    Some((t, src))
+}
+
 /// What a user does to the merged tree.
 const CHANGES: &str = "set -e
     echo more >> keep.txt
@@ -124,10 +144,9 @@ fn markers(upper: &Path) -> String {
 
 #[test]
 fn changes_through_verilay_match_kernel_overlayfs_both_ways() {
-    if prerequisites() {
+    let Some((t, image, lower)) = prepared_lower() else {
         return;
-    }
-    let (t, image, lower) = lower_fixture();
+    };
 
     let ours = dirs(t.path(), "ours");
     let theirs = dirs(t.path(), "theirs");
@@ -211,10 +230,9 @@ print(out)
 fn open_files_and_running_programs_behave_as_in_overlayfs() {
     // The FUSE engine: kernel overlayfs (the kernel engine) copies a running image
     // program up empty on O_TRUNC, which this test holds the FUSE engine to avoid.
-    if prerequisites() {
+    let Some((t, image, lower)) = prepared_lower() else {
         return;
-    }
-    let (t, image, lower) = lower_fixture();
+    };
     let saw = |dir: &Path| {
         let out = run(Command::new("python3").args(["-c", OPEN_FILES]).arg(dir));
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -381,10 +399,9 @@ except OSError:
 fn a_killed_daemon_loses_no_acknowledged_write_and_leaves_no_half_copy() {
     // The FUSE engine, whose daemon the writes pass through (the kernel engine's never
     // do).
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let base = t.path();
     sh(&format!(
         "set -e; mkdir -p {0}/src/lower {0}/src/new; cd {0}/src/lower
@@ -584,11 +601,9 @@ fn exercise_file(path: &Path, seed: u64, ops: usize, initial: Vec<u8>) {
 
 #[test]
 fn an_fsx_style_run_finds_no_miscompare_on_new_and_copied_up_files() {
-    if prerequisites() {
+    let Some((t, src)) = prepared_src() else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
+    };
     std::fs::create_dir_all(&src).unwrap();
     let lower: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(src.join("lower"), &lower).unwrap();
@@ -669,10 +684,9 @@ fn a_rootless_upper_keeps_ownership_in_the_override_xattr() {
 
 #[test]
 fn a_copied_up_file_keeps_its_inode_number_across_remounts() {
-    if prerequisites() {
+    let Some((t, image, _lower)) = prepared_lower() else {
         return;
-    }
-    let (t, image, _lower) = lower_fixture();
+    };
     let d = dirs(t.path(), "ino");
     let mnt = t.path().join("m");
     let ino = |p: &Path| std::fs::symlink_metadata(p).unwrap().ino();
@@ -714,10 +728,9 @@ fn a_copied_up_file_keeps_its_inode_number_across_remounts() {
 #[test]
 fn a_hostile_redirect_is_an_error_not_a_loop() {
     // The FUSE engine's reading of redirects (kernel overlayfs answers EACCES).
-    if prerequisites() {
+    let Some((t, image, _lower)) = prepared_lower() else {
         return;
-    }
-    let (t, image, _lower) = lower_fixture();
+    };
     let d = dirs(t.path(), "hostile");
     // Redirects overlayfs would refuse: one that climbs, one with an empty part, a
     // relative one with a slash, one with a name longer than NAME_MAX; and a valid one
@@ -774,12 +787,11 @@ fn proc_number(pid: &str, file: &str, key: &str) -> u64 {
 
 #[test]
 fn the_daemon_grows_its_descriptor_table_before_its_threads_start() {
-    if prerequisites() {
-        return;
-    }
     // Grown later, each doubling waits for an RCU grace period (10-20 ms) in the middle
     // of some request: a fresh mount's first few hundred creates paid five.
-    let (t, image, _lower) = lower_fixture();
+    let Some((t, image, _lower)) = prepared_lower() else {
+        return;
+    };
     let d = dirs(t.path(), "table");
     let m = verilay_mount(&image, &d, &t.path().join("m"));
     let pid = daemon_of(&m.dir);
@@ -888,10 +900,9 @@ fn a_tree_of_more_objects_than_descriptors_is_written_whole() {
 fn hardlinks_in_an_image_stay_together_when_copied_up() {
     // The FUSE engine: kernel overlayfs without index=on (the kernel engine) breaks hard
     // links apart on copy-up.
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     sh(&format!(
         "set -e; mkdir -p {0}/src/sub {0}/src/other; cd {0}/src; echo shared > a; ln a sub/b; ln a other/c; echo lone > d",
         t.path().display()
@@ -985,11 +996,9 @@ fn dir_times_through(merged: &Path, upper: &Path, image_mtime: (i64, i64)) -> Ve
 
 #[test]
 fn merged_directory_times_match_kernel_overlayfs() {
-    if prerequisites() {
+    let Some((t, src)) = prepared_src() else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
+    };
     sh(&format!(
         "set -e; mkdir -p {0}/d {0}/e && cd {0} && for f in f g h r; do echo $f > d/$f; done
          echo k > e/k && echo l > d/l && ln d/l e/l && touch -d '2001-02-03 04:05:06.5' d e",

@@ -46,6 +46,15 @@ pub fn mkfs_erofs(args: &[&str], image: &Path, src: &Path) {
         .arg(src));
 }
 
+/// A temporary directory, or None where the test is `skipped` (its prerequisites, which
+/// record the skip, said so).
+pub fn tempdir_unless(skipped: bool) -> Option<tempfile::TempDir> {
+    if skipped {
+        return None;
+    }
+    Some(tempfile::tempdir().unwrap())
+}
+
 /// A temporary directory for a test that needs root (`root_why`: what for) and `tool`
 /// (`tool_why`: the skip's words); None, with the skip recorded, where either is missing.
 pub fn root_and_tool_tempdir(

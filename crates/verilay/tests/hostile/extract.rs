@@ -510,13 +510,17 @@ fn path_option_follows_no_symlink_and_keeps_links_inside() {
     // A symlink itself: made inside DIR under its name, as it is.
     let dir = t.path().join("link");
     let done = extract(&img, &dir, &["--path", "/escape"]);
-    assert!(done.status.success(), "{}", stderr(&done));
+    assert!(
+        done.status.success(),
+        "extract --path /escape: {}",
+        stderr(&done)
+    );
     assert!(std::fs::symlink_metadata(&dir).unwrap().is_dir());
     assert_eq!(std::fs::read_link(dir.join("escape")).unwrap(), out);
     // A file hardlinked outside the extracted path: a file of its own, same content.
     let dir = t.path().join("sub");
     let done = extract(&img, &dir, &["--path", "e"]);
-    assert!(done.status.success(), "{}", stderr(&done));
+    assert!(done.status.success(), "extract --path e: {}", stderr(&done));
     let md = std::fs::symlink_metadata(dir.join("f")).unwrap();
     assert!(md.is_file());
     assert_eq!(md.nlink(), 1);

@@ -6,6 +6,7 @@
 
 use crate::common::{
     as_test_user, build, have, is_root, lacks_test_user, root_and_tool_tempdir, sh, skip_unless,
+    tempdir_unless,
 };
 use crate::Seed;
 use std::path::{Path, PathBuf};
@@ -1015,10 +1016,9 @@ fn verilay_stats_answers_beside_hostile_clients() {
 /// On a mount only root may use, the test user's connections are refused at once.
 #[test]
 fn verilay_stats_refuses_a_user_the_mount_does_not_admit_at_once() {
-    if prerequisites() {
+    let Some(t) = tempdir_unless(prerequisites()) else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     sh(&format!("chmod 755 '{}'", t.path().display()));
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
