@@ -119,8 +119,7 @@ fn one_image_is_the_kernel_erofs_tree_and_the_fuse_engine_tree() {
     let Some(t) = tempdir_unless(prerequisites()) else {
         return;
     };
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     let image = t.path().join("img");
     build(&src, &image, &["--quiet"]);
     let kernel = EngineMount::new("kernel", &[&image], &t.path().join("k"), &[]);
@@ -963,8 +962,7 @@ fn a_remote_image_mounts_on_the_kernel_engine_fetched_as_read() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     let image = t.path().join("img");
     let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
     let (_reg, reference) = pushed(&image, "tree:1");

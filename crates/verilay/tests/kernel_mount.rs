@@ -97,8 +97,7 @@ fn generated_tree_roundtrips_through_the_kernel() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     roundtrip(&src, t.path(), &[]);
 }
 
@@ -108,8 +107,7 @@ fn small_block_sizes_and_options_mount() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     for (i, extra) in [
         &["--block-size", "1024"][..],
         &["--block-size", "512", "--no-inline-data"],
@@ -262,8 +260,7 @@ fn ownership_time_uuid_and_label_options() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     let image = t.path().join("img");
     build(
         &src,

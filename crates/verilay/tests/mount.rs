@@ -171,8 +171,7 @@ fn generated_tree_matches_source_and_kernel_mount() {
     let Some(t) = tempdir_unless(prerequisites()) else {
         return;
     };
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     compare_with_kernel(&src, t.path());
 }
 

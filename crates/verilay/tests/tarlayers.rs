@@ -18,8 +18,7 @@ fn a_layer_tarball_builds_the_same_tree_as_its_directory() {
     let Some(t) = tempdir_unless(prerequisites()) else {
         return;
     };
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     // tar cannot carry sockets.
     std::fs::remove_file(src.join("sock")).unwrap();
     let tar = t.path().join("layer.tar");

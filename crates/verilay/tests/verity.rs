@@ -57,8 +57,7 @@ fn digests_equal_fsverity_and_the_kernel_still_mounts() {
     ) else {
         return;
     };
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     let files = regular_files(&src);
     assert!(files.len() > 700, "the generated tree has its files");
     // 4096 reuses block hashes for file digests; 1024 and 512 put data at offsets that are
@@ -139,8 +138,7 @@ struct Sealed {
 
 fn sealed() -> Sealed {
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    generate_tree(&src);
+    let src = generated_src(t.path());
     let image = t.path().join("img");
     let out = build(&src, &image, &["--quiet"]);
     let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();

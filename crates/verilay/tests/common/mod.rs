@@ -475,6 +475,13 @@ pub fn acl_dump(root: &Path) -> Vec<String> {
     blocks
 }
 
+/// `base/src`, made by `generate_tree`.
+pub fn generated_src(base: &Path) -> PathBuf {
+    let src = base.join("src");
+    generate_tree(&src);
+    src
+}
+
 /// A tree with every file type, hardlinks, xattrs in every namespace, ACLs, long names,
 /// a deep path, sparse and empty files, and sizes from 0 bytes to several MiB.
 pub fn generate_tree(root: &Path) {
