@@ -155,15 +155,7 @@ fn privileges_dropped_on_a_rootless_mount_leave_the_override_xattr() {
         "set -e; cd {0}; mkdir up work mnt; chown verilaytest . up work mnt img verilay",
         base.display()
     ));
-    let as_user = |script: &str| {
-        let out = as_test_user(&base, script);
-        assert!(
-            out.status.success(),
-            "{script}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let as_user = |script: &str| as_test_user_ok(&base, script);
     let mount = "./verilay mount img --upper up --work work mnt --quiet";
     as_user(mount);
     // Unmounted however the assertions end.

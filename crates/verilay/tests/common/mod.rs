@@ -146,6 +146,18 @@ pub fn lacks_test_user() -> bool {
         )
 }
 
+/// `as_test_user`, which must succeed (else the script and its stderr are the panic's
+/// message): its stdout.
+pub fn as_test_user_ok(dir: &Path, script: &str) -> String {
+    let out = as_test_user(dir, script);
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs a shell command as the `verilaytest` user in `dir`.
 pub fn as_test_user(dir: &Path, script: &str) -> Output {
     Command::new("runuser")
