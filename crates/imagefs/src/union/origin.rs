@@ -50,9 +50,18 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             .then_some(id)
     }
 
-    /// Before the upper non-directory `name` of `parent` moves: a record of its image id
-    /// gains the path it leaves and its inode number (see the module doc).
-    pub(super) fn record_move(&self, parent: u64, name: &[u8]) -> Result<(), super::Errno> {
+    /// Before node `id`, the upper non-directory `name` of `parent`, moves: a record of
+    /// its image id gains the path it leaves and its inode number (see the module doc).
+    /// Only an object shown with an image id has a record to keep.
+    pub(super) fn record_move(
+        &self,
+        id: u64,
+        parent: u64,
+        name: &[u8],
+    ) -> Result<(), super::Errno> {
+        if id == 1 || id >= super::FIRST_UPPER_ID {
+            return Ok(());
+        }
         let pfd = self.upper_dir(parent)?;
         let Some(record) = self.read_origin(pfd.as_fd(), name) else {
             return Ok(());

@@ -138,13 +138,13 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             let moves = self.moving(*tid, t, same_parent)?;
             let tfd = self.copy_up(*tid)?;
             self.mark_moving_dir(tfd.as_fd(), moves, parent)?;
-            self.record_move(newparent, newname)?;
+            self.record_move(*tid, newparent, newname)?;
         }
         if let Some((tid, t)) = &target {
             self.check_replaceable(*tid, t, flags)?;
         }
         let sfd = self.copy_up(sid)?;
-        self.record_move(parent, name)?;
+        self.record_move(sid, parent, name)?;
         let how = Swap {
             exchange,
             src_is_dir: src.is_dir,
