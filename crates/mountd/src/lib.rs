@@ -66,9 +66,7 @@ impl Mount {
         }
         check(&opts, root)?;
         let engine = plan::choose_engine(opts.engine, root)?;
-        let any_oci = images
-            .iter()
-            .any(|i| i.to_str().is_some_and(|s| s.starts_with("oci://")));
+        let any_oci = opening::any_oci(&images);
         let trust = if any_oci || opts.signature_policy.is_some() {
             let files = opening::PolicyFiles {
                 signature_policy: opts.signature_policy.clone(),

@@ -132,6 +132,14 @@ pub fn is_remote(image: &Path) -> bool {
     image.to_str().is_some_and(remote::is_remote)
 }
 
+/// Whether any image operand is an `oci://` image, whose manifest the signature policy
+/// must satisfy.
+pub fn any_oci(images: &[PathBuf]) -> bool {
+    images
+        .iter()
+        .any(|i| i.to_str().is_some_and(|s| s.starts_with("oci://")))
+}
+
 /// Opens an image (a file, or a remote image) for reading. Images with a verity section
 /// are always read through the verified source; a plain EROFS image is accepted only when
 /// `allow_plain` and never with a pinned digest.

@@ -511,3 +511,54 @@ fn inode_numbers_survive_a_remount_as_overlayfs_keeps_them() {
         assert_eq!(verilay_mount("true"), before, "after remount {round}");
     }
 }
+
+/// A moved file's record (`ID INO PATH`) whose path leads out of the tree (`..`) keeps no
+/// image id: the file gets the upper directory's own number, and nothing outside is read.
+#[test]
+fn a_record_whose_path_leaves_the_tree_keeps_no_image_id() {
+    if prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    let src = base.join("src");
+    sh(&format!(
+        "set -e; mkdir -p {0}/a; echo foo > {0}/a/foo",
+        src.display()
+    ));
+    let image = base.join("img");
+    build(&src, &image, &["--quiet"]);
+    let (u, w, m) = (base.join("u"), base.join("w"), base.join("m"));
+    for d in [&u, &w, &m] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let bar_ino = |then: &str| {
+        let mounted = Unmount::fuse(&m);
+        run(verilay()
+            .args(["mount", "--engine", "fuse", "--upper"])
+            .arg(&u)
+            .arg("--work")
+            .arg(&w)
+            .arg(&image)
+            .arg(&m));
+        sh(&format!("set -e; cd '{}'; {then}", m.display()));
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(m.join("a/bar")).unwrap());
+        mounted.now();
+        ino
+    };
+    let kept = bar_ino("mv a/foo a/bar");
+    assert_eq!(bar_ino("true"), kept, "the record holds");
+    assert!(kept < 1 << 62, "an image id: {kept}");
+    let name = "trusted.overlay.verilay.origin";
+    let record = run(Command::new("getfattr")
+        .args(["--only-values", "-n", name])
+        .arg(u.join("a/bar")));
+    let record = String::from_utf8(record.stdout).unwrap();
+    let (id_ino, path) = record.rsplit_once(' ').unwrap();
+    assert_eq!(path, "a/foo", "{record}");
+    run(Command::new("setfattr")
+        .args(["-n", name, "-v", &format!("{id_ino} a/../a/foo")])
+        .arg(u.join("a/bar")));
+    let own = bar_ino("true");
+    assert!(own >= 1 << 62, "the upper's own number: {own}");
+}

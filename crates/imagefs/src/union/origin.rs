@@ -37,10 +37,17 @@ impl<S: ByteSource + 'static> UnionFs<S> {
             (None, _) => lower.clone()?,
             (Some(ino), Some(path)) => {
                 let ino: u64 = std::str::from_utf8(ino).ok()?.parse().ok()?;
+                // The record is the upper directory's word: a path with an empty, `.` or
+                // `..` part (which would lead out of the tree) is none of ours.
+                if !upper::overlay::valid_redirect(&[b"/", path].concat()) {
+                    return None;
+                }
+                // The images first: their walk cannot leave the tree.
+                let r = self.images_at(path)?;
                 if ino != st.st_ino || self.merged_shows(path, id) != Some(false) {
                     return None;
                 }
-                self.images_at(path)?
+                r
             }
             (Some(_), None) => return None,
         };

@@ -229,9 +229,7 @@ fn settings(a: &Args) -> anyhow::Result<Mount> {
     let images = a.paths[..a.paths.len() - 1].to_vec();
     let mountpoint = a.paths[a.paths.len() - 1].clone();
     let pins = pins(&a.digests, opts.digest.as_deref(), images.len())?;
-    let any_oci = images
-        .iter()
-        .any(|i| i.to_str().is_some_and(|s| s.starts_with("oci://")));
+    let any_oci = opening::any_oci(&images);
     if any_oci && opts.signature_policy.is_none() && a.ready_fd.is_none() {
         // The daemon opens the images again: it is told the default policy file this
         // process found, so one removed meanwhile is an error there, not "no policy".
