@@ -1,11 +1,9 @@
-//! Several images stacked with overlayfs's rules, first = top. Pure functions: any thread may
-//! call them.
+//! Several images stacked with overlayfs's rules, first = top; pure functions.
 //!
-//! - A name resolves to the topmost object carrying it; whiteouts hide a name below.
-//! - Directories merge unless one is opaque (`trusted.overlay.opaque` = `y`); a non-directory
-//!   ends the merge; a redirect says where the layers below keep a directory's contents.
+//! - A name resolves to the topmost object carrying it; whiteouts hide it below.
+//! - Directories merge unless opaque; a non-directory ends the merge; a redirect says where
+//!   the layers below keep a directory (docs/FORMAT.md, "Overlayfs markers").
 //! - A directory found where its own `..` says it is not is refused ([`Misplaced`]).
-//! - Markers as docs/FORMAT.md ("Overlayfs markers in a stacked image") lists them.
 
 use erofs::read::{ByteSource, Error, Image, Inode, Result};
 use upper::overlay::{self, Opacity, OPAQUE_XATTR, REDIRECT_XATTR, WHITEOUT_XATTR};

@@ -1,17 +1,9 @@
-//! A containerd proxy snapshotter: the `containerd.services.snapshots.v1.Snapshots` gRPC
-//! service on a unix socket, with the semantics of containerd's own overlayfs snapshotter
-//! (`store`). containerd reaches it through its configuration:
+//! A containerd proxy snapshotter: containerd's `Snapshots` gRPC service on a unix socket,
+//! with the semantics of its overlayfs snapshotter (`store`); configured as
+//! `[proxy_plugins.verilay]`, `type = "snapshot"` (README).
 //!
-//! ```toml
-//! version = 2
-//! [proxy_plugins.verilay]
-//!   type = "snapshot"
-//!   address = "/run/verilay/snapshotter.sock"
-//! ```
-//!
-//! List ignores its filters and streams every snapshot: containerd 1.6 filters the
-//! snapshots it lists from its own metadata, and asks a proxy for a filtered list only
-//! to find remote snapshots, which this snapshotter does not make yet.
+//! - List ignores its filters: containerd 1.6 filters from its own metadata, and asks a
+//!   proxy for a filtered list only to find remote snapshots, not made yet.
 #![forbid(unsafe_code)]
 
 pub mod store;

@@ -1,13 +1,10 @@
-//! The snapshots and their directories, as containerd's overlayfs snapshotter keeps them
-//! (`snapshots/overlay/overlay.go`, `snapshots/storage/bolt.go` in containerd 1.6).
+//! The snapshots and their directories, as containerd 1.6's overlayfs snapshotter keeps
+//! them (`overlay.go`, `bolt.go`).
 //!
-//! `ROOT/metadata.json` holds every snapshot by key; `ROOT/snapshots/ID/fs` is a snapshot's
-//! own layer (overlayfs's upper directory while active) and `ROOT/snapshots/ID/work` its
-//! overlayfs work directory. The metadata is written whole to a temporary file, synced and
-//! renamed over the old one, so a crash leaves the old or the new state, never a torn one.
-//! Directories are made before the metadata names them and removed after it stops naming
-//! them: a crash leaves at most a directory no snapshot owns, which [`Store::cleanup`]
-//! removes. One process owns a root: it holds `ROOT/lock` (flock) while the store is open.
+//! - `ROOT/metadata.json` is replaced whole by rename: a crash leaves either state.
+//! - `ROOT/snapshots/ID/{fs,work}` exist before the metadata names them and after it stops:
+//!   a crash leaves at most a directory [`Store::cleanup`] removes.
+//! - One process owns a root (`ROOT/lock`, flock).
 
 use containerd_snapshots::api::types::Mount;
 use containerd_snapshots::{Info, Kind, Usage};

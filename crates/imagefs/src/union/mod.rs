@@ -1,10 +1,9 @@
 //! A stack of images under a writable upper directory, as overlayfs does it (docs/FORMAT.md,
 //! "Upper directories").
 //!
-//! - An image object keeps its image id once copied up, across remounts too (`origin_id`); an
-//!   object of the upper directory alone is `FIRST_UPPER_ID` + its inode number there, so
-//!   it keeps its id across remounts too; no id stands for two live objects.
-//! - Tree changes are serialised by one mutex; lookups, getattr, reads and writes take none.
+//! - Ids survive remounts: a copied-up object keeps its image id (`origin`), an upper-only
+//!   one is `FIRST_UPPER_ID` + its inode; no id stands for two live objects.
+//! - Tree changes take one mutex; lookups, getattr, reads and writes take none.
 //! - A hardlinked image file is copied up once.
 
 mod copyup;

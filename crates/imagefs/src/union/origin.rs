@@ -1,10 +1,9 @@
-//! The image id a copied-up non-directory keeps across remounts, from the record its
-//! copy-up left (`trusted.overlay.verilay.origin`, docs/FORMAT.md "Upper directories").
+//! The image id a copied-up non-directory keeps across remounts, from its copy-up's record
+//! (docs/FORMAT.md, "Upper directories").
 //!
-//! - `ID`: the object is still at the path of image object ID, which it hides there.
-//! - `ID INO PATH`: it moved away from PATH; it is still upper inode INO, the images still
-//!   have object ID at PATH, and the merged tree hides it there.
-//! - The image object must have one name and the same type: no id stands for two objects.
+//! - `ID`: still where image object ID was, hiding it there.
+//! - `ID INO PATH`: moved from PATH; kept while it is upper inode INO, the images have ID
+//!   at PATH and the merged tree hides it there.
 
 use super::nodes::{is_dir_node, Node};
 use super::{is_dir_mode, UnionFs};
@@ -19,7 +18,8 @@ const RECORD_MAX: usize = 4200;
 
 impl<S: ByteSource + 'static> UnionFs<S> {
     /// The image id the upper non-directory `name` in `dir` (`st`) keeps, if its record
-    /// still holds; `lower`: what the images have at its path.
+    /// still holds; `lower`: what the images have at its path. The image object must have
+    /// one name and the same type: no id stands for two objects.
     pub(super) fn origin_id(
         &self,
         dir: BorrowedFd<'_>,
