@@ -606,13 +606,46 @@ impl Resolver for OciResolver {
     }
 
     fn diff_path(&self, layer: &Layer) -> PathBuf {
-        self.state
-            .join("layers")
-            .join(hex_of(&layer.converted.image_digest))
+        self.layer_dir(&layer.converted.image_digest)
     }
 
     fn mount(&self, layer: &Layer) -> Result<PathBuf, String> {
-        let dir = self.diff_path(layer);
+        self.mount_artifact(&artifact_source(layer), &layer.converted.image_digest)
+    }
+
+    fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
+        self.blob_of(&layer.reference, &layer.source)
+    }
+}
+
+/// What `verilay mount` mounts for `layer`: its image artifact, by the digest its binding
+/// gives (which pins every block).
+pub fn artifact_source(layer: &Layer) -> String {
+    let artifact = conversion::layer_manifest(&layer.converted);
+    let r = &layer.reference;
+    format!(
+        "oci://{}/{}@{}",
+        r.registry,
+        r.repository,
+        oci::registry::sha256_digest(&artifact)
+    )
+}
+
+impl OciResolver {
+    /// Where layers are mounted, each in a directory named by its image digest's hex.
+    pub fn layers_dir(&self) -> PathBuf {
+        self.state.join("layers")
+    }
+
+    /// Where the layer of image `image_digest` is mounted.
+    pub fn layer_dir(&self, image_digest: &str) -> PathBuf {
+        self.layers_dir().join(hex_of(image_digest))
+    }
+
+    /// Mounts `source` (from [`artifact_source`]), the image artifact of verilay image
+    /// `image_digest`, at [`Self::layer_dir`] unless a live mount is there.
+    pub fn mount_artifact(&self, source: &str, image_digest: &str) -> Result<PathBuf, String> {
+        let dir = self.layer_dir(image_digest);
         // Every lookup through the `diff` link asks: the mounted case costs two stats.
         if mounted(&dir) == Some(true) {
             return Ok(dir);
@@ -624,9 +657,7 @@ impl Resolver for OciResolver {
             if m.len() >= 1024 {
                 m.retain(|_, v| Arc::strong_count(v) > 1);
             }
-            m.entry(layer.converted.image_digest.clone())
-                .or_default()
-                .clone()
+            m.entry(image_digest.to_string()).or_default().clone()
         };
         let _one = one.lock().unwrap_or_else(|e| e.into_inner());
         match mounted(&dir) {
@@ -636,21 +667,13 @@ impl Resolver for OciResolver {
             None => drop(imagefs::mount::unmount(&dir, true)),
         }
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let artifact = conversion::layer_manifest(&layer.converted);
-        let r = &layer.reference;
-        let source = format!(
-            "oci://{}/{}@{}",
-            r.registry,
-            r.repository,
-            oci::registry::sha256_digest(&artifact)
-        );
         let mut cmd = Command::new(&self.mount_program);
-        cmd.arg("mount").arg(&source).arg(&dir).arg("--quiet");
+        cmd.arg("mount").arg(source).arg(&dir).arg("--quiet");
         if self.insecure {
             cmd.arg("--insecure");
         }
         if let Some(logs) = &self.measure_logs {
-            let log = logs.join(hex_of(&layer.converted.image_digest));
+            let log = logs.join(hex_of(image_digest));
             std::fs::create_dir_all(&log).map_err(|e| format!("{}: {e}", log.display()))?;
             cmd.arg("--measure-log").arg(log);
         }
@@ -663,10 +686,6 @@ impl Resolver for OciResolver {
             return Err(format!("{source}: {}", err.trim()));
         }
         Ok(dir)
-    }
-
-    fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
-        self.blob_of(&layer.reference, &layer.source)
     }
 }
 
@@ -953,7 +972,7 @@ fn refusal(digest: &str, b: &Binding, own: Option<&Binding>, why: &str) -> Strin
 
 /// Whether a live mount is on `dir` (its device is not its parent's); `None` for a
 /// mount whose daemon is gone (stat fails with ENOTCONN).
-fn mounted(dir: &Path) -> Option<bool> {
+pub fn mounted(dir: &Path) -> Option<bool> {
     use std::os::unix::fs::MetadataExt;
     let parent = std::fs::metadata(dir.parent()?).ok()?;
     match std::fs::metadata(dir) {

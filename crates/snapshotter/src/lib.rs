@@ -1,14 +1,19 @@
 //! A containerd proxy snapshotter: containerd's `Snapshots` gRPC service on a unix socket,
-//! with the semantics of its overlayfs snapshotter (`store`); configured as
+//! with the semantics of its overlayfs snapshotter (`store`), and layers served from their
+//! verilay images when a Prepare names a converted one (`remote`); configured as
 //! `[proxy_plugins.verilay]`, `type = "snapshot"` (README).
 //!
-//! - List ignores its filters: containerd 1.6 filters from its own metadata, and asks a
-//!   proxy for a filtered list only to find remote snapshots, not made yet.
+//! - A remote layer is committed under its target with its labels, and the Prepare answered
+//!   `AlreadyExists`: containerd then fetches no blob of it.
+//! - Layer mounts outlive the service: a restart finds them, or mounts them again.
 #![forbid(unsafe_code)]
 
+pub mod filter;
+pub mod remote;
 pub mod store;
 
-pub use store::{Code, Error, Store};
+pub use remote::{Looked, Remote, Wanted};
+pub use store::{Code, Error, RemoteLayer, Store};
 
 use containerd_snapshots::api::types::Mount;
 use containerd_snapshots::{tonic, Info, Snapshotter, Usage};
@@ -25,15 +30,116 @@ pub type Logger = Box<dyn Fn(&str) + Send + Sync>;
 pub struct Service {
     store: Arc<Store>,
     log: Arc<Logger>,
+    remote: Option<Arc<dyn Remote>>,
 }
 
 impl Service {
-    /// The service of `store`, logging to `log`.
+    /// The service of `store`, logging to `log`; no remote layers.
     pub fn new(store: Store, log: Logger) -> Service {
         Service {
             store: Arc::new(store),
             log: Arc::new(log),
+            remote: None,
         }
+    }
+
+    /// Serves converted layers through `remote`, first mounting again each layer a
+    /// snapshot shows that is not mounted (a failure is logged: its snapshots fail when
+    /// mounted, and are tried again then).
+    pub fn with_remote(mut self, remote: Arc<dyn Remote>) -> Service {
+        for l in self.store.remote_layers() {
+            if let Err(e) = remote.ensure(&l) {
+                (self.log)(&format!("layer {}: {e}", l.image));
+            }
+        }
+        self.remote = Some(remote);
+        self
+    }
+
+    /// Mounts again any remote layer under `key` that is not mounted (a layer's daemon
+    /// gone, or the host rebooted): its children's overlay needs it.
+    fn ensure_chain(
+        store: &Store,
+        remote: Option<&Arc<dyn Remote>>,
+        key: &str,
+    ) -> Result<(), Error> {
+        let Some(remote) = remote else { return Ok(()) };
+        for l in store.remote_chain(key) {
+            remote.ensure(&l).map_err(|e| Error {
+                code: Code::Unavailable,
+                message: format!("layer {} of snapshot {}: {e}", l.image, shown(key)),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Prepare of a layer containerd would unpack: served from its verilay image when
+    /// `labels` name a converted one (`Some(target)`: committed under the target, to be
+    /// answered AlreadyExists), else `None`, with a log line saying why containerd unpacks
+    /// it. A registry that cannot be asked fails the Prepare.
+    async fn try_remote(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<Option<String>, tonic::Status> {
+        let Some(remote) = self.remote.clone() else {
+            return Ok(None);
+        };
+        let wanted = match Wanted::of(labels) {
+            Ok(Some(w)) => w,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                let e = Error {
+                    code: Code::InvalidArgument,
+                    message: format!("prepare {}: {e}", shown(key)),
+                };
+                (self.log)(&e.message);
+                return Err(e.into());
+            }
+        };
+        let (parent, labels) = (parent.to_string(), labels.clone());
+        let target = wanted.target.clone();
+        let what = format!(
+            "prepare {} (layer {} of {})",
+            shown(key),
+            wanted.layer,
+            wanted.reference
+        );
+        let log = self.log.clone();
+        self.call(what, move |store| {
+            // Bad requests fail before any registry is asked.
+            store::check_request(&parent, &labels)?;
+            match remote.look_up(&wanted) {
+                Err(e) => Err(Error {
+                    code: Code::Unavailable,
+                    message: e,
+                }),
+                Ok(Looked::Fallback(why)) => {
+                    log(&format!(
+                        "layer {} of {}: {why}: containerd pulls and unpacks it",
+                        wanted.layer, wanted.reference
+                    ));
+                    Ok(None)
+                }
+                Ok(Looked::Mounted(layer)) => {
+                    let mut labels = labels;
+                    labels.insert(remote::REMOTE_LABEL.into(), "verilay".into());
+                    let committed =
+                        store.commit_remote(&wanted.target, &parent, labels, layer.clone());
+                    if committed.is_err() && !store.remote_layers().contains(&layer) {
+                        remote.release(&layer);
+                    }
+                    committed?;
+                    log(&format!(
+                        "layer {} of {}: served from verilay image {} (not pulled)",
+                        wanted.layer, wanted.reference, layer.image
+                    ));
+                    Ok(Some(target))
+                }
+            }
+        })
+        .await
     }
 
     async fn call<T: Send + 'static>(
@@ -87,8 +193,13 @@ impl Snapshotter for Service {
     }
 
     async fn mounts(&self, key: String) -> Result<Vec<Mount>, Self::Error> {
-        self.call(format!("mounts {}", shown(&key)), move |s| s.mounts(&key))
-            .await
+        let remote = self.remote.clone();
+        self.call(format!("mounts {}", shown(&key)), move |s| {
+            let mounts = s.mounts(&key)?;
+            Service::ensure_chain(s, remote.as_ref(), &key)?;
+            Ok(mounts)
+        })
+        .await
     }
 
     async fn prepare(
@@ -97,8 +208,16 @@ impl Snapshotter for Service {
         parent: String,
         labels: HashMap<String, String>,
     ) -> Result<Vec<Mount>, Self::Error> {
+        if let Some(target) = self.try_remote(&key, &parent, &labels).await? {
+            return Err(tonic::Status::already_exists(format!(
+                "target snapshot {target:?}: already exists (a verilay layer)"
+            )));
+        }
+        let remote = self.remote.clone();
         self.call(format!("prepare {}", shown(&key)), move |s| {
-            s.create(true, &key, &parent, labels)
+            let mounts = s.create(true, &key, &parent, labels)?;
+            Service::ensure_chain(s, remote.as_ref(), &key)?;
+            Ok(mounts)
         })
         .await
     }
@@ -109,8 +228,11 @@ impl Snapshotter for Service {
         parent: String,
         labels: HashMap<String, String>,
     ) -> Result<Vec<Mount>, Self::Error> {
+        let remote = self.remote.clone();
         self.call(format!("view {}", shown(&key)), move |s| {
-            s.create(false, &key, &parent, labels)
+            let mounts = s.create(false, &key, &parent, labels)?;
+            Service::ensure_chain(s, remote.as_ref(), &key)?;
+            Ok(mounts)
         })
         .await
     }
@@ -128,12 +250,26 @@ impl Snapshotter for Service {
     }
 
     async fn remove(&self, key: String) -> Result<(), Self::Error> {
-        self.call(format!("remove {}", shown(&key)), move |s| s.remove(&key))
-            .await
+        let remote = self.remote.clone();
+        self.call(format!("remove {}", shown(&key)), move |s| {
+            if let (Some(layer), Some(remote)) = (s.remove(&key)?, remote) {
+                remote.release(&layer);
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn clear(&self) -> Result<(), Self::Error> {
-        self.call("cleanup".into(), |s| s.cleanup()).await
+        let remote = self.remote.clone();
+        self.call("cleanup".into(), move |s| {
+            s.cleanup()?;
+            if let Some(remote) = remote {
+                remote.release_all_but(&s.remote_layers());
+            }
+            Ok(())
+        })
+        .await
     }
 
     type InfoStream = tokio_stream::Iter<std::vec::IntoIter<Result<Info, Self::Error>>>;
@@ -141,9 +277,9 @@ impl Snapshotter for Service {
     async fn list(
         &self,
         _snapshotter: String,
-        _filters: Vec<String>,
+        filters: Vec<String>,
     ) -> Result<Self::InfoStream, Self::Error> {
-        let all = self.call("list".into(), |s| Ok(s.list())).await?;
+        let all = self.call("list".into(), move |s| s.list(&filters)).await?;
         Ok(tokio_stream::iter(
             all.into_iter().map(Ok).collect::<Vec<_>>(),
         ))
@@ -204,14 +340,20 @@ pub async fn serve(
         .map_err(|e| fail(&e))
 }
 
-/// Opens the store under `root` and serves it on `socket` until SIGTERM or SIGINT, then
-/// removes the socket; `ready` is called once the socket accepts connections.
-pub fn run(root: &Path, socket: &Path, log: Logger, ready: impl FnOnce()) -> Result<(), Error> {
+/// Serves `store` (with remote layers from `remote`, mounted again where they are not) on
+/// `socket` until SIGTERM or SIGINT, then removes the socket; `ready` is called once the
+/// socket accepts connections.
+pub fn run(
+    store: Store,
+    socket: &Path,
+    log: Logger,
+    remote: Option<Arc<dyn Remote>>,
+    ready: impl FnOnce(),
+) -> Result<(), Error> {
     let internal = |what: &str, e: &dyn std::fmt::Display| Error {
         code: Code::Internal,
         message: format!("{what}: {e}"),
     };
-    let store = Store::open(root)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -232,12 +374,16 @@ pub fn run(root: &Path, socket: &Path, log: Logger, ready: impl FnOnce()) -> Res
             }
         }
         let _remove = Remove(socket);
-        ready();
         let log = Arc::new(log);
-        let service = Service {
+        let mut service = Service {
             store: Arc::new(store),
             log: log.clone(),
+            remote: None,
         };
+        if let Some(remote) = remote {
+            service = service.with_remote(remote);
+        }
+        ready();
         let shutdown = async move {
             tokio::select! {
                 _ = term.recv() => log("SIGTERM: stopping"),

@@ -40,6 +40,8 @@ pub enum Code {
     InvalidArgument,
     /// The host failed (a directory or the metadata could not be written).
     Internal,
+    /// What serves a remote layer cannot be reached (a registry down, a mount failing).
+    Unavailable,
 }
 
 /// A failed request: its code and a one-line message naming what failed.
@@ -81,6 +83,7 @@ impl From<Error> for containerd_snapshots::tonic::Status {
             Code::FailedPrecondition => Status::failed_precondition(e.message),
             Code::InvalidArgument => Status::invalid_argument(e.message),
             Code::Internal => Status::internal(e.message),
+            Code::Unavailable => Status::unavailable(e.message),
         }
     }
 }
@@ -118,6 +121,20 @@ struct Record {
     /// Measured when committed; active snapshots are measured when asked.
     size: i64,
     inodes: i64,
+    /// A committed layer that is a verilay image mounted lazily, not a directory of ours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    remote: Option<RemoteLayer>,
+}
+
+/// A layer served from its verilay image: where it is mounted, and how to mount it again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLayer {
+    /// The verilay image's digest (`sha256:…`): it pins every block served.
+    pub image: String,
+    /// What `verilay mount` mounts (`oci://REGISTRY/REPOSITORY@ARTIFACT_DIGEST`).
+    pub source: String,
+    /// Its mountpoint: the snapshot's `fs`, its children's lower layer.
+    pub dir: PathBuf,
 }
 
 /// All of `metadata.json`.
@@ -204,6 +221,14 @@ impl Store {
         self.dir(id).join("fs")
     }
 
+    /// Where snapshot `r`'s files are: its layer's mountpoint, or `snapshots/ID/fs`.
+    fn fs_of(&self, r: &Record) -> PathBuf {
+        match &r.remote {
+            Some(l) => l.dir.clone(),
+            None => self.fs_dir(r.id),
+        }
+    }
+
     /// Writes the metadata whole: a temporary file, synced, renamed over the old one, and
     /// the directory synced so the rename holds.
     fn persist(&self, meta: &Metadata) -> Result<(), Error> {
@@ -253,7 +278,7 @@ impl Store {
                     format!("parent {parent:?} is not a committed snapshot"),
                 ));
             }
-            let st = std::fs::metadata(self.fs_dir(p.id))
+            let st = std::fs::metadata(self.fs_of(p))
                 .map_err(|e| Error::io(format!("parent {parent:?}'s directory"), e))?;
             Some((st.uid(), st.gid()))
         };
@@ -282,6 +307,7 @@ impl Store {
                 updated: now,
                 size: 0,
                 inodes: 0,
+                remote: None,
             },
         );
         if let Err(e) = self.persist(&meta) {
@@ -321,8 +347,8 @@ impl Store {
         })
     }
 
-    /// The parents' IDs of `key`, nearest first.
-    fn parent_ids(&self, meta: &Metadata, key: &str) -> Vec<u64> {
+    /// The parents of `key`, nearest first.
+    fn parents<'m>(&self, meta: &'m Metadata, key: &str) -> Vec<&'m Record> {
         let mut ids = Vec::new();
         let mut next = meta.snapshots.get(key).map(|r| r.parent.as_str());
         // Parents are committed before children exist and cannot be removed while they
@@ -331,7 +357,7 @@ impl Store {
             let Some(r) = meta.snapshots.get(p) else {
                 break;
             };
-            ids.push(r.id);
+            ids.push(r);
             next = Some(r.parent.as_str());
         }
         ids
@@ -348,8 +374,11 @@ impl Store {
                 format!("snapshot {key:?} is not active"),
             ));
         }
-        let parents = self.parent_ids(meta, key);
-        let path = |id: u64| self.fs_dir(id).to_string_lossy().into_owned();
+        let parents: Vec<String> = self
+            .parents(meta, key)
+            .into_iter()
+            .map(|p| self.fs_of(p).to_string_lossy().into_owned())
+            .collect();
         let bind = |source: String, ro: bool| {
             vec![Mount {
                 r#type: "bind".into(),
@@ -360,7 +389,10 @@ impl Store {
         };
         // Overlayfs needs a lower layer: with none the snapshot's own directory is bound.
         if parents.is_empty() {
-            return Ok(bind(path(r.id), r.kind == StoredKind::View));
+            return Ok(bind(
+                self.fs_of(r).to_string_lossy().into_owned(),
+                r.kind == StoredKind::View,
+            ));
         }
         let mut options = Vec::new();
         if self.index_off {
@@ -371,13 +403,12 @@ impl Store {
                 "workdir={}",
                 self.dir(r.id).join("work").to_string_lossy()
             ));
-            options.push(format!("upperdir={}", path(r.id)));
+            options.push(format!("upperdir={}", self.fs_of(r).to_string_lossy()));
         } else if parents.len() == 1 {
             // A view of one layer is that layer, read-only.
-            return Ok(bind(path(parents[0]), true));
+            return Ok(bind(parents[0].clone(), true));
         }
-        let lower: Vec<String> = parents.into_iter().map(path).collect();
-        options.push(format!("lowerdir={}", lower.join(":")));
+        options.push(format!("lowerdir={}", parents.join(":")));
         Ok(vec![Mount {
             r#type: "overlay".into(),
             source: "overlay".into(),
@@ -440,8 +471,9 @@ impl Store {
         Ok(())
     }
 
-    /// Removes snapshot `key` and its directory, refused while it has children.
-    pub fn remove(&self, key: &str) -> Result<(), Error> {
+    /// Removes snapshot `key` and its directory, refused while it has children. A removed
+    /// remote layer that no other snapshot shows is returned, to be unmounted.
+    pub fn remove(&self, key: &str) -> Result<Option<RemoteLayer>, Error> {
         check_key("key", key)?;
         let mut meta = self.lock();
         if !meta.snapshots.contains_key(key) {
@@ -461,9 +493,100 @@ impl Store {
             meta.snapshots.insert(key.to_string(), r);
             return Err(e);
         }
+        if let Some(l) = r.remote {
+            let shown = meta
+                .snapshots
+                .values()
+                .any(|o| o.remote.as_ref() == Some(&l));
+            return Ok((!shown).then_some(l));
+        }
         // Unnamed now: a failure here leaves a directory Cleanup removes.
         let _ = std::fs::remove_dir_all(self.dir(r.id));
+        Ok(None)
+    }
+
+    /// Commits `layer` as snapshot `name` over `parent` (committed, or none), with
+    /// `labels`: a remote layer containerd finds by its labels and does not unpack. One
+    /// already committed under `name` with the same parent and layer counts as done.
+    pub fn commit_remote(
+        &self,
+        name: &str,
+        parent: &str,
+        labels: HashMap<String, String>,
+        layer: RemoteLayer,
+    ) -> Result<(), Error> {
+        check_key("name", name)?;
+        if !parent.is_empty() {
+            check_key("parent", parent)?;
+        }
+        let labels = check_labels(labels)?;
+        let mut meta = self.lock();
+        if let Some(r) = meta.snapshots.get(name) {
+            if r.parent == parent && r.remote.as_ref() == Some(&layer) {
+                return Ok(());
+            }
+            return Err(Error::new(
+                Code::AlreadyExists,
+                format!("snapshot {name:?}: already exists"),
+            ));
+        }
+        if !parent.is_empty() {
+            let p = meta.snapshots.get(parent).ok_or_else(|| {
+                Error::new(Code::NotFound, format!("parent {parent:?}: not found"))
+            })?;
+            if p.kind != StoredKind::Committed {
+                return Err(Error::new(
+                    Code::InvalidArgument,
+                    format!("parent {parent:?} is not a committed snapshot"),
+                ));
+            }
+        }
+        let now = SystemTime::now();
+        meta.snapshots.insert(
+            name.to_string(),
+            Record {
+                // Names no directory: the layer's files are its mount's.
+                id: 0,
+                kind: StoredKind::Committed,
+                parent: parent.to_string(),
+                labels,
+                created: now,
+                updated: now,
+                size: 0,
+                inodes: 0,
+                remote: Some(layer),
+            },
+        );
+        if let Err(e) = self.persist(&meta) {
+            meta.snapshots.remove(name);
+            return Err(e);
+        }
         Ok(())
+    }
+
+    /// Every remote layer a snapshot shows, once each.
+    pub fn remote_layers(&self) -> Vec<RemoteLayer> {
+        let meta = self.lock();
+        let mut all: Vec<RemoteLayer> = Vec::new();
+        for l in meta.snapshots.values().filter_map(|r| r.remote.as_ref()) {
+            if !all.contains(l) {
+                all.push(l.clone());
+            }
+        }
+        all
+    }
+
+    /// The remote layers under snapshot `key` (itself included), nearest first.
+    pub fn remote_chain(&self, key: &str) -> Vec<RemoteLayer> {
+        let meta = self.lock();
+        let own = meta.snapshots.get(key).and_then(|r| r.remote.clone());
+        own.into_iter()
+            .chain(
+                self.parents(&meta, key)
+                    .into_iter()
+                    .filter_map(|p| p.remote.clone()),
+            )
+            .collect()
     }
 
     fn info(key: &str, r: &Record) -> Info {
@@ -539,13 +662,20 @@ impl Store {
         Ok(Store::info(&info.name, &meta.snapshots[&info.name]))
     }
 
-    /// Every snapshot, by key.
-    pub fn list(&self) -> Vec<Info> {
+    /// Every snapshot that one of `filters` selects (all with none), by key.
+    pub fn list(&self, filters: &[String]) -> Result<Vec<Info>, Error> {
+        let filters = filters
+            .iter()
+            .map(|f| crate::filter::parse(f))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::new(Code::InvalidArgument, e))?;
         let meta = self.lock();
-        meta.snapshots
+        Ok(meta
+            .snapshots
             .iter()
             .map(|(k, r)| Store::info(k, r))
-            .collect()
+            .filter(|i| filters.is_empty() || filters.iter().any(|f| f.selects(i)))
+            .collect())
     }
 
     /// The space and inodes snapshot `key`'s own layer uses (measured now for an active
@@ -588,6 +718,14 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Refuses a parent key or labels no snapshot may have, before anything else is done.
+pub fn check_request(parent: &str, labels: &HashMap<String, String>) -> Result<(), Error> {
+    if !parent.is_empty() {
+        check_key("parent", parent)?;
+    }
+    check_labels(labels.clone()).map(drop)
 }
 
 fn check_key(what: &str, key: &str) -> Result<(), Error> {

@@ -23,6 +23,13 @@ pub struct Args {
         default_value = "/var/lib/verilay/layer-store"
     )]
     state: PathBuf,
+    #[command(flatten)]
+    layers: LayerMounts,
+}
+
+/// How layers are found and mounted, for the layer store and the snapshotter alike.
+#[derive(clap::Args)]
+pub struct LayerMounts {
     /// Registries over plain HTTP: only on this machine.
     #[arg(long)]
     insecure: bool,
@@ -47,10 +54,66 @@ pub struct Args {
     /// The longest a registry request may take, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     timeout: u64,
-    /// Every manifest the store serves layers of must satisfy it, as podman's pulls do;
-    /// a conversion found as a referrer is used only when signed under it.
+    /// Every manifest layers are served of must satisfy it, as podman's pulls do; a
+    /// conversion found as a referrer is used only when signed under it.
     #[command(flatten)]
     signatures: super::registry::Policy,
+}
+
+impl LayerMounts {
+    /// A resolver keeping its mounts, blobs and record of bindings served in `state`
+    /// (canonical), mounting layers with this program and these options.
+    pub fn resolver(&self, state: &Path) -> anyhow::Result<layerstore::OciResolver> {
+        let program = std::env::current_exe().context("finding this program")?;
+        let mut resolver = layerstore::OciResolver::new(state.to_path_buf(), program);
+        // What was served before: images may still use layers made of it.
+        resolver.open_record().map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (the record of the layers served: delete it only once no container \
+                 storage holds a layer served)"
+            )
+        })?;
+        resolver.insecure = self.insecure;
+        resolver.timeout = Duration::from_secs(self.timeout.max(1));
+        resolver.trust = self.signatures.load()?;
+        // A layer's image artifact is mounted by the digest its (checked) manifest or
+        // signed conversion gives: pinned, it needs no signature of its own, whatever the
+        // policy says of its repository.
+        let pinned_policy = state.join("pinned-policy.json");
+        // Written new and renamed into place: a link planted there is replaced, not followed.
+        let mut tmp = tempfile::NamedTempFile::new_in(state)?;
+        std::io::Write::write_all(
+            &mut tmp,
+            br#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+        )?;
+        tmp.persist(&pinned_policy)
+            .with_context(|| format!("{}", pinned_policy.display()))?;
+        resolver
+            .mount_args
+            .extend(["--signature-policy".into(), pinned_policy.into_os_string()]);
+        if let Some(c) = &self.cache {
+            resolver
+                .mount_args
+                .extend(["--cache".into(), c.clone().into()]);
+        }
+        if let Some(e) = self.engine {
+            resolver
+                .mount_args
+                .push(format!("--engine={}", e.name()).into());
+        }
+        if let Some(p) = &self.policy {
+            resolver
+                .mount_args
+                .extend(["--policy".into(), p.clone().into()]);
+            resolver.measure_logs = self.measure_log.clone();
+        }
+        if let Some(t) = self.transport {
+            resolver
+                .mount_args
+                .push(format!("--transport={}", t.name()).into());
+        }
+        Ok(resolver)
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -62,54 +125,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let _held = hold_state(&state)?;
     // Mounts a store before this one left (its options, not ours) are detached first.
     detach_layers(&state.join("layers"));
-    let program = std::env::current_exe().context("finding this program")?;
-    let mut resolver = layerstore::OciResolver::new(state.clone(), program);
-    // What was served before: podman's storage may still hold layers made of it.
-    resolver.open_record().map_err(|e| {
-        anyhow::anyhow!(
-            "{e} (the record of the layers this store served: delete it only once no \
-             podman storage holds a layer the store served)"
-        )
-    })?;
-    resolver.insecure = a.insecure;
-    resolver.timeout = Duration::from_secs(a.timeout.max(1));
-    resolver.trust = a.signatures.load()?;
-    // A layer's image artifact is mounted by the digest its (checked) manifest or signed
-    // conversion gives: pinned, it needs no signature of its own, whatever the policy
-    // says of its repository.
-    let pinned_policy = state.join("pinned-policy.json");
-    // Written new and renamed into place: a link planted there is replaced, not followed.
-    let mut tmp = tempfile::NamedTempFile::new_in(&state)?;
-    std::io::Write::write_all(
-        &mut tmp,
-        br#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
-    )?;
-    tmp.persist(&pinned_policy)
-        .with_context(|| format!("{}", pinned_policy.display()))?;
-    resolver
-        .mount_args
-        .extend(["--signature-policy".into(), pinned_policy.into_os_string()]);
-    if let Some(c) = &a.cache {
-        resolver
-            .mount_args
-            .extend(["--cache".into(), c.clone().into()]);
-    }
-    if let Some(e) = a.engine {
-        resolver
-            .mount_args
-            .push(format!("--engine={}", e.name()).into());
-    }
-    if let Some(p) = &a.policy {
-        resolver
-            .mount_args
-            .extend(["--policy".into(), p.clone().into()]);
-        resolver.measure_logs = a.measure_log.clone();
-    }
-    if let Some(t) = a.transport {
-        resolver
-            .mount_args
-            .push(format!("--transport={}", t.name()).into());
-    }
+    let resolver = a.layers.resolver(&state)?;
     let plan = plan::Plan {
         source: "verilay-layer-store".into(),
         mountpoint: a.dir.clone(),
@@ -123,10 +139,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         // root's credentials) or fill its memory with names.
         access: plan::Access::Owner,
         threads: layerstore::STORE_THREADS,
-        transport: a.transport.unwrap_or(Transport::Auto),
+        transport: a.layers.transport.unwrap_or(Transport::Auto),
         poll: None,
         as_root,
-        timeout: Duration::from_secs(a.timeout.max(1)),
+        timeout: Duration::from_secs(a.layers.timeout.max(1)),
         engine_why: "the layer store itself is a FUSE filesystem".into(),
     };
     let log: imagefs::Logger = Box::new(|line| eprintln!("verilay layer-store: {line}"));

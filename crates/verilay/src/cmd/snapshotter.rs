@@ -1,14 +1,16 @@
 //! `verilay snapshotter --root DIR --address SOCKET`: a containerd proxy snapshotter with
-//! the semantics of containerd's overlayfs snapshotter (`snapshotter`), in the foreground
-//! until SIGTERM or SIGINT, which remove its socket.
+//! the semantics of containerd's overlayfs snapshotter, serving converted layers from
+//! their verilay images (`snapshotter`), in the foreground until SIGTERM or SIGINT, which
+//! remove its socket and leave its layers mounted for the containers using them.
 
 use anyhow::Context;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Where snapshots are kept: `metadata.json` and `snapshots/ID/{fs,work}`; one
-    /// snapshotter at a time (it is locked).
+    /// Where snapshots are kept: `metadata.json`, `snapshots/ID/{fs,work}`, and remote
+    /// layers' mounts and record under `remote/`; one snapshotter at a time (it is locked).
     #[arg(
         long,
         value_name = "DIR",
@@ -23,7 +25,12 @@ pub struct Args {
         default_value = "/run/verilay/snapshotter.sock"
     )]
     address: PathBuf,
-    /// Log only what fails (no start and stop lines).
+    /// Unpack every layer as containerd's overlayfs snapshotter does: no remote layers.
+    #[arg(long)]
+    no_remote: bool,
+    #[command(flatten)]
+    layers: super::layer_store::LayerMounts,
+    /// Log only what fails (no start, stop and per-layer lines).
     #[arg(short, long)]
     quiet: bool,
 }
@@ -31,13 +38,31 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let quiet = a.quiet;
     let log: snapshotter::Logger = Box::new(move |line| {
-        // Refusals say what failed and why; the stop lines are news only without --quiet.
-        if !quiet || !line.ends_with(": stopping") {
+        // Refusals and failures are always news; what was served, and stops, only
+        // without --quiet.
+        let news = line.ends_with(": stopping")
+            || line.contains(": served from verilay image ")
+            || line.ends_with(": containerd pulls and unpacks it");
+        if !quiet || !news {
             eprintln!("verilay snapshotter: {line}");
         }
     });
+    // Locked first: the remote layers' state is this root's.
+    let store = snapshotter::Store::open(&a.root)
+        .with_context(|| format!("snapshotter on {}", a.address.display()))?;
+    let remote: Option<Arc<dyn snapshotter::Remote>> = if a.no_remote {
+        None
+    } else {
+        let state = store.root().join("remote");
+        std::fs::create_dir_all(&state)
+            .with_context(|| format!("state directory {}", state.display()))?;
+        let state = std::fs::canonicalize(&state)?;
+        Some(Arc::new(snapshotter::remote::OciLayers(
+            a.layers.resolver(&state)?,
+        )))
+    };
     let (root, address) = (a.root.clone(), a.address.clone());
-    snapshotter::run(&a.root, &a.address, log, || {
+    snapshotter::run(store, &a.address, log, remote, || {
         if !quiet {
             eprintln!(
                 "verilay snapshotter: serving {} (snapshots under {})",

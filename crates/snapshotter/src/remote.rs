@@ -1,0 +1,191 @@
+//! Remote layers: the layer a Prepare's CRI labels name, found as the layer store finds it
+//! (bound by the manifest containerd pulled, or a conversion signed under the policy) and
+//! mounted lazily and verified by `verilay mount` of its image artifact.
+//!
+//! - A layer with no conversion, or one refused, is containerd's to pull and unpack.
+//! - Mounts are daemons of their own: they outlive the snapshotter, and are detached only
+//!   when no snapshot shows them.
+
+use crate::store::RemoteLayer;
+use layerstore::{Found, OciResolver, Resolver};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The label containerd's unpacker puts on a layer's Prepare: the chain ID to commit as.
+pub const TARGET_LABEL: &str = "containerd.io/snapshot.ref";
+/// The image reference CRI pulls (with `disable_snapshot_annotations = false`), as
+/// `ctr-remote image rpull` also passes it.
+pub const IMAGE_REF_LABEL: &str = "containerd.io/snapshot/cri.image-ref";
+/// The digest of the image manifest that lists the layer.
+pub const MANIFEST_LABEL: &str = "containerd.io/snapshot/cri.manifest-digest";
+/// The layer blob's digest.
+pub const LAYER_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
+/// Marks a snapshot served from a verilay image, as stargz-snapshotter marks its own.
+pub const REMOTE_LABEL: &str = "containerd.io/snapshot/remote";
+
+/// The layer a Prepare asks for, from its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// The chain ID containerd files the layer under.
+    pub target: String,
+    /// The image as containerd pulled it: by the manifest's digest when the labels give it.
+    pub reference: String,
+    /// The layer blob's digest.
+    pub layer: String,
+}
+
+impl Wanted {
+    /// The layer `labels` name; `None` when they name none (a container's own snapshot, a
+    /// pull that passes no CRI labels). Malformed labels are an error naming the label.
+    pub fn of(labels: &HashMap<String, String>) -> Result<Option<Wanted>, String> {
+        let (Some(target), Some(image), Some(layer)) = (
+            labels.get(TARGET_LABEL),
+            labels.get(IMAGE_REF_LABEL),
+            labels.get(LAYER_LABEL),
+        ) else {
+            return Ok(None);
+        };
+        let digest = |label: &str, d: &str| match oci::reference::valid_digest(d) {
+            true => Ok(()),
+            false => Err(format!(
+                "label {label}: {:?} is not a sha256 digest",
+                d.chars().take(80).collect::<String>()
+            )),
+        };
+        digest(TARGET_LABEL, target)?;
+        digest(LAYER_LABEL, layer)?;
+        let named = image.split_once('@').map_or(image.as_str(), |(n, _)| n);
+        let reference = match labels.get(MANIFEST_LABEL) {
+            Some(m) => {
+                digest(MANIFEST_LABEL, m)?;
+                format!("{named}@{m}")
+            }
+            None => image.clone(),
+        };
+        layerstore::resolve::parse_reference(&reference)
+            .map_err(|e| format!("label {IMAGE_REF_LABEL}: {e}"))?;
+        Ok(Some(Wanted {
+            target: target.clone(),
+            reference,
+            layer: layer.clone(),
+        }))
+    }
+}
+
+/// What a look-up found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Looked {
+    /// The layer's verilay image, mounted.
+    Mounted(RemoteLayer),
+    /// containerd pulls and unpacks the layer, for this reason.
+    Fallback(String),
+}
+
+/// Where remote layers come from.
+pub trait Remote: Send + Sync {
+    /// The verilay image of layer `w`, mounted; an error when the registry cannot be asked
+    /// or the mount fails.
+    fn look_up(&self, w: &Wanted) -> Result<Looked, String>;
+    /// Mounts `l` again unless it is mounted.
+    fn ensure(&self, l: &RemoteLayer) -> Result<(), String>;
+    /// Detaches `l` (lazily: containers still using it keep it until they let go).
+    fn release(&self, l: &RemoteLayer);
+    /// Detaches every layer mount but those in `keep`.
+    fn release_all_but(&self, keep: &[RemoteLayer]);
+}
+
+/// Remote layers from registries, through the layer store's resolver (its state directory
+/// holds the mounts, under `layers/`, and the record of bindings served).
+pub struct OciLayers(pub OciResolver);
+
+impl Remote for OciLayers {
+    fn look_up(&self, w: &Wanted) -> Result<Looked, String> {
+        let layer = match self.0.layer(&w.reference, &w.layer)? {
+            None => {
+                return Ok(Looked::Fallback(
+                    "no conversion binds it (in the manifest, or signed under the policy)".into(),
+                ))
+            }
+            Some(Found::Refused(r)) => return Ok(Looked::Fallback(format!("refused: {}", r.why))),
+            Some(Found::Layer(l)) => l,
+        };
+        let dir = self.0.mount(&layer)?;
+        Ok(Looked::Mounted(RemoteLayer {
+            image: layer.converted.image_digest.clone(),
+            source: layerstore::resolve::artifact_source(&layer),
+            dir,
+        }))
+    }
+
+    fn ensure(&self, l: &RemoteLayer) -> Result<(), String> {
+        let dir = self.0.mount_artifact(&l.source, &l.image)?;
+        // The record names where it was mounted: another state directory is another store.
+        match dir == l.dir {
+            true => Ok(()),
+            false => Err(format!(
+                "mounted at {}, not at {} where its snapshot is",
+                dir.display(),
+                l.dir.display()
+            )),
+        }
+    }
+
+    fn release(&self, l: &RemoteLayer) {
+        detach(&l.dir);
+    }
+
+    fn release_all_but(&self, keep: &[RemoteLayer]) {
+        let Ok(entries) = std::fs::read_dir(self.0.layers_dir()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if !keep.iter().any(|k| k.dir == e.path()) {
+                detach(&e.path());
+            }
+        }
+    }
+}
+
+/// Detaches the mount on `dir` if there is one, and removes `dir`.
+fn detach(dir: &Path) {
+    if layerstore::resolve::mounted(dir) != Some(false) {
+        let _ = imagefs::mount::unmount(dir, true);
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_labels_name_the_layer_or_are_refused_by_name() {
+        let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let mut labels: HashMap<String, String> = [
+            (TARGET_LABEL, d('a')),
+            (IMAGE_REF_LABEL, "127.0.0.1:5000/app:v1".into()),
+            (LAYER_LABEL, d('b')),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let w = Wanted::of(&labels).unwrap().unwrap();
+        assert_eq!(w.reference, "127.0.0.1:5000/app:v1");
+        labels.insert(MANIFEST_LABEL.into(), d('c'));
+        let w = Wanted::of(&labels).unwrap().unwrap();
+        assert_eq!(w.reference, format!("127.0.0.1:5000/app:v1@{}", d('c')));
+        assert_eq!((w.target, w.layer), (d('a'), d('b')));
+        for (label, bad, why) in [
+            (LAYER_LABEL, "sha256:zz", "is not a sha256 digest"),
+            (MANIFEST_LABEL, "md5:00", "is not a sha256 digest"),
+            (IMAGE_REF_LABEL, "app", IMAGE_REF_LABEL),
+        ] {
+            let mut l = labels.clone();
+            l.insert(label.into(), bad.into());
+            let e = Wanted::of(&l).unwrap_err();
+            assert!(e.contains(label) && e.contains(why), "{e}");
+        }
+        labels.remove(IMAGE_REF_LABEL);
+        assert_eq!(Wanted::of(&labels), Ok(None));
+    }
+}
