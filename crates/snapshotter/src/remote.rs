@@ -13,9 +13,12 @@ use std::path::Path;
 
 /// The label containerd's unpacker puts on a layer's Prepare: the chain ID to commit as.
 pub const TARGET_LABEL: &str = "containerd.io/snapshot.ref";
-/// The image reference CRI pulls (with `disable_snapshot_annotations = false`), as
-/// `ctr-remote image rpull` also passes it.
+/// The image reference CRI pulls (with `disable_snapshot_annotations = false`).
 pub const IMAGE_REF_LABEL: &str = "containerd.io/snapshot/cri.image-ref";
+/// The image reference as stargz-snapshotter's `ctr-remote image rpull` passes it.
+pub const STARGZ_REF_LABEL: &str = "containerd.io/snapshot/remote/stargz.reference";
+/// The layer blob's digest as `ctr-remote image rpull` passes it.
+pub const STARGZ_LAYER_LABEL: &str = "containerd.io/snapshot/remote/stargz.digest";
 /// The digest of the image manifest that lists the layer.
 pub const MANIFEST_LABEL: &str = "containerd.io/snapshot/cri.manifest-digest";
 /// The layer blob's digest.
@@ -35,13 +38,19 @@ pub struct Wanted {
 }
 
 impl Wanted {
-    /// The layer `labels` name; `None` when they name none (a container's own snapshot, a
-    /// pull that passes no CRI labels). Malformed labels are an error naming the label.
+    /// The layer `labels` name, CRI's or else `ctr-remote`'s; `None` when they name none
+    /// (a container's own snapshot, a pull that passes no such labels). Malformed labels
+    /// are an error naming the label.
     pub fn of(labels: &HashMap<String, String>) -> Result<Option<Wanted>, String> {
-        let (Some(target), Some(image), Some(layer)) = (
+        let either = |cri: &'static str, stargz: &'static str| {
+            labels
+                .get_key_value(cri)
+                .or_else(|| labels.get_key_value(stargz))
+        };
+        let (Some(target), Some((image_label, image)), Some((layer_label, layer))) = (
             labels.get(TARGET_LABEL),
-            labels.get(IMAGE_REF_LABEL),
-            labels.get(LAYER_LABEL),
+            either(IMAGE_REF_LABEL, STARGZ_REF_LABEL),
+            either(LAYER_LABEL, STARGZ_LAYER_LABEL),
         ) else {
             return Ok(None);
         };
@@ -53,7 +62,7 @@ impl Wanted {
             )),
         };
         digest(TARGET_LABEL, target)?;
-        digest(LAYER_LABEL, layer)?;
+        digest(layer_label, layer)?;
         let named = image.split_once('@').map_or(image.as_str(), |(n, _)| n);
         let reference = match labels.get(MANIFEST_LABEL) {
             Some(m) => {
@@ -63,7 +72,7 @@ impl Wanted {
             None => image.clone(),
         };
         layerstore::resolve::parse_reference(&reference)
-            .map_err(|e| format!("label {IMAGE_REF_LABEL}: {e}"))?;
+            .map_err(|e| format!("label {image_label}: {e}"))?;
         Ok(Some(Wanted {
             target: target.clone(),
             reference,
@@ -187,5 +196,19 @@ mod tests {
         }
         labels.remove(IMAGE_REF_LABEL);
         assert_eq!(Wanted::of(&labels), Ok(None));
+        // ctr-remote's labels, when CRI's are not there.
+        labels.remove(LAYER_LABEL);
+        labels.remove(MANIFEST_LABEL);
+        labels.insert(STARGZ_REF_LABEL.into(), "127.0.0.1:5000/app:v1".into());
+        labels.insert(STARGZ_LAYER_LABEL.into(), d('e'));
+        let w = Wanted::of(&labels).unwrap().unwrap();
+        assert_eq!(
+            (w.reference.as_str(), w.layer),
+            ("127.0.0.1:5000/app:v1", d('e'))
+        );
+        labels.insert(STARGZ_LAYER_LABEL.into(), "x".into());
+        assert!(Wanted::of(&labels)
+            .unwrap_err()
+            .contains(STARGZ_LAYER_LABEL));
     }
 }

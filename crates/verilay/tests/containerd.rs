@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::containers::{layout, prerequisites};
+use common::containers::{
+    convert_json, fetched_under_half, layout, prerequisites, stats_json, three_layers,
+};
 use common::registry::Registry;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -30,15 +32,24 @@ impl Drop for Killed {
     }
 }
 
-/// `verilay snapshotter --root ROOT --address SOCKET`, once its socket answers.
+/// `verilay snapshotter --root ROOT --address SOCKET ARGS…`, once its socket answers.
 struct Snapshotter {
     child: Killed,
     root: PathBuf,
     socket: PathBuf,
+    args: Vec<String>,
 }
+
+/// Each chunk a read touches, fetched alone (not runs ahead of a sequential reader), so
+/// the bytes fetched are the bytes the containers touched.
+const FETCH_EXACT: (&str, &str) = ("VERILAY_FETCH_EXACT", "1");
 
 impl Snapshotter {
     fn start(root: &Path, socket: &Path, log: &Path) -> Snapshotter {
+        Snapshotter::start_with(root, socket, log, &[])
+    }
+
+    fn start_with(root: &Path, socket: &Path, log: &Path, args: &[String]) -> Snapshotter {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -50,6 +61,8 @@ impl Snapshotter {
             .arg(root)
             .arg("--address")
             .arg(socket)
+            .args(args)
+            .env(FETCH_EXACT.0, FETCH_EXACT.1)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -58,6 +71,7 @@ impl Snapshotter {
             child: Killed(child),
             root: root.to_path_buf(),
             socket: socket.to_path_buf(),
+            args: args.to_vec(),
         };
         wait_until(Duration::from_secs(20), "the snapshotter's socket", || {
             assert!(
@@ -202,13 +216,25 @@ struct Setup {
 
 impl Setup {
     fn start() -> Setup {
+        Setup::start_with(&[])
+    }
+
+    /// With `snapshotter_args` for the snapshotter, `--cache` (a directory of the test's)
+    /// among them.
+    fn start_with(snapshotter_args: &[&str]) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("verilay-ctd-")
             .tempdir_in("/tmp")
             .unwrap();
         let root = dir.path().join("snapshotter");
         let socket = dir.path().join("snap.sock");
-        let snapshotter = Snapshotter::start(&root, &socket, &dir.path().join("snapshotter.log"));
+        let mut args: Vec<String> = snapshotter_args.iter().map(|a| a.to_string()).collect();
+        args.extend([
+            "--cache".into(),
+            dir.path().join("cache").display().to_string(),
+        ]);
+        let snapshotter =
+            Snapshotter::start_with(&root, &socket, &dir.path().join("snapshotter.log"), &args);
         let containerd = Containerd::start(dir.path(), &socket);
         Setup {
             snapshotter: Some(snapshotter),
@@ -219,12 +245,13 @@ impl Setup {
 
     fn restart_snapshotter(&mut self) {
         let s = self.snapshotter.take().unwrap();
-        let (root, socket) = (s.root.clone(), s.socket.clone());
+        let (root, socket, args) = (s.root.clone(), s.socket.clone(), s.args.clone());
         s.stop();
-        self.snapshotter = Some(Snapshotter::start(
+        self.snapshotter = Some(Snapshotter::start_with(
             &root,
             &socket,
             &self.dir.path().join("snapshotter.log"),
+            &args,
         ));
     }
 
@@ -577,4 +604,269 @@ fn a_root_and_a_socket_serve_one_snapshotter() {
     assert!(err.contains("in use"), "{err}");
     assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
     first.stop();
+}
+
+fn remote_prerequisites() -> bool {
+    containerd_prerequisites()
+        || prerequisites()
+        || skip_unless(have("busybox"), "needs busybox-static (scripts/setup)")
+        || skip_unless(
+            have("ctr-remote"),
+            "needs ctr-remote (stargz-snapshotter, scripts/setup)",
+        )
+}
+
+impl Setup {
+    /// `ctr-remote image rpull`: a pull that passes the layers' CRI labels.
+    fn rpull(&self, snapshotter: &str, image: &str) -> Output {
+        let mut c = Command::new("timeout");
+        c.arg("120")
+            .arg("ctr-remote")
+            .arg("--address")
+            .arg(&self.containerd.socket)
+            .args([
+                "image",
+                "rpull",
+                "--plain-http",
+                "--snapshotter",
+                snapshotter,
+                image,
+            ]);
+        c.output().unwrap()
+    }
+
+    /// `ctr run --rm --snapshotter SN IMAGE ID ARGS…`: (exit code, stdout, stderr).
+    fn ctr_run(&self, sn: &str, image: &str, id: &str, args: &[&str]) -> (i32, String, String) {
+        let out = self
+            .containerd
+            .ctr()
+            .args(["run", "--rm", "--snapshotter", sn, image])
+            .arg(format!("{id}-{}", std::process::id()))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn root(&self) -> PathBuf {
+        std::fs::canonicalize(&self.snapshotter.as_ref().unwrap().root).unwrap()
+    }
+
+    /// The remote layers' mountpoints.
+    fn layer_mounts(&self) -> Vec<PathBuf> {
+        let dir = self.root().join("remote/layers");
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("snapshotter.log")).unwrap_or_default()
+    }
+
+    /// The digests in containerd's content store.
+    fn content(&self) -> String {
+        String::from_utf8(run(self.containerd.ctr().args(["content", "ls", "-q"])).stdout).unwrap()
+    }
+}
+
+/// Pushes `dirs` as image `name` (`REPO:TAG`) and converts it in place: the tag then names
+/// the bound manifest. Returns the layer blobs' digests.
+fn converted(base: &Path, reg: &Registry, name: &str, dirs: &[PathBuf]) -> Vec<String> {
+    let sub = base.join(name.replace([':', '/'], "-"));
+    std::fs::create_dir_all(&sub).unwrap();
+    let l = layout(&sub, "v1", dirs);
+    let src = format!("oci:{}:v1", l.dir.display());
+    convert_json(&[&src, &reg.docker(name), "--insecure"]);
+    l.layers
+}
+
+const PY: &[&str] = &[
+    "python3",
+    "-c",
+    "import json, hashlib; print(json.dumps({'s': sum(range(10)), 'h': hashlib.sha256(b'x').hexdigest()}))",
+];
+
+/// A converted image pulled with `ctr-remote image rpull`: no layer blob reaches
+/// containerd, every layer is a verilay mount, containers print what they print on
+/// containerd's overlayfs snapshotter, only what they touched was fetched, and their
+/// writes land in their own snapshots. An image nobody converted is pulled and unpacked
+/// as usual; a tampered layer gives EIO, never its bytes.
+#[test]
+fn a_converted_image_runs_from_verified_lazily_fetched_layers() {
+    if remote_prerequisites() {
+        return;
+    }
+    let s = Setup::start_with(&["--insecure"]);
+    let reg = Registry::start(false);
+    let dirs = three_layers(s.dir.path());
+    let layers = converted(s.dir.path(), &reg, "app:v1", &dirs);
+    let image = format!("127.0.0.1:{}/app:v1", reg.port);
+
+    let out = s.rpull("verilay", &image);
+    assert!(out.status.success(), "{out:?}\n{}", s.logs());
+    let content = s.content();
+    for l in &layers {
+        assert!(
+            !content.contains(l.as_str()),
+            "layer {l} was fetched:\n{content}\n{}",
+            s.logs()
+        );
+    }
+    let mounts = s.layer_mounts();
+    assert_eq!(mounts.len(), 3, "{mounts:?}\n{}", s.logs());
+    assert_eq!(
+        s.log().matches(": served from verilay image ").count(),
+        3,
+        "{}",
+        s.log()
+    );
+
+    let script: &[&str] = &["/app/run.sh"];
+    let mut ours = Vec::new();
+    for (i, args) in [PY, script].iter().enumerate() {
+        let (code, out, err) = s.ctr_run("verilay", &image, &format!("v{i}"), args);
+        assert_eq!(code, 0, "{args:?}: {err}\n{}", s.logs());
+        ours.push(out);
+    }
+    assert!(
+        ours[1].contains("app on base") && !ours[1].contains("gone"),
+        "{ours:?}"
+    );
+    fetched_under_half(mounts.iter().map(|m| stats_json(m)));
+
+    // A container's writes are in its own snapshot's directory, never in a layer.
+    let id = format!("w-{}", std::process::id());
+    run(s.containerd.ctr().args([
+        "run",
+        "--snapshotter",
+        "verilay",
+        &image,
+        &id,
+        "sh",
+        "-c",
+        "echo written > /etc/new && rm /etc/os-release",
+    ]));
+    let snapshots = s.root().join("snapshots");
+    let written: Vec<PathBuf> = std::fs::read_dir(&snapshots)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("fs/etc/new"))
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(std::fs::read_to_string(&written[0]).unwrap(), "written\n");
+    for m in &mounts {
+        assert!(!m.join("etc/new").exists());
+    }
+    assert_eq!(
+        std::fs::read_to_string(
+            mounts
+                .iter()
+                .map(|m| m.join("etc/os-release"))
+                .find(|p| p.exists())
+                .unwrap()
+        )
+        .unwrap(),
+        "base\n"
+    );
+    let _ = s.containerd.ctr().args(["task", "rm", "-f", &id]).output();
+    let _ = s.containerd.ctr().args(["container", "rm", &id]).status();
+
+    // The same image through containerd's overlayfs snapshotter: the same output.
+    run(s.containerd.ctr().args([
+        "image",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        "overlayfs",
+        &image,
+    ]));
+    for (i, args) in [PY, script].iter().enumerate() {
+        let (code, out, err) = s.ctr_run("overlayfs", &image, &format!("o{i}"), args);
+        assert_eq!((code, &out), (0, &ours[i]), "{args:?}: {err}");
+    }
+
+    // An image nobody converted: containerd pulls and unpacks it, and it runs.
+    let plain = s.dir.path().join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let l = layout(&plain, "v1", &dirs[..1]);
+    run(Command::new("skopeo").args([
+        "copy",
+        "--dest-tls-verify=false",
+        &format!("oci:{}:v1", l.dir.display()),
+        &reg.docker("plain:v1"),
+    ]));
+    let plain_image = format!("127.0.0.1:{}/plain:v1", reg.port);
+    let out = s.rpull("verilay", &plain_image);
+    assert!(out.status.success(), "{out:?}\n{}", s.logs());
+    assert!(
+        s.log().contains("containerd pulls and unpacks it"),
+        "{}",
+        s.log()
+    );
+    assert!(s.content().contains(&l.layers[0]));
+    let (code, out, err) = s.ctr_run("verilay", &plain_image, "p", &["cat", "/etc/os-release"]);
+    assert_eq!((code, out.as_str()), (0, "base\n"), "{err}");
+    assert_eq!(s.layer_mounts().len(), 3);
+
+    // A converted layer whose stored image was altered: reading the altered block fails
+    // with EIO in the container and on the host, never giving its bytes.
+    let bad = s.dir.path().join("bad");
+    sh(&format!(
+        "set -e; mkdir -p {0}; cp -a {1}/. {0}/; echo other > {0}/etc/marker",
+        bad.display(),
+        dirs[0].display()
+    ));
+    let sub = s.dir.path().join("badimg");
+    std::fs::create_dir_all(&sub).unwrap();
+    let lb = layout(&sub, "v1", &[bad]);
+    let j = convert_json(&[
+        &format!("oci:{}:v1", lb.dir.display()),
+        &reg.docker("bad:v1"),
+        "--insecure",
+    ]);
+    let blob = reg.blob_file(
+        j["manifests"][0]["layers"][0]["image_blob"]
+            .as_str()
+            .unwrap(),
+    );
+    let inspect = run(verilay()
+        .arg("inspect")
+        .arg("--json")
+        .arg(&blob)
+        .arg("/bin/busybox"));
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let at = info["layout"]["start_block"].as_u64().unwrap() * 4096 + 100 * 4096 + 7;
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[at as usize] ^= 0x40;
+    std::fs::write(&blob, bytes).unwrap();
+    let bad_image = format!("127.0.0.1:{}/bad:v1", reg.port);
+    let out = s.rpull("verilay", &bad_image);
+    assert!(out.status.success(), "{out:?}\n{}", s.logs());
+    let (code, out, err) = s.ctr_run(
+        "verilay",
+        &bad_image,
+        "t",
+        &[
+            "sh",
+            "-c",
+            "cat /etc/marker && cat /bin/busybox > /dev/null && echo read",
+        ],
+    );
+    // Its own file is read; the altered block is not.
+    assert_ne!(code, 0, "{out}{err}");
+    assert_eq!(out, "other\n", "{err}");
+    let bad_mount = s
+        .layer_mounts()
+        .into_iter()
+        .find(|m| m.join("etc/marker").exists())
+        .unwrap();
+    let e = std::fs::read(bad_mount.join("bin/busybox")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
 }

@@ -303,3 +303,54 @@ pub fn podman_conf(dir: &Path, port: u16) {
     )
     .unwrap();
 }
+
+pub fn convert_json(args: &[&str]) -> serde_json::Value {
+    let out = run(verilay().arg("convert").args(args).arg("--json"));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Three layers: busybox as the base (with a file the top layer deletes), a Python
+/// installation (this machine's interpreter, its libraries and standard library, and
+/// 25 MB of data no program reads, as images carry), and an app layer with a script.
+pub fn three_layers(base: &Path) -> Vec<PathBuf> {
+    let (l0, l1, l2) = (base.join("base"), base.join("python"), base.join("app"));
+    sh(&format!(
+        "set -e; mkdir -p {0}/bin {0}/etc {0}/tmp; cp \"$(command -v busybox)\" {0}/bin/busybox; \
+         for c in sh cat echo ls head wc true rm mkdir sha256sum; do ln -s busybox {0}/bin/$c; done; \
+         echo base > {0}/etc/os-release; echo gone > {0}/etc/gone; chmod 1777 {0}/tmp; \
+         mkdir -p {1}/usr/bin {1}/lib/x86_64-linux-gnu {1}/lib64 {1}/usr/lib; \
+         cp /usr/bin/python3.11 {1}/usr/bin/python3; \
+         for l in $(ldd /usr/bin/python3.11 | grep -o '/[^ ]*'); do cp -L \"$l\" {1}$l; done; \
+         tar -C /usr/lib --exclude=test --exclude=tests --exclude=dist-packages \
+             --exclude=__pycache__ --exclude=idlelib --exclude=tkinter --exclude=ensurepip \
+             --exclude=lib2to3 --exclude=pydoc_data --exclude=config-3.11-x86_64-linux-gnu \
+             -cf - python3.11 | tar -C {1}/usr/lib -xf -; \
+         mkdir -p {1}/usr/share/data; head -c 25000000 /dev/urandom > {1}/usr/share/data/unread; \
+         mkdir -p {2}/app {2}/etc; : > {2}/etc/.wh.gone; \
+         printf '#!/bin/sh\\necho \"app on $(cat /etc/os-release)\"; ls /etc\\n' > {2}/app/run.sh; \
+         chmod 755 {2}/app/run.sh",
+        l0.display(),
+        l1.display(),
+        l2.display()
+    ));
+    vec![l0, l1, l2]
+}
+
+pub fn stats_json(mnt: &Path) -> serde_json::Value {
+    let out = run(verilay().arg("stats").arg("--json").arg(mnt));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The layer mounts' `verilay stats` say less than half of their images was fetched.
+pub fn fetched_under_half(stats: impl Iterator<Item = serde_json::Value>) {
+    let (mut fetched, mut size) = (0u64, 0u64);
+    for s in stats {
+        fetched += s["remote_bytes_fetched"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+        size += s["remote_image_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{s}"));
+    }
+    assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
+}
