@@ -98,18 +98,18 @@ impl Service {
                 return Err(e.into());
             }
         };
-        let (parent, labels) = (parent.to_string(), labels.clone());
+        let (key, parent, labels) = (key.to_string(), parent.to_string(), labels.clone());
         let target = wanted.target.clone();
         let what = format!(
             "prepare {} (layer {} of {})",
-            shown(key),
+            shown(&key),
             wanted.layer,
             wanted.reference
         );
         let log = self.log.clone();
         self.call(what, move |store| {
             // Bad requests fail before any registry is asked.
-            store::check_request(&parent, &labels)?;
+            store.check_prepare(&key, &parent, &labels)?;
             match remote.look_up(&wanted) {
                 Err(e) => Err(Error {
                     code: Code::Unavailable,

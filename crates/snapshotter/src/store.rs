@@ -266,21 +266,12 @@ impl Store {
                 format!("snapshot {key:?}: already exists"),
             ));
         }
-        let parent_owner = if parent.is_empty() {
-            None
-        } else {
-            let p = meta.snapshots.get(parent).ok_or_else(|| {
-                Error::new(Code::NotFound, format!("parent {parent:?}: not found"))
-            })?;
-            if p.kind != StoredKind::Committed {
-                return Err(Error::new(
-                    Code::InvalidArgument,
-                    format!("parent {parent:?} is not a committed snapshot"),
-                ));
-            }
+        let parent_owner = if let Some(p) = committed_parent(&meta, parent)? {
             let st = std::fs::metadata(self.fs_of(p))
                 .map_err(|e| Error::io(format!("parent {parent:?}'s directory"), e))?;
             Some((st.uid(), st.gid()))
+        } else {
+            None
         };
         // An ID whose directory exists (left by a crash before the metadata named it) is
         // skipped; Cleanup removes that directory.
@@ -530,17 +521,7 @@ impl Store {
                 format!("snapshot {name:?}: already exists"),
             ));
         }
-        if !parent.is_empty() {
-            let p = meta.snapshots.get(parent).ok_or_else(|| {
-                Error::new(Code::NotFound, format!("parent {parent:?}: not found"))
-            })?;
-            if p.kind != StoredKind::Committed {
-                return Err(Error::new(
-                    Code::InvalidArgument,
-                    format!("parent {parent:?} is not a committed snapshot"),
-                ));
-            }
-        }
+        committed_parent(&meta, parent)?;
         let now = SystemTime::now();
         meta.snapshots.insert(
             name.to_string(),
@@ -562,6 +543,22 @@ impl Store {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Refuses what a Prepare of `key` over `parent` with `labels` would be refused for,
+    /// before a remote layer is looked up for it.
+    pub fn check_prepare(
+        &self,
+        key: &str,
+        parent: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<(), Error> {
+        check_key("key", key)?;
+        if !parent.is_empty() {
+            check_key("parent", parent)?;
+        }
+        check_labels(labels.clone())?;
+        committed_parent(&self.lock(), parent).map(drop)
     }
 
     /// Every remote layer a snapshot shows, once each.
@@ -720,12 +717,22 @@ impl Store {
     }
 }
 
-/// Refuses a parent key or labels no snapshot may have, before anything else is done.
-pub fn check_request(parent: &str, labels: &HashMap<String, String>) -> Result<(), Error> {
-    if !parent.is_empty() {
-        check_key("parent", parent)?;
+/// The record of `parent`, which must be a committed snapshot (`None` for no parent).
+fn committed_parent<'m>(meta: &'m Metadata, parent: &str) -> Result<Option<&'m Record>, Error> {
+    if parent.is_empty() {
+        return Ok(None);
     }
-    check_labels(labels.clone()).map(drop)
+    let p = meta
+        .snapshots
+        .get(parent)
+        .ok_or_else(|| Error::new(Code::NotFound, format!("parent {parent:?}: not found")))?;
+    if p.kind != StoredKind::Committed {
+        return Err(Error::new(
+            Code::InvalidArgument,
+            format!("parent {parent:?} is not a committed snapshot"),
+        ));
+    }
+    Ok(Some(p))
 }
 
 fn check_key(what: &str, key: &str) -> Result<(), Error> {

@@ -6,9 +6,11 @@ use containerd_snapshots::api::snapshots::v1::snapshots_client::SnapshotsClient;
 use containerd_snapshots::api::snapshots::v1::*;
 use containerd_snapshots::api::types::Mount;
 use containerd_snapshots::tonic::{self, transport::Channel, Code};
-use snapshotter::{Service, Store};
+use snapshotter::remote::{LAYER_LABEL, MANIFEST_LABEL, REMOTE_LABEL, TARGET_LABEL};
+use snapshotter::{Looked, Remote, RemoteLayer, Service, Store, Wanted};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A snapshotter serving `root` on a socket in `dir`, and a client of it; the server stops
@@ -21,10 +23,17 @@ struct Served {
 
 impl Served {
     async fn start(root: &Path, socket: &Path) -> Served {
+        Served::start_with(root, socket, None).await
+    }
+
+    async fn start_with(root: &Path, socket: &Path, remote: Option<Arc<dyn Remote>>) -> Served {
         let store = Store::open(root).unwrap();
         let listener = snapshotter::bind(socket).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let service = Service::new(store, Box::new(|l| eprintln!("snapshotter: {l}")));
+        let mut service = Service::new(store, Box::new(|l| eprintln!("snapshotter: {l}")));
+        if let Some(r) = remote {
+            service = service.with_remote(r);
+        }
         let task = tokio::spawn(snapshotter::serve(service, listener, async {
             let _ = stopped.await;
         }));
@@ -172,21 +181,24 @@ impl Served {
     }
 
     async fn list(&mut self) -> Vec<Info> {
+        self.list_filtered(&[]).await.unwrap()
+    }
+
+    async fn list_filtered(&mut self, filters: &[&str]) -> Result<Vec<Info>, tonic::Status> {
         let mut stream = self
             .client
             .list(ListSnapshotsRequest {
                 snapshotter: "verilay".into(),
-                filters: vec![],
+                filters: strings(filters),
             })
-            .await
-            .unwrap()
+            .await?
             .into_inner();
         let mut all = Vec::new();
-        while let Some(batch) = stream.message().await.unwrap() {
+        while let Some(batch) = stream.message().await? {
             all.extend(batch.info);
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
-        all
+        Ok(all)
     }
 
     async fn cleanup(&mut self) {
@@ -452,6 +464,229 @@ fn restart_keeps_snapshots_and_cleanup_removes_only_orphans() {
         // A new snapshot takes a new ID, never one a snapshot had.
         let n = s.prepare("n", "").await.unwrap();
         assert_eq!(n[0].source, fs(&root, 5));
+        s.stop().await;
+    });
+}
+
+/// A remote that knows one layer (`sha256:1…`), mounted at `dir`; `sha256:2…` has no
+/// conversion, and any other layer's registry is down. Every call is recorded.
+struct Fake {
+    dir: PathBuf,
+    calls: Mutex<Vec<String>>,
+}
+
+fn digest(c: char) -> String {
+    format!("sha256:{}", c.to_string().repeat(64))
+}
+
+impl Fake {
+    fn layer(&self) -> RemoteLayer {
+        RemoteLayer {
+            image: digest('9'),
+            source: format!("oci://127.0.0.1:1/app@{}", digest('8')),
+            dir: self.dir.clone(),
+        }
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Remote for Fake {
+    fn look_up(&self, w: &Wanted) -> Result<Looked, String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("look_up {}", w.layer));
+        if w.layer == digest('1') {
+            Ok(Looked::Mounted(self.layer()))
+        } else if w.layer == digest('2') {
+            Ok(Looked::Fallback("no conversion".into()))
+        } else {
+            Err("registry 127.0.0.1:1: connection refused".into())
+        }
+    }
+    fn ensure(&self, l: &RemoteLayer) -> Result<(), String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("ensure {}", l.image));
+        Ok(())
+    }
+    fn release(&self, l: &RemoteLayer) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("release {}", l.image));
+    }
+    fn release_all_but(&self, keep: &[RemoteLayer]) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("release all but {}", keep.len()));
+    }
+}
+
+/// The labels CRI puts on a layer's Prepare.
+fn layer_labels(target: char, layer: char) -> HashMap<String, String> {
+    [
+        (TARGET_LABEL, digest(target)),
+        (
+            "containerd.io/snapshot/cri.image-ref",
+            "127.0.0.1:1/app:v1".to_string(),
+        ),
+        (MANIFEST_LABEL, digest('c')),
+        (LAYER_LABEL, digest(layer)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// A layer named by CRI's labels: committed under its target as a remote layer (answer
+/// AlreadyExists), found by the filter containerd lists with, the lower layer of its
+/// children (mounted again first), released once removed; one with no conversion is an
+/// ordinary snapshot; bad requests fail before any look-up, and a registry that is down
+/// fails the Prepare with `unavailable`, leaving nothing behind.
+#[test]
+fn remote_layers_by_their_labels() {
+    let (dir, root, socket) = setup();
+    let fake = Arc::new(Fake {
+        dir: dir.path().join("layer"),
+        calls: Mutex::default(),
+    });
+    std::fs::create_dir(&fake.dir).unwrap();
+    runtime().block_on(async {
+        let mut s = Served::start_with(&root, &socket, Some(fake.clone())).await;
+        // Refused before any look-up: a malformed label, a missing or active parent, a
+        // label too long.
+        let mut bad = layer_labels('a', '1');
+        bad.insert(LAYER_LABEL.into(), "sha256:nothex".into());
+        let e = s.prepare_labelled("ns/1/x", "", bad).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains(LAYER_LABEL), "{e}");
+        let e = s
+            .prepare_labelled("ns/1/x", "ns/0/none", layer_labels('a', '1'))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e}");
+        s.prepare("ns/1/active", "").await.unwrap();
+        let e = s
+            .prepare_labelled("ns/1/x", "ns/1/active", layer_labels('a', '1'))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        let mut long = layer_labels('a', '1');
+        long.insert("k".into(), "v".repeat(5000));
+        assert_eq!(
+            code(s.prepare_labelled("ns/1/x", "", long).await),
+            Code::InvalidArgument
+        );
+        assert_eq!(fake.calls(), Vec::<String>::new());
+
+        // The registry is down: unavailable, saying why, and nothing made.
+        let e = s
+            .prepare_labelled("ns/1/x", "", layer_labels('a', '3'))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable);
+        assert!(e.message().contains("connection refused"), "{e}");
+        let names: Vec<String> = s.list().await.into_iter().map(|i| i.name).collect();
+        assert_eq!(names, ["ns/1/active"]);
+        let dirs = std::fs::read_dir(root.join("snapshots")).unwrap().count();
+        assert_eq!(dirs, 1);
+
+        // Converted: committed under the target, AlreadyExists, found as containerd looks.
+        let e = s
+            .prepare_labelled("ns/1/extract-1", "", layer_labels('a', '1'))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+        let found = s
+            .list_filtered(&[&format!(
+                "labels.\"{TARGET_LABEL}\"=={},parent==\"\"",
+                digest('a')
+            )])
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].name, digest('a'));
+        assert_eq!(found[0].kind, 3); // committed
+        assert_eq!(found[0].labels[REMOTE_LABEL], "verilay");
+        assert_eq!(found[0].labels[LAYER_LABEL], digest('1'));
+        let none = s
+            .list_filtered(&[&format!(
+                "labels.\"{TARGET_LABEL}\"=={},parent==x",
+                digest('a')
+            )])
+            .await
+            .unwrap();
+        assert!(none.is_empty());
+        assert_eq!(
+            code(s.list_filtered(&["labels.\"x"]).await),
+            Code::InvalidArgument
+        );
+        // A child's lower layer is the layer's mount, mounted again first.
+        let child = s.prepare("ns/1/c", &digest('a')).await.unwrap();
+        assert!(
+            child[0]
+                .options
+                .contains(&format!("lowerdir={}", fake.dir.display())),
+            "{child:?}"
+        );
+        // No conversion: an ordinary snapshot containerd unpacks into.
+        let m = s
+            .prepare_labelled("ns/1/extract-2", &digest('a'), layer_labels('b', '2'))
+            .await
+            .unwrap();
+        assert_eq!(m[0].r#type, "overlay");
+        assert_eq!(
+            fake.calls(),
+            [
+                format!("look_up {}", digest('3')),
+                format!("look_up {}", digest('1')),
+                format!("ensure {}", digest('9')),
+                format!("look_up {}", digest('2')),
+                format!("ensure {}", digest('9')),
+            ]
+        );
+        // Released once no snapshot shows it; Cleanup keeps what is shown.
+        s.remove("ns/1/extract-2").await.unwrap();
+        s.remove("ns/1/c").await.unwrap();
+        s.cleanup().await;
+        assert_eq!(fake.calls().last().unwrap(), "release all but 1");
+        s.remove(&digest('a')).await.unwrap();
+        assert_eq!(
+            fake.calls().last().unwrap(),
+            &format!("release {}", digest('9'))
+        );
+        s.stop().await;
+    });
+}
+
+/// The layer store's resolver against a registry that is not there: the Prepare fails
+/// with `unavailable` naming it, within the request timeout.
+#[test]
+fn a_registry_that_is_down_fails_the_prepare() {
+    let (dir, root, socket) = setup();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let mut resolver = layerstore::OciResolver::new(state, "/bin/false".into());
+    resolver.insecure = true;
+    resolver.timeout = Duration::from_secs(2);
+    let remote = Arc::new(snapshotter::remote::OciLayers(resolver));
+    runtime().block_on(async {
+        let mut s = Served::start_with(&root, &socket, Some(remote)).await;
+        let started = std::time::Instant::now();
+        let e = s
+            .prepare_labelled("ns/1/x", "", layer_labels('a', '1'))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        assert!(e.message().contains("127.0.0.1:1"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(s.list().await.is_empty());
         s.stop().await;
     });
 }

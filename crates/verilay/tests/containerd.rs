@@ -870,3 +870,147 @@ fn a_converted_image_runs_from_verified_lazily_fetched_layers() {
     let e = std::fs::read(bad_mount.join("bin/busybox")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
 }
+
+/// `verilay cache ls --json` of the setup's cache: (digest, in use) of each entry.
+fn cached(s: &Setup) -> Vec<(String, bool)> {
+    let out = run(verilay()
+        .args(["cache", "ls", "--json", "--cache"])
+        .arg(s.dir.path().join("cache")));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["digest"].as_str().unwrap().to_string(),
+                v["in_use"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A container keeps reading its remote layers while the snapshotter restarts, and after
+/// a restart that finds a layer unmounted (mounted again); a new container of the image
+/// starts. Once the image and its containers are gone, containerd's garbage collection
+/// removes the snapshots, the snapshotter detaches the layers, and `verilay cache prune`
+/// then removes their cached bytes, which it kept while they were in use.
+#[test]
+fn restarts_keep_containers_reading_and_removal_frees_the_layers() {
+    if remote_prerequisites() {
+        return;
+    }
+    let mut s = Setup::start_with(&["--insecure"]);
+    let reg = Registry::start(false);
+    converted(s.dir.path(), &reg, "app:v1", &image_layers(s.dir.path()));
+    let image = format!("127.0.0.1:{}/app:v1", reg.port);
+    let out = s.rpull("verilay", &image);
+    assert!(out.status.success(), "{out:?}\n{}", s.logs());
+    let mounts = s.layer_mounts();
+    assert_eq!(mounts.len(), 2, "{}", s.logs());
+    let id = format!("long-{}", std::process::id());
+    run(s.containerd.ctr().args([
+        "run",
+        "-d",
+        "--snapshotter",
+        "verilay",
+        &image,
+        &id,
+        "sh",
+        "-c",
+        "sleep 600",
+    ]));
+    let mut execs = 0;
+    let mut read = |s: &Setup| -> String {
+        execs += 1;
+        let out = s
+            .containerd
+            .ctr()
+            .args(["task", "exec", "--exec-id", &format!("e{execs}"), &id])
+            .args(["cat", "/etc/os-release", "/app/file"])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    assert_eq!(read(&s), "base\napp\n");
+    let answers = |s: &Setup| s.containerd.snapshots("verilay", &["ls"]).status.success();
+
+    // Restarted with the layers mounted: the container reads on, a new one starts.
+    s.restart_snapshotter();
+    poll_until(Duration::from_secs(20), || answers(&s));
+    assert_eq!(read(&s), "base\napp\n", "{}", s.logs());
+    let (code, out, err) = s.ctr_run("verilay", &image, "new", &["cat", "/app/file"]);
+    assert_eq!((code, out.as_str()), (0, "app\n"), "{err}\n{}", s.logs());
+
+    // Restarted after a layer was detached (its daemon stays for the container that
+    // holds it): mounted again, and both the old container and a new one read.
+    let s_root = s.root();
+    let snap = s.snapshotter.take().unwrap();
+    snap.stop();
+    run(Command::new("umount").arg("-l").arg(&mounts[1]));
+    assert!(!is_mount_point(&mounts[1]));
+    let args: Vec<String> = ["--insecure", "--cache"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([s.dir.path().join("cache").display().to_string()])
+        .collect();
+    s.snapshotter = Some(Snapshotter::start_with(
+        &s_root,
+        &s.dir.path().join("snap.sock"),
+        &s.dir.path().join("snapshotter.log"),
+        &args,
+    ));
+    // It answers once it mounted its layers again.
+    poll_until(Duration::from_secs(20), || answers(&s));
+    assert!(is_mount_point(&mounts[1]), "{}", s.logs());
+    assert_eq!(read(&s), "base\napp\n", "{}", s.logs());
+    let (code, out, err) = s.ctr_run("verilay", &image, "new2", &["cat", "/app/file"]);
+    assert_eq!((code, out.as_str()), (0, "app\n"), "{err}\n{}", s.logs());
+
+    // In use: the cache keeps every layer's bytes.
+    let before = cached(&s);
+    assert!(
+        before.len() >= 2 && before.iter().all(|(_, used)| *used),
+        "{before:?}"
+    );
+    run(verilay()
+        .args(["cache", "prune", "--cache"])
+        .arg(s.dir.path().join("cache")));
+    assert_eq!(cached(&s), before);
+
+    // Gone from containerd: the layers are detached and their bytes prunable.
+    let _ = s
+        .containerd
+        .ctr()
+        .args(["task", "kill", "-s", "KILL", &id])
+        .output();
+    poll_until(Duration::from_secs(20), || {
+        s.containerd
+            .ctr()
+            .args(["task", "rm", "-f", &id])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    run(s.containerd.ctr().args(["container", "rm", &id]));
+    run(s.containerd.ctr().args(["image", "rm", "--sync", &image]));
+    poll_until(Duration::from_secs(30), || s.layer_mounts().is_empty());
+    assert_eq!(s.layer_mounts(), Vec::<PathBuf>::new(), "{}", s.logs());
+    poll_until(Duration::from_secs(10), || {
+        cached(&s).iter().all(|(_, u)| !u)
+    });
+    run(verilay()
+        .args(["cache", "prune", "--cache"])
+        .arg(s.dir.path().join("cache")));
+    assert_eq!(cached(&s), vec![], "{}", s.logs());
+}
+
+fn is_mount_point(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(p), std::fs::metadata(p.parent().unwrap())) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
