@@ -105,17 +105,32 @@ struct Containerd {
 }
 
 impl Containerd {
-    fn start(dir: &Path, snap_socket: &Path) -> Containerd {
+    /// With `cri_registry`, CRI is on, pulling for the kubelet with `verilay` and the
+    /// layers' labels (`disable_snapshot_annotations = false`), from the registry on that
+    /// port over plain HTTP. Without, it is off (these tests then talk through ctr).
+    fn start_with(dir: &Path, snap_socket: &Path, cri_registry: Option<u16>) -> Containerd {
         let socket = dir.join("c.sock");
         let config = dir.join("config.toml");
-        // CRI is off: these tests talk to containerd through ctr, and CRI would want CNI.
+        let cri = match cri_registry {
+            None => "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n".to_string(),
+            Some(port) => format!(
+                "[plugins.\"io.containerd.grpc.v1.cri\"]\n\
+                 [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n\
+                 snapshotter = \"verilay\"\n\
+                 disable_snapshot_annotations = false\n\
+                 [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
+                 bin_dir = \"{0}/cni/bin\"\n  conf_dir = \"{0}/cni/conf\"\n\
+                 [plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"127.0.0.1:{port}\"]\n\
+                 endpoint = [\"http://127.0.0.1:{port}\"]\n",
+                dir.display()
+            ),
+        };
         std::fs::write(
             &config,
             format!(
                 "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\n\
-                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
                  [grpc]\n  address = \"{1}\"\n[ttrpc]\n  address = \"{1}.ttrpc\"\n\
-                 [proxy_plugins.verilay]\n  type = \"snapshot\"\n  address = \"{2}\"\n",
+                 [proxy_plugins.verilay]\n  type = \"snapshot\"\n  address = \"{2}\"\n{cri}",
                 dir.display(),
                 socket.display(),
                 snap_socket.display()
@@ -222,6 +237,11 @@ impl Setup {
     /// With `snapshotter_args` for the snapshotter, `--cache` (a directory of the test's)
     /// among them.
     fn start_with(snapshotter_args: &[&str]) -> Setup {
+        Setup::start_cri(snapshotter_args, None)
+    }
+
+    /// With CRI on, pulling from the registry on port `cri_registry` (`Containerd`).
+    fn start_cri(snapshotter_args: &[&str], cri_registry: Option<u16>) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("verilay-ctd-")
             .tempdir_in("/tmp")
@@ -235,7 +255,7 @@ impl Setup {
         ]);
         let snapshotter =
             Snapshotter::start_with(&root, &socket, &dir.path().join("snapshotter.log"), &args);
-        let containerd = Containerd::start(dir.path(), &socket);
+        let containerd = Containerd::start_with(dir.path(), &socket, cri_registry);
         Setup {
             snapshotter: Some(snapshotter),
             containerd,
@@ -1013,4 +1033,93 @@ fn is_mount_point(p: &Path) -> bool {
         (Ok(a), Ok(b)) => a.dev() != b.dev(),
         _ => false,
     }
+}
+
+/// `ImageService.PullImage` of CRI v1 on containerd's socket, as the kubelet pulls:
+/// the image's reference as CRI resolved it, or the error.
+fn cri_pull(socket: &Path, image: &str) -> Result<String, String> {
+    use k8s_cri::v1::image_service_client::ImageServiceClient;
+    use k8s_cri::v1::{ImageSpec, PullImageRequest};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let socket = socket.to_path_buf();
+    rt.block_on(async move {
+        let channel = tonic::transport::Endpoint::try_from("http://[::]:0")
+            .unwrap()
+            .timeout(Duration::from_secs(120))
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let socket = socket.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        let reply = ImageServiceClient::new(channel)
+            .pull_image(PullImageRequest {
+                image: Some(ImageSpec {
+                    image: image.to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(reply.into_inner().image_ref)
+    })
+}
+
+/// The kubelet's pull: CRI's PullImage on containerd configured with `snapshotter =
+/// "verilay"` and `disable_snapshot_annotations = false`. Every layer is served from its
+/// verilay image (the labels name the manifest containerd pulled), no layer blob reaches
+/// the content store, and a container of the image runs from them.
+#[test]
+fn a_cri_pull_serves_every_layer_from_its_verilay_image() {
+    if remote_prerequisites() {
+        return;
+    }
+    let reg = Registry::start(false);
+    let s = Setup::start_cri(&["--insecure"], Some(reg.port));
+    let layers = converted(s.dir.path(), &reg, "app:v1", &image_layers(s.dir.path()));
+    let image = format!("127.0.0.1:{}/app:v1", reg.port);
+    let pulled =
+        cri_pull(&s.containerd.socket, &image).unwrap_or_else(|e| panic!("{e}\n{}", s.logs()));
+    assert!(pulled.starts_with("sha256:"), "{pulled}");
+    let log = s.log();
+    assert_eq!(
+        log.matches(": served from verilay image ").count(),
+        2,
+        "{}",
+        s.logs()
+    );
+    // CRI named the manifest it pulled, and that is what was looked up.
+    assert!(log.contains("/app:v1@sha256:"), "{log}");
+    let k8s = |args: &[&str]| {
+        let mut c = s.containerd.ctr();
+        c.args(["--namespace", "k8s.io"]).args(args);
+        c
+    };
+    let content = String::from_utf8(run(&mut k8s(&["content", "ls", "-q"])).stdout).unwrap();
+    for l in &layers {
+        assert!(
+            !content.contains(l.as_str()),
+            "layer {l} was fetched:\n{content}"
+        );
+    }
+    let out = run(&mut k8s(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "verilay",
+        &image,
+        &format!("cri-{}", std::process::id()),
+        "cat",
+        "/etc/os-release",
+        "/app/file",
+    ]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
 }
