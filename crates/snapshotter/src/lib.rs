@@ -86,7 +86,7 @@ impl Service {
         let Some(remote) = self.remote.clone() else {
             return Ok(None);
         };
-        let wanted = match Wanted::of(labels) {
+        let wanted = match Wanted::of(labels, parent) {
             Ok(Some(w)) => w,
             Ok(None) => return Ok(None),
             Err(e) => {

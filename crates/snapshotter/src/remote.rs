@@ -35,13 +35,16 @@ pub struct Wanted {
     pub reference: String,
     /// The layer blob's digest.
     pub layer: String,
+    /// The chain ID of the layers below (the last part of the parent's key, as containerd
+    /// names committed layers), or `None` with no parent.
+    pub parent_chain: Option<String>,
 }
 
 impl Wanted {
-    /// The layer `labels` name, CRI's or else `ctr-remote`'s; `None` when they name none
-    /// (a container's own snapshot, a pull that passes no such labels). Malformed labels
-    /// are an error naming the label.
-    pub fn of(labels: &HashMap<String, String>) -> Result<Option<Wanted>, String> {
+    /// The layer `labels` name over `parent`, CRI's labels or else `ctr-remote`'s; `None`
+    /// when they name none (a container's own snapshot, a pull that passes no such
+    /// labels). Malformed labels are an error naming the label.
+    pub fn of(labels: &HashMap<String, String>, parent: &str) -> Result<Option<Wanted>, String> {
         let either = |cri: &'static str, stargz: &'static str| {
             labels
                 .get_key_value(cri)
@@ -77,7 +80,27 @@ impl Wanted {
             target: target.clone(),
             reference,
             layer: layer.clone(),
+            parent_chain: (!parent.is_empty())
+                .then(|| parent.rsplit('/').next().unwrap_or(parent).to_string()),
         }))
+    }
+
+    /// Why a conversion that claims DiffID `diff_id` for the layer must not be served for
+    /// it, if so: containerd files the layer under `target`, the chain ID of the DiffIDs
+    /// the image's config lists, and reuses it for every later image whose chain is the
+    /// same; the claim must give that chain.
+    pub fn wrong_chain(&self, diff_id: &str) -> Option<String> {
+        let chain = match &self.parent_chain {
+            None => diff_id.to_string(),
+            Some(p) => oci::registry::sha256_digest(format!("{p} {diff_id}").as_bytes()),
+        };
+        (chain != self.target).then(|| {
+            format!(
+                "its conversion claims DiffID {diff_id}, which is not the one containerd files \
+                 the layer under (chain {})",
+                self.target
+            )
+        })
     }
 }
 
@@ -118,6 +141,9 @@ impl Remote for OciLayers {
             Some(Found::Refused(r)) => return Ok(Looked::Fallback(format!("refused: {}", r.why))),
             Some(Found::Layer(l)) => l,
         };
+        if let Some(why) = w.wrong_chain(&layer.converted.diff_id) {
+            return Ok(Looked::Fallback(why));
+        }
         let dir = self.0.mount(&layer)?;
         Ok(Looked::Mounted(RemoteLayer {
             image: layer.converted.image_digest.clone(),
@@ -178,10 +204,22 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        let w = Wanted::of(&labels).unwrap().unwrap();
+        let w = Wanted::of(&labels, "").unwrap().unwrap();
         assert_eq!(w.reference, "127.0.0.1:5000/app:v1");
+        // The first layer's chain is its DiffID; a layer over others, as containerd
+        // computes it (sha256 of "PARENT_CHAIN DIFF_ID").
+        assert_eq!(w.wrong_chain(&d('a')), None);
+        assert!(w.wrong_chain(&d('b')).unwrap().contains("claims DiffID"));
+        let chain = "sha256:ccd722928bd92476ba1745586fed6e45a102504185ad88cd89e01ff116fd146c";
+        labels.insert(TARGET_LABEL.into(), chain.into());
+        let w = Wanted::of(&labels, &format!("default/3/{}", d('a')))
+            .unwrap()
+            .unwrap();
+        assert_eq!(w.wrong_chain(&d('b')), None);
+        assert!(w.wrong_chain(&d('a')).is_some());
+        labels.insert(TARGET_LABEL.into(), d('a'));
         labels.insert(MANIFEST_LABEL.into(), d('c'));
-        let w = Wanted::of(&labels).unwrap().unwrap();
+        let w = Wanted::of(&labels, "").unwrap().unwrap();
         assert_eq!(w.reference, format!("127.0.0.1:5000/app:v1@{}", d('c')));
         assert_eq!((w.target, w.layer), (d('a'), d('b')));
         for (label, bad, why) in [
@@ -191,23 +229,23 @@ mod tests {
         ] {
             let mut l = labels.clone();
             l.insert(label.into(), bad.into());
-            let e = Wanted::of(&l).unwrap_err();
+            let e = Wanted::of(&l, "").unwrap_err();
             assert!(e.contains(label) && e.contains(why), "{e}");
         }
         labels.remove(IMAGE_REF_LABEL);
-        assert_eq!(Wanted::of(&labels), Ok(None));
+        assert_eq!(Wanted::of(&labels, ""), Ok(None));
         // ctr-remote's labels, when CRI's are not there.
         labels.remove(LAYER_LABEL);
         labels.remove(MANIFEST_LABEL);
         labels.insert(STARGZ_REF_LABEL.into(), "127.0.0.1:5000/app:v1".into());
         labels.insert(STARGZ_LAYER_LABEL.into(), d('e'));
-        let w = Wanted::of(&labels).unwrap().unwrap();
+        let w = Wanted::of(&labels, "").unwrap().unwrap();
         assert_eq!(
             (w.reference.as_str(), w.layer),
             ("127.0.0.1:5000/app:v1", d('e'))
         );
         labels.insert(STARGZ_LAYER_LABEL.into(), "x".into());
-        assert!(Wanted::of(&labels)
+        assert!(Wanted::of(&labels, "")
             .unwrap_err()
             .contains(STARGZ_LAYER_LABEL));
     }
