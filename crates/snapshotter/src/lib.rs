@@ -8,6 +8,7 @@
 //! - Layer mounts outlive the service: a restart finds them, or mounts them again.
 #![forbid(unsafe_code)]
 
+pub mod cri_auth;
 pub mod filter;
 pub mod remote;
 pub mod store;

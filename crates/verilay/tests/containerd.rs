@@ -105,15 +105,22 @@ struct Containerd {
 }
 
 impl Containerd {
-    /// With `cri_registry`, CRI is on, pulling for the kubelet with `verilay` and the
-    /// layers' labels (`disable_snapshot_annotations = false`), from the registry on that
-    /// port over plain HTTP. Without, it is off (these tests then talk through ctr).
-    fn start_with(dir: &Path, snap_socket: &Path, cri_registry: Option<u16>) -> Containerd {
+    /// Writes `DIR/config.toml`. With `cri`, CRI is on, pulling for the kubelet with
+    /// `verilay` and the layers' labels (`disable_snapshot_annotations = false`), from the
+    /// registry on that port over plain HTTP, as user `u` when `cri.1` says so (the test
+    /// registry's credentials). Without, it is off (these tests then talk through ctr).
+    fn configure(dir: &Path, snap_socket: &Path, cri: Option<(u16, bool)>) -> PathBuf {
         let socket = dir.join("c.sock");
         let config = dir.join("config.toml");
-        let cri = match cri_registry {
+        let auth = |port: u16| {
+            format!(
+                "[plugins.\"io.containerd.grpc.v1.cri\".registry.configs.\"127.0.0.1:{port}\".auth]\n\
+                 username = \"u\"\n  password = \"secret\"\n"
+            )
+        };
+        let cri = match cri {
             None => "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n".to_string(),
-            Some(port) => format!(
+            Some((port, with_auth)) => format!(
                 "[plugins.\"io.containerd.grpc.v1.cri\"]\n\
                  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n\
                  snapshotter = \"verilay\"\n\
@@ -121,8 +128,9 @@ impl Containerd {
                  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
                  bin_dir = \"{0}/cni/bin\"\n  conf_dir = \"{0}/cni/conf\"\n\
                  [plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.\"127.0.0.1:{port}\"]\n\
-                 endpoint = [\"http://127.0.0.1:{port}\"]\n",
-                dir.display()
+                 endpoint = [\"http://127.0.0.1:{port}\"]\n{1}",
+                dir.display(),
+                if with_auth { auth(port) } else { String::new() }
             ),
         };
         std::fs::write(
@@ -137,6 +145,13 @@ impl Containerd {
             ),
         )
         .unwrap();
+        config
+    }
+
+    /// containerd on the config [`Containerd::configure`] wrote in `dir`.
+    fn start_with(dir: &Path) -> Containerd {
+        let socket = dir.join("c.sock");
+        let config = dir.join("config.toml");
         let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
         let child = Command::new("containerd")
             .arg("--config")
@@ -240,8 +255,9 @@ impl Setup {
         Setup::start_cri(snapshotter_args, None)
     }
 
-    /// With CRI on, pulling from the registry on port `cri_registry` (`Containerd`).
-    fn start_cri(snapshotter_args: &[&str], cri_registry: Option<u16>) -> Setup {
+    /// With CRI on (`Containerd::configure`); with credentials in its config, the
+    /// snapshotter is given that config (`--containerd-config`).
+    fn start_cri(snapshotter_args: &[&str], cri: Option<(u16, bool)>) -> Setup {
         let dir = tempfile::Builder::new()
             .prefix("verilay-ctd-")
             .tempdir_in("/tmp")
@@ -253,9 +269,13 @@ impl Setup {
             "--cache".into(),
             dir.path().join("cache").display().to_string(),
         ]);
+        let config = Containerd::configure(dir.path(), &socket, cri);
+        if cri.is_some_and(|(_, auth)| auth) {
+            args.extend(["--containerd-config".into(), config.display().to_string()]);
+        }
         let snapshotter =
             Snapshotter::start_with(&root, &socket, &dir.path().join("snapshotter.log"), &args);
-        let containerd = Containerd::start_with(dir.path(), &socket, cri_registry);
+        let containerd = Containerd::start_with(dir.path());
         Setup {
             snapshotter: Some(snapshotter),
             containerd,
@@ -1083,7 +1103,7 @@ fn a_cri_pull_serves_every_layer_from_its_verilay_image() {
         return;
     }
     let reg = Registry::start(false);
-    let s = Setup::start_cri(&["--insecure"], Some(reg.port));
+    let s = Setup::start_cri(&["--insecure"], Some((reg.port, false)));
     let layers = converted(s.dir.path(), &reg, "app:v1", &image_layers(s.dir.path()));
     let image = format!("127.0.0.1:{}/app:v1", reg.port);
     let pulled =
@@ -1122,4 +1142,60 @@ fn a_cri_pull_serves_every_layer_from_its_verilay_image() {
         "/app/file",
     ]));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
+}
+
+/// A registry that wants credentials, given to CRI in containerd's config.toml as users
+/// give them: the snapshotter, given that config, finds and mounts the layers with them,
+/// and the container reads through them.
+#[test]
+fn cri_credentials_in_containerds_config_reach_the_layers() {
+    if remote_prerequisites() {
+        return;
+    }
+    let reg = Registry::start(true);
+    let s = Setup::start_cri(&["--insecure"], Some((reg.port, true)));
+    let auth = s.dir.path().join("push-auth.json");
+    std::fs::write(
+        &auth,
+        format!(
+            r#"{{"auths":{{"127.0.0.1:{}":{{"auth":"dTpzZWNyZXQ="}}}}}}"#,
+            reg.port
+        ),
+    )
+    .unwrap();
+    let l = layout(s.dir.path(), "v1", &image_layers(s.dir.path()));
+    run(verilay()
+        .env("REGISTRY_AUTH_FILE", &auth)
+        .args(["convert", "--insecure", "-q"])
+        .arg(format!("oci:{}:v1", l.dir.display()))
+        .arg(reg.docker("private/app:v1")));
+    let image = format!("127.0.0.1:{}/private/app:v1", reg.port);
+    cri_pull(&s.containerd.socket, &image).unwrap_or_else(|e| panic!("{e}\n{}", s.logs()));
+    assert_eq!(
+        s.log().matches(": served from verilay image ").count(),
+        2,
+        "{}",
+        s.logs()
+    );
+    let out = run(s.containerd.ctr().args([
+        "--namespace",
+        "k8s.io",
+        "run",
+        "--rm",
+        "--snapshotter",
+        "verilay",
+        &image,
+        &format!("auth-{}", std::process::id()),
+        "cat",
+        "/etc/os-release",
+        "/app/file",
+    ]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
+    // The credentials file the snapshotter wrote is root's alone.
+    let written = s.root().join("remote/auth.json");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&written).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
 }

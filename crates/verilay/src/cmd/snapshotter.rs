@@ -28,6 +28,11 @@ pub struct Args {
     /// Unpack every layer as containerd's overlayfs snapshotter does: no remote layers.
     #[arg(long)]
     no_remote: bool,
+    /// containerd's config.toml: the registry credentials CRI is given there
+    /// (`registry.configs."HOST".auth`) are used for remote layers too, before the auth
+    /// files `verilay mount` reads (`$REGISTRY_AUTH_FILE`, `~/.docker/config.json`, …).
+    #[arg(long, value_name = "FILE")]
+    containerd_config: Option<PathBuf>,
     #[command(flatten)]
     layers: super::layer_store::LayerMounts,
     /// Log only what fails (no start, stop and per-layer lines).
@@ -57,6 +62,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         std::fs::create_dir_all(&state)
             .with_context(|| format!("state directory {}", state.display()))?;
         let state = std::fs::canonicalize(&state)?;
+        if let Some(config) = &a.containerd_config {
+            use_cri_credentials(config, &state.join("auth.json"))?;
+        }
         Some(Arc::new(snapshotter::remote::OciLayers(
             a.layers.resolver(&state)?,
         )))
@@ -73,4 +81,22 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     })
     .with_context(|| format!("snapshotter on {}", a.address.display()))?;
     Ok(0)
+}
+
+/// Makes the registry credentials in containerd's `config` the first ones this process and
+/// the layer mounts it starts look up: written to `file` with those of `$REGISTRY_AUTH_FILE`
+/// (for other registries), which then names `file`.
+fn use_cri_credentials(config: &std::path::Path, file: &std::path::Path) -> anyhow::Result<()> {
+    let (found, passed) = snapshotter::cri_auth::from_config(config).map_err(anyhow::Error::msg)?;
+    for line in passed {
+        eprintln!("verilay snapshotter: {line}");
+    }
+    let also = std::env::var_os("REGISTRY_AUTH_FILE")
+        .filter(|f| !f.is_empty())
+        .map(PathBuf::from)
+        .filter(|f| f.exists());
+    snapshotter::cri_auth::write(file, &found, also.as_deref()).map_err(anyhow::Error::msg)?;
+    // Set before any thread is started: the runtime and the mounts' daemons come later.
+    std::env::set_var("REGISTRY_AUTH_FILE", file);
+    Ok(())
 }
