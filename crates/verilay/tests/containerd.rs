@@ -1199,3 +1199,69 @@ fn cri_credentials_in_containerds_config_reach_the_layers() {
         0o600
     );
 }
+
+/// `--policy` and `--measure-log`, on each engine: what containers run from the remote
+/// layers is measured, one list per layer (named by its image digest), which evmctl
+/// accepts; the kernel engine's layer mounts are erofs.
+#[test]
+fn what_containers_run_from_remote_layers_is_measured() {
+    if remote_prerequisites() || skip_unless(have("evmctl"), "needs evmctl (scripts/setup)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    converted(t.path(), &reg, "app:v1", &image_layers(t.path()));
+    let image = format!("127.0.0.1:{}/app:v1", reg.port);
+    for (engine, fstype) in [("fuse", "fuse.verilay"), ("kernel", "erofs")] {
+        let base = t.path().join(engine);
+        std::fs::create_dir_all(&base).unwrap();
+        let (policy, logs) = (base.join("policy"), base.join("lists"));
+        std::fs::write(&policy, "measure func=BPRM_CHECK\n").unwrap();
+        let (p, m) = (policy.display().to_string(), logs.display().to_string());
+        let s = Setup::start_with(&[
+            "--insecure",
+            "--policy",
+            &p,
+            "--measure-log",
+            &m,
+            "--engine",
+            engine,
+        ]);
+        let out = s.rpull("verilay", &image);
+        assert!(out.status.success(), "{out:?}\n{}", s.logs());
+        let (code, out, err) = s.ctr_run("verilay", &image, engine, &["sh", "-c", "cat /app/file"]);
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "app\n"),
+            "{engine}: {err}\n{}",
+            s.logs()
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let layers = s.layer_mounts();
+        assert_eq!(layers.len(), 2, "{engine}");
+        for layer in &layers {
+            let at = format!(" {} ", layer.display());
+            let line = mounts
+                .lines()
+                .find(|l| l.contains(&at))
+                .expect("a layer mount");
+            assert!(line.contains(&format!(" - {fstype} ")), "{engine}: {line}");
+        }
+        let mut seen = String::new();
+        let lists: Vec<PathBuf> = std::fs::read_dir(&logs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert_eq!(lists.len(), 2, "{engine}: {lists:?}");
+        for dir in lists {
+            assert!(evmctl_accepts(&dir), "evmctl refuses {}", dir.display());
+            seen += &std::fs::read_to_string(dir.join("ascii_runtime_measurements")).unwrap();
+        }
+        assert!(
+            seen.lines()
+                .any(|l| l.contains(" ima-ng sha256:") && l.ends_with("/bin/busybox")),
+            "{engine}: busybox not measured: {seen}"
+        );
+    }
+}
