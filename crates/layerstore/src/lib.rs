@@ -13,3 +13,4 @@ pub mod served;
 
 pub use fs::StoreFs;
 pub use resolve::{Found, Layer, OciResolver, Refused, Resolver, STORE_THREADS};
+pub use served::Verdict;

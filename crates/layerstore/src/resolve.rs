@@ -632,6 +632,27 @@ pub fn artifact_source(layer: &Layer) -> String {
 }
 
 impl OciResolver {
+    /// Whether `layer`'s image holds the files of the layer blob it is bound to: checked
+    /// once (the blob and the image fetched whole, the blob rebuilt and compared), the
+    /// verdict kept in the record for every later question.
+    pub fn verdict_of(&self, layer: &Layer) -> Result<Verdict, String> {
+        let b = Binding::of(&layer.reference.to_string(), &layer.converted);
+        if let Some(v) = self.record().verdict(&b) {
+            return Ok(v);
+        }
+        let digest = &layer.source.digest;
+        self.check(
+            &layer.reference,
+            digest,
+            &layer.source,
+            std::slice::from_ref(&b),
+        )
+        .map_err(|e| format!("layer {digest}: {e}"))?;
+        self.record()
+            .verdict(&b)
+            .ok_or_else(|| format!("layer {digest}: checked, and no verdict recorded"))
+    }
+
     /// Where layers are mounted, each in a directory named by its image digest's hex.
     pub fn layers_dir(&self) -> PathBuf {
         self.state.join("layers")

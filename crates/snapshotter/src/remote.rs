@@ -128,11 +128,18 @@ pub trait Remote: Send + Sync {
 
 /// Remote layers from registries, through the layer store's resolver (its state directory
 /// holds the mounts, under `layers/`, and the record of bindings served).
-pub struct OciLayers(pub OciResolver);
+pub struct OciLayers {
+    /// Finds, checks and mounts layers.
+    pub resolver: OciResolver,
+    /// Check each conversion against its layer blob before it is first served (the blob
+    /// fetched whole, once): containerd reuses a layer for every image of its namespace
+    /// whose chain is the same, without asking.
+    pub check_first: bool,
+}
 
 impl Remote for OciLayers {
     fn look_up(&self, w: &Wanted) -> Result<Looked, String> {
-        let layer = match self.0.layer(&w.reference, &w.layer)? {
+        let layer = match self.resolver.layer(&w.reference, &w.layer)? {
             None => {
                 return Ok(Looked::Fallback(
                     "no conversion binds it (in the manifest, or signed under the policy)".into(),
@@ -144,7 +151,15 @@ impl Remote for OciLayers {
         if let Some(why) = w.wrong_chain(&layer.converted.diff_id) {
             return Ok(Looked::Fallback(why));
         }
-        let dir = self.0.mount(&layer)?;
+        if self.check_first {
+            if let layerstore::Verdict::Differs(why) = self.resolver.verdict_of(&layer)? {
+                return Ok(Looked::Fallback(format!(
+                    "its conversion (image {}) does not hold the layer's files ({why})",
+                    layer.converted.image_digest
+                )));
+            }
+        }
+        let dir = self.resolver.mount(&layer)?;
         Ok(Looked::Mounted(RemoteLayer {
             image: layer.converted.image_digest.clone(),
             source: layerstore::resolve::artifact_source(&layer),
@@ -153,7 +168,7 @@ impl Remote for OciLayers {
     }
 
     fn ensure(&self, l: &RemoteLayer) -> Result<(), String> {
-        let dir = self.0.mount_artifact(&l.source, &l.image)?;
+        let dir = self.resolver.mount_artifact(&l.source, &l.image)?;
         // The record names where it was mounted: another state directory is another store.
         match dir == l.dir {
             true => Ok(()),
@@ -170,7 +185,7 @@ impl Remote for OciLayers {
     }
 
     fn release_all_but(&self, keep: &[RemoteLayer]) {
-        let Ok(entries) = std::fs::read_dir(self.0.layers_dir()) else {
+        let Ok(entries) = std::fs::read_dir(self.resolver.layers_dir()) else {
             return;
         };
         for e in entries.flatten() {

@@ -675,7 +675,10 @@ fn a_registry_that_is_down_fails_the_prepare() {
     let mut resolver = layerstore::OciResolver::new(state, "/bin/false".into());
     resolver.insecure = true;
     resolver.timeout = Duration::from_secs(2);
-    let remote = Arc::new(snapshotter::remote::OciLayers(resolver));
+    let remote = Arc::new(snapshotter::remote::OciLayers {
+        resolver,
+        check_first: false,
+    });
     runtime().block_on(async {
         let mut s = Served::start_with(&root, &socket, Some(remote)).await;
         let started = std::time::Instant::now();

@@ -33,6 +33,13 @@ pub struct Args {
     /// files `verilay mount` reads (`$REGISTRY_AUTH_FILE`, `~/.docker/config.json`, …).
     #[arg(long, value_name = "FILE")]
     containerd_config: Option<PathBuf>,
+    /// Check each conversion against its layer blob before first serving it (the blob
+    /// fetched whole once; the verdict kept): containerd reuses a layer, without asking,
+    /// for every image in its namespace whose layers below and DiffID are the same, so
+    /// where images of different publishers share a namespace (a multi-tenant node), a
+    /// conversion that lies about its layer must not be served (docs/SECURITY.md).
+    #[arg(long)]
+    check_layers: bool,
     #[command(flatten)]
     layers: super::layer_store::LayerMounts,
     /// Log only what fails (no start, stop and per-layer lines).
@@ -65,9 +72,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         if let Some(config) = &a.containerd_config {
             use_cri_credentials(config, &state.join("auth.json"))?;
         }
-        Some(Arc::new(snapshotter::remote::OciLayers(
-            a.layers.resolver(&state)?,
-        )))
+        Some(Arc::new(snapshotter::remote::OciLayers {
+            resolver: a.layers.resolver(&state)?,
+            check_first: a.check_layers,
+        }))
     };
     let (root, address) = (a.root.clone(), a.address.clone());
     snapshotter::run(store, &a.address, log, remote, || {

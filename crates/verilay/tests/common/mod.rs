@@ -77,6 +77,7 @@ pub fn is_root() -> bool {
 #[path = "../../../erofs/tests/common/skip.rs"]
 mod skip;
 pub use skip::skip_unless;
+pub mod containerd;
 pub mod containers;
 #[path = "../../../erofs/tests/common/poll.rs"]
 mod poll;

@@ -1270,3 +1270,87 @@ fn a_lookup_has_one_deadline_and_concurrent_ones_share_it() {
     let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
     assert!(log.contains("times --timeout"), "{log}");
 }
+
+/// The same attack on containerd through `verilay snapshotter`. containerd files a layer
+/// under its chain ID and reuses it, without asking the snapshotter, for every later image
+/// of the namespace with the same chain. So:
+/// - by default, a layer served for A is checked when containerd asks for it again (B in
+///   another namespace): A's image differs from the blob, so containerd unpacks the
+///   genuine blob for B, and B runs `genuine`, while A runs what its user pinned;
+/// - with `--check-layers`, A's conversion is checked before it is first served: it is not
+///   served at all, A's base is the genuine blob too, and B, in A's namespace, runs
+///   `genuine`.
+#[test]
+fn a_containerd_layer_bound_to_other_contents_never_runs_for_another_image() {
+    use crate::common::containerd::*;
+    if remote_prerequisites() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let reg = Registry::start(false);
+    let s = shared_base(t.path());
+    let a = convert(&reg, &s.a, "attacker:v1", &[]);
+    let x_dir = t.path().join("dirs/x");
+    sh(&format!(
+        "cp -a {} {1} && echo attacker > {1}/etc/msg",
+        s.dir.display(),
+        x_dir.display()
+    ));
+    let xl = layout_of(
+        &t.path().join("x"),
+        "v1",
+        &[pack(&t.path().join("x"), "base", &x_dir)],
+    );
+    let xj = &convert(&reg, &xl, "attacker:x", &[])["manifests"][0]["layers"][0];
+    let x = Evil {
+        digest: xj["image_digest"].as_str().unwrap().to_string(),
+        blob: xj["image_blob"].as_str().unwrap().to_string(),
+        size: xj["image_bytes"].as_u64().unwrap() as usize,
+    };
+    let a_pinned = rebind_base(&reg, "attacker", a["pinned"].as_str().unwrap(), &x);
+    convert(&reg, &s.b, "app:v1", &[]);
+    let a_ref = format!("127.0.0.1:{}/attacker@{a_pinned}", reg.port);
+    let b_ref = format!("127.0.0.1:{}/app@{}", reg.port, s.b.manifest);
+    // `cat /etc/msg` in a container of `image` pulled into namespace `ns`.
+    let msg = |c: &Setup, ns: &str, image: &str, id: &str| -> String {
+        let out = c.rpull_in(ns, "verilay", image);
+        assert!(out.status.success(), "{out:?}\n{}", c.logs());
+        let out = run(c.containerd.ctr().args([
+            "--namespace",
+            ns,
+            "run",
+            "--rm",
+            "--snapshotter",
+            "verilay",
+            image,
+            &format!("{id}-{}", std::process::id()),
+            "cat",
+            "/etc/msg",
+        ]));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+
+    let c = Setup::start_with(&["--insecure"]);
+    assert_eq!(msg(&c, "default", &a_ref, "a"), "attacker");
+    assert_eq!(msg(&c, "other", &b_ref, "b"), "genuine", "{}", c.logs());
+    let log = c.log();
+    assert!(
+        log.contains(&format!("layer {}", s.digest))
+            && log.contains("does not hold")
+            && log.contains("containerd pulls and unpacks it"),
+        "{log}"
+    );
+    drop(c);
+
+    let c = Setup::start_with(&["--insecure", "--check-layers"]);
+    assert_eq!(msg(&c, "default", &a_ref, "a"), "genuine", "{}", c.logs());
+    assert_eq!(msg(&c, "default", &b_ref, "b"), "genuine", "{}", c.logs());
+    let log = c.log();
+    assert!(
+        log.contains(&format!(
+            "its conversion (image {}) does not hold",
+            x.digest
+        )),
+        "{log}"
+    );
+}
