@@ -10,8 +10,8 @@ measurement) and .out (results directory). To add a benchmark, write
 benches/NAME.py and list it below.
 """
 
-from . import (build, compressed, containers, digest, fallocate, ima, labelled, latency, meta,
-               mount, read, remote, storm)
+from . import (build, compressed, containerd, containers, digest, fallocate, ima, labelled,
+               latency, meta, mount, read, remote, storm)
 
 BENCHES = {
     "build": build,
@@ -27,4 +27,5 @@ BENCHES = {
     "remote": remote,
     "compressed": compressed,
     "containers": containers,
+    "containerd": containerd,
 }
