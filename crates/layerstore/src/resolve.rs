@@ -553,8 +553,37 @@ fn hex_of(digest: &str) -> &str {
     digest.trim_start_matches("sha256:")
 }
 
+/// A last word on a layer the resolver found, before it is recorded as served: the reason
+/// it must not be, if so.
+pub type Accept<'a> = &'a dyn Fn(&Layer) -> Option<String>;
+
 impl Resolver for OciResolver {
     fn layer(&self, reference: &str, digest: &str) -> Result<Option<Found>, String> {
+        self.layer_if(reference, digest, &|_| None)
+    }
+
+    fn diff_path(&self, layer: &Layer) -> PathBuf {
+        self.layer_dir(&layer.converted.image_digest)
+    }
+
+    fn mount(&self, layer: &Layer) -> Result<PathBuf, String> {
+        self.mount_artifact(&artifact_source(layer), &layer.converted.image_digest)
+    }
+
+    fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
+        self.blob_of(&layer.reference, &layer.source)
+    }
+}
+
+impl OciResolver {
+    /// [`Resolver::layer`], with `accept` asked about the layer's binding before it is
+    /// recorded as served: one it turns down is refused, with its reason, and never served.
+    pub fn layer_if(
+        &self,
+        reference: &str,
+        digest: &str,
+        accept: Accept<'_>,
+    ) -> Result<Option<Found>, String> {
         let r = parse_reference(reference)?;
         let refuse = |why: String| {
             Ok(Some(Found::Refused(Refused {
@@ -572,6 +601,11 @@ impl Resolver for OciResolver {
             // Not a layer of this image: podman asks about it for another one.
             return Ok(None);
         };
+        if let Some(l) = bound {
+            if let Some(why) = accept(&layer_of(&r, l)) {
+                return refuse(why);
+            }
+        }
         let own = bound.map(|l| Binding::of(&r.to_string(), l));
         // The DiffID podman files the layer under: the binding's claim, or the config's.
         let (nothing_served, unchecked) = {
@@ -594,27 +628,18 @@ impl Resolver for OciResolver {
         match self.clear(&r, digest, listed, &diff_ids, own.as_ref()) {
             Err(why) => refuse(why),
             Ok(false) => Ok(None),
-            Ok(true) => Ok(bound.map(|l| {
-                Found::Layer(Box::new(Layer {
-                    reference: r.clone(),
-                    source: l.source.clone(),
-                    converted: l.clone(),
-                    info: info_of(l),
-                }))
-            })),
+            Ok(true) => Ok(bound.map(|l| Found::Layer(Box::new(layer_of(&r, l))))),
         }
     }
+}
 
-    fn diff_path(&self, layer: &Layer) -> PathBuf {
-        self.layer_dir(&layer.converted.image_digest)
-    }
-
-    fn mount(&self, layer: &Layer) -> Result<PathBuf, String> {
-        self.mount_artifact(&artifact_source(layer), &layer.converted.image_digest)
-    }
-
-    fn blob(&self, layer: &Layer) -> Result<PathBuf, String> {
-        self.blob_of(&layer.reference, &layer.source)
+/// The layer `l` of the image `r` names, as served.
+fn layer_of(r: &Reference, l: &ConvertedLayer) -> Layer {
+    Layer {
+        reference: r.clone(),
+        source: l.source.clone(),
+        converted: l.clone(),
+        info: info_of(l),
     }
 }
 

@@ -32,13 +32,15 @@ fn parse(text: &str) -> Result<(BTreeMap<String, String>, Vec<String>), String> 
         .parse::<toml::Table>()
         .map(toml::Value::Table)
         .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
-    let path = [
-        "plugins",
-        "io.containerd.grpc.v1.cri",
-        "registry",
-        "configs",
-    ];
-    let configs = path.iter().try_fold(&config, |v, k| v.get(k));
+    // The CRI plugin's table: `io.containerd.grpc.v1.cri` in a version 2 config, `cri`
+    // in a version 1 config.
+    let configs = ["io.containerd.grpc.v1.cri", "cri"]
+        .iter()
+        .find_map(|plugin| {
+            ["plugins", plugin, "registry", "configs"]
+                .iter()
+                .try_fold(&config, |v, k| v.get(k))
+        });
     let mut found = BTreeMap::new();
     let mut passed = Vec::new();
     let Some(configs) = configs.and_then(|c| c.as_table()) else {
@@ -48,7 +50,12 @@ fn parse(text: &str) -> Result<(BTreeMap<String, String>, Vec<String>), String> 
         let Some(auth) = c.get("auth").and_then(|a| a.as_table()) else {
             continue;
         };
-        let field = |k: &str| auth.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+        let field = |k: &str| {
+            auth.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .trim()
+        };
         let key = format!("registry.configs.{host:?}.auth");
         let encoded = if !field("username").is_empty() {
             base64::engine::general_purpose::STANDARD.encode(format!(
@@ -132,6 +139,10 @@ version = 2
         assert_eq!(found.len(), 2);
         assert!(passed[0].contains("c.example") && passed[0].contains("identity token"));
         assert!(parse("version = 2\n").unwrap().0.is_empty());
+        // A version 1 config names the plugin `cri`.
+        let (v1, _) =
+            parse("[plugins.cri.registry.configs.\"h\".auth]\nauth = \" dTpwdw== \"\n").unwrap();
+        assert_eq!(v1["h"], "dTpwdw==");
         let e = parse("[plugins\n").unwrap_err();
         assert!(e.contains("line 1"), "{e}");
         let e = parse(

@@ -10,6 +10,8 @@ use containerd_snapshots::{Info, Kind};
 const MAX_FILTER: usize = 16 << 10;
 /// The most memory one regular expression may compile to.
 const REGEX_BYTES: usize = 1 << 20;
+/// The most regular expressions one filter may hold.
+const MAX_REGEXES: usize = 4;
 
 #[derive(Debug)]
 enum Op {
@@ -76,6 +78,13 @@ pub fn parse(s: &str) -> Result<Filter, String> {
             Op::NotEqual(p.value()?)
         } else if p.eat("~=") {
             let at = p.at;
+            let regexes = selectors
+                .iter()
+                .filter(|(_, op)| matches!(op, Op::Matches(_)))
+                .count();
+            if regexes >= MAX_REGEXES {
+                return Err(p.error_at(at, &format!("more than {MAX_REGEXES} regular expressions")));
+            }
             let v = p.value()?;
             let r = regex::RegexBuilder::new(&v)
                 .size_limit(REGEX_BYTES)
@@ -242,6 +251,10 @@ mod tests {
             ("name~=(", "bad regular expression"),
             ("labels.\"\\q\"", "unknown escape"),
             ("9kind", "expected a field"),
+            (
+                "a~=1,b~=2,c~=3,d~=4,e~=5",
+                "more than 4 regular expressions",
+            ),
         ] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(why) && e.contains("at byte"), "{bad}: {e}");

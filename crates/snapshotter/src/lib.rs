@@ -44,31 +44,43 @@ impl Service {
         }
     }
 
-    /// Serves converted layers through `remote`, first mounting again each layer a
-    /// snapshot shows that is not mounted (a failure is logged: its snapshots fail when
-    /// mounted, and are tried again then).
+    /// Serves converted layers through `remote`. Each layer a snapshot shows that is not
+    /// mounted is mounted again in the background (a failure is logged), and before any
+    /// snapshot over it is used: requests are not held up by a registry that is down.
     pub fn with_remote(mut self, remote: Arc<dyn Remote>) -> Service {
-        for l in self.store.remote_layers() {
-            if let Err(e) = remote.ensure(&l) {
-                (self.log)(&format!("layer {}: {e}", l.image));
+        let (layers, log, r) = (self.store.remote_layers(), self.log.clone(), remote.clone());
+        std::thread::spawn(move || {
+            for l in layers {
+                if let Err(e) = r.ensure(&l) {
+                    log(&format!("layer {}: {e}", l.image));
+                }
             }
-        }
+        });
         self.remote = Some(remote);
         self
     }
 
-    /// Mounts again any remote layer under `key` that is not mounted (a layer's daemon
-    /// gone, or the host rebooted): its children's overlay needs it.
+    /// Mounts again any remote layer under `key` (itself included) that is not mounted (a
+    /// layer's daemon gone, the host rebooted, a detach racing a look-up): an overlay
+    /// over an empty directory would show the layers below without it. Without remote
+    /// layers (`--no-remote`), one that is not mounted fails the request.
     fn ensure_chain(
         store: &Store,
         remote: Option<&Arc<dyn Remote>>,
         key: &str,
     ) -> Result<(), Error> {
-        let Some(remote) = remote else { return Ok(()) };
         for l in store.remote_chain(key) {
-            remote.ensure(&l).map_err(|e| Error {
-                code: Code::Unavailable,
-                message: format!("layer {} of snapshot {}: {e}", l.image, shown(key)),
+            let ensured = match remote {
+                Some(remote) => remote.ensure(&l),
+                None if layerstore::resolve::mounted(&l.dir) == Some(true) => Ok(()),
+                None => Err("not mounted, and remote layers are off".to_string()),
+            };
+            ensured.map_err(|e| Error {
+                code: match remote {
+                    Some(_) => Code::Unavailable,
+                    None => Code::FailedPrecondition,
+                },
+                message: format!("layer {} under snapshot {}: {e}", l.image, shown(key)),
             })?;
         }
         Ok(())
@@ -126,12 +138,15 @@ impl Service {
                 Ok(Looked::Mounted(layer)) => {
                     let mut labels = labels;
                     labels.insert(remote::REMOTE_LABEL.into(), "verilay".into());
-                    let committed =
-                        store.commit_remote(&wanted.target, &parent, labels, layer.clone());
-                    if committed.is_err() && !store.remote_layers().contains(&layer) {
-                        remote.release(&layer);
-                    }
-                    committed?;
+                    // A mount no snapshot shows (the commit failed) is Cleanup's to detach.
+                    let name = remote::snapshot_name(&parent, &wanted.target);
+                    store.commit_remote(&name, &parent, labels, layer.clone())?;
+                    // A Remove of another snapshot of this layer may have detached it
+                    // between the look-up and the commit.
+                    remote.ensure(&layer).map_err(|e| Error {
+                        code: Code::Unavailable,
+                        message: format!("layer {}: {e}", layer.image),
+                    })?;
                     log(&format!(
                         "layer {} of {}: served from verilay image {} (not pulled)",
                         wanted.layer, wanted.reference, layer.image
@@ -216,9 +231,8 @@ impl Snapshotter for Service {
         }
         let remote = self.remote.clone();
         self.call(format!("prepare {}", shown(&key)), move |s| {
-            let mounts = s.create(true, &key, &parent, labels)?;
-            Service::ensure_chain(s, remote.as_ref(), &key)?;
-            Ok(mounts)
+            Service::ensure_chain(s, remote.as_ref(), &parent)?;
+            s.create(true, &key, &parent, labels)
         })
         .await
     }
@@ -231,9 +245,8 @@ impl Snapshotter for Service {
     ) -> Result<Vec<Mount>, Self::Error> {
         let remote = self.remote.clone();
         self.call(format!("view {}", shown(&key)), move |s| {
-            let mounts = s.create(false, &key, &parent, labels)?;
-            Service::ensure_chain(s, remote.as_ref(), &key)?;
-            Ok(mounts)
+            Service::ensure_chain(s, remote.as_ref(), &parent)?;
+            s.create(false, &key, &parent, labels)
         })
         .await
     }
@@ -253,10 +266,11 @@ impl Snapshotter for Service {
     async fn remove(&self, key: String) -> Result<(), Self::Error> {
         let remote = self.remote.clone();
         self.call(format!("remove {}", shown(&key)), move |s| {
-            if let (Some(layer), Some(remote)) = (s.remove(&key)?, remote) {
-                remote.release(&layer);
-            }
-            Ok(())
+            s.remove(&key, &|layer| {
+                if let Some(remote) = &remote {
+                    remote.release(layer);
+                }
+            })
         })
         .await
     }
@@ -264,11 +278,11 @@ impl Snapshotter for Service {
     async fn clear(&self) -> Result<(), Self::Error> {
         let remote = self.remote.clone();
         self.call("cleanup".into(), move |s| {
-            s.cleanup()?;
-            if let Some(remote) = remote {
-                remote.release_all_but(&s.remote_layers());
-            }
-            Ok(())
+            s.cleanup(&|shown| {
+                if let Some(remote) = &remote {
+                    remote.release_all_but(shown);
+                }
+            })
         })
         .await
     }
@@ -308,8 +322,12 @@ pub fn bind(socket: &Path) -> Result<std::os::unix::net::UnixListener, Error> {
     if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| fail("making its directory", &e))?;
     }
-    let listener =
-        std::os::unix::net::UnixListener::bind(socket).map_err(|e| fail("binding", &e))?;
+    // Made 0600 from the start: between bind and chmod, a socket made under the umask
+    // would let another user connect.
+    let umask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(socket);
+    rustix::process::umask(umask);
+    let listener = bound.map_err(|e| fail("binding", &e))?;
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))

@@ -2,9 +2,11 @@
 //! (bound by the manifest containerd pulled, or a conversion signed under the policy) and
 //! mounted lazily and verified by `verilay mount` of its image artifact.
 //!
-//! - A layer with no conversion, or one refused, is containerd's to pull and unpack.
-//! - Mounts are daemons of their own: they outlive the snapshotter, and are detached only
-//!   when no snapshot shows them.
+//! - A layer with no conversion, or one refused, is containerd's to pull and unpack; a
+//!   conversion turned down here is never recorded as served.
+//! - Mounts are daemons of their own: they outlive the snapshotter. The store detaches one
+//!   (under its lock) once no snapshot shows it, and a snapshot's layers are mounted again
+//!   before it is used, so a layer detached while a look-up was mounting it comes back.
 
 use crate::store::RemoteLayer;
 use layerstore::{Found, OciResolver, Resolver};
@@ -25,6 +27,15 @@ pub const MANIFEST_LABEL: &str = "containerd.io/snapshot/cri.manifest-digest";
 pub const LAYER_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
 /// Marks a snapshot served from a verilay image, as stargz-snapshotter marks its own.
 pub const REMOTE_LABEL: &str = "containerd.io/snapshot/remote";
+
+/// The name a remote layer over `parent` is committed under: its chain ID last (as
+/// containerd's own layer names end), after a part of the parent's, so one chain over two
+/// parents (two namespaces) is two snapshots.
+pub fn snapshot_name(parent: &str, target: &str) -> String {
+    let over = oci::registry::sha256_digest(parent.as_bytes());
+    let hex = over.trim_start_matches("sha256:");
+    format!("verilay/{}/{target}", &hex[..16])
+}
 
 /// The layer a Prepare asks for, from its labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,7 +150,28 @@ pub struct OciLayers {
 
 impl Remote for OciLayers {
     fn look_up(&self, w: &Wanted) -> Result<Looked, String> {
-        let layer = match self.resolver.layer(&w.reference, &w.layer)? {
+        // Turned down before the binding is recorded as served: a conversion that is not
+        // served takes no room in the record.
+        let accept = |l: &layerstore::Layer| -> Option<String> {
+            if let Some(why) = w.wrong_chain(&l.converted.diff_id) {
+                return Some(why);
+            }
+            if !self.check_first {
+                return None;
+            }
+            let image = &l.converted.image_digest;
+            match self.resolver.verdict_of(l) {
+                Ok(layerstore::Verdict::Holds) => None,
+                Ok(layerstore::Verdict::Differs(why)) => Some(format!(
+                    "its conversion (image {image}) does not hold the layer's files ({why})"
+                )),
+                // Unpacking the blob serves nothing of the conversion: safe, if slower.
+                Err(e) => Some(format!(
+                    "its conversion (image {image}) could not be checked ({e})"
+                )),
+            }
+        };
+        let layer = match self.resolver.layer_if(&w.reference, &w.layer, &accept)? {
             None => {
                 return Ok(Looked::Fallback(
                     "no conversion binds it (in the manifest, or signed under the policy)".into(),
@@ -148,17 +180,6 @@ impl Remote for OciLayers {
             Some(Found::Refused(r)) => return Ok(Looked::Fallback(format!("refused: {}", r.why))),
             Some(Found::Layer(l)) => l,
         };
-        if let Some(why) = w.wrong_chain(&layer.converted.diff_id) {
-            return Ok(Looked::Fallback(why));
-        }
-        if self.check_first {
-            if let layerstore::Verdict::Differs(why) = self.resolver.verdict_of(&layer)? {
-                return Ok(Looked::Fallback(format!(
-                    "its conversion (image {}) does not hold the layer's files ({why})",
-                    layer.converted.image_digest
-                )));
-            }
-        }
         let dir = self.resolver.mount(&layer)?;
         Ok(Looked::Mounted(RemoteLayer {
             image: layer.converted.image_digest.clone(),
@@ -189,7 +210,9 @@ impl Remote for OciLayers {
             return;
         };
         for e in entries.flatten() {
-            if !keep.iter().any(|k| k.dir == e.path()) {
+            // Only the directories the resolver makes: a link is followed by nothing.
+            let dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if dir && !keep.iter().any(|k| k.dir == e.path()) {
                 detach(&e.path());
             }
         }

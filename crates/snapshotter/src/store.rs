@@ -26,6 +26,9 @@ pub const MAX_LABELS: usize = 256;
 /// The longest key, name or parent accepted (bytes): keys are namespaced paths that
 /// containerd makes, never this long.
 pub const MAX_KEY_BYTES: usize = 4096;
+/// The most filters one List may give (containerd gives one or two); each is bounded in
+/// `filter`.
+pub const MAX_FILTERS: usize = 64;
 
 /// What went wrong, as the gRPC status code containerd expects for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +197,8 @@ impl Store {
             },
             Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
         };
+        check_remote_records(&root, &meta)
+            .map_err(|e| Error::new(Code::Internal, format!("{}: {e}", path.display())))?;
         Ok(Store {
             root,
             meta: Mutex::new(meta),
@@ -463,8 +468,9 @@ impl Store {
     }
 
     /// Removes snapshot `key` and its directory, refused while it has children. A removed
-    /// remote layer that no other snapshot shows is returned, to be unmounted.
-    pub fn remove(&self, key: &str) -> Result<Option<RemoteLayer>, Error> {
+    /// remote layer that no other snapshot shows is handed to `release` under the store's
+    /// lock, so no snapshot made meanwhile can show it.
+    pub fn remove(&self, key: &str, release: &dyn Fn(&RemoteLayer)) -> Result<(), Error> {
         check_key("key", key)?;
         let mut meta = self.lock();
         if !meta.snapshots.contains_key(key) {
@@ -485,15 +491,19 @@ impl Store {
             return Err(e);
         }
         if let Some(l) = r.remote {
+            // One mount per directory, whichever record names it.
             let shown = meta
                 .snapshots
                 .values()
-                .any(|o| o.remote.as_ref() == Some(&l));
-            return Ok((!shown).then_some(l));
+                .any(|o| o.remote.as_ref().is_some_and(|o| o.dir == l.dir));
+            if !shown {
+                release(&l);
+            }
+            return Ok(());
         }
         // Unnamed now: a failure here leaves a directory Cleanup removes.
         let _ = std::fs::remove_dir_all(self.dir(r.id));
-        Ok(None)
+        Ok(())
     }
 
     /// Commits `layer` as snapshot `name` over `parent` (committed, or none), with
@@ -661,6 +671,12 @@ impl Store {
 
     /// Every snapshot that one of `filters` selects (all with none), by key.
     pub fn list(&self, filters: &[String]) -> Result<Vec<Info>, Error> {
+        if filters.len() > MAX_FILTERS {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                format!("{} filters: at most {MAX_FILTERS}", filters.len()),
+            ));
+        }
         let filters = filters
             .iter()
             .map(|f| crate::filter::parse(f))
@@ -693,8 +709,9 @@ impl Store {
         Ok(Usage { size, inodes })
     }
 
-    /// Removes every directory under `snapshots/` that no snapshot owns.
-    pub fn cleanup(&self) -> Result<(), Error> {
+    /// Removes every directory under `snapshots/` that no snapshot owns, then hands the
+    /// remote layers snapshots show to `release_others` (under the store's lock).
+    pub fn cleanup(&self, release_others: &dyn Fn(&[RemoteLayer])) -> Result<(), Error> {
         let meta = self.lock();
         let owned: HashSet<String> = meta.snapshots.values().map(|r| r.id.to_string()).collect();
         let dir = self.root.join("snapshots");
@@ -713,8 +730,42 @@ impl Store {
             };
             gone.map_err(|err| Error::io(format!("removing {}", path.display()), err))?;
         }
+        let shown: Vec<RemoteLayer> = meta
+            .snapshots
+            .values()
+            .filter_map(|r| r.remote.clone())
+            .collect();
+        release_others(&shown);
         Ok(())
     }
+}
+
+/// Where remote layers are mounted: `ROOT/remote/layers/IMAGE_HEX` (the layer store's
+/// resolver, with state `ROOT/remote`, mounts them there).
+pub fn remote_layer_dir(root: &Path, image: &str) -> PathBuf {
+    root.join("remote/layers")
+        .join(image.strip_prefix("sha256:").unwrap_or(image))
+}
+
+/// Every remote record names its own image's mountpoint under the root and a registry
+/// source: what a hand-edited file names is unmounted and mounted as root.
+fn check_remote_records(root: &Path, meta: &Metadata) -> Result<(), String> {
+    for (key, r) in &meta.snapshots {
+        let Some(l) = &r.remote else { continue };
+        let hex = l.image.strip_prefix("sha256:").unwrap_or_default();
+        let valid = hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !valid || l.dir != remote_layer_dir(root, &l.image) || !l.source.starts_with("oci://") {
+            return Err(format!(
+                "snapshot {key:?}: a remote layer record that is not this root's ({} at {})",
+                l.image,
+                l.dir.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The record of `parent`, which must be a committed snapshot (`None` for no parent).

@@ -551,12 +551,14 @@ fn layer_labels(target: char, layer: char) -> HashMap<String, String> {
 /// fails the Prepare with `unavailable`, leaving nothing behind.
 #[test]
 fn remote_layers_by_their_labels() {
-    let (dir, root, socket) = setup();
+    let (_dir, root, socket) = setup();
+    // Where the layer store's resolver mounts image `9…`.
     let fake = Arc::new(Fake {
-        dir: dir.path().join("layer"),
+        dir: snapshotter::store::remote_layer_dir(&root, &digest('9')),
         calls: Mutex::default(),
     });
-    std::fs::create_dir(&fake.dir).unwrap();
+    std::fs::create_dir_all(&fake.dir).unwrap();
+    let layer = snapshotter::remote::snapshot_name("", &digest('a'));
     runtime().block_on(async {
         let mut s = Served::start_with(&root, &socket, Some(fake.clone())).await;
         // Refused before any look-up: a malformed label, a missing or active parent, a
@@ -611,7 +613,8 @@ fn remote_layers_by_their_labels() {
             .await
             .unwrap();
         assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].name, digest('a'));
+        assert_eq!(found[0].name, layer);
+        assert!(layer.ends_with(&format!("/{}", digest('a'))), "{layer}");
         assert_eq!(found[0].kind, 3); // committed
         assert_eq!(found[0].labels[REMOTE_LABEL], "verilay");
         assert_eq!(found[0].labels[LAYER_LABEL], digest('1'));
@@ -628,7 +631,7 @@ fn remote_layers_by_their_labels() {
             Code::InvalidArgument
         );
         // A child's lower layer is the layer's mount, mounted again first.
-        let child = s.prepare("ns/1/c", &digest('a')).await.unwrap();
+        let child = s.prepare("ns/1/c", &layer).await.unwrap();
         assert!(
             child[0]
                 .options
@@ -637,7 +640,7 @@ fn remote_layers_by_their_labels() {
         );
         // No conversion: an ordinary snapshot containerd unpacks into.
         let m = s
-            .prepare_labelled("ns/1/extract-2", &digest('a'), layer_labels('b', '2'))
+            .prepare_labelled("ns/1/extract-2", &layer, layer_labels('b', '2'))
             .await
             .unwrap();
         assert_eq!(m[0].r#type, "overlay");
@@ -647,22 +650,65 @@ fn remote_layers_by_their_labels() {
                 format!("look_up {}", digest('3')),
                 format!("look_up {}", digest('1')),
                 format!("ensure {}", digest('9')),
+                format!("ensure {}", digest('9')),
                 format!("look_up {}", digest('2')),
                 format!("ensure {}", digest('9')),
             ]
         );
+        // The same chain over another parent (another namespace's layers below) is a
+        // snapshot of its own, which containerd's filter finds by that parent.
+        s.commit("ns/2/p", "ns/1/active").await.unwrap();
+        let e = s
+            .prepare_labelled("ns/2/extract-3", "ns/2/p", layer_labels('a', '1'))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+        let over_p = s
+            .list_filtered(&[&format!(
+                "labels.\"{TARGET_LABEL}\"=={},parent==\"ns/2/p\"",
+                digest('a')
+            )])
+            .await
+            .unwrap();
+        assert_eq!(over_p.len(), 1, "{over_p:?}");
+        assert_ne!(over_p[0].name, layer);
+        s.remove(&over_p[0].name).await.unwrap();
+        s.remove("ns/2/p").await.unwrap();
         // Released once no snapshot shows it; Cleanup keeps what is shown.
         s.remove("ns/1/extract-2").await.unwrap();
         s.remove("ns/1/c").await.unwrap();
         s.cleanup().await;
         assert_eq!(fake.calls().last().unwrap(), "release all but 1");
-        s.remove(&digest('a')).await.unwrap();
+        // Without remote layers, a snapshot over a layer that is not mounted is refused,
+        // never an overlay without it.
+        s.stop().await;
+        let mut s = Served::start(&root, &socket).await;
+        let e = s.prepare("ns/1/c2", &layer).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(e.message().contains("not mounted"), "{e}");
+        s.stop().await;
+        let mut s = Served::start_with(&root, &socket, Some(fake.clone())).await;
+        s.remove(&layer).await.unwrap();
         assert_eq!(
             fake.calls().last().unwrap(),
             &format!("release {}", digest('9'))
         );
         s.stop().await;
     });
+    // A record naming another directory (a hand-edited file) stops the store at open.
+    let meta = root.join("metadata.json");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["snapshots"]["x"] = serde_json::json!({
+        "id": 0, "kind": "committed", "parent": "", "labels": {},
+        "created": {"secs_since_epoch": 0, "nanos_since_epoch": 0},
+        "updated": {"secs_since_epoch": 0, "nanos_since_epoch": 0},
+        "size": 0, "inodes": 0,
+        "remote": {"image": digest('9'), "source": "oci://r/x@sha256:0", "dir": "/etc"}
+    });
+    std::fs::write(&meta, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = Store::open(&root).err().expect("refused");
+    assert!(e.message.contains("not this root's"), "{e}");
 }
 
 /// The layer store's resolver against a registry that is not there: the Prepare fails

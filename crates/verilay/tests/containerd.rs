@@ -579,8 +579,9 @@ fn restarts_keep_containers_reading_and_removal_frees_the_layers() {
         &s.dir.path().join("snapshotter.log"),
         &args,
     ));
-    // It answers once it mounted its layers again.
+    // It mounts its layers again in the background, answering meanwhile.
     poll_until(Duration::from_secs(20), || answers(&s));
+    poll_until(Duration::from_secs(20), || is_mount_point(&mounts[1]));
     assert!(is_mount_point(&mounts[1]), "{}", s.logs());
     assert_eq!(read(&s), "base\napp\n", "{}", s.logs());
     let (code, out, err) = s.ctr_run("verilay", &image, "new2", &["cat", "/app/file"]);
