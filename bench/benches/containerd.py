@@ -59,6 +59,8 @@ VERILAY_ENGINE = {"verilay": "fuse", "verilay-kernel": "kernel"}
 ENGINE_FSTYPES = {"fuse": {"fuse.verilay"}, "kernel": {"erofs"}}
 REPO, TAG, ESGZ_TAG = "bench/app", "1", "1-esgz"
 PROGRAM = ["python3", "-c", "print(1)"]
+# How the layers are converted: $VERILAY_BENCH_CONVERT (e.g. "-z zstd"), else plain.
+CONVERT = os.environ.get("VERILAY_BENCH_CONVERT", "").split()
 
 
 def sh(argv, **kw):
@@ -257,7 +259,8 @@ def run(ctx):
     verilay, why = tools.verilay(scratch)
     registry_bin = tools.find("DOCKER_REGISTRY", "docker-registry")
     stargz = tools.find("STARGZ_GRPC", "containerd-stargz-grpc")
-    data = report.bench_data("containerd", ctx, {"rtts_ms": list(RTTS_MS), "program": PROGRAM},
+    data = report.bench_data("containerd", ctx, {"rtts_ms": list(RTTS_MS), "program": PROGRAM,
+                                                 "convert": CONVERT},
                              {"rtt": {}, "targets": [], "peers": {}})
     reason = why
     if not reason and os.geteuid() != 0:
@@ -300,7 +303,8 @@ def run(ctx):
         registry = stack.enter_context(net.registry(registry_bin, reg_dir))
         start = time.perf_counter()
         sh([verilay, "convert", f"oci:{lay}:{TAG}",
-            f"docker://127.0.0.1:{registry.port}/{REPO}:{TAG}", "--insecure", "--quiet"])
+            f"docker://127.0.0.1:{registry.port}/{REPO}:{TAG}", "--insecure", "--quiet",
+            *CONVERT])
         data["image"]["convert_s"] = time.perf_counter() - start
         if stargz:
             start = time.perf_counter()
