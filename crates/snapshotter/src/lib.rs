@@ -1,11 +1,10 @@
-//! A containerd proxy snapshotter: containerd's `Snapshots` gRPC service on a unix socket,
-//! with the semantics of its overlayfs snapshotter (`store`), and layers served from their
-//! verilay images when a Prepare names a converted one (`remote`); configured as
-//! `[proxy_plugins.verilay]`, `type = "snapshot"` (README).
+//! A containerd proxy snapshotter (`[proxy_plugins.verilay]`, `type = "snapshot"`):
+//! containerd's overlayfs snapshotter (`store`), with converted layers served from their
+//! verilay images (`remote`).
 //!
-//! - A remote layer is committed under its target with its labels, and the Prepare answered
-//!   `AlreadyExists`: containerd then fetches no blob of it.
-//! - Layer mounts outlive the service: a restart finds them, or mounts them again.
+//! - A remote layer is committed with its labels and answered `AlreadyExists`: containerd
+//!   fetches no blob of it.
+//! - Layer mounts outlive the service.
 #![forbid(unsafe_code)]
 
 pub mod cri_auth;

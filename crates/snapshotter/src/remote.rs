@@ -1,12 +1,9 @@
-//! Remote layers: the layer a Prepare's CRI labels name, found as the layer store finds it
-//! (bound by the manifest containerd pulled, or a conversion signed under the policy) and
-//! mounted lazily and verified by `verilay mount` of its image artifact.
+//! Remote layers: the layer a Prepare's labels name, found as the layer store finds it and
+//! mounted lazily and verified by `verilay mount`.
 //!
-//! - A layer with no conversion, or one refused, is containerd's to pull and unpack; a
-//!   conversion turned down here is never recorded as served.
-//! - Mounts are daemons of their own: they outlive the snapshotter. The store detaches one
-//!   (under its lock) once no snapshot shows it, and a snapshot's layers are mounted again
-//!   before it is used, so a layer detached while a look-up was mounting it comes back.
+//! - No conversion, or a refused one: containerd unpacks the layer; what is turned down
+//!   here is never recorded as served.
+//! - Mounts outlive the snapshotter; a snapshot's layers are mounted again before use.
 
 use crate::store::RemoteLayer;
 use layerstore::{Found, OciResolver, Resolver};
