@@ -335,6 +335,9 @@ fn serve_read_only(
     r.step("read the root directories");
     let mut fs = imagefs::ImageFs::new(layers.images, plan.source.clone(), log)
         .context("reading the root directories")?;
+    if s.images.iter().any(|i| opening::is_remote(i)) {
+        fs.read_executables_whole();
+    }
     if let Some(e) = layers.extra {
         fs.set_extra_stats(e);
     }

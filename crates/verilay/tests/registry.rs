@@ -2468,3 +2468,71 @@ fn a_compressed_image_mounts_from_the_registry_fetching_what_is_read() {
     }
     assert!(failed > 0, "the flipped byte was never read");
 }
+
+/// A program's pages fault in scattered order, each a round trip to the registry: the
+/// first read of an executable's start (as exec and the dynamic loader read it) fetches
+/// all of it (up to 16 MiB), on whichever engine serves the mount, and serves the verified
+/// bytes. Other reads are as before: a page in the middle of a data file or of another
+/// executable fetches far less than the file.
+#[test]
+fn the_first_read_of_a_remote_executable_fetches_it_whole() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let (prog, data) = (unrepeating(6 << 20, 7 << 40), unrepeating(6 << 20, 9 << 40));
+    std::fs::write(src.join("prog"), &prog).unwrap();
+    std::fs::write(src.join("prog2"), &data).unwrap();
+    std::fs::write(src.join("data"), &data).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for p in ["prog", "prog2"] {
+        std::fs::set_permissions(src.join(p), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let image = t.path().join("image.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference("apps/exec:1")));
+    let m = t.path().join("m");
+    let _m = mount_cached(
+        &reg.reference("apps/exec:1"),
+        digest.trim(),
+        &t.path().join("cache"),
+        &m,
+        &[],
+    );
+    let fetched = || stats(&m)["remote_bytes_fetched"].as_u64().unwrap();
+    // One page of a file: the bytes, and what reading it fetched.
+    let page = |name: &str, at: usize| -> (Vec<u8>, u64) {
+        use std::io::{Read, Seek};
+        let before = fetched();
+        let mut f = std::fs::File::open(m.join(name)).unwrap();
+        f.seek(std::io::SeekFrom::Start(at as u64)).unwrap();
+        let mut buf = vec![0u8; 4096];
+        f.read_exact(&mut buf).unwrap();
+        (buf, fetched() - before)
+    };
+    let mid = 3 << 20;
+    for name in ["data", "prog2"] {
+        let (got, cost) = page(name, mid);
+        assert_eq!(got, data[mid..mid + 4096]);
+        assert!(
+            cost < 4 << 20,
+            "a page in the middle of {name} fetched {cost} bytes"
+        );
+    }
+    let (got, cost) = page("prog", 0);
+    assert_eq!(got, prog[..4096]);
+    assert!(
+        cost >= 6 << 20,
+        "the first page of a program fetched {cost} bytes"
+    );
+    // All of it is there now: reading it whole fetches nothing more.
+    let before = fetched();
+    assert_eq!(std::fs::read(m.join("prog")).unwrap(), prog);
+    assert_eq!(fetched(), before);
+}

@@ -30,9 +30,9 @@ pub struct LazyCheck<S: ByteSource> {
     img: Image<S>,
     /// One bit per page: served, so everything known in it is checked. Only ever set.
     served: Vec<AtomicU64>,
-    /// Where checked files' data lies: start → end, in bytes of the image (apart from
-    /// `state`: asked before reads, never behind a check).
-    extents: Mutex<BTreeMap<u64, u64>>,
+    /// Where checked files' data lies: start → (end, whether the file is executable), in
+    /// bytes of the image (apart from `state`: asked before reads, never behind a check).
+    extents: Mutex<BTreeMap<u64, (u64, bool)>>,
     /// The image's pages.
     pages: u64,
     state: Mutex<State>,
@@ -285,22 +285,27 @@ impl<S: ByteSource> LazyCheck<S> {
         }
     }
 
-    /// The image bytes of the checked file's data extent holding byte `offset`: where
-    /// a reader of that file goes on reading (for read-ahead; the image's word only).
-    pub fn file_extent(&self, offset: u64) -> Option<std::ops::Range<u64>> {
+    /// The image bytes of the checked file's data extent holding byte `offset`, and
+    /// whether that file is executable: where a reader of that file goes on reading (for
+    /// read-ahead; the image's word only).
+    pub fn file_extent(&self, offset: u64) -> Option<(std::ops::Range<u64>, bool)> {
         let extents = self.extents.lock().unwrap_or_else(|e| e.into_inner());
-        let (&start, &end) = extents.range(..=offset).next_back()?;
-        (offset < end).then_some(start..end)
+        let (&start, &(end, exec)) = extents.range(..=offset).next_back()?;
+        (offset < end).then_some((start..end, exec))
     }
 
     /// Records where a checked regular file's data lies (its first [`EXTENTS`] stored,
     /// unencoded extents).
     fn record_extents(&self, inode: &crate::read::Inode) {
         let runs = self.stored_runs(inode, EXTENTS, u64::MAX);
+        let exec = inode.mode & 0o111 != 0;
         self.extents
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .extend(runs.into_iter().map(|(at, n)| (at, at.saturating_add(n))));
+            .extend(
+                runs.into_iter()
+                    .map(|(at, n)| (at, (at.saturating_add(n), exec))),
+            );
     }
 
     /// Reads a directory's blocks a run at a time before its entries are parsed a block
