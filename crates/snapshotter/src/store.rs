@@ -260,9 +260,7 @@ impl Store {
         labels: HashMap<String, String>,
     ) -> Result<Vec<Mount>, Error> {
         check_key("key", key)?;
-        if !parent.is_empty() {
-            check_key("parent", parent)?;
-        }
+        check_parent_key(parent)?;
         let labels = check_labels(labels)?;
         let mut meta = self.lock();
         if meta.snapshots.contains_key(key) {
@@ -360,10 +358,7 @@ impl Store {
     }
 
     fn mounts_of(&self, meta: &Metadata, key: &str) -> Result<Vec<Mount>, Error> {
-        let r = meta
-            .snapshots
-            .get(key)
-            .ok_or_else(|| Error::new(Code::NotFound, format!("snapshot {key:?}: not found")))?;
+        let r = meta.snapshots.get(key).ok_or_else(|| not_found(key))?;
         if r.kind == StoredKind::Committed {
             return Err(Error::new(
                 Code::FailedPrecondition,
@@ -430,10 +425,7 @@ impl Store {
         check_key("key", key)?;
         let labels = check_labels(labels)?;
         let mut meta = self.lock();
-        let r = meta
-            .snapshots
-            .get(key)
-            .ok_or_else(|| Error::new(Code::NotFound, format!("snapshot {key:?}: not found")))?;
+        let r = meta.snapshots.get(key).ok_or_else(|| not_found(key))?;
         if r.kind != StoredKind::Active {
             return Err(Error::new(
                 Code::FailedPrecondition,
@@ -474,10 +466,7 @@ impl Store {
         check_key("key", key)?;
         let mut meta = self.lock();
         if !meta.snapshots.contains_key(key) {
-            return Err(Error::new(
-                Code::NotFound,
-                format!("snapshot {key:?}: not found"),
-            ));
+            return Err(not_found(key));
         }
         if let Some((child, _)) = meta.snapshots.iter().find(|(_, r)| r.parent == key) {
             return Err(Error::new(
@@ -517,9 +506,7 @@ impl Store {
         layer: RemoteLayer,
     ) -> Result<(), Error> {
         check_key("name", name)?;
-        if !parent.is_empty() {
-            check_key("parent", parent)?;
-        }
+        check_parent_key(parent)?;
         let labels = check_labels(labels)?;
         let mut meta = self.lock();
         if let Some(r) = meta.snapshots.get(name) {
@@ -564,10 +551,8 @@ impl Store {
         labels: &HashMap<String, String>,
     ) -> Result<(), Error> {
         check_key("key", key)?;
-        if !parent.is_empty() {
-            check_key("parent", parent)?;
-        }
-        check_labels(labels.clone())?;
+        check_parent_key(parent)?;
+        validate_labels(labels)?;
         committed_parent(&self.lock(), parent).map(drop)
     }
 
@@ -611,10 +596,7 @@ impl Store {
     pub fn stat(&self, key: &str) -> Result<Info, Error> {
         check_key("key", key)?;
         let meta = self.lock();
-        let r = meta
-            .snapshots
-            .get(key)
-            .ok_or_else(|| Error::new(Code::NotFound, format!("snapshot {key:?}: not found")))?;
+        let r = meta.snapshots.get(key).ok_or_else(|| not_found(key))?;
         Ok(Store::info(key, r))
     }
 
@@ -697,9 +679,7 @@ impl Store {
         check_key("key", key)?;
         let (kind, id, size, inodes) = {
             let meta = self.lock();
-            let r = meta.snapshots.get(key).ok_or_else(|| {
-                Error::new(Code::NotFound, format!("snapshot {key:?}: not found"))
-            })?;
+            let r = meta.snapshots.get(key).ok_or_else(|| not_found(key))?;
             (r.kind, r.id, r.size, r.inodes)
         };
         if kind == StoredKind::Active {
@@ -786,6 +766,18 @@ fn committed_parent<'m>(meta: &'m Metadata, parent: &str) -> Result<Option<&'m R
     Ok(Some(p))
 }
 
+fn not_found(key: &str) -> Error {
+    Error::new(Code::NotFound, format!("snapshot {key:?}: not found"))
+}
+
+/// A parent key, when there is one, bounded as keys are.
+fn check_parent_key(parent: &str) -> Result<(), Error> {
+    match parent.is_empty() {
+        true => Ok(()),
+        false => check_key("parent", parent),
+    }
+}
+
 fn check_key(what: &str, key: &str) -> Result<(), Error> {
     if key.is_empty() {
         return Err(Error::new(
@@ -805,13 +797,20 @@ fn check_key(what: &str, key: &str) -> Result<(), Error> {
 /// Labels as containerd bounds them (key and value at most 4096 bytes together), and at
 /// most [`MAX_LABELS`] of them; those with empty values dropped.
 fn check_labels(labels: HashMap<String, String>) -> Result<BTreeMap<String, String>, Error> {
+    validate_labels(&labels)?;
+    // An empty value is no label, as containerd's bolt storage writes labels.
+    Ok(labels.into_iter().filter(|(_, v)| !v.is_empty()).collect())
+}
+
+/// Refuses labels [`check_labels`] would refuse.
+fn validate_labels(labels: &HashMap<String, String>) -> Result<(), Error> {
     if labels.len() > MAX_LABELS {
         return Err(Error::new(
             Code::InvalidArgument,
             format!("{} labels: at most {MAX_LABELS}", labels.len()),
         ));
     }
-    for (k, v) in &labels {
+    for (k, v) in labels {
         if k.len() + v.len() > MAX_LABEL_BYTES {
             let shown: String = k.chars().take(64).collect();
             return Err(Error::new(
@@ -822,8 +821,7 @@ fn check_labels(labels: HashMap<String, String>) -> Result<BTreeMap<String, Stri
             ));
         }
     }
-    // An empty value is no label, as containerd's bolt storage writes labels.
-    Ok(labels.into_iter().filter(|(_, v)| !v.is_empty()).collect())
+    Ok(())
 }
 
 /// Size (allocated blocks, 512 bytes each) and inodes under `dir`, itself included, each
