@@ -1016,6 +1016,29 @@ fn refusal(digest: &str, b: &Binding, own: Option<&Binding>, why: &str) -> Strin
     )
 }
 
+/// Detaches the layer mount on `dir` if there is one (lazily: a container still using it
+/// keeps it until it lets go), and removes `dir`.
+pub fn detach(dir: &Path) {
+    if mounted(dir) != Some(false) {
+        let _ = imagefs::mount::unmount(dir, true);
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Detaches every layer mount in `layers` (a resolver's [`OciResolver::layers_dir`]) but
+/// those on `keep`. Only directories: a link there is followed by nothing.
+pub fn detach_all_but(layers: &Path, keep: &[&Path]) {
+    let Ok(entries) = std::fs::read_dir(layers) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if dir && !keep.contains(&e.path().as_path()) {
+            detach(&e.path());
+        }
+    }
+}
+
 /// Whether a live mount is on `dir` (its device is not its parent's); `None` for a
 /// mount whose daemon is gone (stat fails with ENOTCONN).
 pub fn mounted(dir: &Path) -> Option<bool> {

@@ -199,29 +199,13 @@ impl Remote for OciLayers {
     }
 
     fn release(&self, l: &RemoteLayer) {
-        detach(&l.dir);
+        layerstore::resolve::detach(&l.dir);
     }
 
     fn release_all_but(&self, keep: &[RemoteLayer]) {
-        let Ok(entries) = std::fs::read_dir(self.resolver.layers_dir()) else {
-            return;
-        };
-        for e in entries.flatten() {
-            // Only the directories the resolver makes: a link is followed by nothing.
-            let dir = e.file_type().is_ok_and(|t| t.is_dir());
-            if dir && !keep.iter().any(|k| k.dir == e.path()) {
-                detach(&e.path());
-            }
-        }
+        let keep: Vec<&Path> = keep.iter().map(|k| k.dir.as_path()).collect();
+        layerstore::resolve::detach_all_but(&self.resolver.layers_dir(), &keep);
     }
-}
-
-/// Detaches the mount on `dir` if there is one, and removes `dir`.
-fn detach(dir: &Path) {
-    if layerstore::resolve::mounted(dir) != Some(false) {
-        let _ = imagefs::mount::unmount(dir, true);
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 #[cfg(test)]

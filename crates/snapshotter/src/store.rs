@@ -732,11 +732,7 @@ pub fn remote_layer_dir(root: &Path, image: &str) -> PathBuf {
 fn check_remote_records(root: &Path, meta: &Metadata) -> Result<(), String> {
     for (key, r) in &meta.snapshots {
         let Some(l) = &r.remote else { continue };
-        let hex = l.image.strip_prefix("sha256:").unwrap_or_default();
-        let valid = hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let valid = oci::reference::valid_digest(&l.image);
         if !valid || l.dir != remote_layer_dir(root, &l.image) || !l.source.starts_with("oci://") {
             return Err(format!(
                 "snapshot {key:?}: a remote layer record that is not this root's ({} at {})",

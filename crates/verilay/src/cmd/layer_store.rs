@@ -124,7 +124,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let state = std::fs::canonicalize(&a.state)?;
     let _held = hold_state(&state)?;
     // Mounts a store before this one left (its options, not ours) are detached first.
-    detach_layers(&state.join("layers"));
+    layerstore::resolve::detach_all_but(&state.join("layers"), &[]);
     let resolver = a.layers.resolver(&state)?;
     let plan = plan::Plan {
         source: "verilay-layer-store".into(),
@@ -153,7 +153,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         state.join("layers").display()
     );
     let served = plan.serve(fs, &mut Reporter::open(plan::Report::Stderr)?, None);
-    detach_layers(&state.join("layers"));
+    layerstore::resolve::detach_all_but(&state.join("layers"), &[]);
     served.map(|()| 0)
 }
 
@@ -170,17 +170,4 @@ fn hold_state(state: &Path) -> anyhow::Result<std::fs::File> {
         )
     })?;
     Ok(f)
-}
-
-/// Detaches every layer mount the store made (lazily: a container still using one keeps
-/// it until it lets go).
-fn detach_layers(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if plan::is_mount_point(&e.path()).unwrap_or(true) {
-            let _ = plan::unmount(&e.path(), true);
-        }
-    }
 }
