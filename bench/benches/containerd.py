@@ -42,30 +42,21 @@ import tempfile
 import time
 
 from harness import datasets, net, report, timing, tools, transport
-from .containers import write_layout
+# The containers bench's runs, image, table and plot; its RTTs, runs and targets too.
+from .containers import (FEWER_BYTES, MIN_IMAGE_MIB, PROGRAM, RTTS_MS, SLOW_RUNS, SPEEDUP,
+                         TARGET_RTT_MS, median, plot_start_and_bytes, print_results, rounds,
+                         sh, write_layout)
 
 DESCRIPTION = ("containerd: ctr run through verilay's snapshotter vs a full pull and "
                "stargz-snapshotter (0/10 ms RTT)")
 
-RTTS_MS = (0, 10)
-TARGET_RTT_MS = 10
-SLOW_RUNS = 3
-SPEEDUP = 5.0
-FEWER_BYTES = 5.0
 NO_SLOWER = 1.05
-MIN_IMAGE_MIB = 500
 MODES = ("overlayfs", "verilay", "verilay-kernel", "stargz")
 VERILAY_ENGINE = {"verilay": "fuse", "verilay-kernel": "kernel"}
 ENGINE_FSTYPES = {"fuse": {"fuse.verilay"}, "kernel": {"erofs"}}
 REPO, TAG, ESGZ_TAG = "bench/app", "1", "1-esgz"
-PROGRAM = ["python3", "-c", "print(1)"]
 # How the layers are converted: $VERILAY_BENCH_CONVERT (e.g. "-z zstd"), else plain.
 CONVERT = os.environ.get("VERILAY_BENCH_CONVERT", "").split()
-
-
-def sh(argv, **kw):
-    return subprocess.run(argv, check=True, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, **kw)
 
 
 def wait_for(what, ready, proc, timeout=30):
@@ -312,44 +303,12 @@ def run(ctx):
             data["image"]["estargz_s"] = time.perf_counter() - start
         print(f"converted in {data['image']['convert_s']:.1f} s", flush=True)
         proxy = stack.enter_context(net.DelayProxy(registry.port))
-        serial = 0
-        for rtt in RTTS_MS:
-            proxy.rtt = rtt / 1000
-            runs = ctx.runs if rtt == TARGET_RTT_MS else min(ctx.runs, SLOW_RUNS)
-            res = {m: [] for m in modes}
-            for i in range(runs):
-                order = modes[i % len(modes):] + modes[:i % len(modes)]
-                for mode in order:
-                    serial += 1
-                    print(f"  {rtt} ms {mode}: run {i + 1}/{runs}", flush=True)
-                    res[mode].append(one_run(mode, verilay, stargz, proxy, serial))
-            data["rtt"][str(rtt)] = res
+        rounds(ctx, data, proxy, modes,
+               lambda mode, serial: one_run(mode, verilay, stargz, proxy, serial))
     shutil.rmtree(scratch, ignore_errors=True)
-    print_results(data)
+    print_results(data, MODES, "the pull", "`ctr run`")
     data["targets"] = check_targets(data, stargz_why)
     return data
-
-
-def median(samples, key):
-    return statistics.median(s[key] for s in samples)
-
-
-def print_results(data):
-    print(f"\ntimes in s from the pull (medians of n runs); start = `ctr run` of "
-          f"{' '.join(PROGRAM)} done; MiB carried from the registry")
-    rows = []
-    for rtt, res in data["rtt"].items():
-        for mode in MODES:
-            s = res.get(mode)
-            if not s:
-                continue
-            rows.append([f"{rtt} ms", mode, str(len(s)), f"{median(s, 'pull_s'):.2f}",
-                         f"{median(s, 'start_s'):.2f}", f"{min(x['start_s'] for x in s):.2f}",
-                         f"{max(x['start_s'] for x in s):.2f}",
-                         f"{median(s, 'bytes') / 2**20:,.1f}", f"{median(s, 'requests'):.0f}"])
-    report.print_table(["rtt", "mode", "n", "pull", "start", "min", "max", "MiB",
-                        "requests"], rows, left=2)
-    print()
 
 
 def check_targets(data, stargz_why):
@@ -394,25 +353,5 @@ def check_targets(data, stargz_why):
 
 
 def plot(data, png):
-    if not data.get("rtt"):
-        return
-    plt = report.pyplot()
-    rtts = [int(r) for r in data["rtt"]]
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, color in zip(MODES, ("tab:blue", "tab:red", "tab:purple", "tab:green")):
-        if not all(data["rtt"][str(r)].get(mode) for r in rtts):
-            continue
-        ys = [median(data["rtt"][str(r)][mode], "start_s") for r in rtts]
-        ax_t.plot(rtts, ys, "o-", color=color, label=mode)
-        bs = [median(data["rtt"][str(r)][mode], "bytes") / 2**20 for r in rtts]
-        ax_b.plot(rtts, bs, "o-", color=color, label=mode)
-    ax_t.set(xlabel="RTT, ms", ylabel="s from the pull to the program's output",
-             title="container start (containerd)")
-    ax_b.set(xlabel="RTT, ms", ylabel="MiB from the registry", title="bytes moved")
     # A full pull takes 10-20x the lazy modes' time and bytes: log scales keep both legible.
-    for ax in (ax_t, ax_b):
-        ax.legend()
-        ax.set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    plot_start_and_bytes(data, png, MODES, "the pull", "container start (containerd)", log=True)

@@ -284,34 +284,44 @@ def run(ctx):
         data["image"]["convert_s"] = time.perf_counter() - start
         print(f"converted in {data['image']['convert_s']:.1f} s", flush=True)
         proxy = stack.enter_context(net.DelayProxy(registry.port))
-        serial = 0
-        for rtt in RTTS_MS:
-            proxy.rtt = rtt / 1000
-            runs = ctx.runs if rtt == TARGET_RTT_MS else min(ctx.runs, SLOW_RUNS)
-            res = {m: [] for m in modes}
-            for i in range(runs):
-                order = modes[i % len(modes):] + modes[:i % len(modes)]
-                for mode in order:
-                    serial += 1
-                    print(f"  {rtt} ms {mode}: run {i + 1}/{runs}", flush=True)
-                    res[mode].append(one_run(mode, verilay, proxy, scratch, serial))
-            data["rtt"][str(rtt)] = res
+        rounds(ctx, data, proxy, modes,
+               lambda mode, serial: one_run(mode, verilay, proxy, scratch, serial))
     shutil.rmtree(scratch, ignore_errors=True)
-    print_results(data)
+    print_results(data, MODES, "`podman pull`", "`podman run`")
     data["targets"] = check_targets(data, ctx.quick)
     return data
+
+
+def rounds(ctx, data, proxy, modes, one_run):
+    """At each RTT (N runs at TARGET_RTT_MS, at most SLOW_RUNS at the others), rounds of
+    `one_run(mode, serial)` of every mode, the modes taking turns at going first; the
+    samples go to data["rtt"][RTT][mode]. Shared with the containerd bench."""
+    serial = 0
+    for rtt in RTTS_MS:
+        proxy.rtt = rtt / 1000
+        runs = ctx.runs if rtt == TARGET_RTT_MS else min(ctx.runs, SLOW_RUNS)
+        res = {m: [] for m in modes}
+        for i in range(runs):
+            order = modes[i % len(modes):] + modes[:i % len(modes)]
+            for mode in order:
+                serial += 1
+                print(f"  {rtt} ms {mode}: run {i + 1}/{runs}", flush=True)
+                res[mode].append(one_run(mode, serial))
+        data["rtt"][str(rtt)] = res
 
 
 def median(samples, key):
     return statistics.median(s[key] for s in samples)
 
 
-def print_results(data):
-    print(f"\ntimes in s from `podman pull` (medians of n runs); start = `podman run` of "
+def print_results(data, modes, pulled, ran):
+    """The table of medians of every mode at every RTT, timed from `pulled` to `ran`'s
+    end."""
+    print(f"\ntimes in s from {pulled} (medians of n runs); start = {ran} of "
           f"{' '.join(PROGRAM)} done; MiB carried from the registry")
     rows = []
     for rtt, res in data["rtt"].items():
-        for mode in MODES:
+        for mode in modes:
             s = res.get(mode)
             if not s:
                 continue
@@ -361,25 +371,33 @@ def check_targets(data, quick):
 
 
 def plot(data, png):
+    plot_start_and_bytes(data, png, MODES, "podman pull", "container start", log=False)
+
+
+def plot_start_and_bytes(data, png, modes, pulled, title, log):
+    """Start time and bytes of each mode against RTT (log scales with `log`)."""
     if not data.get("rtt"):
         return
     plt = report.pyplot()
 
     rtts = [int(r) for r in data["rtt"]]
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, color in zip(MODES, ("tab:blue", "tab:red", "tab:purple")):
+    for mode, color in zip(modes, ("tab:blue", "tab:red", "tab:purple", "tab:green")):
         if not all(data["rtt"][str(r)].get(mode) for r in rtts):
             continue
         ys = [median(data["rtt"][str(r)][mode], "start_s") for r in rtts]
         ax_t.plot(rtts, ys, "o-", color=color, label=mode)
         bs = [median(data["rtt"][str(r)][mode], "bytes") / 2**20 for r in rtts]
         ax_b.plot(rtts, bs, "o-", color=color, label=mode)
-    ax_t.set(xlabel="RTT, ms", ylabel="s from podman pull to the program's output",
-             title="container start")
+    ax_t.set(xlabel="RTT, ms", ylabel=f"s from {pulled} to the program's output",
+             title=title)
     ax_b.set(xlabel="RTT, ms", ylabel="MiB from the registry", title="bytes moved")
     for ax in (ax_t, ax_b):
         ax.legend()
-        ax.set_ylim(bottom=0)
+        if log:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
