@@ -30,7 +30,7 @@ pub struct ImageFile {
     lazy: std::sync::OnceLock<LazyCheck<Verified>>,
     /// The executables' extents read whole already (by start): once is enough, the rest
     /// is in the remote source's caches.
-    whole: std::sync::Mutex<std::collections::HashSet<u64>>,
+    whole: crate::whole::ReadWhole,
 }
 
 /// When what the kernel's erofs parses of an image is checked.
@@ -47,13 +47,6 @@ pub enum MetadataCheck {
 
 /// How far a read of a remote image's file data reads on in that file's extent.
 const READ_AROUND: u64 = 1 << 20;
-/// How much of an executable's extent a read of its start takes whole: exec and the
-/// dynamic loader read a program's first page first, then its pages fault in scattered
-/// order, each a round trip to the registry (python3's start: ~10 sequential requests of
-/// its 6.6 MB binary at 10 ms RTT). A reader starting elsewhere is left as it was.
-const EXECUTABLE_WHOLE: u64 = 16 << 20;
-/// The most executables' extents remembered as read whole, per image.
-const WHOLE_KEPT: usize = 4096;
 /// How far any other read of a remote image reads on (`import json` from a registry:
 /// 89 requests with none, 82 with 16 KiB, 59 with 64 KiB, 58 with 128 KiB).
 const META_AROUND: u64 = 64 << 10;
@@ -353,15 +346,18 @@ impl Ops for ImageFiles {
         // up to the read-ahead the FUSE engine gets (erofs asks in pieces of at most 16
         // pages); any other read, of metadata (erofs reads it a page at a time), what
         // follows it, where the inodes, entries and inline data read next mostly lie.
-        let first_of_executable = |e: &std::ops::Range<u64>| {
-            let mut whole = f.whole.lock().unwrap_or_else(|p| p.into_inner());
-            e.end - e.start <= EXECUTABLE_WHOLE && whole.len() < WHOLE_KEPT && whole.insert(e.start)
+        let extent = lazy.and_then(|l| l.file_extent(offset));
+        // An executable's start: its extent whole, once (`whole`), held until read.
+        let reading = match &extent {
+            Some((e, true)) if offset == e.start => f.whole.start(e.start, e.end - e.start),
+            _ => None,
         };
-        let (from, end) = lazy.map_or((offset, 0), |l| match l.file_extent(offset) {
-            Some((e, true)) if offset == e.start && first_of_executable(&e) => (e.start, e.end),
-            Some((e, _)) => (offset, e.end.min(offset.saturating_add(READ_AROUND))),
-            None => (offset, offset.saturating_add(META_AROUND)),
-        });
+        let (from, end) = match (extent, &reading) {
+            (Some((e, _)), Some(_)) => (e.start, e.end),
+            (Some((e, _)), None) => (offset, e.end.min(offset.saturating_add(READ_AROUND))),
+            (None, _) if lazy.is_some() => (offset, offset.saturating_add(META_AROUND)),
+            (None, _) => (offset, 0),
+        };
         let end = end.min(len);
         let at = (offset - from) as usize;
         let mut around = vec![0u8; end.saturating_sub(from) as usize];

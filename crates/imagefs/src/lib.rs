@@ -17,6 +17,7 @@ mod reaper;
 pub mod stack;
 pub mod stats;
 pub mod union;
+mod whole;
 mod xattrs;
 
 pub use attr::{Attr, Kind};

@@ -63,13 +63,8 @@ pub struct ImageFs<S: ByteSource> {
     opens: papaya::HashMap<u64, AtomicU64>,
     notifier: NotifierSlot,
     /// Remote images: the executables read whole already, by inode ([`Self::read_executables_whole`]).
-    read_whole: Option<std::sync::Mutex<std::collections::HashSet<u64>>>,
+    read_whole: Option<crate::whole::ReadWhole>,
 }
-
-/// The largest executable a first read takes whole.
-const EXECUTABLE_WHOLE: u64 = 16 << 20;
-/// The most executables remembered as read whole.
-const WHOLE_KEPT: usize = 4096;
 
 impl<S: ByteSource + 'static> ImageFs<S> {
     /// `layers` top first; `name` prefixes log lines (usually the image path).
@@ -106,11 +101,8 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         })
     }
 
-    /// For remote images: the first read of an executable's start (up to 16 MiB) reads
-    /// all of it in one go. exec and the dynamic loader read a program's first page first,
-    /// then its pages fault in scattered order, each a round trip to the registry
-    /// otherwise (python3's start: ~10 sequential requests at 10 ms RTT). A reader
-    /// starting elsewhere is left as it was.
+    /// For remote images: the first read of an executable's start reads all of it in one
+    /// go (`whole`). A reader starting elsewhere is left as it was.
     pub fn read_executables_whole(&mut self) {
         self.read_whole = Some(Default::default());
     }
@@ -125,25 +117,15 @@ impl<S: ByteSource + 'static> ImageFs<S> {
         offset: u64,
         buf: &mut [u8],
     ) -> Option<usize> {
-        let set = self.read_whole.as_ref()?;
-        if offset != 0
-            || !inode.is_reg()
-            || inode.mode & 0o111 == 0
-            || inode.size > EXECUTABLE_WHOLE
-        {
+        let read_whole = self.read_whole.as_ref()?;
+        if offset != 0 || !inode.is_reg() || inode.mode & 0o111 == 0 {
             return None;
         }
-        {
-            let mut set = set.lock().unwrap_or_else(|p| p.into_inner());
-            if set.len() >= WHOLE_KEPT || !set.insert(ino) {
-                return None;
-            }
-        }
+        let _reading = read_whole.start(ino, inode.size)?;
         let mut whole = vec![0u8; inode.size as usize];
         let n = self.backing(o, inode).read(0, &mut whole).ok()?;
-        let from = (offset.min(n as u64)) as usize;
-        let take = buf.len().min(n - from);
-        buf[..take].copy_from_slice(&whole[from..from + take]);
+        let take = buf.len().min(n);
+        buf[..take].copy_from_slice(&whole[..take]);
         Some(take)
     }
 
