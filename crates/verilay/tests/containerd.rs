@@ -8,7 +8,8 @@ mod common;
 
 use common::containerd::*;
 use common::containers::{
-    convert_json, fetched_under_half, layout, prerequisites, stats_json, three_layers,
+    convert_json, fetched_under_half, layout, prerequisites, stats_json, tamper_busybox,
+    three_layers,
 };
 use common::registry::Registry;
 use common::*;
@@ -447,21 +448,7 @@ fn a_converted_image_runs_from_verified_lazily_fetched_layers() {
         &reg.docker("bad:v1"),
         "--insecure",
     ]);
-    let blob = reg.blob_file(
-        j["manifests"][0]["layers"][0]["image_blob"]
-            .as_str()
-            .unwrap(),
-    );
-    let inspect = run(verilay()
-        .arg("inspect")
-        .arg("--json")
-        .arg(&blob)
-        .arg("/bin/busybox"));
-    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
-    let at = info["layout"]["start_block"].as_u64().unwrap() * 4096 + 100 * 4096 + 7;
-    let mut bytes = std::fs::read(&blob).unwrap();
-    bytes[at as usize] ^= 0x40;
-    std::fs::write(&blob, bytes).unwrap();
+    tamper_busybox(&reg, &j);
     let bad_image = format!("127.0.0.1:{}/bad:v1", reg.port);
     let out = s.rpull("verilay", &bad_image);
     assert!(out.status.success(), "{out:?}\n{}", s.logs());

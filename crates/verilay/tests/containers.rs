@@ -408,21 +408,7 @@ fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() 
     ]));
 
     // Flip one byte of busybox's data in the stored image of the base layer.
-    let blob = reg.blob_file(
-        j["manifests"][0]["layers"][0]["image_blob"]
-            .as_str()
-            .unwrap(),
-    );
-    let inspect = run(verilay()
-        .arg("inspect")
-        .arg("--json")
-        .arg(&blob)
-        .arg("/bin/busybox"));
-    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
-    let at = info["layout"]["start_block"].as_u64().unwrap() * 4096 + 100 * 4096 + 7;
-    let mut bytes = std::fs::read(&blob).unwrap();
-    bytes[at as usize] ^= 0x40;
-    std::fs::write(&blob, bytes).unwrap();
+    tamper_busybox(&reg, &j);
 
     let store = Store::start(t.path(), &[], &[]);
     // A second store on the same state directory is refused in one line.

@@ -354,3 +354,23 @@ pub fn fetched_under_half(stats: impl Iterator<Item = serde_json::Value>) {
     }
     assert!(fetched * 2 < size, "fetched {fetched} of {size} bytes");
 }
+
+/// Flips one byte of `/bin/busybox`'s data (in its 101st block) in the stored verilay image
+/// of the first layer of the conversion `convert --json` reported as `converted`.
+pub fn tamper_busybox(reg: &super::registry::Registry, converted: &serde_json::Value) {
+    let blob = reg.blob_file(
+        converted["manifests"][0]["layers"][0]["image_blob"]
+            .as_str()
+            .unwrap(),
+    );
+    let inspect = run(verilay()
+        .arg("inspect")
+        .arg("--json")
+        .arg(&blob)
+        .arg("/bin/busybox"));
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let at = info["layout"]["start_block"].as_u64().unwrap() * 4096 + 100 * 4096 + 7;
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[at as usize] ^= 0x40;
+    std::fs::write(&blob, bytes).unwrap();
+}

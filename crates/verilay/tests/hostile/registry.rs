@@ -332,6 +332,34 @@ fn rebind_base(reg: &Registry, repo: &str, pinned: &str, x: &Evil) -> String {
     digest
 }
 
+/// The attacker's image A: converted, then its base layer bound to an image of D's files
+/// with `/etc/msg` saying `attacker` (converted from such a layer, so that file is all
+/// that differs). The bound manifest's digest, and that image.
+fn attacker_image(base: &Path, reg: &Registry, s: &Shared) -> (String, Evil) {
+    let a = convert(reg, &s.a, "attacker:v1", &[]);
+    let x_dir = base.join("dirs/x");
+    sh(&format!(
+        "cp -a {} {1} && echo attacker > {1}/etc/msg",
+        s.dir.display(),
+        x_dir.display()
+    ));
+    let xl = layout_of(
+        &base.join("x"),
+        "v1",
+        &[pack(&base.join("x"), "base", &x_dir)],
+    );
+    let xj = &convert(reg, &xl, "attacker:x", &[])["manifests"][0]["layers"][0];
+    let x = Evil {
+        digest: xj["image_digest"].as_str().unwrap().to_string(),
+        blob: xj["image_blob"].as_str().unwrap().to_string(),
+        size: xj["image_bytes"].as_u64().unwrap() as usize,
+    };
+    (
+        rebind_base(reg, "attacker", a["pinned"].as_str().unwrap(), &x),
+        x,
+    )
+}
+
 /// `podman pull IMAGE`: whether it succeeded, and what it printed on stderr.
 fn pull(pod: &Podman, image: &str) -> (bool, String) {
     let out = pod.cmd().args(["pull", "-q", image]).output().unwrap();
@@ -366,28 +394,7 @@ fn a_shared_layer_bound_to_other_contents_never_runs_for_another_image() {
     let reg = Registry::start(false);
     let s = shared_base(t.path());
 
-    // The attacker's image A: converted, then its base layer bound to an image of D's
-    // files with `/etc/msg` saying `attacker` (converted from such a layer, so that file
-    // is all that differs).
-    let a = convert(&reg, &s.a, "attacker:v1", &[]);
-    let x_dir = t.path().join("dirs/x");
-    sh(&format!(
-        "cp -a {} {1} && echo attacker > {1}/etc/msg",
-        s.dir.display(),
-        x_dir.display()
-    ));
-    let xl = layout_of(
-        &t.path().join("x"),
-        "v1",
-        &[pack(&t.path().join("x"), "base", &x_dir)],
-    );
-    let xj = &convert(&reg, &xl, "attacker:x", &[])["manifests"][0]["layers"][0];
-    let x = Evil {
-        digest: xj["image_digest"].as_str().unwrap().to_string(),
-        blob: xj["image_blob"].as_str().unwrap().to_string(),
-        size: xj["image_bytes"].as_u64().unwrap() as usize,
-    };
-    let a_pinned = rebind_base(&reg, "attacker", a["pinned"].as_str().unwrap(), &x);
+    let (a_pinned, x) = attacker_image(t.path(), &reg, &s);
     // B, genuine, sharing D: converted honestly (its original copied along).
     let b = convert(&reg, &s.b, "app:v1", &[]);
     let b_pinned = b["pinned"].as_str().unwrap().to_string();
@@ -1289,25 +1296,7 @@ fn a_containerd_layer_bound_to_other_contents_never_runs_for_another_image() {
     let t = tempfile::tempdir().unwrap();
     let reg = Registry::start(false);
     let s = shared_base(t.path());
-    let a = convert(&reg, &s.a, "attacker:v1", &[]);
-    let x_dir = t.path().join("dirs/x");
-    sh(&format!(
-        "cp -a {} {1} && echo attacker > {1}/etc/msg",
-        s.dir.display(),
-        x_dir.display()
-    ));
-    let xl = layout_of(
-        &t.path().join("x"),
-        "v1",
-        &[pack(&t.path().join("x"), "base", &x_dir)],
-    );
-    let xj = &convert(&reg, &xl, "attacker:x", &[])["manifests"][0]["layers"][0];
-    let x = Evil {
-        digest: xj["image_digest"].as_str().unwrap().to_string(),
-        blob: xj["image_blob"].as_str().unwrap().to_string(),
-        size: xj["image_bytes"].as_u64().unwrap() as usize,
-    };
-    let a_pinned = rebind_base(&reg, "attacker", a["pinned"].as_str().unwrap(), &x);
+    let (a_pinned, x) = attacker_image(t.path(), &reg, &s);
     convert(&reg, &s.b, "app:v1", &[]);
     let a_ref = format!("127.0.0.1:{}/attacker@{a_pinned}", reg.port);
     let b_ref = format!("127.0.0.1:{}/app@{}", reg.port, s.b.manifest);
