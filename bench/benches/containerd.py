@@ -43,9 +43,9 @@ import time
 
 from harness import datasets, net, report, timing, tools, transport
 # The containers bench's runs, image, table and plot; its RTTs, runs and targets too.
-from .containers import (FEWER_BYTES, MIN_IMAGE_MIB, PROGRAM, RTTS_MS, SLOW_RUNS, SPEEDUP,
-                         TARGET_RTT_MS, median, plot_start_and_bytes, print_results, rounds,
-                         sh, write_layout)
+from .containers import (FEWER_BYTES, MIN_IMAGE_MIB, PROGRAM, RTTS_MS, SPEEDUP,
+                         TARGET_RTT_MS, make_image, median, plot_start_and_bytes,
+                         print_results, rounds, sh)
 
 DESCRIPTION = ("containerd: ctr run through verilay's snapshotter vs a full pull and "
                "stargz-snapshotter (0/10 ms RTT)")
@@ -276,17 +276,7 @@ def run(ctx):
     kernel = transport.kernel_column(verilay, data)
     modes = [m for m in MODES
              if (VERILAY_ENGINE.get(m) != "kernel" or kernel) and (m != "stargz" or stargz)]
-    py = datasets.python_install()
-    src = datasets.small_files() if ctx.quick else datasets.linux()
-    linux_layer = os.path.join(scratch, "src-layer")
-    os.makedirs(os.path.join(linux_layer, "usr/src"))
-    sh(["cp", "-al", src.path, os.path.join(linux_layer, "usr/src", src.name)])
-    start = time.perf_counter()
-    lay, unpacked, packed = write_layout(scratch, [py.path, linux_layer])
-    data["image"] = {"layers": [py.name, f"{src.name} at usr/src"], "tar_bytes": unpacked,
-                     "gz_bytes": packed, "layout_s": time.perf_counter() - start}
-    print(f"image: {py.name} + {src.name}: {unpacked / 2**20:,.0f} MiB of tar, "
-          f"{packed / 2**20:,.0f} MiB gzip", flush=True)
+    lay = make_image(ctx, scratch, data)
 
     with contextlib.ExitStack() as stack:
         reg_dir = os.path.join(scratch, "registry")

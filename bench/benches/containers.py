@@ -120,6 +120,23 @@ def write_layout(scratch, layer_dirs):
     return lay, unpacked, sum(n for _, n in layers)
 
 
+def make_image(ctx, scratch, data):
+    """The bench image's layout in `scratch` (python, then the Linux source under usr/src;
+    small-files with --quick), recorded in data["image"]; its directory."""
+    py = datasets.python_install()
+    src = datasets.small_files() if ctx.quick else datasets.linux()
+    linux_layer = os.path.join(scratch, "src-layer")
+    os.makedirs(os.path.join(linux_layer, "usr/src"))
+    sh(["cp", "-al", src.path, os.path.join(linux_layer, "usr/src", src.name)])
+    start = time.perf_counter()
+    lay, unpacked, packed = write_layout(scratch, [py.path, linux_layer])
+    data["image"] = {"layers": [py.name, f"{src.name} at usr/src"], "tar_bytes": unpacked,
+                     "gz_bytes": packed, "layout_s": time.perf_counter() - start}
+    print(f"image: {py.name} + {src.name}: {unpacked / 2**20:,.0f} MiB of tar, "
+          f"{packed / 2**20:,.0f} MiB gzip", flush=True)
+    return lay
+
+
 class Podman:
     """podman with its own storage and configuration under `dir` (runc, the rlimits this
     machine allows, plain HTTP to the proxy; with `store`, the additional layer store)."""
@@ -262,17 +279,7 @@ def run(ctx):
 
     kernel = transport.kernel_column(verilay, data)
     modes = [m for m in MODES if STORE_ENGINE.get(m) != "kernel" or kernel]
-    py = datasets.python_install()
-    src = datasets.small_files() if ctx.quick else datasets.linux()
-    linux_layer = os.path.join(scratch, "src-layer")
-    os.makedirs(os.path.join(linux_layer, "usr/src"))
-    sh(["cp", "-al", src.path, os.path.join(linux_layer, "usr/src", src.name)])
-    start = time.perf_counter()
-    lay, unpacked, packed = write_layout(scratch, [py.path, linux_layer])
-    data["image"] = {"layers": [py.name, f"{src.name} at usr/src"], "tar_bytes": unpacked,
-                     "gz_bytes": packed, "layout_s": time.perf_counter() - start}
-    print(f"image: {py.name} + {src.name}: {unpacked / 2**20:,.0f} MiB of tar, "
-          f"{packed / 2**20:,.0f} MiB gzip", flush=True)
+    lay = make_image(ctx, scratch, data)
 
     with contextlib.ExitStack() as stack:
         reg_dir = os.path.join(scratch, "registry")

@@ -8,8 +8,8 @@ mod common;
 
 use common::containerd::*;
 use common::containers::{
-    convert_json, fetched_under_half, layout, prerequisites, stats_json, tamper_busybox,
-    three_layers,
+    assert_mount_types, convert_json, fetched_under_half, layout, prerequisites, push_layout,
+    stats_json, tamper_busybox, three_layers,
 };
 use common::registry::Registry;
 use common::*;
@@ -175,12 +175,7 @@ fn an_image_runs_as_on_overlayfs_and_after_a_restart() {
     let mut s = Setup::start();
     let reg = Registry::start(false);
     let l = layout(s.dir.path(), "v1", &image_layers(s.dir.path()));
-    run(Command::new("skopeo").args([
-        "copy",
-        "--dest-tls-verify=false",
-        &format!("oci:{}:v1", l.dir.display()),
-        &reg.docker("app:v1"),
-    ]));
+    push_layout(&reg, &l, "app:v1");
     let image = format!("127.0.0.1:{}/app:v1", reg.port);
     let script = "cat /etc/os-release /app/file; ls /etc; echo written > /tmp/new; \
                   cat /tmp/new; rm /etc/os-release; ls -a /etc /tmp; ls -ln /app";
@@ -413,12 +408,7 @@ fn a_converted_image_runs_from_verified_lazily_fetched_layers() {
     let plain = s.dir.path().join("plain");
     std::fs::create_dir_all(&plain).unwrap();
     let l = layout(&plain, "v1", &dirs[..1]);
-    run(Command::new("skopeo").args([
-        "copy",
-        "--dest-tls-verify=false",
-        &format!("oci:{}:v1", l.dir.display()),
-        &reg.docker("plain:v1"),
-    ]));
+    push_layout(&reg, &l, "plain:v1");
     let plain_image = format!("127.0.0.1:{}/plain:v1", reg.port);
     let out = s.rpull("verilay", &plain_image);
     assert!(out.status.success(), "{out:?}\n{}", s.logs());
@@ -800,17 +790,9 @@ fn what_containers_run_from_remote_layers_is_measured() {
             "{engine}: {err}\n{}",
             s.logs()
         );
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let layers = s.layer_mounts();
         assert_eq!(layers.len(), 2, "{engine}");
-        for layer in &layers {
-            let at = format!(" {} ", layer.display());
-            let line = mounts
-                .lines()
-                .find(|l| l.contains(&at))
-                .expect("a layer mount");
-            assert!(line.contains(&format!(" - {fstype} ")), "{engine}: {line}");
-        }
+        assert_mount_types(&layers, fstype, engine);
         let mut seen = String::new();
         let lists: Vec<PathBuf> = std::fs::read_dir(&logs)
             .unwrap()

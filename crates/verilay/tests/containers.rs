@@ -400,12 +400,7 @@ fn the_layer_store_refuses_what_it_does_not_know_and_tampered_layers_give_eio() 
     let other = t.path().join("other");
     std::fs::create_dir_all(&other).unwrap();
     let l2 = layout(&other, "v1", &dirs[2..]);
-    run(Command::new("skopeo").args([
-        "copy",
-        "--dest-tls-verify=false",
-        &format!("oci:{}:v1", l2.dir.display()),
-        &reg.docker("plain:v1"),
-    ]));
+    push_layout(&reg, &l2, "plain:v1");
 
     // Flip one byte of busybox's data in the stored image of the base layer.
     tamper_busybox(&reg, &j);
@@ -595,16 +590,8 @@ fn what_containers_run_from_the_store_is_measured_in_lists_evmctl_accepts() {
             (0, Some("app on base")),
             "{engine}: {err}"
         );
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(!store.layers().is_empty(), "{engine}: no layer mounts");
-        for layer in store.layers() {
-            let at = format!(" {} ", layer.display());
-            let line = mounts
-                .lines()
-                .find(|l| l.contains(&at))
-                .expect("a layer mount");
-            assert!(line.contains(&format!(" - {fstype} ")), "{engine}: {line}");
-        }
+        assert_mount_types(&store.layers(), fstype, engine);
 
         // One list per layer, named by its image digest; the programs run are in them.
         let mut seen = String::new();

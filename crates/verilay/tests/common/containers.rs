@@ -374,3 +374,26 @@ pub fn tamper_busybox(reg: &super::registry::Registry, converted: &serde_json::V
     bytes[at as usize] ^= 0x40;
     std::fs::write(&blob, bytes).unwrap();
 }
+
+/// `skopeo copy` of layout `l` (tag v1) to `name` (`REPO:TAG`) in `reg`, as it is.
+pub fn push_layout(reg: &super::registry::Registry, l: &Layout, name: &str) {
+    run(std::process::Command::new("skopeo").args([
+        "copy",
+        "--dest-tls-verify=false",
+        &format!("oci:{}:v1", l.dir.display()),
+        &reg.docker(name),
+    ]));
+}
+
+/// Each of `mounts` is a mount of type `fstype` (`what` names the case in failures).
+pub fn assert_mount_types(mounts: &[PathBuf], fstype: &str, what: &str) {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for m in mounts {
+        let at = format!(" {} ", m.display());
+        let line = table
+            .lines()
+            .find(|l| l.contains(&at))
+            .unwrap_or_else(|| panic!("{what}: {} is not a mount", m.display()));
+        assert!(line.contains(&format!(" - {fstype} ")), "{what}: {line}");
+    }
+}
