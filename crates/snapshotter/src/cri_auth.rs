@@ -13,17 +13,11 @@ const CONFIG_MAX: u64 = 1 << 20;
 /// Each registry's `auth` (base64 of `user:password`) from the config at `path`, and a
 /// line for each entry passed over (an identity token, which verilay does not send).
 pub fn from_config(path: &Path) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
-    use std::io::Read;
     let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .map_err(|e| what(&e))?
-        .take(CONFIG_MAX + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| what(&e))?;
-    if text.len() as u64 > CONFIG_MAX {
-        return Err(what(&format!("larger than {CONFIG_MAX} bytes")));
-    }
+    // A regular file of at most CONFIG_MAX bytes, opened without waiting (a FIFO there
+    // would hold the snapshotter's start forever).
+    let bytes = verity::source::read_input(path, CONFIG_MAX).map_err(|e| what(&e))?;
+    let text = String::from_utf8(bytes).map_err(|_| what(&"not UTF-8"))?;
     parse(&text).map_err(|e| what(&e))
 }
 
