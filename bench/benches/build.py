@@ -24,17 +24,14 @@ SPEEDUP_TARGET = 2.0  # verilay at least this many times faster than each mkfs.e
 SIZE_TARGET = 1.02  # verilay's image at most this times mkfs.erofs's
 
 
-# name, env var, names to look for on PATH, arguments, how to provide a missing peer
+# name, env var (harness.tools.PEERS), arguments
 PEERS = [
-    ("mkfs.erofs-1.5", "MKFS_EROFS", ["/usr/bin/mkfs.erofs"],
-     ["--quiet", "{image}", "{src}"], "install Debian's erofs-utils or set MKFS_EROFS"),
+    ("mkfs.erofs-1.5", "MKFS_EROFS", ["--quiet", "{image}", "{src}"]),
     # Uncompressed, with the xattr name filters verilay also writes: the like-for-like image.
-    ("mkfs.erofs-1.9", "MKFS_EROFS_19", ["mkfs.erofs-1.9"],
-     ["--quiet", "-Exattr-name-filter", "{image}", "{src}"],
-     "set MKFS_EROFS_19 or put mkfs.erofs-1.9 on PATH"),
-    ("mkcomposefs", "MKCOMPOSEFS", ["mkcomposefs"], ["{src}", "{image}"],
-     "set MKCOMPOSEFS or put mkcomposefs on PATH"),
+    ("mkfs.erofs-1.9", "MKFS_EROFS_19", ["--quiet", "-Exattr-name-filter", "{image}", "{src}"]),
+    ("mkcomposefs", "MKCOMPOSEFS", ["{src}", "{image}"]),
 ]
+USES = [env for _, env, _ in PEERS] + ["FSVERITY"]
 VERILAY_ARGS = ["build", "{src}", "-o", "{image}", "--quiet"]
 # The sealed image's peer: an mkfs.erofs 1.9 image, then its Merkle tree and digest.
 SEAL_PEER = "mkfs.erofs-1.9+fsverity"
@@ -54,19 +51,20 @@ def find_tools(scratch):
                                   "args": VERILAY_ARGS + ["--no-verity"]}
     else:
         missing["verilay"] = why
-    for name, env_var, names, args, hint in PEERS:
-        path = tools.find(env_var, *names)
+    for name, env_var, args in PEERS:
+        path = tools.find(env_var)
         if path:
             found[name] = {"path": path, "version": tools.version(path), "args": args}
         else:
-            missing[name] = hint
-    fsverity = tools.find("FSVERITY", "fsverity")
+            missing[name] = tools.missing(env_var)
+    fsverity = tools.find("FSVERITY")
     if "mkfs.erofs-1.9" in found and fsverity:
         found[SEAL_PEER] = {"path": "sh", "version": found["mkfs.erofs-1.9"]["version"],
                             "args": ["-c", SEAL_SCRIPT, found["mkfs.erofs-1.9"]["path"],
                                      "{src}", "{image}"]}
     else:
-        missing[SEAL_PEER] = "needs mkfs.erofs-1.9 and fsverity"
+        missing[SEAL_PEER] = ("it needs mkfs.erofs-1.9 and fsverity: "
+                              + (missing.get("mkfs.erofs-1.9") or tools.missing("FSVERITY")))
     return found, missing
 
 
@@ -147,15 +145,22 @@ def add_ratios(results):
             r["size_ratio"] = vl["size_bytes"] / r["size_bytes"]
 
 
-def check_targets(results):
-    """PASS/FAIL lines against each mkfs.erofs version, per dataset."""
+def check_targets(results, missing):
+    """PASS/FAIL lines against each mkfs.erofs version, per dataset; NOT MEASURED ones
+    against a version that is missing."""
     targets = []
+    for ds in dict.fromkeys(r["dataset"] for r in results):
+        for peer in ("mkfs.erofs-1.5", "mkfs.erofs-1.9"):
+            if peer in missing:
+                for what in ("time", "size"):
+                    targets.append(report.not_measured(f"{ds} vs {peer} {what}",
+                                                       missing[peer]))
     for r in results:
         if not r["tool"].startswith("mkfs.erofs") or r["tool"] == SEAL_PEER or not ok(r):
             continue
         where = f"{r['dataset']} vs {r['tool']}"
         if "time_ratio" not in r:
-            targets.append(report.target(where, None, "verilay not measured"))
+            targets.append(report.not_measured(where, "verilay was not measured"))
             continue
         speedup = 1 / r["time_ratio"]
         targets.append(report.target(
@@ -171,7 +176,7 @@ def check_targets(results):
     return targets
 
 
-def print_results(results):
+def print_results(results, missing):
     rows = report.wall_rows(results, "dataset", ok, 10, lambda r: [
         report.secs(r["cold"] and r["cold"]["wall_s"]),
         f"{r['size_bytes']:,}",
@@ -180,7 +185,10 @@ def print_results(results):
         f"{r['size_ratio']:.4f}" if "size_ratio" in r else "-"])
     report.print_table(["dataset", "tool", "median s", "min s", "max s", "cold s",
                         "image bytes", "erofs bytes", "vl/peer time",
-                        "vl/peer size"], rows, left=2)
+                        "vl/peer size"], rows, left=2,
+                       missing=[([ds, tool], why)
+                                for ds in dict.fromkeys(r["dataset"] for r in results)
+                                for tool, why in missing.items() if tool != "verilay"])
     if any(r["tool"] == "mkcomposefs" for r in results):
         print("(mkcomposefs images hold metadata only, file data stays outside: "
               "its size is not comparable)")
@@ -190,7 +198,7 @@ def run(ctx):
     scratch = datasets.scratch_dir("build")
     found, missing = find_tools(scratch)
     for name, reason in missing.items():
-        print(f"{name}: peer not available ({reason})" if name != "verilay"
+        print(f"{name}: not measured, because {reason}" if name != "verilay"
               else f"verilay: not available ({reason}); measuring peers only")
     cold = tools.announce(found)
     env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
@@ -206,9 +214,9 @@ def run(ctx):
 
     add_ratios(data["results"])
     print()
-    print_results(data["results"])
+    print_results(data["results"], missing)
     print()
-    data["targets"] = check_targets(data["results"])
+    data["targets"] = check_targets(data["results"], missing)
     return data
 
 

@@ -49,6 +49,7 @@ from .containers import (FEWER_BYTES, MIN_IMAGE_MIB, PROGRAM, RTTS_MS, SPEEDUP,
 
 DESCRIPTION = ("containerd: ctr run through verilay's snapshotter vs a full pull and "
                "stargz-snapshotter (0/10 ms RTT)")
+USES = ["DOCKER_REGISTRY", "STARGZ_GRPC"]
 
 NO_SLOWER = 1.05
 MODES = ("overlayfs", "verilay", "verilay-kernel", "stargz")
@@ -248,8 +249,8 @@ def prepare_esgz(verilay_bin, registry_port, scratch):
 def run(ctx):
     scratch = datasets.scratch_dir("containerd")
     verilay, why = tools.verilay(scratch)
-    registry_bin = tools.find("DOCKER_REGISTRY", "docker-registry")
-    stargz = tools.find("STARGZ_GRPC", "containerd-stargz-grpc")
+    registry_bin = tools.find("DOCKER_REGISTRY")
+    stargz = tools.find("STARGZ_GRPC")
     data = report.bench_data("containerd", ctx, {"rtts_ms": list(RTTS_MS), "program": PROGRAM,
                                                  "convert": CONVERT},
                              {"rtt": {}, "targets": [], "peers": {}})
@@ -266,9 +267,7 @@ def run(ctx):
         data["targets"].append(report.not_measured("containerd", reason))
         shutil.rmtree(scratch, ignore_errors=True)
         return data
-    stargz_why = None if stargz else (
-        "containerd-stargz-grpc not found ($STARGZ_GRPC or PATH): Debian ships only "
-        "ctr-remote; build it from github.com/containerd/stargz-snapshotter/cmd")
+    stargz_why = tools.missing("STARGZ_GRPC")
     data["peers"] = {"containerd": tools.version("containerd"),
                      "stargz": tools.version(stargz, "--version") if stargz else stargz_why}
     if stargz_why:

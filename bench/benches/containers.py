@@ -45,6 +45,7 @@ import time
 from harness import datasets, net, report, timing, tools, transport
 
 DESCRIPTION = "podman run through verilay's layer store vs an ordinary pull (0/10 ms RTT)"
+USES = ["DOCKER_REGISTRY"]
 
 RTTS_MS = (0, 10)
 TARGET_RTT_MS = 10
@@ -260,7 +261,7 @@ def one_run(mode, verilay, proxy, scratch, serial):
 def run(ctx):
     scratch = datasets.scratch_dir("containers")
     verilay, why = tools.verilay(scratch)
-    registry_bin = tools.find("DOCKER_REGISTRY", "docker-registry")
+    registry_bin = tools.find("DOCKER_REGISTRY")
     data = report.bench_data("containers", ctx, {"rtts_ms": list(RTTS_MS), "program": PROGRAM},
                              {"rtt": {}, "targets": []})
     reason = why

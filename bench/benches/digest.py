@@ -14,6 +14,7 @@ import subprocess
 from harness import datasets, report, timing, tools
 
 DESCRIPTION = "fs-verity file digest time: verilay digest vs fsverity digest"
+USES = ["FSVERITY"]
 
 SPEEDUP_TARGET = 1.5  # verilay at least this many times faster than fsverity digest
 ARGS = ["digest", "--hash-alg", "sha256", "--block-size", "4096", "{file}"]
@@ -58,11 +59,11 @@ def find_tools(scratch):
         found["verilay"] = {"path": path, "version": tools.version(path)}
     else:
         missing["verilay"] = why
-    path = tools.find("FSVERITY", "fsverity")
+    path = tools.find("FSVERITY")
     if path:
         found["fsverity"] = {"path": path, "version": tools.version(path, "--version")}
     else:
-        missing["fsverity"] = "install Debian's fsverity or set FSVERITY"
+        missing["fsverity"] = tools.missing("FSVERITY")
     return found, missing
 
 
@@ -137,15 +138,15 @@ def add_speedups(results):
                 r["cold_speedup"] = r["cold"]["wall_s"] / vl["cold"]["wall_s"]
 
 
-def check_digests(results):
+def check_digests(results, missing):
     """One PASS/FAIL line per file: do all tools print the same digest?"""
     targets = []
     for name in dict.fromkeys(r["file"] for r in results):
         digests = {r["tool"]: r["digest"] for r in results
                    if r["file"] == name and "digest" in r}
         if len(digests) < 2:
-            targets.append(report.target(f"{name} same digest", None,
-                                         "fewer than two tools ran"))
+            why = "; ".join(f"{t}: {w}" for t, w in missing.items()) or "a tool failed"
+            targets.append(report.not_measured(f"{name} same digest", why))
         elif len(set(digests.values())) == 1:
             targets.append(report.target(f"{name} same digest", True,
                                          f"all print {next(iter(digests.values()))}"))
@@ -156,14 +157,17 @@ def check_digests(results):
     return targets
 
 
-def check_targets(results):
+def check_targets(results, missing):
     targets = []
+    if "fsverity" in missing:
+        for name in dict.fromkeys(r["file"] for r in results):
+            targets.append(report.not_measured(f"{name} vs fsverity time", missing["fsverity"]))
     for r in results:
         if r["tool"] == "verilay" or not ok(r):
             continue
         where = f"{r['file']} vs {r['tool']}"
         if "speedup" not in r:
-            targets.append(report.target(where, None, "verilay not measured"))
+            targets.append(report.not_measured(where, "verilay was not measured"))
             continue
         targets.append(report.target(
             f"{where} time", r["speedup"] >= SPEEDUP_TARGET,
@@ -172,21 +176,23 @@ def check_targets(results):
     return targets
 
 
-def print_results(results):
+def print_results(results, missing):
     rows = report.wall_rows(results, "file", ok, 9, lambda r: [
         report.secs(r["user_s"]["median"]),
         report.secs(r["sys_s"]["median"]),
         report.secs(r["cold"] and r["cold"]["wall_s"]),
         f"{r['speedup']:.2f}x" if "speedup" in r else "-"])
     report.print_table(["file", "tool", "median s", "min s", "max s", "user s",
-                        "sys s", "cold s", "vl speedup"], rows, left=2)
+                        "sys s", "cold s", "vl speedup"], rows, left=2,
+                       missing=[([f, t], why) for f in dict.fromkeys(r["file"] for r in results)
+                                for t, why in missing.items()])
 
 
 def run(ctx):
     scratch = datasets.scratch_dir("digest")
     found, missing = find_tools(scratch)
     for name, reason in missing.items():
-        print(f"{name}: not available ({reason})")
+        print(f"{name}: not measured, because {reason}")
     cold = tools.announce(found)
 
     files = FILES[:1] if ctx.quick else FILES
@@ -202,9 +208,10 @@ def run(ctx):
 
     add_speedups(data["results"])
     print()
-    print_results(data["results"])
+    print_results(data["results"], missing)
     print()
-    data["targets"] = check_targets(data["results"]) + check_digests(data["results"])
+    data["targets"] = (check_targets(data["results"], missing)
+                       + check_digests(data["results"], missing))
     return data
 
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 
-from harness import datasets, report, stacks, timing, tools
+from harness import datasets, report, stacks, timing, tools, transport
 
 DESCRIPTION = "O_SYNC|O_DIRECT 4 KiB writes into fallocated vs prewritten space (seed 2)"
 
@@ -61,6 +61,7 @@ def timed_writes(directory, mode, writes):
     return float(out.stdout.strip())
 
 
+@transport.uring_switch
 def run(ctx):
     scratch = datasets.scratch_dir("fallocate")
     verilay, why = tools.verilay(scratch)
@@ -83,9 +84,10 @@ def run(ctx):
                    stdout=subprocess.DEVNULL)
     host = os.path.join(scratch, "host")
     os.makedirs(host)
-    # The FUSE engine over /dev/fuse and the kernel engine (kernel overlayfs over the
+    # The FUSE engine over each transport and the kernel engine (kernel overlayfs over the
     # image's erofs mount), beside the host and kernel overlayfs.
-    mounts = stacks.WritableStacks(scratch, image, verilay, None, ["dev"], kernel=True)
+    mounts = stacks.WritableStacks(scratch, image, verilay, None, ctx.transports,
+                                   kernel=True)
     verilays = [t for t in mounts.tools if t.startswith("verilay")]
     try:
         where = {"host": host, **mounts.up()}

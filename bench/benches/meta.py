@@ -40,6 +40,7 @@ from harness import csrc, datasets, report, stacks, tools, transport
 from harness.timing import timed
 
 DESCRIPTION = "small-file and metadata storms on a writable merged tree vs overlayfs, fuse-overlayfs"
+USES = ["FUSE_OVERLAYFS"]
 
 PEER_SPEEDUP = 2.0
 KERNEL_RATIO = 1.5
@@ -174,6 +175,8 @@ def run(ctx):
     report.print_table(["per second"] + tools_seen + (["uring/dev"] if both else [])
                        + (["overlay/kernel-engine"] if kernel else [])
                        + ([f"kernel-engine/{fuse}"] if kernel and fuse else []), rows)
+    if "fuse-overlayfs" not in tools_seen:
+        print(f"fuse-overlayfs: not measured, because {tools.missing('FUSE_OVERLAYFS')}")
     print()
     vtools = [t for t in tools_seen if transport.transport_of(t)]
     for tool in vtools:
@@ -221,8 +224,8 @@ def targets_for(r, wl, tool):
             f"{wl} {tool} vs fuse-overlayfs", ratio > 1.0,
             f"verilay {ratio:.2f}x its rate (target > 1x)"))
     else:
-        t.append(report.target(f"{wl} {tool} vs fuse-overlayfs", None,
-                               "fuse-overlayfs not found"))
+        t.append(report.not_measured(f"{wl} {tool} vs fuse-overlayfs",
+                                     tools.missing("FUSE_OVERLAYFS") or "it did not run"))
     return t
 
 

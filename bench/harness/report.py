@@ -29,14 +29,38 @@ def write_json(path, data):
     os.rename(path + ".tmp", path)
 
 
-def print_table(headers, rows, left=1):
+# The tables printed since the last `take_tables`, for the JSON and the HTML report.
+_TABLES = []
+
+
+def print_table(headers, rows, left=1, title=None, missing=()):
     """Print rows of strings as aligned columns; the first `left` columns are
-    left-aligned, the rest (numbers) right-aligned."""
-    table = [headers] + rows
+    left-aligned, the rest (numbers) right-aligned. `missing` are the rows of peers that
+    could not be measured: (first cells, why); each is printed with "not measured" after
+    its first cells, and the reasons below the table. The table is kept for the JSON and
+    the report, under `title`."""
+    missing = [(list(cells), why) for cells, why in missing]
+    shown = rows + [cells + ["not measured"] + [""] * (len(headers) - len(cells) - 1)
+                    for cells, _ in missing]
+    table = [headers] + shown
     widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
-    for row in table:
-        print("  ".join(c.ljust(w) if i < left else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    if title:
+        print(title)
+    for i, row in enumerate(table):
+        flush_left = left if i <= len(rows) else len(row)  # a missing row's note too
+        print("  ".join(c.ljust(w) if j < flush_left else c.rjust(w)
+                        for j, (c, w) in enumerate(zip(row, widths))).rstrip())
+    for cells, why in missing:
+        print(f"  {' '.join(c for c in cells if c)}: not measured, because {why}")
+    _TABLES.append({"title": title, "headers": headers, "rows": rows, "left": left,
+                    "missing": [{"cells": cells, "why": why} for cells, why in missing]})
+
+
+def take_tables():
+    """The tables printed since the last call."""
+    out = list(_TABLES)
+    _TABLES.clear()
+    return out
 
 
 def secs(x):
@@ -66,8 +90,11 @@ def wall_bar(r):
 
 
 def target(name, ok, detail):
-    """One PASS/FAIL/SKIP line (ok is True, False or None) and its JSON record."""
-    verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]
+    """One PASS/FAIL line (ok is True or False) and its JSON record; ok None is a target
+    the run could not measure: a NOT MEASURED line, detail saying why."""
+    if ok is None:
+        return not_measured(name, detail)
+    verdict = "PASS" if ok else "FAIL"
     print(f"{verdict}  {name}: {detail}")
     return {"target": name, "verdict": verdict, "detail": detail}
 

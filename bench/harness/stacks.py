@@ -17,7 +17,7 @@ def start(name, ctx, scratch, settings):
     (data, verilay, fuse-overlayfs or None, C compiler), or data with the reason it was
     skipped and None for the rest."""
     verilay, why = tools.verilay(scratch)
-    fov = tools.find("FUSE_OVERLAYFS", "fuse-overlayfs")
+    fov = tools.find("FUSE_OVERLAYFS")
     data = report.bench_data(name, ctx, settings,
                              {"peers": {"fuse-overlayfs": fov}, "results": {}, "targets": []})
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -27,7 +27,7 @@ def start(name, ctx, scratch, settings):
         data["targets"].append(report.target(name, None, reason))
         return data, None, None, None
     if not fov:
-        print("fuse-overlayfs: not found (apt-get install fuse-overlayfs); its rows are skipped")
+        print(f"fuse-overlayfs: not measured, because {tools.missing('FUSE_OVERLAYFS')}")
     return data, verilay, fov, cc
 
 
