@@ -18,6 +18,8 @@ DelayProxy), the modes taking turns at going first:
   verilay         ctr-remote image rpull --snapshotter verilay (the layers' labels passed;
                   each layer mounted lazily from its verilay image by the FUSE engine,
                   `verilay snapshotter --engine fuse`)
+  verilay-dev     the same over /dev/fuse (`--transport dev`), where verilay's layer
+                  mounts are io_uring's
   verilay-kernel  the same, each layer mounted by the kernel engine (`--engine kernel`)
   stargz          ctr-remote image rpull --snapshotter stargz of the eStargz image
 
@@ -52,8 +54,11 @@ DESCRIPTION = ("containerd: ctr run through verilay's snapshotter vs a full pull
 USES = ["DOCKER_REGISTRY", "STARGZ_GRPC"]
 
 NO_SLOWER = 1.05
-MODES = ("overlayfs", "verilay", "verilay-kernel", "stargz")
-VERILAY_ENGINE = {"verilay": "fuse", "verilay-kernel": "kernel"}
+MODES = ("overlayfs", "verilay", "verilay-dev", "verilay-kernel", "stargz")
+VERILAY_ENGINE = {"verilay": "fuse", "verilay-dev": "fuse", "verilay-kernel": "kernel"}
+# verilay's layer mounts over io_uring where the kernel offers it; verilay-dev's over
+# /dev/fuse (measured only then).
+DEV_MODE = "verilay-dev"
 ENGINE_FSTYPES = {"fuse": {"fuse.verilay"}, "kernel": {"erofs"}}
 REPO, TAG, ESGZ_TAG = "bench/app", "1", "1-esgz"
 # How the layers are converted: $VERILAY_BENCH_CONVERT (e.g. "-z zstd"), else plain.
@@ -131,13 +136,14 @@ def umount_under(dir):
 class Verilay:
     """`verilay snapshotter` on a fresh root and cache, its layers mounted by `engine`."""
 
-    def __init__(self, verilay, dir, engine):
+    def __init__(self, verilay, dir, engine, fuse_transport):
         self.root = os.path.join(dir, "verilay")
         self.sock = os.path.join(dir, "verilay.sock")
         self.log = open(os.path.join(dir, "verilay.log"), "wb")
         self.proc = subprocess.Popen(
             [verilay, "snapshotter", "--root", self.root, "--address", self.sock,
-             "--cache", os.path.join(dir, "cache"), "--insecure", "--engine", engine],
+             "--cache", os.path.join(dir, "cache"), "--insecure", "--engine", engine,
+             "--transport", fuse_transport],
             stdout=subprocess.DEVNULL, stderr=self.log)
         wait_for("verilay snapshotter", lambda: os.path.exists(self.sock), self.proc)
 
@@ -183,7 +189,7 @@ class Stargz:
         umount_under(self.root)
 
 
-def one_run(mode, verilay, stargz, proxy, serial):
+def one_run(mode, verilay, stargz, proxy, serial, transports):
     # Socket paths must stay under 108 bytes: a short directory in /tmp.
     base = tempfile.mkdtemp(prefix=f"vlctd{serial}-", dir="/tmp")
     with contextlib.ExitStack() as stack:
@@ -191,7 +197,8 @@ def one_run(mode, verilay, stargz, proxy, serial):
         snap = None
         plugins = {}
         if mode in VERILAY_ENGINE:
-            snap = Verilay(verilay, base, VERILAY_ENGINE[mode])
+            snap = Verilay(verilay, base, VERILAY_ENGINE[mode],
+                           "dev" if mode == DEV_MODE else transports[0])
             plugins["verilay"] = snap.sock
         elif mode == "stargz":
             snap = Stargz(stargz, base, proxy.port)
@@ -246,6 +253,7 @@ def prepare_esgz(verilay_bin, registry_port, scratch):
         shutil.rmtree(base, ignore_errors=True)
 
 
+@transport.uring_switch
 def run(ctx):
     scratch = datasets.scratch_dir("containerd")
     verilay, why = tools.verilay(scratch)
@@ -274,7 +282,8 @@ def run(ctx):
         print(f"stargz: not measured, because {stargz_why}")
     kernel = transport.kernel_column(verilay, data)
     modes = [m for m in MODES
-             if (VERILAY_ENGINE.get(m) != "kernel" or kernel) and (m != "stargz" or stargz)]
+             if (VERILAY_ENGINE.get(m) != "kernel" or kernel) and (m != "stargz" or stargz)
+             and (m != DEV_MODE or ctx.transports[0] != "dev")]
     lay = make_image(ctx, scratch, data)
 
     with contextlib.ExitStack() as stack:
@@ -293,7 +302,8 @@ def run(ctx):
         print(f"converted in {data['image']['convert_s']:.1f} s", flush=True)
         proxy = stack.enter_context(net.DelayProxy(registry.port))
         rounds(ctx, data, proxy, modes,
-               lambda mode, serial: one_run(mode, verilay, stargz, proxy, serial))
+               lambda mode, serial: one_run(mode, verilay, stargz, proxy, serial,
+                                            ctx.transports))
     shutil.rmtree(scratch, ignore_errors=True)
     print_results(data, MODES, "the pull", "`ctr run`")
     data["targets"] = check_targets(data, stargz_why)
@@ -309,7 +319,10 @@ def check_targets(data, stargz_why):
     o = res["overlayfs"]
     for mode, engine in VERILAY_ENGINE.items():
         s = res.get(mode)
-        name = "verilay snapshotter" + (" (kernel engine)" if engine == "kernel" else "")
+        name = "verilay snapshotter" + (" (kernel engine)" if engine == "kernel" else
+                                        " (/dev/fuse)" if mode == DEV_MODE else "")
+        if mode == DEV_MODE and not s and data["settings"].get("transports") == ["dev"]:
+            continue  # "verilay" is /dev/fuse's already
         if not s:
             t.append(report.not_measured(f"start at {TARGET_RTT_MS} ms RTT, {name}",
                                          "the kernel engine cannot serve here"))

@@ -17,6 +17,9 @@ the modes taking turns at going first:
                layer-store STORE` serving: layers mounted lazily from their verilay images,
                each by the FUSE engine (the store's `verilay mount`s run with
                VERILAY_ENGINE=fuse)
+  layer-store-dev
+               the same over /dev/fuse (VERILAY_TRANSPORT=dev), where layer-store's
+               mounts are io_uring's
   layer-store-kernel
                the same, each layer mounted by the kernel engine (VERILAY_ENGINE=kernel:
                the kernel's erofs on the image file the mount's daemon serves)
@@ -53,10 +56,13 @@ SLOW_RUNS = 3
 SPEEDUP = 5.0
 FEWER_BYTES = 5.0
 MIN_IMAGE_MIB = 500
-MODES = ("ordinary", "layer-store", "layer-store-kernel")
+MODES = ("ordinary", "layer-store", "layer-store-dev", "layer-store-kernel")
 # The engine each store mode's layer mounts take (VERILAY_ENGINE in the store's environment,
 # which its `verilay mount`s inherit), and the mount types that engine's mounts have.
-STORE_ENGINE = {"layer-store": "fuse", "layer-store-kernel": "kernel"}
+STORE_ENGINE = {"layer-store": "fuse", "layer-store-dev": "fuse", "layer-store-kernel": "kernel"}
+# The FUSE transport a store mode's mounts take (VERILAY_TRANSPORT): layer-store's is
+# io_uring where the kernel offers it, layer-store-dev's /dev/fuse (measured only then).
+DEV_MODE = "layer-store-dev"
 ENGINE_FSTYPES = {"fuse": {"fuse.verilay"}, "kernel": {"erofs", "overlay"}}
 REPO, TAG = "bench/app", "1"
 PROGRAM = ["python3", "-c", "print(1)"]
@@ -180,7 +186,7 @@ class Store:
     """`verilay layer-store` in the foreground until closed (SIGTERM: it unmounts itself
     and detaches the layers it mounted)."""
 
-    def __init__(self, verilay, dir, engine):
+    def __init__(self, verilay, dir, engine, fuse_transport):
         self.dir = os.path.join(dir, "store")
         self.state = os.path.join(dir, "state")
         os.makedirs(self.dir)
@@ -189,7 +195,7 @@ class Store:
             [verilay, "layer-store", self.dir, "--state", self.state,
              "--cache", os.path.join(dir, "cache"), "--insecure"],
             stdout=subprocess.DEVNULL, stderr=self.log,
-            env=dict(os.environ, VERILAY_ENGINE=engine))
+            env=dict(os.environ, VERILAY_ENGINE=engine, VERILAY_TRANSPORT=fuse_transport))
         deadline = time.time() + 20
         while not os.path.ismount(self.dir):
             if self.proc.poll() is not None or time.time() > deadline:
@@ -221,13 +227,14 @@ class Store:
         self.log.close()
 
 
-def one_run(mode, verilay, proxy, scratch, serial):
+def one_run(mode, verilay, proxy, scratch, serial, transports):
     base = os.path.join(scratch, f"run-{serial}-{mode}")
     os.makedirs(base)
     with contextlib.ExitStack() as stack:
         store = None
         if mode in STORE_ENGINE:
-            store = Store(verilay, base, STORE_ENGINE[mode])
+            store = Store(verilay, base, STORE_ENGINE[mode],
+                          "dev" if mode == DEV_MODE else transports[0])
             stack.callback(store.close)
         pod = Podman(os.path.join(base, "podman"), proxy.port, store and store.dir)
         stack.callback(pod.close)
@@ -258,6 +265,7 @@ def one_run(mode, verilay, proxy, scratch, serial):
     return sample
 
 
+@transport.uring_switch
 def run(ctx):
     scratch = datasets.scratch_dir("containers")
     verilay, why = tools.verilay(scratch)
@@ -279,7 +287,8 @@ def run(ctx):
         return data
 
     kernel = transport.kernel_column(verilay, data)
-    modes = [m for m in MODES if STORE_ENGINE.get(m) != "kernel" or kernel]
+    modes = [m for m in MODES if (STORE_ENGINE.get(m) != "kernel" or kernel)
+             and (m != DEV_MODE or ctx.transports[0] != "dev")]
     lay = make_image(ctx, scratch, data)
 
     with contextlib.ExitStack() as stack:
@@ -293,7 +302,8 @@ def run(ctx):
         print(f"converted in {data['image']['convert_s']:.1f} s", flush=True)
         proxy = stack.enter_context(net.DelayProxy(registry.port))
         rounds(ctx, data, proxy, modes,
-               lambda mode, serial: one_run(mode, verilay, proxy, scratch, serial))
+               lambda mode, serial: one_run(mode, verilay, proxy, scratch, serial,
+                                            ctx.transports))
     shutil.rmtree(scratch, ignore_errors=True)
     print_results(data, MODES, "`podman pull`", "`podman run`")
     data["targets"] = check_targets(data, ctx.quick)
@@ -353,8 +363,10 @@ def check_targets(data, quick):
         s = res.get(mode)
         if not s:
             continue
-        # The FUSE engine's lines keep their names; the kernel engine's say so.
-        name = "layer store" + (" (kernel engine)" if engine == "kernel" else "")
+        # The FUSE engine's lines keep their names; the kernel engine's and /dev/fuse's
+        # say so.
+        name = "layer store" + (" (kernel engine)" if engine == "kernel" else
+                                " (/dev/fuse)" if mode == DEV_MODE else "")
         faster = median(o, "start_s") / median(s, "start_s")
         fewer = median(o, "bytes") / max(1, median(s, "bytes"))
         t.append(report.target(
@@ -390,7 +402,8 @@ def plot_start_and_bytes(data, png, modes, pulled, title, log):
 
     rtts = [int(r) for r in data["rtt"]]
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, color in zip(modes, ("tab:blue", "tab:red", "tab:purple", "tab:green")):
+    colors = ("tab:blue", "tab:red", "tab:pink", "tab:purple", "tab:green")
+    for mode, color in zip(modes, colors):
         if not all(data["rtt"][str(r)].get(mode) for r in rtts):
             continue
         ys = [median(data["rtt"][str(r)][mode], "start_s") for r in rtts]
