@@ -195,6 +195,11 @@ type Fetched = Option<(Instant, String)>;
 pub const BLOB_READERS: usize = 4;
 /// The largest original blob the store fetches whole (`verilay pull`'s default limit).
 const BLOB_MAX: u64 = 32 << 30;
+/// The slowest average rate a blob fetch may keep, past its first [`LOOKUP_PERIODS`]
+/// periods of `--timeout`: the fetch holds a blob reader (and a check holds the one check
+/// lock) while it runs, and a registry that paces its bytes just above the per-period
+/// floor (`oci::registry::MIN_BYTES_PER_PERIOD`) would otherwise hold them for days.
+const BLOB_MIN_RATE: u64 = 1 << 20;
 /// The threads the store's mount serves requests with.
 pub const STORE_THREADS: usize = 16;
 /// The record of bindings served, in the state directory.
@@ -793,6 +798,28 @@ impl OciResolver {
     }
 }
 
+/// A blob's body that fails with `TimedOut` once its fetch has taken `budget`.
+struct Deadline<R> {
+    inner: R,
+    ends: Instant,
+    budget: Duration,
+}
+
+impl<R: std::io::Read> std::io::Read for Deadline<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() >= self.ends {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "not done within {} s (4 periods of --timeout, and 1 s per MiB)",
+                    self.budget.as_secs()
+                ),
+            ));
+        }
+        self.inner.read(buf)
+    }
+}
+
 impl OciResolver {
     /// The blob `source` from `reference`'s repository, fetched whole into a temporary
     /// file in `dir` and checked: removed on any failure, and unless the caller keeps it.
@@ -818,6 +845,13 @@ impl OciResolver {
             tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         // One byte more than listed is read, to see a blob that runs on.
         let limit = source.size.saturating_add(1);
+        let budget = self.timeout * LOOKUP_PERIODS
+            + Duration::from_secs(source.size.div_ceil(BLOB_MIN_RATE));
+        let reader = Deadline {
+            inner: reader,
+            ends: Instant::now() + budget,
+            budget,
+        };
         let got = oci::sha256_copy(reader, tmp.as_file(), limit, &|_| {})
             .map_err(|e| format!("fetching: {e}"))?;
         if got != (source.digest.clone(), source.size) {

@@ -1148,6 +1148,61 @@ fn a_trickled_blob_never_wedges_the_layer_store() {
     assert_eq!(fetches, 1, "one fetch for every reader");
 }
 
+/// A registry that paces a blob just above the per-period floor (64 KiB per `--timeout`)
+/// would hold the store's blob reader, and a check's one lock, for as long as the blob
+/// lasts (days for a big one). A fetch now has an overall deadline: 4 periods of
+/// `--timeout` and a second per MiB. Here, with `--timeout 2`, a 3 MiB blob at 64 KiB a
+/// second (48 s whole) fails within its 11 s, naming the bound, and is fetched once.
+#[test]
+fn a_paced_blob_fetch_ends_within_its_overall_deadline() {
+    use base64::Engine as _;
+    if skip_unless(is_root(), "the layer store is root's") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let blob = vec![9u8; 3 << 20];
+    let layer_digest = digest_of(&blob);
+    let bound = bound_one_layer(&layer_digest, blob.len() as u64);
+    let registry = Hostile::start(move |_, path| {
+        if path.contains("/manifests/") {
+            Answer::ok(&bound, MANIFEST)
+        } else if path.contains("/blobs/") {
+            Answer {
+                trickle: Some((64 << 10, std::time::Duration::from_secs(1))),
+                ..Answer::ok(&blob, "application/octet-stream")
+            }
+        } else {
+            Answer::ok(b"{}", "application/json")
+        }
+    });
+    let store = Store::start(t.path(), &["--timeout", "2"], &[]);
+    let r = format!("127.0.0.1:{}/app:v1", registry.port);
+    let dir = store
+        .dir
+        .join(base64::engine::general_purpose::STANDARD.encode(r))
+        .join(&layer_digest);
+    assert!(dir.join("info").exists());
+    let start = std::time::Instant::now();
+    let err = std::fs::read(dir.join("blob")).expect_err("a paced blob is never served");
+    let took = start.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        took >= std::time::Duration::from_secs(10) && took < std::time::Duration::from_secs(16),
+        "the fetch ended after {took:?}, not at its 11 s deadline"
+    );
+    let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
+    assert!(
+        log.contains("not done within 11 s (4 periods of --timeout, and 1 s per MiB)"),
+        "{log}"
+    );
+    let fetches = registry
+        .heads()
+        .iter()
+        .filter(|h| h.contains("/blobs/"))
+        .count();
+    assert_eq!(fetches, 1, "{:?}", registry.heads());
+}
+
 /// Issue 36, item 3: the store fetches an original layer blob whole before it can check
 /// it, so what a bound manifest claims of its size is capped (32 GiB): a claim of 2^62
 /// bytes fails the blob's read with EIO and one log line naming the limit, before a byte
