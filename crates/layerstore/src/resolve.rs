@@ -198,8 +198,9 @@ const BLOB_MAX: u64 = 32 << 30;
 /// The slowest average rate a blob fetch may keep, past its first [`LOOKUP_PERIODS`]
 /// periods of `--timeout`: the fetch holds a blob reader (and a check holds the one check
 /// lock) while it runs, and a registry that paces its bytes just above the per-period
-/// floor (`oci::registry::MIN_BYTES_PER_PERIOD`) would otherwise hold them for days.
-const BLOB_MIN_RATE: u64 = 1 << 20;
+/// floor (`oci::registry::MIN_BYTES_PER_PERIOD`) would otherwise hold them for days. 256
+/// KiB/s is a 2 Mbit/s link: slower ones cannot serve such layers through the store.
+const BLOB_MIN_RATE: u64 = 256 << 10;
 /// The threads the store's mount serves requests with.
 pub const STORE_THREADS: usize = 16;
 /// The record of bindings served, in the state directory.
@@ -811,7 +812,7 @@ impl<R: std::io::Read> std::io::Read for Deadline<R> {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
-                    "not done within {} s (4 periods of --timeout, and 1 s per MiB)",
+                    "not done within {} s (4 periods of --timeout, and 4 s per MiB)",
                     self.budget.as_secs()
                 ),
             ));

@@ -1151,8 +1151,9 @@ fn a_trickled_blob_never_wedges_the_layer_store() {
 /// A registry that paces a blob just above the per-period floor (64 KiB per `--timeout`)
 /// would hold the store's blob reader, and a check's one lock, for as long as the blob
 /// lasts (days for a big one). A fetch now has an overall deadline: 4 periods of
-/// `--timeout` and a second per MiB. Here, with `--timeout 2`, a 3 MiB blob at 64 KiB a
-/// second (48 s whole) fails within its 11 s, naming the bound, and is fetched once.
+/// `--timeout` and 4 s per MiB (256 KiB/s). Here, with `--timeout 2`, a 2 MiB blob at
+/// 64 KiB a second (32 s whole) fails within its 16 s, naming the bound, and is fetched
+/// once.
 #[test]
 fn a_paced_blob_fetch_ends_within_its_overall_deadline() {
     use base64::Engine as _;
@@ -1160,7 +1161,7 @@ fn a_paced_blob_fetch_ends_within_its_overall_deadline() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let blob = vec![9u8; 3 << 20];
+    let blob = vec![9u8; 2 << 20];
     let layer_digest = digest_of(&blob);
     let bound = bound_one_layer(&layer_digest, blob.len() as u64);
     let registry = Hostile::start(move |_, path| {
@@ -1187,12 +1188,12 @@ fn a_paced_blob_fetch_ends_within_its_overall_deadline() {
     let took = start.elapsed();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert!(
-        took >= std::time::Duration::from_secs(10) && took < std::time::Duration::from_secs(16),
-        "the fetch ended after {took:?}, not at its 11 s deadline"
+        took >= std::time::Duration::from_secs(15) && took < std::time::Duration::from_secs(21),
+        "the fetch ended after {took:?}, not at its 16 s deadline"
     );
     let log = std::fs::read_to_string(t.path().join("store.log")).unwrap();
     assert!(
-        log.contains("not done within 11 s (4 periods of --timeout, and 1 s per MiB)"),
+        log.contains("not done within 16 s (4 periods of --timeout, and 4 s per MiB)"),
         "{log}"
     );
     let fetches = registry
