@@ -36,7 +36,7 @@ VERILAY_ARGS = ["build", "{src}", "-o", "{image}", "--quiet"]
 # The sealed image's peer: an mkfs.erofs 1.9 image, then its Merkle tree and digest.
 SEAL_PEER = "mkfs.erofs-1.9+fsverity"
 SEAL_SCRIPT = ('"$0" --quiet -Exattr-name-filter "$2" "$1" && '
-               'fsverity digest --out-merkle-tree="$2.tree" "$2" >/dev/null')
+               '"$3" digest --out-merkle-tree="$2.tree" "$2" >/dev/null')
 
 
 def find_tools(scratch):
@@ -61,7 +61,7 @@ def find_tools(scratch):
     if "mkfs.erofs-1.9" in found and fsverity:
         found[SEAL_PEER] = {"path": "sh", "version": found["mkfs.erofs-1.9"]["version"],
                             "args": ["-c", SEAL_SCRIPT, found["mkfs.erofs-1.9"]["path"],
-                                     "{src}", "{image}"]}
+                                     "{src}", "{image}", fsverity]}
     else:
         missing[SEAL_PEER] = ("it needs mkfs.erofs-1.9 and fsverity: "
                               + (missing.get("mkfs.erofs-1.9") or tools.missing("FSVERITY")))

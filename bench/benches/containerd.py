@@ -260,7 +260,8 @@ def run(ctx):
     registry_bin = tools.find("DOCKER_REGISTRY")
     stargz = tools.find("STARGZ_GRPC")
     data = report.bench_data("containerd", ctx, {"rtts_ms": list(RTTS_MS), "program": PROGRAM,
-                                                 "convert": CONVERT},
+                                                 "convert": CONVERT,
+                                                 "transports": ctx.transports},
                              {"rtt": {}, "targets": [], "peers": {}})
     reason = why
     if not reason and os.geteuid() != 0:

@@ -176,7 +176,8 @@ def run(ctx):
                        + (["overlay/kernel-engine"] if kernel else [])
                        + ([f"kernel-engine/{fuse}"] if kernel and fuse else []), rows)
     if "fuse-overlayfs" not in tools_seen:
-        print(f"fuse-overlayfs: not measured, because {tools.missing('FUSE_OVERLAYFS')}")
+        print("fuse-overlayfs: not measured, because "
+              f"{tools.missing('FUSE_OVERLAYFS') or 'it did not run'}")
     print()
     vtools = [t for t in tools_seen if transport.transport_of(t)]
     for tool in vtools:

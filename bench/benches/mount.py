@@ -97,14 +97,16 @@ def fuse_umount(d):
 
 
 def build_images(verilay, src, scratch, tag, with_squash=True, composefs=False):
-    """{kind: path} of the images one tree needs."""
+    """{kind: path} of the images one tree needs (a squashfs one only if mksquashfs is
+    found, a composefs one only if `composefs` and mkcomposefs is)."""
+    mksquashfs = tools.find("MKSQUASHFS")
     out = {"erofs": os.path.join(scratch, f"{tag}.img")}
     subprocess.run([verilay, "build", src, "-o", out["erofs"], "--quiet"], check=True,
                    stdout=subprocess.DEVNULL,
                    env=dict(os.environ, SOURCE_DATE_EPOCH="1700000000"))
-    if with_squash and shutil.which("mksquashfs"):
+    if with_squash and mksquashfs:
         out["squashfs"] = os.path.join(scratch, f"{tag}.sqfs")
-        subprocess.run(["mksquashfs", src, out["squashfs"], "-noappend", "-quiet",
+        subprocess.run([mksquashfs, src, out["squashfs"], "-noappend", "-quiet",
                         "-no-progress", "-noI", "-noD", "-noF", "-noX", "-no-xattrs"],
                        check=True, stdout=subprocess.DEVNULL)
     mkcfs = tools.find("MKCOMPOSEFS")
@@ -220,6 +222,8 @@ def run(ctx):
         return data
     kernel = transport.kernel_column(verilay, data)
     peers = {name: tools.find(env) for name, env in FUSE_PEERS.items()}
+    # The images the FUSE peers read need these: looked up now, so a missing one is named.
+    makers = {"squashfuse": tools.find("MKSQUASHFS"), "composefs-fuse": tools.find("MKCOMPOSEFS")}
     data["peers"] = peers
     # Why each peer's cells are empty: the peer itself, or the image it needs.
     data["not_measured"] = {
@@ -229,10 +233,9 @@ def run(ctx):
     for name, path in peers.items():
         why = data["not_measured"][name]
         print(f"{name}: {path}" if not why else f"{name}: not measured, because {why}")
-    if not shutil.which("mksquashfs"):
-        peers["squashfuse"] = None
-    if not tools.find("MKCOMPOSEFS"):
-        peers["composefs-fuse"] = None
+    for name, maker in makers.items():
+        if not maker:
+            peers[name] = None
 
     ds = datasets.for_run(ctx.quick)[0]
     datasets.warm(ds)

@@ -17,6 +17,13 @@ import time
 # Verdict -> CSS class of its line.
 VERDICT_CLASS = {"PASS": "pass", "FAIL": "fail", "NOT MEASURED": "nm"}
 
+
+def verdict(t):
+    """A target's verdict; SKIP, which results from before NOT MEASURED existed say, is
+    what NOT MEASURED now says."""
+    v = t.get("verdict", "?")
+    return "NOT MEASURED" if v == "SKIP" else v
+
 STYLE = """
 body { font-family: sans-serif; margin: 2em; max-width: 90em; color: #222; }
 h1 { margin-bottom: 0.2em; }
@@ -62,6 +69,8 @@ def table_html(t):
 
 def peers_html(lookups):
     """The peers a benchmark looked up: found (path, version, package) or not measured."""
+    if lookups is None:
+        return "<p>Not recorded: these results are from a bench/run older than its peer list.</p>"
     if not lookups:
         return "<p>No peers: this benchmark compares verilay with the kernel or itself.</p>"
     out = ["<table class=\"peers\"><tr><th>peer</th><th>program</th><th>version</th>"
@@ -87,17 +96,19 @@ def image_html(path):
 
 
 def bench_html(name, description, data, pngs):
-    verdicts = [t.get("verdict", "?") for t in data.get("targets", [])]
+    verdicts = [verdict(t) for t in data.get("targets", [])]
     out = [f"<section class=\"bench\" id=\"{esc(name)}\">",
            f"<h2>{esc(name)}</h2>", f"<p>{esc(description)}</p>",
            f"<p>Revision <code>{esc(data.get('verilay_revision', '?'))}</code>, run "
            f"{esc(data.get('host', {}).get('date', '?'))}; settings: "
            f"<code>{esc(json.dumps(data.get('settings', {}), sort_keys=True))}</code></p>",
-           "<h3>Peers</h3>", peers_html(data.get("peer_lookups", []))]
-    tables = data.get("tables", [])
-    out.append("<h3>Tables</h3>" if tables else "<p>No table: the benchmark did not run "
-               "(see its lines below).</p>")
-    out += [table_html(t) for t in tables]
+           "<h3>Peers</h3>", peers_html(data.get("peer_lookups"))]
+    tables = data.get("tables")
+    out.append("<h3>Tables</h3>" if tables else
+               "<p>Tables not recorded: these results are from an older bench/run.</p>"
+               if tables is None else
+               "<p>No table: the benchmark did not run (see its lines below).</p>")
+    out += [table_html(t) for t in tables or []]
     if pngs:
         out.append("<h3>Plots</h3>")
         out += [image_html(p) for p in pngs]
@@ -105,7 +116,7 @@ def bench_html(name, description, data, pngs):
                f"{verdicts.count('NOT MEASURED')} not measured)</h3>")
     out.append("<ul class=\"targets\">")
     for t in data.get("targets", []):
-        v = t.get("verdict", "?")
+        v = verdict(t)
         out.append(f"<li class=\"{VERDICT_CLASS.get(v, '')}\">{esc(v)}&nbsp; "
                    f"{esc(t.get('target'))}: {esc(t.get('detail'))}</li>")
     out.append("</ul></section>")
@@ -120,11 +131,11 @@ def write(report_dir, benches):
     revisions = sorted({d.get("verilay_revision", "?") for _, _, d, _ in benches})
     rows, missing = [], {}
     for name, _, data, _ in benches:
-        v = [t.get("verdict") for t in data.get("targets", [])]
+        v = [verdict(t) for t in data.get("targets", [])]
         rows.append(f"<tr><td style=\"text-align:left\"><a href=\"#{esc(name)}\">{esc(name)}"
                     f"</a></td><td>{v.count('PASS')}</td><td>{v.count('FAIL')}</td>"
                     f"<td>{v.count('NOT MEASURED')}</td></tr>")
-        for r in data.get("peer_lookups", []):
+        for r in data.get("peer_lookups") or []:
             if not r["path"]:
                 missing.setdefault((r["peer"], r["not_measured_because"]), []).append(name)
     try:

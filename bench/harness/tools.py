@@ -106,6 +106,8 @@ def missing(env_var):
 def package_of(path):
     """"PACKAGE VERSION" of the Debian package that installed path, or None."""
     real = os.path.realpath(path)
+    if not shutil.which("dpkg-query"):
+        return None
     for p in dict.fromkeys((real, path, re.sub(r"^/usr(?=/s?bin/)", "", real))):
         out = subprocess.run(["dpkg-query", "-S", p], capture_output=True, text=True)
         if out.returncode == 0:

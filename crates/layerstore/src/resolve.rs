@@ -196,10 +196,11 @@ pub const BLOB_READERS: usize = 4;
 /// The largest original blob the store fetches whole (`verilay pull`'s default limit).
 const BLOB_MAX: u64 = 32 << 30;
 /// The slowest average rate a blob fetch may keep, past its first [`LOOKUP_PERIODS`]
-/// periods of `--timeout`: the fetch holds a blob reader (and a check holds the one check
+/// periods of `--timeout`, on the bytes it has received (not on the size claimed, which
+/// the registry chose): the fetch holds a blob reader (and a check holds the one check
 /// lock) while it runs, and a registry that paces its bytes just above the per-period
 /// floor (`oci::registry::MIN_BYTES_PER_PERIOD`) would otherwise hold them for days. 256
-/// KiB/s is a 2 Mbit/s link: slower ones cannot serve such layers through the store.
+/// KiB/s is a 2 Mbit/s link: slower ones cannot serve layers through the store.
 const BLOB_MIN_RATE: u64 = 256 << 10;
 /// The threads the store's mount serves requests with.
 pub const STORE_THREADS: usize = 16;
@@ -799,25 +800,34 @@ impl OciResolver {
     }
 }
 
-/// A blob's body that fails with `TimedOut` once its fetch has taken `budget`.
-struct Deadline<R> {
+/// A blob's body that fails with `TimedOut` once, past `grace`, it has taken longer than
+/// `grace` plus what its bytes so far take at [`BLOB_MIN_RATE`]: a fetch ends within
+/// `grace` + size / rate (and one read's own bound) whatever the size claimed.
+struct AverageRate<R> {
     inner: R,
-    ends: Instant,
-    budget: Duration,
+    start: Instant,
+    grace: Duration,
+    got: u64,
 }
 
-impl<R: std::io::Read> std::io::Read for Deadline<R> {
+impl<R: std::io::Read> std::io::Read for AverageRate<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if Instant::now() >= self.ends {
+        let took = self.start.elapsed();
+        let earned = self.grace + Duration::from_secs_f64(self.got as f64 / BLOB_MIN_RATE as f64);
+        if took > earned {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
-                    "not done within {} s (4 periods of --timeout, and 4 s per MiB)",
-                    self.budget.as_secs()
+                    "{} bytes in {:.0} s: slower than {} KiB/s on average past 4 periods of --timeout",
+                    self.got,
+                    took.as_secs_f64(),
+                    BLOB_MIN_RATE >> 10
                 ),
             ));
         }
-        self.inner.read(buf)
+        let n = self.inner.read(buf)?;
+        self.got += n as u64;
+        Ok(n)
     }
 }
 
@@ -846,12 +856,11 @@ impl OciResolver {
             tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         // One byte more than listed is read, to see a blob that runs on.
         let limit = source.size.saturating_add(1);
-        let budget = self.timeout * LOOKUP_PERIODS
-            + Duration::from_secs(source.size.div_ceil(BLOB_MIN_RATE));
-        let reader = Deadline {
+        let reader = AverageRate {
             inner: reader,
-            ends: Instant::now() + budget,
-            budget,
+            start: Instant::now(),
+            grace: self.timeout * LOOKUP_PERIODS,
+            got: 0,
         };
         let got = oci::sha256_copy(reader, tmp.as_file(), limit, &|_| {})
             .map_err(|e| format!("fetching: {e}"))?;

@@ -167,6 +167,24 @@ fn the_report_shows_every_table_plot_and_target_of_the_run() {
         })
         .collect();
     assert_eq!(attr(&dom, "rows"), rows.join(";"));
+    // And those are the tables the run printed: every header and row of the JSON is a line
+    // of its output, word for word (the columns are padded with spaces there).
+    let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let lines: Vec<Vec<String>> = printed.lines().map(words).collect();
+    for t in tables {
+        for line in std::iter::once(&t["headers"]).chain(t["rows"].as_array().unwrap()) {
+            let cells: Vec<String> = line
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|c| words(c.as_str().unwrap()))
+                .collect();
+            assert!(
+                lines.contains(&cells),
+                "{cells:?} is not a line the run printed:\n{printed}"
+            );
+        }
+    }
 
     // One plot per PNG the run wrote, each decoded by the browser.
     let pngs = std::fs::read_dir(t.path().join("out"))
@@ -200,7 +218,10 @@ fn the_report_shows_every_table_plot_and_target_of_the_run() {
     // The host, the kernel, the revision and the peer's version and package.
     let page = std::fs::read_to_string(report.join("index.html")).unwrap();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    assert!(page.contains(kernel.trim()), "the kernel is not named");
+    assert!(
+        page.contains(&format!("Linux {}; ", kernel.trim())),
+        "the kernel is not named"
+    );
     let revision = data["verilay_revision"].as_str().unwrap();
     assert!(
         page.contains(&format!("revision {revision}")),
