@@ -1074,6 +1074,24 @@ fn bound_one_layer(layer: &str, size: u64) -> Vec<u8> {
     oci::conversion::bind(original.as_bytes(), &[converted]).unwrap()
 }
 
+/// A registry binding one layer, `blob`, in every manifest, and sending that blob in
+/// pieces of `trickle.0` bytes, `trickle.1` apart.
+fn trickling_blob(blob: Vec<u8>, trickle: (usize, std::time::Duration)) -> Hostile {
+    let bound = bound_one_layer(&digest_of(&blob), blob.len() as u64);
+    Hostile::start(move |_, path| {
+        if path.contains("/manifests/") {
+            Answer::ok(&bound, MANIFEST)
+        } else if path.contains("/blobs/") {
+            Answer {
+                trickle: Some(trickle),
+                ..Answer::ok(&blob, "application/octet-stream")
+            }
+        } else {
+            Answer::ok(b"{}", "application/json")
+        }
+    })
+}
+
 /// Issue 36, item 2: a trickled layer blob wedged the layer store (`info` of another,
 /// already resolved reference hung until the registry died) and each concurrent reader of
 /// `blob` fetched the whole blob again. Now one fetch serves every reader waiting for it
@@ -1088,19 +1106,7 @@ fn a_trickled_blob_never_wedges_the_layer_store() {
     let t = tempfile::tempdir().unwrap();
     let blob = vec![7u8; 200_000];
     let layer_digest = digest_of(&blob);
-    let bound = bound_one_layer(&layer_digest, blob.len() as u64);
-    let registry = Hostile::start(move |_, path| {
-        if path.contains("/manifests/") {
-            Answer::ok(&bound, MANIFEST)
-        } else if path.contains("/blobs/") {
-            Answer {
-                trickle: Some((100, std::time::Duration::from_millis(100))),
-                ..Answer::ok(&blob, "application/octet-stream")
-            }
-        } else {
-            Answer::ok(b"{}", "application/json")
-        }
-    });
+    let registry = trickling_blob(blob, (100, std::time::Duration::from_millis(100)));
     let store = Store::start(t.path(), &["--timeout", "2"], &[]);
     let dir = |tag: &str| {
         let r = format!("127.0.0.1:{}/app:{tag}", registry.port);
@@ -1163,19 +1169,7 @@ fn a_paced_blob_fetch_ends_within_its_overall_deadline() {
     let t = tempfile::tempdir().unwrap();
     let blob = vec![9u8; 2 << 20];
     let layer_digest = digest_of(&blob);
-    let bound = bound_one_layer(&layer_digest, blob.len() as u64);
-    let registry = Hostile::start(move |_, path| {
-        if path.contains("/manifests/") {
-            Answer::ok(&bound, MANIFEST)
-        } else if path.contains("/blobs/") {
-            Answer {
-                trickle: Some((64 << 10, std::time::Duration::from_secs(1))),
-                ..Answer::ok(&blob, "application/octet-stream")
-            }
-        } else {
-            Answer::ok(b"{}", "application/json")
-        }
-    });
+    let registry = trickling_blob(blob, (64 << 10, std::time::Duration::from_secs(1)));
     let store = Store::start(t.path(), &["--timeout", "2"], &[]);
     let r = format!("127.0.0.1:{}/app:v1", registry.port);
     let dir = store
