@@ -78,7 +78,7 @@ def peers_html(lookups):
     for r in lookups:
         if r["path"]:
             where = (f"Debian package {r['package']}" if r.get("package")
-                     else f"${r['env']}" if os.environ.get(r["env"]) else r.get("source") or "")
+                     else f"${r['env']}" if r.get("from_env") else r.get("source") or "")
             out.append(f"<tr><td>{esc(r['peer'])}</td><td><code>{esc(r['path'])}</code></td>"
                        f"<td>{esc(r['version'])}</td><td>{esc(where)}</td></tr>")
         else:

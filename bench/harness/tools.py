@@ -80,6 +80,7 @@ def find(env_var, *names):
                      (f"no registry offers it for Debian 12 (set ${env_var})"
                       if peer.unavailable else "`./scripts/setup --bench` installs it"))
     _LOOKED_UP[env_var] = {"peer": peer.label, "env": env_var, "path": path,
+                           "from_env": bool(path and os.environ.get(env_var)),
                            "version": version(path) if path else None,
                            "package": package_of(path) if path else None,
                            "source": peer.source, "not_measured_because": why,

@@ -2493,10 +2493,7 @@ fn the_first_read_of_a_remote_executable_fetches_it_whole() {
     }
     let image = t.path().join("image.img");
     let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
-    run(verilay()
-        .args(["push", "--insecure", "--quiet"])
-        .arg(&image)
-        .arg(reg.reference("apps/exec:1")));
+    push(&reg, &image, "apps/exec:1");
     let m = t.path().join("m");
     let _m = mount_cached(
         &reg.reference("apps/exec:1"),
