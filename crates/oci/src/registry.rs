@@ -30,6 +30,8 @@ pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, a
 const MANIFEST_MAX: u64 = 4 << 20;
 /// The most of an error body or token answer read.
 const SMALL_MAX: u64 = 64 << 10;
+/// Idle connections kept per registry host.
+const IDLE_PER_HOST: usize = 16;
 
 /// A connection to one registry, for one repository's operations.
 pub struct Registry {
@@ -90,6 +92,10 @@ impl Registry {
             .timeout_recv_response(Some(timeout))
             .timeout_per_read(Some(timeout))
             .timeout_per_write(Some(timeout))
+            // A remote image's readers and readahead fetch at once, each on a connection
+            // of its own: kept for the next range rather than closed (ureq keeps 3).
+            .max_idle_connections_per_host(IDLE_PER_HOST)
+            .max_idle_connections(4 * IDLE_PER_HOST)
             .tls_config(tls)
             .user_agent(concat!("verilay/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -477,6 +483,27 @@ impl Registry {
     /// Bytes `offset..offset + len` of what `url` serves, by a range request; exactly
     /// that many, or an error.
     pub fn get_range(&self, url: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut body = Vec::with_capacity(len as usize);
+        self.get_range_into(url, offset, len, &mut |r| {
+            r.take(len).read_to_end(&mut body)?;
+            if body.len() as u64 != len {
+                return Err(short_body(body.len() as u64));
+            }
+            Ok(())
+        })?;
+        Ok(body)
+    }
+
+    /// `[offset, offset + len)` of the file at `url`, handed to `read` as it arrives:
+    /// `read` must take exactly `len` bytes, or fail (a body that ends early reads as
+    /// `UnexpectedEof`). A body longer than asked is the server's error, found after.
+    pub fn get_range_into(
+        &self,
+        url: &str,
+        offset: u64,
+        len: u64,
+        read: &mut dyn FnMut(&mut dyn Read) -> std::io::Result<()>,
+    ) -> Result<()> {
         let range = format!("bytes={}-{}", offset, offset + len - 1);
         let mut resp = self.send("GET", url, &[("Range", &range)], &Body::Empty)?;
         let whole = match resp.status() {
@@ -490,31 +517,21 @@ impl Registry {
             _ => return Err(self.refused("GET", url, resp)),
         };
         let failed = |e: &dyn std::fmt::Display| Error(format!("{url}: bytes {offset}+{len}: {e}"));
-        let body = if whole {
+        if whole {
             // The whole file for a range at its start: its first `len` bytes will do.
-            let mut body = Vec::with_capacity(len as usize);
-            resp.body_mut()
-                .as_reader()
-                .take(len)
-                .read_to_end(&mut body)
-                .map_err(|e| failed(&e))?;
-            body
-        } else {
-            // Read to the body's end (no further than `len`, plus one to see a longer
-            // one), so the connection goes back to the pool for the next range.
-            resp.body_mut()
-                .with_config()
-                .limit(len + 1)
-                .read_to_vec()
-                .map_err(|e| failed(&e))?
-        };
-        if body.len() as u64 != len {
-            return Err(Error(format!(
-                "{url}: bytes {offset}+{len}: the server sent {}",
-                body.len()
-            )));
+            let mut body = resp.body_mut().as_reader().take(len);
+            return read(&mut body).map_err(|e| failed(&e));
         }
-        Ok(body)
+        // One byte past `len` is allowed in, to see a longer body; reading to the body's
+        // end returns the connection to the pool for the next range.
+        let mut body = resp.body_mut().with_config().limit(len + 1).reader();
+        read(&mut body).map_err(|e| failed(&e))?;
+        let mut more = [0u8; 1];
+        match body.read(&mut more) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(failed(&"the server sent more than asked")),
+            Err(e) => Err(failed(&e)),
+        }
     }
 
     /// An error for an answer that was not the one expected: the status and the
@@ -665,6 +682,14 @@ fn percent_encode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// What a range read says of a body that ended after `got` bytes.
+pub fn short_body(got: u64) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("the server sent {got}"),
+    )
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
 
 /// The cache's unit: a bit of the record.
 pub const UNIT: u64 = 4096;
+/// Stores this large start their writeback at once (see `store`).
+const WRITEBACK_NOW: usize = 256 << 10;
 const MAGIC: [u8; 8] = *b"VLCACHE1";
 /// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
 const HEADER: u64 = 8 + 8 + 8 + 160;
@@ -342,6 +344,18 @@ impl Cache {
             .is_err()
         {
             return;
+        }
+        if to - from >= WRITEBACK_NOW {
+            // Start writing it out now (Linux's DONTNEED writes dirty pages back, and keeps
+            // them while they are under writeback): a prefetch's bytes then reach the disk
+            // while it fetches, not all at once when it ends, and the dirty pages do not
+            // pile up to the gigabytes of a whole image.
+            let _ = rfs::fadvise(
+                &self.data,
+                units.start * UNIT,
+                (to - from) as u64,
+                rfs::Advice::DontNeed,
+            );
         }
         for u in units.clone() {
             self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);

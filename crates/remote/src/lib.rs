@@ -3,7 +3,11 @@
 //!
 //! - Trusts no byte: the verified source above checks each block; what fails is forgotten and
 //!   fetched again; what passed goes to the [`cache::Cache`].
-//! - Read-ahead stops at [`MAX_RUN`]; each try is bounded in time.
+//! - A fetch hands each chunk over as its bytes arrive: a reader waits for its own chunk,
+//!   not for the rest of the range.
+//! - A sequential reader gets the window after the one it is in fetched ahead of it, in
+//!   pieces on several connections at once, the window doubling up to [`AHEAD_MAX`].
+//! - Each try is bounded in time.
 
 #![forbid(unsafe_code)]
 
@@ -11,7 +15,7 @@ pub mod cache;
 pub mod prefetch;
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
+use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -21,17 +25,31 @@ use verity::source::ByteSource;
 /// (so a sparse reader fetches little more than it reads), a sequential one gets runs
 /// of them (see [`MAX_RUN`]).
 pub const CHUNK: u64 = 4096;
-/// Chunks kept in memory (128 MiB).
-const KEPT: usize = 32768;
-/// The most chunks one request fetches (4 MiB).
+/// Chunks held in memory (128 MiB): fetched and not yet read, or, without a persistent
+/// cache, read too. Beyond it the oldest are dropped.
+const KEPT: u64 = 32768;
+/// `KEPT` in bytes: what a mount holds in memory per remote image, besides the chunks
+/// its fetches under way are filling.
+pub const HELD_MAX: u64 = KEPT * CHUNK;
+/// Chunks the table remembers (512 MiB of the image): those read and kept in the
+/// persistent cache stay as empty entries, so a sequential reader is still seen as one.
+const ENTRIES: usize = 4 * KEPT as usize;
+/// The most chunks a reader's own request fetches (4 MiB).
 pub const MAX_RUN: u64 = 1024;
+/// The largest window fetched ahead of a sequential reader (32 MiB): at the speed of a
+/// local disk (~300 MB/s through the verified mount) about 100 ms of reading, which covers
+/// a 50 ms round trip with room to spare.
+pub const AHEAD_MAX: u64 = 8192;
+/// The most chunks one readahead request fetches (8 MiB): a window is fetched in pieces
+/// this large, one per readahead thread and connection.
+const REQUEST_MAX: u64 = 2048;
 /// A neighbourhood (256 KiB) read densely once [`DENSE`] of its chunks are here.
 const WINDOW: u64 = 64;
 const DENSE: u64 = 8;
 /// A reader with at least this many chunks right behind a miss is sequential: the
 /// readahead threads fetch the next window while it reads this one.
 const SEQUENTIAL: u64 = 16;
-const READAHEAD_THREADS: usize = 2;
+const READAHEAD_THREADS: usize = 4;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 const ATTEMPTS: u32 = 3;
 /// `VERILAY_FETCH_EXACT=1`: no runs, no readahead, one request per 4 KiB chunk a read
@@ -45,7 +63,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 pub struct Counters {
     /// Range requests sent, retries included.
     pub requests: AtomicU64,
-    /// Bytes the requests that succeeded fetched.
+    /// Bytes fetched and kept (a try that failed midway keeps the chunks that came whole).
     pub fetched: AtomicU64,
     /// Requests that failed and were tried again.
     pub retries: AtomicU64,
@@ -71,8 +89,10 @@ pub struct RemoteSource {
     /// What fetching this image has cost.
     pub counters: Arc<Counters>,
     cache: Option<cache::Cache>,
+    /// Chunks whose bytes are in memory (see [`Piece`]).
+    held: Arc<AtomicU64>,
     /// Windows for the readahead threads to fetch (see [`RemoteSource::shared`]).
-    ahead: OnceLock<Mutex<mpsc::Sender<(u64, u64)>>>,
+    ahead: OnceLock<Mutex<mpsc::Sender<Window>>>,
     /// Fetch only the chunks reads touch, one request each ([`EXACT_ENV`]).
     exact: bool,
     /// Whether the server answers ([`RemoteSource::fetch`]); `health_changed` wakes the
@@ -106,7 +126,44 @@ impl Down {
     }
 }
 
-type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
+/// A chunk's bytes, counted in [`RemoteSource::held`] while they are alive.
+pub(crate) struct Piece {
+    bytes: Vec<u8>,
+    held: Arc<AtomicU64>,
+}
+
+impl Piece {
+    fn new(bytes: Vec<u8>, held: &Arc<AtomicU64>) -> Piece {
+        held.fetch_add(1, Ordering::Relaxed);
+        Piece {
+            bytes,
+            held: held.clone(),
+        }
+    }
+}
+
+impl Drop for Piece {
+    fn drop(&mut self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for Piece {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+type Slot = Arc<Mutex<Option<Arc<Piece>>>>;
+
+/// Chunks for a readahead thread to fetch; `background` when the reader it is ahead of is
+/// the prefetch (whose fetches do not count as demand).
+struct Window {
+    start: u64,
+    n: u64,
+    background: bool,
+}
 
 #[derive(Default)]
 struct Chunks {
@@ -122,7 +179,7 @@ struct Chunks {
 /// costs a server far more than a few spare KiB (docker-registry: ~3 ms of CPU each, the
 /// price of 4 MiB of body), so a run goes on past chunks another reader took, as long as
 /// what it claims outweighs what it spans; it stops at a chunk being fetched.
-type Claim<'a> = Vec<Option<std::sync::MutexGuard<'a, Option<Arc<Vec<u8>>>>>>;
+type Claim<'a> = Vec<Option<std::sync::MutexGuard<'a, Option<Arc<Piece>>>>>;
 
 /// Claims from `slots` (`None`: in the persistent cache) for a request that has already
 /// claimed `got` chunks before them; never ends with a spanned chunk. Only a sequential
@@ -154,13 +211,82 @@ fn claim(slots: &[Option<Slot>], mut got: usize, span: bool) -> Claim<'_> {
     out
 }
 
-/// Puts each fetched chunk of `bytes` in the slot the request claimed for it.
-fn fill_claimed(claimed: &mut Claim<'_>, bytes: &[u8]) {
-    for (g, piece) in claimed.iter_mut().zip(bytes.chunks(CHUNK as usize)) {
-        if let Some(g) = g {
-            **g = Some(Arc::new(piece.to_vec()));
+/// Where a fetch's bytes go as they arrive; a try after a failed one asks only for what
+/// has not been taken yet.
+trait Sink {
+    /// Bytes taken so far, from the range's start.
+    fn taken(&self) -> u64;
+    /// Reads the rest of the range from `body`.
+    fn take(&mut self, body: &mut dyn Read) -> io::Result<()>;
+}
+
+/// The range's bytes in one buffer.
+struct ToVec {
+    bytes: Vec<u8>,
+    len: u64,
+}
+
+impl Sink for ToVec {
+    fn taken(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn take(&mut self, body: &mut dyn Read) -> io::Result<()> {
+        let want = self.len - self.taken();
+        let got = body.take(want).read_to_end(&mut self.bytes)? as u64;
+        if got < want {
+            return Err(oci::registry::short_body(got));
+        }
+        Ok(())
+    }
+}
+
+/// Each chunk into the slot claimed for it, whose lock is let go as soon as the chunk is
+/// in: a reader waiting for it goes on while the rest of the range comes. A chunk the
+/// request spans but did not claim is read and dropped.
+struct ToSlots<'c, 'g> {
+    claimed: &'c mut Claim<'g>,
+    held: &'c Arc<AtomicU64>,
+    /// Chunks taken.
+    done: usize,
+    /// The range's length: its last chunk is short at the image's end.
+    len: u64,
+}
+
+impl Sink for ToSlots<'_, '_> {
+    fn taken(&self) -> u64 {
+        (self.done as u64 * CHUNK).min(self.len)
+    }
+
+    fn take(&mut self, body: &mut dyn Read) -> io::Result<()> {
+        while self.done < self.claimed.len() {
+            let n = CHUNK.min(self.len - self.taken()) as usize;
+            let mut piece = vec![0u8; n];
+            let got = read_full(body, &mut piece)?;
+            if got < n {
+                return Err(oci::registry::short_body(self.taken() + got as u64));
+            }
+            if let Some(mut g) = self.claimed[self.done].take() {
+                *g = Some(Arc::new(Piece::new(piece, self.held)));
+            }
+            self.done += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Reads into `buf` until it is full or the body ends; returns the bytes read.
+fn read_full(body: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match body.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
+    Ok(got)
 }
 
 /// Whether `s` names a remote image rather than a file.
@@ -233,6 +359,7 @@ impl RemoteSource {
             len,
             chunks: Mutex::new(Chunks::default()),
             counters: Arc::new(Counters::default()),
+            held: Arc::default(),
             cache: None,
             ahead: OnceLock::new(),
             exact: std::env::var_os(EXACT_ENV).is_some_and(|v| v == "1"),
@@ -245,7 +372,7 @@ impl RemoteSource {
     /// sequential readers (a reader then finds its next chunks fetched while it worked
     /// on the last ones). The threads end with the source.
     pub fn shared(self) -> Arc<RemoteSource> {
-        let (tx, rx) = mpsc::channel::<(u64, u64)>();
+        let (tx, rx) = mpsc::channel::<Window>();
         let me = Arc::new(self);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..READAHEAD_THREADS {
@@ -255,7 +382,13 @@ impl RemoteSource {
                 .spawn(move || loop {
                     let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     match (job, weak.upgrade()) {
-                        (Ok((start, n)), Some(src)) => src.fill(start, n),
+                        (Ok(w), Some(src)) => {
+                            BACKGROUND.with(|b| b.set(w.background));
+                            // The prefetch's window is for the cache: none once it is full.
+                            if !w.background || src.cache().is_some_and(|c| !c.full()) {
+                                src.fill(w.start, w.n)
+                            }
+                        }
                         _ => return,
                     }
                 });
@@ -267,43 +400,65 @@ impl RemoteSource {
         me
     }
 
-    /// Asks the readahead threads for chunks `start..start + n`.
+    /// Asks the readahead threads for the window of chunks `start..start + n`, in pieces
+    /// of at most [`REQUEST_MAX`] fetched at once, and marks its first chunk: the reader
+    /// reaching it asks for the next window, twice as long (at most [`AHEAD_MAX`]).
     fn schedule(&self, start: u64, n: u64) {
-        if start < self.len.div_ceil(CHUNK) {
-            if let Some(tx) = self.ahead.get() {
-                let _ = tx
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .send((start, n));
-            }
+        let end = (start + n).min(self.len.div_ceil(CHUNK));
+        let Some(tx) = self.ahead.get() else {
+            return;
+        };
+        if start >= end {
+            return;
+        }
+        self.lock_chunks().marks.insert(start, end - start);
+        let background = BACKGROUND.with(|b| b.get());
+        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
+        for piece in (start..end).step_by(REQUEST_MAX as usize) {
+            let _ = tx.send(Window {
+                start: piece,
+                n: REQUEST_MAX.min(end - piece),
+                background,
+            });
         }
     }
 
+    /// The window after a sequential reader's `n` chunks ending at chunk `end`.
+    fn next_window(&self, end: u64, n: u64) {
+        self.schedule(end, (2 * n).clamp(1, AHEAD_MAX));
+    }
+
     /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
-    /// and marks the window so the reader reaching it asks for the next one.
+    /// in as few requests as the chunks other fetches hold allow.
     fn fill(&self, start: u64, n: u64) {
         let slots = self.slots(start, start + n);
-        // Chunks here already at the window's start are skipped, not spanned.
-        let lead = slots
-            .iter()
-            .take_while(|s| {
-                s.as_ref()
-                    .is_none_or(|s| s.try_lock().is_ok_and(|g| g.is_some()))
-            })
-            .count();
-        let mut claimed = claim(&slots[lead..], 0, true);
-        if claimed.is_empty() {
-            return;
+        let mut at = 0;
+        while at < slots.len() {
+            // Chunks here already or coming are skipped, not spanned.
+            at += slots[at..]
+                .iter()
+                .take_while(|s| {
+                    s.as_ref()
+                        .is_none_or(|s| s.try_lock().map_or(true, |g| g.is_some()))
+                })
+                .count();
+            let mut claimed = claim(&slots[at..], 0, true);
+            if claimed.is_empty() {
+                return;
+            }
+            let from = start + at as u64;
+            let len = (CHUNK * claimed.len() as u64).min(self.len - from * CHUNK);
+            at += claimed.len();
+            let mut sink = ToSlots {
+                claimed: &mut claimed,
+                held: &self.held,
+                done: 0,
+                len,
+            };
+            if self.fetch(from * CHUNK, len, None, &mut sink).is_err() {
+                return; // the reader will fetch for itself, and report what fails
+            }
         }
-        let from = start + lead as u64;
-        let len = (CHUNK * claimed.len() as u64).min(self.len - from * CHUNK);
-        let Ok(bytes) = self.fetch(from * CHUNK, len, None) else {
-            return; // the reader will fetch for itself, and report what fails
-        };
-        fill_claimed(&mut claimed, &bytes);
-        let n = claimed.len() as u64;
-        drop(claimed);
-        self.lock_chunks().marks.insert(from, n);
     }
 
     /// The slots of chunks `from..to` (within the image), `None` for those the persistent
@@ -313,7 +468,7 @@ impl RemoteSource {
         (from..to.min(self.len.div_ceil(CHUNK)))
             .map(|j| {
                 (!self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
-                    .then(|| Self::slot_in(&mut c, j))
+                    .then(|| self.slot_in(&mut c, j))
             })
             .collect()
     }
@@ -328,6 +483,11 @@ impl RemoteSource {
         self
     }
 
+    /// Bytes of fetched chunks in memory.
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Ordering::Relaxed) * CHUNK
+    }
+
     /// The persistent cache entry verified bytes are kept in, if there is one.
     pub fn cache(&self) -> Option<&cache::Cache> {
         self.cache.as_ref()
@@ -336,7 +496,12 @@ impl RemoteSource {
     /// `[offset, offset + len)` fetched in one request, around memory and the cache: for
     /// checks made before a cache is chosen (the length the server claims, say).
     pub fn fetch_fresh(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        self.fetch(offset, len, Some(Instant::now()))
+        let mut sink = ToVec {
+            bytes: Vec::with_capacity(len as usize),
+            len,
+        };
+        self.fetch(offset, len, Some(Instant::now()), &mut sink)?;
+        Ok(sink.bytes)
     }
 
     /// Whether `[offset, offset + len)` is in the persistent cache.
@@ -346,21 +511,25 @@ impl RemoteSource {
 
     /// Chunk `i`, from memory or fetched (one fetch per chunk at a time: a second reader
     /// of the same chunk waits for the first's).
-    fn chunk(&self, i: u64, wanted: u64, asked: Instant) -> io::Result<Arc<Vec<u8>>> {
+    fn chunk(&self, i: u64, wanted: u64, asked: Instant) -> io::Result<Arc<Piece>> {
         // One look at the table: the slot, and whether readahead marked it (a reader
         // reaching a window's first chunk asks for the next window).
         let (slot, mark) = {
             let mut c = self.lock_chunks();
-            (Self::slot_in(&mut c, i), c.marks.remove(&i))
+            (self.slot_in(&mut c, i), c.marks.remove(&i))
         };
-        let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let held = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(b) = &*held {
             let b = b.clone();
             drop(held);
             if let Some(n) = mark {
-                self.schedule(i + n, (2 * n).min(MAX_RUN));
+                self.next_window(i + n, n);
             }
             return Ok(b);
+        }
+        // Emptied once the cache kept it (see `verified`) since the reader looked there.
+        if let Some(piece) = self.cached_chunk(i) {
+            return Ok(piece);
         }
         // The chunks after this one that this request fetches too: free (no fetch under
         // way), missing, and as many as the read still wants or the run of chunks
@@ -373,38 +542,64 @@ impl RemoteSource {
         };
         let ahead = self.slots(i + 1, i + run);
         let mut claimed = claim(&ahead, 1, behind >= SEQUENTIAL);
-        let start = i * CHUNK;
-        let len = (CHUNK * (1 + claimed.len() as u64)).min(self.len - start);
-        let bytes = self.fetch(start, len, Some(asked))?;
-        let first = Arc::new(bytes[..(CHUNK as usize).min(bytes.len())].to_vec());
-        *held = Some(first.clone());
-        fill_claimed(
-            &mut claimed,
-            bytes.get(CHUNK as usize..).unwrap_or_default(),
-        );
-        let n = 1 + claimed.len() as u64;
-        drop(claimed);
-        drop(held);
+        claimed.insert(0, Some(held));
+        let n = claimed.len() as u64;
         if behind >= SEQUENTIAL {
-            // A sequential reader: the next window is fetched while it reads this one.
-            self.schedule(i + n, (2 * n).min(MAX_RUN));
+            // A sequential reader: the next window comes while it reads this one.
+            self.next_window(i + n, n);
         }
-        Ok(first)
+        let start = i * CHUNK;
+        let len = (CHUNK * n).min(self.len - start);
+        let mut sink = ToSlots {
+            claimed: &mut claimed,
+            held: &self.held,
+            done: 0,
+            len,
+        };
+        let fetched = self.fetch(start, len, Some(asked), &mut sink);
+        drop(claimed);
+        // The first chunk is the reader's even when a later one failed to come.
+        let first = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match (first, fetched) {
+            (Some(b), _) => Ok(b),
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => Err(io::Error::other(format!(
+                "{}: chunk {i} was dropped while it was fetched",
+                self.name
+            ))),
+        }
     }
 
-    /// The slot of chunk `i` in the table `c`, made (and the oldest dropped) if missing.
-    fn slot_in(c: &mut Chunks, i: u64) -> Slot {
+    /// Chunk `i` read from the persistent cache, if it holds it.
+    fn cached_chunk(&self, i: u64) -> Option<Arc<Piece>> {
+        let (at, n) = (i * CHUNK, CHUNK.min(self.len - i * CHUNK));
+        let cache = self.cache.as_ref().filter(|c| c.has(at, n))?;
+        let mut bytes = vec![0u8; n as usize];
+        cache.read(&mut bytes, at).ok()?;
+        Some(Arc::new(Piece::new(bytes, &self.held)))
+    }
+
+    /// The slot of chunk `i` in the table `c`, made if missing. Making one drops the
+    /// oldest entries while the table has more than [`ENTRIES`], or more than [`KEPT`]
+    /// chunks are held (dropping an entry drops its bytes once no reader holds them).
+    fn slot_in(&self, c: &mut Chunks, i: u64) -> Slot {
         if let Some(s) = c.slots.get(&i) {
             return s.clone();
         }
         let s: Slot = Arc::default();
         c.slots.insert(i, s.clone());
         c.order.push_back(i);
-        while c.order.len() > KEPT {
-            if let Some(old) = c.order.pop_front() {
-                c.slots.remove(&old);
-                c.marks.remove(&old);
+        let mut freed = 0;
+        while c.order.len() > ENTRIES
+            || self.held.load(Ordering::Relaxed).saturating_sub(freed) > KEPT
+        {
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = c.slots.remove(&old) {
+                freed += gone.try_lock().map_or(0, |g| g.is_some() as u64);
             }
+            c.marks.remove(&old);
         }
         s
     }
@@ -416,7 +611,7 @@ impl RemoteSource {
     fn run_behind(&self, i: u64) -> u64 {
         let c = self.lock_chunks();
         1 + (1..MAX_RUN)
-            .take_while(|&k| i >= k && Self::here(&c, i - k))
+            .take_while(|&k| i >= k && self.here(&c, i - k))
             .count() as u64
     }
 
@@ -427,7 +622,7 @@ impl RemoteSource {
     fn dense_run(&self, i: u64) -> u64 {
         let w0 = i / WINDOW * WINDOW;
         let c = self.lock_chunks();
-        let here = (w0..w0 + WINDOW).filter(|&j| Self::here(&c, j)).count() as u64;
+        let here = (w0..w0 + WINDOW).filter(|&j| self.here(&c, j)).count() as u64;
         if here >= DENSE {
             w0 + WINDOW - i
         } else {
@@ -435,11 +630,13 @@ impl RemoteSource {
         }
     }
 
-    /// Whether chunk `j` is in memory or being fetched.
-    fn here(c: &Chunks, j: u64) -> bool {
-        c.slots
-            .get(&j)
-            .is_some_and(|s| s.try_lock().map_or(true, |g| g.is_some()))
+    /// Whether chunk `j` is in memory, being fetched, or was read and kept in the
+    /// persistent cache by this mount (its entry is still in the table).
+    fn here(&self, c: &Chunks, j: u64) -> bool {
+        c.slots.get(&j).is_some_and(|s| {
+            s.try_lock().map_or(true, |g| g.is_some())
+                || self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK))
+        })
     }
 
     /// One range, retried with backoff; an error names the image and the range.
@@ -451,7 +648,13 @@ impl RemoteSource {
     /// behind many requests (the kernel's read-ahead, a piece at a time) gets its error
     /// within two tries, and a read after the server is back waits at most for one try
     /// already under way. `asked: None` (readahead) never tries a server that is down.
-    fn fetch(&self, offset: u64, len: u64, asked: Option<Instant>) -> io::Result<Vec<u8>> {
+    fn fetch(
+        &self,
+        offset: u64,
+        len: u64,
+        asked: Option<Instant>,
+        sink: &mut dyn Sink,
+    ) -> io::Result<()> {
         let mut h = self.lock_health();
         let probe = loop {
             match &h.down {
@@ -480,7 +683,7 @@ impl RemoteSource {
         if demand {
             self.counters.demand.fetch_add(1, Ordering::Relaxed);
         }
-        let r = self.fetch_retrying(offset, len, if probe { 1 } else { ATTEMPTS });
+        let r = self.fetch_retrying(offset, len, if probe { 1 } else { ATTEMPTS }, sink);
         if demand {
             self.counters.demand.fetch_sub(1, Ordering::Relaxed);
         }
@@ -508,17 +711,24 @@ impl RemoteSource {
         offset: u64,
         len: u64,
         attempts: u32,
-    ) -> Result<Vec<u8>, (io::Error, Instant)> {
+        sink: &mut dyn Sink,
+    ) -> Result<(), (io::Error, Instant)> {
         let mut wait = FIRST_RETRY;
         let mut attempt = 1;
         loop {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let tried = Instant::now();
-            match self.registry.get_range(&self.url, offset, len) {
-                Ok(b) => {
-                    self.counters.fetched.fetch_add(len, Ordering::Relaxed);
-                    return Ok(b);
-                }
+            let from = sink.taken();
+            let r =
+                self.registry
+                    .get_range_into(&self.url, offset + from, len - from, &mut |body| {
+                        sink.take(body)
+                    });
+            self.counters
+                .fetched
+                .fetch_add(sink.taken() - from, Ordering::Relaxed);
+            match r {
+                Ok(()) => return Ok(()),
                 Err(e) if attempt >= attempts => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err((
@@ -576,7 +786,7 @@ impl ByteSource for RemoteSource {
             }
             let chunk = self.chunk(i, (end - 1) / CHUNK - i + 1, asked)?;
             let from = (at - i * CHUNK) as usize;
-            let n = (Vec::len(&chunk) - from).min((end - at) as usize);
+            let n = (chunk.len() - from).min((end - at) as usize);
             let into = (at - offset) as usize;
             buf[into..into + n].copy_from_slice(&chunk[from..from + n]);
             at += n as u64;
@@ -589,8 +799,28 @@ impl ByteSource for RemoteSource {
     }
 
     fn verified(&self, offset: u64, bytes: &[u8]) {
-        if let Some(c) = &self.cache {
-            c.store(offset, bytes);
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        cache.store(offset, bytes);
+        // Chunks now in the cache leave memory, where they would push out chunks
+        // fetched ahead and not yet read; their entries stay (see `here`).
+        let end = offset + bytes.len() as u64;
+        let last = if end == self.len {
+            end.div_ceil(CHUNK)
+        } else {
+            end / CHUNK
+        };
+        let c = self.lock_chunks();
+        for j in offset.div_ceil(CHUNK)..last {
+            let Some(slot) = c.slots.get(&j) else {
+                continue;
+            };
+            if self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)) {
+                if let Ok(mut g) = slot.try_lock() {
+                    g.take();
+                }
+            }
         }
     }
 

@@ -1,8 +1,10 @@
-//! `--prefetch`: one background thread reads the whole image through the verified source, so
+//! `--prefetch`: background threads read the whole image through the verified source, so
 //! every block is checked and cached, while readers come first.
 //!
-//! - It waits while a reader's fetch is under way, at the lowest CPU priority.
-//! - It stops when the cache is full (or absent); a step whose bytes fail their hash is
+//! - A few threads (one per CPU, at most [`WORKERS`]) take steps in turn, so hashing runs on
+//!   every CPU while the source's readahead keeps the network busy.
+//! - They wait while a reader's fetch is under way, at the lowest CPU priority.
+//! - They stop when the cache is full (or absent); a step whose bytes fail their hash is
 //!   skipped.
 
 use crate::{RemoteSource, BACKGROUND};
@@ -11,9 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use verity::source::ByteSource;
 
-/// Bytes read per step: one request, small enough that a reader needing one of its
-/// chunks does not wait long for it.
+/// Bytes read per step: little past a full cache is fetched for nothing (the source's
+/// readahead fetches further ahead, as long as the cache has room).
 const STEP: u64 = 1 << 20;
+/// The most prefetch threads.
+pub const WORKERS: usize = 4;
 /// How long to wait after a failed step, at first and at most (it doubles in between).
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -21,7 +25,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// How far a prefetch has come, for `verilay stats`.
 #[derive(Default, Debug)]
 pub struct Progress {
-    /// Bytes of the verified data in the cache or read so far, of `total`.
+    /// Bytes of the verified data found in the cache or read so far, of `total`.
     pub done: AtomicU64,
     /// Bytes to prefetch: the verified data's length.
     pub total: AtomicU64,
@@ -39,21 +43,40 @@ pub fn start(
 ) -> std::io::Result<Arc<Progress>> {
     let progress = Arc::new(Progress::default());
     progress.total.store(verified.len(), Ordering::Relaxed);
-    let p = progress.clone();
-    std::thread::Builder::new()
-        .name("prefetch".into())
-        .spawn(move || run(&remote, &*verified, &p))?;
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(WORKERS);
+    let next = Arc::new(AtomicU64::new(0));
+    for k in 0..workers {
+        let (remote, verified, p, next) = (
+            remote.clone(),
+            verified.clone(),
+            progress.clone(),
+            next.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("prefetch".into())
+            .spawn(move || run(&remote, &*verified, &p, &next));
+        // The first thread is needed; the others only make it faster.
+        if let Err(e) = spawned {
+            if k == 0 {
+                return Err(e);
+            }
+            break;
+        }
+    }
     Ok(progress)
 }
 
-fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress) {
+/// One worker: takes the next step from `next` until the image is done.
+fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress, next: &AtomicU64) {
     BACKGROUND.with(|b| b.set(true));
     // Lowest priority for this thread's hashing (Linux: per thread).
     let _ = rustix::process::setpriority_process(None, 19);
     let len = verified.len();
     let mut buf = vec![0u8; STEP as usize];
-    let mut at = 0;
     let mut backoff = FIRST_BACKOFF;
+    let mut at = next.fetch_add(STEP, Ordering::Relaxed);
     while at < len {
         if remote.cache().is_none_or(|c| c.full()) {
             // What it fetches could not be kept: the rest is left to readers.
@@ -80,7 +103,7 @@ fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress) {
                 }
             }
         }
-        at += n;
-        progress.done.store(at, Ordering::Relaxed);
+        progress.done.fetch_add(n, Ordering::Relaxed);
+        at = next.fetch_add(STEP, Ordering::Relaxed);
     }
 }

@@ -1,0 +1,239 @@
+//! The fetch pipeline against a range server of its own: chunks handed over as they arrive,
+//! several ranges in flight ahead of a sequential reader, sparse readers fetching what they
+//! read, memory held to its bound.
+
+use remote::RemoteSource;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use verity::source::ByteSource;
+
+/// What the server saw.
+#[derive(Default)]
+struct Seen {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+}
+
+/// How the server answers a range: after `delay`, and, for a range of at least
+/// `stall_from` bytes, its first half, then `stall`, then the rest.
+#[derive(Clone, Copy, Default)]
+struct Pace {
+    delay: Duration,
+    stall_from: u64,
+    stall: Duration,
+}
+
+/// A server of `data` at `http://127.0.0.1:PORT/img` (HEAD, and GET with one range),
+/// HTTP/1.1 with keep-alive, a thread per connection.
+fn serve(data: Arc<Vec<u8>>, pace: Pace) -> (String, Arc<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/img", listener.local_addr().unwrap());
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let (data, seen) = (data.clone(), s.clone());
+            std::thread::spawn(move || {
+                let _ = connection(conn, &data, &seen, pace);
+            });
+        }
+    });
+    (url, seen)
+}
+
+fn connection(conn: TcpStream, data: &[u8], seen: &Seen, pace: Pace) -> std::io::Result<()> {
+    let mut out = conn.try_clone()?;
+    let mut lines = BufReader::new(conn);
+    loop {
+        let mut first = String::new();
+        if lines.read_line(&mut first)? == 0 {
+            return Ok(());
+        }
+        let mut range = None;
+        loop {
+            let mut h = String::new();
+            lines.read_line(&mut h)?;
+            if h.trim().is_empty() {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                let (a, b) = v.trim().split_once('-').unwrap();
+                range = Some((a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()));
+            }
+        }
+        let len = data.len() as u64;
+        if first.starts_with("HEAD") {
+            write!(out, "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n")?;
+            continue;
+        }
+        let (a, b) = range.expect("every GET asks for a range");
+        let body = &data[a as usize..=b.min(len - 1) as usize];
+        seen.requests.fetch_add(1, Ordering::SeqCst);
+        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(pace.delay);
+        write!(
+            out,
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{}/{len}\r\n\r\n",
+            body.len(),
+            a + body.len() as u64 - 1
+        )?;
+        let half = if pace.stall_from > 0 && body.len() as u64 >= pace.stall_from {
+            body.len() / 2
+        } else {
+            body.len()
+        };
+        out.write_all(&body[..half])?;
+        out.flush()?;
+        if half < body.len() {
+            std::thread::sleep(pace.stall);
+            out.write_all(&body[half..])?;
+        }
+        seen.bytes.fetch_add(body.len() as u64, Ordering::SeqCst);
+        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `len` bytes that never repeat a 4 KiB block.
+fn data(len: usize) -> Arc<Vec<u8>> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    Arc::new(
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect(),
+    )
+}
+
+fn open(url: &str) -> Arc<RemoteSource> {
+    match RemoteSource::open(url, false, Duration::from_secs(20), None) {
+        Ok(o) => o.source.shared(),
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+#[test]
+fn a_chunk_is_handed_to_its_reader_before_the_rest_of_its_range_arrives() {
+    let stall = Duration::from_secs(3);
+    let bytes = data(8 << 20);
+    let (url, _) = serve(
+        bytes.clone(),
+        Pace {
+            stall_from: 1 << 20,
+            stall,
+            ..Pace::default()
+        },
+    );
+    let src = open(&url);
+    // One reader asks for 2 MiB: one request, whose second half comes after the stall.
+    let big = {
+        let src = src.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 2 << 20];
+            let t = Instant::now();
+            src.read_exact_at(&mut buf, 0).unwrap();
+            (buf, t.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    // Another wants its first 4 KiB, which came before the stall.
+    let t = Instant::now();
+    let mut small = vec![0u8; 4096];
+    src.read_exact_at(&mut small, 0).unwrap();
+    let waited = t.elapsed();
+    assert_eq!(small, bytes[..4096]);
+    assert!(
+        waited < stall / 2,
+        "the first chunk waited {waited:?}, as long as its whole range ({stall:?} stall)"
+    );
+    let (buf, whole) = big.join().unwrap();
+    assert_eq!(buf, bytes[..2 << 20]);
+    assert!(whole >= stall, "the range itself came in {whole:?}");
+}
+
+#[test]
+fn a_sequential_reader_keeps_several_ranges_in_flight_and_fetches_each_byte_once() {
+    let len = 96 << 20;
+    let bytes = data(len);
+    let (url, seen) = serve(
+        bytes.clone(),
+        Pace {
+            delay: Duration::from_millis(20),
+            ..Pace::default()
+        },
+    );
+    let src = open(&url);
+    let mut buf = vec![0u8; 128 << 10];
+    for at in (0..len).step_by(buf.len()) {
+        src.read_exact_at(&mut buf, at as u64).unwrap();
+        assert!(buf == bytes[at..at + buf.len()], "bytes at {at}");
+    }
+    let (served, most) = (
+        seen.bytes.load(Ordering::SeqCst),
+        seen.max_in_flight.load(Ordering::SeqCst),
+    );
+    assert!(
+        most >= 3,
+        "at most {most} ranges were in flight at once ({} requests)",
+        seen.requests.load(Ordering::SeqCst)
+    );
+    assert!(
+        served <= len as u64 + (len as u64 >> 6),
+        "{served} bytes served for {len} read"
+    );
+    assert_eq!(src.counters.fetched.load(Ordering::SeqCst), served);
+}
+
+#[test]
+fn a_sparse_reader_fetches_the_chunks_it_reads() {
+    let len = 64 << 20;
+    let bytes = data(len);
+    let (url, seen) = serve(bytes.clone(), Pace::default());
+    let src = open(&url);
+    let mut buf = vec![0u8; 4096];
+    // 200 reads of 4 KiB, at least 64 chunks apart: nothing sequential, nothing dense.
+    let mut at = 0u64;
+    for k in 0..200u64 {
+        at = (at + (64 + k % 7) * 4096 * 3) % (len as u64 - 4096);
+        src.read_exact_at(&mut buf, at).unwrap();
+        assert!(buf == bytes[at as usize..at as usize + 4096]);
+    }
+    let served = seen.bytes.load(Ordering::SeqCst);
+    assert!(
+        served <= 200 * 2 * 4096,
+        "{served} bytes served for 200 reads of 4 KiB"
+    );
+    assert_eq!(seen.max_in_flight.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn memory_holds_at_most_its_bound_of_fetched_chunks() {
+    let len = 192 << 20;
+    let bytes = data(len);
+    let (url, _) = serve(bytes.clone(), Pace::default());
+    let src = open(&url);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut most = 0;
+    for at in (0..len).step_by(buf.len()) {
+        src.read_exact_at(&mut buf, at as u64).unwrap();
+        most = most.max(src.held_bytes());
+    }
+    assert!(
+        most <= remote::HELD_MAX + (2 * remote::AHEAD_MAX + remote::MAX_RUN) * remote::CHUNK,
+        "{most} bytes held"
+    );
+    assert!(
+        most >= 64 << 20,
+        "only {most} bytes ever held: the bound is not reached"
+    );
+}
