@@ -261,10 +261,7 @@ def run(ctx):
     print(ds.describe(), flush=True)
     data["dataset"] = {"name": ds.name, **ds.stats}
 
-    parts = ctx.parts or PARTS
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown:
-        raise SystemExit(f"compressed: unknown parts {unknown} (have: {', '.join(PARTS)})")
+    parts = report.selected_parts("compressed", ctx, PARTS)
     if "build" in parts:
         found, missing = builders(verilay)
         for name, reason in missing.items():

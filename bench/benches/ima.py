@@ -541,16 +541,6 @@ def readonly_part(ctx, verilay, binary, scratch, data, sub, tool):
 PARTS = ("writable", "readonly")
 
 
-def selected_parts(ctx):
-    """The parts `bench/run ima --parts A,B` names (all by default): writable, readonly."""
-    parts = getattr(ctx, "parts", None) or PARTS
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        raise SystemExit(f"ima: unknown part {', '.join(sorted(unknown))} "
-                         f"(have: {', '.join(PARTS)})")
-    return [p for p in PARTS if p in parts]
-
-
 @transport.uring_switch
 def run(ctx):
     scratch = datasets.scratch_dir("ima")
@@ -564,7 +554,7 @@ def run(ctx):
         data["targets"].append(report.target("ima", None, reason))
         return data
     binary = tools.compile_c(cc, IMA_C, os.path.join(scratch, "ima"))
-    parts = selected_parts(ctx)
+    parts = report.selected_parts("ima", ctx, PARTS)
     data["settings"]["parts"] = parts
 
     # Each part on one column (the FUSE engine on each transport, then the kernel engine),

@@ -198,17 +198,6 @@ def xattr_tree(base):
 PARTS = ("walks", "read-all", "large-file", "absent-xattr")
 
 
-def selected_parts(ctx):
-    """The parts `bench/run mount --parts A,B` names (all by default): walks (ls-lR,
-    stat-walk), read-all, large-file, absent-xattr."""
-    parts = getattr(ctx, "parts", None) or PARTS
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        raise SystemExit(f"mount: unknown part {', '.join(sorted(unknown))} "
-                         f"(have: {', '.join(PARTS)})")
-    return set(parts)
-
-
 @transport.uring_switch
 def run(ctx):
     scratch = datasets.scratch_dir("mount")
@@ -242,7 +231,7 @@ def run(ctx):
     print(ds.describe(), flush=True)
     data["dataset"] = {"name": ds.name, **ds.stats}
     results = {}
-    parts = selected_parts(ctx)
+    parts = report.selected_parts("mount", ctx, PARTS)
     data["settings"]["parts"] = sorted(parts)
     walks = {wl: s for wl, s in WORKLOADS.items()
              if (wl == "read-all" and "read-all" in parts)

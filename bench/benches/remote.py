@@ -43,16 +43,30 @@ at 10 ms, at most 3 (SLOW_RUNS) at 0 and 50 ms; the sparse reader at most 3 time
 ms and once at 10 and 50 ms (it fetches the same bytes every run; at 50 ms one run takes
 ~45 s); read-all at most 3 times.
 
-Read-all: mount and `cat` of every regular file, the registry reached directly (no
-proxy, no added latency) against the same image file mounted local (`verilay mount
-IMAGE`), both cold, taking turns. Every mount but lazy-oci-kernel's is the FUSE engine's
-(`--engine fuse`).
+Read-all: mount and `cat` of every regular file (`find | xargs cat`, cold, a fresh
+`--cache`), from the registry at 0 ms (reached directly: no proxy), 10 and 50 ms RTT
+(through the proxy), against the same image file mounted local (`verilay mount IMAGE`),
+the modes taking turns at going first; with the kernel engine too where it serves (its
+image file fetched as the FUSE engine's reads are), at 0 ms against the kernel engine's
+local mount. Requests from `verilay stats`; TCP connections from the proxy's count, or at
+0 ms from the kernel's count of connections opened (/proc/net/snmp Tcp ActiveOpens).
+
+Prefetch: `verilay mount ... --prefetch` with a fresh `--cache`, timed from the start of
+`verilay mount` until `verilay stats` says every byte of the image is verified and cached,
+against `curl` of the same blob to /dev/null over the same path (direct at 0 ms, the proxy
+at 10 and 50 ms), each after dropping the caches (the registry reads the blob from disk for
+both), taking turns, at most 5 rounds; the ratio is the median of the rounds' ratios.
+
+Every mount but the kernel engine's is the FUSE engine's (`--engine fuse`).
+
+Parts (`--parts`): sweep (the RTT sweep and the sparse readers), read-all, prefetch.
 
 Targets: at 10 ms RTT, lazy-oci's first file in under 0.5 s and at least 10x sooner than
 pull's first file and than skopeo's copy; sparse bytes fetched / bytes read <= 1.5;
-read-all remote at least 0.8x local's speed; lazy-oci-kernel's first file and program no
-slower than lazy-oci's (the FUSE engine's): the median of the per-run ratios (the two run in
-the same round) within 1.05x, this host's noise.
+read-all remote at least 0.8x local's speed at 0 ms and 0.6x at 10 ms; prefetch at least
+0.5x curl's throughput at every RTT; lazy-oci-kernel's first file and program no slower
+than lazy-oci's (the FUSE engine's): the median of the per-run ratios (the two run in the
+same round) within 1.05x, this host's noise.
 """
 
 import contextlib
@@ -82,7 +96,16 @@ RANGE_BYTES = 64 << 10
 FIRST_LIMIT_S = 0.5
 SPEEDUP = 10.0
 AMPLIFICATION = 1.5
-READ_ALL_RATIO = 0.8
+# Read-all from the registry against the local image: its speed at least this fraction of
+# local's, at each RTT named (none at 50 ms: measured only).
+READ_ALL_RATIO = {0: 0.8, 10: 0.6}
+PREFETCH_RATIO = 0.5
+PARTS = ("sweep", "read-all", "prefetch")
+# Rounds of prefetch and curl at each RTT: their ratio swings with the state of the
+# registry's disk (the host's cache of it), which the rounds pair.
+PREFETCH_RUNS = 5
+# A prefetch not done by then fails the run (the image is ~1.3 GiB).
+PREFETCH_TIMEOUT_S = 600
 MODES = ("lazy-oci", "lazy-oci-dev", "lazy-oci-kernel", "lazy-http", "pull", "skopeo")
 KERNEL_MODE = "lazy-oci-kernel"
 DEV_MODE = "lazy-oci-dev"
@@ -212,6 +235,13 @@ class Bench:
             net.static_server(web_dir, os.path.join(self.scratch, "web.log")))
         self.reg_proxy = self.stack.enter_context(net.DelayProxy(self.registry.port))
         self.web_proxy = self.stack.enter_context(net.DelayProxy(self.web.port))
+        self.curl = shutil.which("curl")
+        if self.curl:
+            layer = json.loads(subprocess.run(
+                [self.curl, "-s", "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
+                 f"http://127.0.0.1:{self.registry.port}/v2/{REPO}/manifests/{TAG}"],
+                check=True, capture_output=True, text=True).stdout)["layers"][0]
+            self.blob, self.blob_size = layer["digest"], layer["size"]
         rnd = random.Random(0)
         self.sparse = rnd.sample(self.files, min(SPARSE_FILES, len(self.files)))
         big = [(p, n) for p, n in self.files if n >= 1 << 20]
@@ -358,28 +388,101 @@ class Bench:
         sample["proxy"] = dict(self.reg_proxy.counts)
         return sample
 
-    def run_read_all(self, mode):
-        """Mount (the registry directly, or the local image file) and read every file."""
-        cache, cache_dir = self.fresh_cache() if mode == "remote" else ([], None)
-        argv = ([self.oci_ref(self.registry.port), "--insecure", *cache] if mode == "remote"
-                else [self.image])
+    def port_at(self, rtt_ms):
+        """The registry's port as seen at `rtt_ms`: direct at 0 ms, else the proxy's (set to
+        that RTT)."""
+        if not rtt_ms:
+            return self.registry.port
+        self.reg_proxy.rtt = rtt_ms / 1000
+        return self.reg_proxy.port
+
+    def connections(self, rtt_ms, opened_before):
+        """TCP connections made since `opened_before` (`active_opens()` then): the proxy's
+        count, or at 0 ms the kernel's."""
+        if rtt_ms:
+            return self.reg_proxy.counts["connections"]
+        return active_opens() - opened_before
+
+    @contextlib.contextmanager
+    def cold_mount(self, argv, engine="fuse", cache=False):
+        """A cold mount of `argv` (caches dropped, the proxy's counts reset, a fresh
+        `--cache` when `cache`): yields (sample, start), the sample holding `mount_s` and
+        the connections opened before it (`opened`); unmounts and removes the cache
+        after."""
+        extra, cache_dir = self.fresh_cache() if cache else ([], None)
         timing.drop_caches()
-        sample = {}
+        self.reg_proxy.reset()
+        sample = {"opened": active_opens()}
         try:
             start = time.perf_counter()
-            self.mounts.mount(argv, self.mnt)
+            self.mounts.mount([*argv, *extra], self.mnt, engine=engine)
             sample["mount_s"] = time.perf_counter() - start
-            subprocess.run(["sh", "-c", READ_ALL], cwd=self.mnt, check=True)
-            sample["wall_s"] = time.perf_counter() - start
-            if mode == "remote":
-                s = stats(self.verilay, self.mnt)
-                sample["fetched"], sample["requests"] = (s["remote_bytes_fetched"],
-                                                         s["remote_requests"])
+            yield sample, start
         finally:
             self.mounts.down(self.mnt)
             if cache_dir:
                 shutil.rmtree(cache_dir, ignore_errors=True)
+
+    def fetch_counts(self, sample, s, rtt_ms):
+        """Adds what the mount fetched (its `verilay stats` `s`) and over how many TCP
+        connections to `sample`."""
+        sample["fetched"], sample["requests"] = s["remote_bytes_fetched"], s["remote_requests"]
+        sample["connections"] = self.connections(rtt_ms, sample.pop("opened"))
+
+    def run_read_all(self, mode, rtt_ms=0, engine="fuse"):
+        """Mount (the registry at `rtt_ms`, or the local image file) and read every file."""
+        remote = mode == "remote"
+        argv = [self.oci_ref(self.port_at(rtt_ms)), "--insecure"] if remote else [self.image]
+        with self.cold_mount(argv, engine, cache=remote) as (sample, start):
+            subprocess.run(["sh", "-c", READ_ALL], cwd=self.mnt, check=True)
+            sample["wall_s"] = time.perf_counter() - start
+            if remote:
+                s = stats(self.verilay, self.mnt)
+                if s.get("engine", "fuse") != engine:
+                    raise RuntimeError(f"read-all: asked for the {engine} engine, verilay "
+                                       f"stats says {s.get('engine')}")
+                self.fetch_counts(sample, s, rtt_ms)
+        sample.pop("opened", None)
         return sample
+
+    def run_prefetch(self, rtt_ms):
+        """A fresh --prefetch mount, timed from its start until every byte is verified and
+        cached."""
+        argv = [self.oci_ref(self.port_at(rtt_ms)), "--insecure", "--prefetch"]
+        with self.cold_mount(argv, cache=True) as (sample, start):
+            deadline = start + PREFETCH_TIMEOUT_S
+            while True:
+                s = stats(self.verilay, self.mnt)
+                if s["prefetch_bytes_total"] and (
+                        s["prefetch_bytes_done"] >= s["prefetch_bytes_total"]):
+                    break
+                now = time.perf_counter()
+                if now > deadline:
+                    raise RuntimeError(f"prefetch at {rtt_ms} ms: not done after "
+                                       f"{PREFETCH_TIMEOUT_S} s ({s['prefetch_bytes_done']:,} "
+                                       f"of {s['prefetch_bytes_total']:,} bytes)")
+                # Each look is a `verilay stats` process, which takes CPU from the
+                # prefetch: a quarter of the time left at the rate so far, 20-500 ms.
+                done, total = s["prefetch_bytes_done"], s["prefetch_bytes_total"]
+                left = (now - start) * (total - done) / done if done else 0.5
+                time.sleep(min(0.5, max(0.02, left / 4)))
+            sample["wall_s"] = time.perf_counter() - start
+            sample["bytes"] = s["prefetch_bytes_total"]
+            sample["failures"] = s["prefetch_failures"]
+            self.fetch_counts(sample, s, rtt_ms)
+        return sample
+
+    def run_curl(self, rtt_ms):
+        """curl of the image's blob to /dev/null, cold, over the path lazy mounts take."""
+        port = self.port_at(rtt_ms)
+        timing.drop_caches()
+        self.reg_proxy.reset()
+        opened = active_opens()
+        start = time.perf_counter()
+        subprocess.run([self.curl, "-s", "-f", "-o", "/dev/null",
+                        f"http://127.0.0.1:{port}/v2/{REPO}/blobs/{self.blob}"], check=True)
+        return {"wall_s": time.perf_counter() - start, "bytes": self.blob_size,
+                "requests": 1, "connections": self.connections(rtt_ms, opened)}
 
     # --- the schedule ---------------------------------------------------------------
 
@@ -411,24 +514,41 @@ class Bench:
             data["rtt"][str(rtt_ms)] = res
 
     def read_all(self, data):
-        res = {"local": [], "remote": []}
+        """Read-all of the local image and from the registry at each RTT (and with the
+        kernel engine at 0 ms), the modes taking turns at going first."""
+        modes = [("local", 0, "fuse")] + [("remote", r, "fuse") for r in RTTS_MS]
+        if self.kernel:
+            modes += [("local", 0, "kernel"), ("remote", 0, "kernel")]
+        res = {read_all_key(*m): [] for m in modes}
         runs = min(self.ctx.runs, SLOW_RUNS)
         for i in range(runs):
             print(f"  read-all: run {i + 1}/{runs}", flush=True)
-            order = ["local", "remote"] if i % 2 == 0 else ["remote", "local"]
-            for mode in order:
-                res[mode].append(self.run_read_all(mode))
+            r = i % len(modes)
+            for mode, rtt_ms, engine in modes[r:] + modes[:r]:
+                res[read_all_key(mode, rtt_ms, engine)].append(
+                    self.run_read_all(mode, rtt_ms, engine))
         data["read_all"] = res
+
+    def prefetch(self, data):
+        """--prefetch against curl of the blob at each RTT, taking turns."""
+        res = {}
+        runs = min(self.ctx.runs, PREFETCH_RUNS)
+        for rtt_ms in RTTS_MS:
+            res[str(rtt_ms)] = {"prefetch": [], "curl": []}
+            for i in range(runs):
+                print(f"  prefetch: rtt {rtt_ms} ms, run {i + 1}/{runs}", flush=True)
+                order = ["prefetch", "curl"] if i % 2 == 0 else ["curl", "prefetch"]
+                for mode in order:
+                    run = self.run_prefetch if mode == "prefetch" else self.run_curl
+                    res[str(rtt_ms)][mode].append(run(rtt_ms))
+        data["prefetch"] = res
 
     def proxy_throughput(self, data):
         """A GET of the whole blob with curl, directly and through the proxy at 0 ms."""
-        curl = shutil.which("curl")
+        curl = self.curl
         if not curl:
             return
-        blob = json.loads(subprocess.run(
-            [curl, "-s", "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
-             f"http://127.0.0.1:{self.registry.port}/v2/{REPO}/manifests/{TAG}"],
-            check=True, capture_output=True, text=True).stdout)["layers"][0]["digest"]
+        blob = self.blob
         self.reg_proxy.rtt = 0
         out = {}
         for via, port in (("direct", self.registry.port), ("proxy", self.reg_proxy.port)):
@@ -440,6 +560,20 @@ class Bench:
                 samples.append(time.perf_counter() - start)
             out[via] = samples
         data["proxy_throughput"] = out
+
+
+def read_all_key(mode, rtt_ms, engine):
+    """The name of a read-all mode: `local`, `remote-0ms`, `local-kernel`,
+    `remote-0ms-kernel`."""
+    name = mode if mode == "local" else f"{mode}-{rtt_ms}ms"
+    return name if engine == "fuse" else f"{name}-kernel"
+
+
+def active_opens():
+    """TCP connections this host has opened since boot (/proc/net/snmp, Tcp ActiveOpens)."""
+    with open("/proc/net/snmp") as f:
+        tcp = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(tcp[1][tcp[0].index("ActiveOpens")])
 
 
 def median(samples, key):
@@ -493,12 +627,21 @@ def run(ctx):
     print(f"cache: {data['settings']['cache']}", flush=True)
 
     kernel = transport.kernel_column(verilay, data)
+    parts = report.selected_parts("remote", ctx, PARTS)
+    data["settings"]["parts"] = sorted(parts)
     bench = Bench(ctx, verilay, registry_bin, skopeo, scratch, cache_option, kernel)
     try:
         bench.setup(data)
         bench.proxy_throughput(data)
-        bench.sweep(data)
-        bench.read_all(data)
+        if "sweep" in parts:
+            bench.sweep(data)
+        if "read-all" in parts:
+            bench.read_all(data)
+        if "prefetch" in parts:
+            if bench.curl:
+                bench.prefetch(data)
+            else:
+                data["prefetch_missing"] = "curl is missing (apt-get install curl)"
     finally:
         bench.close()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -518,6 +661,75 @@ def print_results(data):
         data["proxy_mib_s"] = pt
         print(f"\nproxy calibration, GET of the whole blob with curl: direct {pt['direct']:,.0f} "
               f"MiB/s, through the proxy at 0 ms {pt['proxy']:,.0f} MiB/s")
+    if data["rtt"]:
+        print_sweep(data)
+    if data.get("read_all"):
+        print_read_all(data["read_all"])
+    if data.get("prefetch"):
+        print_prefetch(data["prefetch"])
+    print()
+
+
+def read_all_ratio(ra, rtt_ms, engine="fuse"):
+    """Read-all's speed from the registry at `rtt_ms` as a fraction of local's (medians),
+    or None if either did not run."""
+    local, remote = ra.get(read_all_key("local", 0, engine)), ra.get(
+        read_all_key("remote", rtt_ms, engine))
+    if not local or not remote:
+        return None
+    return median(local, "wall_s") / median(remote, "wall_s")
+
+
+def print_read_all(ra):
+    n = max(len(v) for v in ra.values())
+    rows = []
+    for key, s in ra.items():
+        engine = "kernel" if key.endswith("-kernel") else "fuse"
+        mode, _, rest = key.partition("-")
+        rtt = rest.removesuffix("-kernel").removesuffix("kernel") or "-"
+        ratio = (read_all_ratio(ra, int(rtt.removesuffix("ms")), engine)
+                 if mode == "remote" else None)
+        rows.append([mode, engine, rtt.replace("ms", " ms"), str(len(s)),
+                     fmt(median(s, "mount_s")), fmt(median(s, "wall_s")),
+                     fmt(min(x["wall_s"] for x in s)), fmt(max(x["wall_s"] for x in s)),
+                     fmt(ratio, ".2f"),
+                     fmt(median(s, "fetched") and median(s, "fetched") / 2**20, ",.0f"),
+                     fmt(median(s, "requests"), ".0f"), fmt(median(s, "connections"), ".0f")])
+    report.print_table(["image", "engine", "rtt", "n", "mount s", "wall s", "min", "max",
+                        "x local's speed", "fetched MiB", "requests", "connections"], rows,
+                       title=f"read-all: mount + cat of every file, cold (medians of {n})")
+    print("(0 ms: the registry reached directly; 10 and 50 ms: through the proxy. "
+          "connections: the proxy's count, at 0 ms the kernel's TCP ActiveOpens)")
+
+
+def prefetch_ratios(res):
+    """--prefetch's throughput as a fraction of curl's, per round (the two ran one after
+    the other: the registry's disk, which both read cold, is in the same state)."""
+    return [(p["bytes"] / p["wall_s"]) / (c["bytes"] / c["wall_s"])
+            for p, c in zip(res["prefetch"], res["curl"])]
+
+
+def print_prefetch(pf):
+    rows = []
+    for rtt, res in pf.items():
+        for mode in ("prefetch", "curl"):
+            s = res[mode]
+            rate = median(s, "bytes") / median(s, "wall_s") / 2**20
+            rows.append([f"{rtt} ms", mode, str(len(s)), fmt(median(s, "wall_s")),
+                         fmt(min(x["wall_s"] for x in s)), fmt(max(x["wall_s"] for x in s)),
+                         f"{rate:,.0f}",
+                         fmt(statistics.median(prefetch_ratios(res)), ".2f")
+                         if mode == "prefetch" else "",
+                         fmt(median(s, "requests"), ".0f"), fmt(median(s, "connections"), ".0f")])
+    report.print_table(["rtt", "mode", "n", "s", "min", "max", "MiB/s", "x curl",
+                        "requests", "connections"], rows,
+                       title="prefetch: --prefetch until every byte is verified and cached, "
+                             "against curl of the blob (both cold)")
+    print("(x curl: the median of the rounds' ratios; the two take turns in each round)")
+
+
+def print_sweep(data):
+    """The RTT sweep's tables: every mode's times, bytes and requests; the sparse readers."""
     print(f"\nimage {data['image']['bytes'] / 2**20:,.0f} MiB; times in s from the start "
           f"(medians of n runs); first = {FIRST_FILE} read; "
           f"program = chroot python3 -c 'import json' after it")
@@ -572,16 +784,6 @@ def print_results(data):
         print(f"before the first read (Merkle tree, superblock, manifest; proxy count, "
               f"headers included): {statistics.median(at_mount) / 2**20:,.2f} MiB, "
               f"not in the ratios above")
-    ra = data["read_all"]
-    print(f"\nread-all (mount + cat of every file, cold; medians of {len(ra['local'])}), "
-          "registry reached directly on loopback:")
-    rows = [[mode, fmt(median(ra[mode], "mount_s")), fmt(median(ra[mode], "wall_s")),
-             fmt(min(s["wall_s"] for s in ra[mode])), fmt(max(s["wall_s"] for s in ra[mode])),
-             fmt(median(ra[mode], "fetched") and median(ra[mode], "fetched") / 2**20, ",.0f"),
-             fmt(median(ra[mode], "requests"), ".0f")] for mode in ("local", "remote")]
-    report.print_table(["mode", "mount s", "wall s", "min", "max", "fetched MiB", "requests"],
-                       rows)
-    print()
 
 
 def check_targets(data):
@@ -645,11 +847,26 @@ def check_targets(data):
             f"{ratio:.2f} (range {min(ratios):.2f}..{max(ratios):.2f} over every RTT; "
             f"{bare:.2f} without the mount's own fetches{floor}; target <= {AMPLIFICATION})"))
     ra = data.get("read_all")
-    if ra and ra["local"] and ra["remote"]:
-        speed = median(ra["local"], "wall_s") / median(ra["remote"], "wall_s")
+    for rtt_ms, want in READ_ALL_RATIO.items() if ra else ():
+        speed = read_all_ratio(ra, rtt_ms)
+        if speed is not None:
+            remote = ra[read_all_key("remote", rtt_ms, "fuse")]
+            t.append(report.target(
+                f"read-all from the registry at {rtt_ms} ms RTT vs the local image",
+                speed >= want,
+                f"{speed:.2f}x local's speed ({median(remote, 'wall_s'):.2f} s vs "
+                f"{median(ra['local'], 'wall_s'):.2f} s, medians; target >= {want}x)"))
+    for rtt, res in (data.get("prefetch") or {}).items():
+        ratios = prefetch_ratios(res)
+        ratio = statistics.median(ratios)
+        p, c = res["prefetch"], res["curl"]
         t.append(report.target(
-            "read-all remote (loopback, no latency) vs local", speed >= READ_ALL_RATIO,
-            f"{speed:.2f}x local's speed (target >= {READ_ALL_RATIO}x)"))
+            f"--prefetch vs curl of the blob at {rtt} ms RTT", ratio >= PREFETCH_RATIO,
+            f"{ratio:.2f}x curl's throughput, median of {len(ratios)} rounds' ratios "
+            f"({min(ratios):.2f}..{max(ratios):.2f}; {median(p, 'wall_s'):.2f} s vs "
+            f"{median(c, 'wall_s'):.2f} s; target >= {PREFETCH_RATIO}x)"))
+    if data.get("prefetch_missing"):
+        t.append(report.not_measured("--prefetch vs curl of the blob", data["prefetch_missing"]))
     return t
 
 
@@ -675,7 +892,7 @@ def kernel_vs_fuse(res, rtt, verdict):
 
 
 def plot(data, png):
-    if not data.get("rtt"):
+    if not (data.get("rtt") or data.get("read_all") or data.get("prefetch")):
         return
     plt = report.pyplot()
 
@@ -713,8 +930,10 @@ def plot(data, png):
         ys = [median(data["rtt"][str(r)].get(mode) or [], "fetched") for r in rtts]
         if all(y is not None for y in ys):
             ax_b.plot(rtts, [y / 2**20 for y in ys], style, color=color, label=label)
-    sparse_read = median(data["rtt"][str(rtts[0])]["sparse"], "bytes_read")
-    ax_b.axhline(sparse_read / 2**20, color="tab:purple", ls=":", label="sparse: bytes read")
+    if rtts:
+        sparse_read = median(data["rtt"][str(rtts[0])]["sparse"], "bytes_read")
+        ax_b.axhline(sparse_read / 2**20, color="tab:purple", ls=":",
+                     label="sparse: bytes read")
     ax_b.set_yscale("log")
     ax_b.set_xlabel("RTT, ms")
     ax_b.set_ylabel("MiB fetched (median)")
@@ -722,18 +941,29 @@ def plot(data, png):
     ax_b.legend(fontsize="small")
 
     ra = data.get("read_all") or {}
-    modes = [m for m in ("local", "remote") if ra.get(m)]
-    vals = [median(ra[m], "wall_s") for m in modes]
-    lo = [v - min(s["wall_s"] for s in ra[m]) for m, v in zip(modes, vals)]
-    hi = [max(s["wall_s"] for s in ra[m]) - v for m, v in zip(modes, vals)]
-    ax_r.bar(range(len(modes)), vals, yerr=[lo, hi], capsize=4,
-             color=["tab:blue", "tab:red"][:len(modes)])
-    for x, v in enumerate(vals):
-        ax_r.annotate(f"{v:.3g}", (x, v), xytext=(0, 2), textcoords="offset points",
-                      ha="center", va="bottom", fontsize=8)
-    ax_r.set_xticks(range(len(modes)), ["local image", "registry, no latency"][:len(modes)])
-    ax_r.set_ylabel("s, mount + cat of every file (cold)")
-    ax_r.set_title("read-all")
+    local = ra.get("local")
+    if local:
+        ax_r.axhline(median(local, "wall_s"), color="tab:blue", ls=":",
+                     label="local image (FUSE engine)")
+        xs = [r for r in RTTS_MS if ra.get(read_all_key("remote", r, "fuse"))]
+        ax_r.plot(xs, [median(ra[read_all_key("remote", r, "fuse")], "wall_s") for r in xs],
+                  "o-", color="tab:red", label="from the registry (FUSE engine)")
+    if ra.get("remote-0ms-kernel"):
+        ax_r.axhline(median(ra["local-kernel"], "wall_s"), color="tab:brown", ls=":",
+                     label="local image (kernel engine)")
+        ax_r.plot([0], [median(ra["remote-0ms-kernel"], "wall_s")], "s", color="tab:brown",
+                  label="from the registry (kernel engine)")
+    pf = data.get("prefetch") or {}
+    if pf:
+        rtts_p = [int(r) for r in pf]
+        ax_r.plot(rtts_p, [median(pf[str(r)]["prefetch"], "wall_s") for r in rtts_p], "^--",
+                  color="tab:purple", label="--prefetch until all cached")
+        ax_r.plot(rtts_p, [median(pf[str(r)]["curl"], "wall_s") for r in rtts_p], "v--",
+                  color="tab:green", label="curl of the blob")
+    ax_r.set_xlabel("RTT, ms")
+    ax_r.set_ylabel("s (median, cold)")
+    ax_r.set_title("read-all (mount + cat of every file); prefetch")
+    ax_r.legend(fontsize="small")
     fig.suptitle("remote: lazy mount vs pull, medians "
                  "(latency from the bench's delaying TCP proxy)")
     fig.tight_layout()

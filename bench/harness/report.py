@@ -156,6 +156,17 @@ def bar_grid(path, title, rows, columns):
     plt.close(fig)
 
 
+def selected_parts(bench, ctx, known):
+    """The parts of `bench` that `bench/run BENCH --parts A,B` names (all of `known` by
+    default), in `known`'s order; an unknown one ends the run naming those there are."""
+    parts = getattr(ctx, "parts", None) or known
+    unknown = sorted(set(parts) - set(known))
+    if unknown:
+        raise SystemExit(f"{bench}: unknown part {', '.join(unknown)} "
+                         f"(have: {', '.join(known)})")
+    return [p for p in known if p in parts]
+
+
 def bench_data(bench, ctx, settings, fields):
     """A bench's JSON record as it starts: its name, the host, the revision measured, its
     settings (the runs and quick of `ctx`, then `settings`), then `fields` (what it fills
