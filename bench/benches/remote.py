@@ -55,7 +55,9 @@ Prefetch: `verilay mount ... --prefetch` with a fresh `--cache`, timed from the 
 `verilay mount` until `verilay stats` says every byte of the image is verified and cached,
 against `curl` of the same blob to /dev/null over the same path (direct at 0 ms, the proxy
 at 10 and 50 ms), each after dropping the caches (the registry reads the blob from disk for
-both), taking turns, at most 5 rounds; the ratio is the median of the rounds' ratios.
+both), taking turns, at most 5 rounds; the ratio is the median of the rounds' ratios. Also
+(INFO) against curl of the blob to a file beside the caches, synced: the bytes written as a
+prefetch writes them, through the same disk the registry reads.
 
 Every mount but the kernel engine's is the FUSE engine's (`--engine fuse`).
 
@@ -458,31 +460,45 @@ class Bench:
                     break
                 now = time.perf_counter()
                 if now > deadline:
-                    raise RuntimeError(f"prefetch at {rtt_ms} ms: not done after "
-                                       f"{PREFETCH_TIMEOUT_S} s ({s['prefetch_bytes_done']:,} "
-                                       f"of {s['prefetch_bytes_total']:,} bytes)")
+                    sample["error"] = (f"not done after {PREFETCH_TIMEOUT_S} s "
+                                       f"({s['prefetch_bytes_done']:,} of "
+                                       f"{s['prefetch_bytes_total']:,} bytes)")
+                    break
                 # Each look is a `verilay stats` process, which takes CPU from the
                 # prefetch: a quarter of the time left at the rate so far, 20-500 ms.
                 done, total = s["prefetch_bytes_done"], s["prefetch_bytes_total"]
                 left = (now - start) * (total - done) / done if done else 0.5
                 time.sleep(min(0.5, max(0.02, left / 4)))
             sample["wall_s"] = time.perf_counter() - start
-            sample["bytes"] = s["prefetch_bytes_total"]
+            # The blob, as curl's: the data, its Merkle tree and the trailer.
+            sample["bytes"] = self.blob_size
             sample["failures"] = s["prefetch_failures"]
+            if s["prefetch_failures"]:
+                sample["error"] = f"{s['prefetch_failures']} steps failed"
             self.fetch_counts(sample, s, rtt_ms)
         return sample
 
-    def run_curl(self, rtt_ms):
-        """curl of the image's blob to /dev/null, cold, over the path lazy mounts take."""
+    def run_curl(self, rtt_ms, to_file=False):
+        """curl of the image's blob, cold, over the path lazy mounts take: to /dev/null, or
+        `to_file` (in the scratch directory, where the caches are) and synced, as a
+        prefetch's bytes are."""
         port = self.port_at(rtt_ms)
+        out = os.path.join(self.scratch, "blob") if to_file else "/dev/null"
         timing.drop_caches()
         self.reg_proxy.reset()
         opened = active_opens()
         start = time.perf_counter()
-        subprocess.run([self.curl, "-s", "-f", "-o", "/dev/null",
+        subprocess.run([self.curl, "-s", "-f", "-o", out,
                         f"http://127.0.0.1:{port}/v2/{REPO}/blobs/{self.blob}"], check=True)
-        return {"wall_s": time.perf_counter() - start, "bytes": self.blob_size,
-                "requests": 1, "connections": self.connections(rtt_ms, opened)}
+        if to_file:
+            fd = os.open(out, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        sample = {"wall_s": time.perf_counter() - start, "bytes": self.blob_size,
+                  "requests": 1, "connections": self.connections(rtt_ms, opened)}
+        if to_file:
+            os.unlink(out)
+        return sample
 
     # --- the schedule ---------------------------------------------------------------
 
@@ -530,17 +546,20 @@ class Bench:
         data["read_all"] = res
 
     def prefetch(self, data):
-        """--prefetch against curl of the blob at each RTT, taking turns."""
+        """--prefetch against curl of the blob (to /dev/null, and to a synced file) at
+        each RTT, taking turns."""
         res = {}
         runs = min(self.ctx.runs, PREFETCH_RUNS)
+        modes = {"prefetch": self.run_prefetch, "curl": self.run_curl,
+                 "curl-file": lambda rtt_ms: self.run_curl(rtt_ms, to_file=True)}
+        names = list(modes)
         for rtt_ms in RTTS_MS:
-            res[str(rtt_ms)] = {"prefetch": [], "curl": []}
+            res[str(rtt_ms)] = {m: [] for m in modes}
             for i in range(runs):
                 print(f"  prefetch: rtt {rtt_ms} ms, run {i + 1}/{runs}", flush=True)
-                order = ["prefetch", "curl"] if i % 2 == 0 else ["curl", "prefetch"]
-                for mode in order:
-                    run = self.run_prefetch if mode == "prefetch" else self.run_curl
-                    res[str(rtt_ms)][mode].append(run(rtt_ms))
+                r = i % len(names)
+                for mode in names[r:] + names[:r]:
+                    res[str(rtt_ms)][mode].append(modes[mode](rtt_ms))
         data["prefetch"] = res
 
     def proxy_throughput(self, data):
@@ -702,30 +721,39 @@ def print_read_all(ra):
           "connections: the proxy's count, at 0 ms the kernel's TCP ActiveOpens)")
 
 
-def prefetch_ratios(res):
-    """--prefetch's throughput as a fraction of curl's, per round (the two ran one after
-    the other: the registry's disk, which both read cold, is in the same state)."""
+def prefetch_ratios(res, peer="curl"):
+    """--prefetch's throughput as a fraction of `peer`'s, per round (they ran one after
+    the other: the registry's disk, which both read cold, is in the same state); rounds
+    whose prefetch failed are left out (`prefetch_errors`)."""
     return [(p["bytes"] / p["wall_s"]) / (c["bytes"] / c["wall_s"])
-            for p, c in zip(res["prefetch"], res["curl"])]
+            for p, c in zip(res["prefetch"], res[peer]) if "error" not in p]
+
+
+def prefetch_errors(res):
+    return [p["error"] for p in res["prefetch"] if "error" in p]
 
 
 def print_prefetch(pf):
     rows = []
     for rtt, res in pf.items():
-        for mode in ("prefetch", "curl"):
-            s = res[mode]
+        for mode in ("prefetch", "curl", "curl-file"):
+            s = res.get(mode)
+            if not s:
+                continue
             rate = median(s, "bytes") / median(s, "wall_s") / 2**20
             rows.append([f"{rtt} ms", mode, str(len(s)), fmt(median(s, "wall_s")),
                          fmt(min(x["wall_s"] for x in s)), fmt(max(x["wall_s"] for x in s)),
                          f"{rate:,.0f}",
-                         fmt(statistics.median(prefetch_ratios(res)), ".2f")
-                         if mode == "prefetch" else "",
+                         "" if mode == "prefetch" or not prefetch_ratios(res, mode) else
+                         fmt(statistics.median(prefetch_ratios(res, mode)), ".2f"),
                          fmt(median(s, "requests"), ".0f"), fmt(median(s, "connections"), ".0f")])
-    report.print_table(["rtt", "mode", "n", "s", "min", "max", "MiB/s", "x curl",
+    report.print_table(["rtt", "mode", "n", "s", "min", "max", "MiB/s", "prefetch x this",
                         "requests", "connections"], rows,
                        title="prefetch: --prefetch until every byte is verified and cached, "
                              "against curl of the blob (both cold)")
-    print("(x curl: the median of the rounds' ratios; the two take turns in each round)")
+    print("(prefetch x this: the prefetch's throughput over this mode's, the median of the "
+          "rounds' ratios; the modes take turns in each round. curl-file: curl -o FILE in the "
+          "scratch directory, then fsync: the blob's bytes written as a prefetch's are)")
 
 
 def print_sweep(data):
@@ -857,7 +885,12 @@ def check_targets(data):
                 f"{speed:.2f}x local's speed ({median(remote, 'wall_s'):.2f} s vs "
                 f"{median(ra['local'], 'wall_s'):.2f} s, medians; target >= {want}x)"))
     for rtt, res in (data.get("prefetch") or {}).items():
-        ratios = prefetch_ratios(res)
+        ratios, errors = prefetch_ratios(res), prefetch_errors(res)
+        if errors:
+            t.append(report.target(f"--prefetch vs curl of the blob at {rtt} ms RTT", False,
+                                   f"{len(errors)} of {len(res['prefetch'])} prefetches "
+                                   f"failed: {errors[0]}"))
+            continue
         ratio = statistics.median(ratios)
         p, c = res["prefetch"], res["curl"]
         t.append(report.target(
@@ -865,6 +898,11 @@ def check_targets(data):
             f"{ratio:.2f}x curl's throughput, median of {len(ratios)} rounds' ratios "
             f"({min(ratios):.2f}..{max(ratios):.2f}; {median(p, 'wall_s'):.2f} s vs "
             f"{median(c, 'wall_s'):.2f} s; target >= {PREFETCH_RATIO}x)"))
+        if res.get("curl-file"):
+            stored = prefetch_ratios(res, "curl-file")
+            print(f"INFO  --prefetch vs curl of the blob to a synced file at {rtt} ms RTT: "
+                  f"{statistics.median(stored):.2f}x its throughput "
+                  f"({median(res['curl-file'], 'wall_s'):.2f} s)")
     if data.get("prefetch_missing"):
         t.append(report.not_measured("--prefetch vs curl of the blob", data["prefetch_missing"]))
     return t

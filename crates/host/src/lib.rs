@@ -14,6 +14,7 @@ pub mod objects;
 pub mod private;
 pub mod sparse;
 pub mod status;
+pub mod writeback;
 
 /// Tests that cannot run here say so (a skip CI counts), as the workspace's other tests do.
 #[cfg(test)]

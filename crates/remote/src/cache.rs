@@ -345,18 +345,6 @@ impl Cache {
         {
             return;
         }
-        if to - from >= WRITEBACK_NOW {
-            // Start writing it out now (Linux's DONTNEED writes dirty pages back, and keeps
-            // them while they are under writeback): a prefetch's bytes then reach the disk
-            // while it fetches, not all at once when it ends, and the dirty pages do not
-            // pile up to the gigabytes of a whole image.
-            let _ = rfs::fadvise(
-                &self.data,
-                units.start * UNIT,
-                (to - from) as u64,
-                rfs::Advice::DontNeed,
-            );
-        }
         for u in units.clone() {
             self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
         }
@@ -367,7 +355,14 @@ impl Cache {
             // over bytes that never reached the disk.
             let _ = self.data.sync_data();
         }
-        self.write_record(units);
+        self.write_record(units.clone());
+        drop(_w);
+        if to - from >= WRITEBACK_NOW {
+            // Written out now, not all at once when a prefetch's last store syncs the
+            // file: its bytes reach the disk as it fetches, and dirty pages do not pile up
+            // to the gigabytes of a whole image.
+            host::writeback::start(&self.data, units.start * UNIT, (to - from) as u64);
+        }
     }
 
     /// Prunes other unused entries, least recently used first, so this one can grow by

@@ -17,7 +17,7 @@ pub mod prefetch;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use verity::source::ByteSource;
 
@@ -57,6 +57,8 @@ const ATTEMPTS: u32 = 3;
 /// can fetch for the same reads: the floor the benchmark holds the real policy against.
 pub const EXACT_ENV: &str = "VERILAY_FETCH_EXACT";
 const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// How long background work waits before looking again whether readers' fetches ended.
+const BACKGROUND_WAIT: Duration = Duration::from_millis(20);
 
 /// What fetching has cost, for `verilay stats` and the tests.
 #[derive(Default, Debug)]
@@ -90,9 +92,9 @@ pub struct RemoteSource {
     pub counters: Arc<Counters>,
     cache: Option<cache::Cache>,
     /// Chunks whose bytes are in memory (see [`Piece`]).
-    held: Arc<AtomicU64>,
+    memory: Arc<Memory>,
     /// Windows for the readahead threads to fetch (see [`RemoteSource::shared`]).
-    ahead: OnceLock<Mutex<mpsc::Sender<Window>>>,
+    ahead: OnceLock<Arc<Queue>>,
     /// Fetch only the chunks reads touch, one request each ([`EXACT_ENV`]).
     exact: bool,
     /// Whether the server answers ([`RemoteSource::fetch`]); `health_changed` wakes the
@@ -126,25 +128,43 @@ impl Down {
     }
 }
 
-/// A chunk's bytes, counted in [`RemoteSource::held`] while they are alive.
+/// Chunks whose bytes are alive, and how many of them no reader has read yet.
+#[derive(Default)]
+struct Memory {
+    held: AtomicU64,
+    unread: AtomicU64,
+}
+
+/// A chunk's bytes, counted in [`Memory`] while they are alive.
 pub(crate) struct Piece {
     bytes: Vec<u8>,
-    held: Arc<AtomicU64>,
+    memory: Arc<Memory>,
+    unread: std::sync::atomic::AtomicBool,
 }
 
 impl Piece {
-    fn new(bytes: Vec<u8>, held: &Arc<AtomicU64>) -> Piece {
-        held.fetch_add(1, Ordering::Relaxed);
+    fn new(bytes: Vec<u8>, memory: &Arc<Memory>) -> Piece {
+        memory.held.fetch_add(1, Ordering::Relaxed);
+        memory.unread.fetch_add(1, Ordering::Relaxed);
         Piece {
             bytes,
-            held: held.clone(),
+            memory: memory.clone(),
+            unread: true.into(),
+        }
+    }
+
+    /// A reader has its bytes.
+    fn read(&self) {
+        if self.unread.swap(false, Ordering::Relaxed) {
+            self.memory.unread.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
 impl Drop for Piece {
     fn drop(&mut self) {
-        self.held.fetch_sub(1, Ordering::Relaxed);
+        self.memory.held.fetch_sub(1, Ordering::Relaxed);
+        self.read();
     }
 }
 
@@ -158,11 +178,74 @@ impl std::ops::Deref for Piece {
 type Slot = Arc<Mutex<Option<Arc<Piece>>>>;
 
 /// Chunks for a readahead thread to fetch; `background` when the reader it is ahead of is
-/// the prefetch (whose fetches do not count as demand).
+/// the prefetch (whose fetches do not count as demand, and wait for readers' to end).
 struct Window {
     start: u64,
     n: u64,
     background: bool,
+}
+
+/// Windows waiting for the readahead threads: readers' first, the prefetch's when none of
+/// theirs waits. At most [`QUEUED`] of each kind wait: past that the oldest is dropped
+/// (its reader has gone on, or will fetch it itself).
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<Jobs>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Jobs {
+    demand: VecDeque<Window>,
+    background: VecDeque<Window>,
+    closed: bool,
+}
+
+/// Windows waiting per kind (see [`Queue`]).
+const QUEUED: usize = 64;
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Jobs> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, w: Window) {
+        let mut jobs = self.lock();
+        let q = if w.background {
+            &mut jobs.background
+        } else {
+            &mut jobs.demand
+        };
+        if q.len() >= QUEUED {
+            q.pop_front();
+        }
+        q.push_back(w);
+        drop(jobs);
+        self.ready.notify_one();
+    }
+
+    /// The next window, or `None` once the source is gone.
+    fn next(&self) -> Option<Window> {
+        let mut jobs = self.lock();
+        loop {
+            if jobs.closed {
+                return None;
+            }
+            if let Some(w) = jobs
+                .demand
+                .pop_front()
+                .or_else(|| jobs.background.pop_front())
+            {
+                return Some(w);
+            }
+            jobs = self.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
 }
 
 #[derive(Default)]
@@ -246,7 +329,10 @@ impl Sink for ToVec {
 /// request spans but did not claim is read and dropped.
 struct ToSlots<'c, 'g> {
     claimed: &'c mut Claim<'g>,
-    held: &'c Arc<AtomicU64>,
+    memory: &'c Arc<Memory>,
+    /// The first chunk's bytes once taken: a reader's own chunk, which another reader may
+    /// take out of its slot (into the cache) before the range ends.
+    first: Option<Arc<Piece>>,
     /// Chunks taken.
     done: usize,
     /// The range's length: its last chunk is short at the image's end.
@@ -266,8 +352,12 @@ impl Sink for ToSlots<'_, '_> {
             if got < n {
                 return Err(oci::registry::short_body(self.taken() + got as u64));
             }
+            let piece = Arc::new(Piece::new(piece, self.memory));
+            if self.done == 0 {
+                self.first = Some(piece.clone());
+            }
             if let Some(mut g) = self.claimed[self.done].take() {
-                *g = Some(Arc::new(Piece::new(piece, self.held)));
+                *g = Some(piece);
             }
             self.done += 1;
         }
@@ -359,7 +449,7 @@ impl RemoteSource {
             len,
             chunks: Mutex::new(Chunks::default()),
             counters: Arc::new(Counters::default()),
-            held: Arc::default(),
+            memory: Arc::default(),
             cache: None,
             ahead: OnceLock::new(),
             exact: std::env::var_os(EXACT_ENV).is_some_and(|v| v == "1"),
@@ -372,31 +462,27 @@ impl RemoteSource {
     /// sequential readers (a reader then finds its next chunks fetched while it worked
     /// on the last ones). The threads end with the source.
     pub fn shared(self) -> Arc<RemoteSource> {
-        let (tx, rx) = mpsc::channel::<Window>();
         let me = Arc::new(self);
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Queue::default());
         for _ in 0..READAHEAD_THREADS {
-            let (weak, rx) = (Arc::downgrade(&me), rx.clone());
+            let (weak, q) = (Arc::downgrade(&me), queue.clone());
             let worker = std::thread::Builder::new()
                 .name("readahead".into())
-                .spawn(move || loop {
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    match (job, weak.upgrade()) {
-                        (Ok(w), Some(src)) => {
-                            BACKGROUND.with(|b| b.set(w.background));
-                            // The prefetch's window is for the cache: none once it is full.
-                            if !w.background || src.cache().is_some_and(|c| !c.full()) {
-                                src.fill(w.start, w.n)
-                            }
-                        }
-                        _ => return,
+                .spawn(move || {
+                    while let Some(w) = q.next() {
+                        let Some(src) = weak.upgrade() else {
+                            return;
+                        };
+                        BACKGROUND.with(|b| b.set(w.background));
+                        src.fill(w.start, w.n);
                     }
                 });
             if worker.is_err() {
+                queue.close();
                 return me; // no readahead: readers fetch for themselves
             }
         }
-        let _ = me.ahead.set(Mutex::new(tx));
+        let _ = me.ahead.set(queue);
         me
     }
 
@@ -405,17 +491,19 @@ impl RemoteSource {
     /// reaching it asks for the next window, twice as long (at most [`AHEAD_MAX`]).
     fn schedule(&self, start: u64, n: u64) {
         let end = (start + n).min(self.len.div_ceil(CHUNK));
-        let Some(tx) = self.ahead.get() else {
+        let Some(queue) = self.ahead.get() else {
             return;
         };
-        if start >= end {
+        // The mark goes where the reader will ask for a chunk: a chunk the persistent
+        // cache holds is read from there.
+        let uncached = |&j: &u64| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK));
+        let Some(mark) = (start..end).find(uncached) else {
             return;
-        }
-        self.lock_chunks().marks.insert(start, end - start);
+        };
+        self.lock_chunks().marks.insert(mark, end - mark);
         let background = BACKGROUND.with(|b| b.get());
-        let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
-        for piece in (start..end).step_by(REQUEST_MAX as usize) {
-            let _ = tx.send(Window {
+        for piece in (mark..end).step_by(REQUEST_MAX as usize) {
+            queue.push(Window {
                 start: piece,
                 n: REQUEST_MAX.min(end - piece),
                 background,
@@ -423,9 +511,16 @@ impl RemoteSource {
         }
     }
 
-    /// The window after a sequential reader's `n` chunks ending at chunk `end`.
+    /// The window after a sequential reader's `n` chunks ending at chunk `end`: twice as
+    /// long, at most [`AHEAD_MAX`], and at most half the room left in memory by chunks
+    /// fetched and not yet read (so readers' windows never push out each other's).
     fn next_window(&self, end: u64, n: u64) {
-        self.schedule(end, (2 * n).clamp(1, AHEAD_MAX));
+        let unread = self.memory.unread.load(Ordering::Relaxed);
+        let room = KEPT.saturating_sub(unread) / 2;
+        let n = (2 * n).clamp(1, AHEAD_MAX).min(room);
+        if n > 0 {
+            self.schedule(end, n);
+        }
     }
 
     /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
@@ -434,6 +529,9 @@ impl RemoteSource {
         let slots = self.slots(start, start + n);
         let mut at = 0;
         while at < slots.len() {
+            if BACKGROUND.with(|b| b.get()) && !self.background_turn() {
+                return;
+            }
             // Chunks here already or coming are skipped, not spanned.
             at += slots[at..]
                 .iter()
@@ -451,7 +549,8 @@ impl RemoteSource {
             at += claimed.len();
             let mut sink = ToSlots {
                 claimed: &mut claimed,
-                held: &self.held,
+                memory: &self.memory,
+                first: None,
                 done: 0,
                 len,
             };
@@ -483,9 +582,24 @@ impl RemoteSource {
         self
     }
 
+    /// Whether background work (the prefetch, and the readahead ahead of it) may fetch
+    /// now: it waits while a reader's fetch is under way, and stops once the cache is full
+    /// or absent (what it fetched could not be kept).
+    pub(crate) fn background_turn(&self) -> bool {
+        loop {
+            if self.cache().is_none_or(|c| c.full()) {
+                return false;
+            }
+            if self.counters.demand.load(Ordering::Relaxed) == 0 {
+                return true;
+            }
+            std::thread::sleep(BACKGROUND_WAIT);
+        }
+    }
+
     /// Bytes of fetched chunks in memory.
     pub fn held_bytes(&self) -> u64 {
-        self.held.load(Ordering::Relaxed) * CHUNK
+        self.memory.held.load(Ordering::Relaxed) * CHUNK
     }
 
     /// The persistent cache entry verified bytes are kept in, if there is one.
@@ -552,19 +666,18 @@ impl RemoteSource {
         let len = (CHUNK * n).min(self.len - start);
         let mut sink = ToSlots {
             claimed: &mut claimed,
-            held: &self.held,
+            memory: &self.memory,
+            first: None,
             done: 0,
             len,
         };
         let fetched = self.fetch(start, len, Some(asked), &mut sink);
-        drop(claimed);
         // The first chunk is the reader's even when a later one failed to come.
-        let first = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match (first, fetched) {
+        match (sink.first.take(), fetched) {
             (Some(b), _) => Ok(b),
             (None, Err(e)) => Err(e),
             (None, Ok(())) => Err(io::Error::other(format!(
-                "{}: chunk {i} was dropped while it was fetched",
+                "{}: chunk {i} came empty",
                 self.name
             ))),
         }
@@ -576,7 +689,7 @@ impl RemoteSource {
         let cache = self.cache.as_ref().filter(|c| c.has(at, n))?;
         let mut bytes = vec![0u8; n as usize];
         cache.read(&mut bytes, at).ok()?;
-        Some(Arc::new(Piece::new(bytes, &self.held)))
+        Some(Arc::new(Piece::new(bytes, &self.memory)))
     }
 
     /// The slot of chunk `i` in the table `c`, made if missing. Making one drops the
@@ -591,7 +704,12 @@ impl RemoteSource {
         c.order.push_back(i);
         let mut freed = 0;
         while c.order.len() > ENTRIES
-            || self.held.load(Ordering::Relaxed).saturating_sub(freed) > KEPT
+            || self
+                .memory
+                .held
+                .load(Ordering::Relaxed)
+                .saturating_sub(freed)
+                > KEPT
         {
             let Some(old) = c.order.pop_front() else {
                 break;
@@ -716,9 +834,13 @@ impl RemoteSource {
         let mut wait = FIRST_RETRY;
         let mut attempt = 1;
         loop {
+            let from = sink.taken();
+            if from == len {
+                // Every byte came before the last try failed (past the range's end).
+                return Ok(());
+            }
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let tried = Instant::now();
-            let from = sink.taken();
             let r =
                 self.registry
                     .get_range_into(&self.url, offset + from, len - from, &mut |body| {
@@ -729,6 +851,7 @@ impl RemoteSource {
                 .fetch_add(sink.taken() - from, Ordering::Relaxed);
             match r {
                 Ok(()) => return Ok(()),
+                Err(_) if sink.taken() == len => return Ok(()),
                 Err(e) if attempt >= attempts => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err((
@@ -743,6 +866,15 @@ impl RemoteSource {
                     attempt += 1;
                 }
             }
+        }
+    }
+}
+
+impl Drop for RemoteSource {
+    fn drop(&mut self) {
+        // The readahead threads wait for windows: they end with the source.
+        if let Some(q) = self.ahead.get() {
+            q.close();
         }
     }
 }
@@ -785,6 +917,7 @@ impl ByteSource for RemoteSource {
                 }
             }
             let chunk = self.chunk(i, (end - 1) / CHUNK - i + 1, asked)?;
+            chunk.read();
             let from = (at - i * CHUNK) as usize;
             let n = (chunk.len() - from).min((end - at) as usize);
             let into = (at - offset) as usize;
@@ -829,11 +962,11 @@ impl ByteSource for RemoteSource {
             c.forget(offset, len);
         }
         let mut c = self.lock_chunks();
-        let last = (offset + len.max(1) - 1) / CHUNK;
-        for i in offset / CHUNK..=last {
+        let (first, last) = (offset / CHUNK, (offset + len.max(1) - 1) / CHUNK);
+        for i in first..=last {
             c.slots.remove(&i);
-            c.order.retain(|&o| o != i);
         }
+        c.order.retain(|&o| o < first || o > last);
     }
 }
 

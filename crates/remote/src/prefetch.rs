@@ -78,14 +78,11 @@ fn run(remote: &RemoteSource, verified: &dyn ByteSource, progress: &Progress, ne
     let mut backoff = FIRST_BACKOFF;
     let mut at = next.fetch_add(STEP, Ordering::Relaxed);
     while at < len {
-        if remote.cache().is_none_or(|c| c.full()) {
-            // What it fetches could not be kept: the rest is left to readers.
-            return;
-        }
         let n = STEP.min(len - at);
         if !remote.cached(at, n) {
-            while remote.counters.demand.load(Ordering::Relaxed) > 0 {
-                std::thread::sleep(Duration::from_millis(20));
+            if !remote.background_turn() {
+                // The cache is full: the rest is left to readers.
+                return;
             }
             match verified.read_exact_at(&mut buf[..n as usize], at) {
                 Ok(()) => backoff = FIRST_BACKOFF,

@@ -20,12 +20,14 @@ struct Seen {
 }
 
 /// How the server answers a range: after `delay`, and, for a range of at least
-/// `stall_from` bytes, its first half, then `stall`, then the rest.
+/// `stall_from` bytes, its first half, then `stall`, then the rest; with `extra`, one
+/// byte more than asked (its Content-Length says so).
 #[derive(Clone, Copy, Default)]
 struct Pace {
     delay: Duration,
     stall_from: u64,
     stall: Duration,
+    extra: bool,
 }
 
 /// A server of `data` at `http://127.0.0.1:PORT/img` (HEAD, and GET with one range),
@@ -73,6 +75,7 @@ fn connection(conn: TcpStream, data: &[u8], seen: &Seen, pace: Pace) -> std::io:
             continue;
         }
         let (a, b) = range.expect("every GET asks for a range");
+        let b = if pace.extra { b + 1 } else { b };
         let body = &data[a as usize..=b.min(len - 1) as usize];
         seen.requests.fetch_add(1, Ordering::SeqCst);
         let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -236,4 +239,24 @@ fn memory_holds_at_most_its_bound_of_fetched_chunks() {
         most >= 64 << 20,
         "only {most} bytes ever held: the bound is not reached"
     );
+}
+
+#[test]
+fn a_range_whose_every_byte_came_is_kept_though_the_server_sent_more() {
+    let bytes = data(4 << 20);
+    let (url, seen) = serve(
+        bytes.clone(),
+        Pace {
+            extra: true,
+            ..Pace::default()
+        },
+    );
+    let src = open(&url);
+    let mut buf = vec![0u8; 64 << 10];
+    src.read_exact_at(&mut buf, 8192).unwrap();
+    assert!(buf == bytes[8192..8192 + buf.len()]);
+    // No second try (for nothing: a range of no bytes), and the server is not down.
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
+    src.read_exact_at(&mut buf, 1 << 20).unwrap();
+    assert!(buf == bytes[1 << 20..(1 << 20) + buf.len()]);
 }
