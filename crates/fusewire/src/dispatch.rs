@@ -52,27 +52,32 @@ pub(crate) fn serve<F: Filesystem>(
         Err(_) if no_reply(h.opcode) => return,
         Err(e) => return sink.send(h.unique, e.errno(), 0),
     };
-    match req {
-        Request::Forget { .. } | Request::BatchForget { .. } => {
-            req.forgets().for_each(|(ino, n)| fs.forget(ino, n))
+    // A handler that panics (a bug) has answered EIO as its Reply dropped; the panic stops
+    // here, so its thread goes on serving: over io_uring a thread that ended would take its
+    // ring entry with it, and the caller of the request on that entry would wait forever.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        match req {
+            Request::Forget { .. } | Request::BatchForget { .. } => {
+                req.forgets().for_each(|(ino, n)| fs.forget(ino, n))
+            }
+            Request::Interrupt { unique } => fs.interrupt(unique),
+            // INIT is the session's, once; a second one is a kernel bug.
+            Request::Init { .. } => sink.send(h.unique, libc::EIO, 0),
+            _ => {
+                let caller = Caller {
+                    uid: h.uid,
+                    gid: h.gid,
+                    pid: h.pid,
+                };
+                let ctx = Context {
+                    unique: h.unique,
+                    caller,
+                };
+                let reply = Reply::new(h.unique, req.reply_limit(), sink);
+                fs.request(&ctx, req, reply)
+            }
         }
-        Request::Interrupt { unique } => fs.interrupt(unique),
-        // INIT is the session's, once; a second one is a kernel bug.
-        Request::Init { .. } => sink.send(h.unique, libc::EIO, 0),
-        _ => {
-            let caller = Caller {
-                uid: h.uid,
-                gid: h.gid,
-                pid: h.pid,
-            };
-            let ctx = Context {
-                unique: h.unique,
-                caller,
-            };
-            let reply = Reply::new(h.unique, req.reply_limit(), sink);
-            fs.request(&ctx, req, reply)
-        }
-    }
+    }));
 }
 
 fn no_reply(opcode: u32) -> bool {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::memfs::{self, MemFs, SMALL_FILES};
+use common::memfs::{self, MemFs, HELLO, SMALL_FILES};
 use common::*;
 use fusewire::abi::{init, op};
 use fusewire::{Chosen, Config, Session, Transport, Wants};
@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -96,6 +96,7 @@ struct Served {
     mnt: Mountpoint,
     session: Session,
     forgets: Arc<AtomicU64>,
+    panics: Arc<AtomicU64>,
 }
 
 /// Mounts the test filesystem (entries and attributes never cached, so every access is a
@@ -104,12 +105,13 @@ fn serve(transport: Transport) -> Served {
     let mnt = Mountpoint::new();
     let fd = mount_fuse(mnt.path()).expect("mount(2) of /dev/fuse");
     let fs = MemFs::new(Duration::ZERO);
-    let forgets = fs.forgets.clone();
+    let (forgets, panics) = (fs.forgets.clone(), fs.panics.clone());
     let session = Session::start(fd, fs, &config(transport)).expect("session start");
     Served {
         mnt,
         session,
         forgets,
+        panics,
     }
 }
 
@@ -313,6 +315,60 @@ fn auto_reports_the_transport_it_chose() {
     assert_hello(off.mnt.path());
     unmount_midway(off);
     drop(uring);
+}
+
+/// READs whose handler panics get EIO, and their threads go on serving: more panics than
+/// a queue has threads, every read from one CPU (whose queue then serves them all), and
+/// that CPU's next read is served.
+fn a_panicking_handler_answers_eio(transport: Transport) {
+    let s = serve(transport);
+    let hello = s.mnt.path().join("hello.txt");
+    let panics = 6;
+    s.panics.store(panics, Ordering::SeqCst);
+    let mut served = None;
+    for _ in 0..2 * panics {
+        let cat = Command::new("taskset")
+            .args(["-c", "0", "cat"])
+            .arg(&hello)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("taskset cat");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut cat = cat;
+        while cat.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                // Unstick the reader before failing, or the test would hang with it.
+                let ctl = Path::new("/sys/fs/fuse/connections");
+                let minor = fuse_connection(s.mnt.path());
+                let _ = std::fs::write(ctl.join(minor.to_string()).join("abort"), "1");
+                panic!("a read hung after a handler panicked ({transport:?})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = cat.wait_with_output().expect("cat output");
+        if out.status.success() {
+            served = Some(out.stdout);
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("Input/output error"), "{err}");
+    }
+    assert_eq!(s.panics.load(Ordering::SeqCst), 0, "every panic happened");
+    assert_eq!(served.as_deref(), Some(HELLO), "the read after the panics");
+    s.session.stopper().stop();
+    join_within_deadline(s.session, "the session did not end after stop", "join");
+    unmount(s.mnt.path()).expect("umount2");
+}
+
+#[test]
+fn a_panicking_handler_answers_eio_over_dev() {
+    on(Transport::Dev, a_panicking_handler_answers_eio);
+}
+
+#[test]
+fn a_panicking_handler_answers_eio_over_uring() {
+    on(Transport::Uring, a_panicking_handler_answers_eio);
 }
 
 /// The caller's stop ends every thread; the mount can then be unmounted.

@@ -37,6 +37,8 @@ pub struct MemFs {
     /// FORGETs seen (shared: the session owns the filesystem).
     pub forgets: Arc<AtomicU64>,
     pub inits: Arc<AtomicU64>,
+    /// The next this many READs panic (a handler's bug).
+    pub panics: Arc<AtomicU64>,
 }
 
 /// The contents of /dir/big.bin.
@@ -90,6 +92,7 @@ impl MemFs {
             ttl,
             forgets: Arc::default(),
             inits: Arc::default(),
+            panics: Arc::default(),
         }
     }
 
@@ -218,6 +221,10 @@ impl MemFs {
     }
 
     fn read(&self, ino: u64, offset: u64, reply: Reply<'_>) {
+        let panics = self
+            .panics
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        assert!(panics.is_err(), "a READ that panics, as asked");
         let data = match self.node(ino).map(|n| &n.kind) {
             Ok(Kind::File(d)) => d,
             Ok(_) => return reply.error(libc::EISDIR),
