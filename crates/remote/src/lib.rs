@@ -339,6 +339,20 @@ struct ToSlots<'c, 'g> {
     len: u64,
 }
 
+impl<'c, 'g> ToSlots<'c, 'g> {
+    /// For `claimed`, the chunks from chunk `first` on of an image of `image` bytes.
+    fn new(claimed: &'c mut Claim<'g>, memory: &'c Arc<Memory>, first: u64, image: u64) -> Self {
+        let len = (CHUNK * claimed.len() as u64).min(image - first * CHUNK);
+        ToSlots {
+            claimed,
+            memory,
+            first: None,
+            done: 0,
+            len,
+        }
+    }
+}
+
 impl Sink for ToSlots<'_, '_> {
     fn taken(&self) -> u64 {
         (self.done as u64 * CHUNK).min(self.len)
@@ -545,16 +559,9 @@ impl RemoteSource {
                 return;
             }
             let from = start + at as u64;
-            let len = (CHUNK * claimed.len() as u64).min(self.len - from * CHUNK);
             at += claimed.len();
-            let mut sink = ToSlots {
-                claimed: &mut claimed,
-                memory: &self.memory,
-                first: None,
-                done: 0,
-                len,
-            };
-            if self.fetch(from * CHUNK, len, None, &mut sink).is_err() {
+            let mut sink = ToSlots::new(&mut claimed, &self.memory, from, self.len);
+            if self.fetch(from * CHUNK, sink.len, None, &mut sink).is_err() {
                 return; // the reader will fetch for itself, and report what fails
             }
         }
@@ -662,16 +669,8 @@ impl RemoteSource {
             // A sequential reader: the next window comes while it reads this one.
             self.next_window(i + n, n);
         }
-        let start = i * CHUNK;
-        let len = (CHUNK * n).min(self.len - start);
-        let mut sink = ToSlots {
-            claimed: &mut claimed,
-            memory: &self.memory,
-            first: None,
-            done: 0,
-            len,
-        };
-        let fetched = self.fetch(start, len, Some(asked), &mut sink);
+        let mut sink = ToSlots::new(&mut claimed, &self.memory, i, self.len);
+        let fetched = self.fetch(i * CHUNK, sink.len, Some(asked), &mut sink);
         // The first chunk is the reader's even when a later one failed to come.
         match (sink.first.take(), fetched) {
             (Some(b), _) => Ok(b),
