@@ -929,13 +929,8 @@ def kernel_vs_fuse(res, rtt, verdict):
     return t
 
 
-def plot(data, png):
-    if not (data.get("rtt") or data.get("read_all") or data.get("prefetch")):
-        return
-    plt = report.pyplot()
-
-    rtts = [int(r) for r in data["rtt"]]
-    fig, (ax_t, ax_b, ax_r) = plt.subplots(1, 3, figsize=(17, 4.8))
+def plot_sweep(data, rtts, ax_t, ax_b):
+    """The sweep's panels: time to first byte and bytes fetched against RTT."""
     lines = [("lazy-oci", "first_s", "lazy-oci: first file", "tab:red", "o-"),
              ("lazy-oci", "program_s", "lazy-oci: program", "tab:red", "s--"),
              (DEV_MODE, "first_s", "lazy-oci over /dev/fuse: first file", "tab:pink", "o-"),
@@ -968,15 +963,26 @@ def plot(data, png):
         ys = [median(data["rtt"][str(r)].get(mode) or [], "fetched") for r in rtts]
         if all(y is not None for y in ys):
             ax_b.plot(rtts, [y / 2**20 for y in ys], style, color=color, label=label)
-    if rtts:
-        sparse_read = median(data["rtt"][str(rtts[0])]["sparse"], "bytes_read")
-        ax_b.axhline(sparse_read / 2**20, color="tab:purple", ls=":",
-                     label="sparse: bytes read")
+    sparse_read = median(data["rtt"][str(rtts[0])]["sparse"], "bytes_read")
+    ax_b.axhline(sparse_read / 2**20, color="tab:purple", ls=":", label="sparse: bytes read")
     ax_b.set_yscale("log")
     ax_b.set_xlabel("RTT, ms")
     ax_b.set_ylabel("MiB fetched (median)")
     ax_b.set_title(f"bytes fetched (image {data['image']['bytes'] / 2**20:,.0f} MiB)")
     ax_b.legend(fontsize="small")
+
+
+def plot(data, png):
+    if not (data.get("rtt") or data.get("read_all") or data.get("prefetch")):
+        return
+    plt = report.pyplot()
+
+    rtts = [int(r) for r in data["rtt"]]
+    if rtts:
+        fig, (ax_t, ax_b, ax_r) = plt.subplots(1, 3, figsize=(17, 4.8))
+        plot_sweep(data, rtts, ax_t, ax_b)
+    else:
+        fig, ax_r = plt.subplots(1, 1, figsize=(7, 4.8))
 
     ra = data.get("read_all") or {}
     local = ra.get("local")
@@ -998,6 +1004,9 @@ def plot(data, png):
                   color="tab:purple", label="--prefetch until all cached")
         ax_r.plot(rtts_p, [median(pf[str(r)]["curl"], "wall_s") for r in rtts_p], "v--",
                   color="tab:green", label="curl of the blob")
+        if all(pf[str(r)].get("curl-file") for r in rtts_p):
+            ax_r.plot(rtts_p, [median(pf[str(r)]["curl-file"], "wall_s") for r in rtts_p],
+                      "v:", color="tab:olive", label="curl of the blob to a synced file")
     ax_r.set_xlabel("RTT, ms")
     ax_r.set_ylabel("s (median, cold)")
     ax_r.set_title("read-all (mount + cat of every file); prefetch")
