@@ -181,6 +181,14 @@ fn a_sequential_reader_keeps_several_ranges_in_flight_and_fetches_each_byte_once
         src.read_exact_at(&mut buf, at as u64).unwrap();
         assert!(buf == bytes[at..at + buf.len()], "bytes at {at}");
     }
+    // Readahead may still be fetching past the end of the reads: until it is done.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (seen.in_flight.load(Ordering::SeqCst) > 0
+        || src.counters.fetched.load(Ordering::SeqCst) != seen.bytes.load(Ordering::SeqCst))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (served, most) = (
         seen.bytes.load(Ordering::SeqCst),
         seen.max_in_flight.load(Ordering::SeqCst),
