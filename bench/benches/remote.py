@@ -532,9 +532,7 @@ class Bench:
     def read_all(self, data):
         """Read-all of the local image and from the registry at each RTT (and with the
         kernel engine at 0 ms), the modes taking turns at going first."""
-        modes = [("local", 0, "fuse")] + [("remote", r, "fuse") for r in RTTS_MS]
-        if self.kernel:
-            modes += [("local", 0, "kernel"), ("remote", 0, "kernel")]
+        modes = [m for m in READ_ALL_MODES if m[2] == "fuse" or self.kernel]
         res = {read_all_key(*m): [] for m in modes}
         runs = min(self.ctx.runs, SLOW_RUNS)
         for i in range(runs):
@@ -579,6 +577,11 @@ class Bench:
                 samples.append(time.perf_counter() - start)
             out[via] = samples
         data["proxy_throughput"] = out
+
+
+# Read-all's modes: (image, RTT in ms, engine); the kernel engine's where it serves.
+READ_ALL_MODES = ([("local", 0, "fuse")] + [("remote", r, "fuse") for r in RTTS_MS]
+                  + [("local", 0, "kernel"), ("remote", 0, "kernel")])
 
 
 def read_all_key(mode, rtt_ms, engine):
@@ -702,13 +705,13 @@ def read_all_ratio(ra, rtt_ms, engine="fuse"):
 def print_read_all(ra):
     n = max(len(v) for v in ra.values())
     rows = []
-    for key, s in ra.items():
-        engine = "kernel" if key.endswith("-kernel") else "fuse"
-        mode, _, rest = key.partition("-")
-        rtt = rest.removesuffix("-kernel").removesuffix("kernel") or "-"
-        ratio = (read_all_ratio(ra, int(rtt.removesuffix("ms")), engine)
-                 if mode == "remote" else None)
-        rows.append([mode, engine, rtt.replace("ms", " ms"), str(len(s)),
+    for mode, rtt_ms, engine in READ_ALL_MODES:
+        s = ra.get(read_all_key(mode, rtt_ms, engine))
+        if not s:
+            continue
+        remote = mode == "remote"
+        ratio = read_all_ratio(ra, rtt_ms, engine) if remote else None
+        rows.append([mode, engine, f"{rtt_ms} ms" if remote else "-", str(len(s)),
                      fmt(median(s, "mount_s")), fmt(median(s, "wall_s")),
                      fmt(min(x["wall_s"] for x in s)), fmt(max(x["wall_s"] for x in s)),
                      fmt(ratio, ".2f"),
@@ -741,11 +744,10 @@ def print_prefetch(pf):
             if not s:
                 continue
             rate = median(s, "bytes") / median(s, "wall_s") / 2**20
+            ratios = prefetch_ratios(res, mode) if mode != "prefetch" else []
             rows.append([f"{rtt} ms", mode, str(len(s)), fmt(median(s, "wall_s")),
                          fmt(min(x["wall_s"] for x in s)), fmt(max(x["wall_s"] for x in s)),
-                         f"{rate:,.0f}",
-                         "" if mode == "prefetch" or not prefetch_ratios(res, mode) else
-                         fmt(statistics.median(prefetch_ratios(res, mode)), ".2f"),
+                         f"{rate:,.0f}", fmt(statistics.median(ratios), ".2f") if ratios else "",
                          fmt(median(s, "requests"), ".0f"), fmt(median(s, "connections"), ".0f")])
     report.print_table(["rtt", "mode", "n", "s", "min", "max", "MiB/s", "prefetch x this",
                         "requests", "connections"], rows,

@@ -480,23 +480,10 @@ impl Registry {
             .ok_or_else(|| Error(format!("{url}: the server gives no Content-Length")))
     }
 
-    /// Bytes `offset..offset + len` of what `url` serves, by a range request; exactly
-    /// that many, or an error.
-    pub fn get_range(&self, url: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let mut body = Vec::with_capacity(len as usize);
-        self.get_range_into(url, offset, len, &mut |r| {
-            r.take(len).read_to_end(&mut body)?;
-            if body.len() as u64 != len {
-                return Err(short_body(body.len() as u64));
-            }
-            Ok(())
-        })?;
-        Ok(body)
-    }
-
-    /// `[offset, offset + len)` of the file at `url`, handed to `read` as it arrives:
-    /// `read` must take exactly `len` bytes, or fail (a body that ends early reads as
-    /// `UnexpectedEof`). A body longer than asked is the server's error, found after.
+    /// Bytes `offset..offset + len` of what `url` serves, by a range request, handed to
+    /// `read` as they arrive: `read` must take exactly `len` bytes, or fail (a body that
+    /// ends early reads as `UnexpectedEof`, see [`short_body`]). A body longer than asked
+    /// is the server's error, found after.
     pub fn get_range_into(
         &self,
         url: &str,

@@ -252,8 +252,9 @@ impl Queue {
 struct Chunks {
     slots: HashMap<u64, Slot>,
     order: VecDeque<u64>,
-    /// The first chunk of each window readahead fetched, and the window's length: a
-    /// reader reaching it asks for the next window, twice as long.
+    /// The chunk of each window scheduled ahead where its reader first asks for one (its
+    /// first not in the cache), and the window's length from there: the reader reaching
+    /// it asks for the next window (see `next_window`).
     marks: HashMap<u64, u64>,
 }
 
@@ -510,8 +511,7 @@ impl RemoteSource {
         };
         // The mark goes where the reader will ask for a chunk: a chunk the persistent
         // cache holds is read from there.
-        let uncached = |&j: &u64| !self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK));
-        let Some(mark) = (start..end).find(uncached) else {
+        let Some(mark) = (start..end).find(|&j| !self.chunk_cached(j)) else {
             return;
         };
         self.lock_chunks().marks.insert(mark, end - mark);
@@ -572,10 +572,7 @@ impl RemoteSource {
     fn slots(&self, from: u64, to: u64) -> Vec<Option<Slot>> {
         let mut c = self.lock_chunks();
         (from..to.min(self.len.div_ceil(CHUNK)))
-            .map(|j| {
-                (!self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)))
-                    .then(|| self.slot_in(&mut c, j))
-            })
+            .map(|j| (!self.chunk_cached(j)).then(|| self.slot_in(&mut c, j)))
             .collect()
     }
 
@@ -623,6 +620,17 @@ impl RemoteSource {
         };
         self.fetch(offset, len, Some(Instant::now()), &mut sink)?;
         Ok(sink.bytes)
+    }
+
+    /// Chunk `j`'s offset and length (short at the image's end).
+    fn chunk_range(&self, j: u64) -> (u64, u64) {
+        (j * CHUNK, CHUNK.min(self.len - j * CHUNK))
+    }
+
+    /// Whether the persistent cache holds chunk `j`.
+    fn chunk_cached(&self, j: u64) -> bool {
+        let (at, n) = self.chunk_range(j);
+        self.cached(at, n)
     }
 
     /// Whether `[offset, offset + len)` is in the persistent cache.
@@ -684,7 +692,7 @@ impl RemoteSource {
 
     /// Chunk `i` read from the persistent cache, if it holds it.
     fn cached_chunk(&self, i: u64) -> Option<Arc<Piece>> {
-        let (at, n) = (i * CHUNK, CHUNK.min(self.len - i * CHUNK));
+        let (at, n) = self.chunk_range(i);
         let cache = self.cache.as_ref().filter(|c| c.has(at, n))?;
         let mut bytes = vec![0u8; n as usize];
         cache.read(&mut bytes, at).ok()?;
@@ -750,10 +758,9 @@ impl RemoteSource {
     /// Whether chunk `j` is in memory, being fetched, or was read and kept in the
     /// persistent cache by this mount (its entry is still in the table).
     fn here(&self, c: &Chunks, j: u64) -> bool {
-        c.slots.get(&j).is_some_and(|s| {
-            s.try_lock().map_or(true, |g| g.is_some())
-                || self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK))
-        })
+        c.slots
+            .get(&j)
+            .is_some_and(|s| s.try_lock().map_or(true, |g| g.is_some()) || self.chunk_cached(j))
     }
 
     /// One range, retried with backoff; an error names the image and the range.
@@ -948,7 +955,7 @@ impl ByteSource for RemoteSource {
             let Some(slot) = c.slots.get(&j) else {
                 continue;
             };
-            if self.cached(j * CHUNK, CHUNK.min(self.len - j * CHUNK)) {
+            if self.chunk_cached(j) {
                 if let Ok(mut g) = slot.try_lock() {
                     g.take();
                 }
