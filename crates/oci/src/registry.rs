@@ -504,6 +504,17 @@ impl Registry {
             _ => return Err(self.refused("GET", url, resp)),
         };
         let failed = |e: &dyn std::fmt::Display| Error(format!("{url}: bytes {offset}+{len}: {e}"));
+        // Bytes other than the range's would fail their hash above us, after a request's
+        // worth of reading: a reply that names other bytes is refused here. (One without a
+        // Content-Range is taken: its bytes are still hashed.)
+        if let (false, Some(v)) = (whole, resp.headers().get("content-range")) {
+            let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            if content_range_start(&v) != Some(offset) {
+                return Err(failed(&format!(
+                    "the server answered with Content-Range {v:?}, not the bytes asked"
+                )));
+            }
+        }
         if whole {
             // The whole file for a range at its start: its first `len` bytes will do.
             let mut body = resp.body_mut().as_reader().take(len);
@@ -671,6 +682,16 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
+/// The first byte a single range's `Content-Range: bytes A-B/N` (or `A-B/*`) names; `None`
+/// if it is not one such range.
+fn content_range_start(v: &str) -> Option<u64> {
+    let (a, rest) = v.trim().strip_prefix("bytes ")?.split_once('-')?;
+    let (b, total) = rest.split_once('/')?;
+    let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+    let total_ok = total == "*" || total.parse::<u64>().is_ok_and(|n| b < n);
+    (a <= b && total_ok).then_some(a)
+}
+
 /// What a range read says of a body that ended after `got` bytes.
 pub fn short_body(got: u64) -> std::io::Error {
     std::io::Error::new(
@@ -682,6 +703,24 @@ pub fn short_body(got: u64) -> std::io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_range_names_one_range_of_a_known_or_unknown_length() {
+        for (v, start) in [
+            ("bytes 0-99/100", Some(0)),
+            ("bytes 4096-8191/*", Some(4096)),
+            (" bytes 7-7/8 ", Some(7)),
+            ("bytes 5-4/100", None),
+            ("bytes 0-100/100", None),
+            ("bytes */100", None),
+            ("bytes 0-99", None),
+            ("items 0-99/100", None),
+            ("bytes -1-99/100", None),
+            ("", None),
+        ] {
+            assert_eq!(content_range_start(v), start, "{v:?}");
+        }
+    }
 
     #[test]
     fn credentials_travel_over_tls_or_loopback_only() {

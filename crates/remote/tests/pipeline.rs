@@ -21,13 +21,15 @@ struct Seen {
 
 /// How the server answers a range: after `delay`, and, for a range of at least
 /// `stall_from` bytes, its first half, then `stall`, then the rest; with `extra`, one
-/// byte more than asked (its Content-Length says so).
+/// byte more than asked (its Content-Length says so); with `shift`, the bytes that many
+/// further on (its Content-Range says so).
 #[derive(Clone, Copy, Default)]
 struct Pace {
     delay: Duration,
     stall_from: u64,
     stall: Duration,
     extra: bool,
+    shift: u64,
 }
 
 /// A server of `data` at `http://127.0.0.1:PORT/img` (HEAD, and GET with one range),
@@ -76,6 +78,7 @@ fn connection(conn: TcpStream, data: &[u8], seen: &Seen, pace: Pace) -> std::io:
         }
         let (a, b) = range.expect("every GET asks for a range");
         let b = if pace.extra { b + 1 } else { b };
+        let (a, b) = (a + pace.shift, b + pace.shift);
         let body = &data[a as usize..=b.min(len - 1) as usize];
         seen.requests.fetch_add(1, Ordering::SeqCst);
         let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -267,4 +270,22 @@ fn a_range_whose_every_byte_came_is_kept_though_the_server_sent_more() {
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
     src.read_exact_at(&mut buf, 1 << 20).unwrap();
     assert!(buf == bytes[1 << 20..(1 << 20) + buf.len()]);
+}
+
+#[test]
+fn a_range_answered_with_other_bytes_is_refused_by_its_content_range() {
+    let bytes = data(1 << 20);
+    let (url, _) = serve(
+        bytes,
+        Pace {
+            shift: 4096,
+            ..Pace::default()
+        },
+    );
+    let src = open(&url);
+    let mut buf = vec![0u8; 4096];
+    let e = src
+        .read_exact_at(&mut buf, 8192)
+        .expect_err("the bytes after the range's, handed up as its own");
+    assert!(e.to_string().contains("Content-Range"), "{e}");
 }
