@@ -669,13 +669,21 @@ impl RemoteSource {
         } else {
             behind.max(wanted).max(self.dense_run(i)).min(MAX_RUN)
         };
-        let ahead = self.slots(i + 1, i + run);
-        let mut claimed = claim(&ahead, 1, behind >= SEQUENTIAL);
+        let sequential = behind >= SEQUENTIAL;
+        // A sequential reader fetches what its read wants; the rest of its run comes on
+        // the readahead threads, in the next window, while it reads (it would otherwise
+        // wait for all of the run, up to 4 MiB, before its first chunk).
+        let own = match (sequential, self.ahead.get()) {
+            (true, Some(_)) => wanted.clamp(1, run),
+            _ => run,
+        };
+        let ahead = self.slots(i + 1, i + own);
+        let mut claimed = claim(&ahead, 1, sequential);
         claimed.insert(0, Some(held));
         let n = claimed.len() as u64;
-        if behind >= SEQUENTIAL {
-            // A sequential reader: the next window comes while it reads this one.
-            self.next_window(i + n, n);
+        if sequential {
+            // The next window, from right after this fetch, sized by the whole run.
+            self.next_window(i + n, run.max(n));
         }
         let mut sink = ToSlots::new(&mut claimed, &self.memory, i, self.len);
         let fetched = self.fetch(i * CHUNK, sink.len, Some(asked), &mut sink);

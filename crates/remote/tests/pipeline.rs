@@ -289,3 +289,32 @@ fn a_range_answered_with_other_bytes_is_refused_by_its_content_range() {
         .expect_err("the bytes after the range's, handed up as its own");
     assert!(e.to_string().contains("Content-Range"), "{e}");
 }
+
+#[test]
+fn a_sequential_reader_waits_for_the_chunks_it_reads_not_for_its_whole_run() {
+    // Ranges of 240 KiB or more stall for 3 s halfway. A reader going 4 KiB at a time
+    // fetches its neighbourhood (up to 224 KiB), then, sequential at chunk 64, would fetch
+    // a run as long as what it read (260 KiB) and wait for all of it.
+    let stall = Duration::from_secs(3);
+    let bytes = data(8 << 20);
+    let (url, _) = serve(
+        bytes.clone(),
+        Pace {
+            stall_from: 240 << 10,
+            stall,
+            ..Pace::default()
+        },
+    );
+    let src = open(&url);
+    let mut buf = vec![0u8; 4096];
+    let start = Instant::now();
+    for i in 0..=64u64 {
+        src.read_exact_at(&mut buf, i * 4096).unwrap();
+        assert!(buf == bytes[i as usize * 4096..][..4096], "chunk {i}");
+    }
+    let took = start.elapsed();
+    assert!(
+        took < stall / 2,
+        "{took:?} for 65 chunks: a read waited for bytes it did not ask for"
+    );
+}
