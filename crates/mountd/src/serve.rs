@@ -94,11 +94,8 @@ fn open_layers(s: &Mount, timeout: Duration) -> anyhow::Result<Layers> {
         if let Some(remote) = opened.remote {
             let progress = match (&opened.verified, s.opts.prefetch) {
                 (Some(v), true) => Some(
-                    remote::prefetch::start(
-                        remote.clone(),
-                        v.clone() as Arc<dyn erofs::read::ByteSource>,
-                    )
-                    .context("starting the prefetch thread")?,
+                    remote::prefetch::start(remote.clone(), v.clone())
+                        .context("starting the prefetch thread")?,
                 ),
                 _ => None,
             };

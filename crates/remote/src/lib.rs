@@ -325,6 +325,27 @@ impl Sink for ToVec {
     }
 }
 
+/// The range's bytes into a buffer of its length.
+struct ToSlice<'b> {
+    buf: &'b mut [u8],
+    taken: usize,
+}
+
+impl Sink for ToSlice<'_> {
+    fn taken(&self) -> u64 {
+        self.taken as u64
+    }
+
+    fn take(&mut self, body: &mut dyn Read) -> io::Result<()> {
+        let got = read_full(body, &mut self.buf[self.taken..])?;
+        self.taken += got;
+        if self.taken < self.buf.len() {
+            return Err(oci::registry::short_body(self.taken as u64));
+        }
+        Ok(())
+    }
+}
+
 /// Each chunk into the slot claimed for it, whose lock is let go as soon as the chunk is
 /// in: a reader waiting for it goes on while the rest of the range comes. A chunk the
 /// request spans but did not claim is read and dropped.
@@ -620,6 +641,15 @@ impl RemoteSource {
         };
         self.fetch(offset, len, Some(Instant::now()), &mut sink)?;
         Ok(sink.bytes)
+    }
+
+    /// `buf.len()` bytes at `offset` fetched in one request straight into `buf`, around
+    /// memory and the cache: for the prefetch, which checks and stores what it fetched
+    /// itself (`VerifiedSource::check_fetched`).
+    pub(crate) fn fetch_into(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len() as u64;
+        let mut sink = ToSlice { buf, taken: 0 };
+        self.fetch(offset, len, Some(Instant::now()), &mut sink)
     }
 
     /// Chunk `j`'s offset and length (short at the image's end).

@@ -318,3 +318,75 @@ fn a_sequential_reader_waits_for_the_chunks_it_reads_not_for_its_whole_run() {
         "{took:?} for 65 chunks: a read waited for bytes it did not ask for"
     );
 }
+
+/// `data` sealed as an image is, followed by its verity section: the file's bytes, and
+/// its digest.
+fn sealed(data: &[u8]) -> (Arc<Vec<u8>>, Vec<u8>) {
+    use std::io::{Read as _, Seek as _, Write as _};
+    use verity::{hash_blocks, HashAlg, Params};
+    let params = Params::new(HashAlg::Sha256, 4096, vec![]).unwrap();
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(data).unwrap();
+    let mut level0 = vec![0u8; data.len().div_ceil(4096) * 32];
+    hash_blocks(&params, &params.padded_salt(), data, &mut level0);
+    let digest = verity::appended::append(&f, &params, data.len() as u64, level0).unwrap();
+    let mut bytes = Vec::new();
+    f.rewind().unwrap();
+    f.read_to_end(&mut bytes).unwrap();
+    (Arc::new(bytes), digest)
+}
+
+#[test]
+fn a_prefetch_fetches_each_byte_once_in_steps_in_flight_together_and_caches_them_all() {
+    let plain = data(64 << 20);
+    let n = Vec::len(&plain) as u64;
+    let (image, digest) = sealed(&plain);
+    let (url, seen) = serve(
+        image.clone(),
+        Pace {
+            delay: Duration::from_millis(20),
+            ..Pace::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let len = Vec::len(&image) as u64;
+    let cache = remote::cache::Cache::open(
+        dir.path(),
+        &format!("sha256:{}", verity::verified::hex(&digest)),
+        len,
+        u64::MAX,
+    )
+    .unwrap();
+    let remote = match RemoteSource::open(&url, false, Duration::from_secs(20), None) {
+        Ok(o) => o.source.with_cache(cache).shared(),
+        Err(e) => panic!("{url}: {e}"),
+    };
+    let verified = Arc::new(
+        verity::VerifiedSource::open(remote.clone(), Some(&digest)).expect("the sealed image"),
+    );
+    verified.load_tree(u64::MAX).unwrap();
+    let before = seen.requests.load(Ordering::SeqCst);
+    let progress = remote::prefetch::start(remote.clone(), verified.clone()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while progress.done.load(Ordering::SeqCst) < n {
+        assert!(Instant::now() < deadline, "the prefetch did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(progress.failures.load(Ordering::SeqCst), 0);
+    let requests = seen.requests.load(Ordering::SeqCst) - before;
+    // Steps of 1, 2, 4... up to 16 MiB: about a dozen requests for 64 MiB.
+    assert!(requests <= 24, "{requests} requests for 64 MiB");
+    assert!(
+        seen.max_in_flight.load(Ordering::SeqCst) >= 3,
+        "at most {} steps in flight at once",
+        seen.max_in_flight.load(Ordering::SeqCst)
+    );
+    // Every byte in the cache: reading it all back asks the server for nothing.
+    assert!(remote.cached(0, n), "not all cached");
+    let served = seen.bytes.load(Ordering::SeqCst);
+    assert!(served <= len + (1 << 20), "{served} bytes served for {len}");
+    let mut back = vec![0u8; n as usize];
+    verified.read_exact_at(&mut back, 0).unwrap();
+    assert!(back[..] == plain[..], "read back differs");
+    assert_eq!(seen.requests.load(Ordering::SeqCst) - before, requests);
+}

@@ -548,6 +548,34 @@ impl<S: ByteSource> VerifiedSource<S> {
         Ok(())
     }
 
+    /// Checks `data`, the verified data's bytes at `offset` as a caller fetched them itself
+    /// (a prefetch, one request per step, without the source's per-block path), and hands
+    /// them to the source as verified. `offset` is block-aligned and `data` whole blocks, or
+    /// reaches the data's end. Bytes that fail are an [`IntegrityError`], and nothing of
+    /// them is handed on.
+    pub fn check_fetched(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let bs = self.bs();
+        let end = offset.checked_add(data.len() as u64);
+        let whole = offset.is_multiple_of(bs)
+            && end.is_some_and(|e| {
+                e <= self.section.data_size && (e.is_multiple_of(bs) || e == self.section.data_size)
+            });
+        if data.is_empty() || !whole {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "bytes {offset}+{}: not whole blocks of the verified data",
+                    data.len()
+                ),
+            ));
+        }
+        let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
+        self.fetch_level0(first, last)?;
+        self.check_blocks(first, data)?;
+        self.report_verified(first, data);
+        Ok(())
+    }
+
     /// Verifies every data and tree block, in order, calling `progress` with the bytes done.
     pub fn verify_all(&self, progress: &dyn Fn(u64)) -> io::Result<()> {
         const CHUNK: u64 = 8 << 20;

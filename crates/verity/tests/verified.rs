@@ -491,3 +491,64 @@ fn a_refetching_source_gets_a_second_try_at_the_descriptor_too() {
         }
     }
 }
+
+/// Bytes a caller fetched itself (a prefetch's step) are checked against the tree and
+/// handed to the source as verified; bad ones are refused, and nothing of them handed on.
+#[test]
+fn bytes_fetched_by_the_caller_are_checked_and_reported_verified() {
+    let (bytes, f, digest) = sealed_data(300 * 4096 + 123, 6);
+    let file = std::fs::read(f.path()).unwrap();
+    // A source whose block 3 would be wrong if read: what passes came from the caller.
+    let src = Flaky {
+        file: file.clone(),
+        bad: std::sync::Mutex::new(Some(3)),
+        refetches: false,
+        verified: Default::default(),
+    };
+    let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
+    src.verified.lock().unwrap().clear();
+    // Steps of 64 blocks, the last reaching the data's short end.
+    for at in (0..bytes.len()).step_by(64 * 4096) {
+        let step = &bytes[at..(at + 64 * 4096).min(bytes.len())];
+        v.check_fetched(at as u64, step).unwrap();
+    }
+    let mut covered = vec![false; bytes.len()];
+    // Tree blocks are reported too, as the reads check them.
+    for (offset, b) in src.verified.lock().unwrap().iter() {
+        let at = *offset as usize;
+        if at >= bytes.len() {
+            continue;
+        }
+        let data = &b[..b.len().min(bytes.len() - at)];
+        assert!(data == &bytes[at..at + data.len()], "bytes at {at} differ");
+        covered[at..at + data.len()]
+            .iter_mut()
+            .for_each(|c| *c = true);
+    }
+    assert_eq!(covered.iter().position(|c| !c), None, "not all reported");
+
+    src.verified.lock().unwrap().clear();
+    let mut wrong = bytes[64 * 4096..128 * 4096].to_vec();
+    wrong[5 * 4096 + 9] ^= 1;
+    let e = v.check_fetched(64 * 4096, &wrong).unwrap_err();
+    assert_eq!(IntegrityError::find(&e).unwrap().offset, 69 * 4096);
+    assert!(
+        src.verified
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(at, _)| *at >= bytes.len() as u64),
+        "bytes of a step that failed were reported"
+    );
+    for (at, n) in [
+        (100u64, 4096usize),
+        (4096, 100),
+        (0, 0),
+        (299 * 4096, 2 * 4096),
+    ] {
+        let e = v
+            .check_fetched(at, &bytes[..n.min(bytes.len())])
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{at}+{n}: {e}");
+    }
+}
