@@ -22,6 +22,18 @@ pub struct Error(pub String);
 /// A result whose error is an [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Why a range read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RangeError {
+    /// The request failed, or its body ended early or ran long: another try may do.
+    #[error("{0}")]
+    Failed(#[from] Error),
+    /// The server answered with other bytes than those asked, as its Content-Range says:
+    /// another try would bring the same.
+    #[error("{0}")]
+    OtherBytes(Error),
+}
+
 /// The manifests verilay reads (OCI, and what an index or a docker manifest would be, to
 /// name them in an error).
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json";
@@ -490,7 +502,7 @@ impl Registry {
         offset: u64,
         len: u64,
         read: &mut dyn FnMut(&mut dyn Read) -> std::io::Result<()>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), RangeError> {
         let range = format!("bytes={}-{}", offset, offset + len - 1);
         let mut resp = self.send("GET", url, &[("Range", &range)], &Body::Empty)?;
         let whole = match resp.status() {
@@ -499,9 +511,10 @@ impl Registry {
             s if s.is_success() => {
                 return Err(Error(format!(
                     "{url}: the server answers a range request with {s}: it must serve ranges"
-                )))
+                ))
+                .into())
             }
-            _ => return Err(self.refused("GET", url, resp)),
+            _ => return Err(self.refused("GET", url, resp).into()),
         };
         let failed = |e: &dyn std::fmt::Display| Error(format!("{url}: bytes {offset}+{len}: {e}"));
         // Bytes other than the range's would fail their hash above us, after a request's
@@ -510,15 +523,15 @@ impl Registry {
         if let (false, Some(v)) = (whole, resp.headers().get("content-range")) {
             let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
             if content_range_start(&v) != Some(offset) {
-                return Err(failed(&format!(
+                return Err(RangeError::OtherBytes(failed(&format!(
                     "the server answered with Content-Range {v:?}, not the bytes asked"
-                )));
+                ))));
             }
         }
         if whole {
             // The whole file for a range at its start: its first `len` bytes will do.
             let mut body = resp.body_mut().as_reader().take(len);
-            return read(&mut body).map_err(|e| failed(&e));
+            return Ok(read(&mut body).map_err(|e| failed(&e))?);
         }
         // One byte past `len` is allowed in, to see a longer body; reading to the body's
         // end returns the connection to the pool for the next range.
@@ -527,8 +540,8 @@ impl Registry {
         let mut more = [0u8; 1];
         match body.read(&mut more) {
             Ok(0) => Ok(()),
-            Ok(_) => Err(failed(&"the server sent more than asked")),
-            Err(e) => Err(failed(&e)),
+            Ok(_) => Err(failed(&"the server sent more than asked").into()),
+            Err(e) => Err(failed(&e).into()),
         }
     }
 
@@ -685,7 +698,11 @@ fn percent_encode(s: &str) -> String {
 /// The first byte a single range's `Content-Range: bytes A-B/N` (or `A-B/*`) names; `None`
 /// if it is not one such range.
 fn content_range_start(v: &str) -> Option<u64> {
-    let (a, rest) = v.trim().strip_prefix("bytes ")?.split_once('-')?;
+    let (unit, range) = v.trim().split_once(' ')?;
+    if !unit.eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    let (a, rest) = range.trim_start().split_once('-')?;
     let (b, total) = rest.split_once('/')?;
     let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
     let total_ok = total == "*" || total.parse::<u64>().is_ok_and(|n| b < n);
@@ -710,6 +727,7 @@ mod tests {
             ("bytes 0-99/100", Some(0)),
             ("bytes 4096-8191/*", Some(4096)),
             (" bytes 7-7/8 ", Some(7)),
+            ("Bytes 8-9/10", Some(8)),
             ("bytes 5-4/100", None),
             ("bytes 0-100/100", None),
             ("bytes */100", None),

@@ -103,6 +103,19 @@ pub struct RemoteSource {
     health_changed: Condvar,
 }
 
+/// Who fetches a range, for what a server that is down means to it (see `fetch`).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Fetcher {
+    /// A reader whose read was asked at this instant: it waits for a try under way, or
+    /// makes one, unless the last failed try answers for it.
+    Reader(Instant),
+    /// Readahead: fails at once while the server is down.
+    Readahead,
+    /// The prefetch: fails at once while the server is down, and its own failures leave
+    /// the server's state alone (it waits and tries again itself).
+    Prefetch,
+}
+
 /// The server's state as the last requests found it.
 #[derive(Default)]
 struct Health {
@@ -242,6 +255,11 @@ impl Queue {
         }
     }
 
+    /// Readers' windows waiting for a thread.
+    fn demand_waiting(&self) -> usize {
+        self.lock().demand.len()
+    }
+
     fn close(&self) {
         self.lock().closed = true;
         self.ready.notify_all();
@@ -337,10 +355,14 @@ impl Sink for ToSlice<'_> {
     }
 
     fn take(&mut self, body: &mut dyn Read) -> io::Result<()> {
-        let got = read_full(body, &mut self.buf[self.taken..])?;
-        self.taken += got;
-        if self.taken < self.buf.len() {
-            return Err(oci::registry::short_body(self.taken as u64));
+        // Counted as they come: what came before a failure is kept.
+        while self.taken < self.buf.len() {
+            match body.read(&mut self.buf[self.taken..]) {
+                Ok(0) => return Err(oci::registry::short_body(self.taken as u64)),
+                Ok(n) => self.taken += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -550,12 +572,17 @@ impl RemoteSource {
     /// long, at most [`AHEAD_MAX`], and at most half the room left in memory by chunks
     /// fetched and not yet read (so readers' windows never push out each other's).
     fn next_window(&self, end: u64, n: u64) {
-        let unread = self.memory.unread.load(Ordering::Relaxed);
-        let room = KEPT.saturating_sub(unread) / 2;
-        let n = (2 * n).clamp(1, AHEAD_MAX).min(room);
+        let n = self.window_len(n);
         if n > 0 {
             self.schedule(end, n);
         }
+    }
+
+    /// The length of the window after a run of `n` (see `next_window`).
+    fn window_len(&self, n: u64) -> u64 {
+        let unread = self.memory.unread.load(Ordering::Relaxed);
+        let room = KEPT.saturating_sub(unread) / 2;
+        (2 * n).clamp(1, AHEAD_MAX).min(room)
     }
 
     /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
@@ -582,7 +609,10 @@ impl RemoteSource {
             let from = start + at as u64;
             at += claimed.len();
             let mut sink = ToSlots::new(&mut claimed, &self.memory, from, self.len);
-            if self.fetch(from * CHUNK, sink.len, None, &mut sink).is_err() {
+            if self
+                .fetch(from * CHUNK, sink.len, Fetcher::Readahead, &mut sink)
+                .is_err()
+            {
                 return; // the reader will fetch for itself, and report what fails
             }
         }
@@ -639,17 +669,19 @@ impl RemoteSource {
             bytes: Vec::with_capacity(len as usize),
             len,
         };
-        self.fetch(offset, len, Some(Instant::now()), &mut sink)?;
+        self.fetch(offset, len, Fetcher::Reader(Instant::now()), &mut sink)?;
         Ok(sink.bytes)
     }
 
     /// `buf.len()` bytes at `offset` fetched in one request straight into `buf`, around
     /// memory and the cache: for the prefetch, which checks and stores what it fetched
     /// itself (`VerifiedSource::check_fetched`).
-    pub(crate) fn fetch_into(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// With the bytes that came, from the start, also when it failed.
+    pub(crate) fn fetch_into(&self, offset: u64, buf: &mut [u8]) -> (io::Result<()>, usize) {
         let len = buf.len() as u64;
         let mut sink = ToSlice { buf, taken: 0 };
-        self.fetch(offset, len, Some(Instant::now()), &mut sink)
+        let r = self.fetch(offset, len, Fetcher::Prefetch, &mut sink);
+        (r, sink.taken)
     }
 
     /// Chunk `j`'s offset and length (short at the image's end).
@@ -702,9 +734,18 @@ impl RemoteSource {
         let sequential = behind >= SEQUENTIAL;
         // A sequential reader fetches what its read wants; the rest of its run comes on
         // the readahead threads, in the next window, while it reads (it would otherwise
-        // wait for all of the run, up to 4 MiB, before its first chunk).
-        let own = match (sequential, self.ahead.get()) {
-            (true, Some(_)) => wanted.clamp(1, run),
+        // wait for all of the run, up to 4 MiB, before its first chunk). Unless that
+        // window would not cover the run (memory is short) or would wait (readers' windows
+        // are queued already): then it fetches the run itself, as one request.
+        let wants = wanted.clamp(1, run);
+        let own = match self.ahead.get() {
+            Some(q)
+                if sequential
+                    && self.window_len(run) >= run - wants
+                    && q.demand_waiting() < READAHEAD_THREADS =>
+            {
+                wants
+            }
             _ => run,
         };
         let ahead = self.slots(i + 1, i + own);
@@ -716,7 +757,7 @@ impl RemoteSource {
             self.next_window(i + n, run.max(n));
         }
         let mut sink = ToSlots::new(&mut claimed, &self.memory, i, self.len);
-        let fetched = self.fetch(i * CHUNK, sink.len, Some(asked), &mut sink);
+        let fetched = self.fetch(i * CHUNK, sink.len, Fetcher::Reader(asked), &mut sink);
         // The first chunk is the reader's even when a later one failed to come.
         match (sink.first.take(), fetched) {
             (Some(b), _) => Ok(b),
@@ -809,19 +850,15 @@ impl RemoteSource {
     /// they were `asked`, or ended less than its own length ago). So a reader queued
     /// behind many requests (the kernel's read-ahead, a piece at a time) gets its error
     /// within two tries, and a read after the server is back waits at most for one try
-    /// already under way. `asked: None` (readahead) never tries a server that is down.
-    fn fetch(
-        &self,
-        offset: u64,
-        len: u64,
-        asked: Option<Instant>,
-        sink: &mut dyn Sink,
-    ) -> io::Result<()> {
+    /// already under way. Readahead and the prefetch never try a server that is down;
+    /// the prefetch's failures (a long step on a slow link) do not mark it down either,
+    /// nor does a reply naming other bytes than asked (see [`Fetcher`]).
+    fn fetch(&self, offset: u64, len: u64, by: Fetcher, sink: &mut dyn Sink) -> io::Result<()> {
         let mut h = self.lock_health();
         let probe = loop {
             match &h.down {
                 None => break false,
-                Some(d) if asked.is_none_or(|a| d.recent(a)) => {
+                Some(d) if !matches!(by, Fetcher::Reader(a) if !d.recent(a)) => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err(io::Error::other(format!(
                         "{}: bytes {offset}+{len}: the server is down ({})",
@@ -853,11 +890,17 @@ impl RemoteSource {
         if probe {
             h.probing = false;
         }
-        h.down = r.as_ref().err().map(|(e, tried)| Down {
-            why: e.to_string(),
-            tried: *tried,
-            ended: Instant::now(),
-        });
+        match &r {
+            Ok(()) => h.down = None,
+            Err((e, _)) if by == Fetcher::Prefetch || e.kind() == io::ErrorKind::InvalidData => {}
+            Err((e, tried)) => {
+                h.down = Some(Down {
+                    why: e.to_string(),
+                    tried: *tried,
+                    ended: Instant::now(),
+                })
+            }
+        }
         drop(h);
         self.health_changed.notify_all();
         r.map_err(|(e, _)| e)
@@ -896,6 +939,11 @@ impl RemoteSource {
             match r {
                 Ok(()) => return Ok(()),
                 Err(_) if sink.taken() == len => return Ok(()),
+                Err(oci::registry::RangeError::OtherBytes(e)) => {
+                    self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                    let e = format!("{}: bytes {offset}+{len}: {e}", self.name);
+                    return Err((io::Error::new(io::ErrorKind::InvalidData, e), tried));
+                }
                 Err(e) if attempt >= attempts => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err((

@@ -4,17 +4,21 @@
 //!
 //! - [`WORKERS`] threads: several steps are in flight while others are hashed, so the link
 //!   stays busy across its round trip and the hashing runs on every CPU.
-//! - Steps grow from [`FIRST_STEP`] to [`STEP`] with the bytes done: a cache that is full
-//!   at once costs a few MiB fetched for nothing, not every thread's full step.
+//! - Each thread's steps start at [`FIRST_STEP`] and double up to [`STEP`] while they come
+//!   within a second, and halve when one takes over four (a slow link: each try of a
+//!   request has a time limit). A cache that is full at once costs a few MiB fetched for
+//!   nothing.
+//! - What came of a failed fetch is checked and kept; the rest is fetched after a wait.
+//!   The prefetch never marks the server down for readers (see `RemoteSource::fetch`).
 //! - They wait while a reader's fetch is under way, at the lowest CPU priority.
-//! - They stop when the cache is full (or absent). A step whose bytes fail their hash is
-//!   read again through the verified source, which fetches them anew; bytes that fail
-//!   again are skipped.
+//! - They stop when the cache is full (or absent). A block that fails its hash is read
+//!   again through the verified source, which fetches it anew, and skipped if it fails
+//!   again; so are bytes the server answers for others.
 
 use crate::{RemoteSource, BACKGROUND};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use verity::source::ByteSource;
 use verity::verified::{IntegrityError, VerifiedSource};
 
@@ -25,7 +29,11 @@ pub const STEP: u64 = 16 << 20;
 /// Prefetch threads: with [`STEP`], 64 MiB in flight, enough for a link of 1 GB/s and
 /// 50 ms round trips.
 pub const WORKERS: usize = 4;
-/// How long to wait after a failed step, at first and at most (it doubles in between).
+/// A step that took less than this: the next is twice as long (at most [`STEP`]); more
+/// than `SLOW`, half as long (at least [`FIRST_STEP`]).
+const FAST: Duration = Duration::from_secs(1);
+const SLOW: Duration = Duration::from_secs(4);
+/// How long to wait after a failed fetch, at first and at most (it doubles in between).
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -84,68 +92,125 @@ fn run<S: ByteSource>(
     let _ = rustix::process::setpriority_process(None, 19);
     let len = verified.len();
     let mut buf = Vec::new();
-    let mut backoff = FIRST_BACKOFF;
-    let step = |done: u64| done.clamp(FIRST_STEP, STEP) / FIRST_STEP * FIRST_STEP;
-    let mut n = step(progress.done.load(Ordering::Relaxed));
-    let mut at = next.fetch_add(n, Ordering::Relaxed);
-    while at < len {
-        n = n.min(len - at);
-        // What of the step the cache lacks, to the MiB: readers may have read some.
-        let piece = |k: u64| {
-            (
-                at + k * FIRST_STEP,
-                FIRST_STEP.min(at + n - (at + k * FIRST_STEP)),
-            )
-        };
-        let pieces = n.div_ceil(FIRST_STEP);
-        let missing = |k: &u64| {
-            let (a, m) = piece(*k);
-            !remote.cached(a, m)
-        };
-        if let Some(first) = (0..pieces).find(missing) {
+    let mut n = FIRST_STEP;
+    loop {
+        let at = next.fetch_add(n, Ordering::Relaxed);
+        if at >= len {
+            return;
+        }
+        let here = n.min(len - at);
+        if let Some((from, end)) = missing(remote, at, here) {
             if !remote.background_turn() {
                 // The cache is full: the rest is left to readers.
                 return;
             }
-            let last = (0..pieces).rev().find(missing).unwrap_or(first);
-            let from = piece(first).0;
-            let (l, m) = piece(last);
-            let want = (l + m - from) as usize;
-            buf.resize(want.max(buf.len()), 0);
-            match fetch_checked(remote, verified, &mut buf[..want], from) {
-                Ok(()) => backoff = FIRST_BACKOFF,
-                // Bytes that fail their hash after the source's second fetch: the server
-                // keeps them wrong, and trying again brings nothing. Readers of them get
-                // EIO; the prefetch goes on.
-                Err(e) if IntegrityError::find(&e).is_some() => {
-                    progress.failures.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(_) => {
-                    progress.failures.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue;
+            let started = Instant::now();
+            let mut pos = from;
+            let mut backoff = FIRST_BACKOFF;
+            while pos < end {
+                match fetch_span(remote, verified, &mut buf, pos, end, progress) {
+                    Ok(()) => pos = end,
+                    // What came before the failure is kept; the rest is tried again after
+                    // a wait.
+                    Err((reached, _)) => {
+                        pos = reached;
+                        progress.failures.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        if !remote.background_turn() {
+                            return;
+                        }
+                    }
                 }
             }
+            // A step that came fast: the next is twice as long; a slow one (a slow link,
+            // or one that failed), half as long: each try of a request has a time limit.
+            let took = started.elapsed();
+            if took < FAST {
+                n = (2 * n).min(STEP);
+            } else if took > SLOW {
+                n = (n / 2).max(FIRST_STEP);
+            }
         }
-        let done = progress.done.fetch_add(n, Ordering::Relaxed) + n;
-        n = step(done);
-        at = next.fetch_add(n, Ordering::Relaxed);
+        progress.done.fetch_add(here, Ordering::Relaxed);
     }
 }
 
-/// `buf.len()` bytes at `at` fetched in one request, checked and stored; bytes that fail
-/// their hash are read again through the verified source, which fetches them anew (as a
-/// reader would: the wrong ones may have come from a proxy, and the server's be right).
-fn fetch_checked<S: ByteSource>(
+/// The part of `[at, at + n)` the cache lacks, to the [`FIRST_STEP`] (readers may have read
+/// some of it), as `(from, end)`; `None` if it has all.
+fn missing(remote: &RemoteSource, at: u64, n: u64) -> Option<(u64, u64)> {
+    let piece = |k: u64| {
+        let a = at + k * FIRST_STEP;
+        (a, FIRST_STEP.min(at + n - a))
+    };
+    let lacks = |k: &u64| {
+        let (a, m) = piece(*k);
+        !remote.cached(a, m)
+    };
+    let pieces = n.div_ceil(FIRST_STEP);
+    let first = (0..pieces).find(lacks)?;
+    let last = (0..pieces).rev().find(lacks).unwrap_or(first);
+    let (a, m) = piece(last);
+    Some((piece(first).0, a + m))
+}
+
+/// Fetches `[pos, end)` in one request into `buf`, checks and stores it. A bad block is
+/// read again through the verified source, which fetches it anew (the wrong bytes may have
+/// come from a proxy), and passed over if it fails again; so are bytes the server answers
+/// for other bytes than asked. A failed fetch: `Err` with where the bytes checked and kept
+/// end (a slow link's partial answer is not fetched again).
+fn fetch_span<S: ByteSource>(
     remote: &RemoteSource,
     verified: &VerifiedSource<S>,
-    buf: &mut [u8],
-    at: u64,
-) -> std::io::Result<()> {
-    remote.fetch_into(at, buf)?;
-    match verified.check_fetched(at, buf) {
-        Err(e) if IntegrityError::find(&e).is_some() => verified.read_exact_at(buf, at),
-        r => r,
+    buf: &mut Vec<u8>,
+    mut pos: u64,
+    end: u64,
+    progress: &Progress,
+) -> Result<(), (u64, std::io::Error)> {
+    let bs = u64::from(verified.params().block_size);
+    let wrong = |e: &std::io::Error| e.kind() == std::io::ErrorKind::InvalidData;
+    while pos < end {
+        let want = (end - pos) as usize;
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        let (fetched, taken) = remote.fetch_into(pos, &mut buf[..want]);
+        // Whole blocks only, unless all came (the data's short last block).
+        let whole = if taken == want {
+            want
+        } else {
+            taken / bs as usize * bs as usize
+        };
+        if whole > 0 {
+            if let Err(e) = verified.check_fetched(pos, &buf[..whole]) {
+                let Some(bad) = IntegrityError::find(&e)
+                    .filter(|i| i.data)
+                    .map(|i| i.offset)
+                else {
+                    return Err((pos, e));
+                };
+                // The blocks before it were kept.
+                let n = bs.min(end - bad);
+                match verified.read_exact_at(&mut buf[..n as usize], bad) {
+                    Ok(()) => {}
+                    Err(e) if wrong(&e) => {
+                        progress.failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => return Err((bad, e)),
+                }
+                pos = bad + n;
+                continue;
+            }
+            pos += whole as u64;
+        }
+        match fetched {
+            Ok(()) => {}
+            Err(e) if wrong(&e) => {
+                progress.failures.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(e) => return Err((pos, e)),
+        }
     }
+    Ok(())
 }

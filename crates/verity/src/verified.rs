@@ -551,8 +551,8 @@ impl<S: ByteSource> VerifiedSource<S> {
     /// Checks `data`, the verified data's bytes at `offset` as a caller fetched them itself
     /// (a prefetch, one request per step, without the source's per-block path), and hands
     /// them to the source as verified. `offset` is block-aligned and `data` whole blocks, or
-    /// reaches the data's end. Bytes that fail are an [`IntegrityError`], and nothing of
-    /// them is handed on.
+    /// reaches the data's end. A block that fails is an [`IntegrityError`] naming it; the
+    /// blocks before it are handed on, nothing from it on.
     pub fn check_fetched(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let bs = self.bs();
         let end = offset.checked_add(data.len() as u64);
@@ -571,7 +571,16 @@ impl<S: ByteSource> VerifiedSource<S> {
         }
         let (first, last) = (offset / bs, (offset + data.len() as u64 - 1) / bs);
         self.fetch_level0(first, last)?;
-        self.check_blocks(first, data)?;
+        if let Err(e) = self.check_blocks(first, data) {
+            // The blocks before the bad one passed: they are kept.
+            let bad = IntegrityError::find(&e)
+                .filter(|i| i.data)
+                .map(|i| i.offset);
+            if let Some(good) = bad.map(|b| (b - offset) as usize).filter(|&g| g > 0) {
+                self.report_verified(first, &data[..good]);
+            }
+            return Err(e);
+        }
         self.report_verified(first, data);
         Ok(())
     }
