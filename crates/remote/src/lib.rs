@@ -116,6 +116,18 @@ enum Fetcher {
     Prefetch,
 }
 
+impl Fetcher {
+    /// Whether it fails at once while the server is down (see `fetch`), rather than wait
+    /// for a try under way or make one: readahead and the prefetch always, a reader when
+    /// the last failed try answers for it.
+    fn fails_at_once(self, down: &Down) -> bool {
+        match self {
+            Fetcher::Reader(asked) => down.recent(asked),
+            Fetcher::Readahead | Fetcher::Prefetch => true,
+        }
+    }
+}
+
 /// The server's state as the last requests found it.
 #[derive(Default)]
 struct Health {
@@ -356,13 +368,8 @@ impl Sink for ToSlice<'_> {
 
     fn take(&mut self, body: &mut dyn Read) -> io::Result<()> {
         // Counted as they come: what came before a failure is kept.
-        while self.taken < self.buf.len() {
-            match body.read(&mut self.buf[self.taken..]) {
-                Ok(0) => return Err(oci::registry::short_body(self.taken as u64)),
-                Ok(n) => self.taken += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        if !fill(body, self.buf, &mut self.taken)? {
+            return Err(oci::registry::short_body(self.taken as u64));
         }
         Ok(())
     }
@@ -406,8 +413,8 @@ impl Sink for ToSlots<'_, '_> {
         while self.done < self.claimed.len() {
             let n = CHUNK.min(self.len - self.taken()) as usize;
             let mut piece = vec![0u8; n];
-            let got = read_full(body, &mut piece)?;
-            if got < n {
+            let mut got = 0;
+            if !fill(body, &mut piece, &mut got)? {
                 return Err(oci::registry::short_body(self.taken() + got as u64));
             }
             let piece = Arc::new(Piece::new(piece, self.memory));
@@ -423,18 +430,18 @@ impl Sink for ToSlots<'_, '_> {
     }
 }
 
-/// Reads into `buf` until it is full or the body ends; returns the bytes read.
-fn read_full(body: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match body.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
+/// Reads into `buf[*got..]` until `buf` is full, counting in `got` as bytes come (what
+/// came before an error stays counted); `false` if the body ended first.
+fn fill(body: &mut dyn Read, buf: &mut [u8], got: &mut usize) -> io::Result<bool> {
+    while *got < buf.len() {
+        match body.read(&mut buf[*got..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => *got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(got)
+    Ok(true)
 }
 
 /// Whether `s` names a remote image rather than a file.
@@ -737,24 +744,19 @@ impl RemoteSource {
         // wait for all of the run, up to 4 MiB, before its first chunk). Unless that
         // window would not cover the run (memory is short) or would wait (readers' windows
         // are queued already): then it fetches the run itself, as one request.
+        let window = if sequential { self.window_len(run) } else { 0 };
         let wants = wanted.clamp(1, run);
         let own = match self.ahead.get() {
-            Some(q)
-                if sequential
-                    && self.window_len(run) >= run - wants
-                    && q.demand_waiting() < READAHEAD_THREADS =>
-            {
-                wants
-            }
+            Some(q) if window >= run - wants && q.demand_waiting() < READAHEAD_THREADS => wants,
             _ => run,
         };
         let ahead = self.slots(i + 1, i + own);
         let mut claimed = claim(&ahead, 1, sequential);
         claimed.insert(0, Some(held));
         let n = claimed.len() as u64;
-        if sequential {
+        if window > 0 {
             // The next window, from right after this fetch, sized by the whole run.
-            self.next_window(i + n, run.max(n));
+            self.schedule(i + n, window);
         }
         let mut sink = ToSlots::new(&mut claimed, &self.memory, i, self.len);
         let fetched = self.fetch(i * CHUNK, sink.len, Fetcher::Reader(asked), &mut sink);
@@ -858,7 +860,7 @@ impl RemoteSource {
         let probe = loop {
             match &h.down {
                 None => break false,
-                Some(d) if !matches!(by, Fetcher::Reader(a) if !d.recent(a)) => {
+                Some(d) if by.fails_at_once(d) => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err(io::Error::other(format!(
                         "{}: bytes {offset}+{len}: the server is down ({})",
@@ -892,14 +894,14 @@ impl RemoteSource {
         }
         match &r {
             Ok(()) => h.down = None,
-            Err((e, _)) if by == Fetcher::Prefetch || e.kind() == io::ErrorKind::InvalidData => {}
-            Err((e, tried)) => {
+            Err((e, Some(tried))) if by != Fetcher::Prefetch => {
                 h.down = Some(Down {
                     why: e.to_string(),
                     tried: *tried,
                     ended: Instant::now(),
                 })
             }
+            Err(_) => {}
         }
         drop(h);
         self.health_changed.notify_all();
@@ -910,14 +912,16 @@ impl RemoteSource {
         self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The range, in up to `attempts` tries; an error comes with its last try's start.
+    /// The range, in up to `attempts` tries; an error comes with its last try's start,
+    /// `None` for a reply that says nothing of whether the server is up (other bytes than
+    /// asked: the answer is wrong, not missing).
     fn fetch_retrying(
         &self,
         offset: u64,
         len: u64,
         attempts: u32,
         sink: &mut dyn Sink,
-    ) -> Result<(), (io::Error, Instant)> {
+    ) -> Result<(), (io::Error, Option<Instant>)> {
         let mut wait = FIRST_RETRY;
         let mut attempt = 1;
         loop {
@@ -942,13 +946,13 @@ impl RemoteSource {
                 Err(oci::registry::RangeError::OtherBytes(e)) => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     let e = format!("{}: bytes {offset}+{len}: {e}", self.name);
-                    return Err((io::Error::new(io::ErrorKind::InvalidData, e), tried));
+                    return Err((io::Error::new(io::ErrorKind::InvalidData, e), None));
                 }
                 Err(e) if attempt >= attempts => {
                     self.counters.failures.fetch_add(1, Ordering::Relaxed);
                     return Err((
                         io::Error::other(format!("{}: bytes {offset}+{len}: {e}", self.name)),
-                        tried,
+                        Some(tried),
                     ));
                 }
                 Err(_) => {
