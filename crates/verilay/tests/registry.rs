@@ -2530,7 +2530,15 @@ fn the_first_read_of_a_remote_executable_fetches_it_whole() {
     );
     // All of it is there now: reading it whole does not fetch it again. (The kernel
     // engine's read-ahead on the image file may run on past its end, into the bytes of
-    // the file after it: less than the program.)
+    // the file after it: less than the program.) The window the first read scheduled
+    // past the program's end (the files after it) is let finish first: its bytes are
+    // not the program's.
+    let mut last = fetched();
+    wait_until(Duration::from_secs(30), "the readahead to end", || {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = fetched();
+        std::mem::replace(&mut last, now) == now
+    });
     let before = fetched();
     assert_eq!(std::fs::read(m.join("prog")).unwrap(), prog);
     let again = fetched() - before;
