@@ -3,7 +3,9 @@
 //! - Every thread of a queue rests on its CPU: the kernel queues a request on its sender's CPU,
 //!   where a waiter is woken without an interrupt.
 //! - After a big READ or WRITE in the last few milliseconds, all threads but the first rest
-//!   anywhere.
+//!   anywhere. The first moves off its CPU meanwhile only if that CPU takes most of the
+//!   disk's completions (`block_cpu`): it would hash there beside the reader and the
+//!   interrupts of the reads it waits for, while another CPU idles.
 //! - A thread that finds a request after a quiet spell nudges every queue whose threads all
 //!   sleep (`spin::Activity`).
 
@@ -25,10 +27,18 @@ const STREAMING_NS: u64 = 20_000_000;
 /// The threads of one queue: their thread IDs, whether each may run anywhere (`loose`)
 /// or only on the queue's CPU, when the queue last served big I/O, and which sleep.
 pub(crate) struct QueueThreads {
+    cpu: usize,
     /// Where the queue's threads rest: its CPU, or every CPU this process may use when
     /// that one is not among them (`taskset`, a cpuset).
     home: libc::cpu_set_t,
     anywhere: libc::cpu_set_t,
+    /// `anywhere` but the queue's CPU: where the first thread streams when its CPU takes
+    /// most block completions (None if no other CPU is allowed).
+    away: Option<libc::cpu_set_t>,
+    /// Which CPU takes most block completions lately (`block_cpu::busiest`).
+    busiest_block_cpu: fn() -> Option<usize>,
+    /// Whether the first thread was moved to `away`.
+    first_away: AtomicBool,
     /// 0 before a thread starts and after it ended (then it counts for no nudge).
     tids: Vec<AtomicI32>,
     loose: Vec<AtomicBool>,
@@ -42,10 +52,23 @@ pub(crate) struct QueueThreads {
 
 impl QueueThreads {
     pub(crate) fn new(cpu: usize, threads: usize) -> std::io::Result<Self> {
+        Self::judged_by(cpu, threads, crate::block_cpu::busiest)
+    }
+
+    /// As `new`, with the CPU that takes most block completions said by `busiest_block_cpu`.
+    fn judged_by(
+        cpu: usize,
+        threads: usize,
+        busiest_block_cpu: fn() -> Option<usize>,
+    ) -> std::io::Result<Self> {
         let anywhere = allowed_cpus();
         Ok(Self {
+            cpu,
             home: only(cpu, &anywhere),
             anywhere,
+            away: without(cpu, &anywhere),
+            busiest_block_cpu,
+            first_away: AtomicBool::new(false),
             tids: (0..threads).map(|_| AtomicI32::new(0)).collect(),
             loose: (0..threads).map(|_| AtomicBool::new(false)).collect(),
             last_big_ns: AtomicU64::new(0),
@@ -115,17 +138,31 @@ impl QueueThreads {
                 set_affinity(tid, &self.anywhere);
             }
         }
-    }
-
-    /// Thread `me` is about to wait for its next request: the first always on the queue's
-    /// CPU, the others there too unless the queue streams. (A race with a sibling's
-    /// `begin_big` can leave one pinned a while: slower, never wrong.)
-    pub(crate) fn rest(&self, me: usize) {
-        if me == 0 {
+        let Some(away) = &self.away else { return };
+        let first = self.tids[0].load(Ordering::SeqCst);
+        if first == 0 {
             return;
         }
+        // Where completions go can change (irqbalance): the first thread follows.
+        let go = (self.busiest_block_cpu)() == Some(self.cpu);
+        if self.first_away.swap(go, Ordering::SeqCst) != go {
+            set_affinity(first, if go { away } else { &self.home });
+        }
+    }
+
+    /// Thread `me` is about to wait for its next request: on the queue's CPU unless the
+    /// queue streams; then the others anywhere, and the first elsewhere if `begin_big`
+    /// moved it. (A race with a sibling's `begin_big` can leave one on the wrong CPUs a
+    /// while: slower, never wrong.)
+    pub(crate) fn rest(&self, me: usize) {
         let since = now_ns().saturating_sub(self.last_big_ns.load(Ordering::SeqCst));
         let streaming = since < STREAMING_NS;
+        if me == 0 {
+            if !streaming && self.first_away.swap(false, Ordering::SeqCst) {
+                set_affinity(0, &self.home);
+            }
+            return;
+        }
         if self.loose[me].load(Ordering::SeqCst) != streaming {
             self.loose[me].store(streaming, Ordering::SeqCst);
             let set = if streaming { self.anywhere } else { self.home };
@@ -169,6 +206,18 @@ fn only(cpu: usize, allowed: &libc::cpu_set_t) -> libc::cpu_set_t {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         set
+    }
+}
+
+/// `allowed` without `cpu`, if that leaves any.
+fn without(cpu: usize, allowed: &libc::cpu_set_t) -> Option<libc::cpu_set_t> {
+    let mut set = *allowed;
+    // SAFETY: cpu is checked to fit in the set; CPU_COUNT reads a live set.
+    unsafe {
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_CLR(cpu, &mut set);
+        }
+        (libc::CPU_COUNT(&set) > 0).then_some(set)
     }
 }
 
@@ -225,7 +274,7 @@ mod tests {
 
     #[test]
     fn threads_rest_on_the_queue_cpu_and_all_but_the_first_anywhere_while_it_streams() {
-        let q = Arc::new(QueueThreads::new(0, 2).unwrap());
+        let q = Arc::new(QueueThreads::judged_by(0, 2, || None).unwrap());
         let (tids_tx, tids) = mpsc::channel();
         let (go_tx, go) = mpsc::channel::<()>();
         let done = Arc::new(Barrier::new(2));
@@ -277,6 +326,69 @@ mod tests {
         );
         drop(go_tx);
         worker.join().unwrap();
+    }
+
+    #[test]
+    fn the_first_thread_streams_off_its_cpu_only_when_that_cpu_takes_the_disks_completions() {
+        let away = |busiest: fn() -> Option<usize>| {
+            std::thread::spawn(move || {
+                let q = QueueThreads::judged_by(0, 2, busiest).unwrap();
+                q.started(0);
+                let rested = affinity_of(0);
+                q.begin_big(1);
+                let streaming = affinity_of(0);
+                q.rest(0);
+                let resting_while_streaming = affinity_of(0);
+                std::thread::sleep(std::time::Duration::from_nanos(STREAMING_NS * 2));
+                q.rest(0);
+                let resting_after = affinity_of(0);
+                (
+                    q,
+                    [rested, streaming, resting_while_streaming, resting_after],
+                )
+            })
+            .join()
+            .unwrap()
+        };
+        let (q, [rested, streaming, during, after]) = away(|| Some(0));
+        assert!(nproc_at_least_two(&q.anywhere), "needs 2 CPUs");
+        let home = only(0, &q.anywhere);
+        let elsewhere = without(0, &q.anywhere).unwrap();
+        assert!(same(&rested, &home), "rests on CPU 0");
+        assert!(
+            same(&streaming, &elsewhere),
+            "CPU 0 takes the completions: off it while the queue streams"
+        );
+        assert!(same(&during, &elsewhere), "and stays off while it streams");
+        assert!(same(&after, &home), "back once streaming ends");
+
+        for busiest in [(|| Some(1)) as fn() -> Option<usize>, || None] {
+            let (_, [_, streaming, during, after]) = away(busiest);
+            assert!(
+                [streaming, during, after].iter().all(|s| same(s, &home)),
+                "completions elsewhere or unknown: the first thread stays on CPU 0"
+            );
+        }
+    }
+
+    #[test]
+    fn no_cpu_is_left_when_the_queue_cpu_is_the_only_one_allowed() {
+        // SAFETY: all zeroes is the empty set; CPUs 0 and 1 fit in it.
+        let (one, two) = unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut one);
+            let mut two = one;
+            libc::CPU_SET(1, &mut two);
+            (one, two)
+        };
+        assert!(without(0, &one).is_none());
+        let left = without(0, &two).unwrap();
+        // SAFETY: a live set.
+        assert!(unsafe { libc::CPU_ISSET(1, &left) && !libc::CPU_ISSET(0, &left) });
+        assert!(
+            same(&without(5, &two).unwrap(), &two),
+            "a CPU not in the set"
+        );
     }
 
     /// What a read of thread `me`'s wake eventfd gives: the signals since the last read,

@@ -5,6 +5,7 @@
 
 pub mod abi;
 mod affinity;
+mod block_cpu;
 mod channel;
 mod decode;
 mod dev;
