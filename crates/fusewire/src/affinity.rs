@@ -12,9 +12,10 @@
 // This module makes syscalls; each unsafe block says why it holds.
 #![allow(unsafe_code)]
 
+use crate::block_cpu::Sampler;
 use crate::event::EventFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// A READ or WRITE this large keeps its thread busy for long (a 128 KiB READ of a cold
@@ -33,12 +34,13 @@ pub(crate) struct QueueThreads {
     home: libc::cpu_set_t,
     anywhere: libc::cpu_set_t,
     /// `anywhere` but the queue's CPU: where the first thread streams when its CPU takes
-    /// most block completions (None if no other CPU is allowed).
+    /// most block completions (None if that CPU is not allowed or no other is).
     away: Option<libc::cpu_set_t>,
-    /// Which CPU takes most block completions lately (`block_cpu::busiest`).
-    busiest_block_cpu: fn() -> Option<usize>,
-    /// Whether the first thread was moved to `away`.
-    first_away: AtomicBool,
+    /// Which CPU takes most block completions lately.
+    block_cpu: &'static Sampler,
+    /// Whether the first thread runs on `away`; held while its mask changes, so the two
+    /// always agree.
+    first_away: Mutex<bool>,
     /// 0 before a thread starts and after it ended (then it counts for no nudge).
     tids: Vec<AtomicI32>,
     loose: Vec<AtomicBool>,
@@ -52,23 +54,19 @@ pub(crate) struct QueueThreads {
 
 impl QueueThreads {
     pub(crate) fn new(cpu: usize, threads: usize) -> std::io::Result<Self> {
-        Self::judged_by(cpu, threads, crate::block_cpu::busiest)
+        Self::judged_by(cpu, threads, crate::block_cpu::sampler())
     }
 
-    /// As `new`, with the CPU that takes most block completions said by `busiest_block_cpu`.
-    fn judged_by(
-        cpu: usize,
-        threads: usize,
-        busiest_block_cpu: fn() -> Option<usize>,
-    ) -> std::io::Result<Self> {
+    /// As `new`, with the CPU that takes most block completions said by `block_cpu`.
+    fn judged_by(cpu: usize, threads: usize, block_cpu: &'static Sampler) -> std::io::Result<Self> {
         let anywhere = allowed_cpus();
         Ok(Self {
             cpu,
             home: only(cpu, &anywhere),
             anywhere,
             away: without(cpu, &anywhere),
-            busiest_block_cpu,
-            first_away: AtomicBool::new(false),
+            block_cpu,
+            first_away: Mutex::new(false),
             tids: (0..threads).map(|_| AtomicI32::new(0)).collect(),
             loose: (0..threads).map(|_| AtomicBool::new(false)).collect(),
             last_big_ns: AtomicU64::new(0),
@@ -140,13 +138,15 @@ impl QueueThreads {
         }
         let Some(away) = &self.away else { return };
         let first = self.tids[0].load(Ordering::SeqCst);
-        if first == 0 {
+        if first == 0 || self.block_cpu.busiest(now_ns()) != Some(self.cpu) {
             return;
         }
-        // Where completions go can change (irqbalance): the first thread follows.
-        let go = (self.busiest_block_cpu)() == Some(self.cpu);
-        if self.first_away.swap(go, Ordering::SeqCst) != go {
-            set_affinity(first, if go { away } else { &self.home });
+        // Busy (the first thread moving itself home): the next big I/O looks again.
+        if let Ok(mut is_away) = self.first_away.try_lock() {
+            if !*is_away {
+                set_affinity(first, away);
+                *is_away = true;
+            }
         }
     }
 
@@ -154,12 +154,24 @@ impl QueueThreads {
     /// queue streams; then the others anywhere, and the first elsewhere if `begin_big`
     /// moved it. (A race with a sibling's `begin_big` can leave one on the wrong CPUs a
     /// while: slower, never wrong.)
+    /// The first comes home when streaming ends or the verdict lapses, not when the
+    /// verdict names another CPU: where completions follow the CPU that asked, that is
+    /// what its move brings about.
     pub(crate) fn rest(&self, me: usize) {
-        let since = now_ns().saturating_sub(self.last_big_ns.load(Ordering::SeqCst));
+        let now = now_ns();
+        let since = now.saturating_sub(self.last_big_ns.load(Ordering::SeqCst));
         let streaming = since < STREAMING_NS;
+        if streaming {
+            // After the reply: no caller waits for this.
+            self.block_cpu.sample(now);
+        }
         if me == 0 {
-            if !streaming && self.first_away.swap(false, Ordering::SeqCst) {
-                set_affinity(0, &self.home);
+            if self.away.is_some() {
+                let mut is_away = self.first_away.lock().unwrap_or_else(|p| p.into_inner());
+                if *is_away && (!streaming || self.block_cpu.busiest(now).is_none()) {
+                    set_affinity(0, &self.home);
+                    *is_away = false;
+                }
             }
             return;
         }
@@ -209,14 +221,15 @@ fn only(cpu: usize, allowed: &libc::cpu_set_t) -> libc::cpu_set_t {
     }
 }
 
-/// `allowed` without `cpu`, if that leaves any.
+/// `allowed` without `cpu`, if `cpu` is in it and others are.
 fn without(cpu: usize, allowed: &libc::cpu_set_t) -> Option<libc::cpu_set_t> {
     let mut set = *allowed;
     // SAFETY: cpu is checked to fit in the set; CPU_COUNT reads a live set.
     unsafe {
-        if cpu < libc::CPU_SETSIZE as usize {
-            libc::CPU_CLR(cpu, &mut set);
+        if cpu >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(cpu, allowed) {
+            return None;
         }
+        libc::CPU_CLR(cpu, &mut set);
         (libc::CPU_COUNT(&set) > 0).then_some(set)
     }
 }
@@ -247,7 +260,9 @@ fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block_cpu::{self, tests::Fake};
     use std::sync::{mpsc, Arc, Barrier};
+    use std::time::Duration;
 
     fn affinity_of(tid: libc::pid_t) -> libc::cpu_set_t {
         // SAFETY: as in `allowed_cpus`.
@@ -274,7 +289,7 @@ mod tests {
 
     #[test]
     fn threads_rest_on_the_queue_cpu_and_all_but_the_first_anywhere_while_it_streams() {
-        let q = Arc::new(QueueThreads::judged_by(0, 2, || None).unwrap());
+        let q = Arc::new(QueueThreads::judged_by(0, 2, &fake_block_cpu().sampler).unwrap());
         let (tids_tx, tids) = mpsc::channel();
         let (go_tx, go) = mpsc::channel::<()>();
         let done = Arc::new(Barrier::new(2));
@@ -328,47 +343,107 @@ mod tests {
         worker.join().unwrap();
     }
 
-    #[test]
-    fn the_first_thread_streams_off_its_cpu_only_when_that_cpu_takes_the_disks_completions() {
-        let away = |busiest: fn() -> Option<usize>| {
-            std::thread::spawn(move || {
-                let q = QueueThreads::judged_by(0, 2, busiest).unwrap();
-                q.started(0);
-                let rested = affinity_of(0);
-                q.begin_big(1);
-                let streaming = affinity_of(0);
-                q.rest(0);
-                let resting_while_streaming = affinity_of(0);
-                std::thread::sleep(std::time::Duration::from_nanos(STREAMING_NS * 2));
-                q.rest(0);
-                let resting_after = affinity_of(0);
-                (
-                    q,
-                    [rested, streaming, resting_while_streaming, resting_after],
-                )
-            })
-            .join()
-            .unwrap()
-        };
-        let (q, [rested, streaming, during, after]) = away(|| Some(0));
-        assert!(nproc_at_least_two(&q.anywhere), "needs 2 CPUs");
-        let home = only(0, &q.anywhere);
-        let elsewhere = without(0, &q.anywhere).unwrap();
-        assert!(same(&rested, &home), "rests on CPU 0");
-        assert!(
-            same(&streaming, &elsewhere),
-            "CPU 0 takes the completions: off it while the queue streams"
-        );
-        assert!(same(&during, &elsewhere), "and stays off while it streams");
-        assert!(same(&after, &home), "back once streaming ends");
+    /// A sampler whose counts the test sets, for the life of the test process.
+    fn fake_block_cpu() -> &'static Fake {
+        Box::leak(Box::new(Fake::new()))
+    }
 
-        for busiest in [(|| Some(1)) as fn() -> Option<usize>, || None] {
-            let (_, [_, streaming, during, after]) = away(busiest);
+    #[test]
+    fn the_first_thread_streams_off_its_cpu_while_that_cpu_takes_most_completions() {
+        let fake = fake_block_cpu();
+        // The test's thread is the queue's first; thread 1's calls are made for it.
+        std::thread::spawn(move || {
+            let q = QueueThreads::judged_by(0, 2, &fake.sampler).unwrap();
+            q.started(0);
+            assert!(nproc_at_least_two(&q.anywhere), "needs 2 CPUs");
+            let home = only(0, &q.anywhere);
+            let elsewhere = without(0, &q.anywhere).expect("CPU 0 and another allowed");
+            let on = |set: &libc::cpu_set_t| same(&affinity_of(0), set);
+            // Thread 1 serves a big read and rests, sampling after its reply (on a thread
+            // of its own: resting moves the caller).
+            let serve = || {
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        q.begin_big(1);
+                        q.rest(1);
+                    });
+                })
+            };
+            let next_sample =
+                || std::thread::sleep(Duration::from_nanos(block_cpu::SAMPLE_NS + 1_000_000));
+            serve();
+            assert!(on(&home), "no verdict yet: on CPU 0");
+
+            fake.set(100, 0);
+            next_sample();
+            serve();
+            assert!(on(&home), "the verdict comes after the reply");
+            serve();
+            assert!(on(&elsewhere), "CPU 0 takes the completions: off it");
+            q.rest(0);
+            assert!(on(&elsewhere), "and stays off while the queue streams");
+
+            fake.set(100, 200);
+            next_sample();
+            serve();
+            q.rest(0);
             assert!(
-                [streaming, during, after].iter().all(|s| same(s, &home)),
-                "completions elsewhere or unknown: the first thread stays on CPU 0"
+                on(&elsewhere),
+                "completions that followed it do not bring it home mid-stream"
             );
-        }
+            std::thread::sleep(Duration::from_nanos(STREAMING_NS * 2));
+            q.rest(0);
+            assert!(on(&home), "home once streaming ends");
+            serve();
+            assert!(on(&home), "completions elsewhere: it stays home");
+
+            fake.set(300, 200);
+            next_sample();
+            serve();
+            serve();
+            assert!(on(&elsewhere), "off again");
+            // A long warm stream: no completions, the verdict lapses.
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_nanos(block_cpu::VALID_NS + 50_000_000) {
+                serve();
+                q.rest(0);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(on(&home), "home when the verdict lapses, though it streams");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn the_first_thread_stays_home_when_its_cpu_is_the_only_one_allowed() {
+        let fake = fake_block_cpu();
+        fake.set(0, 0);
+        std::thread::spawn(move || {
+            // SAFETY: all zeroes is the empty set; CPU 0 fits in it.
+            let zero = unsafe {
+                let mut zero: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut zero);
+                zero
+            };
+            set_affinity(0, &zero);
+            let q = QueueThreads::judged_by(0, 2, &fake.sampler).unwrap();
+            q.started(0);
+            for n in [100, 200, 300] {
+                fake.set(n, 0);
+                std::thread::sleep(Duration::from_nanos(block_cpu::SAMPLE_NS + 1_000_000));
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        q.begin_big(1);
+                        q.rest(1);
+                    });
+                });
+            }
+            assert_eq!(fake.sampler.busiest(now_ns()), Some(0), "CPU 0 is busiest");
+            assert!(same(&affinity_of(0), &zero), "but the only CPU allowed");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
@@ -386,8 +461,8 @@ mod tests {
         // SAFETY: a live set.
         assert!(unsafe { libc::CPU_ISSET(1, &left) && !libc::CPU_ISSET(0, &left) });
         assert!(
-            same(&without(5, &two).unwrap(), &two),
-            "a CPU not in the set"
+            without(5, &two).is_none(),
+            "a CPU not in the set: it rests anywhere"
         );
     }
 
