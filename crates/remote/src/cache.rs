@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
 
@@ -55,11 +55,11 @@ pub struct Cache {
     stem: String,
     limit: u64,
     data: File,
-    record: Arc<Record>,
-    /// The thread writing a complete entry's last record words (`finish`), which the
-    /// entry's end waits for.
-    finishing: Mutex<Option<std::thread::JoinHandle<()>>>,
+    record: File,
     len: u64,
+    units: Vec<AtomicU64>,
+    /// Serialises writes of the record (the bits themselves are atomics).
+    writing: Mutex<()>,
     /// Bytes this mount may still add before the directory passes its size limit.
     budget: AtomicU64,
     full_said: AtomicBool,
@@ -67,39 +67,8 @@ pub struct Cache {
     pub held: AtomicU64,
     /// Bytes served from the cache.
     pub served: AtomicU64,
-}
-
-/// The record of an entry's verified units: in memory, and its file (which holds the
-/// mount's shared lock). Shared with the thread that finishes a complete entry.
-struct Record {
-    file: File,
-    units: Vec<AtomicU64>,
-    /// Serialises writes of the record, and stores (the bits themselves are atomics).
-    writing: Mutex<()>,
-}
-
-impl Record {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.writing.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn has(&self, u: u64) -> bool {
-        self.units[(u / 64) as usize].load(Ordering::Relaxed) & (1 << (u % 64)) != 0
-    }
-
-    /// Writes the words that hold `units` (the caller holds `writing`).
-    fn write(&self, units: std::ops::Range<u64>) {
-        if units.is_empty() {
-            return;
-        }
-        let w0 = units.start / 64;
-        let w1 = ((units.end - 1) / 64).min(self.units.len() as u64 - 1);
-        let raw: Vec<u8> = (w0..=w1)
-            .flat_map(|w| self.units[w as usize].load(Ordering::Relaxed).to_le_bytes())
-            .collect();
-        // A record that cannot be written only costs fetches later.
-        let _ = self.file.write_all_at(&raw, HEADER + w0 * 8);
-    }
+    /// Times this mount flushed the entry to disk as it became complete.
+    flushes: AtomicU64,
 }
 
 /// An entry as `verilay cache ls` shows it.
@@ -303,17 +272,18 @@ impl Cache {
             stem,
             limit,
             data,
-            record: Arc::new(Record {
-                file: record,
-                units: bits.into_iter().map(AtomicU64::new).collect(),
-                writing: Mutex::new(()),
-            }),
-            finishing: Mutex::new(None),
+            record,
             len,
+            units: bits.into_iter().map(AtomicU64::new).collect(),
+            writing: Mutex::new(()),
             budget: AtomicU64::new(limit.saturating_sub(others + mine)),
             full_said: AtomicBool::new(false),
-            held: AtomicU64::new(held.min(len)),
+            // Whole units, the short last one too, as `store` counts them (`held()` clamps):
+            // clamped here, a complete entry whose unit failed and came again would end
+            // short of the count that flushes it.
+            held: AtomicU64::new(held),
             served: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
         })
     }
 
@@ -323,7 +293,7 @@ impl Cache {
     }
 
     fn has_unit(&self, u: u64) -> bool {
-        self.record.has(u)
+        self.units[(u / 64) as usize].load(Ordering::Relaxed) & (1 << (u % 64)) != 0
     }
 
     /// Whether every unit that `[offset, offset + len)` touches is held.
@@ -358,8 +328,12 @@ impl Cache {
         if units.clone().all(|u| self.has_unit(u)) {
             return;
         }
-        let _w = self.record.lock();
+        let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         let new = units.clone().filter(|&u| !self.has_unit(u)).count() as u64 * UNIT;
+        if new == 0 {
+            // Another store of the same bytes got here first.
+            return;
+        }
         let take = |c: &Cache| {
             c.budget
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
@@ -382,14 +356,18 @@ impl Cache {
             return;
         }
         for u in units.clone() {
-            self.record.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
+            self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
         }
         let held = self.held.fetch_add(new, Ordering::Relaxed) + new;
-        if held >= self.len.div_ceil(UNIT) * UNIT {
-            self.finish(units.clone());
-        } else {
-            self.record.write(units.clone());
+        let whole = self.len.div_ceil(UNIT) * UNIT;
+        if held - new < whole && held >= whole {
+            // Complete: the file is now the image, and `cache ls` will say so. The record's
+            // last bits go to disk after the data, so no power cut can leave "complete"
+            // over bytes that never reached the disk.
+            let _ = self.data.sync_data();
+            self.flushes.fetch_add(1, Ordering::Relaxed);
         }
+        self.write_record(units.clone());
         drop(_w);
         if to - from >= WRITEBACK_NOW {
             // Written out now, not all at once when a prefetch's last store syncs the
@@ -418,38 +396,28 @@ impl Cache {
     /// Drops the units `[offset, offset + len)` touches: they failed their check.
     pub fn forget(&self, offset: u64, len: u64) {
         let last = (offset + len.max(1) - 1) / UNIT;
-        let _w = self.record.lock();
-        let units = &self.record.units;
+        let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         for u in offset / UNIT..=last.min(self.len.div_ceil(UNIT) - 1) {
-            let old = units[(u / 64) as usize].fetch_and(!(1 << (u % 64)), Ordering::Relaxed);
+            let old = self.units[(u / 64) as usize].fetch_and(!(1 << (u % 64)), Ordering::Relaxed);
             if old & (1 << (u % 64)) != 0 {
                 self.held.fetch_sub(UNIT, Ordering::Relaxed);
             }
         }
-        self.record.write(offset / UNIT..last + 1);
+        self.write_record(offset / UNIT..last + 1);
     }
 
-    /// The entry is complete with `units`, just written: the file is now the image, and
-    /// `cache ls` will say so once the record's last words are written. They go after the
-    /// data reaches the disk, so no power cut leaves "complete" over bytes that never did;
-    /// that waits on a thread of its own (a sync of a whole image can take seconds; the
-    /// entry's end waits for it). Without a thread the entry stays short of those units,
-    /// which are then fetched again.
-    fn finish(&self, units: std::ops::Range<u64>) {
-        let (Ok(data), record) = (self.data.try_clone(), self.record.clone()) else {
+    /// Writes the record's words that hold `units` (the caller holds `writing`).
+    fn write_record(&self, units: std::ops::Range<u64>) {
+        if units.is_empty() {
             return;
-        };
-        let spawned = std::thread::Builder::new()
-            .name("cache-sync".into())
-            .spawn(move || {
-                if data.sync_data().is_ok() {
-                    let _w = record.lock();
-                    record.write(units);
-                }
-            });
-        if let Ok(h) = spawned {
-            *self.finishing.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
         }
+        let w0 = units.start / 64;
+        let w1 = ((units.end - 1) / 64).min(self.units.len() as u64 - 1);
+        let raw: Vec<u8> = (w0..=w1)
+            .flat_map(|w| self.units[w as usize].load(Ordering::Relaxed).to_le_bytes())
+            .collect();
+        // A record that cannot be written only costs fetches later.
+        let _ = self.record.write_all_at(&raw, HEADER + w0 * 8);
     }
 
     /// Whether the size limit has refused bytes: the cache takes no more.
@@ -460,15 +428,6 @@ impl Cache {
     /// Bytes of the image held (verified) in the cache.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed).min(self.len)
-    }
-}
-
-impl Drop for Cache {
-    fn drop(&mut self) {
-        let finishing = self.finishing.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(h) = finishing.take() {
-            let _ = h.join();
-        }
     }
 }
 
@@ -618,25 +577,42 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_stored_to_its_end_is_recorded_complete_by_the_time_it_closes() {
+    fn an_entry_stored_to_its_end_is_recorded_complete_and_again_after_a_unit_failed() {
         let dir = tempfile::tempdir().unwrap();
         let digest = format!("sha256:{}", "12".repeat(32));
+        // Not a multiple of the unit, as every image (its trailer ends it).
         let len = (1 << 20) + 100;
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let cache = Cache::open(dir.path(), &digest, len, 1 << 30).unwrap();
         cache.store(0, &bytes[..1 << 19]);
         assert!(!list(dir.path()).unwrap()[0].complete);
         cache.store(1 << 19, &bytes[1 << 19..]);
+        cache.store(1 << 19, &bytes[1 << 19..]);
         assert_eq!(cache.held(), len);
+        assert!(list(dir.path()).unwrap()[0].complete);
+        assert_eq!(
+            cache.flushes.load(Ordering::Relaxed),
+            1,
+            "flushed once, as it completed"
+        );
         drop(cache);
-        let entries = list(dir.path()).unwrap();
-        assert!(entries[0].complete, "{entries:?}");
-        assert_eq!(entries[0].cached_bytes, len);
+
         let again = Cache::open(dir.path(), &digest, len, 1 << 30).unwrap();
         assert!(again.has(0, len));
         let mut back = vec![0; len as usize];
         again.read(&mut back, 0).unwrap();
         assert!(back == bytes);
+        // A unit fails its check and is fetched again: the entry is complete once more.
+        again.forget(8192, 4096);
+        assert!(!list(dir.path()).unwrap()[0].complete);
+        again.store(8192, &bytes[8192..12288]);
+        assert_eq!(again.held(), len);
+        assert!(list(dir.path()).unwrap()[0].complete);
+        assert_eq!(
+            again.flushes.load(Ordering::Relaxed),
+            1,
+            "complete again: flushed before it says so"
+        );
     }
 
     #[test]
