@@ -12,7 +12,8 @@ in a new network namespace, and prints what it found). The clients reach both se
 through the bench's own TCP proxy on 127.0.0.1 (harness/net.py: DelayProxy), which holds
 every chunk of bytes RTT/2 in each direction and a connection's first bytes one RTT
 more (the handshake), with at most the host's largest TCP window in flight; it is itself
-a Python program (its throughput against a direct GET is printed).
+a Python program, whose bytes going down move by splice(2) between sockets and pipes (its
+throughput against a direct GET is printed).
 
 At 0, 10 and 50 ms RTT, each run cold (caches dropped, a fresh mount, a fresh empty
 `--cache` directory when `verilay mount` has that option), the modes taking turns at
@@ -451,8 +452,8 @@ class Bench:
         """A fresh --prefetch mount, timed from its start until every byte is verified and
         cached."""
         argv = [self.oci_ref(self.port_at(rtt_ms)), "--insecure", "--prefetch"]
+        cpu0 = sum(os.times()[:2])
         with self.cold_mount(argv, cache=True) as (sample, start):
-            cpu0 = sum(os.times()[:2])
             deadline = start + PREFETCH_TIMEOUT_S
             while True:
                 s = stats(self.verilay, self.mnt)
@@ -471,7 +472,8 @@ class Bench:
                 left = (now - start) * (total - done) / done if done else 0.5
                 time.sleep(min(0.5, max(0.02, left / 4)))
             sample["wall_s"] = time.perf_counter() - start
-            # This process's CPU time: at 10 and 50 ms mostly the latency proxy's.
+            # This process's CPU time: its latency proxy's (at 10 and 50 ms) and its
+            # polling's.
             sample["bench_cpu_s"] = sum(os.times()[:2]) - cpu0
             # The blob, as curl's: the data, its Merkle tree and the trailer.
             sample["bytes"] = self.blob_size
@@ -636,7 +638,7 @@ def run(ctx):
 
     netem, evidence = net.netem_check()
     data["latency"] = {"netem": netem, "evidence": evidence,
-                       "method": "userspace delaying TCP proxy (harness/net.py DelayProxy)"}
+                       "method": "userspace delaying TCP proxy, splice(2) (harness/net.py DelayProxy)"}
     print(f"netem: {'available' if netem else 'NOT available in this kernel'}")
     for line in evidence:
         print(f"  {line}")
@@ -756,14 +758,15 @@ def print_prefetch(pf):
                          fmt(median(s, "requests"), ".0f"), fmt(median(s, "connections"), ".0f"),
                          fmt(median(s, "bench_cpu_s"), ".2f")])
     report.print_table(["rtt", "mode", "n", "s", "min", "max", "MiB/s", "prefetch x this",
-                        "requests", "connections", "proxy CPU s"], rows,
+                        "requests", "connections", "bench CPU s"], rows,
                        title="prefetch: --prefetch until every byte is verified and cached, "
                              "against curl of the blob (both cold)")
     print("(prefetch x this: the prefetch's throughput over this mode's, the median of the "
           "rounds' ratios; the modes take turns in each round. curl-file: curl -o FILE in the "
-          "scratch directory, then fsync: the blob's bytes written as a prefetch's are; proxy "
-          "CPU s: the CPU time this benchmark's process took meanwhile, at 10 and 50 ms mostly "
-          "its latency proxy's, on the CPUs the prefetch and curl also use)")
+          "scratch directory, then fsync: the blob's bytes written as a prefetch's are; bench "
+          "CPU s: the CPU time this benchmark's own process took meanwhile, its latency "
+          "proxy's at 10 and 50 ms and its polling of `verilay stats`, on the CPUs the "
+          "prefetch and curl also use)")
 
 
 def print_sweep(data):
