@@ -348,6 +348,17 @@ mod tests {
         Box::leak(Box::new(Fake::new()))
     }
 
+    /// Thread 1 serves a big read and rests, sampling after its reply (on a thread of its
+    /// own: resting moves the caller).
+    fn serve_big_as_second_thread(q: &QueueThreads) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                q.begin_big(1);
+                q.rest(1);
+            });
+        });
+    }
+
     #[test]
     fn the_first_thread_streams_off_its_cpu_while_that_cpu_takes_most_completions() {
         let fake = fake_block_cpu();
@@ -359,16 +370,7 @@ mod tests {
             let home = only(0, &q.anywhere);
             let elsewhere = without(0, &q.anywhere).expect("CPU 0 and another allowed");
             let on = |set: &libc::cpu_set_t| same(&affinity_of(0), set);
-            // Thread 1 serves a big read and rests, sampling after its reply (on a thread
-            // of its own: resting moves the caller).
-            let serve = || {
-                std::thread::scope(|s| {
-                    s.spawn(|| {
-                        q.begin_big(1);
-                        q.rest(1);
-                    });
-                })
-            };
+            let serve = || serve_big_as_second_thread(&q);
             let next_sample =
                 || std::thread::sleep(Duration::from_nanos(block_cpu::SAMPLE_NS + 1_000_000));
             serve();
@@ -432,12 +434,7 @@ mod tests {
             for n in [100, 200, 300] {
                 fake.set(n, 0);
                 std::thread::sleep(Duration::from_nanos(block_cpu::SAMPLE_NS + 1_000_000));
-                std::thread::scope(|s| {
-                    s.spawn(|| {
-                        q.begin_big(1);
-                        q.rest(1);
-                    });
-                });
+                serve_big_as_second_thread(&q);
             }
             assert_eq!(fake.sampler.busiest(now_ns()), Some(0), "CPU 0 is busiest");
             assert!(same(&affinity_of(0), &zero), "but the only CPU allowed");

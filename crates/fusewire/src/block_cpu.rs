@@ -62,7 +62,7 @@ struct Reading {
 }
 
 /// The BLOCK line: the CPU of each column and its count.
-#[derive(Default, Clone, PartialEq, Debug)]
+#[derive(Default, Clone)]
 struct Counts {
     cpus: Vec<usize>,
     counts: Vec<u64>,
@@ -126,21 +126,17 @@ impl Sampler {
             r.base = Some((now, r.now.clone()));
             return;
         };
-        let grown: Vec<(usize, u64)> = (r.now.cpus.iter().copied())
-            .zip(
-                r.now
-                    .counts
-                    .iter()
-                    .zip(&base.counts)
-                    .map(|(n, b)| n.saturating_sub(*b)),
-            )
-            .collect();
-        if grown.iter().map(|&(_, n)| n).sum::<u64>() < MIN_COMPLETIONS {
+        let grown = (r.now.cpus.iter().copied()).zip(
+            (r.now.counts.iter())
+                .zip(&base.counts)
+                .map(|(n, b)| n.saturating_sub(*b)),
+        );
+        if grown.clone().map(|(_, n)| n).sum::<u64>() < MIN_COMPLETIONS {
             // Too few yet: the base stays, so the next read sees more of them.
             return;
         }
         self.verdict
-            .store(majority(&grown).unwrap_or(NONE), Ordering::Relaxed);
+            .store(majority(grown).unwrap_or(NONE), Ordering::Relaxed);
         self.verdict_until_ns
             .store(now + VALID_NS, Ordering::Relaxed);
         if let Some((at, base)) = &mut r.base {
@@ -173,9 +169,9 @@ impl Reading {
 }
 
 /// The CPU with more than half of the counts, if one has.
-fn majority(counts: &[(usize, u64)]) -> Option<usize> {
-    let total: u64 = counts.iter().map(|&(_, n)| n).sum();
-    let &(cpu, most) = counts.iter().max_by_key(|&&(_, n)| n)?;
+fn majority(counts: impl Iterator<Item = (usize, u64)> + Clone) -> Option<usize> {
+    let total: u64 = counts.clone().map(|(_, n)| n).sum();
+    let (cpu, most) = counts.max_by_key(|&(_, n)| n)?;
     (most > 0 && most * 2 > total).then_some(cpu)
 }
 
@@ -238,12 +234,16 @@ pub(crate) mod tests {
 
     #[test]
     fn a_cpu_with_more_than_half_of_the_completions_is_the_busiest() {
-        assert_eq!(majority(&[(0, 3), (1, 60)]), Some(1));
-        assert_eq!(majority(&[(0, 60), (1, 3), (2, 3)]), Some(0));
-        assert_eq!(majority(&[(0, 30), (1, 30)]), None, "a tie");
-        assert_eq!(majority(&[(0, 20), (1, 20), (2, 30)]), None, "no majority");
-        assert_eq!(majority(&[(0, 0), (1, 0)]), None);
-        assert_eq!(majority(&[]), None);
+        assert_eq!(majority([(0, 3), (1, 60)].into_iter()), Some(1));
+        assert_eq!(majority([(0, 60), (1, 3), (2, 3)].into_iter()), Some(0));
+        assert_eq!(majority([(0, 30), (1, 30)].into_iter()), None, "a tie");
+        assert_eq!(
+            majority([(0, 20), (1, 20), (2, 30)].into_iter()),
+            None,
+            "no majority"
+        );
+        assert_eq!(majority([(0, 0), (1, 0)].into_iter()), None);
+        assert_eq!(majority([].into_iter()), None);
     }
 
     /// A sampler over a file the test writes: CPU 0's and CPU 1's counts.
