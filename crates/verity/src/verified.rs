@@ -229,7 +229,7 @@ fn read_tail<S: ByteSource>(
         return Err(OpenError::NoSection);
     }
     let mut bytes = [0u8; TAIL_SIZE as usize];
-    inner.read_exact_at(&mut bytes, len - TAIL_SIZE)?;
+    inner.read_tree_at(&mut bytes, len - TAIL_SIZE)?;
     let tail =
         check_tail(&bytes, len, pin).inspect_err(|_| inner.forget(len - TAIL_SIZE, TAIL_SIZE))?;
     // The padding between the data and its tree is in no block the tree covers (the last
@@ -237,7 +237,7 @@ fn read_tail<S: ByteSource>(
     // bytes no check covers would sit inside the image.
     let s = &tail.section;
     let mut pad = vec![0u8; (s.tree_offset - s.data_size) as usize];
-    inner.read_exact_at(&mut pad, s.data_size)?;
+    inner.read_tree_at(&mut pad, s.data_size)?;
     if let Some(i) = pad.iter().position(|&b| b != 0) {
         inner.forget(s.data_size, pad.len() as u64);
         return Err(OpenError::Bad(format!(
@@ -375,7 +375,7 @@ impl<S: ByteSource> VerifiedSource<S> {
         }
         let mut b = vec![0u8; self.bs() as usize];
         self.inner
-            .read_exact_at(&mut b, self.levels[level].offset + index * self.bs())?;
+            .read_tree_at(&mut b, self.levels[level].offset + index * self.bs())?;
         self.install(level, index, b)
     }
 
@@ -438,7 +438,7 @@ impl<S: ByteSource> VerifiedSource<S> {
         let bs = self.bs() as usize;
         let mut buf = vec![0u8; (m1 - m0 + 1) as usize * bs];
         self.inner
-            .read_exact_at(&mut buf, level0.offset + m0 * bs as u64)?;
+            .read_tree_at(&mut buf, level0.offset + m0 * bs as u64)?;
         for (k, chunk) in buf.chunks(bs).enumerate() {
             let i = m0 + k as u64;
             if missing(&i) {
@@ -536,7 +536,7 @@ impl<S: ByteSource> VerifiedSource<S> {
         }
         let mut tree = vec![0u8; self.section.tree_size as usize];
         self.inner
-            .read_exact_at(&mut tree, self.section.tree_offset)?;
+            .read_tree_at(&mut tree, self.section.tree_offset)?;
         let bs = self.bs() as usize;
         for level in (0..self.levels.len()).rev() {
             let from = (self.levels[level].offset - self.section.tree_offset) as usize;

@@ -351,10 +351,22 @@ fn a_source_is_told_exactly_the_bytes_that_passed_and_a_refetching_one_gets_a_se
     }
 }
 
-/// A file in memory that records the ranges read from it.
+/// A file in memory that records the ranges read from it, and which of them were asked
+/// for as verity section bytes.
 struct Counting {
     file: Vec<u8>,
     reads: std::sync::Mutex<Vec<(u64, usize)>>,
+    tree_reads: std::sync::Mutex<Vec<(u64, usize)>>,
+}
+
+impl Counting {
+    fn new(file: Vec<u8>) -> Counting {
+        Counting {
+            file,
+            reads: Default::default(),
+            tree_reads: Default::default(),
+        }
+    }
 }
 
 impl ByteSource for Counting {
@@ -367,6 +379,43 @@ impl ByteSource for Counting {
         buf.copy_from_slice(&self.file[offset as usize..][..buf.len()]);
         Ok(())
     }
+
+    fn read_tree_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.tree_reads.lock().unwrap().push((offset, buf.len()));
+        buf.copy_from_slice(&self.file[offset as usize..][..buf.len()]);
+        Ok(())
+    }
+}
+
+#[test]
+fn verity_section_bytes_are_read_apart_from_data_bytes() {
+    // Big reads (tree readahead), small ones, and a tree loaded whole: every read of the
+    // section is asked for as one, so a file keeps its data stream's readahead.
+    let (bytes, f, digest) = sealed_data((1 << 12) * 4096 + 100, 9);
+    let src = Counting::new(std::fs::read(f.path()).unwrap());
+    let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
+    let data_size = v.section().data_size;
+    let mut big = vec![0u8; 1 << 20];
+    let mut small = [0u8; 10];
+    for at in [0u64, 1 << 20, 5 << 20] {
+        v.read_exact_at(&mut big, at).unwrap();
+        assert_eq!(big[..], bytes[at as usize..][..1 << 20]);
+    }
+    v.read_exact_at(&mut small, data_size - 10).unwrap();
+    assert_eq!(small[..], bytes[bytes.len() - 10..]);
+    v.load_tree(u64::MAX).unwrap();
+    let reads = src.reads.lock().unwrap().clone();
+    let tree_reads = src.tree_reads.lock().unwrap().clone();
+    assert!(
+        reads.iter().all(|&(o, n)| o + n as u64 <= data_size),
+        "section bytes read as data: {reads:?}"
+    );
+    assert!(
+        tree_reads.iter().all(|&(o, _)| o >= data_size),
+        "data read as section bytes: {tree_reads:?}"
+    );
+    // The trailer and padding at open, the tree blocks the reads needed, the load.
+    assert!(tree_reads.len() >= 4, "{tree_reads:?}");
 }
 
 #[test]
@@ -374,10 +423,7 @@ fn a_loaded_tree_leaves_reads_of_data_blocks_alone_and_a_bad_one_is_refused() {
     // Three levels: 2^15 data blocks, 256 level-0 blocks, 2 level-1 blocks, 1 top.
     let (bytes, f, digest) = sealed_data((1 << 15) * 4096, 8);
     let file = std::fs::read(f.path()).unwrap();
-    let src = Counting {
-        file: file.clone(),
-        reads: Default::default(),
-    };
+    let src = Counting::new(file.clone());
     let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
     let section = *v.section();
     v.load_tree(u64::MAX).unwrap();
@@ -395,10 +441,7 @@ fn a_loaded_tree_leaves_reads_of_data_blocks_alone_and_a_bad_one_is_refused() {
     // A tree block that fails its parent's hash fails the load.
     let mut bad = file.clone();
     bad[(section.tree_offset + section.tree_size - 4096 + 3) as usize] ^= 1;
-    let src = Counting {
-        file: bad,
-        reads: Default::default(),
-    };
+    let src = Counting::new(bad);
     let v = VerifiedSource::open(&src, Some(&digest)).unwrap();
     let e = v.load_tree(u64::MAX).unwrap_err();
     assert!(IntegrityError::find(&e).is_some(), "{e}");
@@ -554,4 +597,45 @@ fn bytes_fetched_by_the_caller_are_checked_and_reported_verified() {
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{at}+{n}: {e}");
     }
+}
+
+#[test]
+fn a_file_reads_section_bytes_through_an_open_file_description_of_its_own() {
+    use std::io::{Seek as _, SeekFrom};
+    use std::os::fd::AsRawFd as _;
+    let (_, f, digest) = sealed_data(64 * 4096, 10);
+    let path = f.path().canonicalize().unwrap();
+    let fds_on_file = || -> Vec<i32> {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                (std::fs::read_link(e.path()).ok()? == path)
+                    .then(|| e.file_name().to_str()?.parse().ok())
+                    .flatten()
+            })
+            .collect()
+    };
+    let v = VerifiedSource::open(FileSource::open(&path).unwrap(), Some(&digest)).unwrap();
+    let mut buf = vec![0u8; 8 * 4096];
+    for at in [0u64, 16 * 4096, 40 * 4096] {
+        v.read_exact_at(&mut buf, at).unwrap();
+    }
+    let main = v.inner().file().as_raw_fd();
+    let ours = f.as_file().as_raw_fd();
+    let fds: Vec<i32> = fds_on_file().into_iter().filter(|&fd| fd != ours).collect();
+    assert_eq!(fds.len(), 2, "the file and its twin, opened once: {fds:?}");
+    let twin = *fds.iter().find(|&&fd| fd != main).unwrap();
+    // Not a dup: moving the file's offset leaves the twin's alone.
+    let mut file = v.inner().file();
+    file.seek(SeekFrom::Start(12345)).unwrap();
+    let pos = |fd: i32| -> String {
+        std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("pos:").map(|p| p.trim().to_string()))
+            .unwrap()
+    };
+    assert_eq!(pos(main), "12345");
+    assert_eq!(pos(twin), "0");
 }
