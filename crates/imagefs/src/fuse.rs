@@ -19,6 +19,11 @@ pub use fusewire::{Chosen, Stats, Transport};
 /// Largest read the kernel sends, and largest write a writable mount takes.
 const MAX_IO: u32 = 1 << 20;
 
+/// How far the kernel reads ahead of a sequential reader: two requests of [`MAX_IO`], so
+/// one is served while the other is verified (a cold 256 MiB read from disk measured
+/// 1.14x and 1.05x squashfuse's time, against 1.19x and 1.32x with one).
+pub(crate) const READ_AHEAD: u32 = 2 * MAX_IO;
+
 /// A filesystem served over FUSE.
 pub struct Fuse<O: Ops> {
     ops: O,
@@ -60,7 +65,7 @@ fn wire_wants(w: &ops::Wants) -> fusewire::Wants {
     fusewire::Wants {
         flags,
         max_write: MAX_IO,
-        max_readahead: MAX_IO,
+        max_readahead: READ_AHEAD,
         max_pages: (MAX_IO / 4096) as u16,
         background: w.background,
         time_gran: 1,

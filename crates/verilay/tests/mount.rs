@@ -1096,3 +1096,26 @@ fn verilay_stats_answers_every_mount_and_only_whom_the_mount_lets_in() {
     drop(u);
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// The kernel reads two 1 MiB requests ahead of a sequential reader of a FUSE-engine
+/// mount (one is served while the other is verified), over either transport: the mount's
+/// bdi says so, where the kernel's default for FUSE is 128 KiB.
+#[test]
+fn a_fuse_mount_reads_two_requests_ahead() {
+    let Some((_t, _src, image, mnt)) = one_file_mount_fixture(b"x") else {
+        return;
+    };
+    for transport in ["uring", "dev"] {
+        let m = FuseMount::new(
+            &image,
+            &mnt,
+            &[&FUSE[..], &["--transport", transport]].concat(),
+        );
+        use std::os::unix::fs::MetadataExt as _;
+        let dev = std::fs::metadata(&m.dir).unwrap().dev();
+        let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+        let kib = std::fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"))
+            .unwrap();
+        assert_eq!(kib.trim(), "2048", "{transport}: {}", m.said);
+    }
+}

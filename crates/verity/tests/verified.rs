@@ -639,3 +639,47 @@ fn a_file_reads_section_bytes_through_an_open_file_description_of_its_own() {
     assert_eq!(pos(main), "12345");
     assert_eq!(pos(twin), "0");
 }
+
+/// The kernel reads further ahead of a file source's sequential reader than of a plain
+/// descriptor's (the source advises sequential reads: twice the device's window), as
+/// `fincore` counts the file's cached bytes beyond what was read.
+#[test]
+fn a_file_source_is_read_ahead_further_than_a_plain_descriptor() {
+    // On disk: tmpfs has no readahead to see.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("stream");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&data(32 << 20, 11)).unwrap();
+    f.sync_all().unwrap();
+    let ahead_most = |read: &dyn Fn(&mut [u8], u64)| -> u64 {
+        let drop = std::fs::File::open(&path).unwrap();
+        rustix::fs::fadvise(&drop, 0, 0, rustix::fs::Advice::DontNeed).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut most = 0;
+        for i in 0..16u64 {
+            read(&mut buf, i << 20);
+            let out = std::process::Command::new("fincore")
+                .args(["-b", "-n", "-o", "RES"])
+                .arg(&path)
+                .output()
+                .expect("fincore (util-linux)");
+            let cached: u64 = String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            most = most.max(cached.saturating_sub((i + 1) << 20));
+        }
+        most
+    };
+    let plain = std::fs::File::open(&path).unwrap();
+    let plain_ahead =
+        ahead_most(&|buf, at| std::os::unix::fs::FileExt::read_exact_at(&plain, buf, at).unwrap());
+    let source = FileSource::open(&path).unwrap();
+    let source_ahead = ahead_most(&|buf, at| source.read_exact_at(buf, at).unwrap());
+    assert!(plain_ahead > 0, "no readahead seen at all");
+    assert!(
+        source_ahead > plain_ahead,
+        "read ahead {source_ahead} bytes, a plain descriptor {plain_ahead}"
+    );
+}

@@ -334,7 +334,8 @@ pub fn abort_connection(dev: u64) -> anyhow::Result<()> {
 }
 
 /// The kernel caps FUSE readahead at the mount's bdi setting (128 KiB by default) whatever
-/// INIT negotiated; let sequential reads arrive as 1 MiB requests. Root only; best effort.
+/// INIT negotiated; let it read as far ahead as the session asked for
+/// ([`crate::fuse::READ_AHEAD`]). Root only; best effort.
 pub fn raise_readahead(mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = std::fs::metadata(mountpoint) else {
@@ -344,7 +345,7 @@ pub fn raise_readahead(mountpoint: &Path) {
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let _ = std::fs::write(
         format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"),
-        b"1024",
+        (crate::fuse::READ_AHEAD / 1024).to_string(),
     );
 }
 
