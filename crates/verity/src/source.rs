@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Random-access, read-only bytes. Shared by many reader threads, hence `Send + Sync` and
@@ -148,8 +149,25 @@ pub struct FileSource {
     /// Opened with `O_DIRECT`: reads bypass the page cache (and its readahead).
     direct: bool,
     /// The same file opened again for tree reads ([`ByteSource::read_tree_at`]), at the
-    /// first one; `None` if it could not be (no /proc): tree reads then share `file`.
+    /// first one; `None` if it could not be (no /proc, or [`MAX_TWINS`] open): tree reads
+    /// then share `file`.
     tree: OnceLock<Option<File>>,
+}
+
+/// The most file sources holding a second description for their tree reads at once (one
+/// descriptor each): a stack of hundreds of images must not double its descriptors, and
+/// a reader streams from few images at a time.
+pub const MAX_TWINS: usize = 64;
+
+/// Second descriptions open now (see [`MAX_TWINS`]).
+static TWINS: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for FileSource {
+    fn drop(&mut self) {
+        if let Some(Some(_)) = self.tree.get() {
+            TWINS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// `O_DIRECT` alignment of offsets, lengths and memory; 4 KiB satisfies every common device.
@@ -231,10 +249,12 @@ impl FileSource {
         } else {
             meta.len()
         };
-        // Twice the device's readahead window for the data: a reader's sequential
-        // requests (1 MiB from a FUSE mount) then find their bytes already read, where
-        // a window no larger than a request keeps the disk one request behind. Advice
-        // only; the tree's description (`tree`) keeps the device's window.
+        // Twice the device's readahead window for the data. Where that window is at
+        // least half a request (1 MiB from a FUSE mount; this VM's disk reads 1 MiB
+        // ahead), the next request's bytes are then on their way before it comes, where
+        // a window no larger than a request keeps the disk one request behind. On a
+        // smaller window the kernel reads a large request's own size anyway, and the
+        // advice changes nothing. The tree's description (`tree`) keeps the device's.
         let _ = rustix::fs::fadvise(&file, 0, 0, rustix::fs::Advice::Sequential);
         Ok(FileSource {
             file,
@@ -264,19 +284,33 @@ impl FileSource {
         FileExt::read_exact_at(file, buf, offset)
     }
 
-    /// The same file, in an open file description of its own: opened through the
-    /// descriptor's /proc link, which names the inode itself, not a path that may since
-    /// name another file.
-    fn reopen(&self) -> io::Result<File> {
+    /// The same file, in an open file description of its own, or `None` once
+    /// [`MAX_TWINS`] are open: opened through the descriptor's /proc link, which names
+    /// the inode itself, not a path that may since name another file, as
+    /// [`open_input`] opens (a /proc that is not procfs must not hang the open).
+    fn reopen(&self) -> Option<File> {
+        use rustix::fs::{open, Mode, OFlags};
         use std::os::fd::AsRawFd as _;
-        let link = format!("/proc/self/fd/{}", self.file.as_raw_fd());
-        let again = File::open(link)?;
-        let (a, b) = (self.file.metadata()?, again.metadata()?);
         use std::os::unix::fs::MetadataExt as _;
-        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
-            return Err(io::Error::other("the /proc link names another file"));
+        let taken = TWINS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_TWINS).then_some(n + 1)
+        });
+        taken.ok()?;
+        let link = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let again = open(link.as_str(), flags, Mode::empty())
+            .ok()
+            .map(File::from)
+            .filter(|again| {
+                let (Ok(a), Ok(b)) = (self.file.metadata(), again.metadata()) else {
+                    return false;
+                };
+                (a.dev(), a.ino(), a.file_type()) == (b.dev(), b.ino(), b.file_type())
+            });
+        if again.is_none() {
+            TWINS.fetch_sub(1, Ordering::AcqRel);
         }
-        Ok(again)
+        again
     }
 
     /// Direct I/O needs aligned offsets, lengths and memory: read the aligned span that
@@ -323,7 +357,7 @@ impl ByteSource for FileSource {
             // No readahead state to keep apart.
             return self.read_exact_at(buf, offset);
         }
-        let tree = self.tree.get_or_init(|| self.reopen().ok());
+        let tree = self.tree.get_or_init(|| self.reopen());
         self.read_from(tree.as_ref().unwrap_or(&self.file), buf, offset)
     }
 }

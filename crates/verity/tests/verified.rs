@@ -428,15 +428,17 @@ fn a_loaded_tree_leaves_reads_of_data_blocks_alone_and_a_bad_one_is_refused() {
     let section = *v.section();
     v.load_tree(u64::MAX).unwrap();
     src.reads.lock().unwrap().clear();
+    src.tree_reads.lock().unwrap().clear();
     let mut buf = [0u8; 100];
     for block in [0u64, 5000, (1 << 15) - 1] {
         v.read_exact_at(&mut buf, block * 4096 + 7).unwrap();
         assert_eq!(buf[..], bytes[(block * 4096 + 7) as usize..][..100]);
     }
     let reads = src.reads.lock().unwrap().clone();
+    let tree_reads = src.tree_reads.lock().unwrap().clone();
     assert!(
-        reads.iter().all(|&(o, _)| o < section.data_size),
-        "tree read again after loading it: {reads:?}"
+        reads.iter().all(|&(o, _)| o < section.data_size) && tree_reads.is_empty(),
+        "tree read again after loading it: {reads:?} {tree_reads:?}"
     );
     // A tree block that fails its parent's hash fails the load.
     let mut bad = file.clone();
@@ -641,12 +643,12 @@ fn a_file_reads_section_bytes_through_an_open_file_description_of_its_own() {
 }
 
 /// The kernel reads further ahead of a file source's sequential reader than of a plain
-/// descriptor's (the source advises sequential reads: twice the device's window), as
-/// `fincore` counts the file's cached bytes beyond what was read.
+/// descriptor's (the source advises sequential reads: twice the device's window, whatever
+/// it is), as `fincore` counts the file's cached bytes beyond what was read.
 #[test]
 fn a_file_source_is_read_ahead_further_than_a_plain_descriptor() {
-    // On disk: tmpfs has no readahead to see.
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    // On disk (the build's, beside the test binary): tmpfs has no readahead to see.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let path = dir.path().join("stream");
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(&data(32 << 20, 11)).unwrap();
@@ -654,10 +656,12 @@ fn a_file_source_is_read_ahead_further_than_a_plain_descriptor() {
     let ahead_most = |read: &dyn Fn(&mut [u8], u64)| -> u64 {
         let drop = std::fs::File::open(&path).unwrap();
         rustix::fs::fadvise(&drop, 0, 0, rustix::fs::Advice::DontNeed).unwrap();
-        let mut buf = vec![0u8; 1 << 20];
+        // Reads no larger than a device's window (128 KiB is the kernel's default): the
+        // window, not the read's size, then sets how far the kernel reads ahead.
+        let mut buf = vec![0u8; 64 << 10];
         let mut most = 0;
-        for i in 0..16u64 {
-            read(&mut buf, i << 20);
+        for i in 0..256u64 {
+            read(&mut buf, i << 16);
             let out = std::process::Command::new("fincore")
                 .args(["-b", "-n", "-o", "RES"])
                 .arg(&path)
@@ -668,7 +672,7 @@ fn a_file_source_is_read_ahead_further_than_a_plain_descriptor() {
                 .trim()
                 .parse()
                 .unwrap();
-            most = most.max(cached.saturating_sub((i + 1) << 20));
+            most = most.max(cached.saturating_sub((i + 1) << 16));
         }
         most
     };
@@ -682,4 +686,45 @@ fn a_file_source_is_read_ahead_further_than_a_plain_descriptor() {
         source_ahead > plain_ahead,
         "read ahead {source_ahead} bytes, a plain descriptor {plain_ahead}"
     );
+}
+
+#[test]
+fn at_most_max_twins_sources_hold_a_second_description_and_a_dropped_one_frees_its() {
+    use std::os::fd::AsRawFd as _;
+    let (_, f, digest) = sealed_data(16 * 4096, 12);
+    let path = f.path().canonicalize().unwrap();
+    let fds_on_file = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == path))
+            })
+            .count()
+            - 1 // the tempfile's own
+    };
+    let n = verity::source::MAX_TWINS + 5;
+    let sources: Vec<_> = (0..n)
+        .map(|_| VerifiedSource::open(FileSource::open(&path).unwrap(), Some(&digest)).unwrap())
+        .collect();
+    let mut buf = vec![0u8; 4096];
+    for v in &sources {
+        v.read_exact_at(&mut buf, 0).unwrap();
+    }
+    // Other tests of this process may hold some of the twins meanwhile, never more.
+    let twins = fds_on_file() - n;
+    assert!(
+        (1..=verity::source::MAX_TWINS).contains(&twins),
+        "{twins} second descriptions for {n} sources"
+    );
+    drop(sources);
+    assert_eq!(fds_on_file(), 0);
+    let v = VerifiedSource::open(FileSource::open(&path).unwrap(), Some(&digest)).unwrap();
+    v.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(
+        fds_on_file(),
+        2,
+        "a freed second description is not taken again"
+    );
+    let _ = v.inner().file().as_raw_fd();
 }

@@ -175,9 +175,9 @@ impl Plan {
     }
 }
 
-/// How far the kernel reads ahead in a remote image's files: the FUSE engine's window
-/// (its sessions' `max_readahead`), where erofs's default (128 KiB) would cost a round
-/// trip to the registry per 128 KiB of a file read in order.
+/// How far the kernel reads ahead in a remote image's files: one FUSE request (1 MiB),
+/// where erofs's default (128 KiB) would cost a round trip to the registry per 128 KiB
+/// of a file read in order.
 const REMOTE_READ_AHEAD_KIB: u32 = 1024;
 
 /// Sets a remote image's erofs mount's read-ahead; where the kernel cannot be told, it
