@@ -36,6 +36,10 @@ struct Layers {
     verified: Vec<imagefs::imagefiles::Verified>,
     ids: Vec<LayerId>,
     extra: Option<ExtraStats>,
+    /// How far each image is trusted ([`opening::Opened::trust`]), in the command's order.
+    trust: Vec<String>,
+    /// What opening them warned of ([`opening::Opened::warnings`]).
+    warnings: Vec<String>,
 }
 
 fn mount_and_serve(s: &Mount, r: &mut Reporter, timeout: Duration) -> anyhow::Result<()> {
@@ -46,6 +50,12 @@ fn mount_and_serve(s: &Mount, r: &mut Reporter, timeout: Duration) -> anyhow::Re
     }
     r.step("open the images");
     let layers = open_layers(s, timeout)?;
+    for (i, t) in layers.trust.iter().enumerate() {
+        r.trust(i, t);
+    }
+    for w in &layers.warnings {
+        r.warn(w);
+    }
     let plan = s.plan(source(s), timeout);
     // Before anything in them is touched (the log file may be made, the list is): the
     // upper and work directories, checked, and locked for our life.
@@ -79,10 +89,14 @@ fn open_layers(s: &Mount, timeout: Duration) -> anyhow::Result<Layers> {
         verified: Vec::new(),
         ids: Vec::new(),
         extra: None,
+        trust: Vec::new(),
+        warnings: Vec::new(),
     };
     let mut remotes = Vec::new();
     for (image, pin) in s.images.iter().zip(&s.pins) {
         let opened = opening::open(image, pin, false, &read_opts)?;
+        layers.trust.push(opened.trust());
+        layers.warnings.extend(opened.warnings.iter().cloned());
         layers.ids.push(LayerId {
             uuid: opened.img.superblock().uuid,
             digest: opened

@@ -58,6 +58,9 @@ pub struct Opened {
     pub remote: Option<Arc<remote::RemoteSource>>,
     /// The verified source under `img`, `None` for a plain EROFS image.
     pub verified: Option<Arc<VerifiedSource<Box<dyn ByteSource>>>>,
+    /// What the caller should warn of ("…: mounting without a cache"), for it to say
+    /// where its user sees it (a mount daemon has no terminal).
+    pub warnings: Vec<String>,
 }
 
 impl Opened {
@@ -145,9 +148,10 @@ pub fn any_oci(images: &[PathBuf]) -> bool {
 /// `allow_plain` and never with a pinned digest.
 pub fn open(path: &Path, pin: &Pin, allow_plain: bool, opts: &ReadOpts) -> anyhow::Result<Opened> {
     let name = path.display();
+    let mut warnings = Vec::new();
     let (source, pin_bytes, remote) = match path.to_str().filter(|p| remote::is_remote(p)) {
         Some(spec) => {
-            let (remote, pin) = remote_source(spec, pin, opts)?;
+            let (remote, pin) = remote_source(spec, pin, opts, &mut warnings)?;
             (
                 Box::new(remote.clone()) as Box<dyn ByteSource>,
                 Some(pin),
@@ -164,7 +168,10 @@ pub fn open(path: &Path, pin: &Pin, allow_plain: bool, opts: &ReadOpts) -> anyho
         Ok(mut v) => {
             v.set_readahead(opts.readahead);
             v.set_parallel_hashing(opts.parallel_hashing);
-            if remote.is_some() {
+            if let Some(remote) = &remote {
+                // The image's first bytes (superblock, root, the first inodes) come on a
+                // readahead thread meanwhile: the mount's first reads need them.
+                remote.fetch_ahead(0, REMOTE_HEAD_AHEAD);
                 // One request for the whole tree (1/128 of the image) instead of one
                 // per tree block a read needs. Only a head start: what fails here is
                 // fetched and checked again when a read needs it.
@@ -183,6 +190,7 @@ pub fn open(path: &Path, pin: &Pin, allow_plain: bool, opts: &ReadOpts) -> anyho
                 img,
                 remote,
                 verified: Some(v),
+                warnings,
             })
         }
         Err(OpenError::NoSection) if allow_plain && pin_bytes.is_none() => {
@@ -192,6 +200,7 @@ pub fn open(path: &Path, pin: &Pin, allow_plain: bool, opts: &ReadOpts) -> anyho
                 img,
                 remote: None,
                 verified: None,
+                warnings,
             })
         }
         Err(e) => Err(open_error(path, e)),
@@ -201,12 +210,20 @@ pub fn open(path: &Path, pin: &Pin, allow_plain: bool, opts: &ReadOpts) -> anyho
 /// The largest Merkle tree of a remote image fetched whole at open (an 8 GiB image's).
 const REMOTE_TREE_AT_ONCE: u64 = 64 << 20;
 
+/// How much of a remote image's start is fetched while its tree comes: a mount reads the
+/// superblock and the root's inode and entries from there (12 KiB in a Linux tree's
+/// image). Fewer chunks than make a reader after them dense or sequential to the remote
+/// source (8 and 16): where file data follows a small image's head, a reader of it fetches
+/// as it would have.
+const REMOTE_HEAD_AHEAD: u64 = 16 << 10;
+
 /// A remote image's source and its pin: `pin.digest`, or what a manifest named by its
 /// own digest records. Nothing else says which bytes the network may bring.
 fn remote_source(
     spec: &str,
     pin: &Pin,
     opts: &ReadOpts,
+    warnings: &mut Vec<String>,
 ) -> anyhow::Result<(Arc<remote::RemoteSource>, Vec<u8>)> {
     // Loaded before the registry is asked anything: a bad policy fails at once.
     let trust = match &opts.trust {
@@ -241,7 +258,7 @@ fn remote_source(
             Ok(cache) => source = source.with_cache(cache),
             // A cache only saves fetches: with no room for it, the image opens without.
             Err(e) if no_room(&e) || opts.default_cache => {
-                eprintln!("verilay: warning: {e}: mounting without a cache")
+                warnings.push(format!("{e}: mounting without a cache"))
             }
             Err(e) => return Err(anyhow::Error::msg(e)),
         }
@@ -260,17 +277,19 @@ fn no_room(e: &std::io::Error) -> bool {
 }
 
 /// Whether the remote image's length is the one its pinned descriptor allows, by its
-/// tail fetched on its own (one small request).
+/// tail (one small request).
 fn check_length(spec: &str, source: &remote::RemoteSource, pin: &[u8]) -> anyhow::Result<()> {
     use verity::verified::{check_tail, TAIL_SIZE};
     let len = source.len();
     if len < TAIL_SIZE {
         return Err(open_error(Path::new(spec), OpenError::NoSection));
     }
-    let tail = source
-        .fetch_fresh(len - TAIL_SIZE, TAIL_SIZE)
+    // Read as any read is (no cache is attached yet): the chunk stays in memory, where
+    // opening the verified source finds the tail again rather than fetch it twice.
+    let mut tail = [0u8; TAIL_SIZE as usize];
+    source
+        .read_exact_at(&mut tail, len - TAIL_SIZE)
         .map_err(anyhow::Error::msg)?;
-    let tail = tail.try_into().expect("a fetch gives the bytes asked for");
     check_tail(&tail, len, Some(pin))
         .map(drop)
         .map_err(|e| open_error(Path::new(spec), e))

@@ -555,6 +555,11 @@ impl RemoteSource {
     /// of at most [`REQUEST_MAX`] fetched at once, and marks its first chunk: the reader
     /// reaching it asks for the next window, twice as long (at most [`AHEAD_MAX`]).
     fn schedule(&self, start: u64, n: u64) {
+        self.push_windows(start, n, true);
+    }
+
+    /// [`schedule`](Self::schedule), the mark only if `marked`.
+    fn push_windows(&self, start: u64, n: u64, marked: bool) {
         let end = (start + n).min(self.len.div_ceil(CHUNK));
         let Some(queue) = self.ahead.get() else {
             return;
@@ -564,7 +569,9 @@ impl RemoteSource {
         let Some(mark) = (start..end).find(|&j| !self.chunk_cached(j)) else {
             return;
         };
-        self.lock_chunks().marks.insert(mark, end - mark);
+        if marked {
+            self.lock_chunks().marks.insert(mark, end - mark);
+        }
         let background = BACKGROUND.with(|b| b.get());
         for piece in (mark..end).step_by(REQUEST_MAX as usize) {
             queue.push(Window {
@@ -572,6 +579,18 @@ impl RemoteSource {
                 n: REQUEST_MAX.min(end - piece),
                 background,
             });
+        }
+    }
+
+    /// Asks the readahead threads for the chunks holding `[offset, offset + len)`, to be
+    /// fetched while the caller waits for something else (the image's head while its
+    /// tree comes: a mount's first reads, one round trip each otherwise). Unmarked: a
+    /// reader reaching them asks for no window after them (a walk of the metadata is no
+    /// sequential reader, and windows doubling from there would fetch file data).
+    pub fn fetch_ahead(&self, offset: u64, len: u64) {
+        if !self.exact && len > 0 {
+            let first = offset / CHUNK;
+            self.push_windows(first, (offset + len).div_ceil(CHUNK) - first, false);
         }
     }
 

@@ -483,8 +483,9 @@ fn bearer_tokens_come_from_the_registrys_token_server() {
     logged_in_round_trip(t.path(), &reg, &image, "team/app:1");
 }
 
-/// A proxy in front of the registry: counts the body bytes it forwards (in `STATE/bytes`)
-/// and, while `STATE/flip` exists, flips one byte in every 4 KiB block of each range it
+/// A proxy in front of the registry: counts the body bytes it forwards (in `STATE/bytes`),
+/// logs each request (`METHOD PATH RANGE` lines in `STATE/requests`) and, while
+/// `STATE/flip` exists, flips one byte in every 4 KiB block of each range it
 /// forwards (a hostile network or mirror).
 const PROXY: &str = r#"
 import http.server, os, sys, threading, urllib.error, urllib.request
@@ -494,6 +495,9 @@ class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
     def forward(self, head):
+        with lock:
+            with open(state + "/requests", "a") as f:
+                f.write(f"{'HEAD' if head else 'GET'} {self.path} {self.headers.get('Range', '-')}\n")
         req = urllib.request.Request(upstream + self.path, method="HEAD" if head else "GET")
         for k in ("Range", "Accept", "Authorization"):
             if self.headers.get(k): req.add_header(k, self.headers[k])
@@ -605,7 +609,7 @@ fn a_mount_from_the_registry_fetches_little_and_never_serves_a_flipped_byte() {
         "mounting and reading one small file fetched {first} of {size} bytes"
     );
     // `verilay stats` says what the daemon fetched: some of what crossed the proxy (which
-    // also carried the manifest, and the checks `verilay mount` made before the daemon).
+    // also carried the manifest).
     let stats = run(verilay().args(["stats", "--json"]).arg(&m));
     let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
     let daemon = v["remote_bytes_fetched"].as_u64().unwrap();
@@ -1041,13 +1045,15 @@ fn a_read_waiting_on_the_network_holds_up_no_other_read_from_its_cpu() {
             .unwrap()
     };
     std::fs::write(t.path().join("slow"), b"").unwrap();
-    // One direct 4 KiB read of `far` from CPU 0: one READ, waiting on the trickle.
+    // One direct 4 KiB read of `far` from CPU 0: one READ, waiting on the trickle. In
+    // its middle: a remote image's first blocks come at open, with its head.
     let mut far_reader = Command::new("taskset")
         .args([
             "-c",
             "0",
             "dd",
             "bs=4096",
+            "skip=512",
             "count=1",
             "iflag=direct",
             "status=none",
@@ -2545,5 +2551,55 @@ fn the_first_read_of_a_remote_executable_fetches_it_whole() {
     assert!(
         again < 6 << 20,
         "reading the program again fetched {again} bytes"
+    );
+}
+
+/// Mounting a remote image asks the registry for each thing once: the manifest, the tail,
+/// the tree, the head (fetched while the tree comes): `verilay mount` leaves the remote
+/// image to its daemon, and the tail checked before the cache opens is not fetched again.
+#[test]
+fn a_remote_mount_asks_the_registry_for_each_thing_once() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let (_src, digest) = pushed_tree(t.path(), &reg, "apps/once:1", 21);
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let cache = t.path().join("cache");
+    let out = run(verilay()
+        .args(["mount", "--insecure", "--engine", "fuse"])
+        .arg(format!("oci://127.0.0.1:{port}/apps/once:1"))
+        .args(["--digest", &digest, "--cache"])
+        .arg(&cache)
+        .arg(&m));
+    let _m = Unmount::fuse(&m);
+    // The daemon said how far it trusts the image, for `verilay mount` to announce.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("digest {digest} (pinned)")),
+        "{said}"
+    );
+    let requests = std::fs::read_to_string(state.join("requests")).unwrap();
+    let manifests = requests
+        .lines()
+        .filter(|l| l.contains("/manifests/"))
+        .count();
+    assert_eq!(manifests, 1, "{requests}");
+    let mut ranges: Vec<&str> = requests
+        .lines()
+        .filter_map(|l| l.split(' ').nth(2).filter(|r| *r != "-"))
+        .collect();
+    let asked = ranges.len();
+    ranges.sort_unstable();
+    ranges.dedup();
+    assert_eq!(ranges.len(), asked, "a range fetched twice: {requests}");
+    assert!(
+        ranges.contains(&"bytes=0-16383"),
+        "the head not fetched ahead: {requests}"
     );
 }

@@ -23,6 +23,10 @@ pub enum Report {
 /// One line on the pipe.
 pub enum Message {
     Step(String),
+    /// How far image `.0` (in the command's order) is trusted, as the starter says it.
+    Trust(usize, String),
+    /// Something the starter warns its user of.
+    Warn(String),
     /// The mount answers, served over this transport.
     Ok(String),
     Error(String),
@@ -35,6 +39,11 @@ impl Message {
             l => match l.split_once(' ') {
                 Some(("ok", t)) => Message::Ok(t.to_string()),
                 Some(("step", s)) => Message::Step(s.to_string()),
+                Some(("warn", w)) => Message::Warn(w.to_string()),
+                Some(("trust", t)) => match t.split_once(' ').map(|(i, t)| (i.parse(), t)) {
+                    Some((Ok(i), t)) => Message::Trust(i, t.to_string()),
+                    _ => Message::Error(format!("the mount daemon said {l:?}")),
+                },
                 Some(("error", e)) => Message::Error(e.to_string()),
                 _ => Message::Error(format!("the mount daemon said {l:?}")),
             },
@@ -74,6 +83,25 @@ impl Reporter {
         }
     }
 
+    /// Image `image` (in the command's order) is open, trusted as `text` says
+    /// ("sha256:… (pinned)"): for the starter to announce, which left it to us.
+    pub fn trust(&mut self, image: usize, text: &str) {
+        if let Some(f) = &mut self.0 {
+            let _ = writeln!(f, "trust {image} {text}");
+        }
+    }
+
+    /// Something the user should be warned of: on the pipe, for the starter to say (a
+    /// daemon has no terminal), or on stderr in the foreground.
+    pub fn warn(&mut self, text: &str) {
+        match &mut self.0 {
+            Some(f) => {
+                let _ = writeln!(f, "warn {}", text.replace('\n', " "));
+            }
+            None => eprintln!("verilay: warning: {text}"),
+        }
+    }
+
     /// The mount answers, over `transport`: the starter may return.
     pub fn ready(&mut self, transport: &str) {
         if let Some(mut f) = self.0.take() {
@@ -93,14 +121,23 @@ impl Reporter {
     }
 }
 
+/// What a daemon said of its mount once it answers.
+#[derive(Debug, Default)]
+pub struct Ready {
+    /// The transport it is served over.
+    pub transport: String,
+    /// How far each image it opened is trusted, by its index in the command's order.
+    pub trust: std::collections::BTreeMap<usize, String>,
+}
+
 /// Starts the daemon that `command` makes (given the descriptor number to report on) and
-/// follows its setup until the mount on `mountpoint` answers, at most `timeout` per step:
-/// the transport it is served over. On failure no daemon, and no mount of its, stays behind.
+/// follows its setup until the mount on `mountpoint` answers, at most `timeout` per step.
+/// On failure no daemon, and no mount of its, stays behind.
 pub fn start(
     mountpoint: &Path,
     timeout: Duration,
     command: impl FnOnce(i32) -> Command,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Ready> {
     let (read_end, write_end) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).context("pipe")?;
     // The daemon inherits the write end only.
@@ -122,12 +159,13 @@ pub fn start(
 
 /// Follows the daemon's setup on its pipe: each step it starts (`step …`) resets the
 /// clock; `ok` means the mount answers; `error …` or the pipe's end means it failed.
-fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result<String> {
+fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result<Ready> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut pipe = std::fs::File::from(pipe);
     let mut step = "start".to_string();
     let mut deadline = deadline_after(timeout);
     let mut pending = Vec::new();
+    let mut ready = Ready::default();
     loop {
         while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
             let line = String::from_utf8_lossy(&pending[..nl]).into_owned();
@@ -137,7 +175,14 @@ fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result
                     step = s;
                     deadline = deadline_after(timeout);
                 }
-                Message::Ok(transport) => return Ok(transport),
+                Message::Trust(i, t) => {
+                    ready.trust.insert(i, t);
+                }
+                Message::Warn(w) => eprintln!("verilay: warning: {w}"),
+                Message::Ok(transport) => {
+                    ready.transport = transport;
+                    return Ok(ready);
+                }
                 Message::Error(e) => bail!("{e}"),
             }
         }
@@ -167,5 +212,28 @@ fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result
             bail!("the mount daemon exited ({status}) while trying to {step}");
         }
         pending.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Message;
+
+    #[test]
+    fn the_pipe_carries_steps_trust_warnings_and_the_end() {
+        let trust = Message::parse("trust 2 sha256:ab (pinned)");
+        assert!(matches!(trust, Message::Trust(2, t) if t == "sha256:ab (pinned)"));
+        assert!(
+            matches!(Message::parse("warn no room: mounting without a cache"),
+            Message::Warn(w) if w == "no room: mounting without a cache")
+        );
+        assert!(matches!(Message::parse("ok io_uring"), Message::Ok(t) if t == "io_uring"));
+        // A trust line without its image's index is the daemon gone wrong.
+        for bad in ["trust x sha256:ab", "trust 3", "hello"] {
+            assert!(
+                matches!(Message::parse(bad), Message::Error(e) if e.contains("said")),
+                "{bad}"
+            );
+        }
     }
 }

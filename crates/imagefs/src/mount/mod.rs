@@ -10,7 +10,7 @@ pub use mountopts::Engine;
 mod kernel;
 pub mod stats;
 
-pub use daemon::{start as start_daemon, Report, Reporter};
+pub use daemon::{start as start_daemon, Ready, Report, Reporter};
 pub use kernel::{
     detach_leftover, hold_mountpoint, is_mount_point, operand, raise_descriptor_limit,
     reserve_descriptor_table, unmount, wait_for_daemon,

@@ -34,7 +34,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         timeout: a.remote.timeout()?,
         ..ReadOpts::default()
     };
-    let img = opening::open(&a.image, &a.pin.to_open(), false, &opts)?.img;
+    let opened = opening::open(&a.image, &a.pin.to_open(), false, &opts)?;
+    for w in &opened.warnings {
+        eprintln!("verilay: warning: {w}");
+    }
+    let img = opened.img;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut buf = vec![0u8; CHUNK];

@@ -40,7 +40,11 @@ pub fn open(
         timeout: remote.timeout()?,
         ..ReadOpts::default()
     };
-    opening::open(path, &pin.to_open(), allow_plain, &opts)
+    let opened = opening::open(path, &pin.to_open(), allow_plain, &opts)?;
+    for w in &opened.warnings {
+        eprintln!("verilay: warning: {w}");
+    }
+    Ok(opened)
 }
 
 /// The verified source alone, without the EROFS image on top (for `verify`, which must

@@ -286,7 +286,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if let Some(fd) = a.ready_fd {
         return mountd::serve(s, plan::Report::Pipe(fd), a.timeout);
     }
-    let trust = s.preflight(a.timeout)?;
+    // A daemon opens the images again and says how far it trusts them: remote ones are
+    // left to it (their every check is a round trip to the registry).
+    let daemon = !(a.fake || a.foreground);
+    let trust = s.preflight(a.timeout, !daemon)?;
     if a.fake {
         return Ok(0);
     }
@@ -297,32 +300,42 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.foreground {
         return mountd::serve(s, plan::Report::Stderr, a.timeout);
     }
-    let transport = spawn_daemon(&s, &a.digests, a.timeout)?;
+    let ready = spawn_daemon(&s, &a.digests, a.timeout)?;
     if !a.quiet {
+        let trust: Vec<Option<String>> = trust
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| t.or_else(|| ready.trust.get(&i).cloned()))
+            .collect();
         announce(&s, &trust);
         let (engine, why) = &s.engine;
         eprintln!(
-            "{}: served over {transport}, {} engine ({why})",
+            "{}: served over {}, {} engine ({why})",
             s.mountpoint.display(),
+            ready.transport,
             engine.name()
         );
     }
     Ok(0)
 }
 
-fn announce(s: &Mount, trust: &[String]) {
+/// One line per image: where it is mounted, and how far it is trusted.
+fn announce(s: &Mount, trust: &[Option<String>]) {
     for (image, trust) in s.images.iter().zip(trust) {
         eprintln!(
-            "{}: mounted on {}, every read verified, digest {trust}",
+            "{}: mounted on {}, every read verified, digest {}",
             image.display(),
-            s.mountpoint.display()
+            s.mountpoint.display(),
+            trust
+                .as_deref()
+                .unwrap_or("unknown (the mount daemon did not say)")
         )
     }
 }
 
 /// Starts the daemon (this binary again) and follows its setup until the mount answers:
 /// the transport it serves over.
-fn spawn_daemon(s: &Mount, digests: &[String], timeout: Duration) -> anyhow::Result<String> {
+fn spawn_daemon(s: &Mount, digests: &[String], timeout: Duration) -> anyhow::Result<plan::Ready> {
     let exe = std::env::current_exe().context("finding the verilay binary")?;
     plan::start_daemon(&s.mountpoint, timeout, |ready_fd| {
         let mut cmd = Command::new(exe);
