@@ -49,7 +49,7 @@ fn mount_and_serve(s: &Mount, r: &mut Reporter, timeout: Duration) -> anyhow::Re
         std::mem::forget(fd);
     }
     r.step("open the images");
-    let layers = open_layers(s, timeout)?;
+    let layers = open_layers(s, timeout, r)?;
     for (i, t) in layers.trust.iter().enumerate() {
         r.trust(i, t);
     }
@@ -78,8 +78,21 @@ fn mount_and_serve(s: &Mount, r: &mut Reporter, timeout: Duration) -> anyhow::Re
     }
 }
 
+/// The most requests opening a remote image makes one after another (a token, the
+/// manifest, signatures, the tail, the padding, the tree, the superblock and the first
+/// metadata).
+const REMOTE_OPEN_REQUESTS: u32 = 8;
+
+/// How long the daemon's open of one remote image may take, for the starter's deadline:
+/// each of its requests is tried up to [`remote::ATTEMPTS`] times, each try within
+/// `--timeout`, and ends in its own error (naming the server and what failed) before
+/// this runs out.
+fn remote_open_budget(timeout: Duration) -> Duration {
+    timeout * REMOTE_OPEN_REQUESTS * remote::ATTEMPTS + Duration::from_secs(1)
+}
+
 /// Opens every image of the mount (remote ones prefetching with `--prefetch`).
-fn open_layers(s: &Mount, timeout: Duration) -> anyhow::Result<Layers> {
+fn open_layers(s: &Mount, timeout: Duration, r: &mut Reporter) -> anyhow::Result<Layers> {
     let read_opts = ReadOpts {
         parallel_hashing: false,
         ..s.read_opts(timeout)
@@ -94,6 +107,12 @@ fn open_layers(s: &Mount, timeout: Duration) -> anyhow::Result<Layers> {
     };
     let mut remotes = Vec::new();
     for (image, pin) in s.images.iter().zip(&s.pins) {
+        if opening::is_remote(image) {
+            r.step_within(
+                &format!("open {}", image.display()),
+                remote_open_budget(timeout),
+            );
+        }
         let opened = opening::open(image, pin, false, &read_opts)?;
         layers.trust.push(opened.trust());
         layers.warnings.extend(opened.warnings.iter().cloned());

@@ -51,7 +51,7 @@ const DENSE: u64 = 8;
 const SEQUENTIAL: u64 = 16;
 const READAHEAD_THREADS: usize = 4;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
-const ATTEMPTS: u32 = 3;
+pub const ATTEMPTS: u32 = 3;
 /// `VERILAY_FETCH_EXACT=1`: no runs, no readahead, one request per 4 KiB chunk a read
 /// touches. Slow, but what it fetches is the least any fetcher that checks 4 KiB blocks
 /// can fetch for the same reads: the floor the benchmark holds the real policy against.
@@ -332,27 +332,6 @@ trait Sink {
     fn taken(&self) -> u64;
     /// Reads the rest of the range from `body`.
     fn take(&mut self, body: &mut dyn Read) -> io::Result<()>;
-}
-
-/// The range's bytes in one buffer.
-struct ToVec {
-    bytes: Vec<u8>,
-    len: u64,
-}
-
-impl Sink for ToVec {
-    fn taken(&self) -> u64 {
-        self.bytes.len() as u64
-    }
-
-    fn take(&mut self, body: &mut dyn Read) -> io::Result<()> {
-        let want = self.len - self.taken();
-        let got = body.take(want).read_to_end(&mut self.bytes)? as u64;
-        if got < want {
-            return Err(oci::registry::short_body(got));
-        }
-        Ok(())
-    }
 }
 
 /// The range's bytes into a buffer of its length.
@@ -686,17 +665,6 @@ impl RemoteSource {
     /// The persistent cache entry verified bytes are kept in, if there is one.
     pub fn cache(&self) -> Option<&cache::Cache> {
         self.cache.as_ref()
-    }
-
-    /// `[offset, offset + len)` fetched in one request, around memory and the cache: for
-    /// checks made before a cache is chosen (the length the server claims, say).
-    pub fn fetch_fresh(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        let mut sink = ToVec {
-            bytes: Vec::with_capacity(len as usize),
-            len,
-        };
-        self.fetch(offset, len, Fetcher::Reader(Instant::now()), &mut sink)?;
-        Ok(sink.bytes)
     }
 
     /// `buf.len()` bytes at `offset` fetched in one request straight into `buf`, around

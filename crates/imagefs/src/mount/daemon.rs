@@ -23,6 +23,9 @@ pub enum Report {
 /// One line on the pipe.
 pub enum Message {
     Step(String),
+    /// A step that may take up to this long (a remote image's open: request after
+    /// request, each bounded by its own time limit), where a plain step has `--timeout`.
+    StepWithin(Duration, String),
     /// How far image `.0` (in the command's order) is trusted, as the starter says it.
     Trust(usize, String),
     /// Something the starter warns its user of.
@@ -40,6 +43,14 @@ impl Message {
                 Some(("ok", t)) => Message::Ok(t.to_string()),
                 Some(("step", s)) => Message::Step(s.to_string()),
                 Some(("warn", w)) => Message::Warn(w.to_string()),
+                Some(("step-within", t)) => {
+                    match t.split_once(' ').map(|(ms, s)| (ms.parse(), s)) {
+                        Some((Ok(ms), s)) => {
+                            Message::StepWithin(Duration::from_millis(ms), s.into())
+                        }
+                        _ => Message::Error(format!("the mount daemon said {l:?}")),
+                    }
+                }
                 Some(("trust", t)) => match t.split_once(' ').map(|(i, t)| (i.parse(), t)) {
                     Some((Ok(i), t)) => Message::Trust(i, t.to_string()),
                     _ => Message::Error(format!("the mount daemon said {l:?}")),
@@ -80,6 +91,14 @@ impl Reporter {
     pub fn step(&mut self, what: &str) {
         if let Some(f) = &mut self.0 {
             let _ = writeln!(f, "step {what}");
+        }
+    }
+
+    /// As [`step`](Self::step), for a step that may take up to `budget` rather than the
+    /// starter's `--timeout`.
+    pub fn step_within(&mut self, what: &str, budget: Duration) {
+        if let Some(f) = &mut self.0 {
+            let _ = writeln!(f, "step-within {} {what}", budget.as_millis());
         }
     }
 
@@ -175,6 +194,10 @@ fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result
                     step = s;
                     deadline = deadline_after(timeout);
                 }
+                Message::StepWithin(budget, s) => {
+                    step = s;
+                    deadline = deadline_after(budget);
+                }
                 Message::Trust(i, t) => {
                     ready.trust.insert(i, t);
                 }
@@ -228,8 +251,17 @@ mod tests {
             Message::Warn(w) if w == "no room: mounting without a cache")
         );
         assert!(matches!(Message::parse("ok io_uring"), Message::Ok(t) if t == "io_uring"));
+        assert!(
+            matches!(Message::parse("step-within 1500 open oci://r/a:1"),
+            Message::StepWithin(d, s) if d.as_millis() == 1500 && s == "open oci://r/a:1")
+        );
         // A trust line without its image's index is the daemon gone wrong.
-        for bad in ["trust x sha256:ab", "trust 3", "hello"] {
+        for bad in [
+            "trust x sha256:ab",
+            "trust 3",
+            "step-within soon open",
+            "hello",
+        ] {
             assert!(
                 matches!(Message::parse(bad), Message::Error(e) if e.contains("said")),
                 "{bad}"

@@ -302,10 +302,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     let ready = spawn_daemon(&s, &a.digests, a.timeout)?;
     if !a.quiet {
+        // What the daemon verified, where it said (it opened the images last).
         let trust: Vec<Option<String>> = trust
             .into_iter()
             .enumerate()
-            .map(|(i, t)| t.or_else(|| ready.trust.get(&i).cloned()))
+            .map(|(i, t)| ready.trust.get(&i).cloned().or(t))
             .collect();
         announce(&s, &trust);
         let (engine, why) = &s.engine;
