@@ -2607,3 +2607,67 @@ fn a_remote_mount_asks_the_registry_for_each_thing_once() {
     );
     assert!(ranges.first().is_some_and(|r| r.0 == 0), "{requests}");
 }
+
+/// The prefetch's threads hash at nice 10 (`remote::prefetch::NICE`): below readers, and
+/// not starved by every other busy task as at 19.
+#[test]
+fn the_prefetch_runs_at_a_low_cpu_priority() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Large enough that its prefetch is still under way when the mount returns.
+    std::fs::write(src.join("f"), unrepeating(256 << 20, 5 << 40)).unwrap();
+    let image = t.path().join("app.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    let (_server, url) = web_server(t.path());
+    let (m, cache) = (t.path().join("m"), t.path().join("cache"));
+    std::fs::create_dir_all(&m).unwrap();
+    run(verilay()
+        .args([
+            "mount",
+            "--quiet",
+            "--engine",
+            "fuse",
+            "--prefetch",
+            "--timeout",
+            "5",
+        ])
+        .args([url.as_str(), "--digest", digest.trim(), "--cache"])
+        .arg(&cache)
+        .arg(&m));
+    let mounted = Unmount::fuse(&m);
+    // The server trickles from now on: the prefetch waits on its next steps.
+    std::fs::write(t.path().join("slow"), b"").unwrap();
+    let nices = || -> Vec<i64> {
+        daemons_of(&m)
+            .iter()
+            .flat_map(|pid| {
+                std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .unwrap()
+                    .flatten()
+            })
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "prefetch")
+            })
+            .filter_map(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                // After the command's closing parenthesis: field 19 is the nice value.
+                let rest = &stat[stat.rfind(')')? + 2..];
+                rest.split(' ').nth(16)?.parse().ok()
+            })
+            .collect()
+    };
+    wait_until(Duration::from_secs(20), "the prefetch threads", || {
+        !nices().is_empty()
+    });
+    let seen = nices();
+    assert!(
+        seen.iter().all(|&n| n == 10),
+        "prefetch threads' nice values: {seen:?}"
+    );
+    std::fs::remove_file(t.path().join("slow")).unwrap();
+    drop(mounted);
+}
