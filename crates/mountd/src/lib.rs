@@ -214,9 +214,7 @@ impl Mount {
                     return Ok(None);
                 }
                 let opened = opening::open(image, pin, false, &read)?;
-                for w in &opened.warnings {
-                    eprintln!("verilay: warning: {w}");
-                }
+                opened.say_warnings();
                 Ok(Some(opened.trust()))
             })
             .collect()

@@ -64,6 +64,13 @@ pub struct Opened {
 }
 
 impl Opened {
+    /// Says [`warnings`](Self::warnings) on stderr, for a caller with a terminal.
+    pub fn say_warnings(&self) {
+        for w in &self.warnings {
+            eprintln!("verilay: warning: {w}");
+        }
+    }
+
     /// "sha256:… (pinned)", "sha256:… (not pinned)" or "none (plain EROFS image, …)".
     pub fn trust(&self) -> String {
         match &self.verified {

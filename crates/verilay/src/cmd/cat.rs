@@ -35,9 +35,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         ..ReadOpts::default()
     };
     let opened = opening::open(&a.image, &a.pin.to_open(), false, &opts)?;
-    for w in &opened.warnings {
-        eprintln!("verilay: warning: {w}");
-    }
+    opened.say_warnings();
     let img = opened.img;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

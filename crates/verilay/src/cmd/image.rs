@@ -41,9 +41,7 @@ pub fn open(
         ..ReadOpts::default()
     };
     let opened = opening::open(path, &pin.to_open(), allow_plain, &opts)?;
-    for w in &opened.warnings {
-        eprintln!("verilay: warning: {w}");
-    }
+    opened.say_warnings();
     Ok(opened)
 }
 
