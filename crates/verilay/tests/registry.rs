@@ -2557,6 +2557,7 @@ fn the_first_read_of_a_remote_executable_fetches_it_whole() {
 /// Mounting a remote image asks the registry for each thing once: the manifest, the tail,
 /// the tree, the head (fetched while the tree comes): `verilay mount` leaves the remote
 /// image to its daemon, and the tail checked before the cache opens is not fetched again.
+/// On both engines (the kernel engine's daemon opens the image as the FUSE engine's does).
 #[test]
 fn a_remote_mount_asks_the_registry_for_each_thing_once() {
     if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
@@ -2570,42 +2571,50 @@ fn a_remote_mount_asks_the_registry_for_each_thing_once() {
     let (_proxy, port) = proxy(&reg, &state);
     let m = t.path().join("m");
     std::fs::create_dir_all(&m).unwrap();
-    let cache = t.path().join("cache");
-    let out = run(verilay()
-        .args(["mount", "--insecure", "--engine", "fuse"])
-        .arg(format!("oci://127.0.0.1:{port}/apps/once:1"))
-        .args(["--digest", &digest, "--cache"])
-        .arg(&cache)
-        .arg(&m));
-    let _m = Unmount::fuse(&m);
-    // The daemon said how far it trusts the image, for `verilay mount` to announce.
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        said.contains(&format!("digest {digest} (pinned)")),
-        "{said}"
-    );
-    let requests = std::fs::read_to_string(state.join("requests")).unwrap();
-    let manifests = requests
-        .lines()
-        .filter(|l| l.contains("/manifests/"))
-        .count();
-    assert_eq!(manifests, 1, "{requests}");
-    // No byte fetched twice (the head may come in one request or, the readahead thread
-    // late, two).
-    let mut ranges: Vec<(u64, u64)> = requests
-        .lines()
-        .filter_map(|l| l.split(' ').nth(2)?.strip_prefix("bytes="))
-        .map(|r| {
-            let (a, b) = r.split_once('-').unwrap();
-            (a.parse().unwrap(), b.parse().unwrap())
-        })
-        .collect();
-    ranges.sort_unstable();
-    assert!(
-        ranges.windows(2).all(|w| w[0].1 < w[1].0),
-        "bytes fetched twice: {requests}"
-    );
-    assert!(ranges.first().is_some_and(|r| r.0 == 0), "{requests}");
+    for engine in ["fuse", "kernel"] {
+        let cache = t.path().join(format!("cache-{engine}"));
+        let _ = std::fs::remove_file(state.join("requests"));
+        let out = run(verilay()
+            .args(["mount", "--insecure", "--engine", engine])
+            .arg(format!("oci://127.0.0.1:{port}/apps/once:1"))
+            .args(["--digest", &digest, "--cache"])
+            .arg(&cache)
+            .arg(&m));
+        let _m = Unmount::fuse(&m);
+        // The daemon said how far it trusts the image, for `verilay mount` to announce.
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains(&format!("digest {digest} (pinned)")),
+            "{engine}: {said}"
+        );
+        let requests = std::fs::read_to_string(state.join("requests")).unwrap();
+        let manifests = requests
+            .lines()
+            .filter(|l| l.contains("/manifests/"))
+            .count();
+        assert_eq!(manifests, 1, "{engine}: {requests}");
+        // No byte fetched twice (the head may come in one request or, the readahead thread
+        // late, two).
+        let mut ranges: Vec<(u64, u64)> = requests
+            .lines()
+            .filter_map(|l| l.split(' ').nth(2)?.strip_prefix("bytes="))
+            .map(|r| {
+                let (a, b) = r.split_once('-').unwrap();
+                (a.parse().unwrap(), b.parse().unwrap())
+            })
+            .collect();
+        ranges.sort_unstable();
+        assert!(
+            ranges.windows(2).all(|w| w[0].1 < w[1].0),
+            "{engine}: bytes fetched twice: {requests}"
+        );
+        assert!(
+            ranges.first().is_some_and(|r| r.0 == 0),
+            "{engine}: {requests}"
+        );
+        drop(_m);
+        wait_daemon_gone(&m);
+    }
 }
 
 /// The prefetch's threads hash at nice 10 (`remote::prefetch::NICE`): below readers, and
