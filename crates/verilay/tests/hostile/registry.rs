@@ -1393,3 +1393,39 @@ fn a_containerd_layer_bound_to_other_contents_never_runs_for_another_image() {
         "{log}"
     );
 }
+
+/// A registry's error text reaches the user's terminal in verilay's error line: its
+/// escape sequences (here a window title and a screen clear, as JSON escapes) come out
+/// as escapes, on one line, and the registry's words are still there.
+#[test]
+fn a_registrys_escape_sequences_never_reach_the_terminal() {
+    let t = tempfile::tempdir().unwrap();
+    let auth = t.path().join("auth.json");
+    std::fs::write(&auth, "{}").unwrap();
+    let evil = Hostile::start(|_, _| {
+        Answer {
+        status: 404,
+        headers: vec![("Content-Type".into(), "application/json".into())],
+        body: br#"{"errors":[{"code":"NAME_UNKNOWN","message":"gone\u001b]0;pwned\u0007\u001b[2J\r\nfake: ok"}]}"#.to_vec(),
+        trickle: None,
+    }
+    });
+    let reference = format!("oci://127.0.0.1:{}/app:v1", evil.port);
+    let out = t.path().join("out.img");
+    let args = ["pull", "--insecure", "--timeout", "10", "-o"];
+    let mut args: Vec<&str> = args.to_vec();
+    let out_s = out.display().to_string();
+    args.extend([out_s.as_str(), reference.as_str()]);
+    let (code, stderr, _) = bounded(&args, &auth);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    assert!(
+        !stderr.contains(['\u{1b}', '\u{7}', '\r']),
+        "control characters reached the terminal: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("NAME_UNKNOWN gone\\u{1b}]0;pwned\\u{7}\\u{1b}[2J  fake: ok"),
+        "{stderr:?}"
+    );
+    assert!(!out.exists());
+}
