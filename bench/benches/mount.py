@@ -173,7 +173,11 @@ def measure(mounts, workloads, runs, results, label, data, probe=None):
                 for m in mounts[r0:] + mounts[:r0]:
                     r = results.setdefault((wl, m.tool), {"cold": [], "warm": []})
                     timing.drop_caches()
+                    cpu0 = timing.machine_cpu_s()
                     r["cold"].append(timed_shell(script, m.dir))
+                    cpu1 = timing.machine_cpu_s()
+                    if cpu0 is not None and cpu1 is not None:
+                        r.setdefault("cold_cpu", []).append(cpu1 - cpu0)
                     r["warm"].append(timed_shell(script, m.dir))
                     if probe and i == runs - 1:
                         probe(m)
@@ -284,6 +288,7 @@ def run(ctx):
     if data.get("large_file_folios"):
         print_folios(data["large_file_folios"])
         print()
+    print_cpu_floor(data, "large-file")
     data["targets"] = check_targets(data)
     return data
 
@@ -354,13 +359,44 @@ def print_folios(folios):
                        title="Where a warm large-file read's time goes: the folios it copies from")
 
 
+def print_cpu_floor(data, wl):
+    """What a cold run of `wl` cost the whole machine in CPU time (every process and kernel
+    thread, the daemons included), and the least time that much CPU allows on this host's
+    CPUs: a cold row that is as fast as its CPU allows can only come closer to a peer by
+    doing less work per byte, not by waiting less. Also kept in data["cpu_floor"]."""
+    cpus = os.cpu_count() or 1
+    rows, kept = [], {}
+    base = {r["tool"]: r["cold_median"] for r in data["results"] if r["workload"] == wl}
+    for r in data["results"]:
+        if r["workload"] != wl or not r.get("cold_cpu"):
+            continue
+        cpu = statistics.median(r["cold_cpu"])
+        floor = cpu / cpus
+        peer = "squashfuse" if r["tool"].startswith("verilay-") else None
+        if r["tool"] == transport.KERNEL:
+            peer = "kernel-erofs"
+        vs = f"{floor / base[peer]:.2f}x {peer}'s time" if peer in base else "-"
+        rows.append([r["tool"], report.secs(r["cold_median"]), f"{cpu:.3f}",
+                     report.secs(floor), vs])
+        kept[r["tool"]] = {"cold_median_s": r["cold_median"], "cpu_s": cpu,
+                           "floor_s": floor, "cpus": cpus}
+    if rows:
+        report.print_table([f"{wl} cold", "s", "machine CPU s", f"CPU s / {cpus} CPUs",
+                            "that floor vs the peer"], rows,
+                           title=f"Where a cold {wl} read's time goes: the CPU all processes "
+                                 f"took (medians)")
+        print()
+        data["cpu_floor"] = {wl: kept}
+
+
 def record_results(data, results):
     """Appends to data["results"] a row per (workload, tool) of `results`: its cold and warm
     times and their medians."""
     for (wl, tool), r in results.items():
         data["results"].append({"workload": wl, "tool": tool, "cold": r["cold"],
                                 "warm": r["warm"], "cold_median": statistics.median(r["cold"]),
-                                "warm_median": statistics.median(r["warm"])})
+                                "warm_median": statistics.median(r["warm"]),
+                                "cold_cpu": r.get("cold_cpu", [])})
 
 
 def kernel_row(by, r):

@@ -25,6 +25,22 @@ def drop_caches(what=3):
     return None
 
 
+def machine_cpu_s():
+    """CPU seconds every CPU of the machine has spent busy since boot (user, nice, system,
+    irq, softirq and steal time from /proc/stat; idle and iowait are not busy): the
+    difference over a run is what every process and kernel thread together took, the
+    daemons serving a mount included. None where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(argv, cwd=None):
     """Seconds argv takes (its output discarded), after os.sync() so that writeback left
     by whatever ran before is not charged to it."""
