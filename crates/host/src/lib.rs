@@ -2,6 +2,7 @@
 //! failure one line naming the path (map: docs/ARCHITECTURE.md, `crates/host`).
 //!
 //! - Nothing here knows images or FUSE.
+//! - `text` is how text others sent reaches a terminal or a log: shown, never obeyed.
 //! - `lockfile` is the one reader of `/proc/locks`, `mountinfo` of `/proc/PID/mountinfo`,
 //!   `status` of `/proc/PID/status`.
 
@@ -14,6 +15,7 @@ pub mod objects;
 pub mod private;
 pub mod sparse;
 pub mod status;
+pub mod text;
 pub mod writeback;
 
 /// Tests that cannot run here say so (a skip CI counts), as the workspace's other tests do.

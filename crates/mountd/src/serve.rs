@@ -457,7 +457,12 @@ fn logger(s: &Mount, to_stderr: bool) -> anyhow::Result<imagefs::Logger> {
         None => None,
     };
     Ok(Box::new(move |line: &str| {
-        let line = format!("verilay[{}]: {line}\n", std::process::id());
+        // One line each, whatever a registry or an image put in it.
+        let line = format!(
+            "verilay[{}]: {}\n",
+            std::process::id(),
+            host::text::one_line(line)
+        );
         if let Some(f) = &file {
             if let Ok(mut f) = f.lock() {
                 let _ = f.write_all(line.as_bytes());

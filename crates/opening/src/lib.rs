@@ -67,7 +67,7 @@ impl Opened {
     /// Says [`warnings`](Self::warnings) on stderr, for a caller with a terminal.
     pub fn say_warnings(&self) {
         for w in &self.warnings {
-            eprintln!("verilay: warning: {w}");
+            eprintln!("verilay: warning: {}", host::text::one_line(w));
         }
     }
 

@@ -7,7 +7,10 @@ macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
         let mut out = std::io::stdout().lock();
-        if let Err(e) = writeln!(out, $($arg)*) {
+        // Whatever a line quotes (a file name in an image, a registry's words) is shown,
+        // never obeyed by the terminal; JSON stays JSON.
+        let line = format!($($arg)*);
+        if let Err(e) = writeln!(out, "{}", host::text::shown(&line)) {
             if e.kind() == std::io::ErrorKind::BrokenPipe {
                 std::process::exit(0);
             }
@@ -131,28 +134,15 @@ fn end_quietly_on_closed_pipes() {
     }
 }
 
-/// `msg` as one line of plain text: line breaks become spaces, and any other control
-/// character is written as its escape (`\u{1b}`). An error quotes what a registry, an image
-/// or a tarball said, and their escape sequences must not reach the terminal (where they
-/// could retitle the window, clear the screen or hide the rest of the line).
-fn one_line(msg: &str) -> String {
-    let mut out = String::with_capacity(msg.len());
-    for c in msg.chars() {
-        match c {
-            '\n' | '\r' => out.push(' '),
-            c if c.is_control() => out.extend(c.escape_default()),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn finish(result: anyhow::Result<i32>) -> ! {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One line: the chain of causes joined, never a backtrace.
-            eprintln!("verilay: error: {}", one_line(&format!("{e:#}")));
+            eprintln!(
+                "verilay: error: {}",
+                host::text::one_line(&format!("{e:#}"))
+            );
             std::process::exit(1);
         }
     }

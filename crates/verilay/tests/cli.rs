@@ -271,3 +271,44 @@ fn an_image_on_a_block_device_reads_as_its_file_does() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(stderr_of(&out).contains("clean, 2 inodes"), "{out:?}");
 }
+
+/// What an image says (its label, a link's target) is shown by `inspect`, never obeyed by
+/// the terminal: escape sequences and bidi overrides come out as escapes, in text and in
+/// JSON, and the JSON still reads back as what the image holds.
+#[test]
+fn inspect_shows_an_images_escape_sequences_as_escapes() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let target = "x\u{1b}[2J\u{9b}31my\u{202e}z";
+    std::os::unix::fs::symlink(target, src.join("link")).unwrap();
+    let img = t.path().join("img");
+    let label = "\u{1b}]0;pwn\u{7}";
+    let out = build_output(&src, &img, &["--label", label]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let acting = ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}'];
+    for (path, raw, escaped) in [
+        (None, label, "\\u{1b}]0;pwn\\u{7}"),
+        (Some("/link"), target, "x\\u{1b}[2J\\u{9b}31my\\u{202e}z"),
+    ] {
+        for json in [false, true] {
+            let mut c = verilay();
+            c.arg("inspect");
+            if json {
+                c.arg("--json");
+            }
+            c.arg(&img).args(path);
+            let out = c.output().unwrap();
+            assert!(out.status.success(), "{}", stderr_of(&out));
+            let text = String::from_utf8(out.stdout).unwrap();
+            assert!(!text.contains(acting), "{path:?} json={json}: {text:?}");
+            if json {
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                let found = v.to_string().contains(&serde_json::json!(raw).to_string());
+                assert!(found, "{path:?}: {raw:?} not in {v}");
+            } else {
+                assert!(text.contains(escaped), "{path:?}: {escaped} not in {text}");
+            }
+        }
+    }
+}

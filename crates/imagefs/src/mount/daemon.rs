@@ -117,7 +117,7 @@ impl Reporter {
             Some(f) => {
                 let _ = writeln!(f, "warn {}", text.replace('\n', " "));
             }
-            None => eprintln!("verilay: warning: {text}"),
+            None => eprintln!("verilay: warning: {}", host::text::one_line(text)),
         }
     }
 
@@ -201,7 +201,7 @@ fn follow(child: &mut Child, pipe: OwnedFd, timeout: Duration) -> anyhow::Result
                 Message::Trust(i, t) => {
                     ready.trust.insert(i, t);
                 }
-                Message::Warn(w) => eprintln!("verilay: warning: {w}"),
+                Message::Warn(w) => eprintln!("verilay: warning: {}", host::text::one_line(&w)),
                 Message::Ok(transport) => {
                     ready.transport = transport;
                     return Ok(ready);

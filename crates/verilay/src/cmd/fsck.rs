@@ -28,7 +28,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             // An image that does not even open (or that its policy refuses) is a problem
             // to report, not a usage error; named once.
             let name = a.image.display().to_string();
-            let why = format!("{e:#}").replace('\n', " ");
+            let why = host::text::one_line(&format!("{e:#}")).into_owned();
             if why.starts_with(&format!("{name}: ")) {
                 outln!("{why}");
             } else {
@@ -51,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         outln!("{j}");
     } else {
         for p in &report.problems {
-            outln!("{}: {p}", a.image.display());
+            outln!("{}: {}", a.image.display(), host::text::one_line(p));
         }
         if report.is_clean() && !a.quiet {
             eprintln!(

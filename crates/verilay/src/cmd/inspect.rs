@@ -214,7 +214,8 @@ fn print_text(v: &serde_json::Value, indent: usize) {
 
 fn plain(v: &serde_json::Value) -> String {
     match v {
-        serde_json::Value::String(s) => s.clone(),
+        // A label, an xattr name or a link target from the image: one line, shown.
+        serde_json::Value::String(s) => host::text::one_line(s).into_owned(),
         serde_json::Value::Null => "-".into(),
         serde_json::Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join(","),
         other => other.to_string(),

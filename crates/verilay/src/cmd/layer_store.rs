@@ -145,7 +145,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         timeout: Duration::from_secs(a.layers.timeout.max(1)),
         engine_why: "the layer store itself is a FUSE filesystem".into(),
     };
-    let log: imagefs::Logger = Box::new(|line| eprintln!("verilay layer-store: {line}"));
+    let log: imagefs::Logger =
+        Box::new(|line| eprintln!("verilay layer-store: {}", host::text::one_line(line)));
     let fs = layerstore::StoreFs::new(resolver, log);
     eprintln!(
         "verilay layer-store: serving {} (layers mounted under {})",

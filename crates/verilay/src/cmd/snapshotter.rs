@@ -56,7 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             || line.contains(": served from verilay image ")
             || line.ends_with(": containerd pulls and unpacks it");
         if !quiet || !news {
-            eprintln!("verilay snapshotter: {line}");
+            eprintln!("verilay snapshotter: {}", host::text::one_line(line));
         }
     });
     // Locked first: the remote layers' state is this root's.

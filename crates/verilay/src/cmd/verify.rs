@@ -57,7 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 return Ok(1);
             }
             for p in &claims.problems {
-                eprintln!("{name}: {p}");
+                eprintln!("{name}: {}", host::text::one_line(p));
             }
             anyhow::bail!(
                 "{name}: every block verifies, but what the image claims about its files does not hold ({} problems above)",
@@ -80,7 +80,10 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
                 );
             } else if !a.quiet {
                 for p in &claims.unchecked {
-                    eprintln!("{name}: warning: not walked, so not checked (`verilay fsck` tells more): {p}");
+                    eprintln!(
+                        "{name}: warning: not walked, so not checked (`verilay fsck` tells more): {}",
+                        host::text::one_line(p)
+                    );
                 }
                 eprintln!(
                     "{name}: OK, {} verified in {secs:.2} s, digest {} ({trust})",

@@ -1428,4 +1428,19 @@ fn a_registrys_escape_sequences_never_reach_the_terminal() {
         "{stderr:?}"
     );
     assert!(!out.exists());
+    // `fsck` reports an image that does not open on stdout, itself.
+    let pinned = format!(
+        "oci://127.0.0.1:{}/app@sha256:{}",
+        evil.port,
+        "0".repeat(64)
+    );
+    let fsck = Command::new(env!("CARGO_BIN_EXE_verilay"))
+        .args(["fsck", "--insecure", "--timeout", "10", &pinned])
+        .env("REGISTRY_AUTH_FILE", &auth)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&fsck.stdout);
+    assert_eq!(fsck.status.code(), Some(1), "{said}");
+    assert!(said.contains("NAME_UNKNOWN gone\\u{1b}"), "{said:?}");
+    assert!(!said.contains(['\u{1b}', '\u{7}', '\r']), "{said:?}");
 }
