@@ -197,17 +197,18 @@ fn an_image_runs_as_on_overlayfs_and_after_a_restart() {
     let script = "cat /etc/os-release /app/file; ls /etc; echo written > /tmp/new; \
                   cat /tmp/new; rm /etc/os-release; ls -a /etc /tmp; ls -ln /app";
     let ctr_run = |s: &Setup, sn: &str, id: &str| -> String {
-        let out = run(s.containerd.ctr().args([
-            "run",
-            "--rm",
-            "--snapshotter",
-            sn,
-            &image,
-            &format!("{id}-{}", std::process::id()),
-            "sh",
-            "-c",
-            script,
-        ]));
+        let out = run(s
+            .containerd
+            .ctr()
+            .args([
+                "run",
+                "--rm",
+                "--snapshotter",
+                sn,
+                &image,
+                &format!("{id}-{}", std::process::id()),
+            ])
+            .args(lingering(&["sh", "-c", script])));
         String::from_utf8(out.stdout).unwrap()
     };
     for sn in ["overlayfs", "verilay"] {
@@ -701,19 +702,15 @@ fn a_cri_pull_serves_every_layer_from_its_verilay_image() {
             "layer {l} was fetched:\n{content}"
         );
     }
-    let out = run(&mut k8s(&[
+    let out = run(k8s(&[
         "run",
         "--rm",
         "--snapshotter",
         "verilay",
         &image,
         &format!("cri-{}", std::process::id()),
-        // A process that exits as soon as it has printed can lose its output to ctr
-        // under load (containerd's IO copy races the exit): it stays a second.
-        "sh",
-        "-c",
-        "cat /etc/os-release /app/file && sleep 1",
-    ]));
+    ])
+    .args(lingering(&["cat", "/etc/os-release", "/app/file"])));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
 }
 
@@ -750,19 +747,20 @@ fn cri_credentials_in_containerds_config_reach_the_layers() {
         "{}",
         s.logs()
     );
-    let out = run(s.containerd.ctr().args([
-        "--namespace",
-        "k8s.io",
-        "run",
-        "--rm",
-        "--snapshotter",
-        "verilay",
-        &image,
-        &format!("auth-{}", std::process::id()),
-        "cat",
-        "/etc/os-release",
-        "/app/file",
-    ]));
+    let out = run(s
+        .containerd
+        .ctr()
+        .args([
+            "--namespace",
+            "k8s.io",
+            "run",
+            "--rm",
+            "--snapshotter",
+            "verilay",
+            &image,
+            &format!("auth-{}", std::process::id()),
+        ])
+        .args(lingering(&["cat", "/etc/os-release", "/app/file"])));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
     // The credentials file the snapshotter wrote is root's alone.
     let written = s.root().join("remote/auth.json");

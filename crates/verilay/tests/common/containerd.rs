@@ -353,6 +353,17 @@ pub fn image_layers(base: &Path) -> Vec<PathBuf> {
     vec![l0, l1]
 }
 
+/// `args` run by the image's sh, which stays a second after they end and exits with their
+/// status: ctr can lose the output of a process that exits as soon as it has printed
+/// (containerd's IO copy races the exit; seen once under the suite's load).
+pub fn lingering(args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["sh", "-c", "\"$@\"; s=$?; sleep 1; exit $s", "sh"]
+        .map(String::from)
+        .to_vec();
+    v.extend(args.iter().map(|a| a.to_string()));
+    v
+}
+
 pub fn remote_prerequisites() -> bool {
     containerd_prerequisites()
         || prerequisites()
@@ -395,7 +406,7 @@ impl Setup {
             .ctr()
             .args(["run", "--rm", "--snapshotter", sn, image])
             .arg(format!("{id}-{}", std::process::id()))
-            .args(args)
+            .args(lingering(args))
             .output()
             .unwrap();
         (
