@@ -364,7 +364,7 @@ def print_cpu_floor(data, wl):
     thread, the daemons included), and the least time that much CPU allows on this host's
     CPUs: a cold row that is as fast as its CPU allows can only come closer to a peer by
     doing less work per byte, not by waiting less. Also kept in data["cpu_floor"]."""
-    cpus = os.cpu_count() or 1
+    cpus = timing.usable_cpus()
     rows, kept = [], {}
     base = {r["tool"]: r["cold_median"] for r in data["results"] if r["workload"] == wl}
     for r in data["results"]:

@@ -922,14 +922,15 @@ def check_targets(data):
             f"({min(ratios):.2f}..{max(ratios):.2f}; {median(p, 'wall_s'):.2f} s vs "
             f"{median(c, 'wall_s'):.2f} s; target >= {PREFETCH_RATIO}x)"))
         cpu, curl_cpu = median(p, "machine_cpu_s"), median(c, "machine_cpu_s")
-        if cpu is not None and curl_cpu is not None:
+        if cpu and curl_cpu is not None:
             # The least time the CPU the prefetch took allows on this host's CPUs, all of
             # them busy: where that is near the prefetch's time, only less work per byte
             # (here or in the registry and the network beside it) makes it faster.
-            floor = cpu / (os.cpu_count() or 1)
+            cpus = timing.usable_cpus()
+            floor = cpu / cpus
             print(f"INFO  --prefetch's CPU at {rtt} ms RTT: {cpu:.2f} s over the machine "
                   f"({curl_cpu:.2f} s for curl's GET), at least "
-                  f"{floor:.2f} s on {os.cpu_count()} CPUs: {median(c, 'wall_s') / floor:.2f}x "
+                  f"{floor:.2f} s on {cpus} CPUs: {median(c, 'wall_s') / floor:.2f}x "
                   f"curl's throughput at most, where the prefetch took "
                   f"{median(p, 'wall_s'):.2f} s")
         if res.get("curl-file"):

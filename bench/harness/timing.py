@@ -27,9 +27,10 @@ def drop_caches(what=3):
 
 def machine_cpu_s():
     """CPU seconds every CPU of the machine has spent busy since boot (user, nice, system,
-    irq, softirq and steal time from /proc/stat; idle and iowait are not busy): the
-    difference over a run is what every process and kernel thread together took, the
-    daemons serving a mount included. None where /proc/stat cannot be read."""
+    irq and softirq time from /proc/stat; idle, iowait and a virtual machine's steal time
+    are not this machine's work): the difference over a run is what every process and
+    kernel thread together took, the daemons serving a mount included. None where
+    /proc/stat cannot be read."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
@@ -37,8 +38,16 @@ def machine_cpu_s():
         return None
     if not fields or fields[0] != "cpu":
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def usable_cpus():
+    """The CPUs this process may run on (its affinity), which its children share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def timed(argv, cwd=None):

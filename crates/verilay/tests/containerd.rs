@@ -537,7 +537,7 @@ fn restarts_keep_containers_reading_and_removal_frees_the_layers() {
             .containerd
             .ctr()
             .args(["task", "exec", "--exec-id", &format!("e{execs}"), &id])
-            .args(["cat", "/etc/os-release", "/app/file"])
+            .args(lingering(&["cat", "/etc/os-release", "/app/file"]))
             .output()
             .unwrap();
         format!(

@@ -354,8 +354,9 @@ pub fn image_layers(base: &Path) -> Vec<PathBuf> {
 }
 
 /// `args` run by the image's sh, which stays a second after they end and exits with their
-/// status: ctr can lose the output of a process that exits as soon as it has printed
-/// (containerd's IO copy races the exit; seen once under the suite's load).
+/// status: ctr can lose the output of a process (a container's or an exec's) that exits as
+/// soon as it has printed (containerd's IO copy races the exit; seen once under the
+/// suite's load). `sleep` is busybox's own applet, which its sh runs without a link.
 pub fn lingering(args: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = ["sh", "-c", "\"$@\"; s=$?; sleep 1; exit $s", "sh"]
         .map(String::from)
