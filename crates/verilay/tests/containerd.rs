@@ -197,19 +197,9 @@ fn an_image_runs_as_on_overlayfs_and_after_a_restart() {
     let script = "cat /etc/os-release /app/file; ls /etc; echo written > /tmp/new; \
                   cat /tmp/new; rm /etc/os-release; ls -a /etc /tmp; ls -ln /app";
     let ctr_run = |s: &Setup, sn: &str, id: &str| -> String {
-        let out = run(s
-            .containerd
-            .ctr()
-            .args([
-                "run",
-                "--rm",
-                "--snapshotter",
-                sn,
-                &image,
-                &format!("{id}-{}", std::process::id()),
-            ])
-            .args(lingering(&["sh", "-c", script])));
-        String::from_utf8(out.stdout).unwrap()
+        let (code, out, err) = s.ctr_run(sn, &image, id, &["sh", "-c", script]);
+        assert_eq!(code, 0, "{err}");
+        out
     };
     for sn in ["overlayfs", "verilay"] {
         run(s.containerd.ctr().args([
@@ -702,16 +692,9 @@ fn a_cri_pull_serves_every_layer_from_its_verilay_image() {
             "layer {l} was fetched:\n{content}"
         );
     }
-    let out = run(k8s(&[
-        "run",
-        "--rm",
-        "--snapshotter",
-        "verilay",
-        &image,
-        &format!("cri-{}", std::process::id()),
-    ])
-    .args(lingering(&["cat", "/etc/os-release", "/app/file"])));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
+    let cat = ["cat", "/etc/os-release", "/app/file"];
+    let (code, out, err) = s.ctr_run_in("k8s.io", "verilay", &image, "cri", &cat);
+    assert_eq!((code, out.as_str()), (0, "base\napp\n"), "{err}");
 }
 
 /// A registry that wants credentials, given to CRI in containerd's config.toml as users
@@ -747,21 +730,9 @@ fn cri_credentials_in_containerds_config_reach_the_layers() {
         "{}",
         s.logs()
     );
-    let out = run(s
-        .containerd
-        .ctr()
-        .args([
-            "--namespace",
-            "k8s.io",
-            "run",
-            "--rm",
-            "--snapshotter",
-            "verilay",
-            &image,
-            &format!("auth-{}", std::process::id()),
-        ])
-        .args(lingering(&["cat", "/etc/os-release", "/app/file"])));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "base\napp\n");
+    let cat = ["cat", "/etc/os-release", "/app/file"];
+    let (code, out, err) = s.ctr_run_in("k8s.io", "verilay", &image, "auth", &cat);
+    assert_eq!((code, out.as_str()), (0, "base\napp\n"), "{err}");
     // The credentials file the snapshotter wrote is root's alone.
     let written = s.root().join("remote/auth.json");
     use std::os::unix::fs::PermissionsExt;

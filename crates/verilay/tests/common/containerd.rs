@@ -402,10 +402,22 @@ impl Setup {
 
     /// `ctr run --rm --snapshotter SN IMAGE ID ARGS…`: (exit code, stdout, stderr).
     pub fn ctr_run(&self, sn: &str, image: &str, id: &str, args: &[&str]) -> (i32, String, String) {
+        self.ctr_run_in("default", sn, image, id, args)
+    }
+
+    /// [`Setup::ctr_run`] in containerd namespace `ns` (CRI's is `k8s.io`).
+    pub fn ctr_run_in(
+        &self,
+        ns: &str,
+        sn: &str,
+        image: &str,
+        id: &str,
+        args: &[&str],
+    ) -> (i32, String, String) {
         let out = self
             .containerd
             .ctr()
-            .args(["run", "--rm", "--snapshotter", sn, image])
+            .args(["--namespace", ns, "run", "--rm", "--snapshotter", sn, image])
             .arg(format!("{id}-{}", std::process::id()))
             .args(lingering(args))
             .output()
