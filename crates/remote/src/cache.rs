@@ -2,6 +2,9 @@
 //! verified 4 KiB units (docs/FORMAT.md, "The cache of remote images").
 //!
 //! - Only just-verified bytes are written, before the record.
+//! - Background stores (the prefetch's) go around the page cache (`O_DIRECT`) where their
+//!   buffer allows: nobody waits on them and nobody reads them soon, and copying a whole
+//!   image into the page cache took a quarter of a prefetch's CPU.
 //! - The record is a hint: every byte read back is checked again, a failing unit fetched again.
 //! - A mount holds a shared `flock` on its entry; `prune` removes only what it locks alone.
 
@@ -19,6 +22,9 @@ use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
 pub const UNIT: u64 = 4096;
 /// Stores this large start their writeback at once (see `store`).
 const WRITEBACK_NOW: usize = 256 << 10;
+/// What `O_DIRECT` writes are aligned to, in memory and in the file: the cache's unit,
+/// a multiple of every disk's logical block size verilay expects.
+pub const DIRECT_ALIGN: usize = UNIT as usize;
 const MAGIC: [u8; 8] = *b"VLCACHE1";
 /// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
 const HEADER: u64 = 8 + 8 + 8 + 160;
@@ -55,6 +61,8 @@ pub struct Cache {
     stem: String,
     limit: u64,
     data: File,
+    /// The data file again, opened `O_DIRECT`, if its filesystem allows it.
+    direct: Option<File>,
     record: File,
     len: u64,
     units: Vec<AtomicU64>,
@@ -169,6 +177,15 @@ fn open_file(dir: &OwnedFd, name: &str, create: bool) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
+/// `name` in `dir` opened again with `O_DIRECT`, if the filesystem allows it and it is
+/// still `data`'s file.
+fn open_direct(dir: &OwnedFd, name: &str, data: &File) -> Option<File> {
+    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::DIRECT;
+    let fd = rfs::openat(dir, name, flags, Mode::empty()).ok()?;
+    let (a, b) = (rfs::fstat(&fd).ok()?, rfs::fstat(data).ok()?);
+    (a.st_dev == b.st_dev && a.st_ino == b.st_ino).then(|| File::from(fd))
+}
+
 /// The header a record for this image must start with.
 fn header(digest: &str, len: u64) -> Vec<u8> {
     let mut h = Vec::with_capacity(HEADER as usize);
@@ -239,6 +256,7 @@ impl Cache {
         let record = lock_shared(&dfd, &format!("{stem}.map"))
             .map_err(|e| io::Error::new(e.kind(), format!("cache {}: {e}", map.display())))?;
         let data = open_file(&dfd, &format!("{stem}.img"), true).map_err(ctx)?;
+        let direct = open_direct(&dfd, &format!("{stem}.img"), &data);
         let bits = match load_record(&record, digest, len).map_err(ctx)? {
             Some(bits) if data.metadata().map_err(ctx)?.len() == len => bits,
             _ => {
@@ -272,6 +290,7 @@ impl Cache {
             stem,
             limit,
             data,
+            direct,
             record,
             len,
             units: bits.into_iter().map(AtomicU64::new).collect(),
@@ -322,8 +341,9 @@ impl Cache {
         first..last.max(first)
     }
 
-    /// Keeps `bytes` at `offset`, which the verified source has just checked.
-    pub fn store(&self, offset: u64, bytes: &[u8]) {
+    /// Keeps `bytes` at `offset`, which the verified source has just checked; `around`:
+    /// around the page cache where the buffer's alignment allows (see the module docs).
+    pub fn store(&self, offset: u64, bytes: &[u8], around: bool) {
         let units = self.whole_units(offset, bytes.len() as u64);
         if units.clone().all(|u| self.has_unit(u)) {
             return;
@@ -348,13 +368,9 @@ impl Cache {
         let from = (units.start * UNIT - offset) as usize;
         let to = ((units.end * UNIT).min(self.len) - offset) as usize;
         // Data first, then the record: a crash in between leaves bytes unrecorded.
-        if self
-            .data
-            .write_all_at(&bytes[from..to], units.start * UNIT)
-            .is_err()
-        {
+        let Ok(buffered) = self.write_data(&bytes[from..to], units.start * UNIT, around) else {
             return;
-        }
+        };
         for u in units.clone() {
             self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
         }
@@ -369,12 +385,40 @@ impl Cache {
         }
         self.write_record(units.clone());
         drop(_w);
-        if to - from >= WRITEBACK_NOW {
+        if let Some((at, n)) = buffered.filter(|&(_, n)| n >= WRITEBACK_NOW as u64) {
             // Written out now, not all at once when a prefetch's last store syncs the
             // file: its bytes reach the disk as it fetches, and dirty pages do not pile up
             // to the gigabytes of a whole image.
-            host::writeback::start(&self.data, units.start * UNIT, (to - from) as u64);
+            host::writeback::start(&self.data, at, n);
         }
+    }
+
+    /// Writes `bytes` at `at` (a unit's start): with `O_DIRECT` when `around` and the
+    /// buffer is aligned, its whole units at least; returns the part written through the
+    /// page cache, if any, as (offset, length). A filesystem that refuses a direct write
+    /// gets the bytes through the page cache.
+    fn write_data(&self, bytes: &[u8], at: u64, around: bool) -> io::Result<Option<(u64, u64)>> {
+        let whole = bytes.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN);
+        let done = match &self.direct {
+            Some(d) if around && aligned && whole > 0 => {
+                match d.write_all_at(&bytes[..whole], at) {
+                    Ok(()) => whole,
+                    Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                        0
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => 0,
+        };
+        let rest = &bytes[done..];
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let at = at + done as u64;
+        self.data.write_all_at(rest, at)?;
+        Ok(Some((at, rest.len() as u64)))
     }
 
     /// Prunes other unused entries, least recently used first, so this one can grow by
@@ -584,10 +628,10 @@ mod tests {
         let len = (1 << 20) + 100;
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let cache = Cache::open(dir.path(), &digest, len, 1 << 30).unwrap();
-        cache.store(0, &bytes[..1 << 19]);
+        cache.store(0, &bytes[..1 << 19], false);
         assert!(!list(dir.path()).unwrap()[0].complete);
-        cache.store(1 << 19, &bytes[1 << 19..]);
-        cache.store(1 << 19, &bytes[1 << 19..]);
+        cache.store(1 << 19, &bytes[1 << 19..], false);
+        cache.store(1 << 19, &bytes[1 << 19..], false);
         assert_eq!(cache.held(), len);
         assert!(list(dir.path()).unwrap()[0].complete);
         assert_eq!(
@@ -605,7 +649,7 @@ mod tests {
         // A unit fails its check and is fetched again: the entry is complete once more.
         again.forget(8192, 4096);
         assert!(!list(dir.path()).unwrap()[0].complete);
-        again.store(8192, &bytes[8192..12288]);
+        again.store(8192, &bytes[8192..12288], false);
         assert_eq!(again.held(), len);
         assert!(list(dir.path()).unwrap()[0].complete);
         assert_eq!(

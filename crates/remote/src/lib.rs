@@ -1018,7 +1018,8 @@ impl ByteSource for RemoteSource {
         let Some(cache) = &self.cache else {
             return;
         };
-        cache.store(offset, bytes);
+        // The prefetch's stores go around the page cache (see `cache`).
+        cache.store(offset, bytes, BACKGROUND.with(|b| b.get()));
         // Chunks now in the cache leave memory, where they would push out chunks
         // fetched ahead and not yet read; their entries stay (see `here`).
         let end = offset + bytes.len() as u64;
