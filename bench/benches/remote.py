@@ -57,8 +57,9 @@ Prefetch: `verilay mount ... --prefetch` with a fresh `--cache`, timed from the 
 against `curl` of the same blob to /dev/null over the same path (direct at 0 ms, the proxy
 at 10 and 50 ms), each after dropping the caches (the registry reads the blob from disk for
 both), taking turns, at most 5 rounds; the ratio is the median of the rounds' ratios. Also
-(INFO) against curl of the blob to a file beside the caches, synced: the bytes written as a
-prefetch writes them, through the same disk the registry reads.
+(INFO) against curl of the blob to a file beside the caches, synced: the bytes written to
+the disk a prefetch writes them to (it with O_DIRECT as it goes), the disk the registry
+reads.
 
 Every mount but the kernel engine's is the FUSE engine's (`--engine fuse`).
 
@@ -772,7 +773,7 @@ def print_prefetch(pf):
                              "against curl of the blob (both cold)")
     print("(prefetch x this: the prefetch's throughput over this mode's, the median of the "
           "rounds' ratios; the modes take turns in each round. curl-file: curl -o FILE in the "
-          "scratch directory, then fsync: the blob's bytes written as a prefetch's are; bench "
+          "scratch directory, then fsync: the blob's bytes written to the disk a prefetch's go to; bench "
           "CPU s: the CPU time this benchmark's own process took meanwhile, its latency "
           "proxy's at 10 and 50 ms and its polling of `verilay stats`, on the CPUs the "
           "prefetch and curl also use; machine CPU s: what every process and kernel thread "

@@ -20,7 +20,8 @@ use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
 
 /// The cache's unit: a bit of the record.
 pub const UNIT: u64 = 4096;
-/// Stores this large start their writeback at once (see `store`).
+/// Stores whose bytes go through the page cache start their writeback at once when this
+/// large (see `store`).
 const WRITEBACK_NOW: usize = 256 << 10;
 /// What `O_DIRECT` writes are aligned to, in memory and in the file: the cache's unit,
 /// a multiple of every disk's logical block size verilay expects.
@@ -61,13 +62,16 @@ pub struct Cache {
     stem: String,
     limit: u64,
     data: File,
-    /// The data file again, opened `O_DIRECT`, if its filesystem allows it.
+    /// The data file again, opened `O_DIRECT`, if its filesystem does direct I/O at
+    /// [`DIRECT_ALIGN`]; `direct_refused` once a write was refused all the same.
     direct: Option<File>,
+    direct_refused: AtomicBool,
     record: File,
     len: u64,
     units: Vec<AtomicU64>,
-    /// Serialises writes of the record (the bits themselves are atomics).
-    writing: Mutex<()>,
+    /// Serialises writes of the record and the accounting (the bits themselves are
+    /// atomics); holds the runs of units stores are writing, which others leave to them.
+    writing: Mutex<Vec<std::ops::Range<u64>>>,
     /// Bytes this mount may still add before the directory passes its size limit.
     budget: AtomicU64,
     full_said: AtomicBool,
@@ -177,13 +181,45 @@ fn open_file(dir: &OwnedFd, name: &str, create: bool) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
-/// `name` in `dir` opened again with `O_DIRECT`, if the filesystem allows it and it is
-/// still `data`'s file.
+/// `name` in `dir` opened again with `O_DIRECT`, if it is still `data`'s file and its
+/// filesystem says direct I/O works there at [`DIRECT_ALIGN`] (`statx`'s `STATX_DIOALIGN`:
+/// where it says nothing, as tmpfs, or 0, as for ext4's journalled or encrypted files, the
+/// page cache would take the bytes anyway).
 fn open_direct(dir: &OwnedFd, name: &str, data: &File) -> Option<File> {
+    let st = rfs::statx(
+        data,
+        "",
+        rfs::AtFlags::EMPTY_PATH,
+        rfs::StatxFlags::DIOALIGN,
+    )
+    .ok()?;
+    let (mem, off) = (
+        st.stx_dio_mem_align as usize,
+        st.stx_dio_offset_align as usize,
+    );
+    let fits = |a: usize| a > 0 && DIRECT_ALIGN.is_multiple_of(a);
+    if st.stx_mask & rfs::StatxFlags::DIOALIGN.bits() == 0 || !fits(mem) || !fits(off) {
+        return None;
+    }
     let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::DIRECT;
     let fd = rfs::openat(dir, name, flags, Mode::empty()).ok()?;
     let (a, b) = (rfs::fstat(&fd).ok()?, rfs::fstat(data).ok()?);
     (a.st_dev == b.st_dev && a.st_ino == b.st_ino).then(|| File::from(fd))
+}
+
+/// The runs of consecutive units of `units` that `pick` takes.
+fn runs_where(
+    units: std::ops::Range<u64>,
+    pick: impl Fn(u64) -> bool,
+) -> Vec<std::ops::Range<u64>> {
+    let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+    for u in units.filter(|&u| pick(u)) {
+        match runs.last_mut() {
+            Some(r) if r.end == u => r.end = u + 1,
+            _ => runs.push(u..u + 1),
+        }
+    }
+    runs
 }
 
 /// The header a record for this image must start with.
@@ -294,7 +330,8 @@ impl Cache {
             record,
             len,
             units: bits.into_iter().map(AtomicU64::new).collect(),
-            writing: Mutex::new(()),
+            writing: Mutex::new(Vec::new()),
+            direct_refused: AtomicBool::new(false),
             budget: AtomicU64::new(limit.saturating_sub(others + mine)),
             full_said: AtomicBool::new(false),
             // Whole units, the short last one too, as `store` counts them (`held()` clamps):
@@ -343,75 +380,104 @@ impl Cache {
 
     /// Keeps `bytes` at `offset`, which the verified source has just checked; `around`:
     /// around the page cache where the buffer's alignment allows (see the module docs).
+    /// Only units neither held nor being written by another store are written, and with
+    /// the lock released: a direct write lasts until the disk has the bytes, and a reader's
+    /// store must not wait behind the prefetch's.
     pub fn store(&self, offset: u64, bytes: &[u8], around: bool) {
         let units = self.whole_units(offset, bytes.len() as u64);
         if units.clone().all(|u| self.has_unit(u)) {
             return;
         }
-        let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-        let new = units.clone().filter(|&u| !self.has_unit(u)).count() as u64 * UNIT;
-        if new == 0 {
-            // Another store of the same bytes got here first.
-            return;
-        }
-        let take = |c: &Cache| {
-            c.budget
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
-                .is_ok()
-        };
-        if self.full() || !(take(self) || self.make_room(new) && take(self)) {
-            if !self.full_said.swap(true, Ordering::Relaxed) {
-                eprintln!("cache {}: size limit reached, caching no more", self.name);
+        let runs = {
+            let mut w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+            // Neither held nor being written by another store.
+            let runs = runs_where(units, |u| {
+                !self.has_unit(u) && !w.iter().any(|r| r.contains(&u))
+            });
+            let new = runs.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
+            if new == 0 {
+                // Other stores of the same bytes got here first.
+                return;
             }
-            return;
-        }
-        let from = (units.start * UNIT - offset) as usize;
-        let to = ((units.end * UNIT).min(self.len) - offset) as usize;
-        // Data first, then the record: a crash in between leaves bytes unrecorded.
-        let Ok(buffered) = self.write_data(&bytes[from..to], units.start * UNIT, around) else {
-            return;
+            let take = |c: &Cache| {
+                c.budget
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
+                    .is_ok()
+            };
+            let pending = w.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
+            if self.full() || !(take(self) || self.make_room(new, pending) && take(self)) {
+                if !self.full_said.swap(true, Ordering::Relaxed) {
+                    eprintln!("cache {}: size limit reached, caching no more", self.name);
+                }
+                return;
+            }
+            w.extend(runs.iter().cloned());
+            runs
         };
-        for u in units.clone() {
-            self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
+        // Data first, then the record: a crash in between leaves bytes unrecorded.
+        let written: Vec<_> = runs
+            .iter()
+            .filter_map(|run| {
+                let from = (run.start * UNIT - offset) as usize;
+                let to = ((run.end * UNIT).min(self.len) - offset) as usize;
+                let buffered = self.write_data(&bytes[from..to], run.start * UNIT, around);
+                Some((run.clone(), buffered.ok()?))
+            })
+            .collect();
+        let mut w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        w.retain(|r| !runs.contains(r));
+        let claimed = runs.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
+        let kept = written.iter().map(|(r, _)| r.end - r.start).sum::<u64>() * UNIT;
+        // What could not be written is not held: its room goes back.
+        self.budget.fetch_add(claimed - kept, Ordering::Relaxed);
+        if kept > 0 {
+            for u in written.iter().flat_map(|(r, _)| r.clone()) {
+                self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
+            }
+            let held = self.held.fetch_add(kept, Ordering::Relaxed) + kept;
+            let whole = self.len.div_ceil(UNIT) * UNIT;
+            if held - kept < whole && held >= whole {
+                // Complete: the file is now the image, and `cache ls` will say so. The
+                // record's last bits go to disk after the data, so no power cut can leave
+                // "complete" over bytes that never reached the disk.
+                let _ = self.data.sync_data();
+                self.flushes.fetch_add(1, Ordering::Relaxed);
+            }
+            for (r, _) in &written {
+                self.write_record(r.clone());
+            }
         }
-        let held = self.held.fetch_add(new, Ordering::Relaxed) + new;
-        let whole = self.len.div_ceil(UNIT) * UNIT;
-        if held - new < whole && held >= whole {
-            // Complete: the file is now the image, and `cache ls` will say so. The record's
-            // last bits go to disk after the data, so no power cut can leave "complete"
-            // over bytes that never reached the disk.
-            let _ = self.data.sync_data();
-            self.flushes.fetch_add(1, Ordering::Relaxed);
-        }
-        self.write_record(units.clone());
-        drop(_w);
-        if let Some((at, n)) = buffered.filter(|&(_, n)| n >= WRITEBACK_NOW as u64) {
-            // Written out now, not all at once when a prefetch's last store syncs the
-            // file: its bytes reach the disk as it fetches, and dirty pages do not pile up
-            // to the gigabytes of a whole image.
-            host::writeback::start(&self.data, at, n);
+        drop(w);
+        for (at, n) in written.iter().filter_map(|(_, b)| *b) {
+            if n >= WRITEBACK_NOW as u64 {
+                // Written out now, not all at once when a prefetch's last store syncs the
+                // file: its bytes reach the disk as it fetches, and dirty pages do not pile
+                // up to the gigabytes of a whole image.
+                host::writeback::start(&self.data, at, n);
+            }
         }
     }
 
     /// Writes `bytes` at `at` (a unit's start): with `O_DIRECT` when `around` and the
     /// buffer is aligned, its whole units at least; returns the part written through the
-    /// page cache, if any, as (offset, length). A filesystem that refuses a direct write
-    /// gets the bytes through the page cache.
+    /// page cache, if any, as (offset, length). A direct write that fails leaves the bytes
+    /// to the page cache, and one the filesystem refuses (`EINVAL`) ends direct writes.
     fn write_data(&self, bytes: &[u8], at: u64, around: bool) -> io::Result<Option<(u64, u64)>> {
         let whole = bytes.len() / DIRECT_ALIGN * DIRECT_ALIGN;
         let aligned = (bytes.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN);
-        let done = match &self.direct {
-            Some(d) if around && aligned && whole > 0 => {
+        let mut done = 0;
+        if let Some(d) = &self.direct {
+            if around && aligned && whole > 0 && !self.direct_refused.load(Ordering::Relaxed) {
                 match d.write_all_at(&bytes[..whole], at) {
-                    Ok(()) => whole,
-                    Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-                        0
+                    Ok(()) => done = whole,
+                    Err(e) => {
+                        if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) {
+                            self.direct_refused.store(true, Ordering::Relaxed);
+                        }
                     }
-                    Err(e) => return Err(e),
                 }
             }
-            _ => 0,
-        };
+        }
         let rest = &bytes[done..];
         if rest.is_empty() {
             return Ok(None);
@@ -423,9 +489,11 @@ impl Cache {
 
     /// Prunes other unused entries, least recently used first, so this one can grow by
     /// `need` bytes (at least [`ROOM_STEP`], so pruning is rare); resets the budget to
-    /// what the directory then allows. The caller holds `writing`.
-    fn make_room(&self, need: u64) -> bool {
-        let mine = self.data.metadata().map_or(self.len, |m| on_disk(&m));
+    /// what the directory then allows, `pending` bytes being written counted as held.
+    /// The caller holds `writing`.
+    fn make_room(&self, need: u64, pending: u64) -> bool {
+        let on_file = self.data.metadata().map_or(self.len, |m| on_disk(&m));
+        let mine = on_file.saturating_add(pending);
         let want = need.max(ROOM_STEP).min(self.len);
         let keep = self.limit.saturating_sub(mine + want);
         let Ok(left) = prune_dir(&self.dir.0, &self.dir.1, keep, Some(&self.stem)) else {
@@ -618,6 +686,52 @@ mod tests {
         // A mount's opening (which lists the entries, to prune) is not stopped either.
         let other = format!("sha256:{}", "cd".repeat(32));
         Cache::open(dir.path(), &other, 1 << 20, 1 << 30).unwrap();
+    }
+
+    /// Stores racing over the same units, around the page cache and through it, from
+    /// aligned buffers and not: every unit is written and counted once, the entry ends
+    /// complete and flushed once, and the file is the image.
+    #[test]
+    fn racing_stores_around_the_page_cache_keep_every_unit_once() {
+        let len = (8 << 20) + 100;
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let n = len as usize;
+        let copy_at = |skew: usize| {
+            let mut raw = vec![0u8; n + 2 * DIRECT_ALIGN];
+            let at = raw.as_ptr().align_offset(DIRECT_ALIGN) + skew;
+            raw[at..at + n].copy_from_slice(&bytes);
+            (raw, at)
+        };
+        let ((a, at_a), (u, at_u)) = (copy_at(0), copy_at(1));
+        let (aligned, unaligned) = (&a[at_a..at_a + n], &u[at_u..at_u + n]);
+        for round in 0..8 {
+            let dir = tempfile::tempdir().unwrap();
+            let digest = format!("sha256:{}", "34".repeat(32));
+            let cache = Cache::open(dir.path(), &digest, len, 1 << 30).unwrap();
+            let start = std::sync::Barrier::new(6);
+            std::thread::scope(|s| {
+                for k in 0..6usize {
+                    let (cache, start) = (&cache, &start);
+                    s.spawn(move || {
+                        // Each from its own start to the end: the first covers every unit.
+                        let from = k * (256 << 10) + k * 100;
+                        let src = if k % 2 == 0 { aligned } else { unaligned };
+                        start.wait();
+                        cache.store(from as u64, &src[from..], k < 4);
+                    });
+                }
+            });
+            let whole = len.div_ceil(UNIT) * UNIT;
+            assert_eq!(cache.held.load(Ordering::Relaxed), whole, "round {round}");
+            assert_eq!(cache.flushes.load(Ordering::Relaxed), 1, "round {round}");
+            assert!(cache.writing.lock().unwrap().is_empty());
+            let file = dir.path().join(format!("{}.img", stem(&digest).unwrap()));
+            assert!(
+                std::fs::read(file).unwrap() == bytes,
+                "round {round}: the entry differs"
+            );
+            assert!(list(dir.path()).unwrap()[0].complete, "round {round}");
+        }
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //!   they come within a second (each step costs a round trip, however short), and halve
 //!   when one takes over four (a slow link: each try of a request has a time limit). A
 //!   cache that is full at once costs a step per thread fetched for nothing.
-//! - A step's buffer is page-aligned, so its store goes around the page cache
-//!   (`cache::Cache::store`).
+//! - A step's buffer is aligned as its bytes are in the file, so its store goes around the
+//!   page cache (`cache::Cache::store`).
 //! - What came of a failed fetch is checked and kept; the rest is fetched after a wait.
 //!   The prefetch never marks the server down for readers (see `RemoteSource::fetch`).
 //! - They wait while a reader's fetch is under way, and hash at a low CPU priority
@@ -182,7 +182,7 @@ fn fetch_span<S: ByteSource>(
     let wrong = |e: &std::io::Error| e.kind() == std::io::ErrorKind::InvalidData;
     while pos < end {
         let want = (end - pos) as usize;
-        let buf = buf.get(want);
+        let buf = buf.get(pos, want);
         let (fetched, taken) = remote.fetch_into(pos, buf);
         // Whole blocks only, unless all came (the data's short last block).
         let whole = if taken == want {
@@ -224,19 +224,23 @@ fn fetch_span<S: ByteSource>(
     Ok(())
 }
 
-/// A step's buffer, aligned for `O_DIRECT` (`cache::DIRECT_ALIGN`): a `Vec` has no
-/// alignment to ask for, so it holds one alignment more and its aligned part is used.
+/// A step's buffer, aligned for `O_DIRECT` (`cache::DIRECT_ALIGN`) as the bytes it takes
+/// are in the file: a `Vec` has no alignment to ask for, so it holds two alignments more
+/// and the part that lines up is used.
 #[derive(Default)]
 struct StepBuffer(Vec<u8>);
 
 impl StepBuffer {
-    /// `n` bytes at an aligned address.
-    fn get(&mut self, n: usize) -> &mut [u8] {
+    /// `n` bytes for the file's bytes at `pos`: at an address `pos` past an aligned one,
+    /// modulo the alignment (a step resumed after a short answer or a bad block may start
+    /// anywhere in a unit).
+    fn get(&mut self, pos: u64, n: usize) -> &mut [u8] {
         let a = crate::cache::DIRECT_ALIGN;
-        if self.0.len() < n + a {
-            self.0 = vec![0; n + a];
+        if self.0.len() < n + 2 * a {
+            self.0 = vec![0; n + 2 * a];
         }
-        let at = self.0.as_ptr().align_offset(a);
+        let addr = self.0.as_ptr() as usize;
+        let at = (a - addr % a) % a + (pos % a as u64) as usize;
         &mut self.0[at..at + n]
     }
 }

@@ -446,7 +446,7 @@ fn a_prefetch_fetches_each_byte_once_in_steps_in_flight_together_and_caches_them
         },
     );
     assert_eq!(p.progress.failures.load(Ordering::SeqCst), 0);
-    // Steps of 1, 2, 4... up to 16 MiB: about a dozen requests for 64 MiB.
+    // Steps of 1, 4, then 16 MiB: about a dozen requests for 64 MiB.
     assert!(p.requests <= 24, "{} requests for 64 MiB", p.requests);
     let most = p.seen.max_in_flight.load(Ordering::SeqCst);
     assert!(most >= 3, "at most {most} steps in flight at once");

@@ -2241,13 +2241,18 @@ fn a_prefetch_passes_over_bytes_the_server_keeps_wrong() {
 /// image (`verify` against the pinned digest).
 #[test]
 fn the_prefetch_stores_around_the_page_cache() {
-    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+    if prerequisites()
+        || skip_unless(is_root(), "needs root (mounts)")
+        || skip_unless(have("fincore"), "needs fincore (util-linux-extra)")
+    {
         return;
     }
     let reg = Registry::start(false);
     let t = tempfile::tempdir().unwrap();
     let (_, digest) = pushed_tree(t.path(), &reg, "apps/around:1", 23);
-    let (m, cache) = (t.path().join("m"), t.path().join("cache"));
+    // On the disk the build is on: /tmp may be a tmpfs, whose files are the page cache.
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (m, cache) = (t.path().join("m"), disk.path().join("cache"));
     let mounted = mount_cached(
         &reg.reference("apps/around:1"),
         &digest,
