@@ -70,7 +70,8 @@ pub struct Cache {
     len: u64,
     units: Vec<AtomicU64>,
     /// Serialises writes of the record and the accounting (the bits themselves are
-    /// atomics); holds the runs of units stores are writing, which others leave to them.
+    /// atomics); holds, per store under way, the span of units it is writing, which
+    /// others leave to it (units in it that it does not write are held already).
     writing: Mutex<Vec<std::ops::Range<u64>>>,
     /// Bytes this mount may still add before the directory passes its size limit.
     budget: AtomicU64,
@@ -265,11 +266,17 @@ fn load_record(record: &File, digest: &str, len: u64) -> io::Result<Option<Vec<u
     }
     let mut raw = vec![0u8; (words * 8) as usize];
     record.read_exact_at(&mut raw, HEADER)?;
-    Ok(Some(
-        raw.chunks(8)
-            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-            .collect(),
-    ))
+    let mut bits: Vec<u64> = raw
+        .chunks(8)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        .collect();
+    // Bits past the last unit (a damaged record) stand for nothing: counted, they would
+    // make the entry look complete before it is.
+    let units = len.div_ceil(UNIT);
+    if let Some(last) = bits.last_mut().filter(|_| !units.is_multiple_of(64)) {
+        *last &= (1 << (units % 64)) - 1;
+    }
+    Ok(Some(bits))
 }
 
 impl Cache {
@@ -388,22 +395,24 @@ impl Cache {
         if units.clone().all(|u| self.has_unit(u)) {
             return;
         }
-        let runs = {
+        let (runs, span) = {
             let mut w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
             // Neither held nor being written by another store.
             let runs = runs_where(units, |u| {
                 !self.has_unit(u) && !w.iter().any(|r| r.contains(&u))
             });
-            let new = runs.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
-            if new == 0 {
+            let span = match (runs.first(), runs.last()) {
+                (Some(a), Some(b)) => a.start..b.end,
                 // Other stores of the same bytes got here first.
-                return;
-            }
+                _ => return,
+            };
+            let new = runs.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
             let take = |c: &Cache| {
                 c.budget
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(new))
                     .is_ok()
             };
+            // The other stores' spans (what they write, and held units between).
             let pending = w.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
             if self.full() || !(take(self) || self.make_room(new, pending) && take(self)) {
                 if !self.full_said.swap(true, Ordering::Relaxed) {
@@ -411,8 +420,8 @@ impl Cache {
                 }
                 return;
             }
-            w.extend(runs.iter().cloned());
-            runs
+            w.push(span.clone());
+            (runs, span)
         };
         // Data first, then the record: a crash in between leaves bytes unrecorded.
         let written: Vec<_> = runs
@@ -425,15 +434,14 @@ impl Cache {
             })
             .collect();
         let mut w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-        w.retain(|r| !runs.contains(r));
+        if let Some(i) = w.iter().position(|r| *r == span) {
+            w.swap_remove(i);
+        }
         let claimed = runs.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
         let kept = written.iter().map(|(r, _)| r.end - r.start).sum::<u64>() * UNIT;
         // What could not be written is not held: its room goes back.
         self.budget.fetch_add(claimed - kept, Ordering::Relaxed);
         if kept > 0 {
-            for u in written.iter().flat_map(|(r, _)| r.clone()) {
-                self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
-            }
             let held = self.held.fetch_add(kept, Ordering::Relaxed) + kept;
             let whole = self.len.div_ceil(UNIT) * UNIT;
             if held - kept < whole && held >= whole {
@@ -442,6 +450,9 @@ impl Cache {
                 // "complete" over bytes that never reached the disk.
                 let _ = self.data.sync_data();
                 self.flushes.fetch_add(1, Ordering::Relaxed);
+            }
+            for u in written.iter().flat_map(|(r, _)| r.clone()) {
+                self.units[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
             }
             for (r, _) in &written {
                 self.write_record(r.clone());
@@ -732,6 +743,38 @@ mod tests {
             );
             assert!(list(dir.path()).unwrap()[0].complete, "round {round}");
         }
+    }
+
+    /// A record with every bit past the image's last unit set: they count for nothing,
+    /// so the entry is neither complete nor flushed before its last unit is stored.
+    #[test]
+    fn bits_past_the_last_unit_count_for_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let digest = format!("sha256:{}", "56".repeat(32));
+        // 257 units: the record's fifth word holds one.
+        let len = (1 << 20) + 100;
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+        drop(Cache::open(dir.path(), &digest, len, 1 << 30).unwrap());
+        let record = dir.path().join(format!("{}.map", stem(&digest).unwrap()));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&record)
+            .unwrap();
+        f.write_all_at(&(!1u64).to_le_bytes(), HEADER + 4 * 8)
+            .unwrap();
+        let cache = Cache::open(dir.path(), &digest, len, 1 << 30).unwrap();
+        assert_eq!(cache.held(), 0);
+        assert_eq!(list(dir.path()).unwrap()[0].cached_bytes, 0);
+        cache.store(0, &bytes[..1 << 20], false);
+        assert_eq!(
+            cache.flushes.load(Ordering::Relaxed),
+            0,
+            "flushed before complete"
+        );
+        assert!(!list(dir.path()).unwrap()[0].complete);
+        cache.store(1 << 20, &bytes[1 << 20..], false);
+        assert_eq!(cache.flushes.load(Ordering::Relaxed), 1);
+        assert!(list(dir.path()).unwrap()[0].complete);
     }
 
     #[test]
