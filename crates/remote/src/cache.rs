@@ -17,15 +17,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use rustix::fs::{self as rfs, FlockOperation, Mode, OFlags};
+use verity::source::DIRECT_ALIGN;
 
 /// The cache's unit: a bit of the record.
 pub const UNIT: u64 = 4096;
 /// Stores whose bytes go through the page cache start their writeback at once when this
 /// large (see `store`).
 const WRITEBACK_NOW: usize = 256 << 10;
-/// What `O_DIRECT` writes are aligned to, in memory and in the file: the cache's unit,
-/// a multiple of every disk's logical block size verilay expects.
-pub const DIRECT_ALIGN: usize = UNIT as usize;
+// Direct writes are of whole units, from buffers aligned as verity's direct reads are.
+const _: () = assert!((UNIT as usize).is_multiple_of(DIRECT_ALIGN));
 const MAGIC: [u8; 8] = *b"VLCACHE1";
 /// Magic, the image's length, the digest's length and the digest (`alg:hex`, zero-padded).
 const HEADER: u64 = 8 + 8 + 8 + 160;
@@ -395,7 +395,7 @@ impl Cache {
         if units.clone().all(|u| self.has_unit(u)) {
             return;
         }
-        let (runs, span) = {
+        let (runs, span, claimed) = {
             let mut w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
             // Neither held nor being written by another store.
             let runs = runs_where(units, |u| {
@@ -421,7 +421,7 @@ impl Cache {
                 return;
             }
             w.push(span.clone());
-            (runs, span)
+            (runs, span, new)
         };
         // Data first, then the record: a crash in between leaves bytes unrecorded.
         let written: Vec<_> = runs
@@ -437,7 +437,6 @@ impl Cache {
         if let Some(i) = w.iter().position(|r| *r == span) {
             w.swap_remove(i);
         }
-        let claimed = runs.iter().map(|r| r.end - r.start).sum::<u64>() * UNIT;
         let kept = written.iter().map(|(r, _)| r.end - r.start).sum::<u64>() * UNIT;
         // What could not be written is not held: its room goes back.
         self.budget.fetch_add(claimed - kept, Ordering::Relaxed);
@@ -707,14 +706,12 @@ mod tests {
         let len = (8 << 20) + 100;
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
         let n = len as usize;
-        let copy_at = |skew: usize| {
-            let mut raw = vec![0u8; n + 2 * DIRECT_ALIGN];
-            let at = raw.as_ptr().align_offset(DIRECT_ALIGN) + skew;
-            raw[at..at + n].copy_from_slice(&bytes);
-            (raw, at)
-        };
-        let ((a, at_a), (u, at_u)) = (copy_at(0), copy_at(1));
-        let (aligned, unaligned) = (&a[at_a..at_a + n], &u[at_u..at_u + n]);
+        let (mut a, mut u) = (Vec::new(), Vec::new());
+        let aligned = verity::source::aligned_for(&mut a, n, 0);
+        aligned.copy_from_slice(&bytes);
+        let unaligned = verity::source::aligned_for(&mut u, n, 1);
+        unaligned.copy_from_slice(&bytes);
+        let (aligned, unaligned) = (&*aligned, &*unaligned);
         for round in 0..8 {
             let dir = tempfile::tempdir().unwrap();
             let digest = format!("sha256:{}", "34".repeat(32));

@@ -8,8 +8,9 @@
 //!   they come within a second (each step costs a round trip, however short), and halve
 //!   when one takes over four (a slow link: each try of a request has a time limit). A
 //!   cache that is full at once costs a step per thread fetched for nothing.
-//! - A step's buffer is aligned as its bytes are in the file, so its store goes around the
-//!   page cache (`cache::Cache::store`).
+//! - A step's buffer is aligned as its bytes are in the file
+//!   (`verity::source::aligned_for`), so its store goes around the page cache
+//!   (`cache::Cache::store`).
 //! - What came of a failed fetch is checked and kept; the rest is fetched after a wait.
 //!   The prefetch never marks the server down for readers (see `RemoteSource::fetch`).
 //! - They wait while a reader's fetch is under way, and hash at a low CPU priority
@@ -101,7 +102,7 @@ fn run<S: ByteSource>(
     // A low priority for this thread's hashing (Linux: per thread).
     let _ = rustix::process::setpriority_process(None, NICE);
     let len = verified.len();
-    let mut buf = StepBuffer::default();
+    let mut buf = Vec::new();
     let mut n = FIRST_STEP;
     loop {
         let at = next.fetch_add(n, Ordering::Relaxed);
@@ -173,7 +174,7 @@ fn missing(remote: &RemoteSource, at: u64, n: u64) -> Option<(u64, u64)> {
 fn fetch_span<S: ByteSource>(
     remote: &RemoteSource,
     verified: &VerifiedSource<S>,
-    buf: &mut StepBuffer,
+    buf: &mut Vec<u8>,
     mut pos: u64,
     end: u64,
     progress: &Progress,
@@ -182,7 +183,9 @@ fn fetch_span<S: ByteSource>(
     let wrong = |e: &std::io::Error| e.kind() == std::io::ErrorKind::InvalidData;
     while pos < end {
         let want = (end - pos) as usize;
-        let buf = buf.get(pos, want);
+        // Aligned as its bytes are in the file (a step resumed after a short answer or a
+        // bad block may start anywhere in a unit).
+        let buf = verity::source::aligned_for(buf, want, pos);
         let (fetched, taken) = remote.fetch_into(pos, buf);
         // Whole blocks only, unless all came (the data's short last block).
         let whole = if taken == want {
@@ -222,25 +225,4 @@ fn fetch_span<S: ByteSource>(
         }
     }
     Ok(())
-}
-
-/// A step's buffer, aligned for `O_DIRECT` (`cache::DIRECT_ALIGN`) as the bytes it takes
-/// are in the file: a `Vec` has no alignment to ask for, so it holds two alignments more
-/// and the part that lines up is used.
-#[derive(Default)]
-struct StepBuffer(Vec<u8>);
-
-impl StepBuffer {
-    /// `n` bytes for the file's bytes at `pos`: at an address `pos` past an aligned one,
-    /// modulo the alignment (a step resumed after a short answer or a bad block may start
-    /// anywhere in a unit).
-    fn get(&mut self, pos: u64, n: usize) -> &mut [u8] {
-        let a = crate::cache::DIRECT_ALIGN;
-        if self.0.len() < n + 2 * a {
-            self.0 = vec![0; n + 2 * a];
-        }
-        let addr = self.0.as_ptr() as usize;
-        let at = (a - addr % a) % a + (pos % a as u64) as usize;
-        &mut self.0[at..at + n]
-    }
 }

@@ -171,7 +171,20 @@ impl Drop for FileSource {
 }
 
 /// `O_DIRECT` alignment of offsets, lengths and memory; 4 KiB satisfies every common device.
-const DIRECT_ALIGN: usize = 4096;
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// `n` bytes of `raw` (made larger if it must be) at an address aligned as `file_offset`
+/// is, modulo [`DIRECT_ALIGN`], for direct I/O of the file's bytes there: a `Vec` has no
+/// alignment to ask for, so it holds two alignments more and the part that lines up is
+/// used.
+pub fn aligned_for(raw: &mut Vec<u8>, n: usize, file_offset: u64) -> &mut [u8] {
+    let a = DIRECT_ALIGN;
+    if raw.len() < n + 2 * a {
+        *raw = vec![0; n + 2 * a];
+    }
+    let at = (a - raw.as_ptr() as usize % a) % a + (file_offset % a as u64) as usize;
+    &mut raw[at..at + n]
+}
 
 /// Opens `path` for reading as an input file: without waiting (`O_NONBLOCK`: opening a
 /// FIFO would wait for a writer, forever) and only if it is a regular file, or a block
@@ -320,9 +333,8 @@ impl FileSource {
         let start = offset / a * a;
         let end = (offset + buf.len() as u64).next_multiple_of(a);
         let span = (end - start) as usize;
-        let mut raw = vec![0u8; span + DIRECT_ALIGN];
-        let pad = raw.as_ptr().align_offset(DIRECT_ALIGN);
-        let bounce = &mut raw[pad..pad + span];
+        let mut raw = Vec::new();
+        let bounce = aligned_for(&mut raw, span, 0);
         let need = (offset - start) as usize + buf.len();
         let mut got = 0;
         while got < need {
