@@ -2238,7 +2238,8 @@ fn a_prefetch_passes_over_bytes_the_server_keeps_wrong() {
 
 /// The prefetch's steps reach the cache around the page cache (`O_DIRECT`): once it is
 /// done, util-linux's fincore finds little of the entry in memory, and the entry is the
-/// image (`verify` against the pinned digest).
+/// image (`verify` against the pinned digest). On both engines (the kernel engine's daemon
+/// fetches and stores as the FUSE engine's does).
 #[test]
 fn the_prefetch_stores_around_the_page_cache() {
     if prerequisites()
@@ -2252,41 +2253,45 @@ fn the_prefetch_stores_around_the_page_cache() {
     let (_, digest) = pushed_tree(t.path(), &reg, "apps/around:1", 23);
     // On the disk the build is on: /tmp may be a tmpfs, whose files are the page cache.
     let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (m, cache) = (t.path().join("m"), disk.path().join("cache"));
-    let mounted = mount_cached(
-        &reg.reference("apps/around:1"),
-        &digest,
-        &cache,
-        &m,
-        &["--prefetch"],
-    );
-    wait_until(Duration::from_secs(60), "the prefetch to finish", || {
-        let v = stats(&m);
-        v["prefetch_bytes_done"] == v["prefetch_bytes_total"]
-            && v["cache_bytes_verified"] == v["remote_image_bytes"]
-    });
-    let file = cache.join(format!("{}.img", digest.replace(':', "-")));
-    let out = run(Command::new("fincore")
-        .args(["--bytes", "--noheadings", "--output", "RES,SIZE"])
-        .arg(&file));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let [resident, size]: [u64; 2] = text
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect::<Vec<_>>()
-        .try_into()
-        .unwrap();
-    assert!(size > 16 << 20, "{text}");
-    // What the mount itself read (superblock, root, the tree) went through memory.
-    assert!(
-        resident < size / 8,
-        "{resident} of the entry's {size} bytes are in the page cache"
-    );
-    drop(mounted);
-    wait_daemon_gone(&m);
-    run(verilay()
-        .args(["verify", "--quiet", "--digest", &digest])
-        .arg(&file));
+    let m = t.path().join("m");
+    for engine in ["fuse", "kernel"] {
+        let cache = disk.path().join(format!("cache-{engine}"));
+        let mounted = mount_cached(
+            &reg.reference("apps/around:1"),
+            &digest,
+            &cache,
+            &m,
+            &["--prefetch", "--engine", engine],
+        );
+        assert_eq!(stats(&m)["engine"], engine);
+        wait_until(Duration::from_secs(60), "the prefetch to finish", || {
+            let v = stats(&m);
+            v["prefetch_bytes_done"] == v["prefetch_bytes_total"]
+                && v["cache_bytes_verified"] == v["remote_image_bytes"]
+        });
+        let file = cache.join(format!("{}.img", digest.replace(':', "-")));
+        let out = run(Command::new("fincore")
+            .args(["--bytes", "--noheadings", "--output", "RES,SIZE"])
+            .arg(&file));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let [resident, size]: [u64; 2] = text
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap();
+        assert!(size > 16 << 20, "{engine}: {text}");
+        // What the mount itself read (superblock, root, the tree) went through memory.
+        assert!(
+            resident < size / 8,
+            "{engine}: {resident} of the entry's {size} bytes are in the page cache"
+        );
+        drop(mounted);
+        wait_daemon_gone(&m);
+        run(verilay()
+            .args(["verify", "--quiet", "--digest", &digest])
+            .arg(&file));
+    }
 }
 
 /// Whether the daemon of `m` still runs its prefetch thread.
