@@ -50,6 +50,9 @@ const DENSE: u64 = 8;
 /// readahead threads fetch the next window while it reads this one.
 const SEQUENTIAL: u64 = 16;
 const READAHEAD_THREADS: usize = 4;
+/// The least a piece of a window asked ahead is split into (256 KiB): smaller ones cost a
+/// request each for little.
+const AHEAD_PIECE_MIN: u64 = 64;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 pub const ATTEMPTS: u32 = 3;
 /// `VERILAY_FETCH_EXACT=1`: no runs, no readahead, one request per 4 KiB chunk a read
@@ -534,11 +537,12 @@ impl RemoteSource {
     /// of at most [`REQUEST_MAX`] fetched at once, and marks its first chunk: the reader
     /// reaching it asks for the next window, twice as long (at most [`AHEAD_MAX`]).
     fn schedule(&self, start: u64, n: u64) {
-        self.push_windows(start, n, true);
+        self.push_windows(start, n, true, REQUEST_MAX);
     }
 
-    /// [`schedule`](Self::schedule), the mark only if `marked`.
-    fn push_windows(&self, start: u64, n: u64, marked: bool) {
+    /// [`schedule`](Self::schedule) in pieces of at most `piece` chunks, the mark only if
+    /// `marked`.
+    fn push_windows(&self, start: u64, n: u64, marked: bool, piece: u64) {
         let end = (start + n).min(self.len.div_ceil(CHUNK));
         let Some(queue) = self.ahead.get() else {
             return;
@@ -552,10 +556,10 @@ impl RemoteSource {
             self.lock_chunks().marks.insert(mark, end - mark);
         }
         let background = BACKGROUND.with(|b| b.get());
-        for piece in (mark..end).step_by(REQUEST_MAX as usize) {
+        for at in (mark..end).step_by(piece as usize) {
             queue.push(Window {
-                start: piece,
-                n: REQUEST_MAX.min(end - piece),
+                start: at,
+                n: piece.min(end - at),
                 background,
             });
         }
@@ -566,10 +570,17 @@ impl RemoteSource {
     /// tree comes: a mount's first reads, one round trip each otherwise). Unmarked: a
     /// reader reaching them asks for no window after them (a walk of the metadata is no
     /// sequential reader, and windows doubling from there would fetch file data).
+    /// In pieces of at least [`AHEAD_PIECE_MIN`] chunks for all readahead threads but one,
+    /// so that it comes on several connections at once and a window asked just before
+    /// (the image's head, at open) does not wait behind it.
     pub fn fetch_ahead(&self, offset: u64, len: u64) {
         if !self.exact && len > 0 {
             let first = offset / CHUNK;
-            self.push_windows(first, (offset + len).div_ceil(CHUNK) - first, false);
+            let n = (offset + len).div_ceil(CHUNK) - first;
+            let piece = n
+                .div_ceil(READAHEAD_THREADS as u64 - 1)
+                .clamp(AHEAD_PIECE_MIN, REQUEST_MAX);
+            self.push_windows(first, n, false, piece);
         }
     }
 
@@ -593,11 +604,16 @@ impl RemoteSource {
     /// A readahead thread's job: fetches what of `start..start + n` is missing and free,
     /// in as few requests as the chunks other fetches hold allow.
     fn fill(&self, start: u64, n: u64) {
-        let slots = self.slots(start, start + n);
+        let mut slots = self.slots(start, start + n);
         let mut at = 0;
         while at < slots.len() {
             if BACKGROUND.with(|b| b.get()) && !self.background_turn() {
                 return;
+            }
+            if at > 0 {
+                // Looked at again after each fetch: a reader may have fetched, checked and
+                // cached chunks of the window meanwhile, and emptied their slots.
+                slots = self.slots(start, start + n);
             }
             // Chunks here already or coming are skipped, not spanned.
             at += slots[at..]

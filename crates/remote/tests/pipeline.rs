@@ -486,3 +486,34 @@ fn a_prefetch_fetches_a_bad_block_again_alone() {
     p.served_at_most(p.image_len + (1 << 20));
     p.all_cached();
 }
+
+/// A window asked ahead (as the tree is at open) is fetched in pieces on several
+/// connections at once, not in one request, and each byte once.
+#[test]
+fn a_window_asked_ahead_comes_in_pieces_at_once() {
+    let n = 6usize << 20;
+    let bytes = data(n + 4096);
+    let (url, seen) = serve(
+        bytes.clone(),
+        Pace {
+            delay: Duration::from_millis(500),
+            ..Pace::default()
+        },
+    );
+    let remote = open(&url);
+    remote.fetch_ahead(0, n as u64);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.max_in_flight.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let most = seen.max_in_flight.load(Ordering::SeqCst);
+    assert!(most >= 3, "at most {most} requests in flight at once");
+    let mut buf = vec![0u8; n];
+    remote.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf[..] == bytes[..n], "read back differs");
+    let served = seen.bytes.load(Ordering::SeqCst);
+    assert!(
+        served <= n as u64 + (64 << 10),
+        "{served} bytes served for {n}"
+    );
+}

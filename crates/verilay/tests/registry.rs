@@ -491,13 +491,24 @@ const PROXY: &str = r#"
 import http.server, os, sys, threading, urllib.error, urllib.request
 port, upstream, state = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 lock = threading.Lock()
+inflight = [0]
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
     def forward(self, head):
         with lock:
+            inflight[0] += 1
             with open(state + "/requests", "a") as f:
-                f.write(f"{'HEAD' if head else 'GET'} {self.path} {self.headers.get('Range', '-')}\n")
+                # The last field: this request and those in flight when it came.
+                f.write(f"{'HEAD' if head else 'GET'} {self.path} {self.headers.get('Range', '-')} {inflight[0]}\n")
+        try:
+            # "S" in the file: every request waits S seconds first (a long round trip).
+            if os.path.exists(state + "/delay"):
+                import time; time.sleep(float(open(state + "/delay").read()))
+            self.answer(head)
+        finally:
+            with lock: inflight[0] -= 1
+    def answer(self, head):
         req = urllib.request.Request(upstream + self.path, method="HEAD" if head else "GET")
         for k in ("Range", "Accept", "Authorization"):
             if self.headers.get(k): req.add_header(k, self.headers[k])
@@ -2673,6 +2684,60 @@ fn a_remote_mount_asks_the_registry_for_each_thing_once() {
         drop(_m);
         wait_daemon_gone(&m);
     }
+}
+
+/// At open, a remote image's tree (1/128 of it), the data's last block before it (the
+/// file-digest table's footer, read next) and the image's head are asked for together, on
+/// several connections: over a long round trip the mount waits for one round of them, not
+/// for each in turn. (How a tree of several pieces comes at once:
+/// `pipeline::a_window_asked_ahead_comes_in_pieces_at_once`.)
+#[test]
+fn a_remote_mount_fetches_its_tree_in_pieces_at_once() {
+    if prerequisites() || skip_unless(is_root(), "needs root (mounts)") {
+        return;
+    }
+    let reg = Registry::start(false);
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), unrepeating(96 << 20, 7 << 40)).unwrap();
+    let image = t.path().join("app.img");
+    let digest = String::from_utf8(build(&src, &image, &["--quiet"]).stdout).unwrap();
+    run(verilay()
+        .args(["push", "--insecure", "--quiet"])
+        .arg(&image)
+        .arg(reg.reference("apps/tree:1")));
+    let state = t.path().join("proxy");
+    std::fs::create_dir_all(&state).unwrap();
+    let (_proxy, port) = proxy(&reg, &state);
+    std::fs::write(state.join("delay"), "0.3").unwrap();
+    let m = t.path().join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    run(verilay()
+        .args(["mount", "--quiet", "--insecure", "--engine", "fuse"])
+        .arg(format!("oci://127.0.0.1:{port}/apps/tree:1"))
+        .args(["--digest", digest.trim()])
+        .arg(&m));
+    let _m = Unmount::fuse(&m);
+    let requests = std::fs::read_to_string(state.join("requests")).unwrap();
+    let ranges: Vec<(u64, u64, u64)> = requests
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let (a, b) = f.get(2)?.strip_prefix("bytes=")?.split_once('-')?;
+            Some((a.parse().ok()?, b.parse().ok()?, f.get(3)?.parse().ok()?))
+        })
+        .collect();
+    let size = std::fs::metadata(&image).unwrap().len();
+    // Past the file's 96 MiB: the data's last blocks and the tree, before the descriptor
+    // and trailer (the last 320 bytes, fetched first on their own).
+    let tree = |r: &(u64, u64, u64)| r.0 >= 96 << 20 && r.1 < size - 320;
+    let pieces = ranges.iter().filter(|r| tree(r)).count();
+    let together = ranges.iter().map(|r| r.2).max().unwrap_or(0);
+    assert!(
+        pieces >= 2 && together >= 3,
+        "{pieces} requests for the tree, at most {together} in flight:\n{requests}"
+    );
 }
 
 /// The prefetch's threads hash at nice 10 (`remote::prefetch::NICE`): below readers, and
