@@ -547,6 +547,12 @@ impl Cache {
         self.full_said.load(Ordering::Relaxed)
     }
 
+    /// Whether the whole image fits under the directory's size limit: what a store
+    /// needs beyond the budget is then made by pruning other unused entries.
+    pub fn fits_whole(&self) -> bool {
+        self.len <= self.limit
+    }
+
     /// Bytes of the image held (verified) in the cache.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed).min(self.len)

@@ -4,10 +4,11 @@
 //!
 //! - [`WORKERS`] threads: several steps are in flight while others are hashed and stored,
 //!   so the link stays busy across its round trip and the hashing runs on every CPU.
-//! - Each thread's steps start at [`FIRST_STEP`] and grow fourfold up to [`STEP`] while
-//!   they come within a second (each step costs a round trip, however short), and halve
-//!   when one takes over four (a slow link: each try of a request has a time limit). A
-//!   cache that is full at once costs a step per thread fetched for nothing.
+//! - Each thread's steps start at [`STEP`] where the whole image fits the cache's size
+//!   limit, else at [`FIRST_STEP`] (a cache that is full at once costs a step per thread
+//!   fetched for nothing); they grow fourfold up to [`STEP`] while they come within a
+//!   second (each step costs a round trip, however short), and halve when one takes over
+//!   four (a slow link: each try of a request has a time limit).
 //! - A step's buffer is aligned as its bytes are in the file
 //!   (`verity::source::aligned_for`), so its store goes around the page cache
 //!   (`cache::Cache::store`).
@@ -103,7 +104,12 @@ fn run<S: ByteSource>(
     let _ = rustix::process::setpriority_process(None, NICE);
     let len = verified.len();
     let mut buf = Vec::new();
-    let mut n = FIRST_STEP;
+    // Growing from the first step took the threads three round trips to reach full steps.
+    let mut n = if remote.cache().is_some_and(|c| c.fits_whole()) {
+        STEP
+    } else {
+        FIRST_STEP
+    };
     loop {
         let at = next.fetch_add(n, Ordering::Relaxed);
         if at >= len {
@@ -122,8 +128,12 @@ fn run<S: ByteSource>(
                 match fetch_span(remote, verified, &mut buf, pos, end, progress) {
                     Ok(()) => pos = end,
                     // What came before the failure is kept; the rest is tried again after
-                    // a wait.
+                    // a wait, which doubles only while tries bring nothing (one that
+                    // brought bytes had a working link cut it short).
                     Err((reached, _)) => {
+                        if reached > pos {
+                            backoff = FIRST_BACKOFF;
+                        }
                         pos = reached;
                         progress.failures.fetch_add(1, Ordering::Relaxed);
                         std::thread::sleep(backoff);
@@ -193,28 +203,32 @@ fn fetch_span<S: ByteSource>(
         } else {
             taken / bs as usize * bs as usize
         };
-        if whole > 0 {
-            if let Err(e) = verified.check_fetched(pos, &buf[..whole]) {
-                let Some(bad) = IntegrityError::find(&e)
-                    .filter(|i| i.data)
-                    .map(|i| i.offset)
-                else {
-                    return Err((pos, e));
-                };
-                // The blocks before it were kept.
-                let n = bs.min(end - bad);
-                match verified.read_exact_at(&mut buf[..n as usize], bad) {
-                    Ok(()) => {}
-                    Err(e) if wrong(&e) => {
-                        progress.failures.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => return Err((bad, e)),
+        // A bad block is read again alone; the blocks after it are checked from the same
+        // buffer, not fetched again.
+        let mut at = 0;
+        while at < whole {
+            let Err(e) = verified.check_fetched(pos + at as u64, &buf[at..whole]) else {
+                break;
+            };
+            let Some(bad) = IntegrityError::find(&e)
+                .filter(|i| i.data)
+                .map(|i| i.offset)
+            else {
+                return Err((pos + at as u64, e));
+            };
+            // The blocks before it were kept.
+            let n = bs.min(end - bad);
+            let from = (bad - pos) as usize;
+            match verified.read_exact_at(&mut buf[from..from + n as usize], bad) {
+                Ok(()) => {}
+                Err(e) if wrong(&e) => {
+                    progress.failures.fetch_add(1, Ordering::Relaxed);
                 }
-                pos = bad + n;
-                continue;
+                Err(e) => return Err((bad, e)),
             }
-            pos += whole as u64;
+            at = from + n as usize;
         }
+        pos += whole as u64;
         match fetched {
             Ok(()) => {}
             Err(e) if wrong(&e) => {
