@@ -182,15 +182,13 @@ pub fn open(path: &Path, pin: &Pin, allow_plain: bool, opts: &ReadOpts) -> anyho
                 // The whole tree (1/128 of the image) at once instead of each tree block
                 // when a read needs it, with the data's last block before it (a verilay
                 // image ends its EROFS area with the file-digest table, whose footer the
-                // mount reads next): asked of the readahead threads, which fetch it in
-                // pieces on several connections at once, where the read below alone would
-                // fetch it in runs one after another. Only a head start: what fails here
-                // is fetched and checked again when a read needs it.
+                // mount reads next), in pieces on several connections at once. Only a head
+                // start: what fails here is fetched and checked again when a read needs it.
                 let s = v.section();
                 if s.tree_size <= REMOTE_TREE_AT_ONCE && v.len() > 0 {
                     let bs = u64::from(v.params().block_size);
                     let last = (v.len() - 1) / bs * bs;
-                    remote.fetch_ahead(last, s.tree_offset + s.tree_size - last);
+                    remote.fetch_in_pieces(last, s.tree_offset + s.tree_size - last);
                 }
                 let _ = v.load_tree(REMOTE_TREE_AT_ONCE);
             }

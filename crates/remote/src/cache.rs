@@ -548,7 +548,8 @@ impl Cache {
     }
 
     /// Whether the whole image fits under the directory's size limit: what a store
-    /// needs beyond the budget is then made by pruning other unused entries.
+    /// needs beyond the budget is then made by pruning other entries, unless other mounts
+    /// use them.
     pub fn fits_whole(&self) -> bool {
         self.len <= self.limit
     }

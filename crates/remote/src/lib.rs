@@ -50,9 +50,9 @@ const DENSE: u64 = 8;
 /// readahead threads fetch the next window while it reads this one.
 const SEQUENTIAL: u64 = 16;
 const READAHEAD_THREADS: usize = 4;
-/// The least a piece of a window asked ahead is split into (256 KiB): smaller ones cost a
-/// request each for little.
-const AHEAD_PIECE_MIN: u64 = 64;
+/// The least piece [`RemoteSource::fetch_in_pieces`] makes (256 KiB): smaller ones cost
+/// a request each for little.
+const PIECE_MIN: u64 = 64;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 pub const ATTEMPTS: u32 = 3;
 /// `VERILAY_FETCH_EXACT=1`: no runs, no readahead, one request per 4 KiB chunk a read
@@ -537,12 +537,11 @@ impl RemoteSource {
     /// of at most [`REQUEST_MAX`] fetched at once, and marks its first chunk: the reader
     /// reaching it asks for the next window, twice as long (at most [`AHEAD_MAX`]).
     fn schedule(&self, start: u64, n: u64) {
-        self.push_windows(start, n, true, REQUEST_MAX);
+        self.push_windows(start, n, true);
     }
 
-    /// [`schedule`](Self::schedule) in pieces of at most `piece` chunks, the mark only if
-    /// `marked`.
-    fn push_windows(&self, start: u64, n: u64, marked: bool, piece: u64) {
+    /// [`schedule`](Self::schedule), the mark only if `marked`.
+    fn push_windows(&self, start: u64, n: u64, marked: bool) {
         let end = (start + n).min(self.len.div_ceil(CHUNK));
         let Some(queue) = self.ahead.get() else {
             return;
@@ -556,10 +555,10 @@ impl RemoteSource {
             self.lock_chunks().marks.insert(mark, end - mark);
         }
         let background = BACKGROUND.with(|b| b.get());
-        for at in (mark..end).step_by(piece as usize) {
+        for piece in (mark..end).step_by(REQUEST_MAX as usize) {
             queue.push(Window {
-                start: at,
-                n: piece.min(end - at),
+                start: piece,
+                n: REQUEST_MAX.min(end - piece),
                 background,
             });
         }
@@ -570,18 +569,45 @@ impl RemoteSource {
     /// tree comes: a mount's first reads, one round trip each otherwise). Unmarked: a
     /// reader reaching them asks for no window after them (a walk of the metadata is no
     /// sequential reader, and windows doubling from there would fetch file data).
-    /// In pieces of at least [`AHEAD_PIECE_MIN`] chunks for all readahead threads but one,
-    /// so that it comes on several connections at once and a window asked just before
-    /// (the image's head, at open) does not wait behind it.
     pub fn fetch_ahead(&self, offset: u64, len: u64) {
         if !self.exact && len > 0 {
             let first = offset / CHUNK;
-            let n = (offset + len).div_ceil(CHUNK) - first;
-            let piece = n
-                .div_ceil(READAHEAD_THREADS as u64 - 1)
-                .clamp(AHEAD_PIECE_MIN, REQUEST_MAX);
-            self.push_windows(first, n, false, piece);
+            self.push_windows(first, (offset + len).div_ceil(CHUNK) - first, false);
         }
+    }
+
+    /// Fetches `[offset, offset + len)` now, in pieces of at least [`PIECE_MIN`] chunks
+    /// (at most a reader's run) on up to `READAHEAD_THREADS - 1` connections at once, one
+    /// request each, and returns when they ended: for bytes wanted whole at once (the
+    /// tree, at open), which one reader would fetch in runs one after another. Only a
+    /// head start: what fails is fetched when it is read.
+    pub fn fetch_in_pieces(&self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.len);
+        if self.exact || offset >= end {
+            return;
+        }
+        let first = offset / CHUNK;
+        let n = end.div_ceil(CHUNK) - first;
+        let piece = n
+            .div_ceil(READAHEAD_THREADS as u64 - 1)
+            .clamp(PIECE_MIN, MAX_RUN);
+        let fetch = |at: u64| {
+            let (from, to) = (at * CHUNK, ((at + piece) * CHUNK).min(end));
+            let mut buf = vec![0u8; (to - from) as usize];
+            let _ = self.read_exact_at(&mut buf, from);
+        };
+        std::thread::scope(|s| {
+            for at in (first..first + n).step_by(piece as usize).skip(1) {
+                // A piece whose thread cannot be made is fetched here.
+                if std::thread::Builder::new()
+                    .spawn_scoped(s, move || fetch(at))
+                    .is_err()
+                {
+                    fetch(at);
+                }
+            }
+            fetch(first);
+        });
     }
 
     /// The window after a sequential reader's `n` chunks ending at chunk `end`: twice as
@@ -613,7 +639,9 @@ impl RemoteSource {
             if at > 0 {
                 // Looked at again after each fetch: a reader may have fetched, checked and
                 // cached chunks of the window meanwhile, and emptied their slots.
-                slots = self.slots(start, start + n);
+                let rest = self.slots(start + at as u64, start + n);
+                slots.truncate(at);
+                slots.extend(rest);
             }
             // Chunks here already or coming are skipped, not spanned.
             at += slots[at..]

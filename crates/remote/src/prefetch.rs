@@ -4,11 +4,12 @@
 //!
 //! - [`WORKERS`] threads: several steps are in flight while others are hashed and stored,
 //!   so the link stays busy across its round trip and the hashing runs on every CPU.
-//! - Each thread's steps start at [`STEP`] where the whole image fits the cache's size
-//!   limit, else at [`FIRST_STEP`] (a cache that is full at once costs a step per thread
-//!   fetched for nothing); they grow fourfold up to [`STEP`] while they come within a
-//!   second (each step costs a round trip, however short), and halve when one takes over
-//!   four (a slow link: each try of a request has a time limit).
+//! - Each thread's steps start at [`FIT_FIRST_STEP`] where the whole image fits the
+//!   cache's size limit, else at [`FIRST_STEP`] (a cache that is full at once, other mounts
+//!   holding its room, costs a step per thread fetched for nothing); they grow fourfold up
+//!   to [`STEP`] while they come within a second (each step costs a round trip, however
+//!   short), and halve when one takes over four (a slow link, which readers share: the
+//!   steps in flight at first are kept short for it).
 //! - A step's buffer is aligned as its bytes are in the file
 //!   (`verity::source::aligned_for`), so its store goes around the page cache
 //!   (`cache::Cache::store`).
@@ -29,6 +30,8 @@ use verity::verified::{IntegrityError, VerifiedSource};
 
 /// The first and shortest step, and what steps are multiples of.
 pub const FIRST_STEP: u64 = 1 << 20;
+/// The first step where the whole image fits the cache: one round trip less to full steps.
+pub const FIT_FIRST_STEP: u64 = 4 << 20;
 /// The longest step: one request, and the buffer each thread holds (shorter steps cost a
 /// registry more CPU per byte: 8 MiB steps took it 0.2-0.3 CPU-s more per GiB here).
 pub const STEP: u64 = 16 << 20;
@@ -104,9 +107,8 @@ fn run<S: ByteSource>(
     let _ = rustix::process::setpriority_process(None, NICE);
     let len = verified.len();
     let mut buf = Vec::new();
-    // Growing from the first step took the threads three round trips to reach full steps.
     let mut n = if remote.cache().is_some_and(|c| c.fits_whole()) {
-        STEP
+        FIT_FIRST_STEP
     } else {
         FIRST_STEP
     };
