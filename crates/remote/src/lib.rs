@@ -50,8 +50,8 @@ const DENSE: u64 = 8;
 /// readahead threads fetch the next window while it reads this one.
 const SEQUENTIAL: u64 = 16;
 const READAHEAD_THREADS: usize = 4;
-/// The least piece [`RemoteSource::fetch_in_pieces`] makes (256 KiB): smaller ones cost
-/// a request each for little.
+/// The least share of [`RemoteSource::fetch_in_pieces`]'s threads (256 KiB): smaller ones
+/// cost a request each for little.
 const PIECE_MIN: u64 = 64;
 /// Attempts per chunk, and the wait before the first retry (then four times longer).
 pub const ATTEMPTS: u32 = 3;
@@ -576,11 +576,11 @@ impl RemoteSource {
         }
     }
 
-    /// Fetches `[offset, offset + len)` now, in pieces of at least [`PIECE_MIN`] chunks
-    /// (at most a reader's run) on up to `READAHEAD_THREADS - 1` connections at once, one
-    /// request each, and returns when they ended: for bytes wanted whole at once (the
-    /// tree, at open), which one reader would fetch in runs one after another. Only a
-    /// head start: what fails is fetched when it is read.
+    /// Fetches `[offset, offset + len)` now on `READAHEAD_THREADS - 1` connections at
+    /// once, each reading its share (at least [`PIECE_MIN`] chunks) in runs of at most
+    /// [`MAX_RUN`], and returns when they ended: for bytes wanted whole at once (the tree,
+    /// at open), which one reader would fetch in runs one after another. Only a head
+    /// start: what fails is fetched when it is read.
     pub fn fetch_in_pieces(&self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.len);
         if self.exact || offset >= end {
@@ -588,17 +588,22 @@ impl RemoteSource {
         }
         let first = offset / CHUNK;
         let n = end.div_ceil(CHUNK) - first;
-        let piece = n
-            .div_ceil(READAHEAD_THREADS as u64 - 1)
-            .clamp(PIECE_MIN, MAX_RUN);
+        let share = n.div_ceil(READAHEAD_THREADS as u64 - 1).max(PIECE_MIN);
         let fetch = |at: u64| {
-            let (from, to) = (at * CHUNK, ((at + piece) * CHUNK).min(end));
-            let mut buf = vec![0u8; (to - from) as usize];
-            let _ = self.read_exact_at(&mut buf, from);
+            let to = ((at + share) * CHUNK).min(end);
+            let mut buf = vec![0u8; (MAX_RUN * CHUNK).min(to - at * CHUNK) as usize];
+            let mut from = at * CHUNK;
+            while from < to {
+                let m = buf.len().min((to - from) as usize);
+                if self.read_exact_at(&mut buf[..m], from).is_err() {
+                    return;
+                }
+                from += m as u64;
+            }
         };
         std::thread::scope(|s| {
-            for at in (first..first + n).step_by(piece as usize).skip(1) {
-                // A piece whose thread cannot be made is fetched here.
+            for at in (first..first + n).step_by(share as usize).skip(1) {
+                // A share whose thread cannot be made is fetched here.
                 if std::thread::Builder::new()
                     .spawn_scoped(s, move || fetch(at))
                     .is_err()
