@@ -577,8 +577,8 @@ impl RemoteSource {
     }
 
     /// Fetches `[offset, offset + len)` now on `READAHEAD_THREADS - 1` connections at
-    /// once, each reading its share (at least [`PIECE_MIN`] chunks) in runs of at most
-    /// [`MAX_RUN`], and returns when they ended: for bytes wanted whole at once (the tree,
+    /// once, each reading its share (at least 256 KiB) in runs of at most [`MAX_RUN`]
+    /// chunks, and returns when they ended: for bytes wanted whole at once (the tree,
     /// at open), which one reader would fetch in runs one after another. Only a head
     /// start: what fails is fetched when it is read.
     pub fn fetch_in_pieces(&self, offset: u64, len: u64) {
