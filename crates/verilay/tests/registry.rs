@@ -2712,31 +2712,39 @@ fn a_remote_mount_fetches_its_tree_in_pieces_at_once() {
     std::fs::write(state.join("delay"), "0.3").unwrap();
     let m = t.path().join("m");
     std::fs::create_dir_all(&m).unwrap();
-    run(verilay()
-        .args(["mount", "--quiet", "--insecure", "--engine", "fuse"])
-        .arg(format!("oci://127.0.0.1:{port}/apps/tree:1"))
-        .args(["--digest", digest.trim()])
-        .arg(&m));
-    let _m = Unmount::fuse(&m);
-    let requests = std::fs::read_to_string(state.join("requests")).unwrap();
-    let ranges: Vec<(u64, u64, u64)> = requests
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let (a, b) = f.get(2)?.strip_prefix("bytes=")?.split_once('-')?;
-            Some((a.parse().ok()?, b.parse().ok()?, f.get(3)?.parse().ok()?))
-        })
-        .collect();
     let size = std::fs::metadata(&image).unwrap().len();
-    // Past the file's 96 MiB: the data's last blocks and the tree, before the descriptor
-    // and trailer (the last 320 bytes, fetched first on their own).
-    let tree = |r: &(u64, u64, u64)| r.0 >= 96 << 20 && r.1 < size - 320;
-    let pieces = ranges.iter().filter(|r| tree(r)).count();
-    let together = ranges.iter().map(|r| r.2).max().unwrap_or(0);
-    assert!(
-        pieces >= 3 && together >= 3,
-        "{pieces} requests for the tree, at most {together} in flight:\n{requests}"
-    );
+    // On both engines: the kernel engine's daemon opens the image as the FUSE engine's does.
+    for engine in ["fuse", "kernel"] {
+        let _ = std::fs::remove_file(state.join("requests"));
+        run(verilay()
+            .args(["mount", "--quiet", "--insecure", "--engine", engine])
+            .arg(format!("oci://127.0.0.1:{port}/apps/tree:1"))
+            .args(["--digest", digest.trim(), "--cache"])
+            // A cache of its own: the other engine's would hold the tree already.
+            .arg(t.path().join(format!("cache-{engine}")))
+            .arg(&m));
+        let mounted = Unmount::fuse(&m);
+        let requests = std::fs::read_to_string(state.join("requests")).unwrap();
+        let ranges: Vec<(u64, u64, u64)> = requests
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let (a, b) = f.get(2)?.strip_prefix("bytes=")?.split_once('-')?;
+                Some((a.parse().ok()?, b.parse().ok()?, f.get(3)?.parse().ok()?))
+            })
+            .collect();
+        // Past the file's 96 MiB: the data's last blocks and the tree, before the
+        // descriptor and trailer (the last 320 bytes, fetched first on their own).
+        let tree = |r: &(u64, u64, u64)| r.0 >= 96 << 20 && r.1 < size - 320;
+        let pieces = ranges.iter().filter(|r| tree(r)).count();
+        let together = ranges.iter().map(|r| r.2).max().unwrap_or(0);
+        assert!(
+            pieces >= 3 && together >= 3,
+            "{engine}: {pieces} requests for the tree, at most {together} in flight:\n{requests}"
+        );
+        drop(mounted);
+        wait_daemon_gone(&m);
+    }
 }
 
 /// The prefetch's threads hash at nice 10 (`remote::prefetch::NICE`): below readers, and
